@@ -1,0 +1,46 @@
+//! `iopath`: the command-line front of the iopath stack.
+//!
+//! Subcommands: `load` (fill shareable buffers from a file), `bench`
+//! (rerun the seed experiments beside the limits measured in the same run).
+
+use anyhow::Result;
+use clap::Parser;
+
+/// Move bytes between files, processes and devices at the speed of the
+/// hardware, and measure it.
+#[derive(Debug, Parser)]
+#[command(name = "iopath", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Cmd {
+    /// List the heaps and say which are available on this machine.
+    Heaps,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("IOPATH_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Heaps => {
+            for name in ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"] {
+                match iopath_heap::open_heap(name)
+                    .and_then(|h| h.alloc(iopath_heap::page_size() * 512))
+                {
+                    Ok(_) => println!("{name:<14} available"),
+                    Err(e) => println!("{name:<14} unavailable: {e}"),
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,282 @@
+//! [`Buffer`]: an owned fd, its length and a shared mapping.
+
+use std::fmt;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+use crate::heap::HeapKind;
+use crate::mmap::Mmap;
+use crate::{Error, Result};
+
+/// Magic that starts an exported-buffer message ("IOPB").
+const EXPORT_MAGIC: u32 = 0x4250_4f49;
+/// Exported-buffer message: magic u32, kind u32, length u64 (little-endian).
+const EXPORT_MSG_LEN: usize = 16;
+
+struct Inner {
+    fd: OwnedFd,
+    map: Mmap,
+    kind: HeapKind,
+    /// Live device mappings (see [`DevicePin`]).
+    device_maps: AtomicUsize,
+}
+
+/// An fd-backed buffer shared with other processes and devices.
+///
+/// Cloning is cheap and yields another handle to the same memory. The memory
+/// is never exposed as `&[u8]`: another process or a device may write it at
+/// any time, so bytes are copied in and out through the accessors.
+#[derive(Clone)]
+pub struct Buffer {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("kind", &self.inner.kind)
+            .field("fd", &self.inner.fd)
+            .field("len", &self.len())
+            .field("device_maps", &self.device_maps())
+            .finish()
+    }
+}
+
+impl Buffer {
+    /// Wraps `fd` (a memfd, a dma-buf, a shared-memory file) of `len` bytes and
+    /// maps it shared.
+    ///
+    /// # Errors
+    /// [`Error::BadSize`] for a zero length, [`Error::Sys`] if `mmap` fails.
+    pub fn from_fd(fd: OwnedFd, len: usize, kind: HeapKind) -> Result<Self> {
+        let map = Mmap::new(fd.as_fd(), len)?;
+        Ok(Buffer {
+            inner: Arc::new(Inner {
+                fd,
+                map,
+                kind,
+                device_maps: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.map.len()
+    }
+
+    /// Whether the buffer has no bytes (never true for a mapped buffer).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The heap the buffer came from.
+    pub fn kind(&self) -> HeapKind {
+        self.inner.kind
+    }
+
+    /// The buffer's file descriptor, e.g. to share it with a device back end.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+
+    /// Start of this process's mapping. Dereferencing it is up to the caller;
+    /// iopath's own code does so only inside owning types (DMA mappings,
+    /// transfer engines) that keep a clone of the `Buffer` alive.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.map.as_ptr()
+    }
+
+    /// Whether `self` and `other` are handles to the same mapping.
+    pub fn same_as(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Checks that `offset..offset+len` lies inside the buffer.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] otherwise (overflow included).
+    pub fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::OutOfRange {
+                offset,
+                len,
+                buf_len: self.len(),
+            }),
+        }
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the buffer.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if the range is not inside the buffer.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check_range(offset, dst.len())?;
+        // SAFETY: the range is inside the live mapping (checked above; the
+        // mapping lives as long as `self`), `dst` is a distinct Rust slice, and
+        // the copy only reads the shared memory, never references it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `src` into the buffer at `offset`.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] while the buffer is mapped for a device,
+    /// [`Error::OutOfRange`] if the range is not inside the buffer.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check_not_busy()?;
+        self.write_unchecked(offset, src)
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`.
+    ///
+    /// # Errors
+    /// As [`Buffer::write_at`].
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
+        self.check_not_busy()?;
+        self.check_range(offset, len)?;
+        // SAFETY: range checked inside the live mapping; writing plain bytes
+        // to shared memory creates no Rust references.
+        unsafe { std::ptr::write_bytes(self.as_ptr().add(offset), byte, len) };
+        Ok(())
+    }
+
+    fn write_unchecked(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check_range(offset, src.len())?;
+        // SAFETY: range checked inside the live mapping; `src` is a distinct
+        // Rust slice; the copy writes plain bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(offset), src.len())
+        };
+        Ok(())
+    }
+
+    /// Live device mappings of this buffer.
+    pub fn device_maps(&self) -> usize {
+        self.inner.device_maps.load(Ordering::Acquire)
+    }
+
+    /// Fails with [`Error::Busy`] while the buffer is mapped for a device.
+    ///
+    /// # Errors
+    /// [`Error::Busy`].
+    pub fn check_not_busy(&self) -> Result<()> {
+        match self.device_maps() {
+            0 => Ok(()),
+            maps => Err(Error::Busy { maps }),
+        }
+    }
+
+    /// Marks the buffer as mapped for a device until the returned pin drops.
+    /// Used by the DMA layer; CPU writes and file transfers are refused while
+    /// any pin is alive.
+    pub fn pin_for_device(&self) -> DevicePin {
+        self.inner.device_maps.fetch_add(1, Ordering::AcqRel);
+        DevicePin { buf: self.clone() }
+    }
+
+    /// Sends the buffer (its fd, kind and length) over a unix socket with
+    /// `SCM_RIGHTS`; the peer gets it back with [`Buffer::import`].
+    ///
+    /// # Errors
+    /// [`Error::Sys`] if `sendmsg` fails.
+    pub fn export(&self, sock: &UnixStream) -> Result<()> {
+        let mut msg = [0u8; EXPORT_MSG_LEN];
+        msg[0..4].copy_from_slice(&EXPORT_MAGIC.to_le_bytes());
+        msg[4..8].copy_from_slice(&self.kind().to_wire().to_le_bytes());
+        msg[8..16].copy_from_slice(&(self.len() as u64).to_le_bytes());
+        let fds = [self.fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut anc = SendAncillaryBuffer::new(&mut space);
+        anc.push(SendAncillaryMessage::ScmRights(&fds));
+        sendmsg(sock, &[IoSlice::new(&msg)], &mut anc, SendFlags::NOSIGNAL)
+            .map_err(|e| Error::sys("sendmsg(SCM_RIGHTS)", e))?;
+        Ok(())
+    }
+
+    /// Receives a buffer sent with [`Buffer::export`] and maps it.
+    ///
+    /// # Errors
+    /// [`Error::BadMessage`] if the peer sent something else (no fd, a short
+    /// or foreign message), [`Error::Sys`] if `recvmsg` or `mmap` fails.
+    pub fn import(sock: &UnixStream) -> Result<Self> {
+        let mut msg = [0u8; EXPORT_MSG_LEN];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut anc = RecvAncillaryBuffer::new(&mut space);
+        let got = recvmsg(
+            sock,
+            &mut [IoSliceMut::new(&mut msg)],
+            &mut anc,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .map_err(|e| Error::sys("recvmsg(SCM_RIGHTS)", e))?;
+        let mut fd = None;
+        for m in anc.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = m {
+                // Keep the first fd; any others are closed when dropped.
+                for f in fds {
+                    fd.get_or_insert(f);
+                }
+            }
+        }
+        if got.bytes != EXPORT_MSG_LEN {
+            return Err(Error::BadMessage("short message"));
+        }
+        if u32::from_le_bytes(msg[0..4].try_into().expect("4 bytes")) != EXPORT_MAGIC {
+            return Err(Error::BadMessage("not an iopath buffer"));
+        }
+        let kind = HeapKind::from_wire(u32::from_le_bytes(msg[4..8].try_into().expect("4 bytes")))
+            .ok_or(Error::BadMessage("unknown heap kind"))?;
+        let len = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes"));
+        let len = usize::try_from(len).map_err(|_| Error::BadMessage("length too large"))?;
+        let fd = fd.ok_or(Error::BadMessage("no file descriptor attached"))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| Error::sys("fstat", e))?;
+        if kind == HeapKind::Memfd && (st.st_size as u64) < len as u64 {
+            return Err(Error::BadMessage("length larger than the file"));
+        }
+        Buffer::from_fd(fd, len, kind)
+    }
+}
+
+/// Proof that a buffer is mapped for a device; the buffer is busy until the
+/// last pin drops. Held by DMA mappings.
+#[derive(Debug)]
+pub struct DevicePin {
+    buf: Buffer,
+}
+
+impl DevicePin {
+    /// The pinned buffer.
+    pub fn buffer(&self) -> &Buffer {
+        &self.buf
+    }
+
+    /// Writes device-produced bytes back into the pinned buffer (what a
+    /// bounce unmap or a sync-for-CPU does); allowed while busy because the
+    /// pin holder is the device side.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`].
+    pub fn write_back(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.buf.write_unchecked(offset, src)
+    }
+}
+
+impl Drop for DevicePin {
+    fn drop(&mut self) {
+        self.buf.inner.device_maps.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,393 @@
+//! Heaps: where buffers come from.
+//!
+//! - [`MemfdHeap`]: always available; `memfd_create(2)` sealed against
+//!   shrinking, optionally backed by transparent or hugetlb huge pages.
+//! - [`UdmabufHeap`]: a memfd turned into a dma-buf by `/dev/udmabuf`
+//!   (`UDMABUF_CREATE`, include/uapi/linux/udmabuf.h).
+//! - [`DmaHeap`]: a Linux dma-buf heap, `/dev/dma_heap/<name>`
+//!   (`DMA_HEAP_IOCTL_ALLOC`, include/uapi/linux/dma-heap.h).
+//!
+//! A heap whose device node is absent fails with [`Error::Unavailable`].
+
+use std::fmt;
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use memfd::{FileSeal, HugetlbSize, MemfdOptions};
+
+use crate::{Buffer, Error, Result};
+
+/// Which heap a buffer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HeapKind {
+    /// A memfd (or any shared-memory file).
+    Memfd,
+    /// A udmabuf dma-buf over a memfd.
+    Udmabuf,
+    /// A dma-buf from a dma-heap.
+    DmaHeap,
+}
+
+impl HeapKind {
+    pub(crate) fn to_wire(self) -> u32 {
+        match self {
+            HeapKind::Memfd => 1,
+            HeapKind::Udmabuf => 2,
+            HeapKind::DmaHeap => 3,
+        }
+    }
+
+    pub(crate) fn from_wire(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => HeapKind::Memfd,
+            2 => HeapKind::Udmabuf,
+            3 => HeapKind::DmaHeap,
+            _ => return None,
+        })
+    }
+
+    /// Whether the buffer is a dma-buf (CPU access should be bracketed by
+    /// `DMA_BUF_IOCTL_SYNC`).
+    pub fn is_dma_buf(self) -> bool {
+        !matches!(self, HeapKind::Memfd)
+    }
+}
+
+impl fmt::Display for HeapKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HeapKind::Memfd => "memfd",
+            HeapKind::Udmabuf => "udmabuf",
+            HeapKind::DmaHeap => "dma-heap",
+        })
+    }
+}
+
+/// A source of [`Buffer`]s.
+pub trait Heap: Send + Sync + fmt::Debug {
+    /// Short name, as accepted by [`open_heap`].
+    fn name(&self) -> String;
+
+    /// Allocates a zero-filled buffer of `len` bytes (a page multiple).
+    ///
+    /// # Errors
+    /// [`Error::BadSize`] for a length that is zero or not a page multiple;
+    /// [`Error::Sys`] when the kernel refuses.
+    fn alloc(&self, len: usize) -> Result<Buffer>;
+}
+
+/// Opens a heap by name: `memfd`, `memfd:thp`, `memfd:hugetlb`, `udmabuf`,
+/// `dma-heap` (the `system` heap) or `dma-heap:NAME`.
+///
+/// # Errors
+/// [`Error::UnknownHeap`] for another name, [`Error::Unavailable`] when the
+/// heap's device node does not exist here.
+pub fn open_heap(name: &str) -> Result<Box<dyn Heap>> {
+    Ok(match name {
+        "memfd" => Box::new(MemfdHeap::new(HugePages::None)),
+        "memfd:thp" => Box::new(MemfdHeap::new(HugePages::Transparent)),
+        "memfd:hugetlb" => Box::new(MemfdHeap::new(HugePages::Hugetlb)),
+        "udmabuf" => Box::new(UdmabufHeap::open()?),
+        "dma-heap" => Box::new(DmaHeap::open("system")?),
+        other => match other.strip_prefix("dma-heap:") {
+            Some(heap) if !heap.is_empty() && !heap.contains('/') => Box::new(DmaHeap::open(heap)?),
+            _ => return Err(Error::UnknownHeap(other.to_string())),
+        },
+    })
+}
+
+fn check_size(len: usize) -> Result<()> {
+    let page = crate::page_size();
+    if len == 0 || len % page != 0 {
+        return Err(Error::BadSize { size: len, page });
+    }
+    Ok(())
+}
+
+/// Huge-page backing for memfd buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePages {
+    /// Ordinary pages.
+    None,
+    /// Ask for transparent huge pages (`MADV_HUGEPAGE`); the kernel decides.
+    Transparent,
+    /// `MFD_HUGETLB` 2 MiB pages from the hugetlb pool; fails when the pool
+    /// (`/proc/sys/vm/nr_hugepages`) has too few pages.
+    Hugetlb,
+}
+
+/// memfd-backed buffers: always available, sealed against shrinking so a
+/// peer cannot truncate the memory under a mapping.
+#[derive(Debug, Clone)]
+pub struct MemfdHeap {
+    huge: HugePages,
+}
+
+impl MemfdHeap {
+    /// A memfd heap with the given huge-page policy.
+    pub fn new(huge: HugePages) -> Self {
+        MemfdHeap { huge }
+    }
+
+    /// Creates the sealed memfd of `len` bytes without mapping it.
+    pub(crate) fn create_memfd(&self, len: usize) -> Result<OwnedFd> {
+        check_size(len)?;
+        let mut opts = MemfdOptions::new().allow_sealing(true).close_on_exec(true);
+        if self.huge == HugePages::Hugetlb {
+            opts = opts.hugetlb(Some(HugetlbSize::Huge2MB));
+        }
+        let mfd = opts
+            .create("iopath-buffer")
+            .map_err(|e| Error::sys("memfd_create", memfd_err(e)))?;
+        mfd.as_file()
+            .set_len(len as u64)
+            .map_err(|e| Error::sys("ftruncate(memfd)", e))?;
+        mfd.add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow])
+            .map_err(|e| Error::sys("fcntl(F_ADD_SEALS)", memfd_err(e)))?;
+        Ok(OwnedFd::from(mfd.into_file()))
+    }
+}
+
+fn memfd_err(e: memfd::Error) -> std::io::Error {
+    match e {
+        memfd::Error::Create(e) | memfd::Error::AddSeals(e) | memfd::Error::GetSeals(e) => e,
+    }
+}
+
+impl Heap for MemfdHeap {
+    fn name(&self) -> String {
+        match self.huge {
+            HugePages::None => "memfd".into(),
+            HugePages::Transparent => "memfd:thp".into(),
+            HugePages::Hugetlb => "memfd:hugetlb".into(),
+        }
+    }
+
+    fn alloc(&self, len: usize) -> Result<Buffer> {
+        if self.huge == HugePages::Hugetlb && len % (2 << 20) != 0 {
+            return Err(Error::BadSize {
+                size: len,
+                page: 2 << 20,
+            });
+        }
+        let fd = self.create_memfd(len)?;
+        let buf = Buffer::from_fd(fd, len, HeapKind::Memfd)?;
+        if self.huge == HugePages::Transparent {
+            // SAFETY: the range is exactly the buffer's live mapping; advice
+            // does not change its contents.
+            unsafe {
+                rustix::mm::madvise(buf.as_ptr().cast(), len, rustix::mm::Advice::LinuxHugepage)
+            }
+            .map_err(|e| Error::sys("madvise(MADV_HUGEPAGE)", e))?;
+        }
+        Ok(buf)
+    }
+}
+
+/// `struct udmabuf_create` from include/uapi/linux/udmabuf.h.
+#[repr(C)]
+struct UdmabufCreate {
+    memfd: u32,
+    flags: u32,
+    offset: u64,
+    size: u64,
+}
+const UDMABUF_CREATE: libc::c_ulong = 0x4018_7542;
+const UDMABUF_FLAGS_CLOEXEC: u32 = 1;
+
+/// udmabuf: a memfd (sealed against shrinking, as the driver requires)
+/// turned into a dma-buf by `/dev/udmabuf`. Note the kernel's default limit
+/// of 64 MiB per buffer (`udmabuf.size_limit_mb`).
+#[derive(Debug)]
+pub struct UdmabufHeap {
+    dev: std::fs::File,
+    memfd: MemfdHeap,
+}
+
+impl UdmabufHeap {
+    /// The device node.
+    pub const PATH: &'static str = "/dev/udmabuf";
+
+    /// Opens `/dev/udmabuf`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the node does not exist.
+    pub fn open() -> Result<Self> {
+        let dev = open_dev("udmabuf", Path::new(Self::PATH))?;
+        Ok(UdmabufHeap {
+            dev,
+            memfd: MemfdHeap::new(HugePages::None),
+        })
+    }
+}
+
+impl Heap for UdmabufHeap {
+    fn name(&self) -> String {
+        "udmabuf".into()
+    }
+
+    fn alloc(&self, len: usize) -> Result<Buffer> {
+        let memfd = self.memfd.create_memfd(len)?;
+        let mut req = UdmabufCreate {
+            memfd: memfd.as_raw_fd() as u32,
+            flags: UDMABUF_FLAGS_CLOEXEC,
+            offset: 0,
+            size: len as u64,
+        };
+        // SAFETY: UDMABUF_CREATE reads a `struct udmabuf_create`, which `req`
+        // is (repr(C), same layout); the fd stays open across the call.
+        let fd = unsafe { libc::ioctl(self.dev.as_raw_fd(), UDMABUF_CREATE, &mut req) };
+        if fd < 0 {
+            return Err(Error::sys(
+                "ioctl(UDMABUF_CREATE)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: on success the ioctl returns a new dma-buf fd that we own.
+        let dmabuf = unsafe { OwnedFd::from_raw_fd(fd) };
+        Buffer::from_fd(dmabuf, len, HeapKind::Udmabuf)
+    }
+}
+
+/// `struct dma_heap_allocation_data` from include/uapi/linux/dma-heap.h.
+#[repr(C)]
+struct DmaHeapAllocationData {
+    len: u64,
+    fd: u32,
+    fd_flags: u32,
+    heap_flags: u64,
+}
+const DMA_HEAP_IOCTL_ALLOC: libc::c_ulong = 0xC018_4800;
+
+/// A Linux dma-buf heap, `/dev/dma_heap/<name>` (e.g. `system`).
+#[derive(Debug)]
+pub struct DmaHeap {
+    name: String,
+    dev: std::fs::File,
+}
+
+impl DmaHeap {
+    /// Opens `/dev/dma_heap/<name>`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the node does not exist.
+    pub fn open(name: &str) -> Result<Self> {
+        let path = PathBuf::from("/dev/dma_heap").join(name);
+        let dev = open_dev(&format!("dma-heap:{name}"), &path)?;
+        Ok(DmaHeap {
+            name: name.to_string(),
+            dev,
+        })
+    }
+}
+
+impl Heap for DmaHeap {
+    fn name(&self) -> String {
+        format!("dma-heap:{}", self.name)
+    }
+
+    fn alloc(&self, len: usize) -> Result<Buffer> {
+        check_size(len)?;
+        let mut req = DmaHeapAllocationData {
+            len: len as u64,
+            fd: 0,
+            fd_flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32,
+            heap_flags: 0,
+        };
+        // SAFETY: DMA_HEAP_IOCTL_ALLOC reads and writes a
+        // `struct dma_heap_allocation_data`, which `req` is (repr(C)).
+        let rc = unsafe { libc::ioctl(self.dev.as_raw_fd(), DMA_HEAP_IOCTL_ALLOC, &mut req) };
+        if rc < 0 {
+            return Err(Error::sys(
+                "ioctl(DMA_HEAP_IOCTL_ALLOC)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: on success the kernel stored a new dma-buf fd that we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(req.fd as i32) };
+        Buffer::from_fd(fd, len, HeapKind::DmaHeap)
+    }
+}
+
+fn open_dev(heap: &str, path: &Path) -> Result<std::fs::File> {
+    match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Unavailable {
+            heap: heap.to_string(),
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(Error::sys("open heap device", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memfd_alloc_is_zeroed_and_sealed() {
+        let heap = MemfdHeap::new(HugePages::None);
+        let buf = heap.alloc(4 * crate::page_size()).unwrap();
+        let mut out = vec![1u8; buf.len()];
+        buf.read_at(0, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 0));
+        // F_SEAL_SHRINK: truncating the memfd must fail with EPERM.
+        let err = rustix::fs::ftruncate(buf.fd(), 0).unwrap_err();
+        assert_eq!(err, rustix::io::Errno::PERM);
+    }
+
+    #[test]
+    fn bad_sizes_and_names() {
+        let heap = MemfdHeap::new(HugePages::None);
+        assert!(matches!(heap.alloc(0), Err(Error::BadSize { size: 0, .. })));
+        assert!(matches!(
+            heap.alloc(100),
+            Err(Error::BadSize { size: 100, .. })
+        ));
+        assert!(matches!(open_heap("nope"), Err(Error::UnknownHeap(n)) if n == "nope"));
+        assert!(matches!(
+            open_heap("dma-heap:../x"),
+            Err(Error::UnknownHeap(_))
+        ));
+    }
+
+    #[test]
+    fn absent_devices_say_so() {
+        if !Path::new(UdmabufHeap::PATH).exists() {
+            let err = open_heap("udmabuf").unwrap_err();
+            assert!(
+                matches!(&err, Error::Unavailable { heap, .. } if heap == "udmabuf"),
+                "{err}"
+            );
+        }
+        if !Path::new("/dev/dma_heap/system").exists() {
+            assert!(matches!(
+                open_heap("dma-heap"),
+                Err(Error::Unavailable { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn busy_while_pinned() {
+        let buf = MemfdHeap::new(HugePages::None)
+            .alloc(crate::page_size())
+            .unwrap();
+        let pin = buf.pin_for_device();
+        assert!(matches!(
+            buf.write_at(0, b"x"),
+            Err(Error::Busy { maps: 1 })
+        ));
+        pin.write_back(0, b"dev").unwrap();
+        drop(pin);
+        buf.write_at(3, b"cpu").unwrap();
+        let mut out = [0u8; 6];
+        buf.read_at(0, &mut out).unwrap();
+        assert_eq!(&out, b"devcpu");
+        assert!(matches!(
+            buf.read_at(buf.len() - 1, &mut out),
+            Err(Error::OutOfRange { len: 6, .. })
+        ));
+    }
+}
