@@ -1,0 +1,3 @@
+//! Transports: how a driver reaches its device.
+
+pub mod vhost_user;
