@@ -1,0 +1,582 @@
+//! Notifications between host and remote, behind one trait.
+//!
+//! - [`EventfdNotifier`]: a pair of eventfds (one per direction), created by
+//!   the listening side and passed to the connecting side over a unix socket
+//!   with `SCM_RIGHTS`; the socket stays open so that a peer that exits is
+//!   noticed (hang-up).
+//! - [`UnixByteNotifier`]: one `0x01` byte per kick on a unix stream socket;
+//!   the receiver drains what is pending and rescans both rings. This is
+//!   what OpenAMP's Linux demo does (`/tmp/openamp.event.0`; the remote
+//!   listens, the host connects).
+//! - [`PollNotifier`]: no notification at all; both sides rescan the rings.
+//!
+//! Which side listens: the remote (it also writes the resource table, as in
+//! OpenAMP's demo); the host connects, retrying while the remote starts up.
+
+use std::fmt;
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use thiserror::Error;
+
+/// Why a notifier failed.
+#[derive(Debug, Error)]
+pub enum NotifyError {
+    /// A system call failed.
+    #[error("{op} failed")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer closed its end.
+    #[error("Peer closed the notification channel")]
+    PeerGone,
+    /// The peer sent something that is not an eventfd pair.
+    #[error("Bad eventfd handshake: {0}")]
+    Handshake(&'static str),
+    /// No peer came within the time allowed.
+    #[error("No peer on {path} within {secs} s")]
+    Timeout {
+        /// Socket path.
+        path: PathBuf,
+        /// Seconds waited.
+        secs: u64,
+    },
+    /// A `--notify` value that is not `eventfd:PATH`, `unix:PATH` or `poll`.
+    #[error("Unknown notifier {0:?} (expected eventfd:PATH, unix:PATH or poll)")]
+    Spec(String),
+}
+
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> NotifyError {
+    move |source| NotifyError::Io { op, source }
+}
+
+fn errno(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> NotifyError {
+    move |e| NotifyError::Io {
+        op,
+        source: e.into(),
+    }
+}
+
+/// What woke a [`Notifier::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The peer kicked (or the notifier polls: rescan anyway).
+    Kicked,
+    /// The timeout passed.
+    Timeout,
+}
+
+/// One direction out, one direction in: tell the peer there is work, wait
+/// until the peer says so.
+pub trait Notifier: Send + Sync + fmt::Debug {
+    /// Tells the peer to rescan the rings.
+    ///
+    /// # Errors
+    /// [`NotifyError::PeerGone`] once the peer has closed its end.
+    fn kick(&self) -> Result<(), NotifyError>;
+
+    /// Waits for a kick from the peer, at most `timeout`; consumes every
+    /// pending kick.
+    ///
+    /// # Errors
+    /// [`NotifyError::PeerGone`] once the peer has closed its end.
+    fn wait(&self, timeout: Duration) -> Result<Wake, NotifyError>;
+
+    /// Whether this notifier only polls (the caller should spin and back
+    /// off itself rather than sleep for long).
+    fn is_polling(&self) -> bool {
+        false
+    }
+
+    /// Short name for logs and reports.
+    fn kind(&self) -> &'static str;
+}
+
+fn timespec(d: Duration) -> Timespec {
+    Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
+
+/// Polls `fds` for input; returns which are readable or hung up.
+fn poll_in(fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<Vec<PollFlags>, NotifyError> {
+    let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|f| PollFd::new(f, PollFlags::IN)).collect();
+    let ts = timespec(timeout);
+    match poll(&mut pfds, Some(&ts)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+        Err(e) => return Err(errno("poll")(e)),
+    }
+    Ok(pfds.iter().map(|p| p.revents()).collect())
+}
+
+/// One `0x01` byte per kick on a unix stream socket (OpenAMP Linux demo).
+#[derive(Debug)]
+pub struct UnixByteNotifier {
+    sock: UnixStream,
+}
+
+impl UnixByteNotifier {
+    /// Wraps a connected socket.
+    ///
+    /// # Errors
+    /// [`NotifyError::Io`] if it cannot be made non-blocking.
+    pub fn new(sock: UnixStream) -> Result<Self, NotifyError> {
+        sock.set_nonblocking(true).map_err(io("set_nonblocking"))?;
+        Ok(UnixByteNotifier { sock })
+    }
+}
+
+impl Notifier for UnixByteNotifier {
+    fn kick(&self) -> Result<(), NotifyError> {
+        match rustix::net::send(
+            &self.sock,
+            &[1u8],
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        ) {
+            // A full socket means the peer has kicks pending already.
+            Ok(_) | Err(rustix::io::Errno::AGAIN) => Ok(()),
+            Err(rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET) => {
+                Err(NotifyError::PeerGone)
+            }
+            Err(e) => Err(errno("send")(e)),
+        }
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<Wake, NotifyError> {
+        let mut buf = [0u8; 64];
+        let mut got = false;
+        loop {
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return Err(NotifyError::PeerGone),
+                Ok(_) => got = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Err(NotifyError::PeerGone)
+                }
+                Err(e) => return Err(io("read")(e)),
+            }
+        }
+        if got {
+            return Ok(Wake::Kicked);
+        }
+        let r = poll_in(&[self.sock.as_fd()], timeout)?;
+        if r[0].is_empty() {
+            return Ok(Wake::Timeout);
+        }
+        // Drain (and notice a hang-up as a zero-byte read).
+        loop {
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return Err(NotifyError::PeerGone),
+                Ok(_) => got = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Err(NotifyError::PeerGone)
+                }
+                Err(e) => return Err(io("read")(e)),
+            }
+        }
+        Ok(if got { Wake::Kicked } else { Wake::Timeout })
+    }
+
+    fn kind(&self) -> &'static str {
+        "unix"
+    }
+}
+
+/// Magic of the eventfd-pair handshake ("IOPE").
+const EVENTFD_MAGIC: [u8; 4] = *b"IOPE";
+
+/// A pair of eventfds, one per direction, plus the socket they came over
+/// (kept to notice the peer leaving).
+#[derive(Debug)]
+pub struct EventfdNotifier {
+    kick_fd: OwnedFd,
+    wait_fd: OwnedFd,
+    sock: UnixStream,
+}
+
+impl EventfdNotifier {
+    /// Listening side: creates both eventfds, sends them over `sock`
+    /// (`[to listener, to connector]`) and keeps its own ends.
+    ///
+    /// # Errors
+    /// [`NotifyError::Io`] if `eventfd` or `sendmsg` fails.
+    pub fn offer(sock: UnixStream) -> Result<Self, NotifyError> {
+        let to_listener =
+            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(errno("eventfd"))?;
+        let to_connector =
+            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(errno("eventfd"))?;
+        let fds = [to_listener.as_fd(), to_connector.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut anc = SendAncillaryBuffer::new(&mut space);
+        anc.push(SendAncillaryMessage::ScmRights(&fds));
+        sendmsg(
+            &sock,
+            &[IoSlice::new(&EVENTFD_MAGIC)],
+            &mut anc,
+            SendFlags::NOSIGNAL,
+        )
+        .map_err(errno("sendmsg(SCM_RIGHTS)"))?;
+        Ok(EventfdNotifier {
+            kick_fd: to_connector,
+            wait_fd: to_listener,
+            sock,
+        })
+    }
+
+    /// Connecting side: receives the pair sent by [`EventfdNotifier::offer`].
+    ///
+    /// # Errors
+    /// [`NotifyError::Handshake`] if the peer sent anything else.
+    pub fn accept(sock: UnixStream) -> Result<Self, NotifyError> {
+        let mut msg = [0u8; 4];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut anc = RecvAncillaryBuffer::new(&mut space);
+        let got = recvmsg(
+            &sock,
+            &mut [IoSliceMut::new(&mut msg)],
+            &mut anc,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .map_err(errno("recvmsg(SCM_RIGHTS)"))?;
+        let mut fds = Vec::new();
+        for m in anc.drain() {
+            if let RecvAncillaryMessage::ScmRights(r) = m {
+                fds.extend(r);
+            }
+        }
+        if got.bytes != 4 || msg != EVENTFD_MAGIC {
+            return Err(NotifyError::Handshake("not an iopath eventfd pair"));
+        }
+        if fds.len() != 2 {
+            return Err(NotifyError::Handshake("expected two file descriptors"));
+        }
+        let to_connector = fds.pop().expect("two fds");
+        let to_listener = fds.pop().expect("two fds");
+        for fd in [&to_listener, &to_connector] {
+            let st = rustix::fs::fstat(fd).map_err(errno("fstat"))?;
+            // eventfds are anonymous inodes: neither regular files nor sockets.
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket {
+                return Err(NotifyError::Handshake(
+                    "a socket where an eventfd was expected",
+                ));
+            }
+        }
+        Ok(EventfdNotifier {
+            kick_fd: to_listener,
+            wait_fd: to_connector,
+            sock,
+        })
+    }
+
+    fn drain(&self) -> Result<bool, NotifyError> {
+        let mut v = [0u8; 8];
+        match rustix::io::read(&self.wait_fd, &mut v) {
+            Ok(8) => Ok(true),
+            Ok(_) => Ok(false),
+            Err(rustix::io::Errno::AGAIN) => Ok(false),
+            Err(e) => Err(errno("read(eventfd)")(e)),
+        }
+    }
+}
+
+impl Notifier for EventfdNotifier {
+    fn kick(&self) -> Result<(), NotifyError> {
+        match rustix::io::write(&self.kick_fd, &1u64.to_ne_bytes()) {
+            Ok(_) | Err(rustix::io::Errno::AGAIN) => Ok(()),
+            Err(e) => Err(errno("write(eventfd)")(e)),
+        }
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<Wake, NotifyError> {
+        if self.drain()? {
+            return Ok(Wake::Kicked);
+        }
+        let r = poll_in(&[self.wait_fd.as_fd(), self.sock.as_fd()], timeout)?;
+        if !r[1].is_empty() {
+            // The socket carries nothing after the handshake: readable
+            // means end of file, i.e. the peer is gone.
+            let mut b = [0u8; 16];
+            if matches!((&self.sock).read(&mut b), Ok(0) | Err(_)) {
+                return Err(NotifyError::PeerGone);
+            }
+        }
+        Ok(if self.drain()? {
+            Wake::Kicked
+        } else {
+            Wake::Timeout
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "eventfd"
+    }
+}
+
+/// No notifications: the peer rescans on its own.
+#[derive(Debug, Default)]
+pub struct PollNotifier;
+
+impl Notifier for PollNotifier {
+    fn kick(&self) -> Result<(), NotifyError> {
+        Ok(())
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<Wake, NotifyError> {
+        if timeout.is_zero() {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(timeout);
+        }
+        Ok(Wake::Kicked)
+    }
+
+    fn is_polling(&self) -> bool {
+        true
+    }
+
+    fn kind(&self) -> &'static str {
+        "poll"
+    }
+}
+
+/// How host and remote notify each other, as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotifySpec {
+    /// `eventfd:PATH`: an eventfd pair handed over on the unix socket PATH.
+    Eventfd(PathBuf),
+    /// `unix:PATH`: one byte per kick on the unix socket PATH.
+    Unix(PathBuf),
+    /// `poll`: no notifications.
+    Poll,
+}
+
+impl FromStr for NotifySpec {
+    type Err = NotifyError;
+
+    fn from_str(s: &str) -> Result<Self, NotifyError> {
+        if s == "poll" {
+            Ok(NotifySpec::Poll)
+        } else if let Some(p) = s.strip_prefix("eventfd:").filter(|p| !p.is_empty()) {
+            Ok(NotifySpec::Eventfd(p.into()))
+        } else if let Some(p) = s.strip_prefix("unix:").filter(|p| !p.is_empty()) {
+            Ok(NotifySpec::Unix(p.into()))
+        } else {
+            Err(NotifyError::Spec(s.to_owned()))
+        }
+    }
+}
+
+impl fmt::Display for NotifySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotifySpec::Eventfd(p) => write!(f, "eventfd:{}", p.display()),
+            NotifySpec::Unix(p) => write!(f, "unix:{}", p.display()),
+            NotifySpec::Poll => f.write_str("poll"),
+        }
+    }
+}
+
+/// A bound listening socket for the remote side; bind it before announcing
+/// readiness so the host's connect cannot race the bind.
+#[derive(Debug)]
+pub struct NotifyListener {
+    spec: NotifySpec,
+    listener: Option<UnixListener>,
+}
+
+impl NotifySpec {
+    /// Remote side, step 1: binds the socket (replacing a stale one).
+    ///
+    /// # Errors
+    /// [`NotifyError::Io`] if the socket cannot be bound.
+    pub fn bind(&self) -> Result<NotifyListener, NotifyError> {
+        let listener = match self {
+            NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => {
+                let _ = std::fs::remove_file(p);
+                Some(UnixListener::bind(p).map_err(io("bind"))?)
+            }
+            NotifySpec::Poll => None,
+        };
+        Ok(NotifyListener {
+            spec: self.clone(),
+            listener,
+        })
+    }
+
+    /// Host side: connects, retrying for up to `timeout` while the remote
+    /// starts.
+    ///
+    /// # Errors
+    /// [`NotifyError::Timeout`] if nobody listens in time, or a handshake
+    /// error.
+    pub fn connect(&self, timeout: Duration) -> Result<Box<dyn Notifier>, NotifyError> {
+        let path = match self {
+            NotifySpec::Poll => return Ok(Box::new(PollNotifier)),
+            NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => p,
+        };
+        let sock = connect_retry(path, timeout)?;
+        Ok(match self {
+            NotifySpec::Eventfd(_) => Box::new(EventfdNotifier::accept(sock)?),
+            _ => Box::new(UnixByteNotifier::new(sock)?),
+        })
+    }
+}
+
+impl NotifyListener {
+    /// Remote side, step 2: waits for the host to connect (no time limit).
+    ///
+    /// # Errors
+    /// [`NotifyError::Io`] if `accept` fails.
+    pub fn accept(self) -> Result<Box<dyn Notifier>, NotifyError> {
+        let Some(l) = self.listener else {
+            return Ok(Box::new(PollNotifier));
+        };
+        let (sock, _) = l.accept().map_err(io("accept"))?;
+        Ok(match self.spec {
+            NotifySpec::Eventfd(_) => Box::new(EventfdNotifier::offer(sock)?),
+            _ => Box::new(UnixByteNotifier::new(sock)?),
+        })
+    }
+}
+
+fn connect_retry(path: &Path, timeout: Duration) -> Result<UnixStream, NotifyError> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(1);
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                if start.elapsed() >= timeout {
+                    return Err(NotifyError::Timeout {
+                        path: path.to_owned(),
+                        secs: timeout.as_secs(),
+                    });
+                }
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(io("connect")(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Runs the shared behaviour checks against a connected pair.
+    fn exercise(a: &dyn Notifier, b: &dyn Notifier) {
+        assert_eq!(b.wait(Duration::from_millis(10)).unwrap(), Wake::Timeout);
+        a.kick().unwrap();
+        a.kick().unwrap();
+        assert_eq!(b.wait(Duration::from_secs(5)).unwrap(), Wake::Kicked);
+        // Both kicks were consumed by one wait.
+        assert_eq!(b.wait(Duration::from_millis(10)).unwrap(), Wake::Timeout);
+        b.kick().unwrap();
+        assert_eq!(a.wait(Duration::from_secs(5)).unwrap(), Wake::Kicked);
+        // Across threads.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                a.kick().unwrap();
+            });
+            assert_eq!(b.wait(Duration::from_secs(5)).unwrap(), Wake::Kicked);
+        });
+    }
+
+    fn pair(spec: NotifySpec) -> (Box<dyn Notifier>, Box<dyn Notifier>) {
+        let l = spec.bind().unwrap();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| spec.connect(Duration::from_secs(5)).unwrap());
+            let remote = l.accept().unwrap();
+            (remote, h.join().unwrap())
+        })
+    }
+
+    #[test]
+    fn unix_byte_and_eventfd() {
+        let dir = tempfile::tempdir().unwrap();
+        for spec in [
+            NotifySpec::Unix(dir.path().join("u")),
+            NotifySpec::Eventfd(dir.path().join("e")),
+        ] {
+            let (remote, host) = pair(spec.clone());
+            exercise(&*remote, &*host);
+            drop(remote);
+            assert!(
+                matches!(
+                    host.wait(Duration::from_secs(5)),
+                    Err(NotifyError::PeerGone)
+                ),
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
+    fn poll_always_rescans() {
+        let p = PollNotifier;
+        p.kick().unwrap();
+        assert_eq!(p.wait(Duration::ZERO).unwrap(), Wake::Kicked);
+        assert!(p.is_polling());
+    }
+
+    #[test]
+    fn spec_parsing() {
+        assert_eq!("poll".parse::<NotifySpec>().unwrap(), NotifySpec::Poll);
+        assert_eq!(
+            "unix:/tmp/openamp.event.0".parse::<NotifySpec>().unwrap(),
+            NotifySpec::Unix("/tmp/openamp.event.0".into())
+        );
+        assert_eq!(
+            "eventfd:/x".parse::<NotifySpec>().unwrap().to_string(),
+            "eventfd:/x"
+        );
+        assert!("unix:".parse::<NotifySpec>().is_err());
+        assert!("tcp:1".parse::<NotifySpec>().is_err());
+    }
+
+    #[test]
+    fn eventfd_handshake_refuses_garbage() {
+        let (a, b) = UnixStream::pair().unwrap();
+        (&a).write_all(b"nope").unwrap();
+        assert!(matches!(
+            EventfdNotifier::accept(b),
+            Err(NotifyError::Handshake(_))
+        ));
+    }
+
+    #[test]
+    fn connect_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = NotifySpec::Unix(dir.path().join("none"));
+        assert!(matches!(
+            spec.connect(Duration::from_millis(30)),
+            Err(NotifyError::Timeout { .. })
+        ));
+    }
+}

@@ -1,0 +1,678 @@
+//! The remoteproc resource table (Linux `include/linux/remoteproc.h`,
+//! OpenAMP `lib/include/openamp/remoteproc.h`), as far as rpmsg needs it.
+//!
+//! ```text
+//! table:  ver u32 (=1) | num u32 | reserved[2] u32 | offset[num] u32
+//! entry:  type u32 | entry data (at table + offset[i])
+//! vdev:   type=3 | id u32 (7 = rpmsg) | notifyid | dfeatures | gfeatures
+//!         | config_len | status u8 | num_of_vrings u8 | reserved[2] u8
+//!         | vring[num_of_vrings] {da, align, num, notifyid, pa} | config[config_len]
+//! ```
+//!
+//! All device addresses (`da`) are offsets into the shared memory, the
+//! convention of OpenAMP's Linux demo. Fields are in the remote's native
+//! byte order; iopath supports little-endian machines only for this table.
+//!
+//! [`ResourceTable::parse`] trusts nothing: each offset, length and ring is
+//! checked against the bytes given and the shared-memory size, and a table
+//! that lies is refused with the reason.
+
+use thiserror::Error;
+
+use crate::vring::VringLayout;
+use crate::wire::{BUF_SIZE, VIRTIO_RPMSG_F_NS};
+
+/// Resource type of a virtio device entry.
+pub const RSC_VDEV: u32 = 3;
+/// Virtio device id of rpmsg.
+pub const VIRTIO_ID_RPMSG: u32 = 7;
+/// "Any address" in a resource entry (the host would pick; refused here).
+pub const FW_RSC_ADDR_ANY: u32 = 0xFFFF_FFFF;
+/// Size of the table header (without the offsets).
+pub const TABLE_HDR_LEN: usize = 16;
+/// Size of a vdev entry without its vrings, type word included.
+pub const VDEV_LEN: usize = 28;
+/// Size of one vring entry.
+pub const VRING_LEN: usize = 20;
+/// Most entries a table may declare.
+pub const MAX_ENTRIES: u32 = 64;
+
+/// Virtio status bits (virtio spec 2.1).
+pub mod status {
+    /// The guest noticed the device.
+    pub const ACKNOWLEDGE: u8 = 1;
+    /// The guest has a driver.
+    pub const DRIVER: u8 = 2;
+    /// The driver is ready.
+    pub const DRIVER_OK: u8 = 4;
+    /// Feature negotiation is done.
+    pub const FEATURES_OK: u8 = 8;
+    /// The device needs a reset.
+    pub const NEEDS_RESET: u8 = 0x40;
+    /// The driver gave up.
+    pub const FAILED: u8 = 0x80;
+}
+
+/// Why a resource table was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RscError {
+    /// Fewer bytes than a table header.
+    #[error("Resource table of {len} bytes is shorter than its header")]
+    TooSmall {
+        /// Bytes available.
+        len: usize,
+    },
+    /// A version other than 1.
+    #[error("Resource table version {ver}, expected 1")]
+    Version {
+        /// The version found.
+        ver: u32,
+    },
+    /// More entries than fit (or than iopath accepts).
+    #[error("Resource table declares {num} entries; at most {max} fit")]
+    TooManyEntries {
+        /// Declared entries.
+        num: u32,
+        /// What fits.
+        max: u32,
+    },
+    /// An entry offset that points outside the table or into its header.
+    #[error("Entry {index} at offset {offset:#x} lies outside the {len}-byte table")]
+    EntryOffset {
+        /// Entry index.
+        index: usize,
+        /// The offset found.
+        offset: u32,
+        /// Table bytes.
+        len: usize,
+    },
+    /// A vdev entry whose vrings or config run past the table.
+    #[error("Vdev entry at {offset:#x} needs {need} bytes, {room} left in the table")]
+    VdevTruncated {
+        /// Entry offset.
+        offset: usize,
+        /// Bytes the entry claims.
+        need: usize,
+        /// Bytes left.
+        room: usize,
+    },
+    /// Non-zero reserved bytes in a vdev entry.
+    #[error("Vdev entry at {offset:#x} has non-zero reserved bytes")]
+    VdevReserved {
+        /// Entry offset.
+        offset: usize,
+    },
+    /// No rpmsg vdev in the table.
+    #[error("No rpmsg vdev (type 3, id 7) in the resource table")]
+    NoRpmsgVdev,
+    /// An rpmsg vdev without exactly two vrings.
+    #[error("rpmsg vdev has {count} vrings, expected 2")]
+    VringCount {
+        /// Vrings declared.
+        count: u8,
+    },
+    /// A vring size that is zero, not a power of two or too large.
+    #[error("Vring {index} has {num} entries (must be a power of two, 1..=32768)")]
+    VringNum {
+        /// Vring index.
+        index: usize,
+        /// Entries declared.
+        num: u32,
+    },
+    /// A vring alignment that is not a power of two of at least 16.
+    #[error("Vring {index} alignment {align:#x} is not a power of two >= 16")]
+    VringAlign {
+        /// Vring index.
+        index: usize,
+        /// Alignment declared.
+        align: u32,
+    },
+    /// A vring whose address is "any" or misaligned.
+    #[error("Vring {index} address {da:#x} is unset or not 16-byte aligned")]
+    VringAddr {
+        /// Vring index.
+        index: usize,
+        /// Address declared.
+        da: u32,
+    },
+    /// A vring that does not fit in the shared memory.
+    #[error("Vring {index} at {da:#x} ({size} bytes) runs past the {shm_len}-byte shared memory")]
+    VringOutside {
+        /// Vring index.
+        index: usize,
+        /// Address.
+        da: u64,
+        /// Ring bytes.
+        size: u64,
+        /// Shared-memory size.
+        shm_len: u64,
+    },
+    /// A vring that overlaps the table or the other vring.
+    #[error("Vring {index} at {da:#x} overlaps {what}")]
+    VringOverlap {
+        /// Vring index.
+        index: usize,
+        /// Address.
+        da: u64,
+        /// What it overlaps.
+        what: &'static str,
+    },
+    /// No room left for the buffer pool.
+    #[error("No room for a {need}-byte buffer pool in the {shm_len}-byte shared memory")]
+    NoPool {
+        /// Bytes needed.
+        need: u64,
+        /// Shared-memory size.
+        shm_len: u64,
+    },
+}
+
+/// One vring as the table describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VringRsc {
+    /// Device address (offset into the shared memory).
+    pub da: u32,
+    /// Used-ring alignment.
+    pub align: u32,
+    /// Entries.
+    pub num: u32,
+    /// Notification id.
+    pub notifyid: u32,
+    /// Physical address (unused here).
+    pub pa: u32,
+}
+
+impl VringRsc {
+    /// The ring's layout.
+    pub fn layout(&self) -> Option<VringLayout> {
+        VringLayout::new(u64::from(self.da), self.num, u64::from(self.align))
+    }
+}
+
+/// The rpmsg vdev entry, with the absolute offsets of its mutable fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VdevRsc {
+    /// Offset of the entry (its type word) in the shared memory.
+    pub offset: usize,
+    /// Virtio device id.
+    pub id: u32,
+    /// Notification id of the device itself.
+    pub notifyid: u32,
+    /// Features the device offers.
+    pub dfeatures: u32,
+    /// Features the driver accepted.
+    pub gfeatures: u32,
+    /// Bytes of config space after the vrings.
+    pub config_len: u32,
+    /// Virtio status byte.
+    pub status: u8,
+    /// The vrings: vq0 (host rx, remote tx), vq1 (host tx, remote rx).
+    pub vrings: Vec<VringRsc>,
+}
+
+impl VdevRsc {
+    /// Offset of `gfeatures` in the shared memory.
+    pub fn gfeatures_offset(&self) -> usize {
+        self.offset + 16
+    }
+
+    /// Offset of the status byte in the shared memory.
+    pub fn status_offset(&self) -> usize {
+        self.offset + 24
+    }
+}
+
+/// A parsed, validated resource table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceTable {
+    /// Offset of the table in the shared memory.
+    pub table_offset: usize,
+    /// Bytes from the table start to the end of its last entry.
+    pub extent: usize,
+    /// The rpmsg vdev.
+    pub vdev: VdevRsc,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    // Little-endian: iopath's resource tables are in the native order of
+    // the little-endian machines it supports (x86_64, arm64).
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+impl ResourceTable {
+    /// Parses the table in `bytes` (copied from the shared memory starting at
+    /// `table_offset`; pass everything up to the end of the shared memory or
+    /// a sane bound) and validates its rpmsg vdev against a shared memory of
+    /// `shm_len` bytes.
+    ///
+    /// # Errors
+    /// An [`RscError`] naming the first lie found.
+    pub fn parse(bytes: &[u8], table_offset: usize, shm_len: u64) -> Result<Self, RscError> {
+        let len = bytes.len();
+        if len < TABLE_HDR_LEN {
+            return Err(RscError::TooSmall { len });
+        }
+        let ver = u32_at(bytes, 0);
+        if ver != 1 {
+            return Err(RscError::Version { ver });
+        }
+        let num = u32_at(bytes, 4);
+        let fit = ((len - TABLE_HDR_LEN) / 4) as u32;
+        if num > fit.min(MAX_ENTRIES) {
+            return Err(RscError::TooManyEntries {
+                num,
+                max: fit.min(MAX_ENTRIES),
+            });
+        }
+        let hdr_end = TABLE_HDR_LEN + 4 * num as usize;
+        let mut extent = hdr_end;
+        let mut vdev = None;
+        for index in 0..num as usize {
+            let offset = u32_at(bytes, TABLE_HDR_LEN + 4 * index);
+            let off = offset as usize;
+            if off < hdr_end || off.checked_add(4).is_none_or(|e| e > len) {
+                return Err(RscError::EntryOffset { index, offset, len });
+            }
+            let kind = u32_at(bytes, off);
+            if kind != RSC_VDEV {
+                // Other resources (carveouts, traces, vendor entries) are
+                // not rpmsg's business; only their header is checked.
+                extent = extent.max(off + 4);
+                continue;
+            }
+            let room = len - off;
+            if room < VDEV_LEN {
+                return Err(RscError::VdevTruncated {
+                    offset: off,
+                    need: VDEV_LEN,
+                    room,
+                });
+            }
+            let nvr = bytes[off + 25];
+            let config_len = u32_at(bytes, off + 20);
+            let need = VDEV_LEN as u64 + VRING_LEN as u64 * u64::from(nvr) + u64::from(config_len);
+            if need > room as u64 {
+                return Err(RscError::VdevTruncated {
+                    offset: off,
+                    need: need as usize,
+                    room,
+                });
+            }
+            extent = extent.max(off + need as usize);
+            if bytes[off + 26] != 0 || bytes[off + 27] != 0 {
+                return Err(RscError::VdevReserved { offset: off });
+            }
+            let id = u32_at(bytes, off + 4);
+            if id != VIRTIO_ID_RPMSG || vdev.is_some() {
+                continue;
+            }
+            let vrings = (0..usize::from(nvr))
+                .map(|i| {
+                    let v = off + VDEV_LEN + VRING_LEN * i;
+                    VringRsc {
+                        da: u32_at(bytes, v),
+                        align: u32_at(bytes, v + 4),
+                        num: u32_at(bytes, v + 8),
+                        notifyid: u32_at(bytes, v + 12),
+                        pa: u32_at(bytes, v + 16),
+                    }
+                })
+                .collect();
+            vdev = Some(VdevRsc {
+                offset: table_offset + off,
+                id,
+                notifyid: u32_at(bytes, off + 8),
+                dfeatures: u32_at(bytes, off + 12),
+                gfeatures: u32_at(bytes, off + 16),
+                config_len,
+                status: bytes[off + 24],
+                vrings,
+            });
+        }
+        let vdev = vdev.ok_or(RscError::NoRpmsgVdev)?;
+        let table = ResourceTable {
+            table_offset,
+            extent,
+            vdev,
+        };
+        table.check_vrings(shm_len)?;
+        Ok(table)
+    }
+
+    fn check_vrings(&self, shm_len: u64) -> Result<(), RscError> {
+        let v = &self.vdev.vrings;
+        if v.len() != 2 {
+            return Err(RscError::VringCount {
+                count: v.len() as u8,
+            });
+        }
+        let table = (
+            self.table_offset as u64,
+            (self.table_offset + self.extent) as u64,
+        );
+        let mut spans = Vec::new();
+        for (index, r) in v.iter().enumerate() {
+            if r.num == 0 || !r.num.is_power_of_two() || r.num > crate::vring::MAX_QUEUE_SIZE {
+                return Err(RscError::VringNum { index, num: r.num });
+            }
+            if r.align < 16 || !r.align.is_power_of_two() {
+                return Err(RscError::VringAlign {
+                    index,
+                    align: r.align,
+                });
+            }
+            if r.da == FW_RSC_ADDR_ANY || r.da % 16 != 0 {
+                return Err(RscError::VringAddr { index, da: r.da });
+            }
+            let l = r.layout().ok_or(RscError::VringNum { index, num: r.num })?;
+            if l.end() > shm_len {
+                return Err(RscError::VringOutside {
+                    index,
+                    da: l.desc,
+                    size: l.size,
+                    shm_len,
+                });
+            }
+            if l.desc < table.1 && table.0 < l.end() {
+                return Err(RscError::VringOverlap {
+                    index,
+                    da: l.desc,
+                    what: "the resource table",
+                });
+            }
+            for &(a, b) in &spans {
+                if l.desc < b && a < l.end() {
+                    return Err(RscError::VringOverlap {
+                        index,
+                        da: l.desc,
+                        what: "the other vring",
+                    });
+                }
+            }
+            spans.push((l.desc, l.end()));
+        }
+        Ok(())
+    }
+
+    /// The buffer pool the host carves its 512-byte buffers from, following
+    /// OpenAMP's Linux demo: from the first 64 KiB boundary after the
+    /// highest vring, `2 * num` buffers (rx for vq0, then tx for vq1).
+    ///
+    /// # Errors
+    /// [`RscError::NoPool`] if the shared memory is too small.
+    pub fn buffer_pool(&self, shm_len: u64) -> Result<(u64, u64), RscError> {
+        let end = self
+            .vdev
+            .vrings
+            .iter()
+            .filter_map(|r| r.layout())
+            .map(|l| l.end())
+            .max()
+            .unwrap_or(0)
+            .max((self.table_offset + self.extent) as u64);
+        let start = end.div_ceil(POOL_ALIGN) * POOL_ALIGN;
+        let bufs: u64 = self.vdev.vrings.iter().map(|r| u64::from(r.num)).sum();
+        let need = bufs * BUF_SIZE as u64;
+        if start + need > shm_len {
+            return Err(RscError::NoPool { need, shm_len });
+        }
+        Ok((start, need))
+    }
+}
+
+/// Alignment of the buffer pool (OpenAMP demo: 0x10000).
+pub const POOL_ALIGN: u64 = 0x10000;
+
+/// A shared-memory layout to create: where the table, vrings and buffers go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmLayout {
+    /// Shared-memory size.
+    pub shm_size: u64,
+    /// Entries per vring.
+    pub num: u32,
+    /// Used-ring alignment.
+    pub align: u32,
+    /// vq0 address.
+    pub vring0: u32,
+    /// vq1 address.
+    pub vring1: u32,
+    /// Features offered (bit numbers as in the `dfeatures` word).
+    pub dfeatures: u32,
+}
+
+impl ShmLayout {
+    /// OpenAMP's Linux demo: 0x80000 bytes, table at 0, vrings of 256 at
+    /// 0x4000 and 0x8000 with alignment 0x1000, buffers from 0x10000, name
+    /// service offered.
+    pub fn openamp_demo() -> Self {
+        ShmLayout {
+            shm_size: 0x80000,
+            num: 256,
+            align: 0x1000,
+            vring0: 0x4000,
+            vring1: 0x8000,
+            dfeatures: 1 << VIRTIO_RPMSG_F_NS,
+        }
+    }
+
+    /// The same principle for `shm_size` bytes and rings of `num` entries:
+    /// table at 0, vq0 at 0x4000, vq1 at the next 0x4000 boundary after vq0,
+    /// buffers from the next 0x10000 boundary.
+    ///
+    /// # Errors
+    /// [`RscError`] if the rings or the buffers do not fit.
+    pub fn for_size(shm_size: u64, num: u32) -> Result<Self, RscError> {
+        let align = 0x1000u32;
+        let size = VringLayout::ring_size(num, u64::from(align))
+            .ok_or(RscError::VringNum { index: 0, num })?;
+        let stride = size.div_ceil(0x4000) * 0x4000;
+        let vring1 = 0x4000 + stride;
+        let l = ShmLayout {
+            shm_size,
+            num,
+            align,
+            vring0: 0x4000,
+            vring1: u32::try_from(vring1).map_err(|_| RscError::VringOutside {
+                index: 1,
+                da: vring1,
+                size,
+                shm_len: shm_size,
+            })?,
+            dfeatures: 1 << VIRTIO_RPMSG_F_NS,
+        };
+        // Validate by building and parsing, so one set of rules applies.
+        let t = ResourceTable::parse(&l.table(), 0, shm_size)?;
+        t.buffer_pool(shm_size)?;
+        Ok(l)
+    }
+
+    /// The resource table bytes for this layout (one rpmsg vdev, two vrings
+    /// with notify ids 1 and 2, status 0, no config space).
+    pub fn table(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(TABLE_HDR_LEN + 4 + VDEV_LEN + 2 * VRING_LEN);
+        let mut put = |v: u32| b.extend_from_slice(&v.to_le_bytes());
+        put(1); // ver
+        put(1); // num
+        put(0);
+        put(0); // reserved
+        put((TABLE_HDR_LEN + 4) as u32); // offset[0]
+        put(RSC_VDEV);
+        put(VIRTIO_ID_RPMSG);
+        put(0); // notifyid
+        put(self.dfeatures);
+        put(0); // gfeatures
+        put(0); // config_len
+        put(2u32 << 8); // status 0, num_of_vrings 2, reserved 0 0
+        for (i, da) in [self.vring0, self.vring1].into_iter().enumerate() {
+            put(da);
+            put(self.align);
+            put(self.num);
+            put(i as u32 + 1);
+            put(0);
+        }
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn demo() -> Vec<u8> {
+        ShmLayout::openamp_demo().table()
+    }
+
+    #[test]
+    fn demo_table_parses() {
+        let b = demo();
+        assert_eq!(b.len(), 88);
+        let t = ResourceTable::parse(&b, 0, 0x80000).unwrap();
+        assert_eq!(t.extent, 88);
+        assert_eq!(t.vdev.offset, 20);
+        assert_eq!(t.vdev.dfeatures, 1);
+        assert_eq!(t.vdev.status_offset(), 44);
+        assert_eq!(t.vdev.vrings[0].da, 0x4000);
+        assert_eq!(t.vdev.vrings[1].da, 0x8000);
+        assert_eq!(t.vdev.vrings[1].notifyid, 2);
+        assert_eq!(t.buffer_pool(0x80000).unwrap(), (0x10000, 0x40000));
+        assert_eq!(
+            ShmLayout::for_size(0x80000, 256).unwrap(),
+            ShmLayout::openamp_demo()
+        );
+    }
+
+    #[test]
+    fn lying_tables_are_refused() {
+        let b = demo();
+        let mut v = b.clone();
+        v[0] = 2;
+        assert_eq!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::Version { ver: 2 })
+        );
+        let mut v = b.clone();
+        v[4..8].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::TooManyEntries { num: 1000, .. })
+        ));
+        let mut v = b.clone();
+        v[16..20].copy_from_slice(&0x1000u32.to_le_bytes());
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::EntryOffset { offset: 0x1000, .. })
+        ));
+        // config_len past the table.
+        let mut v = b.clone();
+        v[40..44].copy_from_slice(&100u32.to_le_bytes());
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VdevTruncated { .. })
+        ));
+        // Ring past the shared memory.
+        assert!(matches!(
+            ResourceTable::parse(&b, 0, 0x9000),
+            Err(RscError::VringOutside { index: 1, .. })
+        ));
+        // Ring count.
+        let mut v = b.clone();
+        v[45] = 3;
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VdevTruncated { .. })
+        ));
+        let mut v = b.clone();
+        v[45] = 1;
+        assert_eq!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VringCount { count: 1 })
+        );
+        // Non-power-of-two ring size.
+        let mut v = b.clone();
+        v[56..60].copy_from_slice(&255u32.to_le_bytes());
+        assert_eq!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VringNum { index: 0, num: 255 })
+        );
+        // Overlapping rings.
+        let mut v = b.clone();
+        v[68..72].copy_from_slice(&0x5000u32.to_le_bytes());
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VringOverlap { index: 1, .. })
+        ));
+        // Ring over the table.
+        let mut v = b.clone();
+        v[48..52].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VringOverlap { index: 0, .. })
+        ));
+        // Unset address.
+        let mut v = b.clone();
+        v[48..52].copy_from_slice(&FW_RSC_ADDR_ANY.to_le_bytes());
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VringAddr { index: 0, .. })
+        ));
+        // Not rpmsg.
+        let mut v = b.clone();
+        v[24] = 1;
+        assert_eq!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::NoRpmsgVdev)
+        );
+        let mut v = b.clone();
+        v[46] = 1;
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VdevReserved { .. })
+        ));
+        assert_eq!(
+            ResourceTable::parse(&b[..10], 0, 0x80000),
+            Err(RscError::TooSmall { len: 10 })
+        );
+        // No pool room.
+        let t = ResourceTable::parse(&b, 0, 0x20000).unwrap();
+        assert!(matches!(
+            t.buffer_pool(0x20000),
+            Err(RscError::NoPool { .. })
+        ));
+    }
+
+    #[test]
+    fn bigger_layouts() {
+        let l = ShmLayout::for_size(0x200000, 1024).unwrap();
+        let t = ResourceTable::parse(&l.table(), 0, l.shm_size).unwrap();
+        let (start, size) = t.buffer_pool(l.shm_size).unwrap();
+        assert_eq!(size, 2 * 1024 * 512);
+        assert!(start >= u64::from(l.vring1));
+        assert!(ShmLayout::for_size(0x80000, 1024).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(mut bytes in proptest::collection::vec(any::<u8>(), 0..200), shm_len in 0u64..0x100000, keep_header: bool) {
+            if keep_header && bytes.len() >= 8 {
+                bytes[0..8].copy_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
+            }
+            if let Ok(t) = ResourceTable::parse(&bytes, 0, shm_len) {
+                for r in &t.vdev.vrings {
+                    prop_assert!(r.layout().unwrap().end() <= shm_len);
+                }
+            }
+        }
+
+        #[test]
+        fn mutated_demo_table_never_panics(at in 0usize..88, byte: u8) {
+            let mut b = demo();
+            b[at] = byte;
+            if let Ok(t) = ResourceTable::parse(&b, 0, 0x80000) {
+                for r in &t.vdev.vrings {
+                    prop_assert!(r.layout().unwrap().end() <= 0x80000);
+                }
+            }
+        }
+    }
+}
