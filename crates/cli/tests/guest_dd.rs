@@ -98,6 +98,22 @@ fn start_qsd(image: &Path, sock: &Path, queues: u32) -> Backend {
     }
 }
 
+fn start_iopath(image: &Path, sock: &Path, queues: u32) -> Backend {
+    let child = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["blk", "serve", "--image"])
+        .arg(image)
+        .arg("--socket")
+        .arg(sock)
+        .args(["--queues", &queues.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn iopath blk serve");
+    Backend {
+        child,
+        name: "iopath blk serve",
+    }
+}
+
 fn wait_for_socket(backend: &mut Backend, sock: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !sock.exists() {
@@ -267,6 +283,22 @@ fn guest_dd_qemu_storage_daemon() {
         return;
     }
     guest_dd_against(start_qsd);
+}
+
+#[test]
+fn guest_dd_iopath_blk_serve() {
+    let has_serve = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["blk", "serve", "--help"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !has_serve {
+        println!("skipped: this iopath has no `blk serve` yet");
+        return;
+    }
+    guest_dd_against(start_iopath);
 }
 
 #[test]
