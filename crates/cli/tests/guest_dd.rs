@@ -63,10 +63,33 @@ fn prepare() {
     });
 }
 
-/// A back end process, killed when dropped.
+/// A back end process, killed when dropped; its stdout and stderr go to
+/// `log`, which failure messages quote.
 struct Backend {
     child: Child,
     name: &'static str,
+    log: PathBuf,
+}
+
+impl Backend {
+    fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Backend {
+        let out = File::create(&log).expect("create back-end log");
+        let err = out.try_clone().expect("dup back-end log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        Backend { child, name, log }
+    }
+
+    /// The last lines the back end printed.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
 }
 
 impl Drop for Backend {
@@ -76,9 +99,9 @@ impl Drop for Backend {
     }
 }
 
-fn start_qsd(image: &Path, sock: &Path, queues: u32) -> Backend {
-    let child = Command::new("qemu-storage-daemon")
-        .arg("--blockdev")
+fn start_qsd(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend {
+    let mut cmd = Command::new("qemu-storage-daemon");
+    cmd.arg("--blockdev")
         .arg(format!(
             "driver=file,node-name=disk,filename={},cache.direct=on",
             image.display()
@@ -88,37 +111,29 @@ fn start_qsd(image: &Path, sock: &Path, queues: u32) -> Backend {
             "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},\
              writable=on,num-queues={queues}",
             sock.display()
-        ))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn qemu-storage-daemon");
-    Backend {
-        child,
-        name: "qemu-storage-daemon",
-    }
+        ));
+    Backend::spawn("qemu-storage-daemon", cmd, log)
 }
 
-fn start_iopath(image: &Path, sock: &Path, queues: u32) -> Backend {
-    let child = Command::new(env!("CARGO_BIN_EXE_iopath"))
-        .args(["blk", "serve", "--image"])
+fn start_iopath(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_iopath"));
+    cmd.args(["blk", "serve", "--image"])
         .arg(image)
         .arg("--socket")
         .arg(sock)
-        .args(["--queues", &queues.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn iopath blk serve");
-    Backend {
-        child,
-        name: "iopath blk serve",
-    }
+        .args(["--queues", &queues.to_string()]);
+    Backend::spawn("iopath blk serve", cmd, log)
 }
 
 fn wait_for_socket(backend: &mut Backend, sock: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !sock.exists() {
         if let Some(status) = backend.child.try_wait().expect("poll back end") {
-            panic!("{} exited before listening: {status}", backend.name);
+            panic!(
+                "{} exited before listening: {status}\n{}",
+                backend.name,
+                backend.log_tail()
+            );
         }
         assert!(
             Instant::now() < deadline,
@@ -186,9 +201,19 @@ fn check_image(path: &Path, seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Boots the guest against `backend` and checks the JSON it prints.
-fn run_guest(sock: &Path, queues: u32, seed: u64) -> serde_json::Value {
-    let out = Command::new(repo().join("scripts/guest-dd"))
+/// Boots the guest against `backend` and checks the JSON it prints. If the
+/// back end dies while the guest still runs, the guest is stopped at once
+/// and the failure quotes the back end's exit status and log.
+fn run_guest(
+    backend: &mut Backend,
+    sock: &Path,
+    dir: &Path,
+    queues: u32,
+    seed: u64,
+) -> serde_json::Value {
+    let out_path = dir.join("guest-dd.out");
+    let err_path = dir.join("guest-dd.err");
+    let mut guest = Command::new(repo().join("scripts/guest-dd"))
         .arg("--socket")
         .arg(sock)
         .args(["--count", &COUNT.to_string(), "--bs", "8M"])
@@ -202,17 +227,50 @@ fn run_guest(sock: &Path, queues: u32, seed: u64) -> serde_json::Value {
         .args(["--pattern-offset", &PAT_OFF.to_string()])
         .args(["--pattern-size", &PAT_SIZE.to_string()])
         .args(["--pattern-seed", &format!("{seed:#x}")])
-        .output()
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).expect("create guest-dd.out"))
+        .stderr(File::create(&err_path).expect("create guest-dd.err"))
+        .spawn()
         .expect("run scripts/guest-dd");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut backend_exit: Option<(std::process::ExitStatus, Instant)> = None;
+    let status = loop {
+        if let Some(status) = guest.try_wait().expect("poll guest-dd") {
+            break status;
+        }
+        if backend_exit.is_none() {
+            if let Some(st) = backend.child.try_wait().expect("poll back end") {
+                backend_exit = Some((st, Instant::now()));
+            }
+        }
+        // A back end may exit when the guest disconnects at its end; give
+        // guest-dd a moment to finish before calling it a crash.
+        if let Some((_, when)) = backend_exit {
+            if when.elapsed() > Duration::from_secs(10) {
+                // SIGTERM, so that guest-dd's trap stops QEMU.
+                let _ = Command::new("kill")
+                    .args(["-TERM", &guest.id().to_string()])
+                    .status();
+                break guest.wait().expect("wait guest-dd");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "guest-dd failed ({}):\n{stderr}",
-        out.status
-    );
+    if !status.success() {
+        let died = match backend_exit {
+            Some((st, _)) => format!("{} exited during the run: {st}", backend.name),
+            None => format!("{} still running", backend.name),
+        };
+        panic!(
+            "guest-dd failed ({status}), {queues} queue(s); {died}\n--- guest-dd:\n{stderr}\n--- {} log:\n{}",
+            backend.name,
+            backend.log_tail()
+        );
+    }
+    let stdout = std::fs::read(&out_path).expect("read guest-dd.out");
     let json: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("guest-dd --json prints one JSON object");
+        serde_json::from_slice(&stdout).expect("guest-dd --json prints one JSON object");
     assert_eq!(json["result"], "pass");
     assert_eq!(
         json["guest_queues"], queues,
@@ -243,7 +301,7 @@ fn run_guest(sock: &Path, queues: u32, seed: u64) -> serde_json::Value {
     json
 }
 
-fn guest_dd_against(start: fn(&Path, &Path, u32) -> Backend) {
+fn guest_dd_against(start: fn(&Path, &Path, u32, PathBuf) -> Backend) {
     if !have("qemu-system-x86_64") {
         println!("skipped: qemu-system-x86_64 is missing (scripts/install-deps installs it)");
         return;
@@ -255,9 +313,10 @@ fn guest_dd_against(start: fn(&Path, &Path, u32) -> Backend) {
         let image = dir.path().join(format!("disk-q{queues}.img"));
         let sock = dir.path().join(format!("vu-q{queues}.sock"));
         make_image(&image);
-        let mut backend = start(&image, &sock, queues);
+        let log = dir.path().join(format!("backend-q{queues}.log"));
+        let mut backend = start(&image, &sock, queues, log);
         wait_for_socket(&mut backend, &sock);
-        let json = run_guest(&sock, queues, seed);
+        let json = run_guest(&mut backend, &sock, dir.path(), queues, seed);
         let name = backend.name;
         drop(backend);
         if let Err(e) = check_image(&image, seed) {
