@@ -16,10 +16,22 @@
 //! Parsing ([`wire`], [`rsc_table`]) is apart from execution; the notifier
 //! is a trait ([`notify::Notifier`]).
 
+mod bus;
+mod host;
+mod link;
 pub mod notify;
+mod remote;
 pub mod rsc_table;
+mod shm;
 pub mod vring;
 pub mod wire;
 
+pub use bus::{
+    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, Message, Stats,
+};
+pub use host::{DriverRing, HostLink, HOST_FEATURES};
+pub use link::{Link, LinkError, Role, Rx};
 pub use notify::{Notifier, NotifySpec};
+pub use remote::RemoteLink;
 pub use rsc_table::{ResourceTable, ShmLayout};
+pub use shm::{shm_path, SharedMem, ShmError};

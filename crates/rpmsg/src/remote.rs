@@ -1,0 +1,268 @@
+//! The remote role: the virtio device side, on rust-vmm's `virtio-queue`
+//! over the shared memory's `vm-memory` view.
+//!
+//! As in OpenAMP (`rpmsg_virtio.c`, device role): the remote receives on
+//! vq1 (the host's tx ring: take an available buffer, read it, return it
+//! used with its length) and sends on vq0 (the host's rx ring: take an
+//! available, device-writable buffer, fill it, return it used with the
+//! message length). It starts serving once the host has set DRIVER_OK in
+//! the vdev status byte of the resource table.
+
+use std::time::{Duration, Instant};
+
+use tracing::warn;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+
+use crate::link::{Link, LinkError, Role, Rx};
+use crate::notify::Notifier;
+use crate::rsc_table::{status, ResourceTable};
+use crate::shm::SharedMem;
+use crate::vring::VIRTIO_RING_F_EVENT_IDX;
+
+/// Largest message the remote copies out of one host buffer.
+pub const MAX_RX_MSG: usize = 64 * 1024;
+
+/// The device side of an rpmsg link.
+#[derive(Debug)]
+pub struct RemoteLink {
+    shm: SharedMem,
+    table: ResourceTable,
+    features: u32,
+    /// vq0: device → driver (the host's rx buffers).
+    txq: Queue,
+    /// vq1: driver → device (the host's tx buffers).
+    rxq: Queue,
+    kick: bool,
+}
+
+fn queue(
+    shm: &SharedMem,
+    table: &ResourceTable,
+    i: usize,
+    event_idx: bool,
+) -> Result<Queue, LinkError> {
+    let r = &table.vdev.vrings[i];
+    let l = r
+        .layout()
+        .ok_or_else(|| LinkError::Queue(format!("vring {i} has no valid layout")))?;
+    let err = |e: virtio_queue::Error| LinkError::Queue(format!("vring {i}: {e}"));
+    let mut q = Queue::new(l.num).map_err(err)?;
+    q.set_size(l.num);
+    q.try_set_desc_table_address(vm_memory::GuestAddress(l.desc))
+        .map_err(err)?;
+    q.try_set_avail_ring_address(vm_memory::GuestAddress(l.avail))
+        .map_err(err)?;
+    q.try_set_used_ring_address(vm_memory::GuestAddress(l.used))
+        .map_err(err)?;
+    q.set_event_idx(event_idx);
+    q.set_ready(true);
+    if !q.is_valid(shm.mem()) {
+        return Err(LinkError::Queue(format!(
+            "vring {i} at {:#x} is not valid in the shared memory",
+            l.desc
+        )));
+    }
+    Ok(q)
+}
+
+impl RemoteLink {
+    /// Waits (forever with `None`) for the host to set DRIVER_OK, then
+    /// attaches to the rings with the features the host accepted.
+    ///
+    /// # Errors
+    /// [`LinkError::NotReady`] on timeout, [`LinkError::Shm`] if the table
+    /// went bad, [`LinkError::Notify`] if the host went away.
+    pub fn wait_ready(
+        shm: SharedMem,
+        notifier: &dyn Notifier,
+        timeout: Option<Duration>,
+    ) -> Result<Self, LinkError> {
+        let start = Instant::now();
+        let table = shm.table(0)?;
+        let st_addr = table.vdev.status_offset() as u64;
+        loop {
+            let st = shm.load_u8(st_addr)?;
+            if st & status::DRIVER_OK != 0 && st & (status::FAILED | status::NEEDS_RESET) == 0 {
+                break;
+            }
+            if let Some(t) = timeout {
+                if start.elapsed() >= t {
+                    return Err(LinkError::NotReady { secs: t.as_secs() });
+                }
+            }
+            // OpenAMP's remote polls the status every millisecond; a kick
+            // (the host sends one after DRIVER_OK) wakes us sooner.
+            notifier.wait(Duration::from_millis(1))?;
+        }
+        // Re-read the table: the host wrote gfeatures before DRIVER_OK
+        // (release/acquire through the status byte).
+        let table = shm.table(0)?;
+        Self::attach(shm, table)
+    }
+
+    /// Attaches to the rings now (the host has set DRIVER_OK).
+    ///
+    /// # Errors
+    /// [`LinkError::Queue`] if a ring is not valid.
+    pub fn attach(shm: SharedMem, table: ResourceTable) -> Result<Self, LinkError> {
+        let features = table.vdev.gfeatures & table.vdev.dfeatures;
+        let event_idx = features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let txq = queue(&shm, &table, 0, event_idx)?;
+        let rxq = queue(&shm, &table, 1, event_idx)?;
+        Ok(RemoteLink {
+            shm,
+            table,
+            features,
+            txq,
+            rxq,
+            kick: false,
+        })
+    }
+
+    fn broken(q: &str, e: virtio_queue::Error) -> LinkError {
+        match e {
+            virtio_queue::Error::InvalidAvailRingIndex => LinkError::Broken(format!(
+                "{q}: the host's available index moved by more than the ring size"
+            )),
+            e => LinkError::Broken(format!("{q}: {e}")),
+        }
+    }
+}
+
+impl Link for RemoteLink {
+    fn role(&self) -> Role {
+        Role::Remote
+    }
+
+    fn recv(&mut self, out: &mut Vec<u8>) -> Result<Option<Rx>, LinkError> {
+        let mem = self.shm.mem();
+        let chain = {
+            let mut it = self.rxq.iter(mem).map_err(|e| Self::broken("vq1", e))?;
+            match it.next() {
+                Some(c) => c,
+                None => return Ok(None),
+            }
+        };
+        let head = chain.head_index();
+        out.clear();
+        let mut refused = None;
+        let mut ndesc = 0;
+        for desc in chain {
+            ndesc += 1;
+            let len = desc.len() as usize;
+            if desc.is_write_only() {
+                refused = Some(format!("descriptor {head} on vq1 is device-writable"));
+                break;
+            }
+            if out.len() + len > MAX_RX_MSG {
+                refused = Some(format!("chain at {head} longer than {MAX_RX_MSG} bytes"));
+                break;
+            }
+            let at = out.len();
+            out.resize(at + len, 0);
+            if let Err(e) = self.shm.read(desc.addr().0, &mut out[at..]) {
+                refused = Some(format!("descriptor {head} on vq1: {e}"));
+                break;
+            }
+        }
+        if ndesc == 0 && refused.is_none() {
+            refused = Some(format!("chain at {head} on vq1 has no valid descriptor"));
+        }
+        // Returned with its length, as OpenAMP's device does (its driver
+        // reuses the used length as the buffer size).
+        let used_len = out.len() as u32;
+        self.rxq
+            .add_used(mem, head, used_len)
+            .map_err(|e| Self::broken("vq1", e))?;
+        self.kick |= self
+            .rxq
+            .needs_notification(mem)
+            .map_err(|e| Self::broken("vq1", e))?;
+        Ok(Some(match refused {
+            None => Rx::Message,
+            Some(r) => {
+                out.clear();
+                Rx::Refused(r)
+            }
+        }))
+    }
+
+    fn send(&mut self, msg: &[u8]) -> Result<bool, LinkError> {
+        loop {
+            let mem = self.shm.mem();
+            let chain = {
+                let mut it = self.txq.iter(mem).map_err(|e| Self::broken("vq0", e))?;
+                match it.next() {
+                    Some(c) => c,
+                    None => return Ok(false),
+                }
+            };
+            let head = chain.head_index();
+            let first = chain.into_iter().next();
+            let written = match first {
+                Some(d) if !d.is_write_only() => {
+                    Err(format!("descriptor {head} on vq0 is not device-writable"))
+                }
+                Some(d) if (d.len() as usize) < msg.len() => Err(format!(
+                    "descriptor {head} on vq0 holds {} bytes, message needs {}",
+                    d.len(),
+                    msg.len()
+                )),
+                Some(d) => self
+                    .shm
+                    .write(d.addr().0, msg)
+                    .map(|()| msg.len() as u32)
+                    .map_err(|e| format!("descriptor {head} on vq0: {e}")),
+                None => Err(format!("chain at {head} on vq0 has no valid descriptor")),
+            };
+            let used = match &written {
+                Ok(n) => *n,
+                Err(reason) => {
+                    warn!(target: "iopath_rpmsg", "remote: refused host buffer: {reason}");
+                    0
+                }
+            };
+            self.txq
+                .add_used(mem, head, used)
+                .map_err(|e| Self::broken("vq0", e))?;
+            self.kick |= self
+                .txq
+                .needs_notification(mem)
+                .map_err(|e| Self::broken("vq0", e))?;
+            if written.is_ok() {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn buf_size(&self) -> usize {
+        crate::wire::BUF_SIZE
+    }
+
+    fn take_kick(&mut self) -> bool {
+        std::mem::take(&mut self.kick)
+    }
+
+    fn arm(&mut self) -> Result<bool, LinkError> {
+        let mem = self.shm.mem();
+        // Ask for a kick on new tx buffers too, for senders waiting on them.
+        self.txq
+            .enable_notification(mem)
+            .map_err(|e| Self::broken("vq0", e))?;
+        self.rxq
+            .enable_notification(mem)
+            .map_err(|e| Self::broken("vq1", e))
+    }
+
+    fn check(&mut self) -> Result<(), LinkError> {
+        let st = self.shm.load_u8(self.table.vdev.status_offset() as u64)?;
+        if st & status::DRIVER_OK == 0 || st & (status::FAILED | status::NEEDS_RESET) != 0 {
+            return Err(LinkError::Reset { status: st });
+        }
+        Ok(())
+    }
+
+    fn features(&self) -> u32 {
+        self.features
+    }
+}
