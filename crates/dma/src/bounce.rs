@@ -1,0 +1,309 @@
+//! [`Bounce`]: every mapping is copied through a small shared window (like
+//! the kernel's SWIOTLB for protected guests).
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use iopath_heap::Buffer;
+
+use crate::table::{alloc_shared, check_map, MapTable, Pinned, RegionTable};
+use crate::{Coherent, Direction, DmaAddr, DmaOps, Error, MapWait, Mapping, Result, SharedRegion};
+
+/// Default slot size: the kernel's `IO_TLB_SIZE` (2 KiB).
+pub const DEFAULT_SLOT: usize = 2048;
+
+/// Bounce-buffer DMA: a fixed window (its own memfd) cut into slots. Map
+/// takes contiguous slots and copies the buffer in; unmap copies
+/// device-written bytes back and frees the slots. The device only ever sees
+/// the window (and coherent memory, which a protected guest shares
+/// deliberately), never the driver's buffers.
+///
+/// Like SWIOTLB since Linux 5.19 (the `DMA_FROM_DEVICE` info-leak fix), map
+/// copies the buffer in for every direction, so bytes the device does not
+/// write come back unchanged rather than as stale window contents.
+#[derive(Debug)]
+pub struct Bounce {
+    window: Buffer,
+    window_gpa: DmaAddr,
+    slot: usize,
+    state: Mutex<State>,
+    freed: Condvar,
+}
+
+#[derive(Debug)]
+struct Entry {
+    pinned: Pinned,
+    first: usize,
+    count: usize,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Which slots are taken.
+    used: Vec<bool>,
+    free: usize,
+    maps: MapTable<Entry>,
+    regions: RegionTable,
+}
+
+impl State {
+    /// First fit of `n` contiguous free slots.
+    fn take(&mut self, n: usize) -> Option<usize> {
+        if n > self.free {
+            return None;
+        }
+        let mut run = 0;
+        for i in 0..self.used.len() {
+            if self.used[i] {
+                run = 0;
+                continue;
+            }
+            run += 1;
+            if run == n {
+                let first = i + 1 - n;
+                self.used[first..=i].iter_mut().for_each(|u| *u = true);
+                self.free -= n;
+                return Some(first);
+            }
+        }
+        None
+    }
+
+    fn give(&mut self, first: usize, n: usize) {
+        self.used[first..first + n]
+            .iter_mut()
+            .for_each(|u| *u = false);
+        self.free += n;
+    }
+}
+
+/// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`.
+///
+/// Writes `dst` even while it is busy: the callers are the device side of a
+/// mapping (they hold the buffer's pin), as [`iopath_heap::DevicePin::write_back`]
+/// is, without a staging copy.
+fn copy(src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
+    src.check_range(src_off, len)?;
+    dst.check_range(dst_off, len)?;
+    // SAFETY: both ranges lie inside live mappings (checked above, and the
+    // `Buffer` handles keep them mapped); `copy` tolerates overlap; only
+    // plain bytes are moved and no Rust reference to shared memory is made.
+    unsafe { std::ptr::copy(src.as_ptr().add(src_off), dst.as_ptr().add(dst_off), len) };
+    Ok(())
+}
+
+impl Bounce {
+    /// A window of `window_len` bytes (rounded up to pages) cut into
+    /// `slot`-byte slots (a power of two).
+    ///
+    /// # Errors
+    /// [`Error::ZeroLength`], [`Error::Policy`] for a bad slot size,
+    /// [`Error::Heap`] if the memfd cannot be made.
+    pub fn new(window_len: usize, slot: usize) -> Result<Self> {
+        if !slot.is_power_of_two() {
+            return Err(Error::Policy("bounce slot size must be a power of two"));
+        }
+        let window = alloc_shared(window_len)?;
+        let mut regions = RegionTable::new();
+        let window_gpa = regions.register(&window)?;
+        let slots = window.len() / slot;
+        if slots == 0 {
+            return Err(Error::Policy("bounce window smaller than one slot"));
+        }
+        Ok(Bounce {
+            window,
+            window_gpa,
+            slot,
+            state: Mutex::new(State {
+                used: vec![false; slots],
+                free: slots,
+                maps: MapTable::new(),
+                regions,
+            }),
+            freed: Condvar::new(),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Slot size in bytes.
+    pub fn slot_size(&self) -> usize {
+        self.slot
+    }
+
+    /// Free slots (for leak checks).
+    pub fn free_slots(&self) -> usize {
+        self.state().free
+    }
+
+    /// Total slots.
+    pub fn total_slots(&self) -> usize {
+        self.window.len() / self.slot
+    }
+
+    fn slot_off(&self, first: usize) -> usize {
+        first * self.slot
+    }
+}
+
+impl DmaOps for Bounce {
+    fn name(&self) -> &'static str {
+        "bounce"
+    }
+
+    fn register(&self, _buf: &Buffer) -> Result<()> {
+        // Only the window is shared; any buffer can be bounced.
+        Ok(())
+    }
+
+    fn unregister(&self, _buf: &Buffer) -> Result<()> {
+        Ok(())
+    }
+
+    fn map(
+        &self,
+        buf: &Buffer,
+        offset: usize,
+        len: usize,
+        dir: Direction,
+        wait: MapWait,
+    ) -> Result<Mapping> {
+        check_map(buf, offset, len, self.max_mapping_size())?;
+        let n = len.div_ceil(self.slot);
+        let deadline = match wait {
+            MapWait::Timeout(d) => Some(Instant::now() + d),
+            _ => None,
+        };
+        let mut st = self.state();
+        let first = loop {
+            if let Some(first) = st.take(n) {
+                break first;
+            }
+            let no_space = Error::NoSpace {
+                len,
+                what: "bounce slots",
+            };
+            st = match (wait, deadline) {
+                (MapWait::Fail, _) | (MapWait::Timeout(_), None) => return Err(no_space),
+                (MapWait::Block, _) => self.freed.wait(st).unwrap_or_else(|e| e.into_inner()),
+                (MapWait::Timeout(_), Some(d)) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(no_space);
+                    }
+                    self.freed
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        };
+        let pinned = Pinned::new(buf, offset);
+        let id = st.maps.next_id();
+        drop(st);
+        // Copy outside the lock: the slots are ours.
+        if let Err(e) = copy(buf, offset, &self.window, self.slot_off(first), len) {
+            self.state().give(first, n);
+            self.freed.notify_all();
+            return Err(e);
+        }
+        let m = Mapping::new(id, self.window_gpa + self.slot_off(first) as u64, len, dir);
+        self.state().maps.insert(
+            m,
+            Entry {
+                pinned,
+                first,
+                count: n,
+            },
+        );
+        Ok(m)
+    }
+
+    fn unmap(&self, mapping: &Mapping) -> Result<()> {
+        let e = self.state().maps.remove(mapping)?;
+        let res = if mapping.dir().device_writes() {
+            // The device's bytes go back to the driver's buffer.
+            copy(
+                &self.window,
+                self.slot_off(e.first),
+                &e.pinned.buffer,
+                e.pinned.offset,
+                mapping.len(),
+            )
+        } else {
+            Ok(())
+        };
+        self.state().give(e.first, e.count);
+        self.freed.notify_all();
+        drop(e);
+        res
+    }
+
+    fn sync_for_cpu(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
+        mapping.check_range(offset, len)?;
+        let mut st = self.state();
+        let e = st.maps.get_mut(mapping)?;
+        if mapping.dir().device_writes() {
+            copy(
+                &self.window,
+                self.slot_off(e.first) + offset,
+                &e.pinned.buffer,
+                e.pinned.offset + offset,
+                len,
+            )?;
+        }
+        e.pinned.release();
+        Ok(())
+    }
+
+    fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
+        mapping.check_range(offset, len)?;
+        let mut st = self.state();
+        let e = st.maps.get_mut(mapping)?;
+        e.pinned.repin();
+        if mapping.dir().device_reads() {
+            copy(
+                &e.pinned.buffer,
+                e.pinned.offset + offset,
+                &self.window,
+                self.slot_off(e.first) + offset,
+                len,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
+        let buf = alloc_shared(len)?;
+        let addr = self.state().regions.register(&buf)?;
+        Ok(Coherent::new(buf, addr))
+    }
+
+    fn free_coherent(&self, mem: Coherent) -> Result<()> {
+        if mem.buffer().same_as(&self.window) || !self.state().regions.unregister(mem.buffer()) {
+            return Err(Error::NotMapped {
+                id: 0,
+                addr: mem.addr(),
+            });
+        }
+        Ok(())
+    }
+
+    fn max_mapping_size(&self) -> usize {
+        self.window.len()
+    }
+
+    fn regions(&self) -> Vec<SharedRegion> {
+        self.state().regions.regions()
+    }
+
+    fn regions_generation(&self) -> u64 {
+        self.state().regions.generation()
+    }
+
+    fn live_mappings(&self) -> usize {
+        self.state().maps.len()
+    }
+}

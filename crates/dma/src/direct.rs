@@ -1,0 +1,147 @@
+//! [`Direct`]: the device sees the driver's registered memory as is.
+
+use std::sync::Mutex;
+
+use iopath_heap::Buffer;
+
+use crate::table::{alloc_shared, check_map, MapTable, Pinned, RegionTable};
+use crate::{Coherent, Direction, DmaOps, Error, MapWait, Mapping, Result, SharedRegion};
+
+/// Direct DMA: the device address of a byte is its address in a registered
+/// region (the legacy virtio path, where the device is handed guest-physical
+/// addresses). Zero copy; mapping only pins the buffer and checks that the
+/// device can see it.
+///
+/// Buffers must be registered first ([`DmaOps::register`]); mapping a buffer
+/// that is not is [`Error::NotRegistered`], because the device could not
+/// reach it.
+#[derive(Debug)]
+pub struct Direct {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    regions: RegionTable,
+    maps: MapTable<Pinned>,
+}
+
+impl Default for Direct {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Direct {
+    /// Ops with no regions yet.
+    pub fn new() -> Self {
+        Direct {
+            state: Mutex::new(State {
+                regions: RegionTable::new(),
+                maps: MapTable::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl DmaOps for Direct {
+    fn name(&self) -> &'static str {
+        "direct"
+    }
+
+    fn register(&self, buf: &Buffer) -> Result<()> {
+        self.state().regions.register(buf).map(drop)
+    }
+
+    fn unregister(&self, buf: &Buffer) -> Result<()> {
+        let mut st = self.state();
+        if st.regions.find(buf).is_none() {
+            return Err(Error::NotRegistered {
+                ops: "direct",
+                buf_len: buf.len(),
+            });
+        }
+        buf.check_not_busy()?;
+        st.regions.unregister(buf);
+        Ok(())
+    }
+
+    fn map(
+        &self,
+        buf: &Buffer,
+        offset: usize,
+        len: usize,
+        dir: Direction,
+        _wait: MapWait,
+    ) -> Result<Mapping> {
+        check_map(buf, offset, len, self.max_mapping_size())?;
+        let mut st = self.state();
+        let base = st
+            .regions
+            .find(buf)
+            .ok_or(Error::NotRegistered {
+                ops: "direct",
+                buf_len: buf.len(),
+            })?
+            .gpa;
+        let id = st.maps.next_id();
+        let m = Mapping::new(id, base + offset as u64, len, dir);
+        st.maps.insert(m, Pinned::new(buf, offset));
+        Ok(m)
+    }
+
+    fn unmap(&self, mapping: &Mapping) -> Result<()> {
+        // The pin drops with the entry: the buffer is the CPU's again. No copy:
+        // the device wrote the buffer itself.
+        self.state().maps.remove(mapping).map(drop)
+    }
+
+    fn sync_for_cpu(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
+        mapping.check_range(offset, len)?;
+        self.state().maps.get_mut(mapping)?.release();
+        Ok(())
+    }
+
+    fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
+        mapping.check_range(offset, len)?;
+        self.state().maps.get_mut(mapping)?.repin();
+        Ok(())
+    }
+
+    fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
+        let buf = alloc_shared(len)?;
+        let addr = self.state().regions.register(&buf)?;
+        Ok(Coherent::new(buf, addr))
+    }
+
+    fn free_coherent(&self, mem: Coherent) -> Result<()> {
+        if self.state().regions.unregister(mem.buffer()) {
+            Ok(())
+        } else {
+            Err(Error::NotMapped {
+                id: 0,
+                addr: mem.addr(),
+            })
+        }
+    }
+
+    fn max_mapping_size(&self) -> usize {
+        usize::MAX
+    }
+
+    fn regions(&self) -> Vec<SharedRegion> {
+        self.state().regions.regions()
+    }
+
+    fn regions_generation(&self) -> u64 {
+        self.state().regions.generation()
+    }
+
+    fn live_mappings(&self) -> usize {
+        self.state().maps.len()
+    }
+}

@@ -1,0 +1,190 @@
+//! Bookkeeping shared by the ops: registered regions and live mappings.
+
+use std::collections::HashMap;
+
+use iopath_heap::{Buffer, DevicePin, Heap, HugePages, MemfdHeap};
+
+use crate::{DmaAddr, Error, Mapping, Result, SharedRegion};
+
+/// Where the first region goes in the device's physical view. Address 0 is
+/// never valid, so a zeroed descriptor cannot point at real memory.
+const GPA_BASE: u64 = 1 << 32;
+/// Regions start on this boundary, with at least this much unmapped space
+/// between them (so a length run past one region hits nothing).
+const GPA_ALIGN: u64 = 2 << 20;
+/// End of the device's physical view (47-bit, like x86-64 user space).
+const GPA_LIMIT: u64 = 1 << 47;
+
+/// Regions registered with an ops instance.
+#[derive(Debug, Default)]
+pub(crate) struct RegionTable {
+    regions: Vec<SharedRegion>,
+    next_gpa: u64,
+    generation: u64,
+}
+
+impl RegionTable {
+    pub(crate) fn new() -> Self {
+        RegionTable {
+            regions: Vec::new(),
+            next_gpa: GPA_BASE,
+            generation: 0,
+        }
+    }
+
+    /// Adds `buf` as a region and returns its guest-physical base.
+    pub(crate) fn register(&mut self, buf: &Buffer) -> Result<DmaAddr> {
+        if let Some(r) = self.find(buf) {
+            return Err(Error::AlreadyRegistered { addr: r.gpa });
+        }
+        let gpa = self.next_gpa;
+        let end = gpa
+            .checked_add(buf.len() as u64)
+            .and_then(|e| e.checked_add(GPA_ALIGN))
+            .map(|e| e.next_multiple_of(GPA_ALIGN))
+            .filter(|&e| e <= GPA_LIMIT)
+            .ok_or(Error::AddressSpace)?;
+        self.next_gpa = end;
+        self.regions.push(SharedRegion {
+            buffer: buf.clone(),
+            gpa,
+        });
+        self.generation += 1;
+        Ok(gpa)
+    }
+
+    /// Removes the region of `buf`; `false` if it was not registered.
+    pub(crate) fn unregister(&mut self, buf: &Buffer) -> bool {
+        let before = self.regions.len();
+        self.regions.retain(|r| !r.buffer.same_as(buf));
+        let removed = self.regions.len() != before;
+        if removed {
+            self.generation += 1;
+        }
+        removed
+    }
+
+    pub(crate) fn find(&self, buf: &Buffer) -> Option<&SharedRegion> {
+        self.regions.iter().find(|r| r.buffer.same_as(buf))
+    }
+
+    pub(crate) fn regions(&self) -> Vec<SharedRegion> {
+        self.regions.clone()
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Live mappings of an ops instance, keyed by mapping id.
+#[derive(Debug)]
+pub(crate) struct MapTable<E> {
+    next_id: u64,
+    live: HashMap<u64, (Mapping, E)>,
+}
+
+impl<E> MapTable<E> {
+    pub(crate) fn new() -> Self {
+        MapTable {
+            next_id: 1,
+            live: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    pub(crate) fn insert(&mut self, m: Mapping, e: E) {
+        self.live.insert(m.id(), (m, e));
+    }
+
+    /// The entry of `m`, if `m` is exactly a live mapping.
+    pub(crate) fn get_mut(&mut self, m: &Mapping) -> Result<&mut E> {
+        match self.live.get_mut(&m.id()) {
+            Some((live, e)) if live == m => Ok(e),
+            _ => Err(not_mapped(m)),
+        }
+    }
+
+    pub(crate) fn remove(&mut self, m: &Mapping) -> Result<E> {
+        match self.live.get(&m.id()) {
+            Some((live, _)) if live == m => Ok(self.live.remove(&m.id()).expect("present").1),
+            _ => Err(not_mapped(m)),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &(Mapping, E)> {
+        self.live.values()
+    }
+}
+
+fn not_mapped(m: &Mapping) -> Error {
+    Error::NotMapped {
+        id: m.id(),
+        addr: m.addr(),
+    }
+}
+
+/// The pin a mapping holds on its buffer; dropped while the CPU owns the
+/// buffer (between `sync_for_cpu` and `sync_for_device`).
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    pub(crate) buffer: Buffer,
+    pub(crate) offset: usize,
+    pin: Option<DevicePin>,
+}
+
+impl Pinned {
+    pub(crate) fn new(buffer: &Buffer, offset: usize) -> Self {
+        Pinned {
+            pin: Some(buffer.pin_for_device()),
+            buffer: buffer.clone(),
+            offset,
+        }
+    }
+
+    /// CPU ownership: the buffer is no longer busy because of this mapping.
+    pub(crate) fn release(&mut self) {
+        self.pin = None;
+    }
+
+    /// Device ownership again.
+    pub(crate) fn repin(&mut self) {
+        if self.pin.is_none() {
+            self.pin = Some(self.buffer.pin_for_device());
+        }
+    }
+}
+
+/// Validates a map request against the buffer.
+pub(crate) fn check_map(buf: &Buffer, offset: usize, len: usize, max: usize) -> Result<()> {
+    if len == 0 {
+        return Err(Error::ZeroLength);
+    }
+    buf.check_range(offset, len)?;
+    if len > max {
+        return Err(Error::TooLarge { len, max });
+    }
+    Ok(())
+}
+
+/// Allocates zeroed shareable memory for coherent use, page-rounded.
+pub(crate) fn alloc_shared(len: usize) -> Result<Buffer> {
+    if len == 0 {
+        return Err(Error::ZeroLength);
+    }
+    let page = iopath_heap::page_size();
+    let len = len.checked_next_multiple_of(page).ok_or(Error::TooLarge {
+        len,
+        max: usize::MAX - page,
+    })?;
+    Ok(MemfdHeap::new(HugePages::None).alloc(len)?)
+}

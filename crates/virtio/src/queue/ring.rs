@@ -1,0 +1,168 @@
+//! The one owning type that touches ring memory: [`RingMem`], a coherent
+//! DMA allocation accessed with volatile and atomic operations only.
+
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use iopath_dma::{Coherent, DmaAddr};
+
+/// Split-ring descriptor flags (§2.7.5).
+pub(crate) const DESC_F_NEXT: u16 = 1;
+pub(crate) const DESC_F_WRITE: u16 = 2;
+pub(crate) const DESC_F_INDIRECT: u16 = 4;
+/// `VIRTQ_AVAIL_F_NO_INTERRUPT` (§2.7.6).
+pub(crate) const AVAIL_F_NO_INTERRUPT: u16 = 1;
+/// `VIRTQ_USED_F_NO_NOTIFY` (§2.7.8).
+pub(crate) const USED_F_NO_NOTIFY: u16 = 1;
+/// Size of one descriptor (§2.7.5).
+pub(crate) const DESC_SIZE: usize = 16;
+
+/// Coherent memory shared with the device. The device may write it at any
+/// time, so it is never exposed as a Rust reference to plain data: only
+/// volatile copies and atomics.
+#[derive(Debug)]
+pub(crate) struct RingMem {
+    mem: Coherent,
+}
+
+impl RingMem {
+    pub(crate) fn new(mem: Coherent) -> Self {
+        RingMem { mem }
+    }
+
+    pub(crate) fn addr(&self) -> DmaAddr {
+        self.mem.addr()
+    }
+
+    pub(crate) fn into_inner(self) -> Coherent {
+        self.mem
+    }
+
+    /// Pointer to `size` bytes at `off`, aligned to `align`. Offsets are the
+    /// queue's own arithmetic (device-provided values are range-checked before
+    /// they become offsets), so a failure here is a bug in this crate.
+    fn ptr(&self, off: usize, size: usize, align: usize) -> *mut u8 {
+        assert!(
+            off.checked_add(size)
+                .is_some_and(|end| end <= self.mem.len())
+                && off % align == 0,
+            "ring access {off}+{size} outside coherent memory of {} bytes",
+            self.mem.len()
+        );
+        // SAFETY: `off + size <= len` was just checked and the mapping of
+        // `len` bytes lives as long as `self.mem`.
+        unsafe { self.mem.buffer().as_ptr().add(off) }
+    }
+
+    pub(crate) fn write_u16(&self, off: usize, v: u16) {
+        // SAFETY: in bounds and 2-aligned (checked by `ptr`); a volatile write
+        // of plain bytes to shared memory creates no reference.
+        unsafe { std::ptr::write_volatile(self.ptr(off, 2, 2).cast::<u16>(), v.to_le()) }
+    }
+
+    pub(crate) fn read_u16(&self, off: usize) -> u16 {
+        // SAFETY: in bounds and aligned (checked by `ptr`); volatile read.
+        u16::from_le(unsafe { std::ptr::read_volatile(self.ptr(off, 2, 2).cast::<u16>()) })
+    }
+
+    pub(crate) fn read_u32(&self, off: usize) -> u32 {
+        // SAFETY: in bounds and aligned (checked by `ptr`); volatile read.
+        u32::from_le(unsafe { std::ptr::read_volatile(self.ptr(off, 4, 4).cast::<u32>()) })
+    }
+
+    /// Writes descriptor `i` of a table starting at `base` (§2.7.5:
+    /// le64 addr, le32 len, le16 flags, le16 next).
+    pub(crate) fn write_desc(
+        &self,
+        base: usize,
+        i: usize,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        next: u16,
+    ) {
+        let p = self.ptr(base + i * DESC_SIZE, DESC_SIZE, DESC_SIZE);
+        // SAFETY: 16 in-bounds, 16-aligned bytes (checked by `ptr`); volatile
+        // writes of plain integers at their natural alignment.
+        unsafe {
+            std::ptr::write_volatile(p.cast::<u64>(), addr.to_le());
+            std::ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
+            std::ptr::write_volatile(p.add(12).cast::<u16>(), flags.to_le());
+            std::ptr::write_volatile(p.add(14).cast::<u16>(), next.to_le());
+        }
+    }
+
+    /// An index field (`avail.idx`, `used.idx`) accessed atomically, so that
+    /// Acquire/Release order the ring contents around it.
+    pub(crate) fn atomic_u16(&self, off: usize) -> &AtomicU16 {
+        let p = self.ptr(off, 2, 2).cast::<u16>();
+        // SAFETY: `p` is in bounds, 2-aligned and valid for the lifetime of
+        // `&self` (the mapping lives as long as `self.mem`); all accesses to
+        // this word from this process are atomic or volatile, and the device
+        // side only touches it with aligned 16-bit accesses.
+        unsafe { AtomicU16::from_ptr(p) }
+    }
+
+    /// Atomic store of a little-endian u16 index.
+    pub(crate) fn store_idx(&self, off: usize, v: u16, order: Ordering) {
+        self.atomic_u16(off).store(v.to_le(), order);
+    }
+
+    /// Atomic load of a little-endian u16 index.
+    pub(crate) fn load_idx(&self, off: usize, order: Ordering) -> u16 {
+        u16::from_le(self.atomic_u16(off).load(order))
+    }
+}
+
+/// Where the parts of a split ring of `size` entries sit in one allocation
+/// (§2.7: descriptor table 16-aligned, available ring 2-aligned, used ring
+/// 4-aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub(crate) size: u16,
+    pub(crate) avail: usize,
+    pub(crate) used: usize,
+    pub(crate) total: usize,
+}
+
+impl Layout {
+    pub(crate) fn new(size: u16) -> Self {
+        let n = size as usize;
+        let avail = DESC_SIZE * n;
+        // flags, idx, ring[n], used_event
+        let avail_len = 2 + 2 + 2 * n + 2;
+        let used = (avail + avail_len).next_multiple_of(4);
+        // flags, idx, ring[n] of {le32 id, le32 len}, avail_event
+        let used_len = 2 + 2 + 8 * n + 2;
+        Layout {
+            size,
+            avail,
+            used,
+            total: used + used_len,
+        }
+    }
+
+    pub(crate) fn avail_flags(&self) -> usize {
+        self.avail
+    }
+    pub(crate) fn avail_idx(&self) -> usize {
+        self.avail + 2
+    }
+    pub(crate) fn avail_ring(&self, slot: u16) -> usize {
+        self.avail + 4 + 2 * slot as usize
+    }
+    pub(crate) fn used_event(&self) -> usize {
+        self.avail + 4 + 2 * self.size as usize
+    }
+    pub(crate) fn used_flags(&self) -> usize {
+        self.used
+    }
+    pub(crate) fn used_idx(&self) -> usize {
+        self.used + 2
+    }
+    pub(crate) fn used_elem(&self, slot: u16) -> usize {
+        self.used + 4 + 8 * slot as usize
+    }
+    pub(crate) fn avail_event(&self) -> usize {
+        self.used + 4 + 8 * self.size as usize
+    }
+}

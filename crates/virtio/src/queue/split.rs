@@ -1,0 +1,562 @@
+//! [`SplitQueue`]: the driver side of a split virtqueue (virtio 1.x §2.7)
+//! whose every device address comes from the DMA ops.
+//!
+//! Hand-written: no maintained crate offers a hosted driver-side queue built
+//! on pluggable DMA ops (rust-vmm's `virtio-queue` is the device side).
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use iopath_dma::{Coherent, Direction, DmaAddr, DmaOps, MapWait, Mapping};
+use iopath_heap::Buffer;
+
+use super::event::{need_event, ring_slot, used_pending};
+use super::ring::{
+    Layout, RingMem, AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, DESC_SIZE,
+    USED_F_NO_NOTIFY,
+};
+use crate::{DeviceError, Error, QueueConfig, QueueFeatures, Result};
+
+/// Most entries in one indirect table (per request).
+pub const INDIRECT_MAX: usize = 32;
+
+/// One buffer segment of a request.
+#[derive(Debug, Clone, Copy)]
+pub enum Seg<'a> {
+    /// A heap buffer range: the queue maps it through the DMA ops when the
+    /// request is added and unmaps it when the request completes (so bounced
+    /// data is copied back before the completion is returned).
+    Buf {
+        /// The buffer.
+        buf: &'a Buffer,
+        /// Start in the buffer.
+        offset: usize,
+        /// Length in bytes.
+        len: usize,
+    },
+    /// A range of coherent memory (already visible to the device; no mapping).
+    Coherent {
+        /// The memory.
+        mem: &'a Coherent,
+        /// Start in it.
+        offset: usize,
+        /// Length in bytes.
+        len: usize,
+    },
+    /// A mapping the caller made and keeps (the queue does not unmap it).
+    Mapped(&'a Mapping),
+}
+
+impl<'a> Seg<'a> {
+    /// `len` bytes of `buf` at `offset`.
+    pub fn buf(buf: &'a Buffer, offset: usize, len: usize) -> Self {
+        Seg::Buf { buf, offset, len }
+    }
+
+    /// All of `buf`.
+    pub fn whole(buf: &'a Buffer) -> Self {
+        Seg::Buf {
+            buf,
+            offset: 0,
+            len: buf.len(),
+        }
+    }
+
+    /// `len` bytes of coherent memory at `offset`.
+    pub fn coherent(mem: &'a Coherent, offset: usize, len: usize) -> Self {
+        Seg::Coherent { mem, offset, len }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Seg::Buf { len, .. } | Seg::Coherent { len, .. } => *len,
+            Seg::Mapped(m) => m.len(),
+        }
+    }
+}
+
+/// A completed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The token given to [`SplitQueue::add`].
+    pub token: u64,
+    /// Bytes the device wrote into the request's device-writable segments
+    /// (checked against their total length).
+    pub len: u32,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    token: u64,
+    /// Mappings the queue made for this request (unmapped on completion).
+    maps: Vec<Mapping>,
+    /// Descriptors taken from the main table.
+    ndesc: u16,
+    /// Total device-writable bytes offered.
+    writable: u64,
+}
+
+/// Driver side of one split virtqueue over DMA ops `O`.
+///
+/// `O` may be a concrete ops type (static dispatch) or `dyn DmaOps`
+/// (dynamic dispatch, chosen at run time): `SplitQueue<Direct>` and
+/// `SplitQueue<dyn DmaOps>` are the same code.
+///
+/// The ring memory (and a table of indirect descriptors, when negotiated) is
+/// coherent memory from the ops; the transport must share the ops' regions
+/// with the device before the device uses the queue. Drop the queue only
+/// after the device has been reset or has stopped using it.
+#[derive(Debug)]
+pub struct SplitQueue<O: DmaOps + ?Sized> {
+    ops: Arc<O>,
+    index: u16,
+    layout: Layout,
+    ring: Option<RingMem>,
+    /// Indirect tables: one of `INDIRECT_MAX` entries per descriptor head.
+    indirect: Option<RingMem>,
+    features: QueueFeatures,
+    /// Shadow of each descriptor's `next` (never read back from shared memory).
+    next: Vec<u16>,
+    free_head: u16,
+    num_free: u16,
+    /// Next available index to publish (shadow of `avail.idx`).
+    avail_idx: u16,
+    /// `avail.idx` at the last notification decision.
+    kicked_idx: u16,
+    /// Next used index to consume.
+    last_used: u16,
+    avail_flags: u16,
+    inflight: Vec<Option<InFlight>>,
+    broken: bool,
+}
+
+impl<O: DmaOps + ?Sized> SplitQueue<O> {
+    /// Allocates queue `index` with `size` entries (a power of two up to
+    /// 32768) in coherent memory from `ops`, using the negotiated `features`.
+    ///
+    /// # Errors
+    /// [`Error::BadQueueSize`], [`Error::Dma`] if the ops cannot allocate.
+    pub fn new(ops: Arc<O>, index: u16, size: u16, features: QueueFeatures) -> Result<Self> {
+        if size == 0 || !size.is_power_of_two() || size > 32768 {
+            return Err(Error::BadQueueSize { size, max: 32768 });
+        }
+        let layout = Layout::new(size);
+        let ring = RingMem::new(ops.alloc_coherent(layout.total)?);
+        let indirect = if features.indirect {
+            match ops.alloc_coherent(size as usize * INDIRECT_MAX * DESC_SIZE) {
+                Ok(mem) => Some(RingMem::new(mem)),
+                Err(e) => {
+                    let _ = ops.free_coherent(ring.into_inner());
+                    return Err(e.into());
+                }
+            }
+        } else {
+            None
+        };
+        let next = (0..size).map(|i| i.wrapping_add(1)).collect();
+        let mut q = SplitQueue {
+            ops,
+            index,
+            layout,
+            ring: Some(ring),
+            indirect,
+            features,
+            next,
+            free_head: 0,
+            num_free: size,
+            avail_idx: 0,
+            kicked_idx: 0,
+            last_used: 0,
+            avail_flags: 0,
+            inflight: (0..size).map(|_| None).collect(),
+            broken: false,
+        };
+        // Interrupts on from the start: used_event 0 (§2.7.10).
+        q.enable_interrupts();
+        Ok(q)
+    }
+
+    fn ring(&self) -> &RingMem {
+        self.ring.as_ref().expect("ring lives until drop")
+    }
+
+    /// Queue index.
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+
+    /// Number of entries.
+    pub fn size(&self) -> u16 {
+        self.layout.size
+    }
+
+    /// The DMA ops.
+    pub fn ops(&self) -> &Arc<O> {
+        &self.ops
+    }
+
+    /// Free descriptors.
+    pub fn num_free(&self) -> u16 {
+        self.num_free
+    }
+
+    /// Requests added and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.inflight.iter().filter(|f| f.is_some()).count()
+    }
+
+    /// Whether an earlier device error broke the queue.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// What the transport tells the device about this queue.
+    pub fn config(&self) -> QueueConfig {
+        let base = self.ring().addr();
+        QueueConfig {
+            size: self.layout.size,
+            desc: base,
+            avail: base + self.layout.avail as u64,
+            used: base + self.layout.used as u64,
+            event_idx: self.features.event_idx,
+        }
+    }
+
+    /// Adds a request: `out` segments the device reads, then `inp` segments
+    /// it writes. `token` comes back in the [`Completion`]. The caller then
+    /// asks [`SplitQueue::should_notify`] and kicks the transport if so.
+    ///
+    /// Uses one indirect descriptor when negotiated and the request has more
+    /// than one segment.
+    ///
+    /// # Errors
+    /// [`Error::EmptyRequest`], [`Error::SegmentTooLong`],
+    /// [`Error::QueueFull`] (nothing was added; retry after completions),
+    /// [`Error::Dma`] (a mapping failed; nothing stays mapped),
+    /// [`Error::Broken`].
+    pub fn add(&mut self, out: &[Seg<'_>], inp: &[Seg<'_>], token: u64) -> Result<u16> {
+        self.add_wait(out, inp, token, MapWait::Block)
+    }
+
+    /// [`SplitQueue::add`] with the caller's choice of waiting for DMA space
+    /// (bounce slots, IOVAs).
+    ///
+    /// # Errors
+    /// As [`SplitQueue::add`].
+    pub fn add_wait(
+        &mut self,
+        out: &[Seg<'_>],
+        inp: &[Seg<'_>],
+        token: u64,
+        wait: MapWait,
+    ) -> Result<u16> {
+        if self.broken {
+            return Err(Error::Broken);
+        }
+        let total = out.len() + inp.len();
+        if total == 0 {
+            return Err(Error::EmptyRequest);
+        }
+        for s in out.iter().chain(inp) {
+            if u32::try_from(s.len()).is_err() {
+                return Err(Error::SegmentTooLong { len: s.len() });
+            }
+        }
+        let use_indirect = self.indirect.is_some() && total > 1 && total <= INDIRECT_MAX;
+        let needed = if use_indirect { 1 } else { total };
+        if needed > self.num_free as usize {
+            return Err(Error::QueueFull {
+                needed,
+                free: self.num_free as usize,
+            });
+        }
+
+        // Map every segment first, so a failure leaves nothing behind.
+        let mut maps = Vec::new();
+        let mut descs: Vec<(DmaAddr, u32, u16)> = Vec::with_capacity(total);
+        let mut writable = 0u64;
+        let segs = out
+            .iter()
+            .map(|s| (s, Direction::ToDevice))
+            .chain(inp.iter().map(|s| (s, Direction::FromDevice)));
+        for (seg, dir) in segs {
+            let addr = match self.seg_addr(seg, dir, wait) {
+                Ok((addr, made)) => {
+                    maps.extend(made);
+                    addr
+                }
+                Err(e) => {
+                    for m in &maps {
+                        let _ = self.ops.unmap(m);
+                    }
+                    return Err(e);
+                }
+            };
+            let flags = if dir == Direction::FromDevice {
+                writable += seg.len() as u64;
+                DESC_F_WRITE
+            } else {
+                0
+            };
+            descs.push((addr, seg.len() as u32, flags));
+        }
+
+        let head = self.free_head;
+        if use_indirect {
+            let table = self.indirect.as_ref().expect("indirect checked");
+            let base = head as usize * INDIRECT_MAX * DESC_SIZE;
+            let n = descs.len();
+            for (i, &(addr, len, flags)) in descs.iter().enumerate() {
+                let (flags, next) = if i + 1 < n {
+                    (flags | DESC_F_NEXT, (i + 1) as u16)
+                } else {
+                    (flags, 0)
+                };
+                table.write_desc(base, i, addr, len, flags, next);
+            }
+            let table_addr = table.addr() + base as u64;
+            self.ring().write_desc(
+                0,
+                head as usize,
+                table_addr,
+                (n * DESC_SIZE) as u32,
+                DESC_F_INDIRECT,
+                0,
+            );
+            self.free_head = self.next[head as usize];
+        } else {
+            let mut id = head;
+            let n = descs.len();
+            for (i, &(addr, len, flags)) in descs.iter().enumerate() {
+                let next = self.next[id as usize];
+                let flags = if i + 1 < n {
+                    flags | DESC_F_NEXT
+                } else {
+                    flags
+                };
+                self.ring()
+                    .write_desc(0, id as usize, addr, len, flags, next);
+                if i + 1 < n {
+                    id = next;
+                }
+            }
+            self.free_head = self.next[id as usize];
+        }
+        self.num_free -= needed as u16;
+        self.inflight[head as usize] = Some(InFlight {
+            token,
+            maps,
+            ndesc: needed as u16,
+            writable,
+        });
+
+        // §2.7.13.2: put the head in the next available ring slot.
+        let slot = ring_slot(self.avail_idx, self.layout.size);
+        self.ring().write_u16(self.layout.avail_ring(slot), head);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        // §2.7.13.3: the descriptors and the ring entry must be visible
+        // before the device sees the new idx; a Release store orders them.
+        self.ring()
+            .store_idx(self.layout.avail_idx(), self.avail_idx, Ordering::Release);
+        Ok(head)
+    }
+
+    fn seg_addr(
+        &self,
+        seg: &Seg<'_>,
+        dir: Direction,
+        wait: MapWait,
+    ) -> Result<(DmaAddr, Option<Mapping>)> {
+        Ok(match *seg {
+            Seg::Buf { buf, offset, len } => {
+                let m = self.ops.map(buf, offset, len, dir, wait)?;
+                (m.addr(), Some(m))
+            }
+            Seg::Coherent { mem, offset, len } => {
+                mem.buffer()
+                    .check_range(offset, len)
+                    .map_err(iopath_dma::Error::from)?;
+                (mem.addr() + offset as u64, None)
+            }
+            Seg::Mapped(m) => (m.addr(), None),
+        })
+    }
+
+    /// Whether the device wants a notification for the requests added since
+    /// the last call (§2.7.13.4): with `EVENT_IDX`, whether `avail_event` was
+    /// passed; without, whether `VIRTQ_USED_F_NO_NOTIFY` is clear.
+    pub fn should_notify(&mut self) -> bool {
+        // §2.7.13.4: a full barrier between publishing avail.idx and reading
+        // the device's suppression fields, or a notification may be missed.
+        fence(Ordering::SeqCst);
+        let old = self.kicked_idx;
+        let new = self.avail_idx;
+        self.kicked_idx = new;
+        if self.features.event_idx {
+            let event = self.ring().read_u16(self.layout.avail_event());
+            need_event(event, new, old)
+        } else {
+            self.ring().read_u16(self.layout.used_flags()) & USED_F_NO_NOTIFY == 0
+        }
+    }
+
+    /// Whether the device has published completions not yet taken.
+    pub fn has_used(&self) -> bool {
+        self.ring()
+            .load_idx(self.layout.used_idx(), Ordering::Acquire)
+            != self.last_used
+    }
+
+    /// Takes the next completion, if any: unmaps its segments (bounced data
+    /// is copied back) and frees its descriptors.
+    ///
+    /// # Errors
+    /// [`Error::Device`] when the device published an id out of range or not
+    /// in flight, a length above the writable bytes, or moved `used.idx` by
+    /// more than the queue size: the queue is then broken
+    /// ([`Error::Broken`] afterwards). [`Error::Dma`] if unmapping failed
+    /// (the descriptors are freed anyway).
+    pub fn pop_used(&mut self) -> Result<Option<Completion>> {
+        if self.broken {
+            return Err(Error::Broken);
+        }
+        let size = self.layout.size;
+        // §2.7.14: read used.idx, then the elements it covers; Acquire keeps
+        // the element reads after the index read.
+        let used_idx = self
+            .ring()
+            .load_idx(self.layout.used_idx(), Ordering::Acquire);
+        match used_pending(used_idx, self.last_used, size) {
+            None => {
+                return Err(self.break_queue(DeviceError::UsedIdxJump {
+                    last: self.last_used,
+                    idx: used_idx,
+                    size,
+                }))
+            }
+            Some(0) => return Ok(None),
+            Some(_) => {}
+        }
+        let elem = self.layout.used_elem(ring_slot(self.last_used, size));
+        let id = self.ring().read_u32(elem);
+        let len = self.ring().read_u32(elem + 4);
+        if id >= size as u32 {
+            return Err(self.break_queue(DeviceError::UsedIdOutOfRange { id, size }));
+        }
+        let Some(req) = self.inflight[id as usize].take() else {
+            return Err(self.break_queue(DeviceError::UsedIdNotInFlight { id }));
+        };
+        if len as u64 > req.writable {
+            let max = req.writable;
+            self.inflight[id as usize] = Some(req);
+            return Err(self.break_queue(DeviceError::UsedLenTooLarge { id, len, max }));
+        }
+        self.last_used = self.last_used.wrapping_add(1);
+        self.free_chain(id as u16, req.ndesc);
+        if self.avail_flags & AVAIL_F_NO_INTERRUPT == 0 && self.features.event_idx {
+            // §2.7.10: ask for an interrupt at the next used entry; the full
+            // barrier orders this store before the next used.idx read.
+            self.ring()
+                .write_u16(self.layout.used_event(), self.last_used);
+            fence(Ordering::SeqCst);
+        }
+        let mut first_err = None;
+        for m in &req.maps {
+            if let Err(e) = self.ops.unmap(m) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(Some(Completion {
+                token: req.token,
+                len,
+            })),
+        }
+    }
+
+    fn free_chain(&mut self, head: u16, ndesc: u16) {
+        let mut last = head;
+        for _ in 1..ndesc {
+            last = self.next[last as usize];
+        }
+        self.next[last as usize] = self.free_head;
+        self.free_head = head;
+        self.num_free += ndesc;
+    }
+
+    fn break_queue(&mut self, e: DeviceError) -> Error {
+        tracing::error!(queue = self.index, error = %e, "virtqueue broken by device");
+        self.broken = true;
+        Error::Device(e)
+    }
+
+    /// Asks the device not to interrupt (a hint: §2.7.7 — with `EVENT_IDX`
+    /// the device ignores the flag and interrupts at most once more).
+    pub fn disable_interrupts(&mut self) {
+        self.avail_flags |= AVAIL_F_NO_INTERRUPT;
+        if !self.features.event_idx {
+            self.ring()
+                .write_u16(self.layout.avail_flags(), self.avail_flags);
+        }
+    }
+
+    /// Asks the device to interrupt at the next completion. Returns `false`
+    /// if completions are already pending (take them before sleeping, or an
+    /// interrupt may never come; §2.7.10).
+    pub fn enable_interrupts(&mut self) -> bool {
+        self.avail_flags &= !AVAIL_F_NO_INTERRUPT;
+        if self.features.event_idx {
+            self.ring()
+                .write_u16(self.layout.used_event(), self.last_used);
+        } else {
+            self.ring()
+                .write_u16(self.layout.avail_flags(), self.avail_flags);
+        }
+        // §2.7.10: the suppression write must be visible before re-reading
+        // used.idx, or a completion in between would go unsignalled.
+        fence(Ordering::SeqCst);
+        !self.has_used()
+    }
+
+    /// Unmaps the mappings of every request still in flight and forgets the
+    /// requests, returning their tokens. Call after the device was reset.
+    ///
+    /// # Errors
+    /// [`Error::Dma`] (the first unmap error; all are attempted).
+    pub fn detach_all(&mut self) -> Result<Vec<u64>> {
+        let mut tokens = Vec::new();
+        let mut first_err = None;
+        for i in 0..self.inflight.len() {
+            if let Some(req) = self.inflight[i].take() {
+                for m in &req.maps {
+                    if let Err(e) = self.ops.unmap(m) {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                self.free_chain(i as u16, req.ndesc);
+                tokens.push(req.token);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(tokens),
+        }
+    }
+}
+
+impl<O: DmaOps + ?Sized> Drop for SplitQueue<O> {
+    fn drop(&mut self) {
+        if let Err(e) = self.detach_all() {
+            tracing::warn!(queue = self.index, error = %e, "unmap on queue drop failed");
+        }
+        for mem in [self.ring.take(), self.indirect.take()]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(e) = self.ops.free_coherent(mem.into_inner()) {
+                tracing::warn!(queue = self.index, error = %e, "free_coherent on queue drop failed");
+            }
+        }
+    }
+}
