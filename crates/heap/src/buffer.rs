@@ -164,6 +164,17 @@ impl Buffer {
         Ok(())
     }
 
+    /// Faults every page of the buffer in now (`MADV_POPULATE_WRITE`), so
+    /// later transfers do not pay for page allocation. The loader calls this
+    /// on its allocator thread to overlap allocation with I/O.
+    ///
+    /// # Errors
+    /// [`Error::Sys`] if the kernel refuses (e.g. a dma-buf mapping that
+    /// cannot be populated this way, or out of memory).
+    pub fn populate(&self) -> Result<()> {
+        self.inner.map.populate_write()
+    }
+
     /// Live device mappings of this buffer.
     pub fn device_maps(&self) -> usize {
         self.inner.device_maps.load(Ordering::Acquire)

@@ -17,14 +17,27 @@
 //! *busy*: CPU writes through [`Buffer::write_at`] and file transfers into it
 //! are refused with [`Error::Busy`] until the device mapping is gone.
 
+mod align;
+mod bounce;
 mod buffer;
+mod engine;
 mod error;
+mod file;
 mod heap;
+mod loader;
 mod mmap;
+mod sys;
 
+pub use align::DioAlign;
 pub use buffer::{Buffer, DevicePin};
+pub use engine::{
+    new_engine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, SendfileEngine,
+    Transfer, UringEngine,
+};
 pub use error::{Error, Result};
+pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
+pub use loader::{load, LoadOptions, LoadStats, Loaded, Progress};
 
 /// The system page size in bytes.
 pub fn page_size() -> usize {

@@ -1,0 +1,205 @@
+//! Transfer engines: move a file range into a buffer range and back.
+//!
+//! | method | how | page cache |
+//! |---|---|---|
+//! | `buffered` | `pread`/`pwrite` | fills it |
+//! | `direct` | `O_DIRECT` `pread`/`pwrite` straight into the buffer's mapping; unaligned heads and tails through an aligned bounce | bypassed |
+//! | `sendfile` | file → memfd: `sendfile(2)` into the memfd; other buffers: `splice(2)` into a pipe, `read(2)` out of it. buffer → file: `vmsplice(2)` into a pipe, `splice(2)` to the file | fills it |
+//! | `uring` | io_uring `READ_FIXED`/`WRITE_FIXED` on `O_DIRECT`, the buffer registered as a fixed buffer, many requests in flight | bypassed |
+//! | `auto` | `uring` when io_uring works here, else `direct` | bypassed |
+//!
+//! Every direct engine falls back to buffered I/O for a request when the file
+//! system refuses `O_DIRECT` (`EINVAL`), and counts it in
+//! [`Transfer::fallbacks`].
+
+mod buffered;
+mod direct;
+mod sendfile;
+mod uring;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use buffered::BufferedEngine;
+pub use direct::DirectEngine;
+pub use sendfile::SendfileEngine;
+pub use uring::UringEngine;
+
+use crate::file::IoFile;
+use crate::{Buffer, Error, Result};
+
+/// A transfer method, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// The fastest that works here (see [`new_engine`]).
+    Auto,
+    /// `pread`/`pwrite` through the page cache.
+    Buffered,
+    /// `O_DIRECT` `pread`/`pwrite`.
+    Direct,
+    /// `sendfile`/`splice`.
+    Sendfile,
+    /// io_uring with fixed buffers on `O_DIRECT`.
+    Uring,
+}
+
+impl Method {
+    /// Every method, `auto` first.
+    pub const ALL: [Method; 5] = [
+        Method::Auto,
+        Method::Buffered,
+        Method::Direct,
+        Method::Sendfile,
+        Method::Uring,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Auto => "auto",
+            Method::Buffered => "buffered",
+            Method::Direct => "direct",
+            Method::Sendfile => "sendfile",
+            Method::Uring => "uring",
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Method {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Method::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| Error::UnknownMethod(s.to_string()))
+    }
+}
+
+/// What one transfer did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Requests that fell back to buffered I/O because the file system
+    /// refused direct I/O.
+    pub fallbacks: u32,
+}
+
+impl std::ops::AddAssign for Transfer {
+    fn add_assign(&mut self, o: Transfer) {
+        self.bytes += o.bytes;
+        self.fallbacks += o.fallbacks;
+    }
+}
+
+/// Tunables for [`new_engine`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// io_uring: requests in flight.
+    pub queue_depth: u32,
+    /// io_uring: bytes per request (a multiple of 4096).
+    pub chunk: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            queue_depth: 16,
+            chunk: 1 << 20,
+        }
+    }
+}
+
+/// Moves bytes between a file range and a buffer range.
+///
+/// Object safe: the method is chosen at run time ([`new_engine`]). Engines
+/// are `Sync`; the io_uring engine serialises callers on its ring.
+pub trait Engine: Send + Sync + fmt::Debug {
+    /// The method that really moves the bytes (`auto` reports what it chose).
+    fn method(&self) -> Method;
+
+    /// Copies `len` bytes of `file` at `file_off` into `buf` at `buf_off`.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] while `buf` is mapped for a device;
+    /// [`Error::OutOfRange`] if the range is not inside `buf`;
+    /// [`Error::ShortFile`] if the file ends before `file_off + len`;
+    /// [`Error::FileIo`] when the kernel fails a read.
+    fn read(
+        &self,
+        file: &IoFile,
+        file_off: u64,
+        buf: &Buffer,
+        buf_off: usize,
+        len: usize,
+    ) -> Result<Transfer>;
+
+    /// Copies `len` bytes of `buf` at `buf_off` into `file` at `file_off`,
+    /// growing the file if needed (`file` must be opened with
+    /// [`IoFile::open_rw`]).
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if the range is not inside `buf`;
+    /// [`Error::FileIo`] when the kernel fails a write;
+    /// [`Error::Unsupported`] when the method cannot write from this buffer.
+    fn write(
+        &self,
+        buf: &Buffer,
+        buf_off: usize,
+        len: usize,
+        file: &IoFile,
+        file_off: u64,
+    ) -> Result<Transfer>;
+}
+
+/// Makes the engine for `method`. `auto` is io_uring when a ring can be set
+/// up here (it keeps the device queue full with the least CPU), else direct.
+///
+/// # Errors
+/// [`Error::Sys`] when `uring` is asked for explicitly and io_uring cannot be
+/// set up (disabled by `kernel.io_uring_disabled`, seccomp, old kernel).
+pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>> {
+    Ok(match method {
+        Method::Buffered => Box::new(BufferedEngine),
+        Method::Direct => Box::new(DirectEngine),
+        Method::Sendfile => Box::new(SendfileEngine),
+        Method::Uring => Box::new(UringEngine::new(opts)?),
+        Method::Auto => match UringEngine::new(opts) {
+            Ok(u) => Box::new(u),
+            Err(e) => {
+                tracing::info!("io_uring unavailable ({e}); auto uses direct");
+                Box::new(DirectEngine)
+            }
+        },
+    })
+}
+
+/// Checks shared by every engine's `read`; returns the destination pointer.
+fn check_read(
+    file: &IoFile,
+    file_off: u64,
+    buf: &Buffer,
+    buf_off: usize,
+    len: usize,
+) -> Result<*mut u8> {
+    buf.check_not_busy()?;
+    buf.check_range(buf_off, len)?;
+    file.check_range(file_off, len)?;
+    // SAFETY: `buf_off` is inside the mapping (checked above), so the pointer
+    // stays within (or one past) it.
+    Ok(unsafe { buf.as_ptr().add(buf_off) })
+}
+
+/// Checks shared by every engine's `write`; returns the source pointer.
+fn check_write(buf: &Buffer, buf_off: usize, len: usize) -> Result<*mut u8> {
+    buf.check_range(buf_off, len)?;
+    // SAFETY: as in `check_read`.
+    Ok(unsafe { buf.as_ptr().add(buf_off) })
+}

@@ -1,0 +1,210 @@
+//! The loader: N buffers of one size filled from a file, allocation
+//! overlapped with I/O.
+//!
+//! ```text
+//!   allocator thread:  alloc+populate #0 ─► #1 ─► #2 ─► ...
+//!                            │ channel      │       │
+//!   caller's thread:         └─► read #0 ───┴► read #1 ┴► read #2 ...
+//! ```
+//!
+//! The allocator thread allocates each buffer and faults its pages in
+//! (`MADV_POPULATE_WRITE`) while the caller's thread is reading into the
+//! previous ones, so page allocation costs no I/O time.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::engine::{new_engine, EngineOptions, Method};
+use crate::file::IoFile;
+use crate::{Buffer, Error, Heap, Result};
+
+/// What to load and how.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    /// Bytes per buffer (a page multiple).
+    pub buffer_size: usize,
+    /// How many buffers; `None` for as many as the file needs (the last one
+    /// partly filled). With `Some(n)` the file must hold `n * buffer_size`
+    /// bytes.
+    pub buffers: Option<usize>,
+    /// Transfer method.
+    pub method: Method,
+    /// Engine tunables (io_uring queue depth, request size).
+    pub engine: EngineOptions,
+    /// Fault buffer pages in on the allocator thread (default on).
+    pub populate: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            buffer_size: 32 << 20,
+            buffers: None,
+            method: Method::Auto,
+            engine: EngineOptions::default(),
+            populate: true,
+        }
+    }
+}
+
+/// Progress, reported after each buffer is filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes loaded so far.
+    pub bytes: u64,
+    /// Bytes to load in all.
+    pub total: u64,
+    /// Buffers filled so far.
+    pub buffers: usize,
+    /// Buffers in all.
+    pub buffers_total: usize,
+}
+
+/// What a load took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadStats {
+    /// Bytes read from the file.
+    pub bytes: u64,
+    /// Buffers filled.
+    pub buffers: usize,
+    /// Time spent allocating (and populating) buffers, on the allocator
+    /// thread, overlapped with reads.
+    pub alloc_time: Duration,
+    /// Time spent in transfers on the reading thread.
+    pub read_time: Duration,
+    /// Wall time from start to the last byte.
+    pub elapsed: Duration,
+    /// The method that moved the bytes (`auto` resolved).
+    pub method: Method,
+    /// Requests that fell back to buffered I/O.
+    pub fallbacks: u64,
+}
+
+impl LoadStats {
+    /// Bytes per second over the wall time, in GiB/s.
+    pub fn gib_per_s(&self) -> f64 {
+        self.bytes as f64 / (1u64 << 30) as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Loaded buffers and what it took.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The buffers, in file order; buffer `i` holds file bytes from
+    /// `i * buffer_size`.
+    pub buffers: Vec<Buffer>,
+    /// Bytes of the file in each buffer (the last may be partial).
+    pub lens: Vec<usize>,
+    /// Statistics.
+    pub stats: LoadStats,
+}
+
+/// Loads `path` into buffers from `heap`.
+///
+/// # Errors
+/// [`Error::Open`]/[`Error::NotAFile`] for a bad path, [`Error::EmptyFile`],
+/// [`Error::BadSize`] for a buffer size that is not a page multiple,
+/// [`Error::ShortFile`] when `opts.buffers` asks for more than the file has,
+/// and any allocation or transfer error.
+pub fn load(
+    path: &Path,
+    heap: &dyn Heap,
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Loaded> {
+    let start = Instant::now();
+    let page = crate::page_size();
+    if opts.buffer_size == 0 || opts.buffer_size % page != 0 {
+        return Err(Error::BadSize {
+            size: opts.buffer_size,
+            page,
+        });
+    }
+    let file = IoFile::open(path)?;
+    let size = file.size()?;
+    if size == 0 {
+        return Err(Error::EmptyFile {
+            path: path.to_path_buf(),
+        });
+    }
+    let bs = opts.buffer_size as u64;
+    let (n, total) = match opts.buffers {
+        Some(0) => {
+            return Err(Error::BadSize {
+                size: 0,
+                page: opts.buffer_size,
+            })
+        }
+        Some(n) => {
+            let total = (n as u64).saturating_mul(bs);
+            if total > size {
+                return Err(file.short(size, 0, total as usize));
+            }
+            (n, total)
+        }
+        None => (size.div_ceil(bs) as usize, size),
+    };
+    let engine = new_engine(opts.method, opts.engine)?;
+    let (tx, rx) = mpsc::channel::<Result<(Buffer, Duration)>>();
+    let populate = opts.populate;
+    let buffer_size = opts.buffer_size;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for _ in 0..n {
+                let t = Instant::now();
+                let r = heap.alloc(buffer_size).map(|b| {
+                    if populate {
+                        if let Err(e) = b.populate() {
+                            tracing::debug!("populate failed ({e}); pages fault in during I/O");
+                        }
+                    }
+                    (b, t.elapsed())
+                });
+                let stop = r.is_err();
+                if tx.send(r).is_err() || stop {
+                    break;
+                }
+            }
+        });
+        let mut stats = LoadStats {
+            bytes: 0,
+            buffers: 0,
+            alloc_time: Duration::ZERO,
+            read_time: Duration::ZERO,
+            elapsed: Duration::ZERO,
+            method: engine.method(),
+            fallbacks: 0,
+        };
+        let mut buffers = Vec::with_capacity(n);
+        let mut lens = Vec::with_capacity(n);
+        for i in 0..n {
+            let (buf, t_alloc) = rx
+                .recv()
+                .map_err(|_| Error::Loader("allocator thread stopped early".into()))??;
+            stats.alloc_time += t_alloc;
+            let off = i as u64 * bs;
+            let len = (total - off).min(bs) as usize;
+            let t = Instant::now();
+            let tr = engine.read(&file, off, &buf, 0, len)?;
+            stats.read_time += t.elapsed();
+            stats.bytes += tr.bytes;
+            stats.fallbacks += u64::from(tr.fallbacks);
+            stats.buffers += 1;
+            buffers.push(buf);
+            lens.push(len);
+            progress(&Progress {
+                bytes: stats.bytes,
+                total,
+                buffers: i + 1,
+                buffers_total: n,
+            });
+        }
+        stats.elapsed = start.elapsed();
+        Ok(Loaded {
+            buffers,
+            lens,
+            stats,
+        })
+    })
+}

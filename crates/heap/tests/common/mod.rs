@@ -1,0 +1,51 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// Deterministic pseudo-random bytes (xorshift64*).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+fn is_tmpfs(p: &std::path::Path) -> bool {
+    rustix::fs::statfs(p)
+        .map(|s| s.f_type as i64 == TMPFS_MAGIC)
+        .unwrap_or(true)
+}
+
+/// A directory on a disk file system (not tmpfs): the crate's target tmpdir,
+/// else /var/tmp.
+pub fn disk_dir() -> Option<tempfile::TempDir> {
+    for base in [
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+        PathBuf::from("/var/tmp"),
+    ] {
+        if std::fs::create_dir_all(&base).is_ok() && !is_tmpfs(&base) {
+            return tempfile::tempdir_in(base).ok();
+        }
+    }
+    println!("skipped: no disk (non-tmpfs) directory for test files");
+    None
+}
+
+/// A directory on tmpfs (/dev/shm).
+pub fn shm_dir() -> Option<tempfile::TempDir> {
+    let base = PathBuf::from("/dev/shm");
+    if base.is_dir() && is_tmpfs(&base) {
+        return tempfile::tempdir_in(base).ok();
+    }
+    println!("skipped: /dev/shm is not a tmpfs here");
+    None
+}

@@ -1,0 +1,228 @@
+//! Every transfer engine, through one helper taking `&dyn Engine`, on a disk
+//! file system (ext4 here) and on tmpfs, compared byte for byte.
+
+mod common;
+
+use std::path::Path;
+
+use iopath_heap::{
+    new_engine, DioAlign, Engine, EngineOptions, Error, Heap, HugePages, IoFile, MemfdHeap, Method,
+};
+
+/// File size that is neither a page nor a 512-byte block multiple.
+const SIZE: usize = 3 * (1 << 20) + 777;
+const BUF: usize = 4 << 20;
+
+fn engines() -> Vec<Box<dyn Engine>> {
+    let small = EngineOptions {
+        queue_depth: 4,
+        chunk: 64 << 10,
+    };
+    let mut v = Vec::new();
+    for m in Method::ALL {
+        v.push(new_engine(m, EngineOptions::default()).unwrap());
+        if m == Method::Uring {
+            // Many small requests in flight, too.
+            v.push(new_engine(m, small).unwrap());
+        }
+    }
+    v
+}
+
+/// Reads, writes, short files and busy buffers through one engine.
+fn exercise(engine: &dyn Engine, dir: &Path, disk: bool) {
+    let what = format!("{:?} in {}", engine, dir.display());
+    let data = common::pattern(SIZE, 7);
+    let path = dir.join("src.bin");
+    std::fs::write(&path, &data).unwrap();
+    let file = IoFile::open(&path).unwrap();
+    let buf = MemfdHeap::new(HugePages::None).alloc(BUF).unwrap();
+
+    let cases: &[(u64, usize, usize)] = &[
+        (0, 0, SIZE),                 // whole file, unaligned tail at EOF
+        (4096, 8192, 1 << 20),        // all aligned
+        (100, 100, (1 << 20) + 3),    // congruent, unaligned head and tail
+        (100, 0, 70_000),             // offsets disagree: all bounced
+        ((SIZE - 5) as u64, 7, 5),    // the last bytes
+        (1, 4095, 1),                 // one byte
+        (SIZE as u64, 0, 0),          // nothing, at EOF
+        (512 * 3, 512, 512 * 5 + 10), // block-aligned (not page-aligned) start
+    ];
+    for &(file_off, buf_off, len) in cases {
+        buf.fill(0, BUF, 0xAA).unwrap();
+        let t = engine
+            .read(&file, file_off, &buf, buf_off, len)
+            .unwrap_or_else(|e| panic!("{what}: read {file_off}/{buf_off}/{len}: {e}"));
+        assert_eq!(t.bytes, len as u64, "{what}");
+        let direct = matches!(engine.method(), Method::Direct | Method::Uring);
+        if direct && file.dio_align().is_some() {
+            assert_eq!(t.fallbacks, 0, "{what}: unexpected fallback");
+        }
+        let mut got = vec![0u8; BUF];
+        buf.read_at(0, &mut got).unwrap();
+        let fo = file_off as usize;
+        assert!(
+            got[buf_off..buf_off + len] == data[fo..fo + len],
+            "{what}: bytes differ for read {file_off}/{buf_off}/{len}"
+        );
+        assert!(
+            got[..buf_off].iter().all(|&b| b == 0xAA)
+                && got[buf_off + len..].iter().all(|&b| b == 0xAA),
+            "{what}: read {file_off}/{buf_off}/{len} wrote outside its range"
+        );
+    }
+
+    // Direct engines leave the page cache alone.
+    if disk && matches!(engine.method(), Method::Direct | Method::Uring) {
+        file.drop_cache().unwrap();
+        assert_eq!(file.cached_bytes().unwrap(), 0, "{what}: cache not dropped");
+        engine.read(&file, 0, &buf, 0, SIZE).unwrap();
+        assert_eq!(
+            file.cached_bytes().unwrap(),
+            0,
+            "{what}: direct read filled the page cache"
+        );
+    }
+
+    // A read past the end says how short the file is.
+    let err = engine
+        .read(&file, (SIZE - 10) as u64, &buf, 0, 100)
+        .unwrap_err();
+    match err {
+        Error::ShortFile {
+            size,
+            missing,
+            offset,
+            len,
+            ..
+        } => {
+            assert_eq!((size, missing, len), (SIZE as u64, 90, 100), "{what}");
+            assert_eq!(offset, (SIZE - 10) as u64);
+        }
+        e => panic!("{what}: expected ShortFile, got {e}"),
+    }
+    // Outside the buffer.
+    assert!(matches!(
+        engine.read(&file, 0, &buf, BUF - 10, 11),
+        Err(Error::OutOfRange { .. })
+    ));
+    // Busy while a device holds it; nothing is written.
+    buf.fill(0, BUF, 0x55).unwrap();
+    let pin = buf.pin_for_device();
+    assert!(matches!(
+        engine.read(&file, 0, &buf, 0, 4096),
+        Err(Error::Busy { maps: 1 })
+    ));
+    drop(pin);
+    let mut first = [0u8; 16];
+    buf.read_at(0, &mut first).unwrap();
+    assert_eq!(first, [0x55; 16], "{what}: busy read wrote");
+
+    // Writes: build the expected file in memory alongside.
+    let src = common::pattern(BUF, 99);
+    buf.write_at(0, &src).unwrap();
+    let out_path = dir.join("dst.bin");
+    let _ = std::fs::remove_file(&out_path);
+    let out = IoFile::open_rw(&out_path).unwrap();
+    let mut model: Vec<u8> = Vec::new();
+    let writes: &[(usize, usize, u64)] = &[
+        (0, 1 << 20, 0),                 // aligned, grows the file
+        (100, 5000, 100),                // congruent, inside
+        (3, 70_000, 1_000_001),          // disagreeing offsets, grows, odd end
+        (4096, (1 << 20) + 17, 2 << 20), // aligned start, odd end, grows
+        (0, 10, ((2 << 20) + 5) as u64), // tiny, inside
+        (BUF - 1, 1, 3 << 20),           // one byte far out: a hole
+    ];
+    for &(buf_off, len, file_off) in writes {
+        let t = engine
+            .write(&buf, buf_off, len, &out, file_off)
+            .unwrap_or_else(|e| panic!("{what}: write {buf_off}/{len}/{file_off}: {e}"));
+        assert_eq!(t.bytes, len as u64);
+        let end = file_off as usize + len;
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[file_off as usize..end].copy_from_slice(&src[buf_off..buf_off + len]);
+        assert_eq!(
+            out.size().unwrap(),
+            model.len() as u64,
+            "{what}: size after write {buf_off}/{len}/{file_off}"
+        );
+    }
+    drop(out);
+    let written = std::fs::read(&out_path).unwrap();
+    assert!(written == model, "{what}: written file differs");
+}
+
+#[test]
+fn every_engine_on_disk() {
+    let Some(dir) = common::disk_dir() else {
+        return;
+    };
+    for e in engines() {
+        exercise(e.as_ref(), dir.path(), true);
+    }
+}
+
+#[test]
+fn every_engine_on_tmpfs() {
+    let Some(dir) = common::shm_dir() else { return };
+    for e in engines() {
+        exercise(e.as_ref(), dir.path(), false);
+    }
+}
+
+/// When the kernel refuses a direct request (EINVAL), direct engines redo it
+/// buffered and count the fallback. Forcing a too-small alignment on a disk
+/// file system makes the kernel refuse an unaligned O_DIRECT read for real.
+#[test]
+fn refused_direct_io_falls_back_per_request() {
+    let Some(dir) = common::disk_dir() else {
+        return;
+    };
+    let data = common::pattern(SIZE, 3);
+    let path = dir.path().join("f.bin");
+    std::fs::write(&path, &data).unwrap();
+    let mut file = IoFile::open(&path).unwrap();
+    let Some(real) = file.dio_align() else {
+        println!("skipped: no direct I/O on this file system");
+        return;
+    };
+    if real.offset == 1 {
+        println!("skipped: this file system takes unaligned direct I/O");
+        return;
+    }
+    file.set_dio_align(DioAlign { mem: 1, offset: 1 });
+    let buf = MemfdHeap::new(HugePages::None).alloc(BUF).unwrap();
+    for m in [Method::Direct, Method::Uring, Method::Auto] {
+        let e = new_engine(m, EngineOptions::default()).unwrap();
+        buf.fill(0, BUF, 0).unwrap();
+        let t = e.read(&file, 101, &buf, 0, 70_001).unwrap();
+        assert_eq!(t.fallbacks, 1, "{m}");
+        let mut got = vec![0u8; 70_001];
+        buf.read_at(0, &mut got).unwrap();
+        assert!(got == data[101..101 + 70_001], "{m}: bytes differ");
+        // An aligned request still goes direct.
+        let t = e.read(&file, 0, &buf, 0, 1 << 20).unwrap();
+        assert_eq!(t.fallbacks, 0, "{m}");
+    }
+}
+
+#[test]
+fn methods_parse_and_bad_paths() {
+    for m in Method::ALL {
+        assert_eq!(m.name().parse::<Method>().unwrap(), m);
+    }
+    assert!(matches!("fast".parse::<Method>(), Err(Error::UnknownMethod(s)) if s == "fast"));
+    assert!(matches!(
+        IoFile::open("/nonexistent/x"),
+        Err(Error::Open { .. })
+    ));
+    assert!(matches!(
+        IoFile::open("/"),
+        Err(Error::NotAFile {
+            what: "a directory",
+            ..
+        })
+    ));
+}
