@@ -3,6 +3,10 @@
 //! Subcommands: `load` (fill shareable buffers from a file), `bench`
 //! (rerun the seed experiments beside the limits measured in the same run).
 
+mod bench;
+mod load;
+mod size;
+
 use anyhow::Result;
 use clap::Parser;
 
@@ -19,9 +23,22 @@ struct Cli {
 enum Cmd {
     /// List the heaps and say which are available on this machine.
     Heaps,
+    /// Load a file into shareable buffers (memfd, udmabuf, dma-heap) with
+    /// direct I/O and io_uring; report GiB/s.
+    Load(load::LoadArgs),
+    /// Rerun the seed experiments beside the limits measured in the same run.
+    Bench(bench::BenchArgs),
 }
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        // One line: the error and its causes, joined by ": ".
+        eprintln!("iopath: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("IOPATH_LOG")
@@ -41,6 +58,8 @@ fn main() -> Result<()> {
                 }
             }
         }
+        Cmd::Load(args) => load::run(&args)?,
+        Cmd::Bench(args) => bench::run(&args)?,
     }
     Ok(())
 }

@@ -160,9 +160,9 @@ impl IoFile {
     /// # Errors
     /// [`Error::Sys`] if either call fails.
     pub fn drop_cache(&self) -> Result<()> {
-        if self.writable {
-            self.file.sync_all().map_err(|e| Error::sys("fsync", e))?;
-        }
+        // fsync works on a read-only descriptor too; dirty pages would
+        // otherwise stay cached.
+        self.file.sync_all().map_err(|e| Error::sys("fsync", e))?;
         rustix::fs::fadvise(&self.file, 0, None, rustix::fs::Advice::DontNeed)
             .map_err(|e| Error::sys("posix_fadvise(DONTNEED)", e))
     }

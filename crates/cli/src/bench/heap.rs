@@ -1,0 +1,462 @@
+//! `iopath bench heap`: the `DMA_BUF_IOCTL_RW_FILE` thread's experiment on
+//! this machine. N buffers of one size are filled from a cold file with every
+//! heap and method that works here; fio's O_DIRECT io_uring sequential read of
+//! the same file, run beside them, is the limit.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
+
+use super::{fio, scratch_dir, Summary};
+use crate::size::{human, parse_size};
+
+const HEAPS: [&str; 5] = ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"];
+
+/// Arguments of `iopath bench heap`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Each run drops the file's cached pages first (fsync + POSIX_FADV_DONTNEED,
+checked with mincore). Columns: alloc ms = time allocating and faulting in
+buffers on the allocator thread (overlapped with reads); read ms = time in
+transfers; total ms = wall time, allocation included; GiB/s over total;
+cache growth = file pages left in the page cache (worst run).")]
+pub struct HeapArgs {
+    /// Read this file (it must hold buffers x buffer-size bytes).
+    #[arg(long, conflicts_with = "size")]
+    pub file: Option<PathBuf>,
+    /// Make a scratch file of this size in /var/tmp (or the current
+    /// directory, never a tmpfs), removed afterwards [default: 1G].
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<usize>,
+    /// Buffers per load [default: file size / buffer size].
+    #[arg(long)]
+    pub buffers: Option<usize>,
+    /// Bytes per buffer.
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    pub buffer_size: usize,
+    /// Runs per row (median and spread are reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Heaps to try, comma-separated [default: all; absent ones are listed
+    /// as skipped].
+    #[arg(long, value_delimiter = ',')]
+    pub heaps: Vec<String>,
+    /// Methods to try, comma-separated [default: auto,buffered,direct,sendfile,uring].
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Vec<String>,
+    /// io_uring requests in flight.
+    #[arg(long, default_value_t = 16)]
+    pub queue_depth: u32,
+    /// Print one JSON object with `rows` and `limit`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `iopath bench heap`.
+///
+/// # Errors
+/// Bad arguments, a file too short, I/O failures.
+pub fn run(args: &HeapArgs) -> Result<()> {
+    let report = experiment(args)?;
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        report.print();
+    }
+    Ok(())
+}
+
+/// The heap experiment on embedded defaults for `iopath bench`: a 256 MiB
+/// scratch file, 8 x 32 MiB buffers, 3 runs.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_default(json: bool) -> Result<serde_json::Value> {
+    let args = HeapArgs {
+        file: None,
+        size: Some(256 << 20),
+        buffers: Some(8),
+        buffer_size: 32 << 20,
+        runs: 3,
+        heaps: Vec::new(),
+        methods: Vec::new(),
+        queue_depth: 16,
+        json,
+    };
+    let report = experiment(&args)?;
+    if !json {
+        report.print();
+    }
+    Ok(report.json())
+}
+
+/// One heap x method row.
+#[derive(Debug)]
+struct Row {
+    heap: String,
+    method: Method,
+    used: Method,
+    alloc_ms: Vec<f64>,
+    read_ms: Vec<f64>,
+    total_ms: Vec<f64>,
+    gib_per_s: Vec<f64>,
+    cache_growth: u64,
+    fallbacks: u64,
+}
+
+#[derive(Debug)]
+struct Report {
+    file: PathBuf,
+    bytes: u64,
+    buffers: usize,
+    buffer_size: usize,
+    runs: usize,
+    rows: Vec<Row>,
+    limit: Option<Vec<fio::FioResult>>,
+    limit_cmd: String,
+    skipped: Vec<(String, String)>,
+    warm_warnings: u64,
+}
+
+fn experiment(args: &HeapArgs) -> Result<Report> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let page = iopath_heap::page_size();
+    if args.buffer_size == 0 || args.buffer_size % page != 0 {
+        bail!(
+            "buffer size {} is not a non-zero multiple of the page size ({page})",
+            args.buffer_size
+        );
+    }
+    let methods: Vec<Method> = if args.methods.is_empty() {
+        Method::ALL.to_vec()
+    } else {
+        args.methods
+            .iter()
+            .map(|m| m.parse())
+            .collect::<Result<_, _>>()?
+    };
+    let heap_names: Vec<String> = if args.heaps.is_empty() {
+        HEAPS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.heaps.clone()
+    };
+    // The file: given, or a scratch file removed when `_scratch` drops.
+    let (_scratch, path) = match &args.file {
+        Some(f) => (None, f.clone()),
+        None => {
+            let size = args.size.unwrap_or(1 << 30);
+            let t = make_scratch(size as u64, !args.json)?;
+            let p = t.path().to_path_buf();
+            (Some(t), p)
+        }
+    };
+    let file = IoFile::open(&path)?;
+    let size = file.size()?;
+    let buffers = args
+        .buffers
+        .unwrap_or((size / args.buffer_size as u64) as usize)
+        .max(1);
+    let bytes = buffers as u64 * args.buffer_size as u64;
+    if bytes > size {
+        bail!(
+            "{} is {} bytes too short for {buffers} x {} buffers ({} bytes)",
+            path.display(),
+            bytes - size,
+            args.buffer_size,
+            bytes
+        );
+    }
+
+    let mut heaps: Vec<Box<dyn Heap>> = Vec::new();
+    let mut skipped = Vec::new();
+    for name in &heap_names {
+        match open_heap(name).and_then(|h| h.alloc(args.buffer_size).map(|_| h)) {
+            Ok(h) => heaps.push(h),
+            Err(e) => skipped.push((name.clone(), e.to_string())),
+        }
+    }
+    if heaps.is_empty() {
+        bail!("no heap works here: {skipped:?}");
+    }
+    let mut rows: Vec<Row> = heaps
+        .iter()
+        .flat_map(|h| {
+            methods.iter().map(move |&m| Row {
+                heap: h.name(),
+                method: m,
+                used: m,
+                alloc_ms: Vec::new(),
+                read_ms: Vec::new(),
+                total_ms: Vec::new(),
+                gib_per_s: Vec::new(),
+                cache_growth: 0,
+                fallbacks: 0,
+            })
+        })
+        .collect();
+    let use_fio = fio::available();
+    let limit_cmd = fio::seq_read_cmdline(&path, bytes, "1M", 16).join(" ");
+    let steps = args.runs * (rows.len() + usize::from(use_fio));
+    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new(steps as u64);
+        b.set_style(
+            ProgressStyle::with_template("{spinner} bench heap [{bar:30}] {pos}/{len} {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        b
+    });
+    let mut limit = use_fio.then(Vec::new);
+    let mut warm_warnings = 0;
+    for run in 0..args.runs {
+        if let Some(l) = limit.as_mut() {
+            if let Some(b) = &bar {
+                b.set_message(format!("run {}/{}: fio", run + 1, args.runs));
+            }
+            file.drop_cache()?;
+            l.push(fio::seq_read(&path, bytes, "1M", 16)?);
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+        }
+        for row in rows.iter_mut() {
+            if let Some(b) = &bar {
+                b.set_message(format!(
+                    "run {}/{}: {} {}",
+                    run + 1,
+                    args.runs,
+                    row.heap,
+                    row.method
+                ));
+            }
+            let heap = heaps
+                .iter()
+                .find(|h| h.name() == row.heap)
+                .context("heap vanished")?;
+            file.drop_cache()?;
+            let cold = file.cached_bytes()?;
+            if cold > bytes / 100 {
+                warm_warnings += 1;
+                tracing::warn!(
+                    "{} still has {cold} bytes cached after dropping",
+                    path.display()
+                );
+            }
+            let opts = LoadOptions {
+                buffer_size: args.buffer_size,
+                buffers: Some(buffers),
+                method: row.method,
+                engine: EngineOptions {
+                    queue_depth: args.queue_depth,
+                    ..EngineOptions::default()
+                },
+                ..LoadOptions::default()
+            };
+            let loaded = load(&path, heap.as_ref(), &opts, &mut |_| {})
+                .with_context(|| format!("{} {}", row.heap, row.method))?;
+            let growth = file.cached_bytes()?.saturating_sub(cold);
+            drop(loaded.buffers);
+            let s = loaded.stats;
+            row.used = s.method;
+            row.alloc_ms.push(s.alloc_time.as_secs_f64() * 1e3);
+            row.read_ms.push(s.read_time.as_secs_f64() * 1e3);
+            row.total_ms.push(s.elapsed.as_secs_f64() * 1e3);
+            row.gib_per_s.push(s.gib_per_s());
+            row.cache_growth = row.cache_growth.max(growth);
+            row.fallbacks += s.fallbacks;
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+        }
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    Ok(Report {
+        file: path,
+        bytes,
+        buffers,
+        buffer_size: args.buffer_size,
+        runs: args.runs,
+        rows,
+        limit,
+        limit_cmd,
+        skipped,
+        warm_warnings,
+    })
+}
+
+/// Writes `size` pseudo-random bytes to a new file on a disk file system.
+fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
+    let dir = scratch_dir()?;
+    let mut t = tempfile::Builder::new()
+        .prefix("iopath-bench-")
+        .suffix(".bin")
+        .tempfile_in(&dir)
+        .with_context(|| format!("create a scratch file in {}", dir.display()))?;
+    if talk && std::io::stderr().is_terminal() {
+        eprintln!(
+            "writing {} scratch file {}",
+            human(size),
+            t.path().display()
+        );
+    }
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut chunk = vec![0u8; 8 << 20];
+    let mut left = size;
+    while left > 0 {
+        for w in chunk.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(chunk.len() as u64) as usize;
+        t.write_all(&chunk[..n]).context("write scratch file")?;
+        left -= n as u64;
+    }
+    t.as_file().sync_all().context("fsync scratch file")?;
+    Ok(t)
+}
+
+fn fs_name(path: &Path) -> &'static str {
+    match rustix::fs::statfs(path).map(|s| s.f_type as i64) {
+        Ok(0xEF53) => "ext4",
+        Ok(0x0102_1994) => "tmpfs",
+        Ok(0x5846_5342) => "xfs",
+        Ok(0x9123_683E) => "btrfs",
+        _ => "other fs",
+    }
+}
+
+impl Report {
+    fn limit_summary(&self) -> Option<Summary> {
+        self.limit
+            .as_ref()
+            .map(|l| Summary::of(&l.iter().map(fio::FioResult::gib_per_s).collect::<Vec<_>>()))
+    }
+
+    fn print(&self) {
+        println!(
+            "{} x {} buffers from {} ({}, {}), {} run(s), each from a cold page cache",
+            self.buffers,
+            human(self.buffer_size as u64),
+            self.file.display(),
+            human(self.bytes),
+            fs_name(&self.file),
+            self.runs
+        );
+        let limit = self.limit_summary();
+        println!(
+            "{:<14} {:<16} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>13}",
+            "heap",
+            "method",
+            "alloc ms",
+            "read ms",
+            "total ms",
+            "GiB/s",
+            "spread",
+            "vs limit",
+            "cache growth"
+        );
+        for r in &self.rows {
+            let g = Summary::of(&r.gib_per_s);
+            let method = if r.method == r.used {
+                r.method.to_string()
+            } else {
+                format!("{} ({})", r.method, r.used)
+            };
+            println!(
+                "{:<14} {:<16} {:>9.1} {:>9.1} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
+                r.heap,
+                method,
+                Summary::of(&r.alloc_ms).median,
+                Summary::of(&r.read_ms).median,
+                Summary::of(&r.total_ms).median,
+                g.median,
+                g.spread_pct(),
+                limit.map_or("-".to_string(), |l| format!(
+                    "{:.0}%",
+                    g.median / l.median * 100.0
+                )),
+                human(r.cache_growth),
+            );
+            if r.fallbacks > 0 {
+                println!(
+                    "{:<31} ({} request(s) fell back to buffered)",
+                    "", r.fallbacks
+                );
+            }
+        }
+        match (&self.limit, limit) {
+            (Some(l), Some(s)) => println!(
+                "{:<14} {:<16} {:>9} {:>9} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
+                "limit",
+                "fio",
+                "-",
+                "-",
+                Summary::of(&l.iter().map(|r| r.runtime_ms).collect::<Vec<_>>()).median,
+                s.median,
+                s.spread_pct(),
+                "100%",
+                "-"
+            ),
+            _ => println!("limit: fio is not installed (scripts/install-deps installs it)"),
+        }
+        println!("limit: {}", self.limit_cmd);
+        for (h, why) in &self.skipped {
+            println!("skipped heap {h}: {why}");
+        }
+        if self.warm_warnings > 0 {
+            println!(
+                "warning: {} run(s) started with more than 1% of the file cached",
+                self.warm_warnings
+            );
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let limit = self.limit_summary();
+        let rows: Vec<_> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let g = Summary::of(&r.gib_per_s);
+                serde_json::json!({
+                    "heap": r.heap,
+                    "method": r.method.name(),
+                    "method_used": r.used.name(),
+                    "alloc_ms": Summary::of(&r.alloc_ms).median,
+                    "read_ms": Summary::of(&r.read_ms).median,
+                    "total_ms": Summary::of(&r.total_ms).median,
+                    "gib_per_s": g.median,
+                    "gib_per_s_runs": g.json(),
+                    "spread_pct": g.spread_pct(),
+                    "vs_limit": limit.map(|l| g.median / l.median),
+                    "cache_growth_bytes": r.cache_growth,
+                    "fallbacks": r.fallbacks,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "file": self.file,
+            "bytes": self.bytes,
+            "buffers": self.buffers,
+            "buffer_size": self.buffer_size,
+            "runs": self.runs,
+            "rows": rows,
+            "limit": limit.map(|l| serde_json::json!({
+                "gib_per_s": l.median,
+                "gib_per_s_runs": l.json(),
+                "spread_pct": l.spread_pct(),
+                "command": self.limit_cmd,
+            })),
+            "skipped": self.skipped.iter().map(|(h, w)| serde_json::json!({"heap": h, "reason": w})).collect::<Vec<_>>(),
+        })
+    }
+}
