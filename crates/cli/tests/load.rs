@@ -13,6 +13,7 @@ fn iopath(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run iopath")
 }
 
+#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
 fn is_tmpfs(p: &Path) -> bool {
     rustix::fs::statfs(p)
         .map(|s| s.f_type as i64 == TMPFS_MAGIC)

@@ -324,6 +324,7 @@ fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
     Ok(t)
 }
 
+#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
 fn fs_name(path: &Path) -> &'static str {
     match rustix::fs::statfs(path).map(|s| s.f_type as i64) {
         Ok(0xEF53) => "ext4",

@@ -47,11 +47,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
 }
 
+/// An experiment on its embedded defaults: prints its table unless asked for
+/// JSON, and returns its JSON object.
+type Experiment = fn(bool) -> Result<serde_json::Value>;
+
 /// Every experiment on embedded defaults.
 fn run_default(json: bool) -> Result<()> {
     let mut all = serde_json::Map::new();
-    let experiments: [(&str, fn(bool) -> Result<serde_json::Value>); 1] =
-        [("heap", heap::run_default)];
+    let experiments: [(&str, Experiment); 1] = [("heap", heap::run_default)];
     for (name, f) in experiments {
         if !json {
             println!("== {name}");
@@ -120,6 +123,7 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 ///
 /// # Errors
 /// When neither is disk-backed.
+#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
 pub fn scratch_dir() -> Result<PathBuf> {
     let mut tried = Vec::new();
     for dir in [PathBuf::from("/var/tmp"), std::env::current_dir()?] {

@@ -19,6 +19,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
+#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
 fn is_tmpfs(p: &std::path::Path) -> bool {
     rustix::fs::statfs(p)
         .map(|s| s.f_type as i64 == TMPFS_MAGIC)
