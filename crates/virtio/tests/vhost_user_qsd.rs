@@ -83,4 +83,5 @@ fn reads_capacity_and_queue_count_from_qemu_storage_daemon() {
         (24 << 20) / 512
     );
     assert_eq!(u16::from_le_bytes(cfg[34..36].try_into().unwrap()), 2);
+    eprintln!("features {:#x} cfg {:02x?}", vu.device_features(), cfg);
 }
