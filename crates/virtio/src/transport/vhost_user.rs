@@ -10,7 +10,7 @@
 //! ```text
 //!   driver ── notify(q) ──► kick eventfd ──► back end
 //!   driver ◄─ wait(q)  ◄── call eventfd ◄── back end
-//!   shared regions (Buffer fds) ──SET_MEM_TABLE──► back end mmaps them
+//!   DmaOps::regions() (Buffer fds) ──SET_MEM_TABLE──► back end mmaps them
 //!   Iommu ops ── IotlbRecord ──IOTLB_MSG──► back end's IOTLB
 //! ```
 //!
@@ -20,25 +20,32 @@
 //! vhost-user spec, so they are translated through the region table here.
 //! With `ACCESS_PLATFORM` every address (vring ones included) is an IOVA
 //! that the back end translates through the IOTLB entries sent to it.
+//!
+//! Queues are handed to the back end (`SET_VRING_*`) when the driver sets
+//! `DRIVER_OK`, so the memory table and the IOTLB are complete by then
+//! whatever order the driver called [`Transport::setup_queue`] and
+//! [`Transport::set_memory`] in.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use iopath_heap::Buffer;
+use iopath_dma::{IotlbRecord, IotlbSink, SharedRegion};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend as _, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::{QueueConfig, Transport};
+use crate::features::{status, VIRTIO_F_ACCESS_PLATFORM};
+
 /// `VHOST_USER_F_PROTOCOL_FEATURES`: the back end speaks protocol features.
 pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
-/// `VIRTIO_F_ACCESS_PLATFORM` (a.k.a. `IOMMU_PLATFORM`), feature bit 33.
-pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
 
 /// `VHOST_USER_IOTLB_MSG` on the front-end channel.
 const REQ_IOTLB_MSG: u32 = 22;
@@ -51,12 +58,18 @@ const HDR_LEN: usize = 12;
 /// `struct vhost_iotlb_msg`: iova, size, uaddr (u64 each), perm u8, type u8,
 /// padded to 8 bytes.
 const IOTLB_MSG_LEN: usize = 32;
+/// `VHOST_IOTLB_UPDATE`, `VHOST_IOTLB_INVALIDATE`.
+const IOTLB_UPDATE: u8 = 2;
+const IOTLB_INVALIDATE: u8 = 3;
 /// Version 1 in the header flags.
 const HDR_VERSION: u32 = 0x1;
 /// Largest region count `SET_MEM_TABLE` carries for every back end (the
 /// spec's baseline; libvhost-user refuses more). Further regions go through
 /// `ADD_MEM_REG` when `CONFIGURE_MEM_SLOTS` is negotiated.
 const MEM_TABLE_BASELINE: usize = 8;
+/// Queue size assumed when the back end does not say (vhost-user has no
+/// message for it): libvhost-user's and QEMU's `VIRTQUEUE_MAX_SIZE`.
+pub const DEFAULT_QUEUE_MAX_SIZE: u16 = 1024;
 
 /// Errors of the vhost-user front end.
 #[derive(Debug, thiserror::Error)]
@@ -130,92 +143,40 @@ pub enum VhostUserError {
     #[error("Queue {index} out of range (back end has {count})")]
     BadQueue {
         /// Index asked for.
-        index: usize,
+        index: u16,
         /// Queues the back end has.
-        count: usize,
+        count: u16,
     },
-    /// A queue was used before [`VhostUser::setup_queue`].
-    #[error("Queue {index} is not set up")]
+    /// A queue was used before it was set up and the device started.
+    #[error("Queue {index} is not running (set it up, then DRIVER_OK)")]
     QueueNotReady {
         /// Queue index.
-        index: usize,
+        index: u16,
     },
 }
 
 /// Result of the vhost-user front end.
-pub type Result<T> = std::result::Result<T, VhostUserError>;
+pub type Result<T, E = VhostUserError> = std::result::Result<T, E>;
 
 fn req(request: &'static str) -> impl FnOnce(vhost::Error) -> VhostUserError {
     move |source| VhostUserError::Request { request, source }
 }
 
-/// Memory shared with the back end: a whole heap [`Buffer`] (its fd is sent
-/// to the back end) and the device address where the device sees its first
-/// byte.
-#[derive(Debug, Clone)]
-pub struct SharedRegion {
-    /// The buffer whose fd the back end maps.
-    pub buffer: Buffer,
-    /// Device ("guest physical") address of the buffer's first byte.
-    pub device_addr: u64,
-}
-
-impl SharedRegion {
-    fn len(&self) -> u64 {
-        self.buffer.len() as u64
-    }
-
-    fn info(&self) -> VhostUserMemoryRegionInfo {
-        VhostUserMemoryRegionInfo {
-            guest_phys_addr: self.device_addr,
-            memory_size: self.len(),
-            userspace_addr: self.buffer.as_ptr() as u64,
-            mmap_offset: 0,
-            mmap_handle: self.buffer.fd().as_raw_fd(),
-        }
-    }
-
-    fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.device_addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= self.device_addr.saturating_add(self.len()))
+fn region_info(r: &SharedRegion) -> VhostUserMemoryRegionInfo {
+    VhostUserMemoryRegionInfo {
+        guest_phys_addr: r.gpa,
+        memory_size: r.len() as u64,
+        userspace_addr: r.uaddr(),
+        mmap_offset: 0,
+        mmap_handle: r.buffer.fd().as_raw_fd(),
     }
 }
 
-/// Where a split virtqueue's three parts live, as device addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueLayout {
-    /// Ring size (descriptors), a power of two.
-    pub size: u16,
-    /// Descriptor table.
-    pub desc: u64,
-    /// Available (driver) ring.
-    pub avail: u64,
-    /// Used (device) ring.
-    pub used: u64,
-}
-
-/// Permission of an IOTLB entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IotlbPerm {
-    /// Device may read (driver → device).
-    Read,
-    /// Device may write (device → driver).
-    Write,
-    /// Both.
-    ReadWrite,
-}
-
-impl IotlbPerm {
-    /// `VHOST_ACCESS_RO` 1, `WO` 2, `RW` 3.
-    fn wire(self) -> u8 {
-        match self {
-            IotlbPerm::Read => 1,
-            IotlbPerm::Write => 2,
-            IotlbPerm::ReadWrite => 3,
-        }
-    }
+fn region_contains(r: &SharedRegion, addr: u64, len: u64) -> bool {
+    addr >= r.gpa
+        && addr
+            .checked_add(len)
+            .is_some_and(|end| end <= r.gpa.saturating_add(r.len() as u64))
 }
 
 /// Protocol features the driver uses when the back end offers them.
@@ -227,13 +188,6 @@ fn wanted_protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
 }
 
-/// The kick and call eventfds of one queue.
-#[derive(Debug)]
-struct QueueEvents {
-    kick: EventFd,
-    call: EventFd,
-}
-
 /// The control channel: the rust-vmm front end and a second handle on the
 /// same socket for the requests it cannot send (`IOTLB_MSG`). Both are used
 /// only with the mutex held, so replies never interleave.
@@ -241,6 +195,8 @@ struct Control {
     fe: Frontend,
     raw: UnixStream,
     reply_ack: bool,
+    /// `ACCESS_PLATFORM` was acknowledged.
+    iotlb: bool,
 }
 
 impl std::fmt::Debug for Control {
@@ -248,34 +204,129 @@ impl std::fmt::Debug for Control {
         f.debug_struct("Control")
             .field("socket", &self.raw)
             .field("reply_ack", &self.reply_ack)
+            .field("iotlb", &self.iotlb)
             .finish()
     }
 }
 
-/// A connected vhost-user front end (the driver's end of the socket).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked mid-request; the
+    // socket state is then unknown, but using it yields errors, not UB.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Control {
+    // Hand-written: the vhost crate's Frontend has no IOTLB_MSG request.
+    fn send_iotlb(&self, iova: u64, size: u64, uaddr: u64, perm: u8, kind: u8) -> Result<()> {
+        if !self.iotlb {
+            return Err(VhostUserError::Unsupported {
+                what: "IOTLB messages without ACCESS_PLATFORM",
+            });
+        }
+        let mut flags = HDR_VERSION;
+        if self.reply_ack {
+            flags |= VhostUserHeaderFlag::NEED_REPLY.bits();
+        }
+        let mut msg = [0u8; HDR_LEN + IOTLB_MSG_LEN];
+        msg[0..4].copy_from_slice(&REQ_IOTLB_MSG.to_le_bytes());
+        msg[4..8].copy_from_slice(&flags.to_le_bytes());
+        msg[8..12].copy_from_slice(&(IOTLB_MSG_LEN as u32).to_le_bytes());
+        let body = &mut msg[HDR_LEN..];
+        body[0..8].copy_from_slice(&iova.to_le_bytes());
+        body[8..16].copy_from_slice(&size.to_le_bytes());
+        body[16..24].copy_from_slice(&uaddr.to_le_bytes());
+        body[24] = perm;
+        body[25] = kind;
+        write_all(&self.raw, &msg, "IOTLB_MSG send")?;
+        if self.reply_ack {
+            let mut reply = [0u8; HDR_LEN + 8];
+            read_exact(&self.raw, &mut reply, "IOTLB_MSG reply")?;
+            let code = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
+            let rflags = u32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
+            let rsize = u32::from_le_bytes(reply[8..12].try_into().expect("4 bytes"));
+            if code != REQ_IOTLB_MSG
+                || rflags & VhostUserHeaderFlag::REPLY.bits() == 0
+                || rsize != 8
+            {
+                return Err(VhostUserError::BadReply {
+                    request: "IOTLB_MSG",
+                    why: "not a reply to IOTLB_MSG",
+                });
+            }
+            if u64::from_le_bytes(reply[12..20].try_into().expect("8 bytes")) != 0 {
+                return Err(VhostUserError::BadReply {
+                    request: "IOTLB_MSG",
+                    why: "back end refused the entry",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Forwards the IOMMU ops' IOTLB records to the back end as `IOTLB_MSG`.
+/// With REPLY_ACK, `send` returns only once the back end acknowledged the
+/// record, so an invalidated range is out of the device's reach by then.
+#[derive(Debug, Clone)]
+pub struct VhostUserIotlb {
+    ctl: Arc<Mutex<Control>>,
+}
+
+impl IotlbSink for VhostUserIotlb {
+    fn send(&self, record: IotlbRecord) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let ctl = lock(&self.ctl);
+        match record {
+            IotlbRecord::Update {
+                iova,
+                size,
+                uaddr,
+                perm,
+            } => ctl.send_iotlb(iova, size, uaddr, perm.to_wire(), IOTLB_UPDATE)?,
+            IotlbRecord::Invalidate { iova, size } => {
+                ctl.send_iotlb(iova, size, 0, 0, IOTLB_INVALIDATE)?
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kick and call eventfds of one queue (made at connect, for every
+/// queue the back end has, so the data path needs no lock).
+#[derive(Debug)]
+struct QueueEvents {
+    kick: EventFd,
+    call: EventFd,
+    running: AtomicBool,
+}
+
+/// Mutable state behind the transport's `&self` methods.
+#[derive(Debug, Default)]
+struct State {
+    acked: u64,
+    status: u8,
+    regions: Vec<SharedRegion>,
+    /// Queue configurations given by the driver, sent at DRIVER_OK.
+    configs: Vec<Option<QueueConfig>>,
+}
+
+/// A connected vhost-user front end: a [`Transport`] to a virtio device in
+/// another process.
 ///
-/// Setup order, as the vhost-user spec wants it: [`connect`], [`negotiate`],
-/// [`set_regions`], [`setup_queue`] per queue; then [`notify`]/[`wait`] on
-/// the data path. [`read_config`] works any time after connect.
-///
-/// [`connect`]: VhostUser::connect
-/// [`negotiate`]: VhostUser::negotiate
-/// [`set_regions`]: VhostUser::set_regions
-/// [`setup_queue`]: VhostUser::setup_queue
-/// [`notify`]: VhostUser::notify
-/// [`wait`]: VhostUser::wait
-/// [`read_config`]: VhostUser::read_config
+/// vhost-user does not carry the device type, so the caller says what it
+/// expects ([`VhostUser::connect`]'s `device_id`). Device status lives here:
+/// vhost-user has no status register unless `STATUS` is negotiated, and
+/// iopath does not need it (queues start at `DRIVER_OK`).
 #[derive(Debug)]
 pub struct VhostUser {
-    ctl: Mutex<Control>,
+    ctl: Arc<Mutex<Control>>,
     path: PathBuf,
+    device_id: u32,
     device_features: u64,
-    acked_features: u64,
     protocol: VhostUserProtocolFeatures,
-    max_queues: usize,
-    regions: Vec<SharedRegion>,
-    queues: Vec<Option<QueueEvents>>,
-    backend_chan: Option<BackendChannel>,
+    queue_max_size: u16,
+    events: Vec<QueueEvents>,
+    state: Mutex<State>,
+    backend_chan: Mutex<Option<BackendChannel>>,
 }
 
 impl VhostUser {
@@ -283,12 +334,14 @@ impl VhostUser {
     /// `timeout` while the socket does not exist yet or refuses), takes
     /// ownership (`SET_OWNER`), reads the device features and negotiates the
     /// protocol features (MQ, REPLY_ACK, CONFIG, BACKEND_REQ,
-    /// CONFIGURE_MEM_SLOTS when offered).
+    /// CONFIGURE_MEM_SLOTS when offered). `device_id` is the virtio device
+    /// type the caller expects behind the socket (2 for block).
     ///
     /// # Errors
     /// [`VhostUserError::Connect`] if nobody listens within `timeout`,
-    /// [`VhostUserError::Request`] if a request fails.
-    pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Self> {
+    /// [`VhostUserError::Request`] if a request fails,
+    /// [`VhostUserError::Io`] if eventfds cannot be made.
+    pub fn connect(path: impl AsRef<Path>, device_id: u32, timeout: Duration) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let deadline = Instant::now() + timeout;
         let sock = loop {
@@ -315,7 +368,7 @@ impl VhostUser {
         fe.set_owner().map_err(req("SET_OWNER"))?;
         let device_features = fe.get_features().map_err(req("GET_FEATURES"))?;
         let mut protocol = VhostUserProtocolFeatures::empty();
-        let mut max_queues = 1;
+        let mut queues: u16 = 1;
         if device_features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
             let offered = fe
                 .get_protocol_features()
@@ -325,7 +378,7 @@ impl VhostUser {
                 .map_err(req("SET_PROTOCOL_FEATURES"))?;
             if protocol.contains(VhostUserProtocolFeatures::MQ) {
                 let n = fe.get_queue_num().map_err(req("GET_QUEUE_NUM"))?;
-                max_queues = usize::try_from(n).unwrap_or(1).max(1);
+                queues = u16::try_from(n).unwrap_or(u16::MAX).max(1);
             }
         }
         let reply_ack = protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
@@ -334,35 +387,48 @@ impl VhostUser {
             // shows up at the request that caused it.
             fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
         }
-        let mut this = VhostUser {
-            ctl: Mutex::new(Control { fe, raw, reply_ack }),
+        let io = |op| move |source| VhostUserError::Io { op, source };
+        let events = (0..queues)
+            .map(|_| {
+                Ok(QueueEvents {
+                    kick: EventFd::new(0).map_err(io("eventfd (kick)"))?,
+                    call: EventFd::new(EFD_NONBLOCK).map_err(io("eventfd (call)"))?,
+                    running: AtomicBool::new(false),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let this = VhostUser {
+            ctl: Arc::new(Mutex::new(Control {
+                fe,
+                raw,
+                reply_ack,
+                iotlb: false,
+            })),
             path,
+            device_id,
             device_features,
-            acked_features: 0,
             protocol,
-            max_queues,
-            regions: Vec::new(),
-            queues: (0..max_queues).map(|_| None).collect(),
-            backend_chan: None,
+            queue_max_size: DEFAULT_QUEUE_MAX_SIZE,
+            events,
+            state: Mutex::new(State {
+                configs: vec![None; usize::from(queues)],
+                ..State::default()
+            }),
+            backend_chan: Mutex::new(None),
         };
         if protocol.contains(VhostUserProtocolFeatures::BACKEND_REQ) {
-            this.backend_chan = Some(this.open_backend_channel()?);
+            let chan = this.open_backend_channel()?;
+            *lock(&this.backend_chan) = Some(chan);
         }
         Ok(this)
     }
 
-    fn ctl(&self) -> MutexGuard<'_, Control> {
-        // A poisoned lock only means another thread panicked mid-request;
-        // the socket state is then unknown but using it yields errors, not UB.
-        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn open_backend_channel(&mut self) -> Result<BackendChannel> {
+    fn open_backend_channel(&self) -> Result<BackendChannel> {
         let (ours, theirs) = UnixStream::pair().map_err(|source| VhostUserError::Io {
             op: "socketpair for the back-end channel",
             source,
         })?;
-        self.ctl()
+        lock(&self.ctl)
             .fe
             .set_backend_request_fd(&theirs)
             .map_err(req("SET_BACKEND_REQ_FD"))?;
@@ -375,14 +441,9 @@ impl VhostUser {
         &self.path
     }
 
-    /// Virtio features the device offers (bit 30 is vhost-user's own).
-    pub fn device_features(&self) -> u64 {
+    /// Virtio features the device offers, vhost-user's own bit 30 included.
+    pub fn raw_device_features(&self) -> u64 {
         self.device_features
-    }
-
-    /// Features acknowledged by [`VhostUser::negotiate`].
-    pub fn acked_features(&self) -> u64 {
-        self.acked_features
     }
 
     /// Negotiated vhost-user protocol features.
@@ -390,90 +451,38 @@ impl VhostUser {
         self.protocol
     }
 
-    /// Queues the back end provides (1 without `MQ`).
-    pub fn max_queues(&self) -> usize {
-        self.max_queues
+    /// Overrides the queue size reported by [`Transport::queue_max_size`]
+    /// (vhost-user cannot ask the back end).
+    pub fn set_queue_max_size(&mut self, size: u16) {
+        self.queue_max_size = size;
     }
 
-    /// Whether `ACCESS_PLATFORM` was negotiated: every address the device
-    /// sees is then an IOVA translated through the IOTLB.
-    pub fn iotlb(&self) -> bool {
-        self.acked_features & VIRTIO_F_ACCESS_PLATFORM != 0
-    }
-
-    /// Acknowledges `driver_features & device_features` (`SET_FEATURES`) and
-    /// returns them. `VHOST_USER_F_PROTOCOL_FEATURES` is kept when offered.
+    /// Translates a device address range to this process's user address
+    /// (what `SET_VRING_ADDR` carries without an IOTLB).
     ///
     /// # Errors
-    /// [`VhostUserError::Unsupported`] if `ACCESS_PLATFORM` is negotiated
-    /// but the back end lacks REPLY_ACK or BACKEND_REQ (the vhost-user spec
-    /// requires both for IOTLB), [`VhostUserError::Request`] on failure.
-    pub fn negotiate(&mut self, driver_features: u64) -> Result<u64> {
-        let acked = (driver_features & self.device_features)
-            | (self.device_features & VHOST_USER_F_PROTOCOL_FEATURES);
-        if acked & VIRTIO_F_ACCESS_PLATFORM != 0
-            && !self.protocol.contains(
-                VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::BACKEND_REQ,
-            )
-        {
-            return Err(VhostUserError::Unsupported {
-                what: "IOTLB (ACCESS_PLATFORM needs REPLY_ACK and BACKEND_REQ)",
-            });
-        }
-        self.ctl()
-            .fe
-            .set_features(acked)
-            .map_err(req("SET_FEATURES"))?;
-        self.acked_features = acked;
-        Ok(acked & !VHOST_USER_F_PROTOCOL_FEATURES)
+    /// [`VhostUserError::NotShared`] if the range is not inside one region.
+    pub fn user_addr(&self, device_addr: u64, len: u64) -> Result<u64> {
+        user_addr(&lock(&self.state).regions, device_addr, len)
     }
 
-    /// Reads `buf.len()` bytes of the device configuration space at
-    /// `offset` (`GET_CONFIG`).
-    ///
-    /// # Errors
-    /// [`VhostUserError::Unsupported`] without the CONFIG protocol feature,
-    /// [`VhostUserError::Request`] if the back end refuses.
-    pub fn read_config(&self, offset: u32, buf: &mut [u8]) -> Result<()> {
-        if !self.protocol.contains(VhostUserProtocolFeatures::CONFIG) {
-            return Err(VhostUserError::Unsupported {
-                what: "config space (CONFIG protocol feature)",
-            });
-        }
-        let size = u32::try_from(buf.len()).map_err(|_| VhostUserError::BadReply {
-            request: "GET_CONFIG",
-            why: "size too large",
-        })?;
-        let zeros = vec![0u8; buf.len()];
-        let (_, payload) = self
-            .ctl()
-            .fe
-            .get_config(offset, size, VhostUserConfigFlags::empty(), &zeros)
-            .map_err(req("GET_CONFIG"))?;
-        if payload.len() != buf.len() {
-            return Err(VhostUserError::BadReply {
-                request: "GET_CONFIG",
-                why: "wrong payload size",
-            });
-        }
-        buf.copy_from_slice(&payload);
-        Ok(())
+    fn check_queue(&self, index: u16) -> Result<&QueueEvents> {
+        self.events
+            .get(usize::from(index))
+            .ok_or(VhostUserError::BadQueue {
+                index,
+                count: self.events.len() as u16,
+            })
     }
 
-    /// Shares `regions` with the back end, replacing any earlier table: the
-    /// first eight in one `SET_MEM_TABLE`, the rest with `ADD_MEM_REG`.
-    ///
-    /// # Errors
-    /// [`VhostUserError::BadRegion`] for overlapping regions,
-    /// [`VhostUserError::TooManyRegions`] past eight regions without
-    /// `CONFIGURE_MEM_SLOTS` (or past the back end's slots),
-    /// [`VhostUserError::Request`] if the back end refuses.
-    pub fn set_regions(&mut self, regions: &[SharedRegion]) -> Result<()> {
+    /// Shares `regions`, replacing any earlier table: the first eight in one
+    /// `SET_MEM_TABLE`, the rest with `ADD_MEM_REG`.
+    fn share(&self, st: &mut State, regions: &[SharedRegion]) -> Result<()> {
         check_disjoint(regions)?;
         let mem_slots = self
             .protocol
             .contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
-        let mut ctl = self.ctl.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ctl = lock(&self.ctl);
         let max = if mem_slots {
             let n = ctl
                 .fe
@@ -489,7 +498,7 @@ impl VhostUser {
                 max,
             });
         }
-        let infos: Vec<_> = regions.iter().map(SharedRegion::info).collect();
+        let infos: Vec<_> = regions.iter().map(region_info).collect();
         let first = infos.len().min(MEM_TABLE_BASELINE);
         ctl.fe
             .set_mem_table(&infos[..first])
@@ -497,163 +506,237 @@ impl VhostUser {
         for info in &infos[first..] {
             ctl.fe.add_mem_region(info).map_err(req("ADD_MEM_REG"))?;
         }
-        drop(ctl);
-        self.regions = regions.to_vec();
+        st.regions = regions.to_vec();
         Ok(())
     }
 
-    /// Adds one region to the table (`ADD_MEM_REG`).
-    ///
-    /// # Errors
-    /// [`VhostUserError::Unsupported`] without `CONFIGURE_MEM_SLOTS`,
-    /// [`VhostUserError::BadRegion`] if it overlaps a shared region,
-    /// [`VhostUserError::Request`] if the back end refuses.
-    pub fn add_region(&mut self, region: SharedRegion) -> Result<()> {
-        if !self
-            .protocol
-            .contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
-        {
-            return Err(VhostUserError::Unsupported {
-                what: "adding memory regions (CONFIGURE_MEM_SLOTS)",
-            });
-        }
-        let mut all = self.regions.clone();
-        all.push(region.clone());
-        check_disjoint(&all)?;
-        self.ctl()
-            .fe
-            .add_mem_region(&region.info())
-            .map_err(req("ADD_MEM_REG"))?;
-        self.regions.push(region);
-        Ok(())
-    }
-
-    /// The regions shared with the back end.
-    pub fn regions(&self) -> &[SharedRegion] {
-        &self.regions
-    }
-
-    /// Translates a device address range to this process's user address
-    /// (what `SET_VRING_ADDR` and IOTLB updates carry).
-    ///
-    /// # Errors
-    /// [`VhostUserError::NotShared`] if the range is not inside one region.
-    pub fn user_addr(&self, device_addr: u64, len: u64) -> Result<u64> {
-        self.regions
-            .iter()
-            .find(|r| r.contains(device_addr, len))
-            .map(|r| r.buffer.as_ptr() as u64 + (device_addr - r.device_addr))
-            .ok_or(VhostUserError::NotShared {
-                addr: device_addr,
-                len,
-            })
-    }
-
-    /// Sets up and enables queue `index`: `SET_VRING_NUM`, `SET_VRING_BASE`
-    /// 0, `SET_VRING_ADDR`, `SET_VRING_KICK`, `SET_VRING_CALL`,
-    /// `SET_VRING_ENABLE`. The ring must be in shared memory (or, with
-    /// IOTLB, mapped through it: its IOVAs are sent as they are).
-    ///
-    /// # Errors
-    /// [`VhostUserError::BadQueue`], [`VhostUserError::NotShared`] for ring
-    /// parts outside the shared regions, [`VhostUserError::Request`].
-    pub fn setup_queue(&mut self, index: usize, layout: QueueLayout) -> Result<()> {
-        if index >= self.max_queues {
-            return Err(VhostUserError::BadQueue {
-                index,
-                count: self.max_queues,
-            });
-        }
-        let n = u64::from(layout.size);
-        // Split ring sizes (virtio 1.x, 2.7): 16 per descriptor; avail and
-        // used have flags+idx (+ the event word) around their entries.
-        let (desc, avail, used) = if self.iotlb() {
-            (layout.desc, layout.avail, layout.used)
+    /// Hands queue `index` to the back end and enables it.
+    fn start_queue(&self, st: &State, index: u16, cfg: &QueueConfig) -> Result<()> {
+        let ev = self.check_queue(index)?;
+        let n = u64::from(cfg.size);
+        let iotlb = st.acked & VIRTIO_F_ACCESS_PLATFORM != 0;
+        // Split ring sizes (virtio 1.x §2.7): 16 bytes per descriptor; avail
+        // and used have flags, idx and the event word around their entries.
+        let (desc, avail, used) = if iotlb {
+            (cfg.desc, cfg.avail, cfg.used)
         } else {
             (
-                self.user_addr(layout.desc, 16 * n)?,
-                self.user_addr(layout.avail, 6 + 2 * n)?,
-                self.user_addr(layout.used, 6 + 8 * n)?,
+                user_addr(&st.regions, cfg.desc, 16 * n)?,
+                user_addr(&st.regions, cfg.avail, 6 + 2 * n)?,
+                user_addr(&st.regions, cfg.used, 6 + 8 * n)?,
             )
         };
-        let kick = EventFd::new(0).map_err(|source| VhostUserError::Io {
-            op: "eventfd (kick)",
-            source,
-        })?;
-        let call = EventFd::new(EFD_NONBLOCK).map_err(|source| VhostUserError::Io {
-            op: "eventfd (call)",
-            source,
-        })?;
-        let cfg = VringConfigData {
-            queue_max_size: layout.size,
-            queue_size: layout.size,
+        let vring = VringConfigData {
+            queue_max_size: self.queue_max_size,
+            queue_size: cfg.size,
             flags: 0,
             desc_table_addr: desc,
             used_ring_addr: used,
             avail_ring_addr: avail,
             log_addr: None,
         };
-        let has_protocol = self.acked_features & VHOST_USER_F_PROTOCOL_FEATURES != 0;
-        let mut ctl = self.ctl.lock().unwrap_or_else(|p| p.into_inner());
+        let i = usize::from(index);
+        let mut ctl = lock(&self.ctl);
         ctl.fe
-            .set_vring_num(index, layout.size)
+            .set_vring_num(i, cfg.size)
             .map_err(req("SET_VRING_NUM"))?;
+        ctl.fe.set_vring_base(i, 0).map_err(req("SET_VRING_BASE"))?;
         ctl.fe
-            .set_vring_base(index, 0)
-            .map_err(req("SET_VRING_BASE"))?;
-        ctl.fe
-            .set_vring_addr(index, &cfg)
+            .set_vring_addr(i, &vring)
             .map_err(req("SET_VRING_ADDR"))?;
         ctl.fe
-            .set_vring_call(index, &call)
+            .set_vring_call(i, &ev.call)
             .map_err(req("SET_VRING_CALL"))?;
         ctl.fe
-            .set_vring_kick(index, &kick)
+            .set_vring_kick(i, &ev.kick)
             .map_err(req("SET_VRING_KICK"))?;
-        if has_protocol {
+        if st.acked & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
             ctl.fe
-                .set_vring_enable(index, true)
+                .set_vring_enable(i, true)
                 .map_err(req("SET_VRING_ENABLE"))?;
         }
-        drop(ctl);
-        self.queues[index] = Some(QueueEvents { kick, call });
+        ev.running.store(true, Ordering::Release);
         Ok(())
     }
 
-    fn events(&self, index: usize) -> Result<&QueueEvents> {
-        self.queues
-            .get(index)
-            .and_then(Option::as_ref)
-            .ok_or(VhostUserError::QueueNotReady { index })
+    /// Stops every running queue (`GET_VRING_BASE` stops a ring in
+    /// vhost-user) and forgets the queue setup: a device reset.
+    fn reset(&self, st: &mut State) -> Result<()> {
+        for (i, ev) in self.events.iter().enumerate() {
+            if ev.running.swap(false, Ordering::AcqRel) {
+                lock(&self.ctl)
+                    .fe
+                    .get_vring_base(i)
+                    .map_err(req("GET_VRING_BASE"))?;
+            }
+        }
+        st.configs.iter_mut().for_each(|c| *c = None);
+        Ok(())
+    }
+}
+
+fn user_addr(regions: &[SharedRegion], device_addr: u64, len: u64) -> Result<u64> {
+    regions
+        .iter()
+        .find(|r| region_contains(r, device_addr, len))
+        .map(|r| r.uaddr() + (device_addr - r.gpa))
+        .ok_or(VhostUserError::NotShared {
+            addr: device_addr,
+            len,
+        })
+}
+
+impl Transport for VhostUser {
+    fn device_id(&self) -> u32 {
+        self.device_id
     }
 
-    /// Kicks queue `index`: tells the back end new buffers are available.
-    ///
-    /// # Errors
-    /// [`VhostUserError::QueueNotReady`], [`VhostUserError::Io`].
-    pub fn notify(&self, index: usize) -> Result<()> {
-        self.events(index)?
-            .kick
-            .write(1)
-            .map_err(|source| VhostUserError::Io {
-                op: "eventfd write (kick)",
-                source,
-            })
+    fn num_queues(&self) -> u16 {
+        self.events.len() as u16
     }
 
-    /// Waits until the back end signals queue `index` (used buffers) or
-    /// `timeout` passes; returns whether it signalled. The signal count is
-    /// consumed.
-    ///
-    /// # Errors
-    /// [`VhostUserError::QueueNotReady`], [`VhostUserError::Io`].
-    pub fn wait(&self, index: usize, timeout: Option<Duration>) -> Result<bool> {
-        let call = &self.events(index)?.call;
+    fn queue_max_size(&self, index: u16) -> crate::Result<u16> {
+        self.check_queue(index)?;
+        Ok(self.queue_max_size)
+    }
+
+    fn device_features(&self) -> crate::Result<u64> {
+        Ok(self.device_features & !VHOST_USER_F_PROTOCOL_FEATURES)
+    }
+
+    fn set_driver_features(&self, features: u64) -> crate::Result<()> {
+        let acked = (features & self.device_features)
+            | (self.device_features & VHOST_USER_F_PROTOCOL_FEATURES);
+        let wants_iotlb = acked & VIRTIO_F_ACCESS_PLATFORM != 0;
+        if wants_iotlb
+            && !self.protocol.contains(
+                VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::BACKEND_REQ,
+            )
+        {
+            return Err(VhostUserError::Unsupported {
+                what: "IOTLB (ACCESS_PLATFORM needs REPLY_ACK and BACKEND_REQ)",
+            }
+            .into());
+        }
+        let mut st = lock(&self.state);
+        let mut ctl = lock(&self.ctl);
+        ctl.fe.set_features(acked).map_err(req("SET_FEATURES"))?;
+        ctl.iotlb = wants_iotlb;
+        st.acked = acked;
+        Ok(())
+    }
+
+    fn status(&self) -> crate::Result<u8> {
+        Ok(lock(&self.state).status)
+    }
+
+    fn set_status(&self, new: u8) -> crate::Result<()> {
+        let mut st = lock(&self.state);
+        if new == 0 {
+            self.reset(&mut st)?;
+        } else if new & status::DRIVER_OK != 0 && st.status & status::DRIVER_OK == 0 {
+            let configs: Vec<_> = st.configs.iter().copied().enumerate().collect();
+            for (i, cfg) in configs {
+                if let Some(cfg) = cfg {
+                    self.start_queue(&st, i as u16, &cfg)?;
+                }
+            }
+        }
+        st.status = new;
+        Ok(())
+    }
+
+    fn read_config(&self, offset: u32, data: &mut [u8]) -> crate::Result<()> {
+        if !self.protocol.contains(VhostUserProtocolFeatures::CONFIG) {
+            return Err(VhostUserError::Unsupported {
+                what: "config space (CONFIG protocol feature)",
+            }
+            .into());
+        }
+        // Always read from offset 0: qemu-storage-daemon (10.0) ignores the
+        // offset of GET_CONFIG and copies from the start of its config.
+        let total = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(data.len()))
+            .and_then(|t| u32::try_from(t).ok().map(|t32| (t, t32)))
+            .ok_or(VhostUserError::BadReply {
+                request: "GET_CONFIG",
+                why: "range too large",
+            })?;
+        let zeros = vec![0u8; total.0];
+        let (_, payload) = lock(&self.ctl)
+            .fe
+            .get_config(0, total.1, VhostUserConfigFlags::empty(), &zeros)
+            .map_err(req("GET_CONFIG"))?;
+        if payload.len() != total.0 {
+            return Err(VhostUserError::BadReply {
+                request: "GET_CONFIG",
+                why: "wrong payload size",
+            }
+            .into());
+        }
+        data.copy_from_slice(&payload[offset as usize..]);
+        Ok(())
+    }
+
+    fn write_config(&self, offset: u32, data: &[u8]) -> crate::Result<()> {
+        lock(&self.ctl)
+            .fe
+            .set_config(offset, VhostUserConfigFlags::WRITABLE, data)
+            .map_err(req("SET_CONFIG"))?;
+        Ok(())
+    }
+
+    fn set_memory(&self, regions: &[SharedRegion]) -> crate::Result<()> {
+        let mut st = lock(&self.state);
+        self.share(&mut st, regions)?;
+        Ok(())
+    }
+
+    fn iotlb_sink(&self) -> Option<Arc<dyn IotlbSink>> {
+        lock(&self.ctl).iotlb.then(|| {
+            Arc::new(VhostUserIotlb {
+                ctl: Arc::clone(&self.ctl),
+            }) as Arc<dyn IotlbSink>
+        })
+    }
+
+    fn setup_queue(&self, index: u16, config: &QueueConfig) -> crate::Result<()> {
+        self.check_queue(index)?;
+        if config.size == 0 || !config.size.is_power_of_two() || config.size > self.queue_max_size
+        {
+            return Err(crate::Error::BadQueueSize {
+                size: config.size,
+                max: self.queue_max_size,
+            });
+        }
+        let mut st = lock(&self.state);
+        st.configs[usize::from(index)] = Some(*config);
+        if st.status & status::DRIVER_OK != 0 {
+            self.start_queue(&st, index, config)?;
+        }
+        Ok(())
+    }
+
+    fn notify(&self, index: u16) -> crate::Result<()> {
+        let ev = self.check_queue(index)?;
+        if !ev.running.load(Ordering::Acquire) {
+            return Err(VhostUserError::QueueNotReady { index }.into());
+        }
+        ev.kick.write(1).map_err(|source| VhostUserError::Io {
+            op: "eventfd write (kick)",
+            source,
+        })?;
+        Ok(())
+    }
+
+    fn wait_interrupt(&self, index: u16, timeout: Option<Duration>) -> crate::Result<bool> {
+        let call = &self.check_queue(index)?.call;
         if call.read().is_ok() {
             return Ok(true);
         }
-        // SAFETY: the eventfd is owned by `self.queues` and outlives this
-        // borrow, which ends with the function.
+        // SAFETY: the eventfd is owned by `self.events`, which outlives this
+        // borrow (it ends with the function).
         let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
         let mut fds = [rustix::event::PollFd::from_borrowed_fd(
             fd,
@@ -672,86 +755,18 @@ impl VhostUser {
                     return Err(VhostUserError::Io {
                         op: "poll (call eventfd)",
                         source: e.into(),
-                    })
+                    }
+                    .into())
                 }
             }
         }
     }
 
-    /// The call eventfd of queue `index`, for callers that multiplex several
-    /// queues in one `poll`.
-    ///
-    /// # Errors
-    /// [`VhostUserError::QueueNotReady`].
-    pub fn call_fd(&self, index: usize) -> Result<&EventFd> {
-        Ok(&self.events(index)?.call)
-    }
-
-    /// Sends an IOTLB update: the device may access `iova..iova+size` with
-    /// `perm`, backed by this process's memory at `uaddr` (inside a shared
-    /// region).
-    ///
-    /// # Errors
-    /// [`VhostUserError::Unsupported`] without `ACCESS_PLATFORM`,
-    /// [`VhostUserError::Io`], [`VhostUserError::BadReply`] if refused.
-    pub fn iotlb_update(&self, iova: u64, size: u64, uaddr: u64, perm: IotlbPerm) -> Result<()> {
-        self.send_iotlb(iova, size, uaddr, perm.wire(), 2)
-    }
-
-    /// Sends an IOTLB invalidation of `iova..iova+size`.
-    ///
-    /// # Errors
-    /// As [`VhostUser::iotlb_update`].
-    pub fn iotlb_invalidate(&self, iova: u64, size: u64) -> Result<()> {
-        self.send_iotlb(iova, size, 0, 0, 3)
-    }
-
-    // Hand-written: the vhost crate's Frontend has no IOTLB_MSG request.
-    fn send_iotlb(&self, iova: u64, size: u64, uaddr: u64, perm: u8, kind: u8) -> Result<()> {
-        if !self.iotlb() {
-            return Err(VhostUserError::Unsupported {
-                what: "IOTLB messages without ACCESS_PLATFORM",
-            });
-        }
-        let ctl = self.ctl();
-        let mut flags = HDR_VERSION;
-        if ctl.reply_ack {
-            flags |= VhostUserHeaderFlag::NEED_REPLY.bits();
-        }
-        let mut msg = [0u8; HDR_LEN + IOTLB_MSG_LEN];
-        msg[0..4].copy_from_slice(&REQ_IOTLB_MSG.to_le_bytes());
-        msg[4..8].copy_from_slice(&flags.to_le_bytes());
-        msg[8..12].copy_from_slice(&(IOTLB_MSG_LEN as u32).to_le_bytes());
-        let body = &mut msg[HDR_LEN..];
-        body[0..8].copy_from_slice(&iova.to_le_bytes());
-        body[8..16].copy_from_slice(&size.to_le_bytes());
-        body[16..24].copy_from_slice(&uaddr.to_le_bytes());
-        body[24] = perm;
-        body[25] = kind;
-        write_all(&ctl.raw, &msg, "IOTLB_MSG send")?;
-        if ctl.reply_ack {
-            let mut reply = [0u8; HDR_LEN + 8];
-            read_exact(&ctl.raw, &mut reply, "IOTLB_MSG reply")?;
-            let code = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
-            let rflags = u32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
-            let rsize = u32::from_le_bytes(reply[8..12].try_into().expect("4 bytes"));
-            if code != REQ_IOTLB_MSG
-                || rflags & VhostUserHeaderFlag::REPLY.bits() == 0
-                || rsize != 8
-            {
-                return Err(VhostUserError::BadReply {
-                    request: "IOTLB_MSG",
-                    why: "not a reply to IOTLB_MSG",
-                });
-            }
-            if u64::from_le_bytes(reply[12..20].try_into().expect("8 bytes")) != 0 {
-                return Err(VhostUserError::BadReply {
-                    request: "IOTLB_MSG",
-                    why: "back end refused the entry",
-                });
-            }
-        }
-        Ok(())
+    fn interrupt_fd(&self, index: u16) -> Option<BorrowedFd<'_>> {
+        let ev = self.events.get(usize::from(index))?;
+        // SAFETY: the eventfd is owned by `self.events` and lives as long as
+        // `self`, which bounds the returned borrow.
+        Some(unsafe { BorrowedFd::borrow_raw(ev.call.as_raw_fd()) })
     }
 }
 
@@ -759,8 +774,8 @@ impl Drop for VhostUser {
     fn drop(&mut self) {
         // Closing the main socket tells the back end the driver is gone; it
         // also closes its end of the back-end channel, which ends our thread.
-        let _ = rustix::net::shutdown(&self.ctl().raw, rustix::net::Shutdown::Both);
-        if let Some(chan) = self.backend_chan.take() {
+        let _ = rustix::net::shutdown(&lock(&self.ctl).raw, rustix::net::Shutdown::Both);
+        if let Some(chan) = lock(&self.backend_chan).take() {
             chan.stop();
         }
     }
@@ -768,17 +783,13 @@ impl Drop for VhostUser {
 
 fn check_disjoint(regions: &[SharedRegion]) -> Result<()> {
     let mut sorted: Vec<_> = regions.iter().collect();
-    sorted.sort_by_key(|r| r.device_addr);
+    sorted.sort_by_key(|r| r.gpa);
     let mut end = 0u64;
     for (i, r) in sorted.iter().enumerate() {
-        match r.device_addr.checked_add(r.len()) {
-            Some(r_end) if r.len() != 0 && (i == 0 || r.device_addr >= end) => end = r_end,
-            _ => {
-                return Err(VhostUserError::BadRegion {
-                    addr: r.device_addr,
-                    len: r.len(),
-                })
-            }
+        let len = r.len() as u64;
+        match r.gpa.checked_add(len) {
+            Some(r_end) if len != 0 && (i == 0 || r.gpa >= end) => end = r_end,
+            _ => return Err(VhostUserError::BadRegion { addr: r.gpa, len }),
         }
     }
     Ok(())
@@ -880,7 +891,7 @@ fn serve_backend_channel(sock: &UnixStream) {
         let code = u32::from_le_bytes(hdr[0..4].try_into().expect("4 bytes"));
         let flags = u32::from_le_bytes(hdr[4..8].try_into().expect("4 bytes"));
         let size = u32::from_le_bytes(hdr[8..12].try_into().expect("4 bytes")) as usize;
-        // The spec bounds a message body at 4 KiB-ish; refuse anything huge
+        // The spec bounds message bodies at a few KiB; refuse anything huge
         // rather than allocate what a hostile peer asks for.
         if size > 4096 {
             tracing::warn!(size, "back-end channel: oversized message, closing");
@@ -895,13 +906,11 @@ fn serve_backend_channel(sock: &UnixStream) {
         let handled = match code {
             BACKEND_REQ_IOTLB_MSG if size >= 26 => {
                 let iova = u64::from_le_bytes(body[0..8].try_into().expect("8 bytes"));
-                let perm = body[24];
-                let kind = body[25];
                 tracing::warn!(
                     iova = format_args!("{iova:#x}"),
-                    perm,
-                    kind,
-                    "back end reports an IOTLB miss/access failure for an address never mapped"
+                    perm = body[24],
+                    kind = body[25],
+                    "back end reports an IOTLB miss for an address never mapped"
                 );
                 false
             }
@@ -933,10 +942,10 @@ mod tests {
     use super::*;
     use iopath_heap::{Heap, HugePages, MemfdHeap};
 
-    fn region(len: usize, addr: u64) -> SharedRegion {
+    fn region(len: usize, gpa: u64) -> SharedRegion {
         SharedRegion {
             buffer: MemfdHeap::new(HugePages::None).alloc(len).unwrap(),
-            device_addr: addr,
+            gpa,
         }
     }
 
@@ -962,9 +971,23 @@ mod tests {
     }
 
     #[test]
+    fn device_addresses_translate_to_user_addresses_inside_regions_only() {
+        let a = region(8192, 0x10000);
+        let ua = a.uaddr();
+        let regions = [a];
+        assert_eq!(user_addr(&regions, 0x10010, 16).unwrap(), ua + 0x10);
+        assert_eq!(user_addr(&regions, 0x11000, 4096).unwrap(), ua + 0x1000);
+        assert!(matches!(
+            user_addr(&regions, 0x11001, 4096),
+            Err(VhostUserError::NotShared { addr: 0x11001, .. })
+        ));
+        assert!(user_addr(&regions, u64::MAX - 1, 16).is_err());
+    }
+
+    #[test]
     fn connect_to_nothing_fails_with_path() {
         let dir = std::env::temp_dir().join(format!("iopath-vu-none-{}", std::process::id()));
-        let err = VhostUser::connect(&dir, Duration::from_millis(50)).unwrap_err();
+        let err = VhostUser::connect(&dir, 2, Duration::from_millis(50)).unwrap_err();
         match err {
             VhostUserError::Connect { path, source } => {
                 assert_eq!(path, dir);

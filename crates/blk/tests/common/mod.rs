@@ -1,0 +1,203 @@
+//! Shared helpers of the driver's end-to-end tests: real back ends on unix
+//! sockets, images, and DMA ops per mode.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iopath_blk::{BlkDriver, DriverOptions, Request};
+use iopath_dma::{Bounce, Direct, DmaOps, Iommu};
+use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
+use iopath_virtio::transport::vhost_user::VhostUser;
+use iopath_virtio::Transport;
+
+/// A back-end process serving an image on a socket; killed on drop.
+pub struct Peer {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub image: PathBuf,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Peer {
+    /// Waits until the socket exists (or the process died).
+    fn wait_ready(mut self) -> Self {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.socket.exists() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("back end exited before listening: {st}");
+            }
+            assert!(Instant::now() < deadline, "back end never listened");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self
+    }
+
+    /// The image's bytes as the host sees them.
+    pub fn image_bytes(&self) -> Vec<u8> {
+        std::fs::read(&self.image).unwrap()
+    }
+}
+
+fn image(dir: &Path, len: u64) -> PathBuf {
+    let image = dir.join("disk.img");
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(len).unwrap();
+    image
+}
+
+/// `qemu-storage-daemon` exporting a fresh image of `len` bytes with
+/// `queues` queues, or `None` (test skipped) when it is not installed.
+pub fn qsd(len: u64, queues: u16) -> Option<Peer> {
+    if Command::new("qemu-storage-daemon")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        println!("skipped: qemu-storage-daemon not installed (package qemu-utils)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = image(dir.path(), len);
+    let socket = dir.path().join("vhost.sock");
+    let child = Command::new("qemu-storage-daemon")
+        .arg("--blockdev")
+        .arg(format!(
+            "driver=file,node-name=disk,filename={},cache.direct=on",
+            image.display()
+        ))
+        .arg("--export")
+        .arg(format!(
+            "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on,num-queues={queues}",
+            socket.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    Some(
+        Peer {
+            child,
+            dir,
+            socket,
+            image,
+        }
+        .wait_ready(),
+    )
+}
+
+/// Connects a vhost-user-blk front end.
+pub fn connect(socket: &Path) -> Arc<dyn Transport> {
+    Arc::new(VhostUser::connect(socket, 2, Duration::from_secs(10)).unwrap())
+}
+
+/// The DMA modes of the experiment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Direct,
+    DirectStatic,
+    Iommu,
+    Bounce,
+}
+
+pub const MODES: [Mode; 4] = [Mode::Direct, Mode::DirectStatic, Mode::Iommu, Mode::Bounce];
+
+pub fn alloc(len: usize) -> Buffer {
+    MemfdHeap::new(HugePages::None).alloc(len).unwrap()
+}
+
+/// `seq` pattern: each 8-byte little-endian word holds its device offset.
+pub fn seq(dev_off: u64, len: usize) -> Vec<u8> {
+    (0..len / 8)
+        .flat_map(|i| (dev_off + 8 * i as u64).to_le_bytes())
+        .collect()
+}
+
+/// A driver in `mode` with its data buffers registered (dyn dispatch
+/// except `DirectStatic`, which is returned separately by [`with_driver`]).
+pub enum AnyDriver {
+    Dyn(BlkDriver<dyn DmaOps>),
+    Static(BlkDriver<Direct>),
+}
+
+impl AnyDriver {
+    pub fn submit(&mut self, q: usize, req: Request<'_>, tag: u64) -> iopath_blk::driver::Result<()> {
+        match self {
+            AnyDriver::Dyn(d) => d.queue(q)?.submit(req, tag),
+            AnyDriver::Static(d) => d.queue(q)?.submit(req, tag),
+        }
+    }
+    pub fn complete(&mut self, q: usize) -> iopath_blk::driver::Result<iopath_blk::Done> {
+        match self {
+            AnyDriver::Dyn(d) => d.queue(q)?.complete(),
+            AnyDriver::Static(d) => d.queue(q)?.complete(),
+        }
+    }
+    pub fn num_queues(&self) -> usize {
+        match self {
+            AnyDriver::Dyn(d) => d.num_queues(),
+            AnyDriver::Static(d) => d.num_queues(),
+        }
+    }
+    pub fn flush(&mut self) -> iopath_blk::driver::Result<()> {
+        match self {
+            AnyDriver::Dyn(d) => d.flush(),
+            AnyDriver::Static(d) => d.flush(),
+        }
+    }
+    pub fn read(&mut self, off: u64, b: &Buffer, bo: usize, len: usize) -> iopath_blk::driver::Result<()> {
+        match self {
+            AnyDriver::Dyn(d) => d.read(off, b, bo, len),
+            AnyDriver::Static(d) => d.read(off, b, bo, len),
+        }
+    }
+    pub fn write(&mut self, off: u64, b: &Buffer, bo: usize, len: usize) -> iopath_blk::driver::Result<()> {
+        match self {
+            AnyDriver::Dyn(d) => d.write(off, b, bo, len),
+            AnyDriver::Static(d) => d.write(off, b, bo, len),
+        }
+    }
+    pub fn live_mappings(&self) -> usize {
+        match self {
+            AnyDriver::Dyn(d) => d.ops().live_mappings(),
+            AnyDriver::Static(d) => d.ops().live_mappings(),
+        }
+    }
+}
+
+/// Builds the driver for `mode` over `transport`, registering `bufs` with
+/// the ops first (bounce ignores registration: only its window is shared).
+pub fn driver(
+    mode: Mode,
+    transport: Arc<dyn Transport>,
+    bufs: &[Buffer],
+    opts: &DriverOptions,
+) -> iopath_blk::driver::Result<AnyDriver> {
+    let dyn_ops: Arc<dyn DmaOps> = match mode {
+        Mode::DirectStatic => {
+            let ops = Arc::new(Direct::new());
+            for b in bufs {
+                ops.register(b)?;
+            }
+            return BlkDriver::new(transport, ops, opts).map(AnyDriver::Static);
+        }
+        Mode::Direct => Arc::new(Direct::new()),
+        Mode::Iommu => Arc::new(Iommu::new()),
+        Mode::Bounce => Arc::new(Bounce::new(4 << 20, 4096)?),
+    };
+    for b in bufs {
+        dyn_ops.register(b)?;
+    }
+    BlkDriver::new(transport, dyn_ops, opts).map(AnyDriver::Dyn)
+}
