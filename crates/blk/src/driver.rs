@@ -233,13 +233,23 @@ pub(crate) struct Chunk {
 /// descriptors one request may use (`max_descs`, header and status
 /// included). Every chunk but the last is a multiple of `align` (the block
 /// size), so each request starts on a block boundary.
-pub(crate) fn plan(len: u64, cfg: &BlkConfig, max_map: u64, max_descs: u32, align: u64) -> Vec<Chunk> {
+pub(crate) fn plan(
+    len: u64,
+    cfg: &BlkConfig,
+    max_map: u64,
+    max_descs: u32,
+    align: u64,
+) -> Vec<Chunk> {
     let seg_size = u64::from(cfg.size_max.unwrap_or(u32::MAX))
         .min(u64::from(u32::MAX))
         .max(1);
     // Data descriptors left once the header and status have theirs.
-    let seg_count = u64::from(cfg.seg_max.unwrap_or(u32::MAX).min(max_descs.saturating_sub(2)))
-        .max(1);
+    let seg_count = u64::from(
+        cfg.seg_max
+            .unwrap_or(u32::MAX)
+            .min(max_descs.saturating_sub(2)),
+    )
+    .max(1);
     let mut per_req = seg_size.saturating_mul(seg_count).min(max_map).max(1);
     if per_req > align {
         per_req -= per_req % align;
@@ -546,10 +556,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
         let qf = QueueFeatures::from_bits(negotiated);
         let mut queues = Vec::with_capacity(nq.into());
         for i in 0..nq {
-            let size = opts
-                .queue_size
-                .min(transport.queue_max_size(i)?)
-                .max(2);
+            let size = opts.queue_size.min(transport.queue_max_size(i)?).max(2);
             // Largest power of two not above the wish.
             let size = 1u16 << (15 - size.leading_zeros().min(15));
             let vq = SplitQueue::new(Arc::clone(&ops), i, size, qf)?;
@@ -667,7 +674,13 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
     ///
     /// # Errors
     /// As [`BlkDriver::read`].
-    pub fn write(&mut self, offset: u64, buf: &Buffer, buf_offset: usize, len: usize) -> Result<()> {
+    pub fn write(
+        &mut self,
+        offset: u64,
+        buf: &Buffer,
+        buf_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.queues[0].run(Request::Write {
             offset,
             buf,
@@ -921,9 +934,9 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             match self.try_add(req, p, tag) {
                 Ok(()) => return Ok(()),
                 Err(BlkError::Virtio(iopath_virtio::Error::QueueFull { .. }))
-                | Err(BlkError::Virtio(iopath_virtio::Error::Dma(
-                    iopath_dma::Error::NoSpace { .. },
-                )))
+                | Err(BlkError::Virtio(iopath_virtio::Error::Dma(iopath_dma::Error::NoSpace {
+                    ..
+                })))
                 | Err(BlkError::Dma(iopath_dma::Error::NoSpace { .. }))
                     if self.vq.in_flight() > 0 =>
                 {
@@ -962,7 +975,8 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             PieceSpec::GetId => (req_type::GET_ID, 0),
         };
         meta.buffer().write_at(base, &header(kind, sector))?;
-        meta.buffer().write_at(base + META_STATUS, &[STATUS_UNSET])?;
+        meta.buffer()
+            .write_at(base + META_STATUS, &[STATUS_UNSET])?;
         let hdr = Seg::coherent(meta, base, HEADER_LEN);
         let status = Seg::coherent(meta, base + META_STATUS, 1);
         let mut data: Vec<Seg<'_>> = Vec::new();
@@ -1270,11 +1284,20 @@ mod tests {
         // 256 KiB each, four segments apiece.
         let p = plan(8 << 20, &cfg(Some(64 << 10), Some(4)), u64::MAX, 256, 512);
         assert_eq!(p.len(), 32);
-        assert!(p.iter().all(|c| c.len == 256 << 10 && c.segs == vec![64 << 10; 4]));
+        assert!(p
+            .iter()
+            .all(|c| c.len == 256 << 10 && c.segs == vec![64 << 10; 4]));
         assert_eq!(p[31].offset, 31 * (256 << 10));
         // No limits: one request, one segment.
         let p = plan(8 << 20, &cfg(None, None), u64::MAX, 256, 512);
-        assert_eq!(p, vec![Chunk { offset: 0, len: 8 << 20, segs: vec![8 << 20] }]);
+        assert_eq!(
+            p,
+            vec![Chunk {
+                offset: 0,
+                len: 8 << 20,
+                segs: vec![8 << 20]
+            }]
+        );
         // The DMA ops' largest mapping (a 1 MiB bounce window) bounds it too.
         let p = plan(3 << 20, &cfg(None, Some(126)), 1 << 20, 256, 512);
         assert_eq!(p.len(), 3);

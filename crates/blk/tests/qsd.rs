@@ -18,7 +18,9 @@ const IMAGE: u64 = 24 << 20;
 /// Writes `total` bytes from `dev_off` in `bs` blocks with `depth` in flight
 /// over every queue, `pattern` 0 = zeros (after an 0xa5 fill), 1 = seq.
 fn write_read_verify(mode: Mode, pattern: u8, queues: u16) {
-    let Some(peer) = qsd(IMAGE, queues) else { return };
+    let Some(peer) = qsd(IMAGE, queues) else {
+        return;
+    };
     let (bs, depth, dev_off, total) = (1usize << 20, 4usize, 1u64 << 20, 12usize << 20);
     let bufs: Vec<_> = (0..depth).map(|_| alloc(bs)).collect();
     let opts = DriverOptions {
@@ -83,19 +85,31 @@ fn write_read_verify(mode: Mode, pattern: u8, queues: u16) {
     let mut got = vec![0u8; total];
     back.read_at(0, &mut got).unwrap();
     for i in 0..blocks {
-        assert!(got[i * bs..(i + 1) * bs] == expect(i)[..], "{mode:?}: block {i} read back wrong");
+        assert!(
+            got[i * bs..(i + 1) * bs] == expect(i)[..],
+            "{mode:?}: block {i} read back wrong"
+        );
     }
     drop(drv);
 
     // The host's view of the image: untouched before, the data, untouched after.
     let img = peer.image_bytes();
     assert_eq!(img.len() as u64, IMAGE);
-    assert!(img[..dev_off as usize].iter().all(|&b| b == 0), "{mode:?}: bytes before the range changed");
+    assert!(
+        img[..dev_off as usize].iter().all(|&b| b == 0),
+        "{mode:?}: bytes before the range changed"
+    );
     for i in 0..blocks {
         let at = dev_off as usize + i * bs;
-        assert!(img[at..at + bs] == expect(i)[..], "{mode:?}: block {i} wrong in the image file");
+        assert!(
+            img[at..at + bs] == expect(i)[..],
+            "{mode:?}: block {i} wrong in the image file"
+        );
     }
-    assert!(img[dev_off as usize + total..].iter().all(|&b| b == 0), "{mode:?}: bytes after the range changed");
+    assert!(
+        img[dev_off as usize + total..].iter().all(|&b| b == 0),
+        "{mode:?}: bytes after the range changed"
+    );
 }
 
 #[test]
@@ -125,9 +139,14 @@ fn two_queues_carry_requests() {
 fn iommu_mode_is_refused_by_qemu_storage_daemon_at_negotiation() {
     let Some(peer) = qsd(IMAGE, 1) else { return };
     let bufs = [alloc(1 << 20)];
-    let err = driver(Mode::Iommu, connect(&peer.socket), &bufs, &DriverOptions::default())
-        .err()
-        .expect("qemu-storage-daemon has no IOTLB");
+    let err = driver(
+        Mode::Iommu,
+        connect(&peer.socket),
+        &bufs,
+        &DriverOptions::default(),
+    )
+    .err()
+    .expect("qemu-storage-daemon has no IOTLB");
     match err {
         BlkError::Virtio(iopath_virtio::Error::FeaturesRejected { missing, .. }) => {
             assert_eq!(missing, VIRTIO_F_ACCESS_PLATFORM)

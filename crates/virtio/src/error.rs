@@ -70,6 +70,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The vhost-user front end failed.
+    #[error(transparent)]
+    VhostUser(#[from] crate::transport::vhost_user::VhostUserError),
     /// The transport is gone (device thread ended, peer closed).
     #[error("transport closed")]
     Closed,

@@ -132,7 +132,12 @@ pub enum AnyDriver {
 }
 
 impl AnyDriver {
-    pub fn submit(&mut self, q: usize, req: Request<'_>, tag: u64) -> iopath_blk::driver::Result<()> {
+    pub fn submit(
+        &mut self,
+        q: usize,
+        req: Request<'_>,
+        tag: u64,
+    ) -> iopath_blk::driver::Result<()> {
         match self {
             AnyDriver::Dyn(d) => d.queue(q)?.submit(req, tag),
             AnyDriver::Static(d) => d.queue(q)?.submit(req, tag),
@@ -156,13 +161,25 @@ impl AnyDriver {
             AnyDriver::Static(d) => d.flush(),
         }
     }
-    pub fn read(&mut self, off: u64, b: &Buffer, bo: usize, len: usize) -> iopath_blk::driver::Result<()> {
+    pub fn read(
+        &mut self,
+        off: u64,
+        b: &Buffer,
+        bo: usize,
+        len: usize,
+    ) -> iopath_blk::driver::Result<()> {
         match self {
             AnyDriver::Dyn(d) => d.read(off, b, bo, len),
             AnyDriver::Static(d) => d.read(off, b, bo, len),
         }
     }
-    pub fn write(&mut self, off: u64, b: &Buffer, bo: usize, len: usize) -> iopath_blk::driver::Result<()> {
+    pub fn write(
+        &mut self,
+        off: u64,
+        b: &Buffer,
+        bo: usize,
+        len: usize,
+    ) -> iopath_blk::driver::Result<()> {
         match self {
             AnyDriver::Dyn(d) => d.write(off, b, bo, len),
             AnyDriver::Static(d) => d.write(off, b, bo, len),

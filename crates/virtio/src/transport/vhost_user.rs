@@ -703,8 +703,7 @@ impl Transport for VhostUser {
 
     fn setup_queue(&self, index: u16, config: &QueueConfig) -> crate::Result<()> {
         self.check_queue(index)?;
-        if config.size == 0 || !config.size.is_power_of_two() || config.size > self.queue_max_size
-        {
+        if config.size == 0 || !config.size.is_power_of_two() || config.size > self.queue_max_size {
             return Err(crate::Error::BadQueueSize {
                 size: config.size,
                 max: self.queue_max_size,
