@@ -124,7 +124,7 @@ pub trait Transport: Send + Sync + fmt::Debug {
 /// # Errors
 /// [`Error::NoIotlb`] when the ops need an enforcer the transport lacks;
 /// transport and DMA errors.
-pub fn share_memory(transport: &dyn Transport, ops: &dyn DmaOps) -> Result<()> {
+pub fn share_memory<O: DmaOps + ?Sized>(transport: &dyn Transport, ops: &O) -> Result<()> {
     if ops.uses_iotlb() {
         let sink = transport.iotlb_sink().ok_or(Error::NoIotlb)?;
         transport.set_memory(&ops.regions())?;

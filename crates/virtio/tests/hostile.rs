@@ -1,0 +1,308 @@
+//! The test plays the device by hand on the shared ring memory (through its
+//! own mappings of the fds): descriptor format, notification suppression,
+//! and a device that breaks the protocol — errors, never a panic.
+
+use std::sync::Arc;
+
+use iopath_dma::testing::DeviceView;
+use iopath_dma::{Direct, DmaOps};
+use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
+use iopath_virtio::{DeviceError, Error, QueueConfig, QueueFeatures, Seg, SplitQueue};
+
+const SIZE: u16 = 8;
+
+struct Rig {
+    ops: Arc<Direct>,
+    q: SplitQueue<Direct>,
+    view: DeviceView,
+    cfg: QueueConfig,
+    out: Buffer,
+    inb: Buffer,
+}
+
+fn rig(event_idx: bool, indirect: bool) -> Rig {
+    let ops = Arc::new(Direct::new());
+    let q = SplitQueue::new(
+        ops.clone(),
+        0,
+        SIZE,
+        QueueFeatures {
+            event_idx,
+            indirect,
+        },
+    )
+    .unwrap();
+    let heap = MemfdHeap::new(HugePages::None);
+    let (out, inb) = (heap.alloc(4096).unwrap(), heap.alloc(4096).unwrap());
+    ops.register(&out).unwrap();
+    ops.register(&inb).unwrap();
+    let view = DeviceView::connect(&*ops).unwrap();
+    let cfg = q.config();
+    Rig {
+        ops,
+        q,
+        view,
+        cfg,
+        out,
+        inb,
+    }
+}
+
+impl Rig {
+    fn r16(&self, addr: u64) -> u16 {
+        let mut b = [0u8; 2];
+        self.view.read(addr, &mut b).unwrap();
+        u16::from_le_bytes(b)
+    }
+    fn w16(&self, addr: u64, v: u16) {
+        self.view.write(addr, &v.to_le_bytes()).unwrap();
+    }
+    fn desc(&self, table: u64, i: u16) -> (u64, u32, u16, u16) {
+        let mut b = [0u8; 16];
+        self.view.read(table + 16 * i as u64, &mut b).unwrap();
+        (
+            u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            u16::from_le_bytes(b[12..14].try_into().unwrap()),
+            u16::from_le_bytes(b[14..16].try_into().unwrap()),
+        )
+    }
+    fn avail_idx(&self) -> u16 {
+        self.r16(self.cfg.avail + 2)
+    }
+    fn avail_head(&self, slot: u16) -> u16 {
+        self.r16(self.cfg.avail + 4 + 2 * slot as u64)
+    }
+    fn used_event(&self) -> u16 {
+        self.r16(self.cfg.avail + 4 + 2 * SIZE as u64)
+    }
+    fn set_avail_event(&self, v: u16) {
+        self.w16(self.cfg.used + 4 + 8 * SIZE as u64, v);
+    }
+    fn push_used(&self, slot: u16, id: u32, len: u32) {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&id.to_le_bytes());
+        b[4..].copy_from_slice(&len.to_le_bytes());
+        self.view
+            .write(self.cfg.used + 4 + 8 * slot as u64, &b)
+            .unwrap();
+    }
+    fn set_used_idx(&self, v: u16) {
+        self.w16(self.cfg.used + 2, v);
+    }
+    fn add_simple(&mut self, token: u64) -> u16 {
+        self.q
+            .add(
+                &[Seg::buf(&self.out, 0, 5)],
+                &[Seg::buf(&self.inb, 0, 16)],
+                token,
+            )
+            .unwrap()
+    }
+}
+
+#[test]
+fn hand_written_device_reads_the_chain_and_completes_it() {
+    let mut r = rig(false, false);
+    r.out.write_at(0, b"hello").unwrap();
+    let head = r.add_simple(42);
+    assert_eq!(r.avail_idx(), 1);
+    assert_eq!(r.avail_head(0), head);
+    let (addr, len, flags, next) = r.desc(r.cfg.desc, head);
+    assert_eq!((len, flags), (5, 1), "readable, NEXT");
+    let mut got = [0u8; 5];
+    r.view.read(addr, &mut got).unwrap();
+    assert_eq!(&got, b"hello");
+    let (waddr, wlen, wflags, _) = r.desc(r.cfg.desc, next);
+    assert_eq!((wlen, wflags), (16, 2), "writable, last");
+    r.view.write(waddr, b"HELLO").unwrap();
+    r.push_used(0, head as u32, 5);
+    r.set_used_idx(1);
+    let c = r.q.pop_used().unwrap().unwrap();
+    assert_eq!((c.token, c.len), (42, 5));
+    let mut back = [0u8; 5];
+    r.inb.read_at(0, &mut back).unwrap();
+    assert_eq!(&back, b"HELLO");
+    assert_eq!(r.q.num_free(), SIZE);
+    assert_eq!(r.ops.live_mappings(), 0);
+    assert!(r.q.pop_used().unwrap().is_none());
+}
+
+#[test]
+fn indirect_table_holds_the_segments() {
+    let mut r = rig(false, true);
+    r.out.write_at(0, b"abcdef").unwrap();
+    let head =
+        r.q.add(
+            &[Seg::buf(&r.out, 0, 3), Seg::buf(&r.out, 3, 3)],
+            &[Seg::buf(&r.inb, 0, 8)],
+            1,
+        )
+        .unwrap();
+    assert_eq!(
+        r.q.num_free(),
+        SIZE - 1,
+        "one descriptor for three segments"
+    );
+    let (table, len, flags, _) = r.desc(r.cfg.desc, head);
+    assert_eq!((len, flags), (48, 4), "INDIRECT, 3 entries");
+    let mut seen = Vec::new();
+    for i in 0..2 {
+        let (a, l, f, n) = r.desc(table, i);
+        assert_eq!((l, f, n), (3, 1, i + 1));
+        let mut b = [0u8; 3];
+        r.view.read(a, &mut b).unwrap();
+        seen.extend(b);
+    }
+    assert_eq!(seen, b"abcdef");
+    assert_eq!(r.desc(table, 2).2, 2, "last entry writable, no NEXT");
+}
+
+#[test]
+fn event_idx_suppresses_kicks_until_avail_event_is_passed() {
+    let mut r = rig(true, false);
+    r.set_avail_event(2);
+    r.add_simple(0);
+    assert!(!r.q.should_notify(), "idx 0 published, device waits for 2");
+    r.add_simple(1);
+    assert!(!r.q.should_notify(), "idx 1 published");
+    r.add_simple(2);
+    assert!(r.q.should_notify(), "idx 2 published: notify");
+    r.add_simple(3);
+    assert!(!r.q.should_notify(), "already notified for 2");
+}
+
+#[test]
+fn no_notify_flag_suppresses_kicks_without_event_idx() {
+    let mut r = rig(false, false);
+    r.w16(r.cfg.used, 1); // VIRTQ_USED_F_NO_NOTIFY
+    r.add_simple(0);
+    assert!(!r.q.should_notify());
+    r.w16(r.cfg.used, 0);
+    r.add_simple(1);
+    assert!(r.q.should_notify());
+}
+
+#[test]
+fn interrupt_suppression_fields() {
+    // EVENT_IDX: used_event follows the consumed index.
+    let mut r = rig(true, false);
+    assert_eq!(r.used_event(), 0);
+    let h = r.add_simple(0);
+    r.push_used(0, h as u32, 0);
+    r.set_used_idx(1);
+    assert!(!r.q.enable_interrupts(), "a completion is pending");
+    r.q.pop_used().unwrap().unwrap();
+    assert_eq!(r.used_event(), 1, "interrupt wanted at the next used entry");
+    assert!(r.q.enable_interrupts());
+
+    // Without: the NO_INTERRUPT flag.
+    let mut r = rig(false, false);
+    r.q.disable_interrupts();
+    assert_eq!(r.r16(r.cfg.avail), 1);
+    assert!(r.q.enable_interrupts());
+    assert_eq!(r.r16(r.cfg.avail), 0);
+}
+
+fn assert_broken(r: &mut Rig, expect: DeviceError) {
+    match r.q.pop_used() {
+        Err(Error::Device(e)) => assert_eq!(e, expect),
+        other => panic!("expected {expect:?}, got {other:?}"),
+    }
+    assert!(r.q.is_broken());
+    assert!(matches!(r.q.pop_used(), Err(Error::Broken)));
+    assert!(matches!(
+        r.q.add(&[Seg::buf(&r.out, 0, 1)], &[], 9),
+        Err(Error::Broken)
+    ));
+}
+
+#[test]
+fn used_id_out_of_range() {
+    let mut r = rig(true, true);
+    r.add_simple(0);
+    r.push_used(0, 100, 0);
+    r.set_used_idx(1);
+    assert_broken(
+        &mut r,
+        DeviceError::UsedIdOutOfRange {
+            id: 100,
+            size: SIZE,
+        },
+    );
+}
+
+#[test]
+fn used_id_not_in_flight() {
+    let mut r = rig(false, false);
+    let h = r.add_simple(0);
+    r.push_used(0, (h + 3) as u32, 0);
+    r.set_used_idx(1);
+    assert_broken(
+        &mut r,
+        DeviceError::UsedIdNotInFlight { id: (h + 3) as u32 },
+    );
+}
+
+#[test]
+fn used_len_larger_than_the_buffers() {
+    let mut r = rig(false, false);
+    let h = r.add_simple(0);
+    r.push_used(0, h as u32, 17);
+    r.set_used_idx(1);
+    assert_broken(
+        &mut r,
+        DeviceError::UsedLenTooLarge {
+            id: h as u32,
+            len: 17,
+            max: 16,
+        },
+    );
+}
+
+#[test]
+fn used_idx_jumping_past_the_ring() {
+    let mut r = rig(true, false);
+    r.add_simple(0);
+    r.set_used_idx(SIZE + 1);
+    assert_broken(
+        &mut r,
+        DeviceError::UsedIdxJump {
+            last: 0,
+            idx: SIZE + 1,
+            size: SIZE,
+        },
+    );
+}
+
+#[test]
+fn full_queue_is_an_error_and_maps_nothing() {
+    let mut r = rig(false, false);
+    for t in 0..4 {
+        r.add_simple(t);
+    }
+    let live = r.ops.live_mappings();
+    assert!(matches!(
+        r.q.add(&[Seg::buf(&r.out, 0, 1)], &[Seg::buf(&r.inb, 0, 1)], 9),
+        Err(Error::QueueFull { needed: 2, free: 0 })
+    ));
+    assert_eq!(r.ops.live_mappings(), live);
+    assert!(matches!(r.q.add(&[], &[], 9), Err(Error::EmptyRequest)));
+}
+
+#[test]
+fn dropping_the_queue_releases_mappings_and_ring_memory() {
+    let mut r = rig(true, true);
+    r.add_simple(0);
+    assert!(r.out.write_at(0, b"x").is_err(), "busy while in flight");
+    let regions_before = r.ops.regions().len();
+    let Rig { ops, q, out, .. } = r;
+    drop(q);
+    assert_eq!(ops.live_mappings(), 0);
+    assert_eq!(
+        ops.regions().len(),
+        regions_before - 2,
+        "ring and indirect tables freed"
+    );
+    out.write_at(0, b"x").unwrap();
+}
