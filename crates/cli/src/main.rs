@@ -5,6 +5,7 @@
 
 mod bench;
 mod load;
+mod rpmsg;
 mod size;
 
 use anyhow::Result;
@@ -28,6 +29,9 @@ enum Cmd {
     Load(load::LoadArgs),
     /// Rerun the seed experiments beside the limits measured in the same run.
     Bench(bench::BenchArgs),
+    /// rpmsg over virtio rings in shared memory: remote, host, ping.
+    #[command(subcommand)]
+    Rpmsg(rpmsg::RpmsgCmd),
 }
 
 fn main() {
@@ -48,6 +52,7 @@ fn run() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Rpmsg(c) => return rpmsg::run(c),
         Cmd::Heaps => {
             for name in ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"] {
                 match iopath_heap::open_heap(name)

@@ -588,6 +588,29 @@ impl Bus {
         }
     }
 
+    /// Waits until the peer has taken every sent message (host role; the
+    /// remote returns at once). Returns whether it did within `timeout`.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            {
+                let mut st = lock(&self.shared.state);
+                if st.down.is_some() {
+                    return false;
+                }
+                match st.link.tx_in_flight() {
+                    Ok(0) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Stops the service thread; the host resets the device status.
     /// Endpoints see [`Event::LinkDown`].
     pub fn shutdown(&self) {

@@ -325,6 +325,13 @@ impl Link for HostLink {
         self.features
     }
 
+    fn tx_in_flight(&mut self) -> Result<usize, LinkError> {
+        while let Some((id, _)) = self.tx.pop_used(&self.shm)? {
+            self.tx_free.push(id);
+        }
+        Ok(usize::from(self.tx.num()) - self.tx_free.len())
+    }
+
     fn shutdown(&mut self) {
         let _ = self.shm.store_u8(self.table.vdev.status_offset() as u64, 0);
     }

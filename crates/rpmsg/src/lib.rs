@@ -17,6 +17,7 @@
 //! is a trait ([`notify::Notifier`]).
 
 mod bus;
+pub mod ctrl;
 mod host;
 mod link;
 pub mod notify;

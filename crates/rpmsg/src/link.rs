@@ -107,6 +107,14 @@ pub trait Link: Send + fmt::Debug {
     /// The negotiated feature word.
     fn features(&self) -> u32;
 
+    /// Sent buffers the peer has not given back yet.
+    ///
+    /// # Errors
+    /// [`LinkError`] when the ring is broken.
+    fn tx_in_flight(&mut self) -> Result<usize, LinkError> {
+        Ok(0)
+    }
+
     /// Called once when the bus stops (the host resets the status byte).
     fn shutdown(&mut self) {}
 }

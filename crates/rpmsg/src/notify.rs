@@ -162,6 +162,7 @@ impl Notifier for UnixByteNotifier {
         let mut got = false;
         loop {
             match (&self.sock).read(&mut buf) {
+                Ok(0) if got => break,
                 Ok(0) => return Err(NotifyError::PeerGone),
                 Ok(_) => got = true,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -179,9 +180,11 @@ impl Notifier for UnixByteNotifier {
         if r[0].is_empty() {
             return Ok(Wake::Timeout);
         }
-        // Drain (and notice a hang-up as a zero-byte read).
+        // Drain; a hang-up is a zero-byte read, reported only once the
+        // kicks before it were seen (the peer's last messages count).
         loop {
             match (&self.sock).read(&mut buf) {
+                Ok(0) if got => break,
                 Ok(0) => return Err(NotifyError::PeerGone),
                 Ok(_) => got = true,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -310,6 +313,11 @@ impl Notifier for EventfdNotifier {
             return Ok(Wake::Kicked);
         }
         let r = poll_in(&[self.wait_fd.as_fd(), self.sock.as_fd()], timeout)?;
+        // A kick before a hang-up is reported first: the peer's last
+        // messages are in the rings.
+        if self.drain()? {
+            return Ok(Wake::Kicked);
+        }
         if !r[1].is_empty() {
             // The socket carries nothing after the handshake: readable
             // means end of file, i.e. the peer is gone.
@@ -318,11 +326,7 @@ impl Notifier for EventfdNotifier {
                 return Err(NotifyError::PeerGone);
             }
         }
-        Ok(if self.drain()? {
-            Wake::Kicked
-        } else {
-            Wake::Timeout
-        })
+        Ok(Wake::Timeout)
     }
 
     fn kind(&self) -> &'static str {

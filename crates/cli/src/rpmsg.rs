@@ -1,0 +1,642 @@
+//! `iopath rpmsg remote|host|ping`: rpmsg over virtio rings in shared memory.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use iopath_rpmsg::ctrl::{CtrlEndpoint, CtrlServer};
+use iopath_rpmsg::rsc_table::ShmLayout;
+use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
+use iopath_rpmsg::wire::{ADDR_ANY, MAX_PAYLOAD};
+use iopath_rpmsg::{
+    shm_path, Bus, EndpointOptions, Event, NotifySpec, SharedMem, Stats, HOST_FEATURES,
+};
+
+/// Service name of OpenAMP's echo demo.
+const OPENAMP_SERVICE: &str = "rpmsg-openamp-demo-channel";
+/// OpenAMP echo demo's shutdown word.
+const OPENAMP_SHUTDOWN: u32 = 0xEF56_A55A;
+/// Largest OpenAMP demo payload: 496 minus `{u64 num; u64 size}`.
+const OPENAMP_MAX: usize = MAX_PAYLOAD - 16;
+
+/// rpmsg over virtio rings in shared memory (wire-compatible with Linux and
+/// OpenAMP).
+///
+/// A remote (the virtio device, like firmware on a co-processor) and a host
+/// (the virtio driver, which owns the buffers) share one file: a remoteproc
+/// resource table at offset 0, two vrings and a buffer pool; device
+/// addresses are offsets into the file, as in OpenAMP's Linux demo.
+///
+/// Example (two shells):
+///   iopath rpmsg remote --shm /dev/shm/rp --create 0x80000 --notify eventfd:/tmp/rp.ev --echo echo
+///   iopath rpmsg host --shm /dev/shm/rp --notify eventfd:/tmp/rp.ev --ctrl /tmp/rp.ctrl
+///   iopath rpmsg ping --ctrl /tmp/rp.ctrl --name echo --count 10000
+#[derive(Debug, clap::Subcommand)]
+pub enum RpmsgCmd {
+    /// Be the remote (virtio device): wait for the host, announce echo
+    /// services, echo every message back.
+    Remote(RemoteArgs),
+    /// Be the host (virtio driver): own the buffers and the bus, serve local
+    /// clients on a control socket.
+    Host(HostArgs),
+    /// Echo round trips through the host's control socket: every byte
+    /// checked; p50/p99/max latency and messages per second.
+    Ping(PingArgs),
+    /// (internal) The far end of `ping --limit`: echo eventfd kicks.
+    #[command(hide = true)]
+    RawEcho {
+        /// eventfd:PATH to connect to.
+        #[arg(long)]
+        notify: NotifySpec,
+        /// Kicks to echo.
+        #[arg(long)]
+        count: u64,
+    },
+}
+
+/// Options of `iopath rpmsg remote`.
+#[derive(Debug, clap::Args)]
+pub struct RemoteArgs {
+    /// Shared-memory file (a bare name means /dev/shm/NAME).
+    #[arg(long)]
+    shm: PathBuf,
+    /// Create the file with SIZE bytes (e.g. 0x80000, 512K, 2M) and write a
+    /// fresh resource table: OpenAMP demo layout (table at 0, vrings at
+    /// 0x4000 and 0x8000 aligned 0x1000, buffers from 0x10000).
+    #[arg(long, value_parser = parse_size)]
+    create: Option<u64>,
+    /// Entries per vring (with --create).
+    #[arg(long, default_value_t = 256)]
+    ring: u32,
+    /// Offer VIRTIO_RING_F_EVENT_IDX (with --create).
+    #[arg(long)]
+    event_idx: bool,
+    /// How to notify: eventfd:SOCK (eventfd pair passed over SOCK), unix:SOCK
+    /// (one byte per kick, OpenAMP demo), or poll. The remote listens.
+    #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
+    notify: NotifySpec,
+    /// Echo service to announce (repeatable).
+    #[arg(long, default_value = OPENAMP_SERVICE)]
+    echo: Vec<String>,
+    /// Behave like OpenAMP's rpmsg-echo demo: exit once the host destroys
+    /// the channel (or sends the shutdown word 0xEF56A55A).
+    #[arg(long)]
+    openamp: bool,
+    /// Exit once the host destroys the channel.
+    #[arg(long)]
+    exit_on_unbind: bool,
+    /// After echoing N messages, destroy the echo services (name-service
+    /// DESTROY) and exit.
+    #[arg(long)]
+    echo_limit: Option<u64>,
+    /// Give up if the host has not set DRIVER_OK within SECS.
+    #[arg(long)]
+    ready_timeout: Option<u64>,
+    /// Print the final counters as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `iopath rpmsg host`.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// Shared-memory file written by the remote (a bare name means
+    /// /dev/shm/NAME).
+    #[arg(long)]
+    shm: PathBuf,
+    /// How to notify (see `remote --notify`); the host connects.
+    #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
+    notify: NotifySpec,
+    /// Serve local clients on this SOCK_SEQPACKET control socket (mode 0600).
+    #[arg(long)]
+    ctrl: Option<PathBuf>,
+    /// Behave like OpenAMP's rpmsg-echo-ping demo: payloads {u64 num; u64
+    /// size; u8 data[size]} of sizes 1..480 filled with 0xA5, each echo
+    /// checked, then a name-service destroy; exit status 1 on any error.
+    #[arg(long, conflicts_with = "ctrl")]
+    openamp_ping: bool,
+    /// Do not accept VIRTIO_RING_F_EVENT_IDX even if offered.
+    #[arg(long)]
+    no_event_idx: bool,
+    /// Seconds to wait for the remote.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Print results as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `iopath rpmsg ping`.
+#[derive(Debug, clap::Args)]
+pub struct PingArgs {
+    /// The host's control socket.
+    #[arg(long)]
+    ctrl: PathBuf,
+    /// Channel (service name the remote announced).
+    #[arg(long, default_value = OPENAMP_SERVICE)]
+    name: String,
+    /// Round trips.
+    #[arg(long, default_value_t = 1000)]
+    count: u64,
+    /// Payload size for every message (default: cycle through 1..=496).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_PAYLOAD as u64))]
+    size: Option<u64>,
+    /// OpenAMP demo payloads ({u64 num; u64 size; data[size] = 0xA5}, sizes
+    /// 1..=480, 480 round trips).
+    #[arg(long, conflicts_with_all = ["size", "count"])]
+    openamp: bool,
+    /// Also measure the limit: a raw eventfd ping-pong between two processes
+    /// (this one and a child), same count, and print the ratio.
+    #[arg(long)]
+    limit: bool,
+    /// Seconds to wait for the channel and for each echo.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses 0x80000, 524288, 512K, 2M, 1G.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let v = if let Some(h) = num.strip_prefix("0x").or_else(|| num.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16)
+    } else {
+        num.parse()
+    }
+    .map_err(|_| format!("not a size: {s:?} (try 0x80000, 524288, 512K)"))?;
+    v.checked_mul(mul)
+        .ok_or_else(|| format!("size too large: {s}"))
+}
+
+/// Runs one `rpmsg` subcommand.
+pub fn run(cmd: RpmsgCmd) -> Result<()> {
+    match cmd {
+        RpmsgCmd::Remote(a) => remote(a),
+        RpmsgCmd::Host(a) => host(a),
+        RpmsgCmd::Ping(a) => ping(a),
+        RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
+    }
+}
+
+fn stats_json(s: &Stats) -> serde_json::Value {
+    serde_json::json!({
+        "rx_msgs": s.rx_msgs, "tx_msgs": s.tx_msgs, "rx_refused": s.rx_refused,
+        "rx_malformed": s.rx_malformed, "rx_unknown_dst": s.rx_unknown_dst,
+        "ns_create": s.ns_create, "ns_destroy": s.ns_destroy, "kicks": s.kicks,
+    })
+}
+
+fn stats_line(s: &Stats) -> String {
+    format!(
+        "rx {} tx {} refused {} malformed {} unknown-dst {} ns-create {} ns-destroy {}",
+        s.rx_msgs,
+        s.tx_msgs,
+        s.rx_refused,
+        s.rx_malformed,
+        s.rx_unknown_dst,
+        s.ns_create,
+        s.ns_destroy
+    )
+}
+
+enum Exit {
+    Unbound(String),
+    Limit,
+    Shutdown,
+}
+
+fn remote(a: RemoteArgs) -> Result<()> {
+    let path = shm_path(&a.shm);
+    let shm = match a.create {
+        Some(size) => {
+            let mut layout = if size == 0x80000 && a.ring == 256 {
+                ShmLayout::openamp_demo()
+            } else {
+                ShmLayout::for_size(size, a.ring).with_context(|| {
+                    format!("no layout for {size:#x} bytes and rings of {}", a.ring)
+                })?
+            };
+            if a.event_idx {
+                layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
+            }
+            SharedMem::create(&path, &layout)
+                .with_context(|| format!("creating {}", path.display()))?
+        }
+        None => {
+            ensure!(
+                !a.event_idx,
+                "--event-idx needs --create (the table is written then)"
+            );
+            let shm =
+                SharedMem::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            shm.table(0)
+                .with_context(|| format!("resource table in {}", path.display()))?;
+            shm
+        }
+    };
+    let listener = a
+        .notify
+        .bind()
+        .with_context(|| format!("binding {}", a.notify))?;
+    eprintln!(
+        "remote: {} ({} bytes), waiting for the host on {}",
+        path.display(),
+        shm.len(),
+        a.notify
+    );
+    let notifier = listener.accept().context("waiting for the host")?;
+    let bus = Bus::remote(shm, notifier, a.ready_timeout.map(Duration::from_secs))
+        .context("waiting for DRIVER_OK")?;
+    eprintln!(
+        "remote: host ready (features {}), announcing {:?}",
+        if bus.has_ns() { "NS" } else { "none" },
+        a.echo
+    );
+    let (exit_tx, exit_rx) = mpsc::channel::<Exit>();
+    let exit_on_unbind = a.exit_on_unbind || a.openamp;
+    let echoed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut eps = Vec::new();
+    for name in &a.echo {
+        let tx = exit_tx.clone();
+        let name2 = name.clone();
+        let echoed = std::sync::Arc::clone(&echoed);
+        let limit = a.echo_limit;
+        let openamp = a.openamp;
+        let ep = bus
+            .create_with_callback(EndpointOptions::new(name), move |ep, ev| match ev {
+                Event::Message(m) => {
+                    if openamp && m.data.len() == 4 && m.data[..4] == OPENAMP_SHUTDOWN.to_le_bytes()
+                    {
+                        let _ = tx.send(Exit::Shutdown);
+                        return;
+                    }
+                    let n = echoed.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    if limit.is_some_and(|l| n > l) {
+                        return; // past the limit: about to destroy the service
+                    }
+                    if let Err(e) = ep.send_to(m.src, &m.data, Some(Duration::from_secs(5))) {
+                        tracing::warn!("echo to {} failed: {e}", m.src);
+                    }
+                    if limit == Some(n) {
+                        let _ = tx.send(Exit::Limit);
+                    }
+                }
+                Event::Unbound { addr } => {
+                    eprintln!("remote: host destroyed its endpoint {addr} on {name2:?}");
+                    if exit_on_unbind {
+                        let _ = tx.send(Exit::Unbound(name2.clone()));
+                    }
+                }
+                Event::LinkDown(_) => {}
+            })
+            .with_context(|| format!("announcing {name:?}"))?;
+        eps.push(ep);
+    }
+    let b2 = bus.clone();
+    let down_tx = exit_tx.clone();
+    std::thread::spawn(move || {
+        let r = b2.wait_down(None).unwrap_or_default();
+        let _ = down_tx.send(Exit::Unbound(format!("link down: {r}")));
+    });
+    drop(exit_tx);
+    let why = exit_rx.recv().unwrap_or(Exit::Shutdown);
+    let msg = match &why {
+        Exit::Unbound(r) => format!("channel closed ({r})"),
+        Exit::Limit => "echo limit reached, destroying the services".into(),
+        Exit::Shutdown => "shutdown word received".into(),
+    };
+    eprintln!("remote: {msg}");
+    // Dropping the endpoints sends the name-service DESTROY records.
+    drop(eps);
+    if matches!(why, Exit::Limit) {
+        // Give the host a moment to take the DESTROY before we go.
+        let _ = bus.wait_down(Some(Duration::from_millis(500)));
+    }
+    let s = bus.stats();
+    bus.shutdown();
+    if a.json {
+        let echoed = echoed.load(std::sync::atomic::Ordering::Relaxed);
+        println!(
+            "{}",
+            serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(&s) })
+        );
+    } else {
+        eprintln!("remote: {}", stats_line(&s));
+    }
+    Ok(())
+}
+
+/// Opens the remote's shared memory, retrying while it is being created.
+fn open_shm(path: &Path, timeout: Duration) -> Result<SharedMem> {
+    let start = Instant::now();
+    loop {
+        let r = SharedMem::open(path).and_then(|s| s.table(0).map(|_| s));
+        match r {
+            Ok(s) => return Ok(s),
+            Err(e) if start.elapsed() >= timeout => {
+                return Err(e).with_context(|| format!("shared memory {}", path.display()))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn host(a: HostArgs) -> Result<()> {
+    ensure!(
+        a.ctrl.is_some() || a.openamp_ping,
+        "nothing to do: give --ctrl SOCK (serve clients) or --openamp-ping"
+    );
+    let path = shm_path(&a.shm);
+    let timeout = Duration::from_secs(a.timeout);
+    let notifier = a
+        .notify
+        .connect(timeout)
+        .with_context(|| format!("connecting to the remote on {}", a.notify))?;
+    let shm = open_shm(&path, timeout)?;
+    let mut features = HOST_FEATURES;
+    if a.no_event_idx {
+        features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
+    }
+    let bus = Bus::host(shm, notifier, features).context("starting the host")?;
+    if a.openamp_ping {
+        return openamp_ping(&bus, timeout, a.json);
+    }
+    let ctrl = a.ctrl.as_deref().expect("checked above");
+    let server = CtrlServer::start(bus.clone(), ctrl)
+        .with_context(|| format!("control socket {}", ctrl.display()))?;
+    eprintln!(
+        "host: {} via {}, control socket {}",
+        path.display(),
+        bus.notifier_kind(),
+        server.path().display()
+    );
+    let reason = bus.wait_down(None).unwrap_or_default();
+    let s = bus.stats();
+    bus.shutdown();
+    let _ = std::fs::remove_file(ctrl);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(&s) })
+        );
+    } else {
+        eprintln!("host: {reason}; {}", stats_line(&s));
+    }
+    Ok(())
+}
+
+/// OpenAMP's rpmsg-echo-ping, over iopath's bus.
+fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
+    let ep = bus
+        .create(EndpointOptions::new(OPENAMP_SERVICE))
+        .context("creating the demo endpoint")?;
+    let start = Instant::now();
+    while ep.dst() == ADDR_ANY {
+        ensure!(
+            start.elapsed() < timeout,
+            "the remote never announced {OPENAMP_SERVICE:?}"
+        );
+        if let Some(r) = bus.down_reason() {
+            bail!("link down: {r}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut errors = 0u64;
+    let t0 = Instant::now();
+    for (num, size) in (1..=OPENAMP_MAX).enumerate() {
+        let mut p = Vec::with_capacity(16 + size);
+        p.extend_from_slice(&(num as u64).to_le_bytes());
+        p.extend_from_slice(&(size as u64).to_le_bytes());
+        p.resize(16 + size, 0xA5);
+        ep.send(&p)
+            .with_context(|| format!("sending payload {num}"))?;
+        let m = ep
+            .recv(Some(timeout))
+            .with_context(|| format!("waiting for echo {num}"))?;
+        let ok = m.data.len() == 16 + size
+            && m.data[..8] == (num as u64).to_le_bytes()
+            && m.data[8..16] == (size as u64).to_le_bytes()
+            && m.data[16..].iter().all(|&b| b == 0xA5);
+        if !ok {
+            errors += 1;
+            eprintln!("openamp-ping: payload {num} (size {size}) came back wrong");
+        }
+    }
+    let elapsed = t0.elapsed();
+    // End the session as the demo does: destroy the endpoint (name-service
+    // DESTROY), and let the remote take it before resetting the device.
+    drop(ep);
+    bus.flush(Duration::from_secs(2));
+    let s = bus.stats();
+    bus.shutdown();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "payloads": OPENAMP_MAX, "errors": errors, "elapsed_us": elapsed.as_micros() as u64, "stats": stats_json(&s) })
+        );
+    } else {
+        println!("openamp-ping: {OPENAMP_MAX} payloads (sizes 1..{OPENAMP_MAX}) echoed, errors {errors}, {:.1} ms", elapsed.as_secs_f64() * 1e3);
+    }
+    ensure!(errors == 0, "{errors} payloads came back wrong");
+    Ok(())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Latency {
+    count: u64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    msgs_per_s: f64,
+}
+
+impl Latency {
+    fn from(mut us: Vec<f64>, elapsed: Duration) -> Self {
+        us.sort_by(f64::total_cmp);
+        Latency {
+            count: us.len() as u64,
+            p50_us: percentile(&us, 0.5),
+            p99_us: percentile(&us, 0.99),
+            max_us: us.last().copied().unwrap_or(0.0),
+            msgs_per_s: us.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "p50 {:.1} us, p99 {:.1} us, max {:.1} us, {:.0} msgs/s",
+            self.p50_us, self.p99_us, self.max_us, self.msgs_per_s
+        )
+    }
+}
+
+fn fill(buf: &mut [u8], seq: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (seq as usize).wrapping_mul(31).wrapping_add(i * 7) as u8;
+    }
+}
+
+fn ping(a: PingArgs) -> Result<()> {
+    let timeout = Duration::from_secs(a.timeout);
+    let ep = CtrlEndpoint::attach(&a.ctrl, &a.name, timeout)
+        .with_context(|| format!("attaching to {:?} through {}", a.name, a.ctrl.display()))?;
+    let count = if a.openamp {
+        OPENAMP_MAX as u64
+    } else {
+        a.count
+    };
+    let bar = if a.json || count < 10_000 {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(count)
+    };
+    let mut lat = Vec::with_capacity(count as usize);
+    let mut out = vec![0u8; MAX_PAYLOAD];
+    let mut back = vec![0u8; MAX_PAYLOAD + 64];
+    let (mut min_size, mut max_size, mut bytes) = (usize::MAX, 0usize, 0u64);
+    let t0 = Instant::now();
+    for i in 0..count {
+        let size = if a.openamp {
+            16 + 1 + i as usize
+        } else {
+            a.size
+                .map_or(1 + (i as usize % MAX_PAYLOAD), |s| s as usize)
+        };
+        let msg = &mut out[..size];
+        if a.openamp {
+            msg[..8].copy_from_slice(&i.to_le_bytes());
+            msg[8..16].copy_from_slice(&(size as u64 - 16).to_le_bytes());
+            msg[16..].fill(0xA5);
+        } else {
+            fill(msg, i);
+        }
+        let t = Instant::now();
+        ep.send(msg)
+            .with_context(|| format!("sending message {i}"))?;
+        let n = ep
+            .recv(&mut back, timeout)
+            .with_context(|| format!("waiting for echo {i}"))?
+            .with_context(|| format!("no echo of message {i} within {} s", a.timeout))?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+        ensure!(n != 0, "the channel was closed after {i} round trips");
+        ensure!(n == size, "echo {i}: {n} bytes back for {size} sent");
+        if let Some(at) = back[..n].iter().zip(msg.iter()).position(|(x, y)| x != y) {
+            bail!("echo {i} (size {size}): byte {at} differs");
+        }
+        min_size = min_size.min(size);
+        max_size = max_size.max(size);
+        bytes += size as u64;
+        bar.inc(1);
+    }
+    let elapsed = t0.elapsed();
+    bar.finish_and_clear();
+    let echo = Latency::from(lat, elapsed);
+    let limit = if a.limit {
+        Some(raw_pingpong(count.max(1000))?)
+    } else {
+        None
+    };
+    if a.json {
+        let mut v = serde_json::json!({
+            "name": a.name, "count": count, "sizes": [min_size, max_size],
+            "bytes": bytes, "checked": true, "echo": echo,
+        });
+        if let Some(l) = &limit {
+            v["limit"] = serde_json::json!({ "what": "raw eventfd ping-pong between two processes", "latency": l });
+            v["ratio_p50"] = serde_json::json!(echo.p50_us / l.p50_us.max(1e-9));
+        }
+        println!("{v}");
+    } else {
+        println!(
+            "ping {:?}: {count} round trips, sizes {min_size}..{max_size}, every byte checked: {}",
+            a.name,
+            echo.line()
+        );
+        if let Some(l) = limit {
+            println!("limit (raw eventfd ping-pong, two processes): {}", l.line());
+            println!("echo/limit p50: {:.2}x", echo.p50_us / l.p50_us.max(1e-9));
+        }
+    }
+    Ok(())
+}
+
+/// The limit: kick a child process through an eventfd pair and wait for its
+/// kick back, `count` times (after a warm-up).
+fn raw_pingpong(count: u64) -> Result<Latency> {
+    let dir = std::env::temp_dir().join(format!("iopath-rawpp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let spec = NotifySpec::Eventfd(dir.join("ev"));
+    let listener = spec.bind()?;
+    let warm = 100;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "rpmsg",
+            "raw-echo",
+            "--notify",
+            &spec.to_string(),
+            "--count",
+        ])
+        .arg((count + warm).to_string())
+        .spawn()
+        .context("starting the raw echo child")?;
+    let n = listener.accept()?;
+    let mut lat = Vec::with_capacity(count as usize);
+    let mut t0 = Instant::now();
+    for i in 0..count + warm {
+        if i == warm {
+            t0 = Instant::now();
+        }
+        let t = Instant::now();
+        n.kick()?;
+        while n.wait(Duration::from_secs(5))? != iopath_rpmsg::notify::Wake::Kicked {}
+        if i >= warm {
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let elapsed = t0.elapsed();
+    drop(n);
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Latency::from(lat, elapsed))
+}
+
+fn raw_echo(spec: &NotifySpec, count: u64) -> Result<()> {
+    let n = spec.connect(Duration::from_secs(10))?;
+    for _ in 0..count {
+        while n.wait(Duration::from_secs(5))? != iopath_rpmsg::notify::Wake::Kicked {}
+        n.kick()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("0x80000"), Ok(0x80000));
+        assert_eq!(parse_size("524288"), Ok(0x80000));
+        assert_eq!(parse_size("512K"), Ok(0x80000));
+        assert_eq!(parse_size("2M"), Ok(2 << 20));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("0xzz").is_err());
+    }
+}
