@@ -528,8 +528,14 @@ fn ping(a: PingArgs) -> Result<()> {
             fill(msg, i);
         }
         let t = Instant::now();
-        ep.send(msg)
-            .with_context(|| format!("sending message {i}"))?;
+        match ep.send(msg) {
+            Err(iopath_rpmsg::ctrl::CtrlError::Io { source, .. })
+                if source.raw_os_error() == Some(rustix::io::Errno::PIPE.raw_os_error()) =>
+            {
+                bail!("the channel was closed after {i} round trips");
+            }
+            r => r.with_context(|| format!("sending message {i}"))?,
+        }
         let n = ep
             .recv(&mut back, timeout)
             .with_context(|| format!("waiting for echo {i}"))?
