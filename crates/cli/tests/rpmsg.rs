@@ -380,3 +380,328 @@ fn demo_echo_against_host_and_ping_client() {
         remote.stderr()
     );
 }
+
+// ---------------------------------------------------------------------------
+// Malformed input. The test process plays a hostile peer with raw writes into
+// the shared memory (so it can lie), against a real iopath process.
+
+use iopath_rpmsg::rsc_table::{status, ShmLayout};
+use iopath_rpmsg::vring::{VringLayout, VRING_DESC_F_WRITE};
+use iopath_rpmsg::wire::{encode_message, parse_message, Endian, NsMsg, NsOp, NS_ADDR};
+use iopath_rpmsg::{NotifySpec, SharedMem};
+use std::sync::atomic::Ordering;
+
+const E: Endian = Endian::Little;
+
+fn layouts(shm: &SharedMem) -> (VringLayout, VringLayout, u64) {
+    let t = shm.table(0).unwrap();
+    let (pool, _) = t.buffer_pool(shm.len() as u64).unwrap();
+    (
+        t.vdev.vrings[0].layout().unwrap(),
+        t.vdev.vrings[1].layout().unwrap(),
+        pool,
+    )
+}
+
+fn write_desc(shm: &SharedMem, l: &VringLayout, id: u16, addr: u64, len: u32, flags: u16) {
+    let mut d = [0u8; 16];
+    d[0..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[12..14].copy_from_slice(&flags.to_le_bytes());
+    shm.write(l.desc + 16 * u64::from(id), &d).unwrap();
+}
+
+/// Driver side, raw: publish descriptor `id` in the available ring.
+fn publish(shm: &SharedMem, l: &VringLayout, avail: &mut u16, id: u16) {
+    let slot = u64::from(*avail % l.num);
+    shm.store_u16(l.avail + 4 + 2 * slot, id, Ordering::Relaxed)
+        .unwrap();
+    *avail = avail.wrapping_add(1);
+    shm.store_u16(l.avail + 2, *avail, Ordering::Release)
+        .unwrap();
+}
+
+/// Driver side, raw: the next used element `(id, len)`, waiting up to 10 s.
+fn next_used(shm: &SharedMem, l: &VringLayout, last: &mut u16) -> (u32, u32) {
+    let start = Instant::now();
+    while shm.load_u16(l.used + 2, Ordering::Acquire).unwrap() == *last {
+        assert!(start.elapsed() < Duration::from_secs(10), "no used buffer");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut e = [0u8; 8];
+    shm.read(l.used + 4 + 8 * u64::from(*last % l.num), &mut e)
+        .unwrap();
+    *last = last.wrapping_add(1);
+    (
+        u32::from_le_bytes(e[0..4].try_into().unwrap()),
+        u32::from_le_bytes(e[4..8].try_into().unwrap()),
+    )
+}
+
+fn wait_for(p: &Proc, what: &str) {
+    let start = Instant::now();
+    while !p.stderr().contains(what) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} never logged {what:?}:\n{}",
+            p.name,
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn lying_resource_table_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    let f = SharedMem::create(&shm, &ShmLayout::openamp_demo()).unwrap();
+    // vq1 claims to sit at 0x7f000: 0x2806 bytes would run past the file.
+    f.write_u32(68, 0x7f000).unwrap();
+    let mut remote = Proc::spawn(
+        dir.path(),
+        "remote",
+        &["rpmsg", "remote", "--shm", s(&shm), "--notify", "poll"],
+    );
+    let st = remote.wait(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(1));
+    assert!(
+        remote
+            .stderr()
+            .contains("runs past the 524288-byte shared memory"),
+        "{}",
+        remote.stderr()
+    );
+    let mut host = Proc::spawn(
+        dir.path(),
+        "host",
+        &[
+            "rpmsg",
+            "host",
+            "--shm",
+            s(&shm),
+            "--notify",
+            "poll",
+            "--ctrl",
+            s(&dir.path().join("c")),
+            "--timeout",
+            "1",
+        ],
+    );
+    assert_eq!(host.wait(Duration::from_secs(10)).code(), Some(1));
+    assert!(host.stderr().contains("runs past"), "{}", host.stderr());
+    // An entry offset pointing outside the table.
+    f.write_u32(68, 0x8000).unwrap();
+    f.write_u32(16, 0x5000).unwrap();
+    let mut remote = Proc::spawn(
+        dir.path(),
+        "remote2",
+        &["rpmsg", "remote", "--shm", s(&shm), "--notify", "poll"],
+    );
+    assert_eq!(remote.wait(Duration::from_secs(10)).code(), Some(1));
+    assert!(
+        remote.stderr().contains("lies outside"),
+        "{}",
+        remote.stderr()
+    );
+}
+
+#[test]
+fn hostile_host_against_remote() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shm");
+    let ev = format!("unix:{}/ev", s(dir.path()));
+    let mut remote = Proc::spawn(
+        dir.path(),
+        "remote",
+        &[
+            "rpmsg",
+            "remote",
+            "--shm",
+            s(&path),
+            "--create",
+            "0x80000",
+            "--notify",
+            &ev,
+            "--echo",
+            "echo",
+        ],
+    );
+    let n = ev
+        .parse::<NotifySpec>()
+        .unwrap()
+        .connect(Duration::from_secs(10))
+        .unwrap();
+    let shm = SharedMem::open(&path).unwrap();
+    let t = shm.table(0).unwrap();
+    let (vq0, vq1, pool) = layouts(&shm);
+    // Play the driver: accept NS, post 8 receive buffers, DRIVER_OK.
+    shm.write_u32(t.vdev.gfeatures_offset() as u64, 1).unwrap();
+    let (mut a0, mut a1, mut u0, mut u1) = (0u16, 0u16, 0u16, 0u16);
+    for id in 0..8u16 {
+        write_desc(
+            &shm,
+            &vq0,
+            id,
+            pool + 512 * u64::from(id),
+            512,
+            VRING_DESC_F_WRITE,
+        );
+        publish(&shm, &vq0, &mut a0, id);
+    }
+    shm.store_u8(t.vdev.status_offset() as u64, status::DRIVER_OK)
+        .unwrap();
+    n.kick().unwrap();
+    let read_msg = |id: u32, len: u32| {
+        let mut b = vec![0u8; len as usize];
+        shm.read(pool + 512 * u64::from(id), &mut b).unwrap();
+        b
+    };
+    let (id, len) = next_used(&shm, &vq0, &mut u0);
+    let b = read_msg(id, len);
+    let (h, p) = parse_message(&b, E).unwrap();
+    assert_eq!(h.dst, NS_ADDR);
+    let ns = NsMsg::parse(p, E).unwrap();
+    assert_eq!((ns.name.as_str(), ns.op), ("echo", NsOp::Create));
+    let tx = pool + 0x20000;
+    let mut msg = Vec::new();
+    // 1. A descriptor pointing outside the shared memory.
+    write_desc(&shm, &vq1, 0, 0xffff_0000, 64, 0);
+    publish(&shm, &vq1, &mut a1, 0);
+    n.kick().unwrap();
+    wait_for(&remote, "outside the shared memory");
+    // 2. A header whose len runs past the buffer.
+    encode_message(5000, ns.addr, &[1; 400], 512, E, &mut msg).unwrap();
+    shm.write(tx, &msg[..32]).unwrap();
+    write_desc(&shm, &vq1, 1, tx, 32, 0);
+    publish(&shm, &vq1, &mut a1, 1);
+    n.kick().unwrap();
+    wait_for(&remote, "runs past the buffer");
+    // 3. A device-writable buffer on the host's tx ring.
+    write_desc(&shm, &vq1, 2, tx, 64, VRING_DESC_F_WRITE);
+    publish(&shm, &vq1, &mut a1, 2);
+    n.kick().unwrap();
+    wait_for(&remote, "device-writable");
+    // All three buffers came back; the remote still echoes.
+    for _ in 0..3 {
+        next_used(&shm, &vq1, &mut u1);
+    }
+    encode_message(5000, ns.addr, b"still alive?", 512, E, &mut msg).unwrap();
+    shm.write(tx + 512, &msg).unwrap();
+    write_desc(&shm, &vq1, 3, tx + 512, msg.len() as u32, 0);
+    publish(&shm, &vq1, &mut a1, 3);
+    n.kick().unwrap();
+    let (id, len) = next_used(&shm, &vq0, &mut u0);
+    let b = read_msg(id, len);
+    let (h, p) = parse_message(&b, E).unwrap();
+    assert_eq!((h.src, h.dst, p), (ns.addr, 5000, &b"still alive?"[..]));
+    // 4. An available index that jumps by more than the ring size.
+    shm.store_u16(vq1.avail + 2, a1.wrapping_add(1000), Ordering::Release)
+        .unwrap();
+    n.kick().unwrap();
+    let st = remote.wait(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}: {}", remote.stderr());
+    let err = remote.stderr();
+    assert!(err.contains("moved by more than the ring size"), "{err}");
+    assert!(err.contains("malformed 1"), "{err}");
+}
+
+#[test]
+fn hostile_remote_against_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shm");
+    let ev = format!("unix:{}/ev", s(dir.path()));
+    let spec: NotifySpec = ev.parse().unwrap();
+    let shm = SharedMem::create(&path, &ShmLayout::openamp_demo()).unwrap();
+    let listener = spec.bind().unwrap();
+    let ctrl = dir.path().join("ctrl");
+    let mut host = Proc::spawn(
+        dir.path(),
+        "host",
+        &[
+            "rpmsg",
+            "host",
+            "--shm",
+            s(&path),
+            "--notify",
+            &ev,
+            "--ctrl",
+            s(&ctrl),
+        ],
+    );
+    let n = listener.accept().unwrap();
+    let t = shm.table(0).unwrap();
+    let start = Instant::now();
+    while shm.load_u8(t.vdev.status_offset() as u64).unwrap() & status::DRIVER_OK == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (vq0, _, pool) = layouts(&shm);
+    // Play the device on vq0: take the host's posted buffers in order.
+    let mut next_avail = 0u16;
+    let mut used = 0u16;
+    let mut put = |payload: Option<&[u8]>, raw: Option<&[u8]>, used_len: Option<u32>| {
+        let slot = u64::from(next_avail % vq0.num);
+        let id = shm
+            .load_u16(vq0.avail + 4 + 2 * slot, Ordering::Acquire)
+            .unwrap();
+        next_avail = next_avail.wrapping_add(1);
+        let mut d = [0u8; 16];
+        shm.read(vq0.desc + 16 * u64::from(id), &mut d).unwrap();
+        let addr = u64::from_le_bytes(d[0..8].try_into().unwrap());
+        assert!(addr >= pool, "host buffers come from the pool");
+        let mut m = Vec::new();
+        if let Some(p) = payload {
+            encode_message(1030, 1024, p, 512, E, &mut m).unwrap();
+        }
+        let bytes = raw.unwrap_or(&m);
+        shm.write(addr, bytes).unwrap();
+        let mut e = [0u8; 8];
+        e[0..4].copy_from_slice(&u32::from(id).to_le_bytes());
+        e[4..8].copy_from_slice(&used_len.unwrap_or(bytes.len() as u32).to_le_bytes());
+        shm.write(vq0.used + 4 + 8 * u64::from(used % vq0.num), &e)
+            .unwrap();
+        used = used.wrapping_add(1);
+        shm.store_u16(vq0.used + 2, used, Ordering::Release)
+            .unwrap();
+        n.kick().unwrap();
+    };
+    // A good announcement, then lies.
+    let ns = NsMsg {
+        name: "echo".into(),
+        addr: 1030,
+        op: NsOp::Create,
+    }
+    .encode(E)
+    .unwrap();
+    let mut m = Vec::new();
+    encode_message(1030, NS_ADDR, &ns, 512, E, &mut m).unwrap();
+    put(None, Some(&m), None);
+    wait_for(&host, "peer announced \"echo\" at 1030");
+    // 1. Header len past what the device says it wrote.
+    encode_message(1030, 1024, &[7; 300], 512, E, &mut m).unwrap();
+    put(None, Some(&m), Some(100));
+    wait_for(&host, "runs past the buffer");
+    // 2. A name-service record without a NUL in its name.
+    let mut bad = ns;
+    bad[..32].fill(b'x');
+    encode_message(1030, NS_ADDR, &bad, 512, E, &mut m).unwrap();
+    put(None, Some(&m), None);
+    wait_for(&host, "not NUL-terminated");
+    // 3. A message for an address nobody has.
+    put(Some(b"nobody"), None, None);
+    // 4. Used length beyond the 512-byte buffer.
+    put(Some(b"x"), None, Some(100_000));
+    wait_for(&host, "100000");
+    // 5. A used index that jumps.
+    shm.store_u16(vq0.used + 2, used.wrapping_add(1000), Ordering::Release)
+        .unwrap();
+    n.kick().unwrap();
+    let st = host.wait(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}: {}", host.stderr());
+    let err = host.stderr();
+    assert!(
+        err.contains("jumped") || err.contains("UsedIdxJump") || err.contains("used index"),
+        "{err}"
+    );
+}
