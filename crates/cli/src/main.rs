@@ -4,6 +4,8 @@
 //! (rerun the seed experiments beside the limits measured in the same run).
 
 mod bench;
+mod blk;
+mod blk_dd;
 mod load;
 mod rpmsg;
 mod size;
@@ -32,6 +34,8 @@ enum Cmd {
     /// rpmsg over virtio rings in shared memory: remote, host, ping.
     #[command(subcommand)]
     Rpmsg(rpmsg::RpmsgCmd),
+    /// virtio-blk over vhost-user: `dd` with iopath's driver.
+    Blk(blk::BlkArgs),
 }
 
 fn main() {
@@ -65,6 +69,7 @@ fn run() -> Result<()> {
         }
         Cmd::Load(args) => load::run(&args)?,
         Cmd::Bench(args) => bench::run(&args)?,
+        Cmd::Blk(args) => blk::run(&args)?,
     }
     Ok(())
 }

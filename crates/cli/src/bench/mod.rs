@@ -6,6 +6,7 @@
 //! module with its `clap::Args`, a variant in [`BenchCmd`], and an entry in
 //! [`run_default`].
 
+pub mod blk;
 pub mod fio;
 pub mod heap;
 
@@ -34,6 +35,11 @@ pub enum BenchCmd {
     /// Fill 32 x 32 MiB buffers from a cold file with every heap and
     /// method, beside fio's O_DIRECT io_uring read of the same file.
     Heap(heap::HeapArgs),
+    /// The 2018 "virtio uses the DMA API" experiment: iopath's virtio-blk
+    /// driver writes an image through each DMA mode (direct, direct-static,
+    /// iommu, bounce) via `iopath blk serve`, beside fio's O_DIRECT write of
+    /// the same image and the same driver against qemu-storage-daemon.
+    Blk(blk::BenchBlkArgs),
 }
 
 /// Runs `iopath bench`.
@@ -43,6 +49,7 @@ pub enum BenchCmd {
 pub fn run(args: &BenchArgs) -> Result<()> {
     match &args.cmd {
         Some(BenchCmd::Heap(a)) => heap::run(a),
+        Some(BenchCmd::Blk(a)) => blk::run(a),
         None => run_default(args.json),
     }
 }
@@ -54,7 +61,8 @@ type Experiment = fn(bool) -> Result<serde_json::Value>;
 /// Every experiment on embedded defaults.
 fn run_default(json: bool) -> Result<()> {
     let mut all = serde_json::Map::new();
-    let experiments: [(&str, Experiment); 1] = [("heap", heap::run_default)];
+    let experiments: [(&str, Experiment); 2] =
+        [("heap", heap::run_default), ("blk", blk::run_default)];
     for (name, f) in experiments {
         if !json {
             println!("== {name}");

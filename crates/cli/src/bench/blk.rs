@@ -1,0 +1,461 @@
+//! `iopath bench blk`: the 2018 "virtio uses the DMA API" experiment.
+//!
+//! The same dd (a virtio-blk driver writing `--size` bytes in 8 MiB blocks)
+//! once per DMA mode against iopath's own back end (`iopath blk serve`,
+//! started here), `--runs` runs each; a peer row with the same driver
+//! against `qemu-storage-daemon` exporting the same image; and the limit:
+//! fio's `O_DIRECT` sequential write of the same image file, measured in the
+//! same run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::blk_dd::{self, DdArgs, DmaMode, Op, Pattern, Stats};
+
+/// Arguments of `iopath bench blk`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchBlkArgs {
+    /// Bytes written per run (the image is this large).
+    #[arg(long, default_value = "8G", value_parser = crate::size::parse_size)]
+    pub size: usize,
+    /// Runs per row.
+    #[arg(long, default_value_t = 10)]
+    pub runs: usize,
+    /// Block size of every transfer.
+    #[arg(long, default_value = "8M", value_parser = crate::size::parse_size)]
+    pub bs: usize,
+    /// Blocks in flight.
+    #[arg(long, default_value_t = 4)]
+    pub queue_depth: usize,
+    /// Directory for the image file (its file system is what is measured;
+    /// default /var/tmp, never a tmpfs).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// DMA modes to measure (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub modes: Vec<DmaMode>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// What was measured.
+    pub name: String,
+    /// Throughput of each run, GiB/s.
+    pub runs_gib_per_s: Vec<f64>,
+    /// Median, min, max, spread of the runs.
+    pub stats: Stats,
+    /// Median as a fraction of the fio limit's median.
+    pub of_limit: f64,
+    /// Why the row has no figures, when it has none.
+    pub skipped: Option<String>,
+}
+
+/// What `bench blk --json` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchBlkReport {
+    /// Bytes per run.
+    pub bytes: u64,
+    /// Block size.
+    pub bs: u64,
+    /// Blocks in flight.
+    pub queue_depth: usize,
+    /// Runs per row.
+    pub runs: usize,
+    /// Image file.
+    pub image: PathBuf,
+    /// Rows: limit first, then each DMA mode, then the peer.
+    pub rows: Vec<Row>,
+}
+
+/// A child process killed (and reaped) on drop.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        // SIGTERM first so `iopath blk serve` removes its socket.
+        let pid = rustix::process::Pid::from_child(&self.0);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The first error line of a log file (else its last line), for messages.
+fn last_line(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .iter()
+        .find(|l| l.contains("error"))
+        .or(lines.last())
+        .copied()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A log file beside the socket for a child's stderr.
+fn log_for(socket: &Path) -> Result<(PathBuf, std::fs::File)> {
+    let log = socket.with_extension("log");
+    let f =
+        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    Ok((log, f))
+}
+
+/// Waits until `path` exists (the back end listens) or the child exits.
+fn wait_for_socket(child: &mut Reaped, path: &Path, what: &str, log: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        if let Some(st) = child.0.try_wait()? {
+            bail!("{what} exited before listening ({st}): {}", last_line(log));
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not create {} within 20 s", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Starts `iopath blk serve` (this executable) on `image`.
+pub fn start_iopath_serve(image: &Path, socket: &Path) -> Result<impl Drop> {
+    let exe = std::env::current_exe().context("cannot find the iopath executable")?;
+    let _ = std::fs::remove_file(socket);
+    let (log, err) = log_for(socket)?;
+    let child = Command::new(exe)
+        .args(["blk", "serve", "--image"])
+        .arg(image)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .context("cannot start `iopath blk serve`")?;
+    let mut c = Reaped(child);
+    wait_for_socket(&mut c, socket, "iopath blk serve", &log)?;
+    Ok(c)
+}
+
+/// Starts `qemu-storage-daemon` exporting `image` as vhost-user-blk with
+/// direct I/O.
+pub fn start_qsd(image: &Path, socket: &Path) -> Result<impl Drop> {
+    let _ = std::fs::remove_file(socket);
+    let (log, err) = log_for(socket)?;
+    let child = Command::new("qemu-storage-daemon")
+        .arg("--blockdev")
+        .arg(format!(
+            "driver=file,node-name=disk,filename={},cache.direct=on,aio=io_uring",
+            image.display()
+        ))
+        .arg("--export")
+        .arg(format!(
+            "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on",
+            socket.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .context("cannot start qemu-storage-daemon (package qemu-utils)")?;
+    let mut c = Reaped(child);
+    wait_for_socket(&mut c, socket, "qemu-storage-daemon", &log)?;
+    Ok(c)
+}
+
+/// fio's O_DIRECT sequential write of `image`: GiB/s of one run.
+fn fio_once(image: &Path, size: u64, bs: u64, depth: usize) -> Result<f64> {
+    let out = Command::new("fio")
+        .args([
+            "--name=limit",
+            "--rw=write",
+            "--direct=1",
+            "--ioengine=io_uring",
+            "--output-format=json",
+            "--end_fsync=0",
+        ])
+        .arg(format!("--filename={}", image.display()))
+        .arg(format!("--bs={bs}"))
+        .arg(format!("--size={size}"))
+        .arg(format!("--iodepth={depth}"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run fio (package fio)")?;
+    if !out.status.success() {
+        bail!("fio failed ({})", out.status);
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("fio printed no JSON")?;
+    let bw = v["jobs"][0]["write"]["bw_bytes"]
+        .as_f64()
+        .context("fio JSON lacks jobs[0].write.bw_bytes")?;
+    Ok(bw / f64::from(1u32 << 30))
+}
+
+/// Creates (or reuses) a fully allocated image of `size` bytes.
+fn make_image(path: &Path, size: u64) -> Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    // Allocate every block up front so no run pays for allocation.
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, size)
+        .with_context(|| format!("cannot allocate {size} bytes for {}", path.display()))?;
+    Ok(())
+}
+
+fn row(name: &str, runs: Vec<f64>, limit: f64) -> Row {
+    let stats = Stats::of(&runs);
+    Row {
+        name: name.to_string(),
+        runs_gib_per_s: runs,
+        of_limit: if limit > 0.0 {
+            stats.median / limit
+        } else {
+            0.0
+        },
+        stats,
+        skipped: None,
+    }
+}
+
+fn skipped(name: &str, why: String) -> Row {
+    Row {
+        name: name.to_string(),
+        runs_gib_per_s: Vec::new(),
+        stats: Stats::of(&[]),
+        of_limit: 0.0,
+        skipped: Some(why),
+    }
+}
+
+fn dd_once(socket: &Path, args: &BenchBlkArgs, dma: DmaMode) -> Result<f64> {
+    let dd = DdArgs {
+        socket: socket.to_path_buf(),
+        bs: args.bs,
+        count: (args.size / args.bs) as u64,
+        op: Op::Write,
+        pattern: Pattern::Zero,
+        verify: false,
+        dma,
+        runs: 1,
+        queue_depth: args.queue_depth,
+        queues: 1,
+        offset: 0,
+        json: false,
+    };
+    let rep = blk_dd::dd(&dd, false)?;
+    Ok(rep.runs[0].gib_per_s)
+}
+
+/// A row being measured: its runs so far, or why it cannot run.
+struct Series {
+    name: String,
+    runs: Vec<f64>,
+    failed: Option<String>,
+}
+
+impl Series {
+    fn new(name: String, failed: Option<String>) -> Self {
+        Series {
+            name,
+            runs: Vec::new(),
+            failed,
+        }
+    }
+
+    fn measure(&mut self, f: impl FnOnce() -> Result<f64>) {
+        if self.failed.is_none() {
+            match f() {
+                Ok(v) => self.runs.push(v),
+                Err(e) => self.failed = Some(format!("{e:#}")),
+            }
+        }
+    }
+
+    fn row(self, limit: f64) -> Row {
+        match self.failed {
+            Some(why) => skipped(&self.name, why),
+            None => row(&self.name, self.runs, limit),
+        }
+    }
+}
+
+/// Runs the bench and returns the table. Rows are interleaved run by run
+/// (fio, each DMA mode, the peer, then again), so slow drift of the
+/// machine spreads over every row instead of biasing one.
+///
+/// # Errors
+/// Bad arguments, an image that cannot be created, fio missing or failing.
+/// A row whose back end cannot run is reported as skipped, not an error.
+pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
+    if args.bs == 0 || args.bs % 512 != 0 || args.size < args.bs || args.size % args.bs != 0 {
+        bail!("--size must be a positive multiple of --bs, itself a multiple of 512");
+    }
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if !super::fio::available() {
+        bail!("fio is not installed (package fio): it measures the limit row");
+    }
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => super::scratch_dir()?,
+    };
+    let work = tempfile::Builder::new()
+        .prefix("iopath-bench-blk.")
+        .tempdir_in(&dir)
+        .with_context(|| format!("cannot create a directory in {}", dir.display()))?;
+    let image = work.path().join("disk.img");
+    make_image(&image, args.size as u64)?;
+    let ours_sock = work.path().join("iopath.sock");
+    let peer_sock = work.path().join("qsd.sock");
+    let ours = start_iopath_serve(&image, &ours_sock);
+    let peer = start_qsd(&image, &peer_sock);
+
+    let modes = if args.modes.is_empty() {
+        DmaMode::ALL.to_vec()
+    } else {
+        args.modes.clone()
+    };
+    let mut fio = Series::new("fio O_DIRECT write (limit)".into(), None);
+    let mut rows: Vec<(DmaMode, Series)> = modes
+        .iter()
+        .map(|&m| {
+            let failed = ours.as_ref().err().map(|e| format!("{e:#}"));
+            (
+                m,
+                Series::new(format!("iopath blk serve, dma {}", m.name()), failed),
+            )
+        })
+        .collect();
+    let mut peer_row = Series::new(
+        "qemu-storage-daemon (peer), dma direct".into(),
+        peer.as_ref().err().map(|e| format!("{e:#}")),
+    );
+    let total = args.runs * (2 + rows.len());
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("bench blk [{bar:30}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    for run in 0..args.runs {
+        bar.set_message(format!("run {}: fio", run + 1));
+        fio.measure(|| fio_once(&image, args.size as u64, args.bs as u64, args.queue_depth));
+        bar.inc(1);
+        for (mode, series) in &mut rows {
+            bar.set_message(format!("run {}: dma {}", run + 1, mode.name()));
+            series.measure(|| dd_once(&ours_sock, args, *mode));
+            bar.inc(1);
+        }
+        bar.set_message(format!("run {}: qemu-storage-daemon", run + 1));
+        peer_row.measure(|| dd_once(&peer_sock, args, DmaMode::Direct));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    drop((ours, peer));
+    if let Some(why) = fio.failed.take() {
+        bail!("fio failed: {why}");
+    }
+    let limit = Stats::of(&fio.runs).median;
+    let mut out = vec![fio.row(limit)];
+    out.extend(rows.into_iter().map(|(_, s)| s.row(limit)));
+    out.push(peer_row.row(limit));
+    Ok(BenchBlkReport {
+        bytes: args.size as u64,
+        bs: args.bs as u64,
+        queue_depth: args.queue_depth,
+        runs: args.runs,
+        image,
+        rows: out,
+    })
+}
+
+/// `iopath bench` without a subcommand: a short run (256 MiB, 3 runs).
+///
+/// # Errors
+/// As [`bench`].
+pub fn run_default(json: bool) -> Result<serde_json::Value> {
+    let args = BenchBlkArgs {
+        size: 256 << 20,
+        runs: 3,
+        bs: 8 << 20,
+        queue_depth: 4,
+        dir: None,
+        modes: Vec::new(),
+        json,
+    };
+    let rep = bench(&args)?;
+    if !json {
+        print_table(&rep);
+    }
+    Ok(serde_json::to_value(&rep)?)
+}
+
+/// Prints the table (markdown).
+pub fn print_table(rep: &BenchBlkReport) {
+    println!(
+        "bench blk: {} MiB per run in {} KiB blocks, queue depth {}, {} runs per row",
+        rep.bytes >> 20,
+        rep.bs >> 10,
+        rep.queue_depth,
+        rep.runs
+    );
+    println!("| row | median GiB/s | min | max | spread | of limit |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in &rep.rows {
+        match &r.skipped {
+            Some(why) => println!("| {} | skipped: {} | | | | |", r.name, why),
+            None => println!(
+                "| {} | {:.3} | {:.3} | {:.3} | {:.1}% | {:.1}% |",
+                r.name,
+                r.stats.median,
+                r.stats.min,
+                r.stats.max,
+                r.stats.spread * 100.0,
+                r.of_limit * 100.0
+            ),
+        }
+    }
+}
+
+/// `iopath bench blk`.
+///
+/// # Errors
+/// As [`bench`].
+pub fn run(args: &BenchBlkArgs) -> Result<()> {
+    let rep = bench(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+    } else {
+        print_table(&rep);
+    }
+    Ok(())
+}
