@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use iopath_heap::{load, EngineOptions, LoadOptions, Loaded, Method};
+use iopath_heap::{load, EngineOptions, LoadOptions, Loaded, Method, Prefault};
 
 use crate::size::{human, parse_size};
 
@@ -39,6 +39,13 @@ pub struct LoadArgs {
     /// io_uring requests kept in flight (uring and auto).
     #[arg(long, default_value_t = 16)]
     pub queue_depth: u32,
+    /// Threads allocating buffers (and their pages) while the reads run.
+    #[arg(long, default_value_t = 1)]
+    pub alloc_threads: usize,
+    /// What the allocator thread does to new buffers' pages: allocate
+    /// (fallocate; the reads map them), map (MADV_POPULATE_WRITE), none.
+    #[arg(long, default_value = "allocate", value_parser = parse_prefault)]
+    pub prefault: Prefault,
     /// Read the file again afterwards and compare every byte; exit non-zero
     /// on any difference.
     #[arg(long)]
@@ -64,6 +71,8 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             queue_depth: args.queue_depth,
             ..EngineOptions::default()
         },
+        alloc_threads: args.alloc_threads,
+        prefault: args.prefault,
         ..LoadOptions::default()
     };
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
@@ -130,6 +139,15 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn parse_prefault(s: &str) -> Result<Prefault, String> {
+    match s {
+        "allocate" => Ok(Prefault::Allocate),
+        "map" => Ok(Prefault::Map),
+        "none" => Ok(Prefault::None),
+        _ => Err(format!("`{s}` is not one of allocate, map, none")),
+    }
 }
 
 /// Compares the loaded buffers with the file, read again independently.

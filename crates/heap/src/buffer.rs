@@ -175,6 +175,22 @@ impl Buffer {
         self.inner.map.populate_write()
     }
 
+    /// Allocates every page of the buffer's file now (`fallocate(2)`, mode
+    /// 0) without mapping it; a later first touch only maps the page.
+    ///
+    /// # Errors
+    /// [`Error::Sys`] if the file does not support `fallocate` (dma-bufs) or
+    /// memory runs out.
+    pub fn allocate_pages(&self) -> Result<()> {
+        rustix::fs::fallocate(
+            self.fd(),
+            rustix::fs::FallocateFlags::empty(),
+            0,
+            self.len() as u64,
+        )
+        .map_err(|e| Error::sys("fallocate", e))
+    }
+
     /// Live device mappings of this buffer.
     pub fn device_maps(&self) -> usize {
         self.inner.device_maps.load(Ordering::Acquire)

@@ -31,13 +31,13 @@ mod sys;
 pub use align::DioAlign;
 pub use buffer::{Buffer, DevicePin};
 pub use engine::{
-    new_engine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, SendfileEngine,
-    Transfer, UringEngine,
+    new_engine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq, Pull,
+    ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine,
 };
 pub use error::{Error, Result};
 pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
-pub use loader::{load, LoadOptions, LoadStats, Loaded, Progress};
+pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 
 /// The system page size in bytes.
 pub fn page_size() -> usize {

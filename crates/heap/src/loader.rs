@@ -7,15 +7,16 @@
 //!   caller's thread:         └─► read #0 ───┴► read #1 ┴► read #2 ...
 //! ```
 //!
-//! The allocator thread allocates each buffer and faults its pages in
-//! (`MADV_POPULATE_WRITE`) while the caller's thread is reading into the
-//! previous ones, so page allocation costs no I/O time.
+//! The allocator thread allocates each buffer and its pages (see
+//! [`Prefault`]) while the caller's thread is reading into the previous ones,
+//! so page allocation overlaps the I/O instead of adding to it.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::engine::{new_engine, EngineOptions, Method};
+use crate::engine::{new_engine, EngineOptions, Method, Pull, ReadReq, Transfer};
 use crate::file::IoFile;
 use crate::{Buffer, Error, Heap, Result};
 
@@ -32,8 +33,10 @@ pub struct LoadOptions {
     pub method: Method,
     /// Engine tunables (io_uring queue depth, request size).
     pub engine: EngineOptions,
-    /// Fault buffer pages in on the allocator thread (default on).
-    pub populate: bool,
+    /// What the allocator threads do to a new buffer's pages.
+    pub prefault: Prefault,
+    /// Allocator threads (default 1).
+    pub alloc_threads: usize,
 }
 
 impl Default for LoadOptions {
@@ -43,9 +46,26 @@ impl Default for LoadOptions {
             buffers: None,
             method: Method::Auto,
             engine: EngineOptions::default(),
-            populate: true,
+            prefault: Prefault::Allocate,
+            alloc_threads: 1,
         }
     }
+}
+
+/// How the loader's allocator threads prepare a new buffer's pages, so the
+/// reading thread does not pay for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefault {
+    /// Nothing: pages are allocated when the transfer first touches them.
+    None,
+    /// Allocate (and zero) the pages up front with `fallocate(2)`; mapping
+    /// them into page tables is left to the transfer (io_uring's buffer
+    /// registration does it on the reading thread, overlapped with the
+    /// requests in flight). Splits the page work across two threads; the
+    /// default.
+    Allocate,
+    /// Allocate and map every page up front (`MADV_POPULATE_WRITE`).
+    Map,
 }
 
 /// Progress, reported after each buffer is filled.
@@ -71,7 +91,8 @@ pub struct LoadStats {
     /// Time spent allocating (and populating) buffers, on the allocator
     /// thread, overlapped with reads.
     pub alloc_time: Duration,
-    /// Time spent in transfers on the reading thread.
+    /// Time spent in transfers on the reading thread (not counting waits for
+    /// the allocator).
     pub read_time: Duration,
     /// Wall time from start to the last byte.
     pub elapsed: Duration,
@@ -147,59 +168,94 @@ pub fn load(
     };
     let engine = new_engine(opts.method, opts.engine)?;
     let (tx, rx) = mpsc::channel::<Result<(Buffer, Duration)>>();
-    let populate = opts.populate;
+    let prefault = opts.prefault;
     let buffer_size = opts.buffer_size;
+    let claimed = AtomicUsize::new(0);
     std::thread::scope(|s| {
-        s.spawn(move || {
-            for _ in 0..n {
-                let t = Instant::now();
-                let r = heap.alloc(buffer_size).map(|b| {
-                    if populate {
-                        if let Err(e) = b.populate() {
-                            tracing::debug!("populate failed ({e}); pages fault in during I/O");
+        for _ in 0..opts.alloc_threads.max(1) {
+            let tx = tx.clone();
+            let claimed = &claimed;
+            s.spawn(move || {
+                while claimed.fetch_add(1, Ordering::Relaxed) < n {
+                    let t = Instant::now();
+                    let r = heap.alloc(buffer_size).map(|b| {
+                        let r = match prefault {
+                            Prefault::None => Ok(()),
+                            Prefault::Allocate => b.allocate_pages(),
+                            Prefault::Map => b.populate(),
+                        };
+                        if let Err(e) = r {
+                            tracing::debug!("prefault failed ({e}); pages fault in during I/O");
                         }
+                        (b, t.elapsed())
+                    });
+                    let stop = r.is_err();
+                    if tx.send(r).is_err() || stop {
+                        break;
                     }
-                    (b, t.elapsed())
-                });
-                let stop = r.is_err();
-                if tx.send(r).is_err() || stop {
-                    break;
                 }
-            }
-        });
-        let mut stats = LoadStats {
-            bytes: 0,
-            buffers: 0,
-            alloc_time: Duration::ZERO,
-            read_time: Duration::ZERO,
-            elapsed: Duration::ZERO,
-            method: engine.method(),
-            fallbacks: 0,
-        };
-        let mut buffers = Vec::with_capacity(n);
-        let mut lens = Vec::with_capacity(n);
-        for i in 0..n {
-            let (buf, t_alloc) = rx
-                .recv()
-                .map_err(|_| Error::Loader("allocator thread stopped early".into()))??;
-            stats.alloc_time += t_alloc;
-            let off = i as u64 * bs;
-            let len = (total - off).min(bs) as usize;
-            let t = Instant::now();
-            let tr = engine.read(&file, off, &buf, 0, len)?;
-            stats.read_time += t.elapsed();
-            stats.bytes += tr.bytes;
-            stats.fallbacks += u64::from(tr.fallbacks);
-            stats.buffers += 1;
-            buffers.push(buf);
-            lens.push(len);
-            progress(&Progress {
-                bytes: stats.bytes,
-                total,
-                buffers: i + 1,
-                buffers_total: n,
             });
         }
+        drop(tx);
+        let mut buffers = Vec::with_capacity(n);
+        let mut lens = Vec::with_capacity(n);
+        let mut alloc_time = Duration::ZERO;
+        let mut waited = Duration::ZERO;
+        let mut next = |wait: bool| -> Result<Pull> {
+            let i = buffers.len();
+            if i == n {
+                return Ok(Pull::End);
+            }
+            let got = if wait {
+                let t = Instant::now();
+                let got = rx.recv().ok();
+                waited += t.elapsed();
+                got
+            } else {
+                match rx.try_recv() {
+                    Ok(g) => Some(g),
+                    Err(mpsc::TryRecvError::Empty) => return Ok(Pull::Later),
+                    Err(mpsc::TryRecvError::Disconnected) => None,
+                }
+            };
+            let (buf, t_alloc) =
+                got.ok_or_else(|| Error::Loader("allocator thread stopped early".into()))??;
+            alloc_time += t_alloc;
+            let off = i as u64 * bs;
+            let len = (total - off).min(bs) as usize;
+            buffers.push(buf.clone());
+            lens.push(len);
+            Ok(Pull::Req(ReadReq {
+                buf,
+                buf_off: 0,
+                file_off: off,
+                len,
+            }))
+        };
+        let mut bytes = 0;
+        let mut filled = 0;
+        let mut done = |_i: usize, t: Transfer| {
+            bytes += t.bytes;
+            filled += 1;
+            progress(&Progress {
+                bytes,
+                total,
+                buffers: filled,
+                buffers_total: n,
+            });
+        };
+        let t = Instant::now();
+        let tr = engine.read_batch(&file, &mut next, &mut done)?;
+        let read_time = t.elapsed().saturating_sub(waited);
+        let mut stats = LoadStats {
+            bytes: tr.bytes,
+            buffers: n,
+            alloc_time,
+            read_time,
+            elapsed: Duration::ZERO,
+            method: engine.method(),
+            fallbacks: u64::from(tr.fallbacks),
+        };
         stats.elapsed = start.elapsed();
         Ok(Loaded {
             buffers,

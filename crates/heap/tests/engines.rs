@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 
 use iopath_heap::{
-    new_engine, DioAlign, Engine, EngineOptions, Error, Heap, HugePages, IoFile, MemfdHeap, Method,
+    new_engine, Buffer, DioAlign, Engine, EngineOptions, Error, Heap, HugePages, IoFile, MemfdHeap,
+    Method, Pull, ReadReq,
 };
 
 /// File size that is neither a page nor a 512-byte block multiple.
@@ -83,6 +84,78 @@ fn exercise(engine: &dyn Engine, dir: &Path, disk: bool) {
             "{what}: direct read filled the page cache"
         );
     }
+
+    // A batch of reads, some unaligned, one empty, in several buffers.
+    let heap = MemfdHeap::new(HugePages::None);
+    let batch: Vec<(u64, usize, usize)> = vec![
+        (0, 0, 1 << 20),
+        (1 << 20, 0, 1 << 20),
+        (100, 100, 500_000),
+        (7, 0, 0),
+        ((2 << 20) + 4096, 4096, SIZE - (2 << 20) - 4096), // to EOF
+        (33, 1, 4000),
+    ];
+    let bufs: Vec<Buffer> = batch.iter().map(|_| heap.alloc(2 << 20).unwrap()).collect();
+    let mut reqs = batch
+        .iter()
+        .zip(&bufs)
+        .map(|(&(file_off, buf_off, len), b)| {
+            Ok(ReadReq {
+                buf: b.clone(),
+                buf_off,
+                file_off,
+                len,
+            })
+        });
+    let mut seen = Vec::new();
+    let t = engine
+        .read_batch(
+            &file,
+            &mut |_| reqs.next().map_or(Ok(Pull::End), |r| r.map(Pull::Req)),
+            &mut |i, t| seen.push((i, t.bytes)),
+        )
+        .unwrap_or_else(|e| panic!("{what}: batch: {e}"));
+    let want: u64 = batch.iter().map(|b| b.2 as u64).sum();
+    assert_eq!(t.bytes, want, "{what}");
+    seen.sort();
+    let expect: Vec<(usize, u64)> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (i, b.2 as u64))
+        .collect();
+    assert_eq!(seen, expect, "{what}: done callbacks");
+    for (&(file_off, buf_off, len), b) in batch.iter().zip(&bufs) {
+        let mut got = vec![0u8; len];
+        b.read_at(buf_off, &mut got).unwrap();
+        let fo = file_off as usize;
+        assert!(
+            got == data[fo..fo + len],
+            "{what}: batch bytes differ at {file_off}"
+        );
+    }
+    // A batch that runs past EOF fails with ShortFile, after the rest.
+    let mut reqs = [(0u64, 1usize << 20), ((SIZE - 100) as u64, 200)]
+        .into_iter()
+        .zip(&bufs)
+        .map(|((file_off, len), b)| {
+            Ok(ReadReq {
+                buf: b.clone(),
+                buf_off: 0,
+                file_off,
+                len,
+            })
+        });
+    let err = engine
+        .read_batch(
+            &file,
+            &mut |_| reqs.next().map_or(Ok(Pull::End), |r| r.map(Pull::Req)),
+            &mut |_, _| {},
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ShortFile { missing: 100, .. }),
+        "{what}: {err}"
+    );
 
     // A read past the end says how short the file is.
     let err = engine
@@ -205,6 +278,30 @@ fn refused_direct_io_falls_back_per_request() {
         // An aligned request still goes direct.
         let t = e.read(&file, 0, &buf, 0, 1 << 20).unwrap();
         assert_eq!(t.fallbacks, 0, "{m}");
+        // In a batch, only the refused request falls back.
+        buf.fill(0, BUF, 0).unwrap();
+        let mut reqs = [(0u64, 0usize, 1usize << 20), (101, 1 << 20, 70_001)]
+            .into_iter()
+            .map(|(file_off, buf_off, len)| {
+                Ok(ReadReq {
+                    buf: buf.clone(),
+                    buf_off,
+                    file_off,
+                    len,
+                })
+            });
+        let t = e
+            .read_batch(
+                &file,
+                &mut |_| reqs.next().map_or(Ok(Pull::End), |r| r.map(Pull::Req)),
+                &mut |_, _| {},
+            )
+            .unwrap();
+        assert_eq!((t.bytes, t.fallbacks), ((1 << 20) + 70_001, 1), "{m}");
+        let mut got = vec![0u8; (1 << 20) + 70_001];
+        buf.read_at(0, &mut got).unwrap();
+        assert!(got[..1 << 20] == data[..1 << 20], "{m}");
+        assert!(got[1 << 20..] == data[101..101 + 70_001], "{m}");
     }
 }
 

@@ -110,6 +110,7 @@ struct Row {
 #[derive(Debug)]
 struct Report {
     file: PathBuf,
+    fs: &'static str,
     bytes: u64,
     buffers: usize,
     buffer_size: usize,
@@ -177,7 +178,7 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
     for name in &heap_names {
         match open_heap(name).and_then(|h| h.alloc(args.buffer_size).map(|_| h)) {
             Ok(h) => heaps.push(h),
-            Err(e) => skipped.push((name.clone(), e.to_string())),
+            Err(e) => skipped.push((name.clone(), error_chain(&e))),
         }
     }
     if heaps.is_empty() {
@@ -278,6 +279,7 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         b.finish_and_clear();
     }
     Ok(Report {
+        fs: fs_name(&path),
         file: path,
         bytes,
         buffers,
@@ -289,6 +291,18 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         skipped,
         warm_warnings,
     })
+}
+
+/// An error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
 }
 
 /// Writes `size` pseudo-random bytes to a new file on a disk file system.
@@ -349,7 +363,7 @@ impl Report {
             human(self.buffer_size as u64),
             self.file.display(),
             human(self.bytes),
-            fs_name(&self.file),
+            self.fs,
             self.runs
         );
         let limit = self.limit_summary();
@@ -446,6 +460,7 @@ impl Report {
             .collect();
         serde_json::json!({
             "file": self.file,
+            "fs": self.fs,
             "bytes": self.bytes,
             "buffers": self.buffers,
             "buffer_size": self.buffer_size,

@@ -125,7 +125,7 @@ pub(crate) unsafe fn run(
 /// # Safety
 /// As [`run`], for `mem..mem+len`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn bounce_io(
+pub(crate) unsafe fn bounce_io(
     file: &IoFile,
     dfd: BorrowedFd<'_>,
     align: DioAlign,

@@ -117,6 +117,40 @@ impl Default for EngineOptions {
     }
 }
 
+/// One read of a batch ([`Engine::read_batch`]): `len` bytes of the file at
+/// `file_off` into `buf` at `buf_off`.
+#[derive(Debug, Clone)]
+pub struct ReadReq {
+    /// Destination buffer (kept alive by the engine until the read is done).
+    pub buf: Buffer,
+    /// Offset in the buffer.
+    pub buf_off: usize,
+    /// Offset in the file.
+    pub file_off: u64,
+    /// Bytes to read.
+    pub len: usize,
+}
+
+/// What a batch's request source answers ([`NextReq`]).
+#[derive(Debug)]
+pub enum Pull {
+    /// The next request.
+    Req(ReadReq),
+    /// None ready yet (only when asked not to wait).
+    Later,
+    /// No more requests.
+    End,
+}
+
+/// Where [`Engine::read_batch`] gets its next request. The argument says
+/// whether it may block (e.g. until the next buffer is allocated); when it
+/// is `false` the source answers [`Pull::Later`] instead of blocking, so an
+/// engine with requests queued can keep the device busy meanwhile.
+pub type NextReq<'a> = dyn FnMut(bool) -> Result<Pull> + 'a;
+
+/// Told when request `i` (in the order `next` produced them) is complete.
+pub type ReqDone<'a> = dyn FnMut(usize, Transfer) + 'a;
+
 /// Moves bytes between a file range and a buffer range.
 ///
 /// Object safe: the method is chosen at run time ([`new_engine`]). Engines
@@ -140,6 +174,34 @@ pub trait Engine: Send + Sync + fmt::Debug {
         buf_off: usize,
         len: usize,
     ) -> Result<Transfer>;
+
+    /// Runs a stream of reads, possibly overlapping them (io_uring keeps the
+    /// next buffer's requests in flight while the last ones complete). The
+    /// default runs them one after the other with [`Engine::read`].
+    ///
+    /// # Errors
+    /// The first error of any request (as [`Engine::read`]) or of `next`;
+    /// requests already in flight are completed first.
+    fn read_batch(
+        &self,
+        file: &IoFile,
+        next: &mut NextReq<'_>,
+        done: &mut ReqDone<'_>,
+    ) -> Result<Transfer> {
+        let mut total = Transfer::default();
+        let mut i = 0;
+        loop {
+            let r = match next(true)? {
+                Pull::Req(r) => r,
+                Pull::Later => continue,
+                Pull::End => return Ok(total),
+            };
+            let t = self.read(file, r.file_off, &r.buf, r.buf_off, r.len)?;
+            total += t;
+            done(i, t);
+            i += 1;
+        }
+    }
 
     /// Copies `len` bytes of `buf` at `buf_off` into `file` at `file_off`,
     /// growing the file if needed (`file` must be opened with

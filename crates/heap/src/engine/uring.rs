@@ -15,12 +15,18 @@ use std::sync::Mutex;
 use io_uring::{opcode, types, IoUring};
 
 use super::direct::{self, Dir, Fail, Piece};
-use super::{check_read, check_write, Engine, EngineOptions, Method, Transfer};
+use super::{
+    check_read, check_write, Engine, EngineOptions, Method, NextReq, Pull, ReadReq, ReqDone,
+    Transfer,
+};
 use crate::file::IoFile;
 use crate::{Buffer, Error, Result};
 
 /// Largest range one fixed buffer may cover (the kernel's limit).
 const MAX_FIXED: usize = 1 << 30;
+/// Fixed-buffer slots: slot 0 for single transfers, the rest for batches
+/// (one per request in flight).
+const SLOTS: u16 = 64;
 
 /// io_uring transfers.
 #[derive(Debug)]
@@ -67,7 +73,7 @@ impl UringEngine {
         }
         let ring = IoUring::new(opts.queue_depth.next_power_of_two())
             .map_err(|e| Error::sys("io_uring_setup", e))?;
-        let fixed = match ring.submitter().register_buffers_sparse(1) {
+        let fixed = match ring.submitter().register_buffers_sparse(u32::from(SLOTS)) {
             Ok(()) => true,
             Err(e) => {
                 tracing::info!("io_uring fixed buffers unavailable ({e}); using plain reads");
@@ -229,6 +235,12 @@ impl UringEngine {
 
 /// Registers the piece's memory as fixed buffer 0; `None` to use plain ops.
 fn register(ring: &mut Ring, p: Piece) -> Option<u16> {
+    register_slot(ring, p, 0)
+}
+
+/// Registers the piece's memory as fixed buffer `slot`; `None` to use plain
+/// ops.
+fn register_slot(ring: &mut Ring, p: Piece, slot: u16) -> Option<u16> {
     if !ring.fixed || p.len > MAX_FIXED {
         return None;
     }
@@ -237,13 +249,13 @@ fn register(ring: &mut Ring, p: Piece) -> Option<u16> {
         iov_len: p.len,
     };
     // SAFETY: the iovec describes live buffer memory that stays mapped until
-    // the slot is cleared in `middle`, after every request completed.
+    // the slot is cleared (`middle`, `reap`), after its requests completed.
     match unsafe {
         ring.ring
             .submitter()
-            .register_buffers_update(0, &[iov], None)
+            .register_buffers_update(u32::from(slot), &[iov], None)
     } {
-        Ok(()) => Some(0),
+        Ok(()) => Some(slot),
         Err(e) => {
             tracing::debug!("io_uring: cannot register buffer ({e}); plain requests");
             None
@@ -251,7 +263,411 @@ fn register(ring: &mut Ring, p: Piece) -> Option<u16> {
     }
 }
 
+/// Clears a fixed-buffer slot. Callers make sure no request using it is in
+/// flight.
+fn clear_slot(ring: &mut Ring, slot: u16) {
+    let clear = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    // SAFETY: an empty iovec only unregisters the slot.
+    if let Err(e) = unsafe {
+        ring.ring
+            .submitter()
+            .register_buffers_update(u32::from(slot), &[clear], None)
+    } {
+        tracing::warn!("io_uring: clearing fixed buffer {slot} failed: {e}");
+    }
+}
+
+/// A request of a batch whose middle is in flight.
+struct Active {
+    index: usize,
+    /// Holds the destination memory alive until every request completed.
+    req: ReadReq,
+    mem: *mut u8,
+    mid: Piece,
+    slot: Option<u16>,
+    inflight: usize,
+    queued: usize,
+    fail: Option<Fail>,
+}
+
+/// One io_uring request of a batch.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    active: usize,
+    rel: usize,
+    len: usize,
+}
+
+/// State of one `read_batch`.
+struct Batch<'f> {
+    file: &'f IoFile,
+    actives: BTreeMap<usize, Active>,
+    pending: VecDeque<Chunk>,
+    inflight: BTreeMap<u64, Chunk>,
+    next_id: u64,
+    free_slots: Vec<u16>,
+    total: Transfer,
+    fatal: Option<Error>,
+    bounce: Option<crate::bounce::AlignedBuf>,
+}
+
+impl UringEngine {
+    /// Starts request `index`: head and tail through the bounce now, the
+    /// middle queued as chunks. Returns the transfer when it finished at
+    /// once.
+    fn start(
+        &self,
+        ring: &mut Ring,
+        b: &mut Batch<'_>,
+        index: usize,
+        req: ReadReq,
+    ) -> Result<Option<Transfer>> {
+        let file = b.file;
+        let mem = check_read(file, req.file_off, &req.buf, req.buf_off, req.len)?;
+        if req.len == 0 {
+            return Ok(Some(Transfer::default()));
+        }
+        let direct = match (file.dio_align(), file.direct_fd()?) {
+            (Some(a), Some(d)) => Some((a, d)),
+            _ => None,
+        };
+        let redo_buffered = |mem: *mut u8| -> Result<Option<Transfer>> {
+            // SAFETY: `check_read` put `mem..mem+len` inside `req.buf`.
+            unsafe { super::buffered::read_into(file, req.file_off, mem, req.len) }?;
+            Ok(Some(Transfer {
+                bytes: req.len as u64,
+                fallbacks: 1,
+            }))
+        };
+        let Some((align, dfd)) = direct else {
+            return redo_buffered(mem);
+        };
+        let s = crate::align::direct_split(req.file_off, mem as usize, req.len, align);
+        let mut ends = Ok(());
+        if s.head > 0 {
+            // SAFETY: the head is the start of the checked range.
+            ends = unsafe {
+                direct::bounce_io(
+                    file,
+                    dfd,
+                    align,
+                    Dir::Read,
+                    &mut b.bounce,
+                    req.file_off,
+                    mem,
+                    s.head,
+                )
+            };
+        }
+        if s.tail > 0 && ends.is_ok() {
+            let skip = s.head + s.middle;
+            // SAFETY: the tail is the end of the checked range.
+            ends = unsafe {
+                direct::bounce_io(
+                    file,
+                    dfd,
+                    align,
+                    Dir::Read,
+                    &mut b.bounce,
+                    req.file_off + skip as u64,
+                    mem.add(skip),
+                    s.tail,
+                )
+            };
+        }
+        match ends {
+            Ok(()) => {}
+            Err(Fail::Refused) => return redo_buffered(mem),
+            Err(Fail::Err(e)) => return Err(e),
+        }
+        if s.middle == 0 {
+            return Ok(Some(Transfer {
+                bytes: req.len as u64,
+                fallbacks: 0,
+            }));
+        }
+        let mid = Piece {
+            file_off: req.file_off + s.head as u64,
+            // SAFETY: the middle lies inside the checked range.
+            mem: unsafe { mem.add(s.head) },
+            len: s.middle,
+        };
+        let slot = b.free_slots.pop().and_then(|slot| {
+            let r = register_slot(ring, mid, slot);
+            if r.is_none() {
+                b.free_slots.push(slot);
+            }
+            r
+        });
+        let mut queued = 0;
+        for rel in (0..mid.len).step_by(self.chunk) {
+            b.pending.push_back(Chunk {
+                active: index,
+                rel,
+                len: self.chunk.min(mid.len - rel),
+            });
+            queued += 1;
+        }
+        b.actives.insert(
+            index,
+            Active {
+                index,
+                req,
+                mem,
+                mid,
+                slot,
+                inflight: 0,
+                queued,
+                fail: None,
+            },
+        );
+        Ok(None)
+    }
+
+    /// Submits pending chunks up to the queue depth.
+    fn fill(&self, ring: &mut Ring, b: &mut Batch<'_>, dfd: BorrowedFd<'_>) {
+        let fd = types::Fd(dfd.as_raw_fd());
+        while b.inflight.len() < self.depth as usize {
+            let Some(c) = b.pending.pop_front() else {
+                break;
+            };
+            let a = b
+                .actives
+                .get_mut(&c.active)
+                .expect("chunk of an active request");
+            // SAFETY: `c.rel + c.len <= a.mid.len`: inside the middle.
+            let mem = unsafe { a.mid.mem.add(c.rel) };
+            let off = a.mid.file_off + c.rel as u64;
+            let sqe = match a.slot {
+                Some(i) => opcode::ReadFixed::new(fd, mem, c.len as u32, i)
+                    .offset(off)
+                    .build(),
+                None => opcode::Read::new(fd, mem, c.len as u32).offset(off).build(),
+            };
+            let id = b.next_id;
+            // SAFETY: the memory belongs to `a.req.buf`, which the batch
+            // holds until this request completes; `read_batch` never returns
+            // with requests in flight.
+            if unsafe { ring.ring.submission().push(&sqe.user_data(id)) }.is_err() {
+                b.pending.push_front(c);
+                break;
+            }
+            b.next_id += 1;
+            a.queued -= 1;
+            a.inflight += 1;
+            b.inflight.insert(id, c);
+        }
+    }
+
+    /// Reaps completions; finishes requests whose last chunk completed.
+    fn reap(&self, ring: &mut Ring, b: &mut Batch<'_>, done: &mut ReqDone<'_>) {
+        let cqes: Vec<_> = ring
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (id, res) in cqes {
+            let Some(c) = b.inflight.remove(&id) else {
+                continue;
+            };
+            let file = b.file;
+            let a = b
+                .actives
+                .get_mut(&c.active)
+                .expect("chunk of an active request");
+            a.inflight -= 1;
+            let off = a.mid.file_off + c.rel as u64;
+            let err = if res < 0 {
+                Some(direct::fail(
+                    file,
+                    "io_uring read",
+                    off,
+                    c.len,
+                    std::io::Error::from_raw_os_error(-res),
+                ))
+            } else if res == 0 {
+                let size = file.size().unwrap_or(0);
+                Some(Fail::Err(file.short(size, a.req.file_off, a.req.len)))
+            } else {
+                let n = res as usize;
+                if n < c.len && a.fail.is_none() {
+                    b.pending.push_front(Chunk {
+                        active: c.active,
+                        rel: c.rel + n,
+                        len: c.len - n,
+                    });
+                    a.queued += 1;
+                }
+                None
+            };
+            if let Some(e) = err {
+                if a.fail.is_none() {
+                    a.fail = Some(e);
+                    // Stop this request: drop its queued chunks.
+                    b.pending.retain(|p| p.active != c.active);
+                    a.queued = 0;
+                }
+            }
+            if a.inflight == 0 && a.queued == 0 {
+                let a = b.actives.remove(&c.active).expect("present");
+                if let Some(slot) = a.slot {
+                    clear_slot(ring, slot);
+                    b.free_slots.push(slot);
+                }
+                match a.fail {
+                    None => {
+                        let t = Transfer {
+                            bytes: a.req.len as u64,
+                            fallbacks: 0,
+                        };
+                        b.total += t;
+                        done(a.index, t);
+                    }
+                    Some(Fail::Refused) => {
+                        // SAFETY: `a.mem..+len` was checked inside `a.req.buf`,
+                        // alive here; none of its requests is in flight.
+                        match unsafe {
+                            super::buffered::read_into(file, a.req.file_off, a.mem, a.req.len)
+                        } {
+                            Ok(()) => {
+                                let t = Transfer {
+                                    bytes: a.req.len as u64,
+                                    fallbacks: 1,
+                                };
+                                b.total += t;
+                                done(a.index, t);
+                            }
+                            Err(e) => {
+                                b.fatal.get_or_insert(e);
+                            }
+                        }
+                    }
+                    Some(Fail::Err(e)) => {
+                        b.fatal.get_or_insert(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Engine for UringEngine {
+    fn read_batch(
+        &self,
+        file: &IoFile,
+        next: &mut NextReq<'_>,
+        done: &mut ReqDone<'_>,
+    ) -> Result<Transfer> {
+        // Without direct I/O here, every request goes the buffered way.
+        let dfd = match (file.dio_align(), file.direct_fd()?) {
+            (Some(_), Some(d)) => d,
+            _ => {
+                let mut total = Transfer::default();
+                let mut i = 0;
+                loop {
+                    let r = match next(true)? {
+                        Pull::Req(r) => r,
+                        Pull::Later => continue,
+                        Pull::End => return Ok(total),
+                    };
+                    let mut t =
+                        super::BufferedEngine.read(file, r.file_off, &r.buf, r.buf_off, r.len)?;
+                    t.fallbacks = 1;
+                    total += t;
+                    done(i, t);
+                    i += 1;
+                }
+            }
+        };
+        let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let ring = &mut *guard;
+        let mut b = Batch {
+            file,
+            actives: BTreeMap::new(),
+            pending: VecDeque::new(),
+            inflight: BTreeMap::new(),
+            next_id: 0,
+            free_slots: (1..SLOTS).rev().collect(),
+            total: Transfer::default(),
+            fatal: None,
+            bounce: None,
+        };
+        let mut index = 0;
+        let mut more = true;
+        loop {
+            // Keep a queue depth's worth of requests queued beyond those in
+            // flight, so the next buffer is registered while the device works.
+            while b.fatal.is_none()
+                && more
+                && b.pending.len() < self.depth as usize
+                && b.actives.len() < usize::from(SLOTS)
+            {
+                // Start what is queued before `next` may block.
+                self.fill(ring, &mut b, dfd);
+                if let Err(e) = ring.ring.submit() {
+                    tracing::debug!("io_uring submit: {e}");
+                }
+                // Block for the next request only when nothing is queued.
+                match next(b.pending.is_empty()) {
+                    Ok(Pull::End) => more = false,
+                    Ok(Pull::Later) => break,
+                    Err(e) => {
+                        b.fatal.get_or_insert(e);
+                    }
+                    Ok(Pull::Req(req)) => {
+                        match self.start(ring, &mut b, index, req) {
+                            Ok(Some(t)) => {
+                                b.total += t;
+                                done(index, t);
+                            }
+                            Ok(None) => {}
+                            Err(e) => {
+                                b.fatal.get_or_insert(e);
+                            }
+                        }
+                        index += 1;
+                    }
+                }
+            }
+            if b.fatal.is_some() {
+                b.pending.clear();
+            } else {
+                self.fill(ring, &mut b, dfd);
+            }
+            if b.inflight.is_empty() {
+                if b.fatal.is_some() || (!more && b.pending.is_empty()) {
+                    break;
+                }
+                continue;
+            }
+            match ring.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // The kernel still owns the requests in flight: keep
+                    // waiting for them, never return early.
+                    tracing::error!("io_uring_enter failed: {e}; retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.reap(ring, &mut b, done);
+        }
+        // Requests that failed with nothing in flight left are finished in
+        // `reap`; clear any slot still held (only after a fatal error).
+        for (_, a) in std::mem::take(&mut b.actives) {
+            if let Some(slot) = a.slot {
+                clear_slot(ring, slot);
+            }
+        }
+        match b.fatal {
+            Some(e) => Err(e),
+            None => Ok(b.total),
+        }
+    }
+
     fn method(&self) -> Method {
         Method::Uring
     }
