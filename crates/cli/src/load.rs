@@ -73,7 +73,6 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         },
         alloc_threads: args.alloc_threads,
         prefault: args.prefault,
-        ..LoadOptions::default()
     };
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(0);
