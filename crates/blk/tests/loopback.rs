@@ -202,7 +202,7 @@ fn device_errors_and_bad_arguments_are_exact() {
     let mut dev = RamDisk::new();
     dev.bad_sector = Some(300);
     let buf = alloc(1 << 20);
-    let mut drv = setup(Mode::Direct, dev, &[buf.clone()]);
+    let mut drv = setup(Mode::Direct, dev, std::slice::from_ref(&buf));
     // The failing piece is the 256 KiB request starting at sector 0... of
     // the transfer: sectors 0..512 contain 300.
     match drv.write(0, &buf, 0, 1 << 20) {
@@ -236,7 +236,7 @@ fn device_errors_and_bad_arguments_are_exact() {
 
     let mut dev = RamDisk::new();
     dev.status_override = Some(0x7f);
-    let mut drv = setup(Mode::Bounce, dev, &[buf.clone()]);
+    let mut drv = setup(Mode::Bounce, dev, std::slice::from_ref(&buf));
     assert!(matches!(
         drv.read(0, &buf, 0, 4096),
         Err(BlkError::BadStatus {
