@@ -26,6 +26,21 @@ struct State {
     maps: MapTable<Pinned>,
 }
 
+impl Direct {
+    /// Registers `buf` at a device address fixed by the platform rather
+    /// than picked by the ops: e.g. a remoteproc shared-memory file whose
+    /// device addresses are offsets into it (`gpa` 0), as OpenAMP's Linux
+    /// demo and rpmsg resource tables use. Mappings of `buf` then get
+    /// `gpa + offset`.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyRegistered`]; [`Error::AddressSpace`] if the range
+    /// overlaps another region or runs past the device's address space.
+    pub fn register_at(&self, buf: &Buffer, gpa: u64) -> Result<u64> {
+        self.state().regions.register_at(buf, gpa)
+    }
+}
+
 impl Default for Direct {
     fn default() -> Self {
         Self::new()

@@ -53,6 +53,39 @@ impl RegionTable {
         Ok(gpa)
     }
 
+    /// Adds `buf` as a region at the device address `gpa` the platform
+    /// fixes (a remoteproc carveout: device address = offset into the
+    /// shared memory, so 0 is allowed here). Later automatic placements
+    /// start past it.
+    pub(crate) fn register_at(&mut self, buf: &Buffer, gpa: DmaAddr) -> Result<DmaAddr> {
+        if let Some(r) = self.find(buf) {
+            return Err(Error::AlreadyRegistered { addr: r.gpa });
+        }
+        let end = gpa
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= GPA_LIMIT)
+            .ok_or(Error::AddressSpace)?;
+        if self
+            .regions
+            .iter()
+            .any(|r| gpa < r.gpa + r.buffer.len() as u64 && r.gpa < end)
+        {
+            return Err(Error::AddressSpace);
+        }
+        if let Some(next) = end
+            .checked_add(GPA_ALIGN)
+            .map(|e| e.next_multiple_of(GPA_ALIGN))
+        {
+            self.next_gpa = self.next_gpa.max(next);
+        }
+        self.regions.push(SharedRegion {
+            buffer: buf.clone(),
+            gpa,
+        });
+        self.generation += 1;
+        Ok(gpa)
+    }
+
     /// Removes the region of `buf`; `false` if it was not registered.
     pub(crate) fn unregister(&mut self, buf: &Buffer) -> bool {
         let before = self.regions.len();
