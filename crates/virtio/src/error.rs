@@ -33,6 +33,16 @@ pub enum Error {
         /// Device maximum.
         max: u16,
     },
+    /// Rings placed where they cannot go (see `RingPlacement`).
+    #[error("rings at offset {offset:#x} with used-ring alignment {align:#x} do not fit a {region}-byte region")]
+    BadPlacement {
+        /// Offset of the descriptor table in the region.
+        offset: usize,
+        /// Used-ring alignment.
+        align: usize,
+        /// Region size.
+        region: usize,
+    },
     /// A queue index the device does not have.
     #[error("queue {index} does not exist (device has {count})")]
     NoSuchQueue {

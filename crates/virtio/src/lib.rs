@@ -59,5 +59,5 @@ pub mod transport;
 
 pub use error::{DeviceError, Error, Result};
 pub use features::QueueFeatures;
-pub use queue::{Completion, Seg, SplitQueue};
+pub use queue::{Completion, RingPlacement, Seg, SplitQueue};
 pub use transport::{share_memory, QueueConfig, Transport};

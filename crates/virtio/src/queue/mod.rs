@@ -5,4 +5,4 @@ mod ring;
 mod split;
 
 pub use event::{need_event, ring_slot, used_pending};
-pub use split::{Completion, Seg, SplitQueue, INDIRECT_MAX};
+pub use split::{Completion, RingPlacement, Seg, SplitQueue, INDIRECT_MAX};

@@ -19,22 +19,45 @@ pub(crate) const DESC_SIZE: usize = 16;
 /// Coherent memory shared with the device. The device may write it at any
 /// time, so it is never exposed as a Rust reference to plain data: only
 /// volatile copies and atomics.
+///
+/// The ring may be a window (`base..base + len`) of a larger coherent
+/// region, when the platform fixes where rings go (a remoteproc resource
+/// table's vrings inside the shared memory).
 #[derive(Debug)]
 pub(crate) struct RingMem {
     mem: Coherent,
+    base: usize,
+    len: usize,
 }
 
 impl RingMem {
     pub(crate) fn new(mem: Coherent) -> Self {
-        RingMem { mem }
+        let len = mem.len();
+        RingMem { mem, base: 0, len }
+    }
+
+    /// The window `base..base + len` of `mem`; `None` if it does not fit or
+    /// is not 16-byte aligned (descriptor table alignment, §2.7).
+    pub(crate) fn window(mem: Coherent, base: usize, len: usize) -> Option<Self> {
+        let fits = base.checked_add(len).is_some_and(|e| e <= mem.len());
+        (fits && base % DESC_SIZE == 0 && (mem.buffer().as_ptr() as usize) % DESC_SIZE == 0)
+            .then_some(RingMem { mem, base, len })
     }
 
     pub(crate) fn addr(&self) -> DmaAddr {
-        self.mem.addr()
+        self.mem.addr() + self.base as u64
     }
 
     pub(crate) fn into_inner(self) -> Coherent {
         self.mem
+    }
+
+    /// Zeroes the whole ring (a window is not fresh from `alloc_coherent`).
+    pub(crate) fn zero(&self) {
+        let p = self.ptr(0, self.len, 1);
+        // SAFETY: `len` in-bounds bytes (checked by `ptr`); plain bytes
+        // written to shared memory, no reference created.
+        unsafe { std::ptr::write_bytes(p, 0, self.len) }
     }
 
     /// Pointer to `size` bytes at `off`, aligned to `align`. Offsets are the
@@ -42,15 +65,15 @@ impl RingMem {
     /// they become offsets), so a failure here is a bug in this crate.
     fn ptr(&self, off: usize, size: usize, align: usize) -> *mut u8 {
         assert!(
-            off.checked_add(size)
-                .is_some_and(|end| end <= self.mem.len())
-                && off % align == 0,
+            off.checked_add(size).is_some_and(|end| end <= self.len)
+                && (self.base + off) % align == 0,
             "ring access {off}+{size} outside coherent memory of {} bytes",
-            self.mem.len()
+            self.len
         );
-        // SAFETY: `off + size <= len` was just checked and the mapping of
-        // `len` bytes lives as long as `self.mem`.
-        unsafe { self.mem.buffer().as_ptr().add(off) }
+        // SAFETY: `base + off + size <= mem.len()` (the window was checked
+        // when made, `off + size <= len` just now) and the mapping lives as
+        // long as `self.mem`.
+        unsafe { self.mem.buffer().as_ptr().add(self.base + off) }
     }
 
     pub(crate) fn write_u16(&self, off: usize, v: u16) {
@@ -126,11 +149,18 @@ pub(crate) struct Layout {
 
 impl Layout {
     pub(crate) fn new(size: u16) -> Self {
+        Self::with_align(size, 4)
+    }
+
+    /// The legacy layout (§2.7.2 legacy interfaces): the used ring starts at
+    /// the next multiple of `align` (a power of two, at least 4), as
+    /// remoteproc vrings `{da, align, num}` are laid out.
+    pub(crate) fn with_align(size: u16, align: usize) -> Self {
         let n = size as usize;
         let avail = DESC_SIZE * n;
         // flags, idx, ring[n], used_event
         let avail_len = 2 + 2 + 2 * n + 2;
-        let used = (avail + avail_len).next_multiple_of(4);
+        let used = (avail + avail_len).next_multiple_of(align);
         // flags, idx, ring[n] of {le32 id, le32 len}, avail_event
         let used_len = 2 + 2 + 8 * n + 2;
         Layout {

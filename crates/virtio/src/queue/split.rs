@@ -96,6 +96,23 @@ struct InFlight {
     writable: u64,
 }
 
+/// Where a queue's rings go when the platform fixes it rather than the ops
+/// allocating them: a window of coherent memory the device already sees
+/// (e.g. a remoteproc resource table's vring `{da, align, num}` inside the
+/// shared memory: `mem` is the whole region, `offset` is `da` minus its
+/// device base). The legacy layout is used: the used ring starts at the
+/// next multiple of `align`. The queue zeroes the window and never frees
+/// `mem`.
+#[derive(Debug)]
+pub struct RingPlacement {
+    /// The region holding the rings.
+    pub mem: Coherent,
+    /// Start of the descriptor table in `mem` (16-byte aligned).
+    pub offset: usize,
+    /// Used-ring alignment (a power of two, at least 4).
+    pub align: usize,
+}
+
 /// Driver side of one split virtqueue over DMA ops `O`.
 ///
 /// `O` may be a concrete ops type (static dispatch) or `dyn DmaOps`
@@ -128,6 +145,12 @@ pub struct SplitQueue<O: DmaOps + ?Sized> {
     avail_flags: u16,
     inflight: Vec<Option<InFlight>>,
     broken: bool,
+    /// The rings are a [`RingPlacement`]: not ours to free.
+    placed: bool,
+    /// Report length 0 for completions of requests with nothing for the
+    /// device to write, whatever length the device put (see
+    /// [`SplitQueue::ignore_readonly_used_len`]).
+    ignore_readonly_len: bool,
 }
 
 impl<O: DmaOps + ?Sized> SplitQueue<O> {
@@ -142,11 +165,62 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         }
         let layout = Layout::new(size);
         let ring = RingMem::new(ops.alloc_coherent(layout.total)?);
+        Self::build(ops, index, layout, ring, features, false)
+    }
+
+    /// Queue `index` with `size` entries whose rings sit where `place` says
+    /// (legacy layout, see [`RingPlacement`]) instead of in memory from the
+    /// ops. Indirect tables, if negotiated, still come from the ops.
+    ///
+    /// # Errors
+    /// [`Error::BadQueueSize`]; [`Error::BadPlacement`] if the alignment is
+    /// not a power of two of at least 4, or the rings do not fit `mem` at a
+    /// 16-byte aligned `offset`; [`Error::Dma`].
+    pub fn with_placement(
+        ops: Arc<O>,
+        index: u16,
+        size: u16,
+        features: QueueFeatures,
+        place: RingPlacement,
+    ) -> Result<Self> {
+        if size == 0 || !size.is_power_of_two() || size > 32768 {
+            return Err(Error::BadQueueSize { size, max: 32768 });
+        }
+        let RingPlacement { mem, offset, align } = place;
+        if align < 4 || !align.is_power_of_two() {
+            return Err(Error::BadPlacement {
+                offset,
+                align,
+                region: mem.len(),
+            });
+        }
+        let layout = Layout::with_align(size, align);
+        let region = mem.len();
+        let ring = RingMem::window(mem, offset, layout.total).ok_or(Error::BadPlacement {
+            offset,
+            align,
+            region,
+        })?;
+        ring.zero();
+        Self::build(ops, index, layout, ring, features, true)
+    }
+
+    fn build(
+        ops: Arc<O>,
+        index: u16,
+        layout: Layout,
+        ring: RingMem,
+        features: QueueFeatures,
+        placed: bool,
+    ) -> Result<Self> {
+        let size = layout.size;
         let indirect = if features.indirect {
             match ops.alloc_coherent(size as usize * INDIRECT_MAX * DESC_SIZE) {
                 Ok(mem) => Some(RingMem::new(mem)),
                 Err(e) => {
-                    let _ = ops.free_coherent(ring.into_inner());
+                    if !placed {
+                        let _ = ops.free_coherent(ring.into_inner());
+                    }
                     return Err(e.into());
                 }
             }
@@ -170,6 +244,8 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             avail_flags: 0,
             inflight: (0..size).map(|_| None).collect(),
             broken: false,
+            placed,
+            ignore_readonly_len: false,
         };
         // Interrupts on from the start: used_event 0 (§2.7.10).
         q.enable_interrupts();
@@ -208,6 +284,15 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// Whether an earlier device error broke the queue.
     pub fn is_broken(&self) -> bool {
         self.broken
+    }
+
+    /// Whether to accept any used length for a request that offered the
+    /// device nothing to write, reporting 0 (off by default: such a length
+    /// breaks the queue). For rpmsg: OpenAMP's device role returns sent
+    /// buffers with their full length as used length, and Linux's
+    /// `virtio_rpmsg_bus` ignores it.
+    pub fn ignore_readonly_used_len(&mut self, on: bool) {
+        self.ignore_readonly_len = on;
     }
 
     /// What the transport tells the device about this queue.
@@ -439,13 +524,16 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         }
         let elem = self.layout.used_elem(ring_slot(self.last_used, size));
         let id = self.ring().read_u32(elem);
-        let len = self.ring().read_u32(elem + 4);
+        let mut len = self.ring().read_u32(elem + 4);
         if id >= size as u32 {
             return Err(self.break_queue(DeviceError::UsedIdOutOfRange { id, size }));
         }
         let Some(req) = self.inflight[id as usize].take() else {
             return Err(self.break_queue(DeviceError::UsedIdNotInFlight { id }));
         };
+        if req.writable == 0 && self.ignore_readonly_len {
+            len = 0;
+        }
         if len as u64 > req.writable {
             let max = req.writable;
             self.inflight[id as usize] = Some(req);
@@ -550,10 +638,8 @@ impl<O: DmaOps + ?Sized> Drop for SplitQueue<O> {
         if let Err(e) = self.detach_all() {
             tracing::warn!(queue = self.index, error = %e, "unmap on queue drop failed");
         }
-        for mem in [self.ring.take(), self.indirect.take()]
-            .into_iter()
-            .flatten()
-        {
+        let ring = self.ring.take().filter(|_| !self.placed);
+        for mem in [ring, self.indirect.take()].into_iter().flatten() {
             if let Err(e) = self.ops.free_coherent(mem.into_inner()) {
                 tracing::warn!(queue = self.index, error = %e, "free_coherent on queue drop failed");
             }
