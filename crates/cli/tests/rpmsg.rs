@@ -607,7 +607,19 @@ fn hostile_host_against_remote() {
 }
 
 #[test]
-fn hostile_remote_against_host() {
+fn hostile_remote_used_index_jump() {
+    hostile_remote_against_host(false);
+}
+
+#[test]
+fn hostile_remote_used_len_past_buffer() {
+    hostile_remote_against_host(true);
+}
+
+/// The test plays the remote: good and bad messages, then one lie the host
+/// can only answer by dropping the link (its queue refuses a used length
+/// past the 512 bytes offered, or a used index that jumps).
+fn hostile_remote_against_host(huge_len: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shm");
     let ev = format!("unix:{}/ev", s(dir.path()));
@@ -688,20 +700,33 @@ fn hostile_remote_against_host() {
     encode_message(1030, NS_ADDR, &bad, 512, E, &mut m).unwrap();
     put(None, Some(&m), None);
     wait_for(&host, "not NUL-terminated");
-    // 3. A message for an address nobody has.
+    // 3. A message for an address nobody has: counted and dropped.
     put(Some(b"nobody"), None, None);
-    // 4. Used length beyond the 512-byte buffer.
-    put(Some(b"x"), None, Some(100_000));
-    wait_for(&host, "100000");
-    // 5. A used index that jumps.
-    shm.store_u16(vq0.used + 2, used.wrapping_add(1000), Ordering::Release)
-        .unwrap();
-    n.kick().unwrap();
+    // 4. The host is still up, and took all four buffers: it posted each
+    // back (avail.idx 256 + 4).
+    wait_path(&ctrl);
+    let start = Instant::now();
+    while shm.load_u16(vq0.avail + 2, Ordering::Acquire).unwrap() != 260 {
+        assert!(start.elapsed() < Duration::from_secs(10), "host stalled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if huge_len {
+        // 5. Used length beyond the 512-byte buffer.
+        put(Some(b"x"), None, Some(100_000));
+    } else {
+        // 5. A used index that jumps.
+        shm.store_u16(vq0.used + 2, used.wrapping_add(1000), Ordering::Release)
+            .unwrap();
+        let _ = n.kick();
+    }
     let st = host.wait(Duration::from_secs(10));
     assert!(st.success(), "{st:?}: {}", host.stderr());
     let err = host.stderr();
-    assert!(
-        err.contains("jumped") || err.contains("UsedIdxJump") || err.contains("used index"),
-        "{err}"
-    );
+    let reason = if huge_len {
+        "used len 100000"
+    } else {
+        "used idx jumped"
+    };
+    assert!(err.contains(reason), "{err}");
+    assert!(err.contains("malformed 2 unknown-dst 1"), "{err}");
 }

@@ -30,7 +30,7 @@ pub mod wire;
 pub use bus::{
     Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, Message, Stats,
 };
-pub use host::{DriverRing, HostLink, HOST_FEATURES};
+pub use host::{HostLink, HOST_FEATURES};
 pub use link::{Link, LinkError, Role, Rx};
 pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;

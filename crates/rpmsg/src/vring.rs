@@ -80,12 +80,6 @@ impl VringLayout {
     }
 }
 
-/// The kernel's `vring_need_event()`: whether moving the index from `old` to
-/// `new` crossed `event` (virtio spec 2.7.10).
-pub fn need_event(event: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,15 +100,6 @@ mod tests {
         assert!(VringLayout::new(u64::MAX - 10, 256, 0x1000).is_none());
     }
 
-    #[test]
-    fn need_event_matches_spec() {
-        assert!(need_event(0, 1, 0));
-        assert!(!need_event(1, 1, 0));
-        assert!(need_event(65535, 0, 65535));
-        assert!(need_event(5, 10, 0));
-        assert!(!need_event(10, 10, 0));
-    }
-
     proptest! {
         #[test]
         fn layout_is_aligned_and_ordered(da in (0u64..1<<40).prop_map(|d| d & !15), shift in 0u32..16, ashift in 2u32..16) {
@@ -125,13 +110,6 @@ mod tests {
             prop_assert!(l.used >= l.used_event() + 2);
             prop_assert_eq!(l.avail, da + 16 * u64::from(num));
             prop_assert_eq!(l.end(), l.avail_event() + 2);
-        }
-
-        #[test]
-        fn need_event_counts_crossings(old: u16, step in 0u16..1000, event: u16) {
-            let new = old.wrapping_add(step);
-            let crossed = (0..step).any(|i| old.wrapping_add(i) == event);
-            prop_assert_eq!(need_event(event, new, old), crossed);
         }
     }
 }
