@@ -154,3 +154,33 @@ fn iommu_mode_is_refused_by_qemu_storage_daemon_at_negotiation() {
         other => panic!("unexpected error {other:?}"),
     }
 }
+
+#[test]
+fn flushed_writes_survive_sigkill_of_the_back_end() {
+    let Some(mut peer) = qsd(IMAGE, 1) else {
+        return;
+    };
+    let len = 4 << 20;
+    let buf = alloc(len);
+    buf.write_at(0, &seq(8 << 20, len)).unwrap();
+    let mut drv = driver(
+        Mode::Direct,
+        connect(&peer.socket),
+        std::slice::from_ref(&buf),
+        &DriverOptions::default(),
+    )
+    .unwrap();
+    drv.write(8 << 20, &buf, 0, len).unwrap();
+    drv.flush().unwrap();
+    peer.kill();
+    let img = peer.image_bytes();
+    assert!(img[8 << 20..(8 << 20) + len] == seq(8 << 20, len)[..]);
+    // The driver notices the dead back end at once (no 30 s timeout).
+    let t0 = std::time::Instant::now();
+    let err = drv.write(0, &buf, 0, len).unwrap_err();
+    assert!(
+        matches!(err, BlkError::Virtio(iopath_virtio::Error::Closed)),
+        "unexpected {err:?}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+}

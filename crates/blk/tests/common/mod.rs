@@ -43,6 +43,12 @@ impl Peer {
         self
     }
 
+    /// SIGKILL the back end and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The image's bytes as the host sees them.
     pub fn image_bytes(&self) -> Vec<u8> {
         std::fs::read(&self.image).unwrap()

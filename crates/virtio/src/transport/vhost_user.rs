@@ -325,6 +325,9 @@ pub struct VhostUser {
     protocol: VhostUserProtocolFeatures,
     queue_max_size: u16,
     events: Vec<QueueEvents>,
+    /// The main socket again, polled (for hang-up only) by waiters, so a
+    /// back end that dies is noticed at once instead of at a timeout.
+    hangup: UnixStream,
     state: Mutex<State>,
     backend_chan: Mutex<Option<BackendChannel>>,
 }
@@ -360,6 +363,10 @@ impl VhostUser {
             }
         };
         let raw = sock.try_clone().map_err(|source| VhostUserError::Io {
+            op: "dup of the vhost-user socket",
+            source,
+        })?;
+        let hangup = sock.try_clone().map_err(|source| VhostUserError::Io {
             op: "dup of the vhost-user socket",
             source,
         })?;
@@ -410,6 +417,7 @@ impl VhostUser {
             protocol,
             queue_max_size: DEFAULT_QUEUE_MAX_SIZE,
             events,
+            hangup,
             state: Mutex::new(State {
                 configs: vec![None; usize::from(queues)],
                 ..State::default()
@@ -737,10 +745,12 @@ impl Transport for VhostUser {
         // SAFETY: the eventfd is owned by `self.events`, which outlives this
         // borrow (it ends with the function).
         let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
-        let mut fds = [rustix::event::PollFd::from_borrowed_fd(
-            fd,
-            rustix::event::PollFlags::IN,
-        )];
+        let mut fds = [
+            rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN),
+            // RDHUP only: replies to other threads' requests may make the
+            // socket readable, but only a closed peer hangs it up.
+            rustix::event::PollFd::new(&self.hangup, rustix::event::PollFlags::RDHUP),
+        ];
         let ts = timeout.map(|t| rustix::event::Timespec {
             tv_sec: t.as_secs().try_into().unwrap_or(i64::MAX),
             tv_nsec: t.subsec_nanos().into(),
@@ -748,7 +758,14 @@ impl Transport for VhostUser {
         loop {
             match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(0) => return Ok(false),
-                Ok(_) => return Ok(call.read().is_ok()),
+                Ok(_) => {
+                    if call.read().is_ok() {
+                        return Ok(true);
+                    }
+                    if !fds[1].revents().is_empty() {
+                        return Err(crate::Error::Closed);
+                    }
+                }
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => {
                     return Err(VhostUserError::Io {
