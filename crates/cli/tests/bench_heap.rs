@@ -1,0 +1,102 @@
+//! `iopath bench heap` through the real binary, on a small scratch file.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_iopath");
+
+fn fio_installed() -> bool {
+    Command::new("fio")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+#[test]
+fn bench_heap_json_has_rows_and_limit() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "heap",
+            "--size",
+            "8M",
+            "--buffer-size",
+            "1M",
+            "--runs",
+            "2",
+            "--heaps",
+            "memfd,udmabuf",
+            "--methods",
+            "auto,direct,buffered",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["bytes"], 8 << 20);
+    assert_eq!(v["buffers"], 8);
+    let rows = v["rows"].as_array().unwrap();
+    let names: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{}",
+                r["heap"].as_str().unwrap(),
+                r["method"].as_str().unwrap()
+            )
+        })
+        .collect();
+    let udmabuf = std::path::Path::new("/dev/udmabuf").exists();
+    let mut want = vec!["memfd/auto", "memfd/direct", "memfd/buffered"];
+    if udmabuf {
+        want.extend(["udmabuf/auto", "udmabuf/direct", "udmabuf/buffered"]);
+    } else {
+        assert_eq!(v["skipped"][0]["heap"], "udmabuf");
+    }
+    assert_eq!(names, want);
+    for r in rows {
+        for k in ["alloc_ms", "read_ms", "total_ms", "gib_per_s"] {
+            assert!(r[k].as_f64().unwrap() >= 0.0, "{k} in {r}");
+        }
+        assert!(r["gib_per_s"].as_f64().unwrap() > 0.0);
+        // Direct methods leave the file out of the page cache.
+        if r["method"] != "buffered" && r["fallbacks"] == 0 {
+            assert!(
+                r["cache_growth_bytes"].as_u64().unwrap() <= (8 << 20) / 100,
+                "{r}"
+            );
+        }
+    }
+    if fio_installed() {
+        assert!(v["limit"]["gib_per_s"].as_f64().unwrap() > 0.0);
+    } else {
+        println!("skipped: fio limit (fio not installed)");
+        assert!(v["limit"].is_null());
+    }
+}
+
+#[test]
+fn bench_heap_rejects_a_short_file() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let f = dir.path().join("short.bin");
+    std::fs::write(&f, vec![7u8; 100_000]).unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "heap",
+            "--file",
+            f.to_str().unwrap(),
+            "--buffers",
+            "2",
+            "--buffer-size",
+            "64K",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("31072 bytes too short"), "{stderr}");
+}
