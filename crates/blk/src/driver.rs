@@ -806,7 +806,9 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             }
         }
         if self.vq.should_notify() {
-            self.transport.notify(self.vq.index())?;
+            if let Err(e) = self.transport.notify(self.vq.index()) {
+                result = result.and(Err(e.into()));
+            }
         }
         let t = self.transfers.get_mut(&tag).expect("inserted above");
         t.submitting = false;
