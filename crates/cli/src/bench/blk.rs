@@ -416,7 +416,7 @@ pub fn run_default(json: bool) -> Result<serde_json::Value> {
     if !json {
         print_table(&rep);
     }
-    Ok(serde_json::to_value(&rep)?)
+    report_json(&rep)
 }
 
 /// Prints the table (markdown).
@@ -444,6 +444,62 @@ pub fn print_table(rep: &BenchBlkReport) {
             ),
         }
     }
+    for (what, v) in ratios(rep) {
+        match v {
+            Some(v) => println!("{what}: {:.1}%", v * 100.0),
+            None => println!("{what}: n/a"),
+        }
+    }
+}
+
+/// The ratios the experiment is about, from the medians: direct / limit,
+/// direct-static / direct, iommu / direct, bounce / direct, iopath's back
+/// end / qemu-storage-daemon (both with direct ops).
+pub fn ratios(rep: &BenchBlkReport) -> Vec<(&'static str, Option<f64>)> {
+    let median = |prefix: &str| {
+        rep.rows
+            .iter()
+            .find(|r| r.name == prefix && r.skipped.is_none())
+            .map(|r| r.stats.median)
+    };
+    let direct = median("iopath blk serve, dma direct");
+    let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    vec![
+        (
+            "direct / fio limit",
+            div(direct, median("fio O_DIRECT write (limit)")),
+        ),
+        (
+            "direct-static / direct",
+            div(median("iopath blk serve, dma direct-static"), direct),
+        ),
+        (
+            "iommu / direct",
+            div(median("iopath blk serve, dma iommu"), direct),
+        ),
+        (
+            "bounce / direct",
+            div(median("iopath blk serve, dma bounce"), direct),
+        ),
+        (
+            "iopath blk serve / qemu-storage-daemon (dma direct)",
+            div(direct, median("qemu-storage-daemon (peer), dma direct")),
+        ),
+    ]
+}
+
+/// The report as JSON, with the ratios under `ratios`.
+fn report_json(rep: &BenchBlkReport) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(rep)?;
+    let r: serde_json::Map<String, serde_json::Value> = ratios(rep)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+        .collect();
+    v["ratios"] = serde_json::Value::Object(r);
+    Ok(v)
 }
 
 /// `iopath bench blk`.
@@ -453,7 +509,7 @@ pub fn print_table(rep: &BenchBlkReport) {
 pub fn run(args: &BenchBlkArgs) -> Result<()> {
     let rep = bench(args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rep)?);
+        println!("{}", serde_json::to_string_pretty(&report_json(&rep)?)?);
     } else {
         print_table(&rep);
     }
