@@ -11,6 +11,22 @@
 //!   BlkQueue::complete() ◄─ status byte ◄─ unmap ◄─ used ring ◄─ interrupt
 //! ```
 
+//!
+//! The back end ([`BlkBackend`]) is a vhost-user-blk device that serves a
+//! raw image file with direct I/O through io_uring, one worker thread per
+//! queue, on `iopath_virtio::device::VhostUserServer`:
+//!
+//! ```text
+//!  descriptor chain ─► request::Request::parse ─► checked segments
+//!     ─► io_uring readv/writev/fsync on the image (O_DIRECT; bounced when a
+//!        buffer is not aligned) ─► status byte + used ring ─► call eventfd
+//! ```
+
+pub mod backend;
+pub mod config;
 pub mod driver;
+pub mod request;
+
+pub use backend::{BackendError, BlkBackend, BlkOptions};
 
 pub use driver::{BlkConfig, BlkDriver, BlkError, BlkQueue, Done, DriverOptions, Request};

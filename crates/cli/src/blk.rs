@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::blk_dd;
+use crate::{blk_dd, blk_serve};
 
 /// Arguments of `iopath blk`.
 #[derive(Debug, clap::Args)]
@@ -23,6 +23,20 @@ Examples:
   iopath blk dd --socket /tmp/blk.sock --bs 8M --count 128 --pattern seq --verify
   iopath blk dd --socket /tmp/blk.sock --dma bounce --runs 10 --json")]
     Dd(blk_dd::DdArgs),
+    /// Serve a raw image file as a vhost-user-blk device.
+    ///
+    /// Front ends (QEMU's vhost-user-blk-pci with a Linux guest,
+    /// `iopath blk dd`, any vhost-user front end) connect to SOCKET; one is
+    /// served at a time, and when it goes away the next one is. The image
+    /// is accessed with O_DIRECT when its file system allows it (buffered
+    /// otherwise); with VIRTIO_F_ACCESS_PLATFORM every address is an IOVA
+    /// checked against the front end's IOTLB. Runs until SIGINT or SIGTERM,
+    /// then removes SOCKET.
+    #[command(after_help = "\
+Examples:
+  iopath blk serve --image disk.img --socket /tmp/blk.sock
+  iopath blk serve --image disk.img --socket /tmp/blk.sock --queues 2 --readonly")]
+    Serve(blk_serve::ServeArgs),
 }
 
 /// Runs `iopath blk`.
@@ -32,5 +46,6 @@ Examples:
 pub fn run(args: &BlkArgs) -> Result<()> {
     match &args.cmd {
         BlkCmd::Dd(a) => blk_dd::run(a),
+        BlkCmd::Serve(a) => blk_serve::run(a),
     }
 }

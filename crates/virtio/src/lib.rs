@@ -52,6 +52,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod device;
 mod error;
 pub mod features;
 pub mod queue;

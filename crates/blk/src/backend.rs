@@ -1,0 +1,851 @@
+//! The vhost-user-blk back end: serves a raw image file.
+//!
+//! One worker thread per virtqueue, each with its own io_uring: requests
+//! are parsed ([`Request::parse`]), reads and writes go to the image as
+//! `readv`/`writev` straight from and into the front end's memory when the
+//! buffers suit `O_DIRECT` (else through an aligned bounce buffer), flushes
+//! as `fdatasync`; completions fill in the status byte and the used ring.
+
+use std::alloc::{self, Layout};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use io_uring::{opcode, types, IoUring};
+use iopath_virtio::device::{
+    DeviceMemory, DeviceMemoryGuard, QueueContext, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM,
+    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+
+use crate::config::{
+    BlkConfig, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
+    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
+};
+use crate::request::{
+    Limits, Rejected, Request, RequestKind, SectorRange, Segment, SECTOR_SIZE, VIRTIO_BLK_ID_BYTES,
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+};
+
+/// Largest queue accepted from a front end.
+const MAX_QUEUE_SIZE: u16 = 1024;
+/// Alignment `O_DIRECT` needs on this machine's file systems (ext4 with
+/// 512-byte sectors); bounce buffers are page-aligned.
+const DIRECT_ALIGN: usize = 512;
+const BOUNCE_ALIGN: usize = 4096;
+/// `IOV_MAX`: more segments than this go through a bounce buffer.
+const IOV_MAX: usize = 1024;
+const SEG_MAX: u32 = 126;
+const SIZE_MAX: u32 = 4 << 20;
+const MAX_DISCARD_SEG: u32 = 32;
+/// Most sectors per discard / write-zeroes range (4 GiB - 512 bytes).
+const MAX_RANGE_SECTORS: u32 = (u32::MAX / SECTOR_SIZE as u32) & !7;
+
+/// Errors of the blk back end.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The image could not be opened.
+    #[error("Cannot open image {path}")]
+    Open {
+        /// The image path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The image is smaller than one sector or not a regular file.
+    #[error("Image {path} is not a regular file of at least 512 bytes")]
+    NotAnImage {
+        /// The image path.
+        path: PathBuf,
+    },
+    /// Zero queues, or more than the protocol allows.
+    #[error("Queue count {queues} is not in 1..=64")]
+    Queues {
+        /// The requested count.
+        queues: usize,
+    },
+}
+
+/// How to serve an image.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct BlkOptions {
+    /// Number of request queues (one worker thread each).
+    pub queues: usize,
+    /// Refuse writes (`VIRTIO_BLK_F_RO`).
+    pub readonly: bool,
+}
+
+impl Default for BlkOptions {
+    fn default() -> Self {
+        Self {
+            queues: 1,
+            readonly: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Image {
+    file: File,
+    direct: bool,
+    limits: Limits,
+}
+
+/// A virtio-blk device serving a raw image file; give it to
+/// [`iopath_virtio::device::VhostUserServer`].
+#[derive(Debug)]
+pub struct BlkBackend {
+    image: Arc<Image>,
+    config: BlkConfig,
+    options: BlkOptions,
+    id: [u8; VIRTIO_BLK_ID_BYTES],
+}
+
+fn open_image(path: &Path, readonly: bool, direct: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(!readonly);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path)
+}
+
+/// Whether the file accepts an aligned `O_DIRECT` read (some file systems
+/// accept the open flag and refuse the I/O).
+fn direct_read_works(file: &File) -> bool {
+    let buf = AlignedBuf::new(BOUNCE_ALIGN);
+    let mut iov = [buf.iovec()];
+    iov[0].iov_len = DIRECT_ALIGN;
+    // SAFETY: `iov` describes memory owned by `buf`, alive for the call.
+    let n = unsafe { libc::preadv(file.as_raw_fd(), iov.as_mut_ptr(), 1, 0) };
+    n >= 0
+}
+
+impl BlkBackend {
+    /// Opens `path` for serving: with `O_DIRECT` when the file system
+    /// allows it, buffered otherwise. The capacity is the file size rounded
+    /// down to whole sectors.
+    ///
+    /// # Errors
+    /// [`BackendError::Open`] when the file cannot be opened (read-write unless
+    /// `readonly`), [`BackendError::NotAnImage`] for a directory, device-less
+    /// or sub-sector file, [`BackendError::Queues`] for a bad queue count.
+    pub fn open(path: &Path, options: BlkOptions) -> Result<Self, BackendError> {
+        if options.queues == 0 || options.queues > 64 {
+            return Err(BackendError::Queues {
+                queues: options.queues,
+            });
+        }
+        let open_err = |source| BackendError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let (file, direct) = match open_image(path, options.readonly, true) {
+            Ok(f) if direct_read_works(&f) => (f, true),
+            Ok(_) | Err(_) => (
+                open_image(path, options.readonly, false).map_err(open_err)?,
+                false,
+            ),
+        };
+        let meta = file.metadata().map_err(open_err)?;
+        let capacity = meta.len() / SECTOR_SIZE;
+        if !meta.is_file() || capacity == 0 {
+            return Err(BackendError::NotAnImage {
+                path: path.to_owned(),
+            });
+        }
+        let limits = Limits {
+            capacity,
+            readonly: options.readonly,
+            max_discard_sectors: MAX_RANGE_SECTORS,
+            max_discard_seg: MAX_DISCARD_SEG,
+            max_write_zeroes_sectors: MAX_RANGE_SECTORS,
+            max_write_zeroes_seg: MAX_DISCARD_SEG,
+        };
+        let config = BlkConfig {
+            capacity,
+            size_max: SIZE_MAX,
+            seg_max: SEG_MAX,
+            blk_size: SECTOR_SIZE as u32,
+            num_queues: options.queues as u16,
+            max_discard_sectors: MAX_RANGE_SECTORS,
+            max_discard_seg: MAX_DISCARD_SEG,
+            discard_sector_alignment: 1,
+            max_write_zeroes_sectors: MAX_RANGE_SECTORS,
+            max_write_zeroes_seg: MAX_DISCARD_SEG,
+            write_zeroes_may_unmap: true,
+        };
+        let mut id = [0u8; VIRTIO_BLK_ID_BYTES];
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let label = format!("iopath:{name}");
+        let n = label.len().min(VIRTIO_BLK_ID_BYTES);
+        id[..n].copy_from_slice(&label.as_bytes()[..n]);
+        Ok(Self {
+            image: Arc::new(Image {
+                file,
+                direct,
+                limits,
+            }),
+            config,
+            options,
+            id,
+        })
+    }
+
+    /// The configuration space the device presents.
+    pub fn config(&self) -> &BlkConfig {
+        &self.config
+    }
+
+    /// Whether the image is accessed with `O_DIRECT`.
+    pub fn direct_io(&self) -> bool {
+        self.image.direct
+    }
+
+    /// The `GET_ID` string (zero-padded).
+    pub fn id(&self) -> &[u8; VIRTIO_BLK_ID_BYTES] {
+        &self.id
+    }
+}
+
+impl VirtioDevice for BlkBackend {
+    fn features(&self) -> u64 {
+        let mut f = VIRTIO_F_VERSION_1
+            | VIRTIO_F_ACCESS_PLATFORM
+            | VIRTIO_RING_F_EVENT_IDX
+            | VIRTIO_RING_F_INDIRECT_DESC
+            | VIRTIO_BLK_F_SIZE_MAX
+            | VIRTIO_BLK_F_SEG_MAX
+            | VIRTIO_BLK_F_BLK_SIZE
+            | VIRTIO_BLK_F_FLUSH
+            | VIRTIO_BLK_F_MQ;
+        if self.options.readonly {
+            f |= VIRTIO_BLK_F_RO;
+        } else {
+            f |= VIRTIO_BLK_F_DISCARD | VIRTIO_BLK_F_WRITE_ZEROES;
+        }
+        f
+    }
+
+    fn num_queues(&self) -> usize {
+        self.options.queues
+    }
+
+    fn max_queue_size(&self) -> u16 {
+        MAX_QUEUE_SIZE
+    }
+
+    fn read_config(&self, offset: u32, len: u32) -> Vec<u8> {
+        self.config.read(offset, len)
+    }
+
+    fn run_queue(&self, mut ctx: QueueContext) -> Queue {
+        let size = ctx.queue_mut().size();
+        match Executor::new(Arc::clone(&self.image), self.id, size) {
+            Ok(mut ex) => {
+                if let Err(e) = ex.run(&mut ctx) {
+                    tracing::error!("queue {}: {e}", ctx.index());
+                }
+            }
+            Err(e) => {
+                tracing::error!("queue {}: cannot set up io_uring: {e}", ctx.index());
+                // Stay stopped until the server asks us to return.
+                while ctx.wait(None).is_ok_and(|w| !w.stop) {}
+            }
+        }
+        ctx.into_queue()
+    }
+}
+
+/// Page-aligned heap memory for `O_DIRECT` bounces; owned by this process
+/// only, so it may be seen as a byte slice.
+struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain heap memory owned by this value; moving it to
+// another thread moves the ownership.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(len: usize) -> Layout {
+        // `BOUNCE_ALIGN` is a power of two and requests are below 4 GiB, so
+        // the layout is valid.
+        Layout::from_size_align(len.max(1).next_multiple_of(BOUNCE_ALIGN), BOUNCE_ALIGN)
+            .unwrap_or_else(|_| Layout::new::<u8>())
+    }
+
+    fn new(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            alloc::handle_alloc_error(layout);
+        }
+        Self { ptr, len }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points at `len` initialised (zeroed) bytes owned by
+        // `self`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`, shared.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn iovec(&self) -> libc::iovec {
+        libc::iovec {
+            iov_base: self.ptr.cast(),
+            iov_len: self.len,
+        }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout.
+        unsafe { alloc::dealloc(self.ptr, Self::layout(self.len)) };
+    }
+}
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Op {
+    Read,
+    Write,
+    Flush,
+}
+
+/// A request handed to io_uring; everything its SQE points at lives here
+/// (and `mem` keeps the front end's memory mapped) until its CQE arrives.
+struct InFlight {
+    head: u16,
+    status: GuestAddress,
+    op: Op,
+    data: Vec<Segment>,
+    offset: u64,
+    total: usize,
+    iovecs: Box<[libc::iovec]>,
+    bounce: Option<AlignedBuf>,
+    _mem: DeviceMemoryGuard,
+}
+
+// SAFETY: the iovecs point into `bounce` (owned) or into the front end's
+// memory kept mapped by `_mem`; neither is tied to the creating thread.
+unsafe impl Send for InFlight {}
+
+struct Executor {
+    image: Arc<Image>,
+    id: [u8; VIRTIO_BLK_ID_BYTES],
+    ring: IoUring,
+    eventfd: OwnedFd,
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    in_flight: usize,
+    /// Used entries written since the last notification.
+    pending_notify: bool,
+}
+
+impl Executor {
+    fn new(image: Arc<Image>, id: [u8; VIRTIO_BLK_ID_BYTES], queue_size: u16) -> io::Result<Self> {
+        let entries = u32::from(queue_size.max(8)).next_power_of_two();
+        let ring = IoUring::new(entries)?;
+        let eventfd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
+        let n = usize::from(queue_size.max(1));
+        Ok(Self {
+            image,
+            id,
+            ring,
+            eventfd,
+            slots: (0..n).map(|_| None).collect(),
+            free: (0..n).rev().collect(),
+            in_flight: 0,
+            pending_notify: false,
+        })
+    }
+
+    fn run(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        let mut stopping = false;
+        // Requests may already be waiting (a restarted ring).
+        self.process_avail(ctx)?;
+        loop {
+            if stopping {
+                if self.in_flight == 0 {
+                    return Ok(());
+                }
+                self.ring.submit_and_wait(1)?;
+                self.reap(ctx);
+                continue;
+            }
+            let wake = ctx.wait(Some(self.eventfd.as_fd()))?;
+            if wake.extra {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&self.eventfd, &mut b);
+            }
+            self.reap(ctx);
+            if wake.stop {
+                stopping = true;
+                continue;
+            }
+            if wake.kick || self.free.len() == self.slots.len() {
+                self.process_avail(ctx)?;
+            }
+        }
+    }
+
+    /// Pops every available chain (re-checking after re-enabling
+    /// notifications, virtio 1.2, 2.7.10) and starts it.
+    fn process_avail(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        let mem = ctx.memory();
+        loop {
+            let _ = ctx.queue_mut().disable_notification(&*mem);
+            while !self.free.is_empty() {
+                let Some(chain) = ctx.queue_mut().pop_descriptor_chain(mem.clone()) else {
+                    break;
+                };
+                let parsed = Request::parse(chain, &*mem, &self.image.limits);
+                self.start(ctx, &mem, parsed);
+            }
+            if self.free.is_empty() {
+                // Out of slots: completions will call us again.
+                break;
+            }
+            match ctx.queue_mut().enable_notification(&*mem) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::warn!("queue {}: cannot read the ring: {e}", ctx.index());
+                    break;
+                }
+            }
+        }
+        self.submit()?;
+        if self.pending_notify {
+            self.pending_notify = false;
+            ctx.notify(&mem);
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    // Completion queue full: reap first (the caller does).
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes the status byte and puts the chain on the used ring.
+    fn complete(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemory,
+        head: u16,
+        status_at: Option<GuestAddress>,
+        status: u8,
+        data_len: u32,
+    ) {
+        let len = match status_at {
+            Some(at) if mem.write_obj(status, at).is_ok() => data_len.saturating_add(1),
+            _ => 0,
+        };
+        if let Err(e) = ctx.queue_mut().add_used(mem, head, len) {
+            tracing::warn!("queue {}: cannot fill the used ring: {e}", ctx.index());
+        }
+        self.pending_notify = true;
+    }
+
+    fn start(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemoryGuard,
+        parsed: Result<Request, Rejected>,
+    ) {
+        let req = match parsed {
+            Ok(r) => r,
+            Err(rej) => {
+                tracing::debug!("queue {}: request refused: {}", ctx.index(), rej.error);
+                self.complete(ctx, mem, rej.head, rej.status, rej.error.status(), 0);
+                return;
+            }
+        };
+        let (head, status) = (req.head, req.status);
+        match req.kind {
+            RequestKind::Read { sector, data } => {
+                self.start_rw(ctx, mem, head, status, Op::Read, sector, data);
+            }
+            RequestKind::Write { sector, data } => {
+                self.start_rw(ctx, mem, head, status, Op::Write, sector, data);
+            }
+            RequestKind::Flush => {
+                let sqe = opcode::Fsync::new(types::Fd(self.image.file.as_raw_fd()))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build();
+                let flight = InFlight {
+                    head,
+                    status,
+                    op: Op::Flush,
+                    data: Vec::new(),
+                    offset: 0,
+                    total: 0,
+                    iovecs: Box::new([]),
+                    bounce: None,
+                    _mem: mem.clone(),
+                };
+                self.push(ctx, mem, flight, sqe);
+            }
+            RequestKind::GetId { data } => {
+                let mut off = 0usize;
+                let mut ok = true;
+                for s in &data {
+                    let n = s.len as usize;
+                    ok &= mem.write_slice(&self.id[off..off + n], s.addr).is_ok();
+                    off += n;
+                }
+                let (st, len) = if ok {
+                    (VIRTIO_BLK_S_OK, off as u32)
+                } else {
+                    (VIRTIO_BLK_S_IOERR, 0)
+                };
+                self.complete(ctx, mem, head, Some(status), st, len);
+            }
+            RequestKind::Discard(ranges) => {
+                let st = self.discard(&ranges, false);
+                self.complete(ctx, mem, head, Some(status), st, 0);
+            }
+            RequestKind::WriteZeroes(ranges) => {
+                let st = self.discard(&ranges, true);
+                self.complete(ctx, mem, head, Some(status), st, 0);
+            }
+        }
+    }
+
+    /// Discard (`zero == false`) or write zeroes over `ranges`,
+    /// synchronously: both are rare and metadata-only on the image.
+    fn discard(&self, ranges: &[SectorRange], zero: bool) -> u8 {
+        use rustix::fs::{fallocate, FallocateFlags};
+        let fd = &self.image.file;
+        for r in ranges {
+            let (off, len) = (r.sector * SECTOR_SIZE, u64::from(r.count) * SECTOR_SIZE);
+            if len == 0 {
+                continue;
+            }
+            let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            if !zero {
+                // Discard is a hint; a file system without holes keeps the
+                // data, which the specification allows.
+                let _ = fallocate(fd, punch, off, len);
+                continue;
+            }
+            let first = if r.unmap {
+                fallocate(fd, punch, off, len)
+            } else {
+                fallocate(
+                    fd,
+                    FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
+                    off,
+                    len,
+                )
+            };
+            if first.is_ok() {
+                continue;
+            }
+            // No ZERO_RANGE (e.g. tmpfs): a hole reads as zeroes too.
+            if fallocate(fd, punch, off, len).is_ok() {
+                continue;
+            }
+            if self.write_zero_bytes(off, len).is_err() {
+                return VIRTIO_BLK_S_IOERR;
+            }
+        }
+        VIRTIO_BLK_S_OK
+    }
+
+    fn write_zero_bytes(&self, mut off: u64, mut len: u64) -> io::Result<()> {
+        let chunk = AlignedBuf::new(1 << 20);
+        while len > 0 {
+            let n = len.min(chunk.len as u64) as usize;
+            let done = rustix::io::pwrite(&self.image.file, &chunk.as_slice()[..n], off)?;
+            if done == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            off += done as u64;
+            len -= done as u64;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_rw(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemoryGuard,
+        head: u16,
+        status: GuestAddress,
+        op: Op,
+        sector: u64,
+        data: Vec<Segment>,
+    ) {
+        let total: usize = data.iter().map(|s| s.len as usize).sum();
+        if total == 0 {
+            self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_OK, 0);
+            return;
+        }
+        let access = if op == Op::Read {
+            Permissions::Write
+        } else {
+            Permissions::Read
+        };
+        let direct = match guest_iovecs(mem, &data, access) {
+            Ok(v) => v,
+            Err(()) => {
+                self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_IOERR, 0);
+                return;
+            }
+        };
+        let aligned = |v: &libc::iovec| {
+            (v.iov_base as usize) % DIRECT_ALIGN == 0 && v.iov_len % DIRECT_ALIGN == 0
+        };
+        let use_direct =
+            direct.len() <= IOV_MAX && (!self.image.direct || direct.iter().all(aligned));
+        let (iovecs, bounce) = if use_direct {
+            (direct.into_boxed_slice(), None)
+        } else {
+            let mut buf = AlignedBuf::new(total);
+            if op == Op::Write {
+                let mut off = 0usize;
+                for s in &data {
+                    let n = s.len as usize;
+                    if mem
+                        .read_slice(&mut buf.as_mut_slice()[off..off + n], s.addr)
+                        .is_err()
+                    {
+                        self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_IOERR, 0);
+                        return;
+                    }
+                    off += n;
+                }
+            }
+            (vec![buf.iovec()].into_boxed_slice(), Some(buf))
+        };
+        let fd = types::Fd(self.image.file.as_raw_fd());
+        let offset = sector * SECTOR_SIZE;
+        let n_iov = iovecs.len() as u32;
+        let sqe = match op {
+            Op::Read => opcode::Readv::new(fd, iovecs.as_ptr(), n_iov)
+                .offset(offset)
+                .build(),
+            _ => opcode::Writev::new(fd, iovecs.as_ptr(), n_iov)
+                .offset(offset)
+                .build(),
+        };
+        let flight = InFlight {
+            head,
+            status,
+            op,
+            data,
+            offset,
+            total,
+            iovecs,
+            bounce,
+            _mem: mem.clone(),
+        };
+        self.push(ctx, mem, flight, sqe);
+    }
+
+    fn push(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemoryGuard,
+        flight: InFlight,
+        sqe: io_uring::squeue::Entry,
+    ) {
+        let Some(slot) = self.free.pop() else {
+            // Cannot happen: callers check for a free slot first.
+            self.complete(
+                ctx,
+                mem,
+                flight.head,
+                Some(flight.status),
+                VIRTIO_BLK_S_IOERR,
+                0,
+            );
+            return;
+        };
+        self.slots[slot] = Some(flight);
+        self.in_flight += 1;
+        let sqe = sqe.user_data(slot as u64);
+        loop {
+            // SAFETY: every pointer in `sqe` (iovec array, buffers) lives in
+            // `self.slots[slot]`, which stays in place until its completion
+            // is reaped.
+            if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                tracing::warn!("io_uring submit: {e}");
+                self.reap(ctx);
+            }
+        }
+    }
+
+    /// Completes every request io_uring has finished.
+    fn reap(&mut self, ctx: &mut QueueContext) {
+        let done: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        if done.is_empty() {
+            return;
+        }
+        let mem = ctx.memory();
+        for (slot, res) in done {
+            let Some(flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+                continue;
+            };
+            self.free.push(slot as usize);
+            self.in_flight -= 1;
+            let (status, len) = self.finish(&mem, &flight, res);
+            self.complete(ctx, &mem, flight.head, Some(flight.status), status, len);
+        }
+        if self.pending_notify {
+            self.pending_notify = false;
+            ctx.notify(&mem);
+        }
+        // Slots were freed: chains left waiting for one can start now.
+        if let Err(e) = self.process_avail(ctx) {
+            tracing::warn!("queue {}: {e}", ctx.index());
+        }
+    }
+
+    /// Turns a completion into a status and the number of data bytes
+    /// written to the front end.
+    fn finish(&self, mem: &DeviceMemory, f: &InFlight, res: i32) -> (u8, u32) {
+        if res < 0 {
+            tracing::warn!(
+                "{:?} at {}: {}",
+                f.op,
+                f.offset,
+                io::Error::from_raw_os_error(-res)
+            );
+            return (VIRTIO_BLK_S_IOERR, 0);
+        }
+        if f.op == Op::Flush {
+            return (VIRTIO_BLK_S_OK, 0);
+        }
+        let done = res as usize;
+        if done < f.total {
+            if let Err(e) = self.finish_sync(f, done) {
+                tracing::warn!("{:?} at {} short and failed: {e}", f.op, f.offset);
+                return (VIRTIO_BLK_S_IOERR, 0);
+            }
+        }
+        if f.op == Op::Read {
+            if let Some(buf) = &f.bounce {
+                let mut off = 0usize;
+                for s in &f.data {
+                    let n = s.len as usize;
+                    if mem
+                        .write_slice(&buf.as_slice()[off..off + n], s.addr)
+                        .is_err()
+                    {
+                        return (VIRTIO_BLK_S_IOERR, 0);
+                    }
+                    off += n;
+                }
+            }
+            return (VIRTIO_BLK_S_OK, f.total as u32);
+        }
+        (VIRTIO_BLK_S_OK, 0)
+    }
+
+    /// Finishes a short read or write with plain `preadv`/`pwritev`.
+    fn finish_sync(&self, f: &InFlight, mut done: usize) -> io::Result<()> {
+        while done < f.total {
+            // Rebuild the iovecs past the first `done` bytes.
+            let mut skip = done;
+            let mut rest: Vec<libc::iovec> = Vec::with_capacity(f.iovecs.len());
+            for v in f.iovecs.iter() {
+                if skip >= v.iov_len {
+                    skip -= v.iov_len;
+                    continue;
+                }
+                rest.push(libc::iovec {
+                    // SAFETY: `skip < iov_len`, so the pointer stays inside
+                    // the same buffer.
+                    iov_base: unsafe { v.iov_base.cast::<u8>().add(skip) }.cast(),
+                    iov_len: v.iov_len - skip,
+                });
+                skip = 0;
+            }
+            let off = (f.offset + done as u64) as libc::off_t;
+            let fd = self.image.file.as_raw_fd();
+            let n_iov = rest.len().min(IOV_MAX) as libc::c_int;
+            // SAFETY: the iovecs point into memory kept alive by `f` (its
+            // bounce buffer or the front end's mapped memory).
+            let n = unsafe {
+                match f.op {
+                    Op::Read => libc::preadv(fd, rest.as_ptr(), n_iov, off),
+                    _ => libc::pwritev(fd, rest.as_ptr(), n_iov, off),
+                }
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
+
+/// The host addresses of `data`, checked for `access` (with an IOMMU, every
+/// piece is translated through the IOTLB).
+fn guest_iovecs(
+    mem: &DeviceMemory,
+    data: &[Segment],
+    access: Permissions,
+) -> Result<Vec<libc::iovec>, ()> {
+    let mut out = Vec::with_capacity(data.len());
+    for s in data {
+        let slices = mem
+            .get_slices(s.addr, s.len as usize, access)
+            .map_err(|_| ())?;
+        for slice in slices {
+            let slice = slice.map_err(|_| ())?;
+            out.push(libc::iovec {
+                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                iov_len: slice.len(),
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,141 @@
+//! The virtio-blk configuration space (`struct virtio_blk_config`).
+
+/// `VIRTIO_BLK_F_SIZE_MAX` (bit 1): `size_max` is valid.
+pub const VIRTIO_BLK_F_SIZE_MAX: u64 = 1 << 1;
+/// `VIRTIO_BLK_F_SEG_MAX` (bit 2): `seg_max` is valid.
+pub const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
+/// `VIRTIO_BLK_F_RO` (bit 5): the device is read-only.
+pub const VIRTIO_BLK_F_RO: u64 = 1 << 5;
+/// `VIRTIO_BLK_F_BLK_SIZE` (bit 6): `blk_size` is valid.
+pub const VIRTIO_BLK_F_BLK_SIZE: u64 = 1 << 6;
+/// `VIRTIO_BLK_F_FLUSH` (bit 9): the device has a cache to flush.
+pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
+/// `VIRTIO_BLK_F_MQ` (bit 12): `num_queues` is valid.
+pub const VIRTIO_BLK_F_MQ: u64 = 1 << 12;
+/// `VIRTIO_BLK_F_DISCARD` (bit 13).
+pub const VIRTIO_BLK_F_DISCARD: u64 = 1 << 13;
+/// `VIRTIO_BLK_F_WRITE_ZEROES` (bit 14).
+pub const VIRTIO_BLK_F_WRITE_ZEROES: u64 = 1 << 14;
+
+/// Length of the layout written by [`BlkConfig::to_bytes`] (up to and
+/// including `write_zeroes_may_unmap` and its padding).
+pub const CONFIG_LEN: usize = 60;
+
+/// The fields of `struct virtio_blk_config` a back end fills in; the rest
+/// (geometry, topology, secure erase, zoned) read as zero.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct BlkConfig {
+    /// Capacity in 512-byte sectors.
+    pub capacity: u64,
+    /// Largest segment in bytes.
+    pub size_max: u32,
+    /// Most data segments in one request.
+    pub seg_max: u32,
+    /// Block size in bytes.
+    pub blk_size: u32,
+    /// Number of request queues.
+    pub num_queues: u16,
+    /// Most sectors in one discard segment.
+    pub max_discard_sectors: u32,
+    /// Most segments in one discard request.
+    pub max_discard_seg: u32,
+    /// Discard alignment, in sectors.
+    pub discard_sector_alignment: u32,
+    /// Most sectors in one write-zeroes segment.
+    pub max_write_zeroes_sectors: u32,
+    /// Most segments in one write-zeroes request.
+    pub max_write_zeroes_seg: u32,
+    /// Whether write-zeroes with the unmap flag may deallocate.
+    pub write_zeroes_may_unmap: bool,
+}
+
+impl BlkConfig {
+    /// The little-endian wire layout (virtio 1.2, 5.2.4).
+    pub fn to_bytes(&self) -> [u8; CONFIG_LEN] {
+        let mut b = [0u8; CONFIG_LEN];
+        b[0..8].copy_from_slice(&self.capacity.to_le_bytes());
+        b[8..12].copy_from_slice(&self.size_max.to_le_bytes());
+        b[12..16].copy_from_slice(&self.seg_max.to_le_bytes());
+        // 16..20: geometry (cylinders u16, heads u8, sectors u8) left zero.
+        b[20..24].copy_from_slice(&self.blk_size.to_le_bytes());
+        // 24..32: topology left zero; 32: writeback; 33: unused.
+        b[34..36].copy_from_slice(&self.num_queues.to_le_bytes());
+        b[36..40].copy_from_slice(&self.max_discard_sectors.to_le_bytes());
+        b[40..44].copy_from_slice(&self.max_discard_seg.to_le_bytes());
+        b[44..48].copy_from_slice(&self.discard_sector_alignment.to_le_bytes());
+        b[48..52].copy_from_slice(&self.max_write_zeroes_sectors.to_le_bytes());
+        b[52..56].copy_from_slice(&self.max_write_zeroes_seg.to_le_bytes());
+        b[56] = u8::from(self.write_zeroes_may_unmap);
+        b
+    }
+
+    /// Parses the layout back (for drivers and tests); `bytes` shorter
+    /// than the layout reads as zeros past its end.
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let mut b = [0u8; CONFIG_LEN];
+        let n = bytes.len().min(CONFIG_LEN);
+        b[..n].copy_from_slice(&bytes[..n]);
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let mut cap = [0u8; 8];
+        cap.copy_from_slice(&b[0..8]);
+        Self {
+            capacity: u64::from_le_bytes(cap),
+            size_max: u32_at(8),
+            seg_max: u32_at(12),
+            blk_size: u32_at(20),
+            num_queues: u16::from_le_bytes([b[34], b[35]]),
+            max_discard_sectors: u32_at(36),
+            max_discard_seg: u32_at(40),
+            discard_sector_alignment: u32_at(44),
+            max_write_zeroes_sectors: u32_at(48),
+            max_write_zeroes_seg: u32_at(52),
+            write_zeroes_may_unmap: b[56] != 0,
+        }
+    }
+
+    /// Bytes `offset..offset + len` of the configuration space, zero past
+    /// the end of the layout.
+    pub fn read(&self, offset: u32, len: u32) -> Vec<u8> {
+        let bytes = self.to_bytes();
+        let mut out = vec![0u8; len as usize];
+        let start = (offset as usize).min(CONFIG_LEN);
+        let end = (offset as usize)
+            .saturating_add(len as usize)
+            .min(CONFIG_LEN);
+        if start < end {
+            out[..end - start].copy_from_slice(&bytes[start..end]);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_round_trips_at_spec_offsets() {
+        let c = BlkConfig {
+            capacity: 0x1122_3344_5566_7788,
+            size_max: 1 << 22,
+            seg_max: 126,
+            blk_size: 512,
+            num_queues: 3,
+            max_discard_sectors: 1 << 20,
+            max_discard_seg: 32,
+            discard_sector_alignment: 8,
+            max_write_zeroes_sectors: 1 << 21,
+            max_write_zeroes_seg: 16,
+            write_zeroes_may_unmap: true,
+        };
+        let b = c.to_bytes();
+        assert_eq!(b[0], 0x88);
+        assert_eq!(&b[12..16], &126u32.to_le_bytes());
+        assert_eq!(&b[34..36], &3u16.to_le_bytes());
+        assert_eq!(b[56], 1);
+        assert_eq!(BlkConfig::from_bytes(&b), c);
+        assert_eq!(c.read(34, 4), vec![3, 0, 0, 0]);
+        assert_eq!(c.read(58, 6), vec![0; 6]);
+        assert_eq!(c.read(u32::MAX, 2), vec![0; 2]);
+    }
+}

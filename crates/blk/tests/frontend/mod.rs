@@ -1,0 +1,535 @@
+//! Test-only vhost-user-blk front end: a real `iopath blk serve` process,
+//! the `vhost` crate's `Frontend` for the protocol, and a minimal split
+//! ring written straight into a memfd shared with the back end.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+pub const SECTOR: u64 = 512;
+pub const T_IN: u32 = 0;
+pub const T_OUT: u32 = 1;
+pub const T_FLUSH: u32 = 4;
+pub const T_GET_ID: u32 = 8;
+pub const T_DISCARD: u32 = 11;
+pub const T_WRITE_ZEROES: u32 = 13;
+pub const S_OK: u8 = 0;
+pub const S_IOERR: u8 = 1;
+pub const S_UNSUPP: u8 = 2;
+pub const F_NEXT: u16 = 1;
+pub const F_WRITE: u16 = 2;
+pub const F_INDIRECT: u16 = 4;
+
+pub const VERSION_1: u64 = 1 << 32;
+pub const ACCESS_PLATFORM: u64 = 1 << 33;
+pub const EVENT_IDX: u64 = 1 << 29;
+pub const INDIRECT_DESC: u64 = 1 << 28;
+pub const PROTOCOL_FEATURES: u64 = 1 << 30;
+pub const BLK_F_MQ: u64 = 1 << 12;
+pub const BLK_F_RO: u64 = 1 << 5;
+pub const BLK_F_FLUSH: u64 = 1 << 9;
+
+/// Shared memory size and the (made-up) front-end address it lives at.
+pub const MEM_SIZE: u64 = 8 << 20;
+pub const UADDR: u64 = 0x7f00_0000_0000;
+/// Where the IOMMU tests put their IOVA space.
+pub const IOVA: u64 = 0x1_0000_0000;
+pub const QUEUE_SIZE: u16 = 64;
+/// Guest-physical layout: rings of queue q at q * RING_STRIDE, data above.
+pub const RING_STRIDE: u64 = 0x4000;
+pub const DATA_BASE: u64 = 0x10_0000;
+
+/// The `iopath` binary (built on demand; cargo only builds a package's own
+/// binaries for its tests).
+pub fn iopath_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("IOPATH_BIN") {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/<test> -> target/<profile>/iopath
+        let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+        let target_dir = profile_dir.parent().expect("target root");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--quiet", "-p", "iopath", "--bin", "iopath"])
+            .arg("--target-dir")
+            .arg(target_dir);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "cargo build -p iopath failed");
+        profile_dir.join("iopath")
+    })
+    .clone()
+}
+
+/// A running `iopath blk serve` on a temporary image.
+pub struct Server {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub image: PathBuf,
+    pub socket: PathBuf,
+}
+
+impl Server {
+    /// Creates a sparse image of `size` bytes and serves it.
+    pub fn start(size: u64, extra: &[&str]) -> Server {
+        let dir = tempfile::Builder::new()
+            .prefix("iopath-blk-")
+            .tempdir_in(std::env::temp_dir())
+            .unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        Self::start_on(dir, image, extra)
+    }
+
+    pub fn start_on(dir: tempfile::TempDir, image: PathBuf, extra: &[&str]) -> Server {
+        let socket = dir.path().join("blk.sock");
+        let mut child = Command::new(iopath_bin())
+            .args(["blk", "serve", "--image"])
+            .arg(&image)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("serving "), "unexpected banner: {line:?}");
+        Server {
+            child,
+            dir,
+            image,
+            socket,
+        }
+    }
+
+    pub fn image_bytes(&self, offset: u64, len: usize) -> Vec<u8> {
+        let data = std::fs::read(&self.image).unwrap();
+        data[offset as usize..offset as usize + len].to_vec()
+    }
+
+    /// True while the server process runs.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One split virtqueue laid out in the shared memory.
+pub struct TestQueue {
+    pub index: usize,
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+    pub avail_idx: u16,
+    pub used_seen: u16,
+    pub kick: EventFd,
+    pub call: EventFd,
+}
+
+/// The ring and data addresses the device is told about: guest physical,
+/// or IOVA when the IOMMU is on.
+#[derive(Clone, Copy)]
+pub struct AddrMode {
+    pub device_base: u64,
+}
+
+/// A connected front end with shared memory and queues.
+pub struct Client {
+    pub fe: Frontend,
+    pub mem: GuestMemoryMmap,
+    pub memfd: std::fs::File,
+    pub queues: Vec<TestQueue>,
+    pub features: u64,
+    /// Added to a guest-physical address to get the address the device
+    /// sees (0, or IOVA - 0 with the IOMMU).
+    pub dev_offset: u64,
+    next_data: u64,
+}
+
+pub fn memfd(size: u64) -> std::fs::File {
+    let m = memfd::MemfdOptions::default()
+        .close_on_exec(true)
+        .create("iopath-test-guest")
+        .unwrap();
+    m.as_file().set_len(size).unwrap();
+    m.into_file()
+}
+
+pub fn connect(path: &Path) -> Frontend {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Frontend::connect(path, 8) {
+            Ok(f) => return f,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("connect {}: {e}", path.display()),
+        }
+    }
+}
+
+impl Client {
+    /// Negotiates `want` (intersected with what is offered), sets up the
+    /// memory table and `nq` queues.
+    pub fn new(sock: &Path, want: u64, nq: usize) -> Client {
+        let mut c = Self::negotiate(sock, want);
+        c.setup_queues(nq);
+        c
+    }
+
+    /// Negotiation and memory table only.
+    pub fn negotiate(sock: &Path, want: u64) -> Client {
+        let mut fe = connect(sock);
+        fe.set_owner().unwrap();
+        let offered = fe.get_features().unwrap();
+        let features = offered & (want | PROTOCOL_FEATURES);
+        fe.set_features(features).unwrap();
+        let pf = fe.get_protocol_features().unwrap();
+        let pwant = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK;
+        fe.set_protocol_features(pf & pwant).unwrap();
+        let memfd = memfd(MEM_SIZE);
+        let region = MmapRegion::from_file(
+            FileOffset::new(memfd.try_clone().unwrap(), 0),
+            MEM_SIZE as usize,
+        )
+        .unwrap();
+        let mem =
+            GuestMemoryMmap::from_regions(vec![
+                GuestRegionMmap::new(region, GuestAddress(0)).unwrap()
+            ])
+            .unwrap();
+        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: MEM_SIZE,
+            userspace_addr: UADDR,
+            mmap_offset: 0,
+            mmap_handle: memfd.as_raw_fd(),
+        }])
+        .unwrap();
+        let dev_offset = if features & ACCESS_PLATFORM != 0 {
+            IOVA
+        } else {
+            0
+        };
+        Client {
+            fe,
+            mem,
+            memfd,
+            queues: Vec::new(),
+            features,
+            dev_offset,
+            next_data: DATA_BASE,
+        }
+    }
+
+    /// Address of guest-physical `gpa` as the device must be told it.
+    pub fn dev(&self, gpa: u64) -> u64 {
+        gpa + self.dev_offset
+    }
+
+    /// Address in front-end user space of `gpa` (what ring addresses are
+    /// given as without an IOMMU).
+    pub fn ring_addr(&self, gpa: u64) -> u64 {
+        if self.features & ACCESS_PLATFORM != 0 {
+            IOVA + gpa
+        } else {
+            UADDR + gpa
+        }
+    }
+
+    pub fn setup_queues(&mut self, nq: usize) {
+        for q in 0..nq {
+            let base = q as u64 * RING_STRIDE;
+            let (desc, avail, used) = (base, base + 0x1000, base + 0x2000);
+            let kick = EventFd::new(0).unwrap();
+            let call = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+            self.fe.set_vring_num(q, QUEUE_SIZE).unwrap();
+            self.fe
+                .set_vring_addr(
+                    q,
+                    &VringConfigData {
+                        queue_max_size: QUEUE_SIZE,
+                        queue_size: QUEUE_SIZE,
+                        flags: 0,
+                        desc_table_addr: self.ring_addr(desc),
+                        used_ring_addr: self.ring_addr(used),
+                        avail_ring_addr: self.ring_addr(avail),
+                        log_addr: None,
+                    },
+                )
+                .unwrap();
+            self.fe.set_vring_base(q, 0).unwrap();
+            self.fe.set_vring_call(q, &call).unwrap();
+            self.fe.set_vring_kick(q, &kick).unwrap();
+            self.fe.set_vring_enable(q, true).unwrap();
+            self.queues.push(TestQueue {
+                index: q,
+                desc,
+                avail,
+                used,
+                avail_idx: 0,
+                used_seen: 0,
+                kick,
+                call,
+            });
+        }
+    }
+
+    pub fn config(&mut self) -> Vec<u8> {
+        let (_, buf) = self
+            .fe
+            .get_config(0, 60, VhostUserConfigFlags::WRITABLE, &[0u8; 60])
+            .unwrap();
+        buf
+    }
+
+    /// Allocates `len` bytes of data area (page-aligned unless `skew`).
+    pub fn alloc(&mut self, len: u64, skew: u64) -> u64 {
+        let at = self.next_data + skew;
+        self.next_data = (at + len + 4095) & !4095;
+        assert!(self.next_data <= MEM_SIZE, "test data area exhausted");
+        at
+    }
+
+    pub fn reset_alloc(&mut self) {
+        self.next_data = DATA_BASE;
+    }
+
+    /// Writes descriptor `i` of queue `q` (device-visible address `addr`).
+    pub fn set_desc(&self, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let at = GuestAddress(self.queues[q].desc + u64::from(i) * 16);
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        self.mem.write_slice(&d, at).unwrap();
+    }
+
+    /// Makes chain `head` available on queue `q` and kicks.
+    pub fn submit(&mut self, q: usize, heads: &[u16]) {
+        let tq = &mut self.queues[q];
+        for &h in heads {
+            let slot = tq.avail + 4 + u64::from(tq.avail_idx % QUEUE_SIZE) * 2;
+            self.mem.write_obj(h.to_le(), GuestAddress(slot)).unwrap();
+            tq.avail_idx = tq.avail_idx.wrapping_add(1);
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.mem
+            .write_obj(tq.avail_idx.to_le(), GuestAddress(tq.avail + 2))
+            .unwrap();
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        tq.kick.write(1).unwrap();
+    }
+
+    /// Waits for `n` used entries on queue `q`; returns (id, len) pairs.
+    pub fn wait_used(&mut self, q: usize, n: usize) -> Vec<(u32, u32)> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut out = Vec::new();
+        while out.len() < n {
+            let tq = &self.queues[q];
+            let idx: u16 = self.mem.read_obj(GuestAddress(tq.used + 2)).unwrap();
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            let mut seen = tq.used_seen;
+            while seen != idx && out.len() < n {
+                let e = tq.used + 4 + u64::from(seen % QUEUE_SIZE) * 8;
+                let id: u32 = self.mem.read_obj(GuestAddress(e)).unwrap();
+                let len: u32 = self.mem.read_obj(GuestAddress(e + 4)).unwrap();
+                out.push((id, len));
+                seen = seen.wrapping_add(1);
+            }
+            self.queues[q].used_seen = seen;
+            if out.len() < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting for used entries"
+                );
+                let fd = self.queues[q].call.as_raw_fd();
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd for the duration of the call.
+                unsafe { libc::poll(&mut p, 1, 20) };
+                let _ = self.queues[q].call.read();
+            }
+        }
+        out
+    }
+
+    fn header(&mut self, kind: u32, sector: u64) -> u64 {
+        let h = self.alloc(16, 0);
+        let mut b = [0u8; 16];
+        b[0..4].copy_from_slice(&kind.to_le_bytes());
+        b[8..16].copy_from_slice(&sector.to_le_bytes());
+        self.mem.write_slice(&b, GuestAddress(h)).unwrap();
+        h
+    }
+
+    fn status_slot(&mut self) -> u64 {
+        let s = self.alloc(1, 0);
+        self.mem.write_obj(0xffu8, GuestAddress(s)).unwrap();
+        s
+    }
+
+    /// Runs one chain of `(gpa, len, flags)` on queue `q` (descriptors
+    /// 0.. in order) and returns the used length.
+    pub fn run_chain(&mut self, q: usize, descs: &[(u64, u32, u16)]) -> u32 {
+        for (i, &(gpa, len, flags)) in descs.iter().enumerate() {
+            let next = if i + 1 < descs.len() { F_NEXT } else { 0 };
+            self.set_desc(
+                q,
+                i as u16,
+                self.dev(gpa),
+                len,
+                flags | next,
+                (i + 1) as u16,
+            );
+        }
+        self.submit(q, &[0]);
+        let used = self.wait_used(q, 1);
+        assert_eq!(used[0].0, 0, "used id");
+        used[0].1
+    }
+
+    /// A request: header, optional data (written by the driver for OUT,
+    /// `in_len` bytes for IN-like), status. Returns (status, data read).
+    pub fn request(
+        &mut self,
+        q: usize,
+        kind: u32,
+        sector: u64,
+        out: Option<&[u8]>,
+        in_len: u32,
+        skew: u64,
+    ) -> (u8, Vec<u8>) {
+        self.reset_alloc();
+        let h = self.header(kind, sector);
+        let mut descs = vec![(h, 16u32, 0u16)];
+        let mut data_at = 0;
+        if let Some(out) = out {
+            data_at = self.alloc(out.len() as u64, skew);
+            self.mem.write_slice(out, GuestAddress(data_at)).unwrap();
+            descs.push((data_at, out.len() as u32, 0));
+        } else if in_len > 0 {
+            data_at = self.alloc(u64::from(in_len), skew);
+            descs.push((data_at, in_len, F_WRITE));
+        }
+        let st = self.status_slot();
+        descs.push((st, 1, F_WRITE));
+        let used = self.run_chain(q, &descs);
+        let status: u8 = self.mem.read_obj(GuestAddress(st)).unwrap();
+        let mut data = vec![0u8; in_len as usize];
+        if out.is_none() && in_len > 0 {
+            self.mem
+                .read_slice(&mut data, GuestAddress(data_at))
+                .unwrap();
+            if status == S_OK {
+                assert_eq!(used, in_len + 1, "used length of a read");
+            }
+        }
+        (status, data)
+    }
+
+    pub fn write(&mut self, q: usize, sector: u64, data: &[u8]) -> u8 {
+        self.request(q, T_OUT, sector, Some(data), 0, 0).0
+    }
+
+    pub fn read(&mut self, q: usize, sector: u64, len: u32) -> (u8, Vec<u8>) {
+        self.request(q, T_IN, sector, None, len, 0)
+    }
+
+    pub fn flush(&mut self, q: usize) -> u8 {
+        self.request(q, T_FLUSH, 0, None, 0, 0).0
+    }
+}
+
+/// Deterministic test data: every 8-byte word holds its byte offset on the
+/// device xor a seed.
+pub fn pattern(offset: u64, len: usize, seed: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    let mut at = offset;
+    while v.len() < len {
+        v.extend_from_slice(&((at & !7) ^ seed).to_le_bytes());
+        at += 8;
+    }
+    v.truncate(len);
+    v
+}
+
+/// Sends raw bytes on a fresh connection and reports whether the server
+/// closed it (read returns EOF) within a few seconds.
+pub fn closed_after(sock: &Path, bytes: &[u8]) -> bool {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A vhost-user message: header {request, flags (version 1 | extra), size}.
+pub fn message(request: u32, flags: u32, payload: &[u8]) -> Vec<u8> {
+    let mut m = Vec::new();
+    m.extend_from_slice(&request.to_le_bytes());
+    m.extend_from_slice(&(1 | flags).to_le_bytes());
+    m.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    m.extend_from_slice(payload);
+    m
+}
+
+/// Sends an IOTLB_MSG on the front end's socket and returns the ack value.
+pub fn send_iotlb(fe: &Frontend, msg: &iopath_virtio::device::IotlbMsg) -> u64 {
+    // SAFETY: borrow the front end's socket without taking ownership; the
+    // ManuallyDrop keeps it from being closed here.
+    let sock = std::mem::ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(fe.as_raw_fd()) });
+    let mut s: &UnixStream = &sock;
+    s.write_all(&message(22, 0x8, &msg.to_wire())).unwrap();
+    let mut reply = [0u8; 20];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(u32::from_le_bytes(reply[0..4].try_into().unwrap()), 22);
+    u64::from_le_bytes(reply[12..20].try_into().unwrap())
+}
+
+pub fn arc<T>(t: T) -> Arc<T> {
+    Arc::new(t)
+}

@@ -1,0 +1,94 @@
+//! `iopath blk serve`: iopath's vhost-user-blk back end.
+
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use iopath_blk::{BlkBackend, BlkOptions};
+use iopath_virtio::device::VhostUserServer;
+
+/// Arguments of `iopath blk serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Raw image file to serve (its size, rounded down to 512-byte
+    /// sectors, is the device capacity).
+    #[arg(long, value_name = "FILE")]
+    image: PathBuf,
+    /// Unix socket to listen on (created; a stale one is replaced).
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Number of request queues, each served by its own thread.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    queues: usize,
+    /// Refuse writes (the device reports VIRTIO_BLK_F_RO).
+    #[arg(long)]
+    readonly: bool,
+}
+
+/// Binds `path`, replacing a socket file nobody listens on any more.
+fn bind(path: &Path) -> Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!("{} exists and is not a socket", path.display());
+        }
+        if UnixStream::connect(path).is_ok() {
+            bail!("{} is in use by another server", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+}
+
+/// Runs `iopath blk serve` until SIGINT or SIGTERM.
+///
+/// # Errors
+/// The image cannot be opened, the socket cannot be bound, or the listener
+/// breaks.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let backend = BlkBackend::open(
+        &args.image,
+        BlkOptions {
+            queues: args.queues,
+            readonly: args.readonly,
+        },
+    )
+    .context("cannot serve the image")?;
+    // Block the signals in every thread (the workers inherit the mask) and
+    // wait for them on a thread of their own, which cleans up and exits.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("cannot install signal handlers")?;
+    let listener = bind(&args.socket)?;
+    let socket = args.socket.clone();
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let _ = std::fs::remove_file(&socket);
+            tracing::info!("signal {sig}: socket removed, exiting");
+            std::process::exit(0);
+        }
+    });
+    let cfg = backend.config();
+    println!(
+        "serving {} ({} sectors, {}{}) on {} with {} queue{}",
+        args.image.display(),
+        cfg.capacity,
+        if backend.direct_io() {
+            "O_DIRECT"
+        } else {
+            "buffered"
+        },
+        if args.readonly { ", read-only" } else { "" },
+        args.socket.display(),
+        args.queues,
+        if args.queues == 1 { "" } else { "s" },
+    );
+    let server = VhostUserServer::new(listener, Arc::new(backend));
+    let res = server.run();
+    let _ = std::fs::remove_file(&args.socket);
+    res.context("vhost-user server stopped")
+}

@@ -1,0 +1,711 @@
+//! The vhost-user message handler and connection loop of the device side.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{
+    Backend, BackendReqHandler, Error as VhostError, GpuBackend, Result as VhostResult,
+    VhostUserBackendReqHandlerMut,
+};
+use vhost::VhostUserMemoryRegionBase;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{
+    FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
+    GuestRegionMmap, IommuMemory,
+};
+
+use super::iotlb::{IotlbMsg, IOTLB_MSG_SIZE};
+use super::{
+    CallFd, DeviceMemory, QueueContext, VhostIommu, VirtioDevice, VHOST_USER_F_PROTOCOL_FEATURES,
+    VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
+};
+
+/// vhost-user request code of `IOTLB_MSG` on the front end's channel.
+const FRONTEND_IOTLB_MSG: u32 = 22;
+/// Header flags: protocol version 1, reply, need-reply.
+const HDR_VERSION: u32 = 0x1;
+const HDR_REPLY: u32 = 0x4;
+const HDR_NEED_REPLY: u32 = 0x8;
+const HDR_SIZE: usize = 12;
+
+/// Errors of the vhost-user server.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// Accepting a connection failed.
+    #[error("Accepting a vhost-user connection failed")]
+    Accept(#[source] io::Error),
+    /// Reading or writing the connection failed.
+    #[error("vhost-user socket I/O failed")]
+    Socket(#[source] io::Error),
+    /// The front end broke the protocol; the connection was closed.
+    #[error("vhost-user protocol error, connection closed")]
+    Protocol(#[source] VhostError),
+    /// A malformed `IOTLB_MSG` (request {request}, {len} payload bytes).
+    #[error("Malformed IOTLB_MSG with {len} payload bytes, connection closed")]
+    MalformedIotlb {
+        /// Request code.
+        request: u32,
+        /// Payload length announced in the header.
+        len: u32,
+    },
+}
+
+/// A vhost-user server for one device: serves one front end at a time and,
+/// when it disconnects or breaks the protocol, drops everything it set up
+/// and serves the next.
+#[derive(Debug)]
+pub struct VhostUserServer<D: VirtioDevice> {
+    listener: UnixListener,
+    device: Arc<D>,
+}
+
+impl<D: VirtioDevice> VhostUserServer<D> {
+    /// A server for `device` on a listening socket.
+    pub fn new(listener: UnixListener, device: Arc<D>) -> Self {
+        Self { listener, device }
+    }
+
+    /// The device being served.
+    pub fn device(&self) -> &Arc<D> {
+        &self.device
+    }
+
+    /// Accepts one front end and serves it until it disconnects.
+    ///
+    /// # Errors
+    /// [`DeviceError::Accept`] when no connection could be accepted; the
+    /// front end's own failures ([`DeviceError::Protocol`], ...) after it
+    /// has been dropped.
+    pub fn serve_one(&self) -> Result<(), DeviceError> {
+        let (stream, _) = self.listener.accept().map_err(DeviceError::Accept)?;
+        serve_connection(stream, Arc::clone(&self.device))
+    }
+
+    /// Serves front ends one after another, forever; a front end's error is
+    /// logged and the next one is served.
+    ///
+    /// # Errors
+    /// Only when accepting fails (the listener is broken).
+    pub fn run(&self) -> Result<(), DeviceError> {
+        loop {
+            match self.serve_one() {
+                Ok(()) => tracing::info!("front end disconnected"),
+                Err(e @ DeviceError::Accept(_)) => return Err(e),
+                Err(e) => tracing::warn!("front end dropped: {}", error_chain(&e)),
+            }
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// Serves one front end on `stream` until it disconnects or misbehaves.
+///
+/// # Errors
+/// See [`VhostUserServer::serve_one`].
+pub fn serve_connection<D: VirtioDevice>(
+    stream: UnixStream,
+    device: Arc<D>,
+) -> Result<(), DeviceError> {
+    let mut side = stream.try_clone().map_err(DeviceError::Socket)?;
+    let handler = Arc::new(Mutex::new(Handler::new(device)));
+    let mut requests = BackendReqHandler::from_stream(stream, Arc::clone(&handler));
+    let result = loop {
+        let mut hdr = [0u8; HDR_SIZE];
+        let peeked = rustix::net::recv(
+            &side,
+            &mut hdr,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::WAITALL,
+        );
+        match peeked {
+            Ok((0, _)) => break Ok(()),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => break Err(DeviceError::Socket(e.into())),
+        }
+        let word = |at: usize| u32::from_le_bytes([hdr[at], hdr[at + 1], hdr[at + 2], hdr[at + 3]]);
+        if word(0) == FRONTEND_IOTLB_MSG {
+            if let Err(e) = handle_iotlb(&mut side, word(4), word(8), &handler) {
+                break Err(e);
+            }
+            continue;
+        }
+        match requests.handle_request() {
+            Ok(()) => {}
+            Err(VhostError::Disconnected) => break Ok(()),
+            Err(VhostError::PartialMessage) => break Ok(()),
+            Err(e) => break Err(DeviceError::Protocol(e)),
+        }
+    };
+    lock(&handler).shutdown();
+    result
+}
+
+/// Takes one `IOTLB_MSG` off the socket, applies it, and acknowledges it
+/// when asked to.
+fn handle_iotlb<D: VirtioDevice>(
+    sock: &mut UnixStream,
+    flags: u32,
+    len: u32,
+    handler: &Mutex<Handler<D>>,
+) -> Result<(), DeviceError> {
+    let malformed = DeviceError::MalformedIotlb {
+        request: FRONTEND_IOTLB_MSG,
+        len,
+    };
+    if flags & 0x3 != HDR_VERSION || len as usize > IOTLB_MSG_SIZE * 2 {
+        return Err(malformed);
+    }
+    let mut msg = vec![0u8; HDR_SIZE + len as usize];
+    sock.read_exact(&mut msg).map_err(DeviceError::Socket)?;
+    let parsed = IotlbMsg::parse(&msg[HDR_SIZE..]);
+    let ok = {
+        let h = lock(handler);
+        match parsed {
+            Ok(m) if h.iotlb_enabled() => {
+                h.iommu().apply(&m);
+                true
+            }
+            Ok(_) => {
+                tracing::warn!("IOTLB_MSG without ACCESS_PLATFORM and IOTLB negotiated");
+                false
+            }
+            Err(e) => {
+                tracing::warn!("IOTLB_MSG refused: {e}");
+                false
+            }
+        }
+    };
+    if flags & HDR_NEED_REPLY != 0 {
+        let mut reply = Vec::with_capacity(HDR_SIZE + 8);
+        reply.extend_from_slice(&FRONTEND_IOTLB_MSG.to_le_bytes());
+        reply.extend_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
+        reply.extend_from_slice(&8u32.to_le_bytes());
+        reply.extend_from_slice(&u64::from(!ok).to_le_bytes());
+        sock.write_all(&reply).map_err(DeviceError::Socket)?;
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One region of the front end's memory table.
+struct Region {
+    guest_phys: u64,
+    user_addr: u64,
+    size: u64,
+    mapping: Arc<MmapRegion<()>>,
+}
+
+struct Worker {
+    stop: Arc<OwnedFd>,
+    join: JoinHandle<Queue>,
+}
+
+struct Vring {
+    size: u16,
+    addr: Option<(u64, u64, u64)>,
+    next_avail: u16,
+    next_used: u16,
+    kick: Option<File>,
+    call: Arc<CallFd>,
+    enabled: bool,
+    worker: Option<Worker>,
+}
+
+impl Vring {
+    fn new() -> Self {
+        Self {
+            size: 0,
+            addr: None,
+            next_avail: 0,
+            next_used: 0,
+            kick: None,
+            call: Arc::new(CallFd::default()),
+            enabled: false,
+            worker: None,
+        }
+    }
+}
+
+/// The state one front end builds up: features, memory, vrings.
+struct Handler<D: VirtioDevice> {
+    device: Arc<D>,
+    acked_features: u64,
+    acked_protocol: u64,
+    regions: Vec<Region>,
+    mem: GuestMemoryAtomic<DeviceMemory>,
+    vrings: Vec<Vring>,
+    backend_req: Option<Backend>,
+}
+
+fn invalid(reason: &'static str) -> VhostError {
+    VhostError::InvalidOperation(reason)
+}
+
+impl<D: VirtioDevice> Handler<D> {
+    fn new(device: Arc<D>) -> Self {
+        let vrings = (0..device.num_queues()).map(|_| Vring::new()).collect();
+        let mem = IommuMemory::new(GuestMemoryMmap::new(), VhostIommu::new(), false, ());
+        Self {
+            device,
+            acked_features: 0,
+            acked_protocol: 0,
+            regions: Vec::new(),
+            mem: GuestMemoryAtomic::new(mem),
+            vrings,
+            backend_req: None,
+        }
+    }
+
+    fn iommu_on(&self) -> bool {
+        self.acked_features & VIRTIO_F_ACCESS_PLATFORM != 0
+    }
+
+    /// vhost-user has no protocol bit for the IOTLB: `IOTLB_MSG` is valid
+    /// once `VIRTIO_F_ACCESS_PLATFORM` is negotiated (front ends also want
+    /// `BACKEND_REQ` and `REPLY_ACK`, which are offered).
+    fn iotlb_enabled(&self) -> bool {
+        self.iommu_on()
+    }
+
+    fn iommu(&self) -> Arc<VhostIommu> {
+        Arc::clone(self.mem.memory().iommu())
+    }
+
+    /// Rebuilds the device memory from the region table: keyed by guest
+    /// physical address normally, by front-end user address (what IOTLB
+    /// entries point at) when the IOMMU is on.
+    fn rebuild_memory(&mut self) -> VhostResult<()> {
+        let iommu_on = self.iommu_on();
+        let mut regions = Vec::with_capacity(self.regions.len());
+        for r in &self.regions {
+            let base = if iommu_on { r.user_addr } else { r.guest_phys };
+            let region = GuestRegionMmap::with_arc(Arc::clone(&r.mapping), GuestAddress(base))
+                .ok_or(VhostError::InvalidParam)?;
+            regions.push(Arc::new(region));
+        }
+        let phys =
+            GuestMemoryMmap::from_arc_regions(regions).map_err(|_| VhostError::InvalidParam)?;
+        let mut mem = self.mem.memory().with_replaced_backend(phys);
+        mem.set_iommu_enabled(iommu_on);
+        self.mem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(mem);
+        Ok(())
+    }
+
+    /// Front-end virtual address to guest physical address (rings without
+    /// an IOMMU are given as front-end virtual addresses).
+    fn va_to_gpa(&self, va: u64) -> Option<u64> {
+        self.regions.iter().find_map(|r| {
+            let off = va.checked_sub(r.user_addr)?;
+            (off < r.size).then(|| r.guest_phys + off)
+        })
+    }
+
+    fn vring(&mut self, index: u32) -> VhostResult<&mut Vring> {
+        self.vrings
+            .get_mut(index as usize)
+            .ok_or(VhostError::InvalidParam)
+    }
+
+    fn start_if_ready(&mut self, index: usize) {
+        let Some(v) = self.vrings.get(index) else {
+            return;
+        };
+        if v.worker.is_some() || !v.enabled || v.size == 0 || self.regions.is_empty() {
+            return;
+        }
+        let (Some((desc, avail, used)), Some(kick)) = (v.addr, v.kick.as_ref()) else {
+            return;
+        };
+        let addrs = if self.iommu_on() {
+            Some((desc, avail, used))
+        } else {
+            match (
+                self.va_to_gpa(desc),
+                self.va_to_gpa(avail),
+                self.va_to_gpa(used),
+            ) {
+                (Some(d), Some(a), Some(u)) => Some((d, a, u)),
+                _ => None,
+            }
+        };
+        let Some((desc, avail, used)) = addrs else {
+            tracing::warn!("vring {index}: ring address outside the memory table");
+            return;
+        };
+        let queue = match self.build_queue(v, desc, avail, used) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::warn!("vring {index}: {e}");
+                return;
+            }
+        };
+        let (kick, stop) = match (
+            kick.try_clone(),
+            rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC),
+        ) {
+            (Ok(k), Ok(s)) => (k, Arc::new(s)),
+            _ => {
+                tracing::warn!("vring {index}: cannot duplicate the kick fd or make a stop fd");
+                return;
+            }
+        };
+        let ctx = QueueContext {
+            index,
+            queue,
+            mem: self.mem.clone(),
+            kick,
+            stop: Arc::clone(&stop),
+            call: Arc::clone(&v.call),
+            acked_features: self.acked_features,
+        };
+        let device = Arc::clone(&self.device);
+        let spawned = std::thread::Builder::new()
+            .name(format!("vq{index}"))
+            .spawn(move || device.run_queue(ctx));
+        match spawned {
+            Ok(join) => self.vrings[index].worker = Some(Worker { stop, join }),
+            Err(e) => tracing::warn!("vring {index}: cannot start a worker: {e}"),
+        }
+    }
+
+    fn build_queue(&self, v: &Vring, desc: u64, avail: u64, used: u64) -> Result<Queue, String> {
+        let mut q = Queue::new(self.device.max_queue_size()).map_err(|e| e.to_string())?;
+        q.try_set_size(v.size).map_err(|e| format!("size: {e}"))?;
+        q.try_set_desc_table_address(GuestAddress(desc))
+            .map_err(|e| format!("descriptor table: {e}"))?;
+        q.try_set_avail_ring_address(GuestAddress(avail))
+            .map_err(|e| format!("available ring: {e}"))?;
+        q.try_set_used_ring_address(GuestAddress(used))
+            .map_err(|e| format!("used ring: {e}"))?;
+        q.set_event_idx(self.acked_features & VIRTIO_RING_F_EVENT_IDX != 0);
+        q.set_next_avail(v.next_avail);
+        q.set_next_used(v.next_used);
+        q.set_ready(true);
+        if !q.is_valid(&*self.mem.memory()) {
+            return Err("rings are not inside the memory the device may access".into());
+        }
+        Ok(q)
+    }
+
+    fn stop(&mut self, index: usize) {
+        let Some(v) = self.vrings.get_mut(index) else {
+            return;
+        };
+        if let Some(w) = v.worker.take() {
+            let _ = rustix::io::write(&*w.stop, &1u64.to_ne_bytes());
+            match w.join.join() {
+                Ok(q) => {
+                    v.next_avail = q.next_avail();
+                    v.next_used = q.next_used();
+                }
+                Err(_) => tracing::error!("vring {index}: worker panicked"),
+            }
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for i in 0..self.vrings.len() {
+            self.stop(i);
+        }
+    }
+
+    /// Drops everything the front end set up.
+    fn shutdown(&mut self) {
+        self.stop_all();
+        for v in &mut self.vrings {
+            *v = Vring::new();
+        }
+        self.iommu().clear();
+        self.regions.clear();
+        self.backend_req = None;
+    }
+}
+
+impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
+    fn set_owner(&mut self) -> VhostResult<()> {
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> VhostResult<()> {
+        self.shutdown();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> VhostResult<()> {
+        self.shutdown();
+        self.acked_features = 0;
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> VhostResult<u64> {
+        Ok(self.device.features() | VHOST_USER_F_PROTOCOL_FEATURES)
+    }
+
+    fn set_features(&mut self, features: u64) -> VhostResult<()> {
+        let offered = self.device.features() | VHOST_USER_F_PROTOCOL_FEATURES;
+        if features & !offered != 0 {
+            return Err(VhostError::InvalidParam);
+        }
+        let iommu_changed = (features ^ self.acked_features) & VIRTIO_F_ACCESS_PLATFORM != 0;
+        self.acked_features = features;
+        if iommu_changed {
+            self.rebuild_memory()?;
+        }
+        if features & VHOST_USER_F_PROTOCOL_FEATURES == 0 {
+            for i in 0..self.vrings.len() {
+                if self.vrings[i].kick.is_some() {
+                    self.vrings[i].enabled = true;
+                    self.start_if_ready(i);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy_listening: Option<bool>,
+    ) -> VhostResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        let mut regions = Vec::with_capacity(ctx.len());
+        for (r, file) in ctx.iter().zip(files) {
+            let size = usize::try_from(r.memory_size).map_err(|_| VhostError::InvalidParam)?;
+            // Mapping beyond the end of the file would turn every access
+            // there into SIGBUS: refuse such a region up front.
+            let end = r
+                .mmap_offset
+                .checked_add(r.memory_size)
+                .ok_or(VhostError::InvalidParam)?;
+            let len = file.metadata().map_err(VhostError::ReqHandlerError)?.len();
+            if end > len || r.guest_phys_addr.checked_add(r.memory_size).is_none() {
+                return Err(VhostError::InvalidParam);
+            }
+            let mapping = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
+                .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+            regions.push(Region {
+                guest_phys: r.guest_phys_addr,
+                user_addr: r.user_addr,
+                size: r.memory_size,
+                mapping: Arc::new(mapping),
+            });
+        }
+        let old = std::mem::replace(&mut self.regions, regions);
+        if let Err(e) = self.rebuild_memory() {
+            self.regions = old;
+            return Err(e);
+        }
+        for i in 0..self.vrings.len() {
+            self.start_if_ready(i);
+        }
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VhostResult<()> {
+        let max = u32::from(self.device.max_queue_size());
+        if num == 0 || num > max || !num.is_power_of_two() {
+            return Err(VhostError::InvalidParam);
+        }
+        self.vring(index)?.size = num as u16;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VhostResult<()> {
+        self.vring(index)?.addr = Some((descriptor, available, used));
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VhostResult<()> {
+        let base = u16::try_from(base).map_err(|_| VhostError::InvalidParam)?;
+        let v = self.vring(index)?;
+        v.next_avail = base;
+        v.next_used = base;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> VhostResult<VhostUserVringState> {
+        self.vring(index)?;
+        self.stop(index as usize);
+        let v = self.vring(index)?;
+        v.kick = None;
+        v.enabled = false;
+        Ok(VhostUserVringState::new(index, u32::from(v.next_avail)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VhostResult<()> {
+        let protocol = self.acked_features & VHOST_USER_F_PROTOCOL_FEATURES != 0;
+        self.vring(u32::from(index))?;
+        self.stop(usize::from(index));
+        let v = self.vring(u32::from(index))?;
+        v.kick = fd;
+        if !protocol {
+            v.enabled = true;
+        }
+        self.start_if_ready(usize::from(index));
+        Ok(())
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VhostResult<()> {
+        self.vring(u32::from(index))?.call.set(fd);
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VhostResult<()> {
+        self.vring(u32::from(index))?;
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> VhostResult<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::BACKEND_REQ)
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
+        let offered = self.get_protocol_features()?.bits();
+        if features & !offered != 0 {
+            return Err(VhostError::InvalidParam);
+        }
+        self.acked_protocol = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> VhostResult<u64> {
+        Ok(self.device.num_queues() as u64)
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VhostResult<()> {
+        self.vring(index)?;
+        if enable {
+            self.vring(index)?.enabled = true;
+            self.start_if_ready(index as usize);
+        } else {
+            self.stop(index as usize);
+            self.vring(index)?.enabled = false;
+        }
+        Ok(())
+    }
+
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> VhostResult<Vec<u8>> {
+        if offset.checked_add(size).is_none() {
+            return Err(VhostError::InvalidParam);
+        }
+        Ok(self.device.read_config(offset, size))
+    }
+
+    fn set_config(
+        &mut self,
+        _offset: u32,
+        _buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> VhostResult<()> {
+        Err(invalid("the configuration space is read-only"))
+    }
+
+    fn set_backend_req_fd(&mut self, backend: Backend) {
+        self.backend_req = Some(backend);
+    }
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VhostResult<()> {
+        Err(invalid("not a GPU"))
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> VhostResult<File> {
+        Err(invalid("no shared objects"))
+    }
+
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> VhostResult<(VhostUserInflight, File)> {
+        Err(invalid("no inflight tracking"))
+    }
+
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VhostResult<()> {
+        Err(invalid("no inflight tracking"))
+    }
+
+    fn get_max_mem_slots(&mut self) -> VhostResult<u64> {
+        Err(invalid("no memory slots"))
+    }
+
+    fn add_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+        _fd: File,
+        _postcopy_listening: Option<bool>,
+    ) -> VhostResult<Option<VhostUserMemoryRegionBase>> {
+        Err(invalid("no memory slots"))
+    }
+
+    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> VhostResult<()> {
+        Err(invalid("no memory slots"))
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> VhostResult<Option<File>> {
+        Err(invalid("no migration"))
+    }
+
+    fn check_device_state(&mut self) -> VhostResult<()> {
+        Err(invalid("no migration"))
+    }
+
+    fn get_shmem_config(&mut self) -> VhostResult<VhostUserShMemConfig> {
+        Err(invalid("no shared memory regions"))
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VhostResult<()> {
+        Err(invalid("no dirty logging"))
+    }
+}
+
+impl<D: VirtioDevice> Drop for Handler<D> {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
