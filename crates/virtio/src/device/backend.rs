@@ -21,7 +21,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{
     FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
-    GuestRegionMmap, IommuMemory,
+    GuestMemoryRegion, GuestRegionMmap, IommuMemory,
 };
 
 use super::iotlb::{IotlbMsg, IOTLB_MSG_SIZE};
@@ -306,8 +306,18 @@ impl<D: VirtioDevice> Handler<D> {
                 .ok_or(VhostError::InvalidParam)?;
             regions.push(Arc::new(region));
         }
-        let phys =
-            GuestMemoryMmap::from_arc_regions(regions).map_err(|_| VhostError::InvalidParam)?;
+        // vm-memory wants the regions sorted by address (the order of the
+        // front end's table follows guest physical addresses, not user
+        // addresses) and refuses an empty list; no table yet is no memory.
+        regions.sort_by_key(|r| r.start_addr());
+        let phys = if regions.is_empty() {
+            GuestMemoryMmap::new()
+        } else {
+            GuestMemoryMmap::from_arc_regions(regions).map_err(|e| {
+                tracing::warn!("memory table refused: {e}");
+                VhostError::InvalidParam
+            })?
+        };
         let mut mem = self.mem.memory().with_replaced_backend(phys);
         mem.set_iommu_enabled(iommu_on);
         self.mem
