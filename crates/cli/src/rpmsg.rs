@@ -256,9 +256,19 @@ fn remote(a: RemoteArgs) -> Result<()> {
     let notifier = listener.accept().context("waiting for the host")?;
     let bus = Bus::remote(shm, notifier, a.ready_timeout.map(Duration::from_secs))
         .context("waiting for DRIVER_OK")?;
+    let f = bus.features();
+    let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
+        .into_iter()
+        .filter(|(bit, _)| f & (1 << bit) != 0)
+        .map(|(_, n)| n)
+        .collect();
     eprintln!(
         "remote: host ready (features {}), announcing {:?}",
-        if bus.has_ns() { "NS" } else { "none" },
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        },
         a.echo
     );
     let (exit_tx, exit_rx) = mpsc::channel::<Exit>();

@@ -316,6 +316,11 @@ impl Bus {
         self.shared.ns
     }
 
+    /// The negotiated feature word.
+    pub fn features(&self) -> u32 {
+        lock(&self.shared.state).link.features()
+    }
+
     /// The notifier kind ("eventfd", "unix", "poll").
     pub fn notifier_kind(&self) -> &'static str {
         self.shared.notifier.kind()
