@@ -43,8 +43,9 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 1)]
     pub alloc_threads: usize,
     /// What the allocator thread does to new buffers' pages: allocate
-    /// (fallocate; the reads map them), map (MADV_POPULATE_WRITE), none.
-    #[arg(long, default_value = "allocate", value_parser = parse_prefault)]
+    /// (fallocate; the reads map them), map (MADV_POPULATE_WRITE), none, or
+    /// auto (allocate for io_uring, map otherwise).
+    #[arg(long, default_value = "auto", value_parser = parse_prefault)]
     pub prefault: Prefault,
     /// Read the file again afterwards and compare every byte; exit non-zero
     /// on any difference.
@@ -142,10 +143,11 @@ pub fn run(args: &LoadArgs) -> Result<()> {
 
 fn parse_prefault(s: &str) -> Result<Prefault, String> {
     match s {
+        "auto" => Ok(Prefault::Auto),
         "allocate" => Ok(Prefault::Allocate),
         "map" => Ok(Prefault::Map),
         "none" => Ok(Prefault::None),
-        _ => Err(format!("`{s}` is not one of allocate, map, none")),
+        _ => Err(format!("`{s}` is not one of auto, allocate, map, none")),
     }
 }
 

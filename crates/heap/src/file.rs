@@ -148,9 +148,17 @@ impl IoFile {
     /// wrongly). With a too-small alignment the kernel refuses unaligned
     /// requests with `EINVAL` and the direct engines fall back to buffered I/O
     /// for them.
-    pub fn set_dio_align(&mut self, align: DioAlign) {
-        assert!(align.mem.is_power_of_two() && align.offset.is_power_of_two());
+    ///
+    /// # Errors
+    /// [`Error::BadSize`] unless both alignments are powers of two.
+    pub fn set_dio_align(&mut self, align: DioAlign) -> Result<()> {
+        for a in [align.mem, align.offset] {
+            if !a.is_power_of_two() {
+                return Err(Error::BadSize { size: a, page: 1 });
+            }
+        }
         self.align = Some(align);
+        Ok(())
     }
 
     /// Writes dirty pages back (`fsync`) and drops the file's pages from the

@@ -46,7 +46,7 @@ impl Default for LoadOptions {
             buffers: None,
             method: Method::Auto,
             engine: EngineOptions::default(),
-            prefault: Prefault::Allocate,
+            prefault: Prefault::Auto,
             alloc_threads: 1,
         }
     }
@@ -56,13 +56,17 @@ impl Default for LoadOptions {
 /// reading thread does not pay for them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prefault {
+    /// [`Prefault::Allocate`] for io_uring, whose buffer registration maps
+    /// the pages on the reading thread while earlier requests are in flight;
+    /// [`Prefault::Map`] for the other methods, which would map them between
+    /// requests. The default.
+    Auto,
     /// Nothing: pages are allocated when the transfer first touches them.
     None,
     /// Allocate (and zero) the pages up front with `fallocate(2)`; mapping
     /// them into page tables is left to the transfer (io_uring's buffer
     /// registration does it on the reading thread, overlapped with the
-    /// requests in flight). Splits the page work across two threads; the
-    /// default.
+    /// requests in flight). Splits the page work across two threads.
     Allocate,
     /// Allocate and map every page up front (`MADV_POPULATE_WRITE`).
     Map,
@@ -168,7 +172,11 @@ pub fn load(
     };
     let engine = new_engine(opts.method, opts.engine)?;
     let (tx, rx) = mpsc::channel::<Result<(Buffer, Duration)>>();
-    let prefault = opts.prefault;
+    let prefault = match opts.prefault {
+        Prefault::Auto if engine.method() == Method::Uring => Prefault::Allocate,
+        Prefault::Auto => Prefault::Map,
+        p => p,
+    };
     let buffer_size = opts.buffer_size;
     let claimed = AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -180,7 +188,7 @@ pub fn load(
                     let t = Instant::now();
                     let r = heap.alloc(buffer_size).map(|b| {
                         let r = match prefault {
-                            Prefault::None => Ok(()),
+                            Prefault::None | Prefault::Auto => Ok(()),
                             Prefault::Allocate => b.allocate_pages(),
                             Prefault::Map => b.populate(),
                         };

@@ -265,7 +265,13 @@ fn refused_direct_io_falls_back_per_request() {
         println!("skipped: this file system takes unaligned direct I/O");
         return;
     }
-    file.set_dio_align(DioAlign { mem: 1, offset: 1 });
+    file.set_dio_align(DioAlign { mem: 1, offset: 1 }).unwrap();
+    assert!(file
+        .set_dio_align(DioAlign {
+            mem: 3,
+            offset: 512
+        })
+        .is_err());
     let buf = MemfdHeap::new(HugePages::None).alloc(BUF).unwrap();
     for m in [Method::Direct, Method::Uring, Method::Auto] {
         let e = new_engine(m, EngineOptions::default()).unwrap();
