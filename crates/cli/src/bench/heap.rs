@@ -433,6 +433,18 @@ impl Report {
         for (h, why) in &self.skipped {
             println!("skipped heap {h}: {why}");
         }
+        if self.rows.iter().any(|r| r.heap == "memfd:thp") {
+            if let Ok(mode) =
+                std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+            {
+                if mode.contains("[never]") || mode.contains("[deny]") {
+                    println!(
+                        "note: memfd:thp gets no huge pages here (shmem_enabled: {})",
+                        mode.trim()
+                    );
+                }
+            }
+        }
         if self.warm_warnings > 0 {
             println!(
                 "warning: {} run(s) started with more than 1% of the file cached",
