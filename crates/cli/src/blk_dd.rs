@@ -369,6 +369,12 @@ fn drive<O: DmaOps + ?Sized>(
             .expect("valid template")
             .progress_chars("=> "),
     );
+    if args.op == Op::Write && args.pattern == Pattern::Zero {
+        // Zero the blocks once, outside the timed runs.
+        for b in bufs {
+            b.fill(0, args.bs, 0)?;
+        }
+    }
     let mut runs = Vec::with_capacity(args.runs);
     for run in 0..args.runs {
         bar.set_message(format!("run {}/{}", run + 1, args.runs));
@@ -435,11 +441,6 @@ fn pass<O: DmaOps + ?Sized>(
     let nq = drv.num_queues();
     let bs = args.bs;
     let mut scratch = Vec::new();
-    if op == Op::Write && args.pattern == Pattern::Zero {
-        for b in bufs {
-            b.fill(0, bs, 0)?;
-        }
-    }
     // slot -> (queue, block) of the request using bufs[slot].
     let mut busy: Vec<Option<(usize, u64)>> = vec![None; bufs.len()];
     let mut order: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
