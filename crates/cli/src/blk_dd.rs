@@ -295,11 +295,8 @@ const BOUNCE_SLOT: usize = 2048;
 /// As [`run`].
 pub fn dd(args: &DdArgs, progress: bool) -> Result<DdReport> {
     validate(args)?;
-    let heap = MemfdHeap::new(HugePages::None);
-    let bufs = (0..args.queue_depth)
-        .map(|_| heap.alloc(args.bs))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .context("cannot allocate the block buffers")?;
+    let blocks = Blocks::new(args)?;
+    let bufs = &blocks.distinct;
     let transport: Arc<dyn Transport> = Arc::new(
         VhostUser::connect(&args.socket, DEVICE_ID_BLOCK, Duration::from_secs(10))
             .with_context(|| format!("cannot reach the back end at {}", args.socket.display()))?,
@@ -312,12 +309,12 @@ pub fn dd(args: &DdArgs, progress: bool) -> Result<DdReport> {
     let ops: Arc<dyn DmaOps> = match args.dma {
         DmaMode::DirectStatic => {
             let ops = Arc::new(Direct::new());
-            for b in &bufs {
+            for b in bufs {
                 ops.register(b)?;
             }
             let mut drv = BlkDriver::new(transport, ops, &opts)
                 .context("cannot initialise the virtio-blk device")?;
-            return drive(&mut drv, args, &bufs, progress);
+            return drive(&mut drv, args, &blocks, progress);
         }
         DmaMode::Direct => Arc::new(Direct::new()),
         DmaMode::Iommu => {
@@ -331,12 +328,53 @@ pub fn dd(args: &DdArgs, progress: bool) -> Result<DdReport> {
         }
         DmaMode::Bounce => Arc::new(Bounce::new(BOUNCE_WINDOW, BOUNCE_SLOT)?),
     };
-    for b in &bufs {
+    for b in bufs {
         ops.register(b)?;
     }
     let mut drv = BlkDriver::<dyn DmaOps>::new(transport, ops, &opts)
         .context("cannot initialise the virtio-blk device")?;
-    drive(&mut drv, args, &bufs, progress)
+    drive(&mut drv, args, &blocks, progress)
+}
+
+/// The memory of the blocks in flight: one slot per request.
+///
+/// When the CPU never writes a block during a pass (zeros, or reads), all
+/// slots are ranges of one buffer, so the device needs one memory region for
+/// them (vhost-user back ends may accept as few as 8 regions, and the rings
+/// take some). Writing the `seq` pattern needs a buffer per slot: a buffer
+/// with any range mapped for the device refuses CPU writes.
+#[derive(Debug)]
+struct Blocks {
+    distinct: Vec<Buffer>,
+    slots: Vec<(Buffer, usize)>,
+}
+
+impl Blocks {
+    fn new(args: &DdArgs) -> Result<Self> {
+        let heap = MemfdHeap::new(HugePages::None);
+        let per_slot = args.op == Op::Write && args.pattern == Pattern::Seq;
+        let (distinct, slots) = if per_slot {
+            let d = (0..args.queue_depth)
+                .map(|_| heap.alloc(args.bs))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .context("cannot allocate the block buffers")?;
+            let s = d.iter().map(|b| (b.clone(), 0)).collect();
+            (d, s)
+        } else {
+            let len = args
+                .bs
+                .checked_mul(args.queue_depth)
+                .context("--bs x --queue-depth overflows")?;
+            let b = heap
+                .alloc(len)
+                .context("cannot allocate the block buffer")?;
+            let s = (0..args.queue_depth)
+                .map(|i| (b.clone(), i * args.bs))
+                .collect();
+            (vec![b], s)
+        };
+        Ok(Blocks { distinct, slots })
+    }
 }
 
 /// The dd proper, generic over the ops type: `O = Direct` is the static
@@ -344,7 +382,7 @@ pub fn dd(args: &DdArgs, progress: bool) -> Result<DdReport> {
 fn drive<O: DmaOps + ?Sized>(
     drv: &mut BlkDriver<O>,
     args: &DdArgs,
-    bufs: &[Buffer],
+    blocks: &Blocks,
     progress: bool,
 ) -> Result<DdReport> {
     let cfg = *drv.config();
@@ -371,15 +409,15 @@ fn drive<O: DmaOps + ?Sized>(
     );
     if args.op == Op::Write && args.pattern == Pattern::Zero {
         // Zero the blocks once, outside the timed runs.
-        for b in bufs {
-            b.fill(0, args.bs, 0)?;
+        for b in &blocks.distinct {
+            b.fill(0, b.len(), 0)?;
         }
     }
     let mut runs = Vec::with_capacity(args.runs);
     for run in 0..args.runs {
         bar.set_message(format!("run {}/{}", run + 1, args.runs));
         let t0 = Instant::now();
-        pass(drv, args, bufs, args.op, &bar, None)?;
+        pass(drv, args, &blocks.slots, args.op, &bar, None)?;
         // Timed like `dd oflag=direct` and fio's O_DIRECT write: up to the
         // last completion. The flush after makes the writes durable.
         runs.push(Run::new(bytes, t0.elapsed()));
@@ -393,7 +431,7 @@ fn drive<O: DmaOps + ?Sized>(
         pass(
             drv,
             args,
-            bufs,
+            &blocks.slots,
             Op::Read,
             &ProgressBar::hidden(),
             Some(&mut bad),
@@ -433,7 +471,7 @@ fn drive<O: DmaOps + ?Sized>(
 fn pass<O: DmaOps + ?Sized>(
     drv: &mut BlkDriver<O>,
     args: &DdArgs,
-    bufs: &[Buffer],
+    bufs: &[(Buffer, usize)],
     op: Op,
     bar: &ProgressBar,
     mut check: Option<&mut Option<u64>>,
@@ -455,20 +493,20 @@ fn pass<O: DmaOps + ?Sized>(
             if op == Op::Write && args.pattern == Pattern::Seq {
                 scratch.resize(bs, 0);
                 fill_seq(&mut scratch, dev_off);
-                bufs[slot].write_at(0, &scratch)?;
+                bufs[slot].0.write_at(bufs[slot].1, &scratch)?;
             }
             let q = (next as usize) % nq;
             let req = match op {
                 Op::Write => Request::Write {
                     offset: dev_off,
-                    buf: &bufs[slot],
-                    buf_offset: 0,
+                    buf: &bufs[slot].0,
+                    buf_offset: bufs[slot].1,
                     len: bs,
                 },
                 Op::Read => Request::Read {
                     offset: dev_off,
-                    buf: &bufs[slot],
-                    buf_offset: 0,
+                    buf: &bufs[slot].0,
+                    buf_offset: bufs[slot].1,
                     len: bs,
                 },
             };
@@ -495,7 +533,7 @@ fn pass<O: DmaOps + ?Sized>(
         })?;
         if let Some(bad) = check.as_deref_mut() {
             scratch.resize(bs, 0);
-            bufs[slot].read_at(0, &mut scratch)?;
+            bufs[slot].0.read_at(bufs[slot].1, &mut scratch)?;
             let dev_off = args.offset as u64 + block * bs as u64;
             if let Some(at) = check_pattern(&scratch, args.pattern, dev_off) {
                 // Keep the lowest bad offset whatever order blocks finish in.

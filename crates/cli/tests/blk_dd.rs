@@ -177,3 +177,87 @@ fn dd_refuses_iommu_mode_without_access_platform_and_bad_arguments() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("multiple of 512"));
 }
+
+/// `iopath blk serve` on a fresh image; killed on drop.
+struct Serve {
+    child: Child,
+    socket: PathBuf,
+    image: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(len: u64) -> Serve {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    std::fs::File::create(&image).unwrap().set_len(len).unwrap();
+    let socket = dir.path().join("blk.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["blk", "serve", "--queues", "2", "--image"])
+        .arg(&image)
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "iopath blk serve died");
+        assert!(Instant::now() < deadline, "iopath blk serve never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Serve {
+        child,
+        socket,
+        image,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn dd_verifies_every_mode_against_iopath_blk_serve() {
+    let s = serve(40 << 20);
+    for (i, mode) in ["direct", "direct-static", "iommu", "bounce"]
+        .iter()
+        .enumerate()
+    {
+        let offset = (4 << 20) * (i as u64 + 1);
+        let out = dd(
+            &s.socket,
+            &[
+                "--bs",
+                "1M",
+                "--count",
+                "4",
+                "--pattern",
+                "seq",
+                "--verify",
+                "--dma",
+                mode,
+                "--queue-depth",
+                "3",
+                "--queues",
+                "2",
+                "--json",
+                "--offset",
+                &offset.to_string(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["dma"], *mode);
+        assert_eq!(v["verified"], true);
+    }
+    check_seq(&s.image, 4 << 20, 16 << 20);
+}

@@ -210,6 +210,37 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Memory slots offered with `CONFIGURE_MEM_SLOTS` (`ADD_MEM_REG`), as
+/// QEMU's `VHOST_USER_MAX_RAM_SLOTS`.
+const MAX_MEM_SLOTS: usize = 509;
+
+/// Maps one region the front end shares.
+fn map_region(r: &VhostUserMemoryRegion, file: File) -> VhostResult<Region> {
+    let size = usize::try_from(r.memory_size).map_err(|_| VhostError::InvalidParam)?;
+    // Mapping beyond the end of the file would turn every access there into
+    // SIGBUS: refuse such a region up front.
+    let end = r
+        .mmap_offset
+        .checked_add(r.memory_size)
+        .ok_or(VhostError::InvalidParam)?;
+    let len = file.metadata().map_err(VhostError::ReqHandlerError)?.len();
+    if size == 0
+        || end > len
+        || r.guest_phys_addr.checked_add(r.memory_size).is_none()
+        || r.user_addr.checked_add(r.memory_size).is_none()
+    {
+        return Err(VhostError::InvalidParam);
+    }
+    let mapping = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
+        .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+    Ok(Region {
+        guest_phys: r.guest_phys_addr,
+        user_addr: r.user_addr,
+        size: r.memory_size,
+        mapping: Arc::new(mapping),
+    })
+}
+
 /// One region of the front end's memory table.
 struct Region {
     guest_phys: u64,
@@ -504,27 +535,12 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
         files: Vec<File>,
         _postcopy_listening: Option<bool>,
     ) -> VhostResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        if ctx.len() > MAX_MEM_SLOTS {
+            return Err(VhostError::InvalidParam);
+        }
         let mut regions = Vec::with_capacity(ctx.len());
         for (r, file) in ctx.iter().zip(files) {
-            let size = usize::try_from(r.memory_size).map_err(|_| VhostError::InvalidParam)?;
-            // Mapping beyond the end of the file would turn every access
-            // there into SIGBUS: refuse such a region up front.
-            let end = r
-                .mmap_offset
-                .checked_add(r.memory_size)
-                .ok_or(VhostError::InvalidParam)?;
-            let len = file.metadata().map_err(VhostError::ReqHandlerError)?.len();
-            if end > len || r.guest_phys_addr.checked_add(r.memory_size).is_none() {
-                return Err(VhostError::InvalidParam);
-            }
-            let mapping = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
-                .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
-            regions.push(Region {
-                guest_phys: r.guest_phys_addr,
-                user_addr: r.user_addr,
-                size: r.memory_size,
-                mapping: Arc::new(mapping),
-            });
+            regions.push(map_region(r, file)?);
         }
         let old = std::mem::replace(&mut self.regions, regions);
         if let Err(e) = self.rebuild_memory() {
@@ -603,7 +619,8 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::BACKEND_REQ)
+            | VhostUserProtocolFeatures::BACKEND_REQ
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
@@ -676,20 +693,43 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
     }
 
     fn get_max_mem_slots(&mut self) -> VhostResult<u64> {
-        Err(invalid("no memory slots"))
+        Ok(MAX_MEM_SLOTS as u64)
     }
 
     fn add_mem_region(
         &mut self,
-        _region: &VhostUserSingleMemoryRegion,
-        _fd: File,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
         _postcopy_listening: Option<bool>,
     ) -> VhostResult<Option<VhostUserMemoryRegionBase>> {
-        Err(invalid("no memory slots"))
+        if self.regions.len() >= MAX_MEM_SLOTS {
+            return Err(invalid("all memory slots in use"));
+        }
+        let new = map_region(region, fd)?;
+        self.regions.push(new);
+        if let Err(e) = self.rebuild_memory() {
+            // Overlapping or otherwise unusable: the table stays as it was.
+            self.regions.pop();
+            return Err(e);
+        }
+        for i in 0..self.vrings.len() {
+            self.start_if_ready(i);
+        }
+        Ok(None)
     }
 
-    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> VhostResult<()> {
-        Err(invalid("no memory slots"))
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VhostResult<()> {
+        let at = self
+            .regions
+            .iter()
+            .position(|r| r.guest_phys == region.guest_phys_addr && r.size == region.memory_size)
+            .ok_or_else(|| invalid("no such memory region"))?;
+        let old = self.regions.remove(at);
+        if let Err(e) = self.rebuild_memory() {
+            self.regions.insert(at, old);
+            return Err(e);
+        }
+        Ok(())
     }
 
     fn set_device_state_fd(
