@@ -269,6 +269,22 @@ impl Client {
         }
     }
 
+    pub fn status(&self, gpa: u64) -> u8 {
+        self.mem.read_obj(GuestAddress(gpa)).unwrap()
+    }
+
+    pub fn fill(&self, gpa: u64, len: usize, byte: u8) {
+        self.mem
+            .write_slice(&vec![byte; len], GuestAddress(gpa))
+            .unwrap();
+    }
+
+    pub fn bytes(&self, gpa: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.mem.read_slice(&mut v, GuestAddress(gpa)).unwrap();
+        v
+    }
+
     pub fn setup_queues(&mut self, nq: usize) {
         for q in 0..nq {
             let base = q as u64 * RING_STRIDE;
@@ -390,7 +406,31 @@ impl Client {
         out
     }
 
-    fn header(&mut self, kind: u32, sector: u64) -> u64 {
+    /// Runs a chain given with device addresses; `links` overrides the
+    /// `next` field of chosen descriptors (index, next, keep F_NEXT).
+    /// Returns the used length.
+    pub fn run_chain_dev(
+        &mut self,
+        q: usize,
+        descs: &[(u64, u32, u16)],
+        links: &[(usize, u16)],
+    ) -> u32 {
+        for (i, &(addr, len, flags)) in descs.iter().enumerate() {
+            let mut next = (i + 1) as u16;
+            let mut f = flags | if i + 1 < descs.len() { F_NEXT } else { 0 };
+            if let Some(&(_, to)) = links.iter().find(|l| l.0 == i) {
+                next = to;
+                f |= F_NEXT;
+            }
+            self.set_desc(q, i as u16, addr, len, f, next);
+        }
+        self.submit(q, &[0]);
+        let used = self.wait_used(q, 1);
+        assert_eq!(used[0].0, 0, "used id");
+        used[0].1
+    }
+
+    pub fn header(&mut self, kind: u32, sector: u64) -> u64 {
         let h = self.alloc(16, 0);
         let mut b = [0u8; 16];
         b[0..4].copy_from_slice(&kind.to_le_bytes());
@@ -399,7 +439,7 @@ impl Client {
         h
     }
 
-    fn status_slot(&mut self) -> u64 {
+    pub fn status_slot(&mut self) -> u64 {
         let s = self.alloc(1, 0);
         self.mem.write_obj(0xffu8, GuestAddress(s)).unwrap();
         s

@@ -24,7 +24,7 @@ use vm_memory::{
     GuestMemoryRegion, GuestRegionMmap, IommuMemory,
 };
 
-use super::iotlb::{IotlbMsg, IOTLB_MSG_SIZE};
+use super::iotlb::{IotlbMsg, IotlbMsgError, IOTLB_MSG_SIZE};
 use super::{
     CallFd, DeviceMemory, QueueContext, VhostIommu, VirtioDevice, VHOST_USER_F_PROTOCOL_FEATURES,
     VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
@@ -178,6 +178,10 @@ fn handle_iotlb<D: VirtioDevice>(
     let mut msg = vec![0u8; HDR_SIZE + len as usize];
     sock.read_exact(&mut msg).map_err(DeviceError::Socket)?;
     let parsed = IotlbMsg::parse(&msg[HDR_SIZE..]);
+    // A payload of the wrong size is a framing error, not a bad mapping.
+    if let Err(IotlbMsgError::BadSize { .. }) = parsed {
+        return Err(malformed);
+    }
     let ok = {
         let h = lock(handler);
         match parsed {

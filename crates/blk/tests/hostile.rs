@@ -1,0 +1,343 @@
+//! A hostile front end against a real `iopath blk serve`: broken chains,
+//! addresses outside the shared memory or the IOTLB, malformed vhost-user
+//! messages. Each gets IOERR/UNSUPP or a closed connection, memory outside
+//! what was granted is never touched, and the next front end is served.
+
+mod frontend;
+
+use frontend::*;
+use iopath_virtio::device::{IotlbMsg, IotlbPerm};
+
+/// A normal front end still gets correct data from the server.
+fn still_serves(srv: &mut Server) {
+    assert!(srv.alive(), "server died");
+    let mut c = Client::new(&srv.socket, VERSION_1 | BLK_F_FLUSH, 1);
+    let data = pattern(8 * SECTOR, 4096, 77);
+    assert_eq!(c.write(0, 8, &data), S_OK);
+    assert_eq!(c.flush(0), S_OK);
+    let (st, back) = c.read(0, 8, 4096);
+    assert_eq!(st, S_OK);
+    assert!(back == data);
+    assert!(srv.image_bytes(8 * SECTOR, 4096) == data);
+}
+
+#[test]
+fn hostile_chains_get_ioerr_and_touch_nothing() {
+    let mut srv = Server::start(4 << 20, &[]);
+    let mut c = Client::new(&srv.socket, VERSION_1 | INDIRECT_DESC, 1);
+    let secret = pattern(0, 64 * 512, 5);
+    assert_eq!(c.write(0, 0, &secret), S_OK);
+
+    // Read into a buffer that runs off the end of the shared memory: IOERR,
+    // and the part inside the memory is not written either.
+    c.reset_alloc();
+    let h = c.header(T_IN, 0);
+    let st = c.status_slot();
+    let edge = MEM_SIZE - 512;
+    c.fill(edge, 512, 0xaa);
+    let used = c.run_chain_dev(
+        0,
+        &[(h, 16, 0), (edge, 1024, F_WRITE), (st, 1, F_WRITE)],
+        &[],
+    );
+    assert_eq!(c.status(st), S_IOERR);
+    assert_eq!(used, 1);
+    assert_eq!(c.bytes(edge, 512), vec![0xaa; 512]);
+
+    // Entirely outside, and a length that wraps the address space.
+    for (addr, len) in [(MEM_SIZE + 0x1000, 512u32), (u64::MAX - 100, 4096)] {
+        c.reset_alloc();
+        let h = c.header(T_IN, 0);
+        let st = c.status_slot();
+        c.run_chain_dev(
+            0,
+            &[(h, 16, 0), (addr, len, F_WRITE), (st, 1, F_WRITE)],
+            &[],
+        );
+        assert_eq!(c.status(st), S_IOERR, "data at {addr:#x}+{len}");
+    }
+    // u32::MAX bytes inside the memory's start: past its end.
+    c.reset_alloc();
+    let h = c.header(T_IN, 0);
+    let st = c.status_slot();
+    let d = c.alloc(4096, 0);
+    c.fill(d, 4096, 0xbb);
+    c.run_chain_dev(
+        0,
+        &[(h, 16, 0), (d, u32::MAX - 511, F_WRITE), (st, 1, F_WRITE)],
+        &[],
+    );
+    assert_eq!(c.status(st), S_IOERR);
+    assert_eq!(c.bytes(d, 4096), vec![0xbb; 4096]);
+
+    // A header outside memory.
+    c.reset_alloc();
+    let st = c.status_slot();
+    c.run_chain_dev(0, &[(MEM_SIZE, 16, 0), (st, 1, F_WRITE)], &[]);
+    assert_eq!(c.status(st), S_IOERR);
+
+    // A chain that loops: the status descriptor links back to the header.
+    c.reset_alloc();
+    let h = c.header(T_OUT, 8);
+    let d = c.alloc(512, 0);
+    c.fill(d, 512, 0xcc);
+    let st = c.status_slot();
+    c.run_chain_dev(0, &[(h, 16, 0), (d, 512, 0), (st, 1, F_WRITE)], &[(2, 0)]);
+    assert_eq!(c.status(st), S_IOERR);
+    // A next index past the table: refused, nothing written to the image.
+    c.reset_alloc();
+    let h = c.header(T_OUT, 8);
+    let st = c.status_slot();
+    c.run_chain_dev(
+        0,
+        &[(h, 16, 0), (d, 512, 0), (st, 1, F_WRITE)],
+        &[(1, 5000)],
+    );
+    assert_ne!(c.status(st), S_OK);
+    // An indirect table outside memory, and one that is misaligned.
+    c.reset_alloc();
+    c.run_chain_dev(0, &[(MEM_SIZE + 4096, 48, F_INDIRECT)], &[]);
+    c.run_chain_dev(0, &[(DATA_BASE, 47, F_INDIRECT)], &[]);
+
+    // Sector ranges, lengths and types.
+    c.reset_alloc();
+    assert_eq!(c.read(0, (4 << 20) / SECTOR, 512).0, S_IOERR);
+    assert_eq!(c.read(0, u64::MAX, 512).0, S_IOERR);
+    assert_eq!(c.request(0, T_IN, 0, None, 100, 0).0, S_IOERR);
+    assert_eq!(c.request(0, 77, 0, None, 512, 0).0, S_UNSUPP);
+    // The image is what the honest write put there.
+    let (st, back) = c.read(0, 0, 64 * 512);
+    assert_eq!(st, S_OK);
+    assert!(back == secret);
+
+    // An avail entry naming a descriptor past the queue: no crash.
+    c.submit(0, &[5000]);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    drop(c);
+    still_serves(&mut srv);
+}
+
+#[test]
+fn malformed_messages_close_the_connection() {
+    let mut srv = Server::start(1 << 20, &[]);
+    let bad: Vec<(&str, Vec<u8>)> = vec![
+        ("unknown request", message(9999, 0, &[])),
+        ("bad version", {
+            let mut m = message(1, 0, &[]);
+            m[4] = 0x2;
+            m
+        }),
+        ("oversized payload", {
+            let mut m = message(2, 0, &[0u8; 8]);
+            m[8..12].copy_from_slice(&0x7fff_ffffu32.to_le_bytes());
+            m
+        }),
+        ("SET_FEATURES with a short body", message(2, 0, &[1, 2, 3])),
+        // SET_MEM_TABLE claiming 3 regions with no room (and no fds) for them.
+        (
+            "SET_MEM_TABLE lying about regions",
+            message(5, 0, &[3, 0, 0, 0, 0, 0, 0, 0]),
+        ),
+        ("IOTLB_MSG with a short body", message(22, 0, &[0u8; 8])),
+        ("IOTLB_MSG with a huge body", message(22, 0, &[0u8; 4000])),
+        ("SET_VRING_NUM for queue 200", {
+            let mut body = 200u32.to_le_bytes().to_vec();
+            body.extend_from_slice(&64u32.to_le_bytes());
+            message(8, 0, &body)
+        }),
+    ];
+    for (what, bytes) in bad {
+        // Reply-less requests that the handler refuses also end the
+        // connection; each must never take the server down.
+        assert!(closed_after(&srv.socket, &bytes), "{what}: not closed");
+        assert!(srv.alive(), "{what}: server died");
+    }
+    // A truncated message followed by a hang-up.
+    {
+        let mut s = std::os::unix::net::UnixStream::connect(&srv.socket).unwrap();
+        std::io::Write::write_all(&mut s, &message(1, 0, &[])[..6]).unwrap();
+    }
+    still_serves(&mut srv);
+}
+
+#[test]
+fn memory_table_larger_than_its_file_is_refused() {
+    let mut srv = Server::start(1 << 20, &[]);
+    {
+        let mut fe = connect(&srv.socket);
+        use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
+        use vhost::vhost_user::VhostUserFrontend;
+        use vhost::VhostBackend;
+        fe.set_owner().unwrap();
+        let f = fe.get_features().unwrap();
+        fe.set_features(f & (VERSION_1 | PROTOCOL_FEATURES))
+            .unwrap();
+        let pf = fe.get_protocol_features().unwrap();
+        fe.set_protocol_features(pf & P::REPLY_ACK).unwrap();
+        fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+        let small = memfd(1 << 20);
+        let res = fe.set_mem_table(&[vhost::VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: 16 << 20,
+            userspace_addr: UADDR,
+            mmap_offset: 0,
+            mmap_handle: std::os::fd::AsRawFd::as_raw_fd(&small),
+        }]);
+        assert!(
+            res.is_err(),
+            "a region past the end of its memfd was accepted"
+        );
+    }
+    still_serves(&mut srv);
+}
+
+fn map(c: &Client, gpa: u64, size: u64, perm: IotlbPerm) {
+    let m = IotlbMsg::Update {
+        iova: IOVA + gpa,
+        size,
+        uaddr: UADDR + gpa,
+        perm,
+    };
+    assert_eq!(send_iotlb(&c.fe, &m), 0, "IOTLB update refused");
+}
+
+#[test]
+fn iommu_mode_translates_through_the_iotlb_and_enforces_it() {
+    let mut srv = Server::start(4 << 20, &[]);
+    let mut c = Client::negotiate(&srv.socket, VERSION_1 | ACCESS_PLATFORM | BLK_F_FLUSH);
+    assert_ne!(
+        c.features & ACCESS_PLATFORM,
+        0,
+        "ACCESS_PLATFORM not offered"
+    );
+    // Rings and the first 3 MiB of data: RW. 0x40_0000..+64K: the device
+    // may only read. 0x50_0000..: never mapped.
+    map(&c, 0, 0x40_0000, IotlbPerm::ReadWrite);
+    map(&c, 0x40_0000, 0x1_0000, IotlbPerm::ReadOnly);
+    map(&c, 0x41_0000, 0x1_0000, IotlbPerm::WriteOnly);
+    c.setup_queues(1);
+
+    // Through IOVAs, both directions, checked in memory and in the image.
+    let data = pattern(256 * SECTOR, 64 << 10, 9);
+    assert_eq!(c.write(0, 256, &data), S_OK);
+    assert_eq!(c.flush(0), S_OK);
+    let (st, back) = c.read(0, 256, 64 << 10);
+    assert_eq!(st, S_OK);
+    assert!(back == data);
+    assert!(srv.image_bytes(256 * SECTOR, 64 << 10) == data);
+
+    let expect_ioerr = |c: &mut Client, kind: u32, data_gpa: u64, fill: u8, what: &str| {
+        c.reset_alloc();
+        let h = c.header(kind, 256);
+        let st = c.status_slot();
+        c.fill(data_gpa, 4096, fill);
+        let flags = if kind == T_IN { F_WRITE } else { 0 };
+        c.run_chain_dev(
+            0,
+            &[
+                (c.dev(h), 16, 0),
+                (c.dev(data_gpa), 4096, flags),
+                (c.dev(st), 1, F_WRITE),
+            ],
+            &[],
+        );
+        assert_eq!(c.status(st), S_IOERR, "{what}");
+        assert_eq!(
+            c.bytes(data_gpa, 4096),
+            vec![fill; 4096],
+            "{what}: memory touched"
+        );
+    };
+    // Never mapped: reads must not land, writes must not be taken.
+    expect_ioerr(&mut c, T_IN, 0x50_0000, 0x11, "read into unmapped IOVA");
+    expect_ioerr(&mut c, T_OUT, 0x50_0000, 0x12, "write from unmapped IOVA");
+    // Mapped read-only: the device may not write there.
+    expect_ioerr(&mut c, T_IN, 0x40_0000, 0x13, "read into RO mapping");
+    // Mapped write-only: the device may not read there.
+    expect_ioerr(&mut c, T_OUT, 0x41_0000, 0x14, "write from WO mapping");
+    // Straddling the end of the RW mapping into nothing.
+    expect_ioerr(&mut c, T_IN, 0x50_0000 - 2048, 0x15, "read across the end");
+    assert!(
+        srv.image_bytes(256 * SECTOR, 64 << 10) == data,
+        "image changed"
+    );
+
+    // A guest-physical address is not an IOVA.
+    c.reset_alloc();
+    let h = c.header(T_IN, 256);
+    let st = c.status_slot();
+    let d = c.alloc(4096, 0);
+    c.run_chain_dev(
+        0,
+        &[
+            (c.dev(h), 16, 0),
+            (d, 4096, F_WRITE),
+            (c.dev(st), 1, F_WRITE),
+        ],
+        &[],
+    );
+    assert_eq!(c.status(st), S_IOERR);
+
+    // Invalidate the data area: the same request that worked now fails.
+    let (st, _) = c.read(0, 256, 4096);
+    assert_eq!(st, S_OK);
+    let inv = IotlbMsg::Invalidate {
+        iova: IOVA + DATA_BASE + 0x1000,
+        size: 0x1000,
+    };
+    assert_eq!(send_iotlb(&c.fe, &inv), 0);
+    c.reset_alloc();
+    let h = c.header(T_IN, 256); // DATA_BASE
+    let d = c.alloc(4096, 0); // DATA_BASE + 0x1000: invalidated
+    c.fill(d, 4096, 0x16);
+    let st = c.alloc(1, 0);
+    c.run_chain_dev(
+        0,
+        &[
+            (c.dev(h), 16, 0),
+            (c.dev(d), 4096, F_WRITE),
+            (c.dev(st), 1, F_WRITE),
+        ],
+        &[],
+    );
+    assert_eq!(c.status(st), S_IOERR);
+    assert_eq!(c.bytes(d, 4096), vec![0x16; 4096]);
+
+    // Malformed IOTLB updates are refused without ending the session.
+    let mut bad = IotlbMsg::Update {
+        iova: IOVA,
+        size: 4096,
+        uaddr: UADDR,
+        perm: IotlbPerm::ReadWrite,
+    }
+    .to_wire();
+    bad[24] = 7;
+    let sock_reply = {
+        use std::io::{Read, Write};
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: borrowed, never closed here (ManuallyDrop).
+        let sock = std::mem::ManuallyDrop::new(unsafe {
+            std::os::unix::net::UnixStream::from_raw_fd(c.fe.as_raw_fd())
+        });
+        let mut s: &std::os::unix::net::UnixStream = &sock;
+        s.write_all(&message(22, 0x8, &bad)).unwrap();
+        let mut reply = [0u8; 20];
+        s.read_exact(&mut reply).unwrap();
+        u64::from_le_bytes(reply[12..20].try_into().unwrap())
+    };
+    assert_ne!(sock_reply, 0, "bad permission accepted");
+    // Map the invalidated page again: requests through it work again.
+    map(&c, DATA_BASE + 0x1000, 0x1000, IotlbPerm::ReadWrite);
+    let (st, back) = c.read(0, 256, 64 << 10);
+    assert_eq!(st, S_OK);
+    assert!(back == data);
+
+    // Unmapping the rings stops the queue cold; the server stays up.
+    let inv = IotlbMsg::Invalidate {
+        iova: IOVA,
+        size: 0x4000,
+    };
+    assert_eq!(send_iotlb(&c.fe, &inv), 0);
+    drop(c);
+    still_serves(&mut srv);
+}
