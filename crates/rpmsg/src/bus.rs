@@ -26,7 +26,7 @@ use thiserror::Error;
 use tracing::{debug, info, warn};
 
 use crate::host::HostLink;
-use crate::link::{Link, LinkError, Role, Rx};
+use crate::link::{self, Link, LinkError, Role, Slot};
 use crate::notify::{Notifier, NotifyError};
 use crate::remote::RemoteLink;
 use crate::shm::SharedMem;
@@ -196,6 +196,21 @@ type Callback = Box<dyn FnMut(&EndpointRef, Event) + Send>;
 enum Sink {
     Queue(mpsc::Sender<Event>),
     Callback(Arc<Mutex<Callback>>),
+    /// Zero-copy endpoint: messages stay in their shared buffers.
+    Held(mpsc::Sender<Held>),
+}
+
+/// What a zero-copy endpoint receives.
+enum Held {
+    Buf(RxBuffer),
+    Unbound,
+    LinkDown(String),
+}
+
+/// What the service thread hands to a sink.
+enum Delivery {
+    Ev(Event),
+    Buf(RxBuffer),
 }
 
 struct EptSlot {
@@ -223,6 +238,8 @@ struct Shared {
     ns: bool,
     role: Role,
     buf_size: usize,
+    /// The link's shared memory (zero-copy buffers read and write it).
+    shm: SharedMem,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -284,6 +301,7 @@ impl Bus {
             ns: features & (1 << VIRTIO_RPMSG_F_NS) != 0,
             role: link.role(),
             buf_size: link.buf_size(),
+            shm: link.shm().clone(),
             state: Mutex::new(State {
                 link,
                 endpoints: HashMap::new(),
@@ -430,6 +448,24 @@ impl Bus {
                 addr,
             },
             rx: None,
+        })
+    }
+
+    /// Creates a zero-copy endpoint: each message stays in the peer's
+    /// shared buffer until the [`RxBuffer`] is dropped (which gives the
+    /// buffer back). Holding many stalls the peer once its buffers run out.
+    ///
+    /// # Errors
+    /// As [`Bus::create`].
+    pub fn create_zero_copy(&self, opts: EndpointOptions) -> Result<ZeroCopyEndpoint, BusError> {
+        let (tx, rx) = mpsc::channel();
+        let addr = self.register(&opts, Sink::Held(tx))?;
+        Ok(ZeroCopyEndpoint {
+            r: EndpointRef {
+                bus: self.clone(),
+                addr,
+            },
+            rx,
         })
     }
 
@@ -775,6 +811,333 @@ impl Drop for Endpoint {
     }
 }
 
+/// A message still in the peer's shared buffer (zero-copy receive). The
+/// buffer goes back to the peer when this is dropped. The bytes are shared
+/// memory the peer could still write, so they are read out through
+/// [`RxBuffer::read`], never lent as a slice.
+pub struct RxBuffer {
+    shared: Arc<Shared>,
+    held: Option<link::Held>,
+    src: u32,
+    dst: u32,
+    /// Device address of the payload.
+    addr: u64,
+    len: usize,
+}
+
+impl fmt::Debug for RxBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RxBuffer")
+            .field("src", &self.src)
+            .field("dst", &self.dst)
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl RxBuffer {
+    /// Sender address.
+    pub fn src(&self) -> u32 {
+        self.src
+    }
+
+    /// Our address.
+    pub fn dst(&self) -> u32 {
+        self.dst
+    }
+
+    /// Payload length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Offset of the payload in the shared memory (its device address).
+    pub fn shm_offset(&self) -> u64 {
+        self.addr
+    }
+
+    /// Copies `dst.len()` payload bytes from `offset` straight out of the
+    /// shared buffer.
+    ///
+    /// # Errors
+    /// [`BusError::TooLarge`] if the range runs past the payload.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), BusError> {
+        if offset.checked_add(dst.len()).is_none_or(|e| e > self.len) {
+            return Err(BusError::TooLarge {
+                len: offset.saturating_add(dst.len()),
+                max: self.len,
+            });
+        }
+        self.shared
+            .shm
+            .read(self.addr + offset as u64, dst)
+            .map_err(|e| BusError::Link(e.into()))
+    }
+
+    /// The whole payload, copied.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        // In range by construction (checked against the buffer when held).
+        let _ = self.read(0, &mut v);
+        v
+    }
+}
+
+impl Drop for RxBuffer {
+    fn drop(&mut self) {
+        let Some(h) = self.held.take() else { return };
+        let kick = {
+            let mut st = lock(&self.shared.state);
+            if st.down.is_some() {
+                return;
+            }
+            release(&mut st, h);
+            let k = st.link.take_kick();
+            if k {
+                st.stats.kicks += 1;
+            }
+            k
+        };
+        if kick {
+            let _ = self.shared.notifier.kick();
+        }
+    }
+}
+
+/// A free shared buffer to build a message in place (zero-copy send): write
+/// the payload with [`TxBuffer::write`], then [`TxBuffer::send`]. Dropped
+/// unsent, the buffer is kept for the next send.
+pub struct TxBuffer {
+    ep: EndpointRef,
+    slot: Option<Slot>,
+}
+
+impl fmt::Debug for TxBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxBuffer")
+            .field("src", &self.ep.addr)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl TxBuffer {
+    /// Payload bytes the buffer holds.
+    pub fn capacity(&self) -> usize {
+        self.slot
+            .as_ref()
+            .map_or(0, |s| (s.cap - HDR_LEN).min(usize::from(u16::MAX)))
+    }
+
+    /// Offset of the payload in the shared memory (its device address).
+    pub fn shm_offset(&self) -> u64 {
+        self.slot.as_ref().map_or(0, |s| s.addr + HDR_LEN as u64)
+    }
+
+    /// Writes payload bytes at `offset`, straight into the shared buffer.
+    ///
+    /// # Errors
+    /// [`BusError::TooLarge`] past the capacity.
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), BusError> {
+        let cap = self.capacity();
+        if offset.checked_add(data.len()).is_none_or(|e| e > cap) {
+            return Err(BusError::TooLarge {
+                len: offset.saturating_add(data.len()),
+                max: cap,
+            });
+        }
+        let addr = self.shm_offset() + offset as u64;
+        self.ep
+            .bus
+            .shared
+            .shm
+            .write(addr, data)
+            .map_err(|e| BusError::Link(e.into()))
+    }
+
+    /// Sends the first `len` payload bytes to the bound peer.
+    ///
+    /// # Errors
+    /// [`BusError::NotBound`], [`BusError::TooLarge`],
+    /// [`BusError::LinkDown`].
+    pub fn send(self, len: usize) -> Result<(), BusError> {
+        let dst = self.ep.dst();
+        if dst == ADDR_ANY {
+            return Err(BusError::NotBound { addr: self.ep.addr });
+        }
+        self.send_to(dst, len)
+    }
+
+    /// Sends the first `len` payload bytes to `dst`.
+    ///
+    /// # Errors
+    /// [`BusError::TooLarge`], [`BusError::LinkDown`].
+    pub fn send_to(mut self, dst: u32, len: usize) -> Result<(), BusError> {
+        let cap = self.capacity();
+        if len > cap {
+            return Err(BusError::TooLarge { len, max: cap });
+        }
+        let shared = &self.ep.bus.shared;
+        let hdr = wire::Header {
+            src: self.ep.addr,
+            dst,
+            reserved: 0,
+            len: len as u16,
+            flags: 0,
+        };
+        let slot = self.slot.take().expect("slot until sent");
+        if let Err(e) = shared.shm.write(slot.addr, &hdr.encode(shared.endian)) {
+            lock(&shared.state).link.drop_tx(slot);
+            return Err(BusError::Link(e.into()));
+        }
+        let kick = {
+            let mut st = lock(&shared.state);
+            if let Some(r) = &st.down {
+                return Err(BusError::LinkDown(r.clone()));
+            }
+            if let Err(e) = st.link.put_tx(slot, HDR_LEN + len) {
+                let r = e.to_string();
+                st.down.get_or_insert(r.clone());
+                return Err(BusError::LinkDown(r));
+            }
+            st.stats.tx_msgs += 1;
+            let k = st.link.take_kick();
+            if k {
+                st.stats.kicks += 1;
+            }
+            k
+        };
+        if kick {
+            if let Err(e) = shared.notifier.kick() {
+                mark_down(shared, format!("notify: {e}"));
+                return Err(BusError::LinkDown(e.to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TxBuffer {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            lock(&self.ep.bus.shared.state).link.drop_tx(slot);
+            self.ep.bus.shared.cond.notify_all();
+        }
+    }
+}
+
+impl EndpointRef {
+    /// A free shared buffer to build the next message in (zero-copy send),
+    /// waiting up to `wait` (`None`: do not wait).
+    ///
+    /// # Errors
+    /// [`BusError::WouldBlock`], [`BusError::Timeout`],
+    /// [`BusError::LinkDown`].
+    pub fn alloc(&self, wait: Option<Duration>) -> Result<TxBuffer, BusError> {
+        let shared = &self.bus.shared;
+        let deadline = wait.map(|w| Instant::now() + w);
+        let mut st = lock(&shared.state);
+        loop {
+            if let Some(r) = &st.down {
+                return Err(BusError::LinkDown(r.clone()));
+            }
+            match st.link.get_tx() {
+                Ok(Some(slot)) => {
+                    return Ok(TxBuffer {
+                        ep: self.clone(),
+                        slot: Some(slot),
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let r = e.to_string();
+                    st.down.get_or_insert(r.clone());
+                    return Err(BusError::LinkDown(r));
+                }
+            }
+            let Some(deadline) = deadline else {
+                return Err(BusError::WouldBlock);
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(BusError::Timeout);
+            }
+            st = shared
+                .cond
+                .wait_timeout(st, (deadline - now).min(Duration::from_millis(1)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// An endpoint whose messages stay in the peer's shared buffers
+/// ([`Bus::create_zero_copy`]); dropping it destroys it.
+#[derive(Debug)]
+pub struct ZeroCopyEndpoint {
+    r: EndpointRef,
+    rx: mpsc::Receiver<Held>,
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Held::Buf(b) => b.fmt(f),
+            Held::Unbound => f.write_str("Unbound"),
+            Held::LinkDown(r) => write!(f, "LinkDown({r})"),
+        }
+    }
+}
+
+impl std::ops::Deref for ZeroCopyEndpoint {
+    type Target = EndpointRef;
+    fn deref(&self) -> &EndpointRef {
+        &self.r
+    }
+}
+
+impl ZeroCopyEndpoint {
+    /// The next message, in its shared buffer, waiting up to `timeout`
+    /// (`None`: forever).
+    ///
+    /// # Errors
+    /// [`BusError::Timeout`], [`BusError::Unbound`], [`BusError::LinkDown`].
+    pub fn recv(&self, timeout: Option<Duration>) -> Result<RxBuffer, BusError> {
+        let h = match timeout {
+            None => self
+                .rx
+                .recv()
+                .map_err(|_| BusError::LinkDown("bus gone".into()))?,
+            Some(t) => self.rx.recv_timeout(t).map_err(|e| match e {
+                mpsc::RecvTimeoutError::Timeout => BusError::Timeout,
+                mpsc::RecvTimeoutError::Disconnected => BusError::LinkDown("bus gone".into()),
+            })?,
+        };
+        match h {
+            Held::Buf(b) => Ok(b),
+            Held::Unbound => Err(BusError::Unbound),
+            Held::LinkDown(r) => Err(BusError::LinkDown(r)),
+        }
+    }
+
+    /// A non-owning handle.
+    pub fn handle(&self) -> EndpointRef {
+        self.r.clone()
+    }
+}
+
+impl Drop for ZeroCopyEndpoint {
+    fn drop(&mut self) {
+        self.r.bus.destroy(self.r.addr);
+    }
+}
+
 /// Marks the link down; the service thread tells the endpoints.
 fn mark_down(shared: &Shared, reason: String) {
     let mut st = lock(&shared.state);
@@ -785,12 +1148,33 @@ fn mark_down(shared: &Shared, reason: String) {
     shared.cond.notify_all();
 }
 
-fn deliver(bus: &Bus, addr: u32, sink: Sink, ev: Event) {
-    match sink {
-        Sink::Queue(tx) => {
+fn deliver(bus: &Bus, addr: u32, sink: Sink, d: Delivery) {
+    match (sink, d) {
+        (Sink::Held(tx), Delivery::Buf(b)) => {
+            // A receiver gone drops the buffer here: it goes back at once.
+            let _ = tx.send(Held::Buf(b));
+        }
+        (Sink::Held(tx), Delivery::Ev(Event::Unbound { .. })) => {
+            let _ = tx.send(Held::Unbound);
+        }
+        (Sink::Held(tx), Delivery::Ev(Event::LinkDown(r))) => {
+            let _ = tx.send(Held::LinkDown(r));
+        }
+        (Sink::Held(_), Delivery::Ev(Event::Message(_))) => {}
+        (sink, Delivery::Buf(b)) => {
+            // Not a zero-copy endpoint: copy out and give the buffer back.
+            let m = Message {
+                src: b.src,
+                dst: b.dst,
+                data: b.to_vec(),
+            };
+            drop(b);
+            deliver(bus, addr, sink, Delivery::Ev(Event::Message(m)));
+        }
+        (Sink::Queue(tx), Delivery::Ev(ev)) => {
             let _ = tx.send(ev);
         }
-        Sink::Callback(cb) => {
+        (Sink::Callback(cb), Delivery::Ev(ev)) => {
             let r = EndpointRef {
                 bus: bus.clone(),
                 addr,
@@ -800,17 +1184,55 @@ fn deliver(bus: &Bus, addr: u32, sink: Sink, ev: Event) {
     }
 }
 
-fn handle_message(shared: &Shared, st: &mut State, buf: &[u8], out: &mut Vec<(u32, Sink, Event)>) {
-    let (hdr, payload) = match wire::parse_message(buf, shared.endian) {
-        Ok(x) => x,
+/// Dispatches one buffer the peer filled. Name-service records and
+/// messages for copying endpoints are copied out and the buffer goes back
+/// at once; a zero-copy endpoint gets the buffer itself.
+fn handle_held(
+    shared: &Arc<Shared>,
+    st: &mut State,
+    h: link::Held,
+    out: &mut Vec<(u32, Sink, Delivery)>,
+) {
+    let mut hb = [0u8; HDR_LEN];
+    let parsed = if h.len < HDR_LEN {
+        Err(WireError::Short { got: h.len })
+    } else {
+        shared
+            .shm
+            .read(h.addr, &mut hb)
+            .map_err(|_| WireError::Short { got: 0 })
+            .and_then(|()| wire::Header::decode(&hb, shared.endian))
+            .and_then(|hdr| {
+                let room = h.len - HDR_LEN;
+                if usize::from(hdr.len) > room {
+                    Err(WireError::LenPastBuffer {
+                        len: usize::from(hdr.len),
+                        room,
+                    })
+                } else {
+                    Ok(hdr)
+                }
+            })
+    };
+    let hdr = match parsed {
+        Ok(hdr) => hdr,
         Err(e) => {
             st.stats.rx_malformed += 1;
             warn!(target: "iopath_rpmsg", "{}: dropped malformed message: {e}", shared.role);
+            release(st, h);
             return;
         }
     };
+    let payload_addr = h.addr + HDR_LEN as u64;
+    let len = usize::from(hdr.len);
     if hdr.dst == NS_ADDR && shared.ns {
-        match NsMsg::parse(payload, shared.endian) {
+        let mut rec = vec![0u8; len];
+        let r = shared.shm.read(payload_addr, &mut rec);
+        release(st, h);
+        match r
+            .map_err(|_| WireError::Short { got: 0 })
+            .and_then(|()| NsMsg::parse(&rec, shared.endian))
+        {
             Ok(m) => handle_ns(shared, st, m, out),
             Err(e) => {
                 st.stats.rx_malformed += 1;
@@ -822,6 +1244,7 @@ fn handle_message(shared: &Shared, st: &mut State, buf: &[u8], out: &mut Vec<(u3
     let Some(slot) = st.endpoints.get_mut(&hdr.dst) else {
         st.stats.rx_unknown_dst += 1;
         debug!(target: "iopath_rpmsg", "{}: dropped message for unknown address {}", shared.role, hdr.dst);
+        release(st, h);
         return;
     };
     if slot.dst == ADDR_ANY {
@@ -829,18 +1252,45 @@ fn handle_message(shared: &Shared, st: &mut State, buf: &[u8], out: &mut Vec<(u3
         slot.dst = hdr.src;
     }
     st.stats.rx_msgs += 1;
-    out.push((
-        hdr.dst,
-        slot.sink.clone(),
-        Event::Message(Message {
-            src: hdr.src,
-            dst: hdr.dst,
-            data: payload.to_vec(),
-        }),
-    ));
+    let sink = slot.sink.clone();
+    if let Sink::Held(_) = sink {
+        out.push((
+            hdr.dst,
+            sink,
+            Delivery::Buf(RxBuffer {
+                shared: Arc::clone(shared),
+                held: Some(h),
+                src: hdr.src,
+                dst: hdr.dst,
+                addr: payload_addr,
+                len,
+            }),
+        ));
+        return;
+    }
+    let mut data = vec![0u8; len];
+    let r = shared.shm.read(payload_addr, &mut data);
+    release(st, h);
+    if r.is_ok() {
+        out.push((
+            hdr.dst,
+            sink,
+            Delivery::Ev(Event::Message(Message {
+                src: hdr.src,
+                dst: hdr.dst,
+                data,
+            })),
+        ));
+    }
 }
 
-fn handle_ns(shared: &Shared, st: &mut State, m: NsMsg, out: &mut Vec<(u32, Sink, Event)>) {
+fn release(st: &mut State, h: link::Held) {
+    if let Err(e) = st.link.release_rx(h) {
+        st.down.get_or_insert(e.to_string());
+    }
+}
+
+fn handle_ns(shared: &Shared, st: &mut State, m: NsMsg, out: &mut Vec<(u32, Sink, Delivery)>) {
     match m.op {
         NsOp::Create => {
             st.stats.ns_create += 1;
@@ -865,7 +1315,11 @@ fn handle_ns(shared: &Shared, st: &mut State, m: NsMsg, out: &mut Vec<(u32, Sink
             for (addr, slot) in st.endpoints.iter_mut() {
                 if slot.dst == m.addr {
                     slot.dst = ADDR_ANY;
-                    out.push((*addr, slot.sink.clone(), Event::Unbound { addr: m.addr }));
+                    out.push((
+                        *addr,
+                        slot.sink.clone(),
+                        Delivery::Ev(Event::Unbound { addr: m.addr }),
+                    ));
                 }
             }
         }
@@ -879,7 +1333,6 @@ fn service(shared: Arc<Shared>) {
     let polling = shared.notifier.is_polling();
     let mut idle_since = Instant::now();
     let mut last_check = Instant::now();
-    let mut buf = Vec::with_capacity(shared.buf_size);
     let mut out = Vec::new();
     loop {
         let mut n = 0;
@@ -891,13 +1344,19 @@ fn service(shared: Arc<Shared>) {
                 break;
             }
             while n < BATCH {
-                match st.link.recv(&mut buf) {
+                match st.link.hold_rx() {
                     Ok(None) => break,
-                    Ok(Some(Rx::Refused(reason))) => {
+                    Ok(Some(Err(reason))) => {
                         st.stats.rx_refused += 1;
                         warn!(target: "iopath_rpmsg", "{}: refused buffer: {reason}", shared.role);
                     }
-                    Ok(Some(Rx::Message)) => handle_message(&shared, &mut st, &buf, &mut out),
+                    Ok(Some(Ok(h))) => {
+                        handle_held(&shared, &mut st, h, &mut out);
+                        if let Some(r) = st.down.clone() {
+                            down = Some(r);
+                            break;
+                        }
+                    }
                     Err(e) => {
                         down = Some(e.to_string());
                         break;
@@ -987,6 +1446,11 @@ fn service(shared: Arc<Shared>) {
     };
     shared.cond.notify_all();
     for (addr, sink) in sinks {
-        deliver(&bus, addr, sink, Event::LinkDown(reason.clone()));
+        deliver(
+            &bus,
+            addr,
+            sink,
+            Delivery::Ev(Event::LinkDown(reason.clone())),
+        );
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use iopath_dma::{Coherent, Direct};
 use iopath_virtio::{QueueFeatures, RingPlacement, Seg, SplitQueue};
 
-use crate::link::{Link, LinkError, Role, Rx};
+use crate::link::{Held, Link, LinkError, Role, Slot};
 use crate::rsc_table::{status, ResourceTable, VringRsc};
 use crate::shm::SharedMem;
 use crate::vring::VIRTIO_RING_F_EVENT_IDX;
@@ -152,49 +152,64 @@ impl Link for HostLink {
         Role::Host
     }
 
-    fn recv(&mut self, out: &mut Vec<u8>) -> Result<Option<Rx>, LinkError> {
+    fn shm(&self) -> &SharedMem {
+        &self.shm
+    }
+
+    fn hold_rx(&mut self) -> Result<Option<Result<Held, String>>, LinkError> {
         // The queue checks the device's id, length (at most the 512 bytes
         // offered) and index movement; a lie breaks the link.
         let Some(c) = self.rx.pop_used().map_err(queue_err("vq0"))? else {
             return Ok(None);
         };
-        let id = c.token as u16;
-        let addr = self.rx_addr(id);
-        out.resize(c.len as usize, 0);
-        self.shm.read(addr, out)?;
+        Ok(Some(Ok(Held {
+            token: c.token,
+            addr: self.rx_addr(c.token as u16),
+            len: c.len as usize,
+        })))
+    }
+
+    fn release_rx(&mut self, held: Held) -> Result<(), LinkError> {
         self.rx
             .add(
                 &[],
-                &[Seg::buf(self.shm.buffer(), addr as usize, BUF_SIZE)],
-                c.token,
+                &[Seg::buf(self.shm.buffer(), held.addr as usize, BUF_SIZE)],
+                held.token,
             )
             .map_err(queue_err("vq0"))?;
         self.rx_added = true;
-        Ok(Some(Rx::Message))
+        Ok(())
     }
 
-    fn send(&mut self, msg: &[u8]) -> Result<bool, LinkError> {
+    fn get_tx(&mut self) -> Result<Option<Slot>, LinkError> {
         self.reclaim()?;
-        if msg.len() > BUF_SIZE {
+        Ok(self.tx_free.pop().map(|id| Slot {
+            token: u64::from(id),
+            addr: self.tx_addr(id),
+            cap: BUF_SIZE,
+        }))
+    }
+
+    fn put_tx(&mut self, slot: Slot, len: usize) -> Result<(), LinkError> {
+        if len == 0 || len > slot.cap {
+            self.drop_tx(slot);
             return Err(LinkError::Broken(format!(
-                "message of {} bytes for a {BUF_SIZE}-byte buffer",
-                msg.len()
+                "send of {len} bytes from a {BUF_SIZE}-byte buffer"
             )));
         }
-        let Some(id) = self.tx_free.pop() else {
-            return Ok(false);
-        };
-        let addr = self.tx_addr(id);
-        self.shm.write(addr, msg)?;
         self.tx
             .add(
-                &[Seg::buf(self.shm.buffer(), addr as usize, msg.len())],
+                &[Seg::buf(self.shm.buffer(), slot.addr as usize, len)],
                 &[],
-                u64::from(id),
+                slot.token,
             )
             .map_err(queue_err("vq1"))?;
         self.tx_added = true;
-        Ok(true)
+        Ok(())
+    }
+
+    fn drop_tx(&mut self, slot: Slot) {
+        self.tx_free.push(slot.token as u16);
     }
 
     fn buf_size(&self) -> usize {

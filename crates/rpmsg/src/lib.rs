@@ -28,10 +28,11 @@ pub mod vring;
 pub mod wire;
 
 pub use bus::{
-    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, Message, Stats,
+    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, Message, RxBuffer,
+    Stats, TxBuffer, ZeroCopyEndpoint,
 };
 pub use host::{HostLink, HOST_FEATURES};
-pub use link::{Link, LinkError, Role, Rx};
+pub use link::{Held, Link, LinkError, Role, Rx, Slot};
 pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;
 pub use rsc_table::{ResourceTable, ShmLayout};

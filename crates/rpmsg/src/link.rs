@@ -6,7 +6,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-use crate::shm::ShmError;
+use crate::shm::{SharedMem, ShmError};
 
 /// Why a link stopped working.
 #[derive(Debug, Error)]
@@ -65,24 +65,110 @@ impl fmt::Display for Role {
     }
 }
 
-/// One side of an rpmsg link over two vrings.
+/// A buffer the peer filled, held until [`Link::release_rx`] gives it back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Which buffer (the link's own bookkeeping).
+    pub(crate) token: u64,
+    /// Where it is in the shared memory.
+    pub addr: u64,
+    /// Bytes the peer put there (header included); inside the shared memory.
+    pub len: usize,
+}
+
+/// A buffer free for sending, until [`Link::put_tx`] or [`Link::drop_tx`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Which buffer (the link's own bookkeeping).
+    pub(crate) token: u64,
+    /// Where it is in the shared memory.
+    pub addr: u64,
+    /// Its size (header included); inside the shared memory.
+    pub cap: usize,
+}
+
+/// One side of an rpmsg link over two vrings. Buffers are handed out and
+/// taken back without copying; [`Link::recv`] and [`Link::send`] are the
+/// copying conveniences on top.
 pub trait Link: Send + fmt::Debug {
     /// Host or remote.
     fn role(&self) -> Role;
+
+    /// The shared memory the buffers live in.
+    fn shm(&self) -> &SharedMem;
+
+    /// Takes the next buffer the peer filled. `Ok(None)` when nothing is
+    /// pending; `Ok(Some(Err(reason)))` when the peer's buffer was unusable
+    /// (it was given back already).
+    ///
+    /// # Errors
+    /// [`LinkError`] when the ring itself is broken.
+    fn hold_rx(&mut self) -> Result<Option<Result<Held, String>>, LinkError>;
+
+    /// Gives a held buffer back to the peer.
+    ///
+    /// # Errors
+    /// [`LinkError`] when the ring is broken.
+    fn release_rx(&mut self, held: Held) -> Result<(), LinkError>;
+
+    /// A free buffer to send in, if any.
+    ///
+    /// # Errors
+    /// [`LinkError`] when the ring is broken.
+    fn get_tx(&mut self) -> Result<Option<Slot>, LinkError>;
+
+    /// Hands a filled buffer (`len` bytes, header included) to the peer.
+    ///
+    /// # Errors
+    /// [`LinkError`] when the ring is broken or `len` exceeds the slot.
+    fn put_tx(&mut self, slot: Slot, len: usize) -> Result<(), LinkError>;
+
+    /// Takes back a slot that will not be sent.
+    fn drop_tx(&mut self, slot: Slot);
 
     /// Copies the next message from the peer into `out` (header included)
     /// and gives the buffer back. `Ok(None)` when nothing is pending.
     ///
     /// # Errors
     /// [`LinkError`] when the ring itself is broken.
-    fn recv(&mut self, out: &mut Vec<u8>) -> Result<Option<Rx>, LinkError>;
+    fn recv(&mut self, out: &mut Vec<u8>) -> Result<Option<Rx>, LinkError> {
+        match self.hold_rx()? {
+            None => Ok(None),
+            Some(Err(reason)) => Ok(Some(Rx::Refused(reason))),
+            Some(Ok(h)) => {
+                out.resize(h.len, 0);
+                let r = self.shm().read(h.addr, out);
+                self.release_rx(h)?;
+                r?;
+                Ok(Some(Rx::Message))
+            }
+        }
+    }
 
     /// Sends one encoded message (header included). `Ok(false)` when no
     /// buffer is free right now.
     ///
     /// # Errors
-    /// [`LinkError`] when the ring is broken.
-    fn send(&mut self, msg: &[u8]) -> Result<bool, LinkError>;
+    /// [`LinkError`] when the ring is broken or the message does not fit.
+    fn send(&mut self, msg: &[u8]) -> Result<bool, LinkError> {
+        let Some(slot) = self.get_tx()? else {
+            return Ok(false);
+        };
+        if msg.len() > slot.cap {
+            let cap = slot.cap;
+            self.drop_tx(slot);
+            return Err(LinkError::Broken(format!(
+                "message of {} bytes for a {cap}-byte buffer",
+                msg.len()
+            )));
+        }
+        if let Err(e) = self.shm().write(slot.addr, msg) {
+            self.drop_tx(slot);
+            return Err(e.into());
+        }
+        self.put_tx(slot, msg.len())?;
+        Ok(true)
+    }
 
     /// Bytes one message may take, header included.
     fn buf_size(&self) -> usize;

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
-use crate::link::{Link, LinkError, Role, Rx};
+use crate::link::{Held, Link, LinkError, Role, Slot};
 use crate::notify::Notifier;
 use crate::rsc_table::{status, ResourceTable};
 use crate::shm::SharedMem;
 use crate::vring::VIRTIO_RING_F_EVENT_IDX;
+use crate::wire::HDR_LEN;
 
 /// Largest message the remote copies out of one host buffer.
 pub const MAX_RX_MSG: usize = 64 * 1024;
@@ -33,6 +34,8 @@ pub struct RemoteLink {
     /// vq1: driver → device (the host's tx buffers).
     rxq: Queue,
     kick: bool,
+    /// Host buffers taken from vq0 and not used for a send yet.
+    spare: Vec<Slot>,
 }
 
 fn queue(
@@ -116,7 +119,31 @@ impl RemoteLink {
             txq,
             rxq,
             kick: false,
+            spare: Vec::new(),
         })
+    }
+
+    /// Checks that `addr..addr + len` lies in the shared memory.
+    fn inside(&self, addr: u64, len: usize) -> Result<(), String> {
+        match addr.checked_add(len as u64) {
+            Some(end) if end <= self.shm.len() as u64 && len <= MAX_RX_MSG => Ok(()),
+            _ => Err(format!(
+                "{len} bytes at {addr:#x} lie outside the shared memory ({} bytes)",
+                self.shm.len()
+            )),
+        }
+    }
+
+    fn give_back(&mut self, head: u16, len: u32) -> Result<(), LinkError> {
+        let mem = self.shm.mem();
+        self.rxq
+            .add_used(mem, head, len)
+            .map_err(|e| Self::broken("vq1", e))?;
+        self.kick |= self
+            .rxq
+            .needs_notification(mem)
+            .map_err(|e| Self::broken("vq1", e))?;
+        Ok(())
     }
 
     fn broken(q: &str, e: virtio_queue::Error) -> LinkError {
@@ -134,7 +161,11 @@ impl Link for RemoteLink {
         Role::Remote
     }
 
-    fn recv(&mut self, out: &mut Vec<u8>) -> Result<Option<Rx>, LinkError> {
+    fn shm(&self) -> &SharedMem {
+        &self.shm
+    }
+
+    fn hold_rx(&mut self) -> Result<Option<Result<Held, String>>, LinkError> {
         let mem = self.shm.mem();
         let chain = {
             let mut it = self.rxq.iter(mem).map_err(|e| Self::broken("vq1", e))?;
@@ -144,95 +175,111 @@ impl Link for RemoteLink {
             }
         };
         let head = chain.head_index();
-        out.clear();
-        let mut refused = None;
-        let mut ndesc = 0;
-        for desc in chain {
-            ndesc += 1;
-            let len = desc.len() as usize;
-            if desc.is_write_only() {
-                refused = Some(format!("descriptor {head} on vq1 is device-writable"));
-                break;
+        let mut descs = chain.into_iter();
+        let checked = match (descs.next(), descs.next()) {
+            (None, _) => Err(format!("chain at {head} on vq1 has no valid descriptor")),
+            (Some(_), Some(_)) => Err(format!(
+                "chain at {head} on vq1 has several descriptors (rpmsg uses one)"
+            )),
+            (Some(d), None) if d.is_write_only() => {
+                Err(format!("descriptor {head} on vq1 is device-writable"))
             }
-            if out.len() + len > MAX_RX_MSG {
-                refused = Some(format!("chain at {head} longer than {MAX_RX_MSG} bytes"));
-                break;
-            }
-            let at = out.len();
-            out.resize(at + len, 0);
-            if let Err(e) = self.shm.read(desc.addr().0, &mut out[at..]) {
-                refused = Some(format!("descriptor {head} on vq1: {e}"));
-                break;
+            (Some(d), None) => self
+                .inside(d.addr().0, d.len() as usize)
+                .map(|()| (d.addr().0, d.len() as usize))
+                .map_err(|e| format!("descriptor {head} on vq1: {e}")),
+        };
+        match checked {
+            Ok((addr, len)) => Ok(Some(Ok(Held {
+                token: u64::from(head),
+                addr,
+                len,
+            }))),
+            Err(reason) => {
+                self.give_back(head, 0)?;
+                Ok(Some(Err(reason)))
             }
         }
-        if ndesc == 0 && refused.is_none() {
-            refused = Some(format!("chain at {head} on vq1 has no valid descriptor"));
-        }
-        // Returned with its length, as OpenAMP's device does (its driver
-        // reuses the used length as the buffer size).
-        let used_len = out.len() as u32;
-        self.rxq
-            .add_used(mem, head, used_len)
-            .map_err(|e| Self::broken("vq1", e))?;
-        self.kick |= self
-            .rxq
-            .needs_notification(mem)
-            .map_err(|e| Self::broken("vq1", e))?;
-        Ok(Some(match refused {
-            None => Rx::Message,
-            Some(r) => {
-                out.clear();
-                Rx::Refused(r)
-            }
-        }))
     }
 
-    fn send(&mut self, msg: &[u8]) -> Result<bool, LinkError> {
+    fn release_rx(&mut self, held: Held) -> Result<(), LinkError> {
+        // Returned with its length, as OpenAMP's device does (its driver
+        // reuses the used length as the buffer size).
+        self.give_back(held.token as u16, held.len as u32)
+    }
+
+    fn get_tx(&mut self) -> Result<Option<Slot>, LinkError> {
+        if let Some(s) = self.spare.pop() {
+            return Ok(Some(s));
+        }
         loop {
             let mem = self.shm.mem();
             let chain = {
                 let mut it = self.txq.iter(mem).map_err(|e| Self::broken("vq0", e))?;
                 match it.next() {
                     Some(c) => c,
-                    None => return Ok(false),
+                    None => return Ok(None),
                 }
             };
             let head = chain.head_index();
-            let first = chain.into_iter().next();
-            let written = match first {
+            let checked = match chain.into_iter().next() {
+                None => Err(format!("chain at {head} on vq0 has no valid descriptor")),
                 Some(d) if !d.is_write_only() => {
                     Err(format!("descriptor {head} on vq0 is not device-writable"))
                 }
-                Some(d) if (d.len() as usize) < msg.len() => Err(format!(
-                    "descriptor {head} on vq0 holds {} bytes, message needs {}",
-                    d.len(),
-                    msg.len()
+                Some(d) if (d.len() as usize) < HDR_LEN => Err(format!(
+                    "descriptor {head} on vq0 holds {} bytes, less than a header",
+                    d.len()
                 )),
-                Some(d) => self
-                    .shm
-                    .write(d.addr().0, msg)
-                    .map(|()| msg.len() as u32)
-                    .map_err(|e| format!("descriptor {head} on vq0: {e}")),
-                None => Err(format!("chain at {head} on vq0 has no valid descriptor")),
-            };
-            let used = match &written {
-                Ok(n) => *n,
-                Err(reason) => {
-                    warn!(target: "iopath_rpmsg", "remote: refused host buffer: {reason}");
-                    0
+                Some(d) => {
+                    let cap = (d.len() as usize).min(MAX_RX_MSG);
+                    self.inside(d.addr().0, cap)
+                        .map(|()| (d.addr().0, cap))
+                        .map_err(|e| format!("descriptor {head} on vq0: {e}"))
                 }
             };
-            self.txq
-                .add_used(mem, head, used)
-                .map_err(|e| Self::broken("vq0", e))?;
-            self.kick |= self
-                .txq
-                .needs_notification(mem)
-                .map_err(|e| Self::broken("vq0", e))?;
-            if written.is_ok() {
-                return Ok(true);
+            match checked {
+                Ok((addr, cap)) => {
+                    return Ok(Some(Slot {
+                        token: u64::from(head),
+                        addr,
+                        cap,
+                    }))
+                }
+                Err(reason) => {
+                    warn!(target: "iopath_rpmsg", "remote: refused host buffer: {reason}");
+                    let used = self.txq.add_used(mem, head, 0);
+                    used.map_err(|e| Self::broken("vq0", e))?;
+                    self.kick |= self
+                        .txq
+                        .needs_notification(mem)
+                        .map_err(|e| Self::broken("vq0", e))?;
+                }
             }
         }
+    }
+
+    fn put_tx(&mut self, slot: Slot, len: usize) -> Result<(), LinkError> {
+        if len > slot.cap {
+            self.drop_tx(slot);
+            return Err(LinkError::Broken(format!(
+                "send of {len} bytes from a smaller buffer"
+            )));
+        }
+        let mem = self.shm.mem();
+        self.txq
+            .add_used(mem, slot.token as u16, len as u32)
+            .map_err(|e| Self::broken("vq0", e))?;
+        self.kick |= self
+            .txq
+            .needs_notification(mem)
+            .map_err(|e| Self::broken("vq0", e))?;
+        Ok(())
+    }
+
+    fn drop_tx(&mut self, slot: Slot) {
+        // Kept for the next send (OpenAMP's reclaimer list does the same).
+        self.spare.push(slot);
     }
 
     fn buf_size(&self) -> usize {
