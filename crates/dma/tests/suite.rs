@@ -469,3 +469,49 @@ fn always_bounce_poisons_unsynced_data() {
     assert_eq!(&got, b"device");
     assert_eq!(ops.free_bytes(), AlwaysBounce::WINDOW as u64);
 }
+
+/// A buffer mapped for a device refuses file transfers into it, with every
+/// transfer engine, under every ops; after unmap the same transfer works.
+#[test]
+fn file_transfer_into_a_mapped_buffer_is_refused() {
+    use iopath_heap::{new_engine, EngineOptions, IoFile, Method};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let data = pattern(64 << 10, 8);
+    std::fs::write(&path, &data).unwrap();
+    let file = IoFile::open(&path).unwrap();
+    let all: Vec<Box<dyn DmaOps>> = vec![
+        Box::new(Direct::new()),
+        Box::new(Iommu::new()),
+        Box::new(Bounce::new(1 << 20, 2048).unwrap()),
+        Box::new(AlwaysBounce::new().unwrap()),
+    ];
+    for ops in &all {
+        for method in Method::ALL {
+            let engine = match new_engine(method, EngineOptions::default()) {
+                Ok(e) => e,
+                Err(e) => {
+                    println!("skipped: engine {} unavailable here: {e}", method.name());
+                    continue;
+                }
+            };
+            let buf = alloc(64 << 10);
+            ops.register(&buf).unwrap();
+            let m = ops
+                .map(&buf, 0, 4096, Direction::FromDevice, MapWait::Fail)
+                .unwrap();
+            let err = engine.read(&file, 0, &buf, 0, 64 << 10).unwrap_err();
+            assert!(
+                matches!(err, iopath_heap::Error::Busy { maps: 1 }),
+                "{} / {}: {err}",
+                ops.name(),
+                method.name()
+            );
+            ops.unmap(&m).unwrap();
+            engine.read(&file, 0, &buf, 0, 64 << 10).unwrap();
+            let mut got = vec![0u8; 64 << 10];
+            buf.read_at(0, &mut got).unwrap();
+            assert!(got == data, "{} / {}", ops.name(), method.name());
+        }
+    }
+}
