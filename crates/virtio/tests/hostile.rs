@@ -306,3 +306,89 @@ fn dropping_the_queue_releases_mappings_and_ring_memory() {
     );
     out.write_at(0, b"x").unwrap();
 }
+
+mod random_device {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Dev {
+        /// Write a used element at `slot` and publish used idx `idx`.
+        Used {
+            slot: u16,
+            id: u32,
+            len: u32,
+            idx: u16,
+        },
+        /// Complete the oldest in-flight request properly.
+        Honest,
+    }
+
+    fn dev() -> impl Strategy<Value = Dev> {
+        prop_oneof![
+            (0u16..SIZE, any::<u32>(), 0u32..40, any::<u16>())
+                .prop_map(|(slot, id, len, idx)| Dev::Used { slot, id, len, idx }),
+            (0u16..SIZE, 0u32..SIZE as u32 + 2, 0u32..20, 0u16..SIZE + 2)
+                .prop_map(|(slot, id, len, idx)| Dev::Used { slot, id, len, idx }),
+            Just(Dev::Honest),
+        ]
+    }
+
+    proptest! {
+        /// Whatever a device writes into the used ring, the driver returns
+        /// completions for requests it made or a device error, never panics,
+        /// and, once broken, stays broken.
+        #[test]
+        fn arbitrary_used_rings_never_panic(steps in proptest::collection::vec(dev(), 1..40), event_idx: bool) {
+            let mut r = rig(event_idx, false);
+            let mut inflight: std::collections::VecDeque<(u16, u64)> = Default::default();
+            let mut used_idx = 0u16;
+            let mut next_token = 0u64;
+            for step in steps {
+                while r.q.num_free() >= 2 && !r.q.is_broken() {
+                    let h = r.add_simple(next_token);
+                    inflight.push_back((h, next_token));
+                    next_token += 1;
+                }
+                match step {
+                    Dev::Used { slot, id, len, idx } => {
+                        r.push_used(slot, id, len);
+                        r.set_used_idx(idx);
+                        used_idx = idx;
+                    }
+                    Dev::Honest => {
+                        if let Some(&(h, _)) = inflight.front() {
+                            r.push_used(used_idx % SIZE, h as u32, 3);
+                            used_idx = used_idx.wrapping_add(1);
+                            r.set_used_idx(used_idx);
+                        }
+                    }
+                }
+                loop {
+                    match r.q.pop_used() {
+                        Ok(Some(c)) => {
+                            prop_assert!(c.len <= 16);
+                            let pos = inflight.iter().position(|&(_, t)| t == c.token);
+                            prop_assert!(pos.is_some(), "completion for a token never issued");
+                            inflight.remove(pos.unwrap());
+                        }
+                        Ok(None) => break,
+                        Err(Error::Device(_)) | Err(Error::Broken) => {
+                            prop_assert!(r.q.is_broken());
+                            break;
+                        }
+                        Err(e) => return Err(TestCaseError::fail(format!("unexpected {e}"))),
+                    }
+                }
+                if r.q.is_broken() {
+                    break;
+                }
+            }
+            // Mappings of completed requests are gone; the rest go with the queue.
+            prop_assert_eq!(r.ops.live_mappings(), 2 * r.q.in_flight());
+            let Rig { ops, q, .. } = r;
+            drop(q);
+            prop_assert_eq!(ops.live_mappings(), 0);
+        }
+    }
+}
