@@ -5,13 +5,17 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use iopath_rpmsg::ctrl::{CtrlEndpoint, CtrlServer};
+use iopath_rpmsg::ctrl::{
+    proto, CtrlClient, CtrlEndpoint, CtrlError, CtrlOptions, CtrlServer, EptFd, EptInfo,
+};
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::wire::{ADDR_ANY, MAX_PAYLOAD};
 use iopath_rpmsg::{
     shm_path, Bus, EndpointOptions, Event, NotifySpec, SharedMem, Stats, HOST_FEATURES,
 };
+
+mod ept;
 
 /// Service name of OpenAMP's echo demo.
 const OPENAMP_SERVICE: &str = "rpmsg-openamp-demo-channel";
@@ -40,9 +44,14 @@ pub enum RpmsgCmd {
     /// Be the host (virtio driver): own the buffers and the bus, serve local
     /// clients on a control socket.
     Host(HostArgs),
-    /// Echo round trips through the host's control socket: every byte
-    /// checked; p50/p99/max latency and messages per second.
+    /// Echo round trips through an endpoint fd from the host's endpoint
+    /// service (or an inherited one): every byte checked; p50/p99/max
+    /// latency and messages per second.
     Ping(PingArgs),
+    /// Endpoints from the host's endpoint service: create one as an fd (and
+    /// hand it to a command) or the legacy way (a node to open).
+    #[command(subcommand)]
+    Ept(ept::EptCmd),
     /// (internal) The far end of `ping --limit`: echo eventfd kicks.
     #[command(hide = true)]
     RawEcho {
@@ -108,9 +117,19 @@ pub struct HostArgs {
     /// How to notify (see `remote --notify`); the host connects.
     #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
     notify: NotifySpec,
-    /// Serve local clients on this SOCK_SEQPACKET control socket (mode 0600).
+    /// Serve local clients on this SOCK_SEQPACKET control socket: the
+    /// endpoint service (create endpoints as fds or legacy nodes, STATS)
+    /// and ATTACH. The peer's credentials are logged (IOPATH_LOG=info).
     #[arg(long)]
     ctrl: Option<PathBuf>,
+    /// Mode of the control socket and of the legacy nodes, octal (e.g.
+    /// 660 to let the group in).
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    ctrl_mode: u32,
+    /// Directory for legacy nodes (rpmsgN); default: the control socket
+    /// path with ".d" appended.
+    #[arg(long)]
+    rundir: Option<PathBuf>,
     /// Behave like OpenAMP's rpmsg-echo-ping demo: payloads {u64 num; u64
     /// size; u8 data[size]} of sizes 1..480 filled with 0xA5, each echo
     /// checked, then a name-service destroy; exit status 1 on any error.
@@ -129,10 +148,23 @@ pub struct HostArgs {
 
 /// Options of `iopath rpmsg ping`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  iopath rpmsg ping --ctrl /tmp/rp.ctrl --name echo --count 10000 --size 496
+  iopath rpmsg ept create --ctrl /tmp/rp.ctrl --name echo -- \\
+      sh -c 'iopath rpmsg ping --fd $IOPATH_RPMSG_FD --count 100'")]
 pub struct PingArgs {
-    /// The host's control socket.
+    /// The host's control socket: ping creates an endpoint fd there.
+    #[arg(long, required_unless_present = "fd")]
+    ctrl: Option<PathBuf>,
+    /// Use this inherited endpoint fd instead (e.g. $IOPATH_RPMSG_FD from
+    /// `iopath rpmsg ept create ... -- CMD`).
+    #[arg(long, conflicts_with_all = ["ctrl", "attach"])]
+    fd: Option<i32>,
+    /// Use the older ATTACH request: the connection itself becomes an
+    /// announced endpoint (the remote sees name-service create/destroy).
     #[arg(long)]
-    ctrl: PathBuf,
+    attach: bool,
     /// Channel (service name the remote announced).
     #[arg(long, default_value = OPENAMP_SERVICE)]
     name: String,
@@ -143,7 +175,8 @@ pub struct PingArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_PAYLOAD as u64))]
     size: Option<u64>,
     /// OpenAMP demo payloads ({u64 num; u64 size; data[size] = 0xA5}, sizes
-    /// 1..=480, 480 round trips).
+    /// 1..=480, 480 round trips); implies --attach (the demo's remote
+    /// waits for the host's name-service destroy).
     #[arg(long, conflicts_with_all = ["size", "count"])]
     openamp: bool,
     /// Also measure the limit: a raw eventfd ping-pong between two processes
@@ -156,6 +189,14 @@ pub struct PingArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+/// Parses an octal file mode: 600, 0660.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(format!("not an octal mode: {s:?} (try 600 or 660)")),
+    }
 }
 
 /// Parses 0x80000, 524288, 512K, 2M, 1G.
@@ -183,6 +224,7 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::Remote(a) => remote(a),
         RpmsgCmd::Host(a) => host(a),
         RpmsgCmd::Ping(a) => ping(a),
+        RpmsgCmd::Ept(c) => ept::run(c),
         RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
     }
 }
@@ -381,18 +423,25 @@ fn host(a: HostArgs) -> Result<()> {
         return openamp_ping(&bus, timeout, a.json);
     }
     let ctrl = a.ctrl.as_deref().expect("checked above");
-    let server = CtrlServer::start(bus.clone(), ctrl)
+    let opts = CtrlOptions {
+        mode: a.ctrl_mode,
+        rundir: a.rundir.clone(),
+    };
+    let server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
         .with_context(|| format!("control socket {}", ctrl.display()))?;
     eprintln!(
-        "host: {} via {}, control socket {}",
+        "host: {} via {}, control socket {} (mode {:o}), nodes in {}",
         path.display(),
         bus.notifier_kind(),
-        server.path().display()
+        server.path().display(),
+        a.ctrl_mode,
+        server.rundir().display()
     );
     let reason = bus.wait_down(None).unwrap_or_default();
     let s = bus.stats();
     bus.shutdown();
     let _ = std::fs::remove_file(ctrl);
+    let _ = std::fs::remove_dir(server.rundir());
     if a.json {
         println!(
             "{}",
@@ -469,16 +518,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 #[derive(Debug, serde::Serialize)]
-struct Latency {
-    count: u64,
-    p50_us: f64,
-    p99_us: f64,
-    max_us: f64,
-    msgs_per_s: f64,
+pub(crate) struct Latency {
+    pub(crate) count: u64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) max_us: f64,
+    pub(crate) msgs_per_s: f64,
 }
 
 impl Latency {
-    fn from(mut us: Vec<f64>, elapsed: Duration) -> Self {
+    pub(crate) fn from(mut us: Vec<f64>, elapsed: Duration) -> Self {
         us.sort_by(f64::total_cmp);
         Latency {
             count: us.len() as u64,
@@ -489,7 +538,7 @@ impl Latency {
         }
     }
 
-    fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!(
             "p50 {:.1} us, p99 {:.1} us, max {:.1} us, {:.0} msgs/s",
             self.p50_us, self.p99_us, self.max_us, self.msgs_per_s
@@ -503,10 +552,76 @@ fn fill(buf: &mut [u8], seq: u64) {
     }
 }
 
+/// The endpoint `ping` talks through.
+enum PingEp {
+    Attach(CtrlEndpoint),
+    Fd(EptFd),
+}
+
+fn is_pipe(e: &CtrlError) -> bool {
+    matches!(e, CtrlError::Io { source, .. } if source.raw_os_error() == Some(libc_epipe()))
+}
+
+fn libc_epipe() -> i32 {
+    rustix::io::Errno::PIPE.raw_os_error()
+}
+
+impl PingEp {
+    fn open(a: &PingArgs, timeout: Duration) -> Result<PingEp> {
+        if let Some(fd) = a.fd {
+            return Ok(PingEp::Fd(ept::inherited(fd)?));
+        }
+        let ctrl = a.ctrl.as_deref().context("--ctrl or --fd is needed")?;
+        if a.attach || a.openamp {
+            let ep = CtrlEndpoint::attach(ctrl, &a.name, timeout)
+                .with_context(|| format!("attaching to {:?} through {}", a.name, ctrl.display()))?;
+            return Ok(PingEp::Attach(ep));
+        }
+        let c = CtrlClient::connect(ctrl)
+            .with_context(|| format!("endpoint service {}", ctrl.display()))?;
+        // An endpoint created before the remote announced the name stays
+        // unbound (as rpmsg_char's do): retry until it binds.
+        let start = Instant::now();
+        loop {
+            let ep = c
+                .create_ept_fd(&EptInfo::new(&a.name), proto::O_RDWR | proto::O_CLOEXEC)
+                .with_context(|| format!("creating an endpoint {:?}", a.name))?;
+            if ep.info().dst != ADDR_ANY {
+                return Ok(PingEp::Fd(ep));
+            }
+            drop(ep);
+            ensure!(
+                start.elapsed() < timeout,
+                "{:?} not announced by the remote within {} s (no channel to bind the endpoint to)",
+                a.name,
+                timeout.as_secs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn send(&self, data: &[u8]) -> Result<(), CtrlError> {
+        match self {
+            PingEp::Attach(e) => e.send(data),
+            PingEp::Fd(e) => e.send(data),
+        }
+    }
+
+    /// `Ok(Some(0))`: the channel is closed.
+    fn recv(&self, buf: &mut [u8], timeout: Duration) -> Result<Option<usize>, CtrlError> {
+        match self {
+            PingEp::Attach(e) => e.recv(buf, timeout),
+            PingEp::Fd(e) => match e.recv_timeout(buf, timeout) {
+                Err(e) if is_pipe(&e) => Ok(Some(0)),
+                r => r,
+            },
+        }
+    }
+}
+
 fn ping(a: PingArgs) -> Result<()> {
     let timeout = Duration::from_secs(a.timeout);
-    let ep = CtrlEndpoint::attach(&a.ctrl, &a.name, timeout)
-        .with_context(|| format!("attaching to {:?} through {}", a.name, a.ctrl.display()))?;
+    let ep = PingEp::open(&a, timeout)?;
     let count = if a.openamp {
         OPENAMP_MAX as u64
     } else {
@@ -539,11 +654,7 @@ fn ping(a: PingArgs) -> Result<()> {
         }
         let t = Instant::now();
         match ep.send(msg) {
-            Err(iopath_rpmsg::ctrl::CtrlError::Io { source, .. })
-                if source.raw_os_error() == Some(rustix::io::Errno::PIPE.raw_os_error()) =>
-            {
-                bail!("the channel was closed after {i} round trips");
-            }
+            Err(e) if is_pipe(&e) => bail!("the channel was closed after {i} round trips"),
             r => r.with_context(|| format!("sending message {i}"))?,
         }
         let n = ep
@@ -595,7 +706,7 @@ fn ping(a: PingArgs) -> Result<()> {
 
 /// The limit: kick a child process through an eventfd pair and wait for its
 /// kick back, `count` times (after a warm-up).
-fn raw_pingpong(count: u64) -> Result<Latency> {
+pub(crate) fn raw_pingpong(count: u64) -> Result<Latency> {
     let dir = std::env::temp_dir().join(format!("iopath-rawpp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let spec = NotifySpec::Eventfd(dir.join("ev"));

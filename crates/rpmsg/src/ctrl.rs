@@ -3,7 +3,7 @@
 //!
 //! Every request starts with `"IOPR" ver u16 op u16` (little-endian); every
 //! answer with the same eight bytes, then `status i32` (0 or a negative
-//! errno) and request-specific fields. Version 1 knows one request:
+//! errno) and request-specific fields. Version 1 knows these requests:
 //!
 //! - `ATTACH` (op 1): `name[32] src u32 dst u32 timeout_ms u32`. The owner
 //!   waits up to `timeout_ms` for the peer to announce `name` (unless `dst`
@@ -13,8 +13,19 @@
 //!   peer destroys the service or the link goes down; closing the
 //!   connection destroys the endpoint (name-service DESTROY).
 //!
-//! Unknown ops are answered with `-EOPNOTSUPP`, so the protocol can grow
-//! (the fd-returning endpoint service builds on it).
+//! - The endpoint service's requests (`CREATE_EPT`, `CREATE_EPT_FD`,
+//!   `STATS`; see [`proto`]), any number per connection, in order; the
+//!   client side is [`CtrlClient`] and [`EptFd`].
+//!
+//! Unknown ops are answered with `-EOPNOTSUPP` and the connection closed;
+//! so is anything that is not a request at all (one log line each). The
+//! owner keeps serving every other client.
+
+mod client;
+pub mod proto;
+
+pub use client::{CtrlClient, EptFd};
+pub use proto::{EptInfo, ServiceStats};
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -27,7 +38,8 @@ use rustix::net::{
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::bus::{Bus, BusError, EndpointOptions, Event};
+use crate::bus::{Bus, EndpointOptions, Event};
+use crate::service::{errno_of, EptService};
 use crate::wire::{check_name, ADDR_ANY, MAX_PAYLOAD, NAME_SIZE};
 
 /// Request and answer magic.
@@ -153,17 +165,6 @@ fn reply(status: i32, src: u32, dst: u32) -> [u8; ATTACH_REPLY_LEN] {
     b
 }
 
-fn errno_of(e: &BusError) -> i32 {
-    match e {
-        BusError::Timeout => libc::ETIMEDOUT,
-        BusError::AddrInUse { .. } => libc::EBUSY,
-        BusError::Name(_) => libc::EINVAL,
-        BusError::TooLarge { .. } => libc::EMSGSIZE,
-        BusError::LinkDown(_) | BusError::Unbound => libc::EPIPE,
-        _ => libc::EIO,
-    }
-}
-
 fn seqpacket() -> Result<OwnedFd, CtrlError> {
     rustix::net::socket_with(
         AddressFamily::UNIX,
@@ -174,10 +175,29 @@ fn seqpacket() -> Result<OwnedFd, CtrlError> {
     .map_err(sys("socket"))
 }
 
-/// The control socket server of a bus owner.
+/// How the control socket is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlOptions {
+    /// Mode of the socket (and of the legacy nodes); 0600 by default.
+    pub mode: u32,
+    /// Where legacy nodes go; `None`: the socket path with `.d` appended.
+    pub rundir: Option<PathBuf>,
+}
+
+impl Default for CtrlOptions {
+    fn default() -> Self {
+        CtrlOptions {
+            mode: 0o600,
+            rundir: None,
+        }
+    }
+}
+
+/// The control socket server of a bus owner, with its endpoint service.
 #[derive(Debug)]
 pub struct CtrlServer {
     path: PathBuf,
+    svc: EptService,
 }
 
 impl CtrlServer {
@@ -187,26 +207,47 @@ impl CtrlServer {
     /// # Errors
     /// [`CtrlError::Io`] if the socket cannot be bound.
     pub fn start(bus: Bus, path: &Path) -> Result<Self, CtrlError> {
+        Self::start_with(bus, path, &CtrlOptions::default())
+    }
+
+    /// As [`CtrlServer::start`], with a socket mode and runtime directory.
+    ///
+    /// # Errors
+    /// [`CtrlError::Io`] if the socket or the directory cannot be made.
+    pub fn start_with(bus: Bus, path: &Path, opts: &CtrlOptions) -> Result<Self, CtrlError> {
+        let rundir = opts.rundir.clone().unwrap_or_else(|| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(".d");
+            PathBuf::from(p)
+        });
+        let svc = EptService::start(bus.clone(), &rundir, opts.mode)?;
         let fd = seqpacket()?;
         let _ = std::fs::remove_file(path);
         let addr = SocketAddrUnix::new(path).map_err(sys("socket path"))?;
         rustix::net::bind(&fd, &addr).map_err(sys("bind"))?;
-        rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(0o600)).map_err(sys("chmod"))?;
+        rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(opts.mode))
+            .map_err(sys("chmod"))?;
         rustix::net::listen(&fd, 64).map_err(sys("listen"))?;
+        let svc2 = svc.clone();
         std::thread::Builder::new()
             .name("rpmsg-ctrl".into())
-            .spawn(move || loop {
-                match rustix::net::accept_with(&fd, SocketFlags::CLOEXEC) {
-                    Ok(c) => {
-                        let bus = bus.clone();
-                        let _ = std::thread::Builder::new()
-                            .name("rpmsg-ctrl-client".into())
-                            .spawn(move || serve_client(bus, c));
-                    }
-                    Err(rustix::io::Errno::INTR) => {}
-                    Err(e) => {
-                        warn!(target: "iopath_rpmsg", "control socket accept failed: {e}");
-                        std::thread::sleep(Duration::from_millis(10));
+            .spawn(move || {
+                let mut conn = 0u64;
+                loop {
+                    match rustix::net::accept_with(&fd, SocketFlags::CLOEXEC) {
+                        Ok(c) => {
+                            conn += 1;
+                            let bus = bus.clone();
+                            let svc = svc2.clone();
+                            let _ = std::thread::Builder::new()
+                                .name("rpmsg-ctrl-client".into())
+                                .spawn(move || serve_client(bus, svc, conn, c));
+                        }
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => {
+                            warn!(target: "iopath_rpmsg", "control socket accept failed: {e}");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
                     }
                 }
             })
@@ -216,6 +257,7 @@ impl CtrlServer {
             })?;
         Ok(CtrlServer {
             path: path.to_owned(),
+            svc,
         })
     }
 
@@ -223,19 +265,84 @@ impl CtrlServer {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The runtime directory of legacy nodes.
+    pub fn rundir(&self) -> &Path {
+        self.svc.rundir()
+    }
+
+    /// The endpoint service's counters.
+    pub fn stats(&self) -> ServiceStats {
+        self.svc.stats()
+    }
 }
 
-fn serve_client(bus: Bus, c: OwnedFd) {
-    let cred = rustix::net::sockopt::socket_peercred(&c).ok();
+/// One line naming a peer, from its `SO_PEERCRED`.
+fn who(c: &OwnedFd) -> String {
+    match rustix::net::sockopt::socket_peercred(c) {
+        Ok(u) => format!(
+            "pid {} uid {} gid {}",
+            u.pid.as_raw_nonzero(),
+            u.uid.as_raw(),
+            u.gid.as_raw()
+        ),
+        Err(e) => format!("(credentials unknown: {e})"),
+    }
+}
+
+fn serve_client(bus: Bus, svc: EptService, conn: u64, c: OwnedFd) {
+    let peer = who(&c);
+    info!(target: "iopath_rpmsg", "control client {conn} connected: {peer}");
+    svc.client_opened();
     let mut buf = vec![0u8; 4096];
-    let n = match rustix::net::recv(&c, &mut buf[..], RecvFlags::empty()) {
-        Ok((n, _)) => n,
-        Err(_) => return,
-    };
-    let req = match AttachRequest::parse(&buf[..n]) {
+    let mut garbage = None;
+    loop {
+        let n = match rustix::net::recv(&c, &mut buf[..], RecvFlags::empty()) {
+            Ok((0, _)) | Err(_) => break,
+            Ok((n, _)) => n,
+        };
+        if proto::parse_header(&buf[..n]) == Ok(OP_ATTACH) {
+            svc.client_closed(conn, false);
+            return attach(bus, c, &buf[..n], &peer);
+        }
+        match proto::Request::parse(&buf[..n]) {
+            Ok(req) => svc.handle(conn, &c, req),
+            Err(r) => {
+                let op = proto::parse_header(&buf[..n]).unwrap_or(0);
+                let _ = rustix::net::send(
+                    &c,
+                    &proto::reply_head(op, -r.errno, 12),
+                    SendFlags::NOSIGNAL,
+                );
+                if r.garbage {
+                    garbage = Some((n, r.errno));
+                    break;
+                }
+            }
+        }
+    }
+    let freed = svc.client_closed(conn, garbage.is_some());
+    match garbage {
+        Some((n, errno)) => warn!(
+            target: "iopath_rpmsg",
+            "control client {conn} ({peer}): malformed request ({n} bytes, {}); connection closed, {freed} legacy endpoints freed",
+            std::io::Error::from_raw_os_error(errno)
+        ),
+        None => info!(
+            target: "iopath_rpmsg",
+            "control client {conn} ({peer}) gone; {freed} legacy endpoints freed"
+        ),
+    }
+}
+
+/// ATTACH: the connection becomes the endpoint.
+fn attach(bus: Bus, c: OwnedFd, packet: &[u8], cred: &str) {
+    let n = packet.len();
+    let mut buf = vec![0u8; 4096];
+    let req = match AttachRequest::parse(packet) {
         Ok(r) => r,
         Err(errno) => {
-            warn!(target: "iopath_rpmsg", "control client {cred:?}: refused request ({} bytes), errno {errno}", n);
+            warn!(target: "iopath_rpmsg", "control client ({cred}): refused request ({} bytes), errno {errno}", n);
             let _ = rustix::net::send(&c, &reply(-errno, 0, 0), SendFlags::NOSIGNAL);
             return;
         }
@@ -270,12 +377,12 @@ fn serve_client(bus: Bus, c: OwnedFd) {
     let ep = match ep {
         Ok(ep) => ep,
         Err(e) => {
-            warn!(target: "iopath_rpmsg", "control client {cred:?}: attach to {:?} failed: {e}", req.name);
+            warn!(target: "iopath_rpmsg", "control client ({cred}): attach to {:?} failed: {e}", req.name);
             let _ = rustix::net::send(&*c, &reply(-errno_of(&e), 0, 0), SendFlags::NOSIGNAL);
             return;
         }
     };
-    info!(target: "iopath_rpmsg", "control client {cred:?}: endpoint {} -> {} ({:?})", ep.addr(), ep.dst(), req.name);
+    info!(target: "iopath_rpmsg", "control client ({cred}): endpoint {} -> {} ({:?})", ep.addr(), ep.dst(), req.name);
     if rustix::net::send(&*c, &reply(0, ep.addr(), ep.dst()), SendFlags::NOSIGNAL).is_err() {
         return;
     }

@@ -23,6 +23,7 @@ mod link;
 pub mod notify;
 mod remote;
 pub mod rsc_table;
+mod service;
 mod shm;
 pub mod vring;
 pub mod wire;

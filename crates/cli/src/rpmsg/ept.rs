@@ -1,0 +1,191 @@
+//! `iopath rpmsg ept create`: an endpoint from the host's endpoint service,
+//! as an fd handed to a command, or the legacy way (a node to open).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+
+use anyhow::{bail, ensure, Context, Result};
+use iopath_rpmsg::ctrl::{proto, CtrlClient, EptFd, EptInfo};
+use iopath_rpmsg::wire::ADDR_ANY;
+
+/// Endpoint requests to the host's endpoint service.
+#[derive(Debug, clap::Subcommand)]
+pub enum EptCmd {
+    /// Create an endpoint. The fd way (default) hands the endpoint to a
+    /// command as an inherited fd (its number in IOPATH_RPMSG_FD); it is
+    /// destroyed when the last copy closes. --legacy makes a node under
+    /// the service's runtime directory instead and prints its path (then
+    /// waits: the endpoint lives until destroyed through the node or until
+    /// this process ends); with a command, it opens the node and hands that.
+    Create(CreateArgs),
+}
+
+/// Options of `iopath rpmsg ept create`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  iopath rpmsg ept create --ctrl /tmp/rp.ctrl --name echo -- \\
+      sh -c 'iopath rpmsg ping --fd $IOPATH_RPMSG_FD --count 100'
+  iopath rpmsg ept create --ctrl /tmp/rp.ctrl --name echo --legacy &
+      (prints e.g. /tmp/rp.ctrl.d/rpmsg0)")]
+pub struct CreateArgs {
+    /// The host's control socket.
+    #[arg(long)]
+    ctrl: PathBuf,
+    /// Endpoint name (at most 31 bytes); with --dst any, the endpoint binds
+    /// to the remote's channel of that name.
+    #[arg(long)]
+    name: String,
+    /// Local address, or "any" for the next free one from 1024.
+    #[arg(long, default_value = "any", value_parser = parse_addr)]
+    src: u32,
+    /// Remote address, or "any".
+    #[arg(long, default_value = "any", value_parser = parse_addr)]
+    dst: u32,
+    /// The legacy way: a node to find and open (once).
+    #[arg(long)]
+    legacy: bool,
+    /// Hand the fd over with O_NONBLOCK.
+    #[arg(long)]
+    nonblock: bool,
+    /// Print what was created as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Command to run with the endpoint fd inherited.
+    #[arg(last = true)]
+    cmd: Vec<String>,
+}
+
+/// Parses an rpmsg address: "any", 1024, 0x400.
+fn parse_addr(s: &str) -> Result<u32, String> {
+    if s.eq_ignore_ascii_case("any") {
+        return Ok(ADDR_ANY);
+    }
+    let v = if let Some(h) = s.strip_prefix("0x") {
+        u32::from_str_radix(h, 16)
+    } else {
+        s.parse()
+    };
+    v.map_err(|_| format!("not an address: {s:?} (a number, or any)"))
+}
+
+/// Runs one `ept` subcommand.
+pub fn run(cmd: EptCmd) -> Result<()> {
+    match cmd {
+        EptCmd::Create(a) => create(a),
+    }
+}
+
+fn show(info: &EptInfo, path: Option<&str>, json: bool) {
+    let addr = |a: u32| {
+        if a == ADDR_ANY {
+            serde_json::json!("any")
+        } else {
+            serde_json::json!(a)
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "name": info.name, "src": addr(info.src), "dst": addr(info.dst), "path": path })
+        );
+    } else if let Some(p) = path {
+        println!("{p}");
+    }
+}
+
+fn create(a: CreateArgs) -> Result<()> {
+    let c = CtrlClient::connect(&a.ctrl)
+        .with_context(|| format!("endpoint service {}", a.ctrl.display()))?;
+    let info = EptInfo {
+        name: a.name.clone(),
+        src: a.src,
+        dst: a.dst,
+    };
+    let nonblock = if a.nonblock { proto::O_NONBLOCK } else { 0 };
+    if a.legacy {
+        let (got, path) = c
+            .create_ept(&info)
+            .with_context(|| format!("creating endpoint {:?} (legacy)", a.name))?;
+        let shown = path.display().to_string();
+        if a.cmd.is_empty() {
+            show(&got, Some(&shown), a.json);
+            // The endpoint belongs to this connection: stay until it is
+            // destroyed through the node (the node disappears) or the
+            // service goes.
+            let cfd = c.fd();
+            while path.exists() {
+                let mut p = [PollFd::new(&cfd, PollFlags::IN)];
+                let ts = Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 50_000_000,
+                };
+                if matches!(poll(&mut p, Some(&ts)), Ok(1)) {
+                    bail!("the endpoint service closed the connection");
+                }
+            }
+            return Ok(());
+        }
+        if a.json {
+            show(&got, Some(&shown), true);
+        }
+        let ep = EptFd::open_node(&path, nonblock)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let code = run_with(&a.cmd, ep.into_fd(), &got, Some(&shown))?;
+        drop(c);
+        std::process::exit(code);
+    }
+    ensure!(
+        !a.cmd.is_empty(),
+        "the fd way needs a command to hand the endpoint to (iopath rpmsg ept create ... -- CMD ARGS); or use --legacy"
+    );
+    let ep = c
+        .create_ept_fd(&info, proto::O_RDWR | nonblock)
+        .with_context(|| format!("creating endpoint {:?}", a.name))?;
+    let got = ep.info().clone();
+    if a.json {
+        show(&got, None, true);
+    }
+    let code = run_with(&a.cmd, ep.into_fd(), &got, None)?;
+    std::process::exit(code);
+}
+
+/// Runs `cmd` with `fd` inherited (not close-on-exec), then closes our copy
+/// so the child holds the last one; returns the child's exit code.
+fn run_with(cmd: &[String], fd: OwnedFd, info: &EptInfo, node: Option<&str>) -> Result<i32> {
+    let mut c = std::process::Command::new(&cmd[0]);
+    c.args(&cmd[1..])
+        .env("IOPATH_RPMSG_FD", fd.as_raw_fd().to_string())
+        .env("IOPATH_RPMSG_SRC", info.src.to_string())
+        .env("IOPATH_RPMSG_DST", info.dst.to_string());
+    if let Some(p) = node {
+        c.env("IOPATH_RPMSG_NODE", p);
+    }
+    let mut child = c.spawn().with_context(|| format!("running {:?}", cmd[0]))?;
+    drop(fd);
+    let st = child.wait()?;
+    Ok(st.code().unwrap_or(128 + 9))
+}
+
+/// Takes over endpoint fd `fd` inherited from a parent.
+pub fn inherited(fd: i32) -> Result<EptFd> {
+    ensure!(
+        fd > 2,
+        "--fd {fd}: not an inherited endpoint (0, 1, 2 are stdio)"
+    );
+    // SAFETY: only borrowed for the check; fstat on any number is harmless.
+    let st = rustix::fs::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
+    match st {
+        Ok(st)
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket => {}
+        Ok(_) => bail!("--fd {fd}: not a socket"),
+        Err(e) => bail!("--fd {fd}: {e}"),
+    }
+    // SAFETY: the number is open (fstat said so), this process owns it as
+    // inherited from its parent, and nothing else here wraps it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
+    Ok(EptFd::from_fd(owned))
+}

@@ -1,0 +1,375 @@
+//! The client side of the endpoint service: create endpoints both ways and
+//! use them.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, Shutdown, SocketAddrUnix,
+    SocketFlags, SocketType,
+};
+
+use super::proto::{
+    self, EptInfo, Request, ServiceStats, CREATE_EPT_FD_REPLY_LEN, CREATE_EPT_REPLY_LEN,
+    OPEN_REPLY_LEN, OP_CREATE_EPT, OP_CREATE_EPT_FD, OP_OPEN, OP_STATS, STATS_REPLY_LEN,
+};
+use super::{sys, CtrlError};
+use crate::wire::MAX_PAYLOAD;
+
+/// How long a client waits for the service's answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn errno_err(op: &'static str, e: rustix::io::Errno) -> CtrlError {
+    CtrlError::Io {
+        op,
+        source: e.into(),
+    }
+}
+
+fn connect(path: &Path, flags: SocketFlags) -> Result<OwnedFd, CtrlError> {
+    let fd = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        flags,
+        None,
+    )
+    .map_err(sys("socket"))?;
+    let addr = SocketAddrUnix::new(path).map_err(sys("socket path"))?;
+    rustix::net::connect(&fd, &addr).map_err(sys("connect"))?;
+    Ok(fd)
+}
+
+/// Waits until `fd` is readable (or hung up), at most `timeout`; whether it
+/// became so.
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool, CtrlError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ts = Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut p = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut p, Some(&ts)) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(errno_err("poll", e)),
+        }
+    }
+}
+
+/// A connection to the endpoint service (the counterpart of an open
+/// `/dev/rpmsg_ctrlN`). Requests on one connection are answered in order.
+#[derive(Debug)]
+pub struct CtrlClient {
+    fd: OwnedFd,
+}
+
+impl CtrlClient {
+    /// Connects to the service's control socket at `path`.
+    ///
+    /// # Errors
+    /// [`CtrlError::Io`] (`ENOENT`, `ECONNREFUSED`, `EACCES`, ...).
+    pub fn connect(path: &Path) -> Result<Self, CtrlError> {
+        Ok(CtrlClient {
+            fd: connect(path, SocketFlags::CLOEXEC)?,
+        })
+    }
+
+    fn request(&self, req: &Request) -> Result<(), CtrlError> {
+        // A name of more than 32 bytes cannot be encoded at all.
+        let b = req.encode().ok_or(CtrlError::Refused {
+            errno: libc::EINVAL,
+        })?;
+        rustix::net::send(&self.fd, &b, SendFlags::NOSIGNAL).map_err(sys("send"))?;
+        Ok(())
+    }
+
+    fn answer(
+        &self,
+        buf: &mut [u8],
+        fds: Option<(&mut Vec<OwnedFd>, RecvFlags)>,
+    ) -> Result<usize, CtrlError> {
+        if !wait_readable(self.fd.as_fd(), ANSWER_TIMEOUT)? {
+            return Err(CtrlError::Protocol("no answer from the endpoint service"));
+        }
+        let n = match fds {
+            None => {
+                rustix::net::recv(&self.fd, buf, RecvFlags::empty())
+                    .map_err(sys("recv"))?
+                    .0
+            }
+            Some((out, flags)) => {
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut anc = RecvAncillaryBuffer::new(&mut space);
+                let got =
+                    rustix::net::recvmsg(&self.fd, &mut [IoSliceMut::new(buf)], &mut anc, flags)
+                        .map_err(sys("recvmsg"))?;
+                for m in anc.drain() {
+                    if let RecvAncillaryMessage::ScmRights(r) = m {
+                        out.extend(r);
+                    }
+                }
+                got.bytes
+            }
+        };
+        if n == 0 {
+            return Err(CtrlError::Protocol(
+                "the endpoint service closed the connection",
+            ));
+        }
+        Ok(n)
+    }
+
+    /// Legacy creation (`RPMSG_CREATE_EPT_IOCTL`): the service makes a node
+    /// and answers its path; open it with [`EptFd::open_node`]. The
+    /// endpoint lives until destroyed through the open node, or until this
+    /// connection closes.
+    ///
+    /// # Errors
+    /// [`CtrlError::Refused`] with `EBUSY` (src taken), `EINVAL` (name), ...
+    pub fn create_ept(&self, info: &EptInfo) -> Result<(EptInfo, PathBuf), CtrlError> {
+        self.request(&Request::CreateEpt(info.clone()))?;
+        let mut b = [0u8; CREATE_EPT_REPLY_LEN + 16];
+        let n = self.answer(&mut b, None)?;
+        let (st, body) = proto::parse_reply(&b[..n], OP_CREATE_EPT, CREATE_EPT_REPLY_LEN)
+            .map_err(CtrlError::Protocol)?;
+        if st != 0 {
+            return Err(CtrlError::Refused { errno: -st });
+        }
+        let (info, path) = proto::parse_create_ept_body(body).map_err(CtrlError::Protocol)?;
+        Ok((info, PathBuf::from(path)))
+    }
+
+    /// fd creation (`RPMSG_CREATE_EPT_FD_IOCTL`): the endpoint itself comes
+    /// back as an anonymous `SOCK_SEQPACKET` fd. `flags`: `O_RDWR` (or
+    /// `O_RDONLY`/`O_WRONLY`), `O_NONBLOCK`, `O_CLOEXEC`; any other bit is
+    /// `EINVAL`. Closing the last copy of the fd destroys the endpoint.
+    ///
+    /// # Errors
+    /// [`CtrlError::Refused`] with `EBUSY`, `EINVAL`, ...
+    pub fn create_ept_fd(&self, info: &EptInfo, flags: u32) -> Result<EptFd, CtrlError> {
+        self.request(&Request::CreateEptFd(info.clone(), flags))?;
+        let mut b = [0u8; CREATE_EPT_FD_REPLY_LEN + 16];
+        let mut fds = Vec::new();
+        let rflags = if flags & libc::O_CLOEXEC as u32 != 0 {
+            RecvFlags::CMSG_CLOEXEC
+        } else {
+            RecvFlags::empty()
+        };
+        let n = self.answer(&mut b, Some((&mut fds, rflags)))?;
+        let (st, body) = proto::parse_reply(&b[..n], OP_CREATE_EPT_FD, CREATE_EPT_FD_REPLY_LEN)
+            .map_err(CtrlError::Protocol)?;
+        if st != 0 {
+            return Err(CtrlError::Refused { errno: -st });
+        }
+        let info = proto::parse_create_ept_fd_body(body).map_err(CtrlError::Protocol)?;
+        let fd = fds
+            .pop()
+            .ok_or(CtrlError::Protocol("no fd with the CREATE_EPT_FD answer"))?;
+        Ok(EptFd { fd, info })
+    }
+
+    /// The service's counters.
+    ///
+    /// # Errors
+    /// [`CtrlError::Io`], [`CtrlError::Protocol`].
+    pub fn stats(&self) -> Result<ServiceStats, CtrlError> {
+        self.request(&Request::Stats)?;
+        let mut b = [0u8; STATS_REPLY_LEN + 16];
+        let n = self.answer(&mut b, None)?;
+        let (st, body) =
+            proto::parse_reply(&b[..n], OP_STATS, STATS_REPLY_LEN).map_err(CtrlError::Protocol)?;
+        if st != 0 {
+            return Err(CtrlError::Refused { errno: -st });
+        }
+        Ok(ServiceStats::parse(body))
+    }
+
+    /// The connection.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// An endpoint as a client holds it: a `SOCK_SEQPACKET` fd with
+/// rpmsg_char semantics (one message per read and write, at most 496
+/// bytes). Plain `read(2)`/`write(2)` on [`EptFd::fd`] work too; this type
+/// adds the two things they cannot give: `EMSGSIZE` for any write over 496
+/// bytes (the kernel itself refuses only what exceeds the socket's send
+/// buffer) and `EPIPE` instead of end of file once the endpoint is gone.
+#[derive(Debug)]
+pub struct EptFd {
+    fd: OwnedFd,
+    info: EptInfo,
+}
+
+impl EptFd {
+    /// Opens a legacy node (a path answered by [`CtrlClient::create_ept`]).
+    /// `flags`: `O_NONBLOCK`, `O_CLOEXEC` as for `open(2)`.
+    ///
+    /// # Errors
+    /// [`CtrlError::Refused`] with `EBUSY` while another open is active;
+    /// [`CtrlError::Io`] (`ENOENT` once the node is destroyed).
+    pub fn open_node(path: &Path, flags: u32) -> Result<Self, CtrlError> {
+        let mut sf = SocketFlags::empty();
+        if flags & libc::O_CLOEXEC as u32 != 0 {
+            sf |= SocketFlags::CLOEXEC;
+        }
+        if flags & libc::O_NONBLOCK as u32 != 0 {
+            sf |= SocketFlags::NONBLOCK;
+        }
+        let fd = connect(path, sf)?;
+        if !wait_readable(fd.as_fd(), ANSWER_TIMEOUT)? {
+            return Err(CtrlError::Protocol("no greeting from the node"));
+        }
+        let mut b = [0u8; OPEN_REPLY_LEN + 8];
+        let (n, _) = rustix::net::recv(&fd, &mut b, RecvFlags::empty()).map_err(sys("recv"))?;
+        let (st, _) =
+            proto::parse_reply(&b[..n], OP_OPEN, OPEN_REPLY_LEN).map_err(CtrlError::Protocol)?;
+        if st != 0 {
+            return Err(CtrlError::Refused { errno: -st });
+        }
+        Ok(EptFd {
+            fd,
+            info: EptInfo::new(""),
+        })
+    }
+
+    /// Wraps an endpoint fd received some other way (inherited, passed over
+    /// a socket).
+    pub fn from_fd(fd: OwnedFd) -> Self {
+        EptFd {
+            fd,
+            info: EptInfo::new(""),
+        }
+    }
+
+    /// What the service answered at creation: name, local and peer address
+    /// (empty name and any addresses for an opened node or a wrapped fd).
+    pub fn info(&self) -> &EptInfo {
+        &self.info
+    }
+
+    /// The fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Gives the fd up (e.g. to pass it on).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
+    /// Sends one message.
+    ///
+    /// # Errors
+    /// `EMSGSIZE` over 496 bytes, `EPIPE` once the endpoint or the remote
+    /// is gone, `EAGAIN` when non-blocking and full (as [`CtrlError::Io`]).
+    pub fn send(&self, data: &[u8]) -> Result<(), CtrlError> {
+        if data.len() > MAX_PAYLOAD {
+            return Err(errno_err("send", rustix::io::Errno::MSGSIZE));
+        }
+        let iov = [IoSlice::new(data)];
+        loop {
+            match rustix::net::sendmsg(&self.fd, &iov, &mut Default::default(), SendFlags::NOSIGNAL)
+            {
+                Ok(_) => return Ok(()),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(errno_err("send", e)),
+            }
+        }
+    }
+
+    /// Receives one message into `buf` (a longer message is cut to `buf`,
+    /// the rest dropped) and returns its length as received.
+    ///
+    /// # Errors
+    /// `EPIPE` once the endpoint or the remote is gone, `EAGAIN` when
+    /// non-blocking and nothing is queued.
+    pub fn recv(&self, buf: &mut [u8]) -> Result<usize, CtrlError> {
+        loop {
+            match rustix::net::recv(&self.fd, &mut *buf, RecvFlags::empty()) {
+                Ok((0, _)) if self.hung_up() => {
+                    return Err(errno_err("recv", rustix::io::Errno::PIPE))
+                }
+                Ok((n, _)) => return Ok(n),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(errno_err("recv", e)),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for a message; `Ok(None)` if none came.
+    ///
+    /// # Errors
+    /// As [`EptFd::recv`].
+    pub fn recv_timeout(
+        &self,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>, CtrlError> {
+        if !wait_readable(self.fd.as_fd(), timeout)? {
+            return Ok(None);
+        }
+        self.recv(buf).map(Some)
+    }
+
+    /// Whether the service side is gone (poll reports a hang-up).
+    pub fn hung_up(&self) -> bool {
+        let mut p = [PollFd::new(&self.fd, PollFlags::IN | PollFlags::RDHUP)];
+        matches!(poll(&mut p, Some(&Timespec::default())), Ok(1))
+            && p[0]
+                .revents()
+                .intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
+    }
+
+    /// Destroys the endpoint (`RPMSG_DESTROY_EPT_IOCTL`): shuts down the
+    /// writing side, which the service takes as the destroy request, and
+    /// waits for the service to confirm by hanging up. Every copy of the fd
+    /// then reads `EPIPE`; a legacy node is gone from its directory.
+    ///
+    /// # Errors
+    /// [`CtrlError::Io`]; [`CtrlError::Protocol`] if the service does not
+    /// confirm within 10 s.
+    pub fn destroy(self) -> Result<(), CtrlError> {
+        match rustix::net::shutdown(&self.fd, Shutdown::Write) {
+            Ok(()) | Err(rustix::io::Errno::NOTCONN) => {}
+            Err(e) => return Err(errno_err("shutdown", e)),
+        }
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        loop {
+            // HUP once both directions are shut: ours (just now) and the
+            // service's (its confirmation).
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ts = Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            let mut p = [PollFd::new(&self.fd, PollFlags::empty())];
+            match poll(&mut p, Some(&ts)) {
+                Ok(0) => {
+                    return Err(CtrlError::Protocol(
+                        "the service did not confirm the destroy",
+                    ))
+                }
+                Ok(_) if p[0].revents().intersects(PollFlags::HUP | PollFlags::ERR) => {
+                    return Ok(())
+                }
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(errno_err("poll", e)),
+            }
+        }
+    }
+}
+
+impl AsFd for EptFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

@@ -1,0 +1,430 @@
+//! Requests of the endpoint service on the control socket, laid out as the
+//! Linux uAPI structs they mirror (`include/uapi/linux/rpmsg.h`), after the
+//! common eight-byte header `"IOPR" ver u16 op u16`:
+//!
+//! | op | request | answer (after header and `status i32`) |
+//! |---|---|---|
+//! | `CREATE_EPT` 2 | `rpmsg_endpoint_info {name[32], src, dst}` | the info (src filled in), node path `[108]` |
+//! | `CREATE_EPT_FD` 3 | `rpmsg_endpoint_fd_info {name[32], src, dst, flags, fd}` | the info; the fd rides along as `SCM_RIGHTS` |
+//! | `STATS` 4 | nothing | [`ServiceStats`] |
+//!
+//! A legacy node greets each connection with header `OPEN` 5 and a status
+//! (0, or `-EBUSY` while another connection has it open).
+
+use super::{header, u32_at, MAGIC, VERSION};
+use crate::wire::{ADDR_ANY, NAME_SIZE};
+
+/// Create an endpoint with a node to open (`RPMSG_CREATE_EPT_IOCTL`).
+pub const OP_CREATE_EPT: u16 = 2;
+/// Create an endpoint returned as an fd (`RPMSG_CREATE_EPT_FD_IOCTL`).
+pub const OP_CREATE_EPT_FD: u16 = 3;
+/// Ask for the service's counters.
+pub const OP_STATS: u16 = 4;
+/// A legacy node's greeting to a connection that opened it.
+pub const OP_OPEN: u16 = 5;
+
+/// `sizeof(struct rpmsg_endpoint_info)`.
+pub const EPT_INFO_LEN: usize = NAME_SIZE + 8;
+/// `sizeof(struct rpmsg_endpoint_fd_info)`.
+pub const EPT_FD_INFO_LEN: usize = NAME_SIZE + 16;
+/// Room for a node path in a CREATE_EPT answer (`sizeof(sun_path)`).
+pub const PATH_LEN: usize = 108;
+/// Size of a CREATE_EPT answer.
+pub const CREATE_EPT_REPLY_LEN: usize = 12 + EPT_INFO_LEN + PATH_LEN;
+/// Size of a CREATE_EPT_FD answer.
+pub const CREATE_EPT_FD_REPLY_LEN: usize = 12 + EPT_FD_INFO_LEN;
+/// Size of a STATS answer.
+pub const STATS_REPLY_LEN: usize = 12 + 4 * 4 + 6 * 8;
+/// Size of a node greeting.
+pub const OPEN_REPLY_LEN: usize = 12;
+
+/// `O_RDONLY`, for CREATE_EPT_FD flags.
+pub const O_RDONLY: u32 = libc::O_RDONLY as u32;
+/// `O_WRONLY`.
+pub const O_WRONLY: u32 = libc::O_WRONLY as u32;
+/// `O_RDWR`.
+pub const O_RDWR: u32 = libc::O_RDWR as u32;
+/// `O_NONBLOCK`.
+pub const O_NONBLOCK: u32 = libc::O_NONBLOCK as u32;
+/// `O_CLOEXEC`.
+pub const O_CLOEXEC: u32 = libc::O_CLOEXEC as u32;
+
+/// The flags CREATE_EPT_FD accepts: `O_ACCMODE | O_NONBLOCK | O_CLOEXEC`.
+pub const EPT_FD_FLAGS: u32 = (libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
+
+/// `struct rpmsg_endpoint_info`, with `flags` of the fd variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EptInfo {
+    /// Endpoint name (at most 31 bytes).
+    pub name: String,
+    /// Local address, or [`ADDR_ANY`] for the next free one from 1024.
+    pub src: u32,
+    /// Peer address, or [`ADDR_ANY`] to bind to the channel of the same
+    /// name (or to the first sender).
+    pub dst: u32,
+}
+
+impl EptInfo {
+    /// An endpoint named `name` at any address, bound by name.
+    pub fn new(name: &str) -> Self {
+        EptInfo {
+            name: name.to_owned(),
+            src: ADDR_ANY,
+            dst: ADDR_ANY,
+        }
+    }
+
+    /// Writes `{name[32], src, dst}`; `None` if the name has more than 32
+    /// bytes (32 bytes go out unterminated, for the service to refuse).
+    fn put(&self, b: &mut [u8]) -> Option<()> {
+        let n = self.name.as_bytes();
+        if n.len() > NAME_SIZE {
+            return None;
+        }
+        b[..NAME_SIZE].fill(0);
+        b[..n.len()].copy_from_slice(n);
+        b[NAME_SIZE..NAME_SIZE + 4].copy_from_slice(&self.src.to_le_bytes());
+        b[NAME_SIZE + 4..NAME_SIZE + 8].copy_from_slice(&self.dst.to_le_bytes());
+        Some(())
+    }
+
+    /// Reads `{name[32], src, dst}`; the error is an errno.
+    fn get(b: &[u8]) -> Result<Self, i32> {
+        let raw = &b[..NAME_SIZE];
+        let nul = raw.iter().position(|&c| c == 0).ok_or(libc::EINVAL)?;
+        let name = std::str::from_utf8(&raw[..nul]).map_err(|_| libc::EINVAL)?;
+        Ok(EptInfo {
+            name: name.to_owned(),
+            src: u32_at(b, NAME_SIZE),
+            dst: u32_at(b, NAME_SIZE + 4),
+        })
+    }
+}
+
+/// A parsed service request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Legacy creation.
+    CreateEpt(EptInfo),
+    /// fd creation with open flags.
+    CreateEptFd(EptInfo, u32),
+    /// Counters.
+    Stats,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// The errno answered.
+    pub errno: i32,
+    /// Not a request at all: the service closes the connection.
+    pub garbage: bool,
+}
+
+/// Checks the magic and version and returns the op; the error is an errno.
+pub fn parse_header(b: &[u8]) -> Result<u16, i32> {
+    if b.len() < 8 || b[..4] != MAGIC {
+        return Err(libc::EPROTO);
+    }
+    if u16::from_le_bytes([b[4], b[5]]) != VERSION {
+        return Err(libc::EPROTONOSUPPORT);
+    }
+    Ok(u16::from_le_bytes([b[6], b[7]]))
+}
+
+impl Request {
+    /// Encodes the request; `None` if the name has more than 32 bytes.
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        let mut b = Vec::with_capacity(8 + EPT_FD_INFO_LEN);
+        match self {
+            Request::CreateEpt(info) => {
+                b.extend_from_slice(&header(OP_CREATE_EPT));
+                b.resize(8 + EPT_INFO_LEN, 0);
+                info.put(&mut b[8..])?;
+            }
+            Request::CreateEptFd(info, flags) => {
+                b.extend_from_slice(&header(OP_CREATE_EPT_FD));
+                b.resize(8 + EPT_FD_INFO_LEN, 0);
+                info.put(&mut b[8..])?;
+                b[8 + EPT_INFO_LEN..8 + EPT_INFO_LEN + 4].copy_from_slice(&flags.to_le_bytes());
+                b[8 + EPT_INFO_LEN + 4..].copy_from_slice(&(-1i32).to_le_bytes());
+            }
+            Request::Stats => b.extend_from_slice(&header(OP_STATS)),
+        }
+        Some(b)
+    }
+
+    /// Parses a request packet.
+    ///
+    /// # Errors
+    /// A [`Refusal`]: the errno to answer with, and whether the packet is
+    /// garbage (bad magic, version, op or length: the connection is closed)
+    /// rather than a well-formed request with a bad argument.
+    pub fn parse(b: &[u8]) -> Result<Self, Refusal> {
+        let garbage = |errno| Refusal {
+            errno,
+            garbage: true,
+        };
+        let invalid = |errno| Refusal {
+            errno,
+            garbage: false,
+        };
+        let op = parse_header(b).map_err(garbage)?;
+        let body = &b[8..];
+        match op {
+            OP_CREATE_EPT if body.len() == EPT_INFO_LEN => {
+                Ok(Request::CreateEpt(EptInfo::get(body).map_err(invalid)?))
+            }
+            OP_CREATE_EPT_FD if body.len() == EPT_FD_INFO_LEN => {
+                let info = EptInfo::get(body).map_err(invalid)?;
+                let flags = u32_at(body, EPT_INFO_LEN);
+                if flags & !EPT_FD_FLAGS != 0 {
+                    return Err(invalid(libc::EINVAL));
+                }
+                Ok(Request::CreateEptFd(info, flags))
+            }
+            OP_STATS if body.is_empty() => Ok(Request::Stats),
+            OP_CREATE_EPT | OP_CREATE_EPT_FD | OP_STATS => Err(garbage(libc::EINVAL)),
+            _ => Err(garbage(libc::EOPNOTSUPP)),
+        }
+    }
+}
+
+/// The common answer prefix: header and status.
+pub fn reply_head(op: u16, status: i32, len: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(len);
+    b.extend_from_slice(&header(op));
+    b.extend_from_slice(&status.to_le_bytes());
+    b.resize(len, 0);
+    b
+}
+
+/// A CREATE_EPT answer.
+pub fn create_ept_reply(status: i32, info: &EptInfo, path: &[u8]) -> Vec<u8> {
+    let mut b = reply_head(OP_CREATE_EPT, status, CREATE_EPT_REPLY_LEN);
+    if status == 0 {
+        let _ = info.put(&mut b[12..]);
+        let n = path.len().min(PATH_LEN - 1);
+        b[12 + EPT_INFO_LEN..12 + EPT_INFO_LEN + n].copy_from_slice(&path[..n]);
+    }
+    b
+}
+
+/// A CREATE_EPT_FD answer.
+pub fn create_ept_fd_reply(status: i32, info: &EptInfo, flags: u32) -> Vec<u8> {
+    let mut b = reply_head(OP_CREATE_EPT_FD, status, CREATE_EPT_FD_REPLY_LEN);
+    if status == 0 {
+        let _ = info.put(&mut b[12..]);
+        b[12 + EPT_INFO_LEN..16 + EPT_INFO_LEN].copy_from_slice(&flags.to_le_bytes());
+        b[16 + EPT_INFO_LEN..20 + EPT_INFO_LEN].copy_from_slice(&(-1i32).to_le_bytes());
+    }
+    b
+}
+
+/// Checks an answer's header and op, returns its status and body.
+///
+/// # Errors
+/// A description of what is wrong.
+pub fn parse_reply(b: &[u8], op: u16, len: usize) -> Result<(i32, &[u8]), &'static str> {
+    if b.len() != len || parse_header(b) != Ok(op) {
+        return Err("unexpected answer from the endpoint service");
+    }
+    Ok((i32::from_le_bytes([b[8], b[9], b[10], b[11]]), &b[12..]))
+}
+
+/// Parses the body of a successful CREATE_EPT answer.
+///
+/// # Errors
+/// A description of what is wrong.
+pub fn parse_create_ept_body(body: &[u8]) -> Result<(EptInfo, String), &'static str> {
+    let info = EptInfo::get(body).map_err(|_| "bad endpoint info in answer")?;
+    let p = &body[EPT_INFO_LEN..];
+    let n = p
+        .iter()
+        .position(|&c| c == 0)
+        .ok_or("node path not terminated")?;
+    let path = std::str::from_utf8(&p[..n]).map_err(|_| "node path not UTF-8")?;
+    Ok((info, path.to_owned()))
+}
+
+/// Parses the body of a successful CREATE_EPT_FD answer.
+///
+/// # Errors
+/// A description of what is wrong.
+pub fn parse_create_ept_fd_body(body: &[u8]) -> Result<EptInfo, &'static str> {
+    EptInfo::get(body).map_err(|_| "bad endpoint info in answer")
+}
+
+/// What the endpoint service holds and has done (the STATS answer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    /// Live endpoints handed out as fds.
+    pub fd_endpoints: u32,
+    /// Live legacy endpoints (each with a node).
+    pub legacy_endpoints: u32,
+    /// Legacy nodes open right now.
+    pub open_nodes: u32,
+    /// Control connections right now.
+    pub clients: u32,
+    /// Endpoints created since start.
+    pub created: u64,
+    /// Endpoints destroyed since start.
+    pub destroyed: u64,
+    /// Control connections closed for a malformed request.
+    pub bad_clients: u64,
+    /// Messages written to an endpoint with more than 496 bytes (dropped).
+    pub oversize: u64,
+    /// Messages from the remote dropped because the endpoint's socket was
+    /// full, or sent to an endpoint with no peer address.
+    pub dropped: u64,
+    /// Messages carried between endpoint sockets and the bus.
+    pub msgs: u64,
+}
+
+impl ServiceStats {
+    /// Live endpoints of both kinds.
+    pub fn endpoints(&self) -> u32 {
+        self.fd_endpoints + self.legacy_endpoints
+    }
+
+    /// The STATS answer.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = reply_head(OP_STATS, 0, 12);
+        for v in [
+            self.fd_endpoints,
+            self.legacy_endpoints,
+            self.open_nodes,
+            self.clients,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            self.created,
+            self.destroyed,
+            self.bad_clients,
+            self.oversize,
+            self.dropped,
+            self.msgs,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Parses the body of a STATS answer (after the status).
+    pub fn parse(body: &[u8]) -> Self {
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&body[16 + 8 * i..24 + 8 * i]);
+            u64::from_le_bytes(a)
+        };
+        ServiceStats {
+            fd_endpoints: u32_at(body, 0),
+            legacy_endpoints: u32_at(body, 4),
+            open_nodes: u32_at(body, 8),
+            clients: u32_at(body, 12),
+            created: u64_at(0),
+            destroyed: u64_at(1),
+            bad_clients: u64_at(2),
+            oversize: u64_at(3),
+            dropped: u64_at(4),
+            msgs: u64_at(5),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let info = EptInfo {
+            name: "echo".into(),
+            src: 1030,
+            dst: ADDR_ANY,
+        };
+        for r in [
+            Request::CreateEpt(info.clone()),
+            Request::CreateEptFd(info.clone(), (libc::O_RDWR | libc::O_CLOEXEC) as u32),
+            Request::Stats,
+        ] {
+            let b = r.encode().unwrap();
+            assert_eq!(Request::parse(&b), Ok(r));
+        }
+        assert_eq!(
+            Request::CreateEpt(info.clone()).encode().unwrap().len(),
+            8 + 40
+        );
+        assert_eq!(
+            Request::CreateEptFd(info.clone(), 0)
+                .encode()
+                .unwrap()
+                .len(),
+            8 + 48
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        let info = EptInfo::new("x");
+        // A flag outside O_ACCMODE | O_NONBLOCK | O_CLOEXEC.
+        let b = Request::CreateEptFd(info.clone(), libc::O_APPEND as u32)
+            .encode()
+            .unwrap();
+        assert_eq!(
+            Request::parse(&b).unwrap_err(),
+            Refusal {
+                errno: libc::EINVAL,
+                garbage: false
+            }
+        );
+        // 32 name bytes: no room for the NUL.
+        let long = EptInfo::new(&"n".repeat(32));
+        let b = Request::CreateEpt(long).encode().unwrap();
+        assert_eq!(
+            Request::parse(&b).unwrap_err(),
+            Refusal {
+                errno: libc::EINVAL,
+                garbage: false
+            }
+        );
+        assert!(Request::CreateEpt(EptInfo::new(&"n".repeat(33)))
+            .encode()
+            .is_none());
+        // Wrong length, unknown op, garbage.
+        let b = Request::CreateEpt(info).encode().unwrap();
+        let g = |errno| Refusal {
+            errno,
+            garbage: true,
+        };
+        assert_eq!(Request::parse(&b[..20]).unwrap_err(), g(libc::EINVAL));
+        let mut v = b.clone();
+        v[6] = 77;
+        assert_eq!(Request::parse(&v).unwrap_err(), g(libc::EOPNOTSUPP));
+        assert_eq!(
+            Request::parse(b"garbage!garbage").unwrap_err(),
+            g(libc::EPROTO)
+        );
+    }
+
+    #[test]
+    fn stats_round_trip() {
+        let s = ServiceStats {
+            fd_endpoints: 1,
+            legacy_endpoints: 2,
+            open_nodes: 3,
+            clients: 4,
+            created: 5,
+            destroyed: 6,
+            bad_clients: 7,
+            oversize: 8,
+            dropped: 9,
+            msgs: 10,
+        };
+        let b = s.encode();
+        let (st, body) = parse_reply(&b, OP_STATS, STATS_REPLY_LEN).unwrap();
+        assert_eq!(st, 0);
+        assert_eq!(ServiceStats::parse(body), s);
+    }
+}

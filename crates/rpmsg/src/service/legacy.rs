@@ -1,0 +1,154 @@
+//! Legacy creation (`RPMSG_CREATE_EPT_IOCTL`): the endpoint gets a node,
+//! `RUNDIR/rpmsgN` (a listening `SOCK_SEQPACKET` socket, the lowest free
+//! N), that a client must find and open; one open at a time, as
+//! `/dev/rpmsgN` allows.
+//!
+//! Opening is `connect(2)` plus the node's greeting (status 0, or `-EBUSY`
+//! while another connection has it open). Closing the connection releases
+//! the open and leaves the endpoint; shutting its writing side down is the
+//! destroy request (`RPMSG_DESTROY_EPT_IOCTL`): the node is unlinked and
+//! the connection hung up.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustix::net::{SendFlags, SocketAddrUnix, SocketFlags, SocketType};
+use tracing::debug;
+
+use super::{lock, Ept, EptService, Kind, Sink, TAG_LISTENER, TAG_SOCK};
+use crate::ctrl::proto::{create_ept_reply, reply_head, EptInfo, OPEN_REPLY_LEN, OP_OPEN};
+
+/// Makes the endpoint and its node, answers the node's path on `c`.
+pub(super) fn handle_create(svc: &EptService, conn: u64, c: &OwnedFd, info: EptInfo) {
+    let reply = match create(svc, conn, &info) {
+        Ok((out, path)) => create_ept_reply(0, &out, path.as_os_str().as_encoded_bytes()),
+        Err(errno) => create_ept_reply(-errno, &info, b""),
+    };
+    let _ = rustix::net::send(c, &reply, SendFlags::NOSIGNAL);
+}
+
+fn create(svc: &EptService, conn: u64, info: &EptInfo) -> Result<(EptInfo, PathBuf), i32> {
+    let index = {
+        let mut t = lock(&svc.inner.table);
+        let mut i = 0;
+        while t.node_indices.contains(&i) {
+            i += 1;
+        }
+        t.node_indices.insert(i);
+        i
+    };
+    let release_index = || {
+        lock(&svc.inner.table).node_indices.remove(&index);
+    };
+    let path = svc.inner.rundir.join(format!("rpmsg{index}"));
+    let listener = match bind(&path, svc.inner.node_mode) {
+        Ok(l) => l,
+        Err(e) => {
+            release_index();
+            return Err(e);
+        }
+    };
+    let sink = Arc::new(Sink::default());
+    let id = svc.next_id();
+    let bus_ept = match svc.bus_endpoint(id, info, &sink) {
+        Ok(e) => e,
+        Err(errno) => {
+            let _ = std::fs::remove_file(&path);
+            release_index();
+            return Err(errno);
+        }
+    };
+    let out = EptInfo {
+        name: info.name.clone(),
+        src: bus_ept.addr(),
+        dst: bus_ept.dst(),
+    };
+    if let Err(errno) = svc.watch(id, &listener, TAG_LISTENER) {
+        let _ = std::fs::remove_file(&path);
+        release_index();
+        return Err(errno);
+    }
+    svc.insert(
+        id,
+        Ept {
+            bus_ept,
+            sink,
+            kind: Kind::Legacy {
+                index,
+                path: path.clone(),
+                listener,
+                owner: conn,
+            },
+        },
+    );
+    Ok((out, path))
+}
+
+fn bind(path: &std::path::Path, mode: u32) -> Result<OwnedFd, i32> {
+    let fd = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| e.raw_os_error())?;
+    let _ = std::fs::remove_file(path);
+    let addr = SocketAddrUnix::new(path).map_err(|e| e.raw_os_error())?;
+    rustix::net::bind(&fd, &addr).map_err(|e| e.raw_os_error())?;
+    let done = rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(mode))
+        .and_then(|()| rustix::net::listen(&fd, 16));
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(path);
+        return Err(e.raw_os_error());
+    }
+    Ok(fd)
+}
+
+fn greeting(status: i32) -> Vec<u8> {
+    reply_head(OP_OPEN, status, OPEN_REPLY_LEN)
+}
+
+/// Node `id` has connections waiting: the first one while the node is not
+/// open gets it, every other one `EBUSY`.
+pub(super) fn accept(svc: &EptService, id: u64) {
+    loop {
+        let (conn, sink) = {
+            let t = lock(&svc.inner.table);
+            let Some(e) = t.epts.get(&id) else { return };
+            let Kind::Legacy { listener, .. } = &e.kind else {
+                return;
+            };
+            match rustix::net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
+                Ok(c) => (c, Arc::clone(&e.sink)),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return,
+            }
+        };
+        let mut slot = lock(&sink.sock);
+        if slot.is_some() {
+            drop(slot);
+            debug!(target: "iopath_rpmsg", "node {id}: second open refused (EBUSY)");
+            let _ = rustix::net::send(&conn, &greeting(-libc::EBUSY), SendFlags::NOSIGNAL);
+            continue;
+        }
+        if rustix::net::send(&conn, &greeting(0), SendFlags::NOSIGNAL).is_err() {
+            continue;
+        }
+        let conn = Arc::new(conn);
+        if svc.watch(id, &conn, TAG_SOCK).is_ok() {
+            *slot = Some(conn);
+        }
+    }
+}
+
+/// The opener of node `id` closed it: the node may be opened again.
+pub(super) fn release(svc: &EptService, id: u64, sock: &OwnedFd) {
+    let t = lock(&svc.inner.table);
+    let Some(e) = t.epts.get(&id) else { return };
+    let mut slot = lock(&e.sink.sock);
+    if slot.as_deref().is_some_and(|s| std::ptr::eq(s, sock)) {
+        let _ = rustix::event::epoll::delete(&svc.inner.epoll, sock);
+        *slot = None;
+    }
+}

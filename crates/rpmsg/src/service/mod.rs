@@ -1,0 +1,465 @@
+//! The endpoint service: the user-space counterpart of `/dev/rpmsg_ctrlN`,
+//! run by the bus owner behind its control socket.
+//!
+//! ```text
+//!  control connection thread            pump thread (epoll)
+//!  CREATE_EPT ──► legacy::create ─┐     listener readable ─► accept, greet (0 | -EBUSY)
+//!  CREATE_EPT_FD ► fdept::create ─┼──►  endpoint socket readable ─► Endpoint::send (bus)
+//!  STATS                          │     EOF: destroy (fd way: last close; node: shutdown)
+//!                                 └──   doomed (remote gone) ─► destroy
+//!  bus thread: message ─► send on the endpoint's socket; unbound/link down ─► doom
+//! ```
+//!
+//! Every endpoint is one bus endpoint (not announced, as rpmsg_char's are
+//! not) plus one socket the service owns: for the fd way, its end of the
+//! socketpair whose other end went to the client; for the legacy way, a
+//! listening node `RUNDIR/rpmsgN` and, while open, the accepted
+//! connection. Destroying removes all of it; the table and the runtime
+//! directory go back to empty.
+
+mod fdept;
+mod legacy;
+
+use std::collections::{BTreeSet, HashMap};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustix::event::epoll;
+use rustix::event::{eventfd, EventfdFlags};
+use rustix::net::{RecvFlags, SendFlags, Shutdown};
+use tracing::{debug, warn};
+
+use crate::bus::{Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event};
+use crate::ctrl::proto::{EptInfo, Request, ServiceStats};
+use crate::ctrl::CtrlError;
+use crate::wire::MAX_PAYLOAD;
+
+/// Token of the wake-up eventfd in the epoll set.
+const WAKE: u64 = u64::MAX;
+/// Token tag: the endpoint's data socket.
+const TAG_SOCK: u64 = 0;
+/// Token tag: a legacy node's listening socket.
+const TAG_LISTENER: u64 = 1;
+/// Messages taken from one socket per wake-up, so one busy endpoint does
+/// not starve the others.
+const DRAIN: usize = 64;
+/// How long the pump waits for a free buffer on the bus.
+const SEND_WAIT: Duration = Duration::from_secs(5);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The errno a bus error is answered with.
+pub(crate) fn errno_of(e: &BusError) -> i32 {
+    match e {
+        BusError::Timeout => libc::ETIMEDOUT,
+        BusError::AddrInUse { .. } => libc::EBUSY,
+        BusError::Name(_) => libc::EINVAL,
+        BusError::TooLarge { .. } => libc::EMSGSIZE,
+        BusError::LinkDown(_) | BusError::Unbound => libc::EPIPE,
+        _ => libc::EIO,
+    }
+}
+
+/// Where the bus thread delivers an endpoint's messages.
+#[derive(Debug, Default)]
+struct Sink {
+    sock: Mutex<Option<Arc<OwnedFd>>>,
+}
+
+enum Kind {
+    Fd,
+    Legacy {
+        index: u32,
+        path: PathBuf,
+        listener: OwnedFd,
+        owner: u64,
+    },
+}
+
+struct Ept {
+    bus_ept: Endpoint,
+    sink: Arc<Sink>,
+    kind: Kind,
+}
+
+#[derive(Default)]
+struct Table {
+    next_id: u64,
+    epts: HashMap<u64, Ept>,
+    node_indices: BTreeSet<u32>,
+    by_client: HashMap<u64, Vec<u64>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    created: AtomicU64,
+    destroyed: AtomicU64,
+    bad_clients: AtomicU64,
+    oversize: AtomicU64,
+    dropped: AtomicU64,
+    msgs: AtomicU64,
+    clients: AtomicU32,
+}
+
+struct Inner {
+    bus: Bus,
+    epoll: OwnedFd,
+    wake: OwnedFd,
+    table: Mutex<Table>,
+    doomed: Mutex<Vec<u64>>,
+    rundir: PathBuf,
+    node_mode: u32,
+    n: Counters,
+}
+
+/// The endpoint service of one bus. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct EptService {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EptService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EptService")
+            .field("rundir", &self.inner.rundir)
+            .finish()
+    }
+}
+
+fn sys(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> CtrlError {
+    move |e| CtrlError::Io {
+        op,
+        source: e.into(),
+    }
+}
+
+impl EptService {
+    /// Starts the pump thread; nodes go under `rundir` (created, mode 0700
+    /// widened like `node_mode`), with mode `node_mode`.
+    pub(crate) fn start(bus: Bus, rundir: &Path, node_mode: u32) -> Result<Self, CtrlError> {
+        std::fs::create_dir_all(rundir).map_err(|source| CtrlError::Io {
+            op: "creating the runtime directory",
+            source,
+        })?;
+        // Search (x) wherever the nodes are readable or writable.
+        let mut dir_mode = 0o700 | node_mode;
+        for shift in [0, 3] {
+            if node_mode & (0o6 << shift) != 0 {
+                dir_mode |= 0o1 << shift;
+            }
+        }
+        rustix::fs::chmod(rundir, rustix::fs::Mode::from_raw_mode(dir_mode))
+            .map_err(sys("chmod"))?;
+        raise_fd_limit();
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(sys("epoll_create"))?;
+        let wake =
+            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(sys("eventfd"))?;
+        epoll::add(
+            &epoll,
+            &wake,
+            epoll::EventData::new_u64(WAKE),
+            epoll::EventFlags::IN,
+        )
+        .map_err(sys("epoll_ctl"))?;
+        let inner = Arc::new(Inner {
+            bus,
+            epoll,
+            wake,
+            table: Mutex::new(Table::default()),
+            doomed: Mutex::new(Vec::new()),
+            rundir: rundir.to_owned(),
+            node_mode,
+            n: Counters::default(),
+        });
+        let svc = EptService { inner };
+        let s2 = svc.clone();
+        std::thread::Builder::new()
+            .name("rpmsg-ept-pump".into())
+            .spawn(move || s2.pump())
+            .map_err(|source| CtrlError::Io {
+                op: "spawn",
+                source,
+            })?;
+        Ok(svc)
+    }
+
+    /// The runtime directory of the legacy nodes.
+    pub(crate) fn rundir(&self) -> &Path {
+        &self.inner.rundir
+    }
+
+    /// A control connection came.
+    pub(crate) fn client_opened(&self) {
+        self.inner.n.clients.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A control connection went: its legacy endpoints go with it (their
+    /// creator can no longer destroy them). Returns how many.
+    pub(crate) fn client_closed(&self, conn: u64, garbage: bool) -> usize {
+        self.inner.n.clients.fetch_sub(1, Ordering::Relaxed);
+        if garbage {
+            self.inner.n.bad_clients.fetch_add(1, Ordering::Relaxed);
+        }
+        let ids = lock(&self.inner.table)
+            .by_client
+            .remove(&conn)
+            .unwrap_or_default();
+        let n = ids.len();
+        for id in ids {
+            self.destroy(id);
+        }
+        n
+    }
+
+    /// Serves one parsed request on control connection `conn` (socket `c`).
+    pub(crate) fn handle(&self, conn: u64, c: &OwnedFd, req: Request) {
+        match req {
+            Request::CreateEpt(info) => legacy::handle_create(self, conn, c, info),
+            Request::CreateEptFd(info, flags) => fdept::handle_create(self, c, info, flags),
+            Request::Stats => {
+                let _ = rustix::net::send(c, &self.stats().encode(), SendFlags::NOSIGNAL);
+            }
+        }
+    }
+
+    /// The counters and what is held right now.
+    pub(crate) fn stats(&self) -> ServiceStats {
+        let t = lock(&self.inner.table);
+        let mut s = ServiceStats::default();
+        for e in t.epts.values() {
+            match e.kind {
+                Kind::Fd => s.fd_endpoints += 1,
+                Kind::Legacy { .. } => {
+                    s.legacy_endpoints += 1;
+                    if lock(&e.sink.sock).is_some() {
+                        s.open_nodes += 1;
+                    }
+                }
+            }
+        }
+        drop(t);
+        let n = &self.inner.n;
+        s.clients = n.clients.load(Ordering::Relaxed);
+        s.created = n.created.load(Ordering::Relaxed);
+        s.destroyed = n.destroyed.load(Ordering::Relaxed);
+        s.bad_clients = n.bad_clients.load(Ordering::Relaxed);
+        s.oversize = n.oversize.load(Ordering::Relaxed);
+        s.dropped = n.dropped.load(Ordering::Relaxed);
+        s.msgs = n.msgs.load(Ordering::Relaxed);
+        s
+    }
+
+    /// Creates the bus endpoint for table entry `id`, delivering into `sink`.
+    fn bus_endpoint(&self, id: u64, info: &EptInfo, sink: &Arc<Sink>) -> Result<Endpoint, i32> {
+        let sink = Arc::clone(sink);
+        let inner = Arc::downgrade(&self.inner);
+        self.inner
+            .bus
+            .create_with_callback(
+                EndpointOptions::new(&info.name)
+                    .src(info.src)
+                    .dst(info.dst)
+                    .announce(false),
+                move |_, ev| {
+                    let Some(inner) = inner.upgrade() else { return };
+                    match ev {
+                        Event::Message(m) => {
+                            let sock = lock(&sink.sock).clone();
+                            let sent = sock.is_some_and(|s| {
+                                rustix::net::send(
+                                    &*s,
+                                    &m.data,
+                                    SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+                                )
+                                .is_ok()
+                            });
+                            let c = if sent {
+                                &inner.n.msgs
+                            } else {
+                                &inner.n.dropped
+                            };
+                            c.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Event::Unbound { .. } | Event::LinkDown(_) => {
+                            if let Some(s) = lock(&sink.sock).as_ref() {
+                                let _ = rustix::net::shutdown(&**s, Shutdown::Both);
+                            }
+                            lock(&inner.doomed).push(id);
+                            let _ = rustix::io::write(&inner.wake, &1u64.to_ne_bytes());
+                        }
+                    }
+                },
+            )
+            .map_err(|e| errno_of(&e))
+    }
+
+    /// Adds `fd` (entry `id`'s socket of kind `tag`) to the epoll set.
+    fn watch(&self, id: u64, fd: &OwnedFd, tag: u64) -> Result<(), i32> {
+        epoll::add(
+            &self.inner.epoll,
+            fd,
+            epoll::EventData::new_u64(id << 2 | tag),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )
+        .map_err(|e| e.raw_os_error())
+    }
+
+    /// Adds a live endpoint (its socket already watched) to the table.
+    fn insert(&self, id: u64, ept: Ept) {
+        let mut t = lock(&self.inner.table);
+        if let Kind::Legacy { owner, .. } = ept.kind {
+            t.by_client.entry(owner).or_default().push(id);
+        }
+        t.epts.insert(id, ept);
+        drop(t);
+        self.inner.n.created.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn next_id(&self) -> u64 {
+        let mut t = lock(&self.inner.table);
+        t.next_id += 1;
+        t.next_id
+    }
+
+    /// Destroys entry `id`: out of the table and the epoll set, node
+    /// unlinked, socket shut down both ways (every copy of the client's fd
+    /// sees a hang-up), bus endpoint and address released.
+    fn destroy(&self, id: u64) {
+        let ept = {
+            let mut t = lock(&self.inner.table);
+            let Some(ept) = t.epts.remove(&id) else {
+                return;
+            };
+            if let Kind::Legacy { index, owner, .. } = &ept.kind {
+                t.node_indices.remove(index);
+                if let Some(v) = t.by_client.get_mut(owner) {
+                    v.retain(|&x| x != id);
+                    if v.is_empty() {
+                        t.by_client.remove(owner);
+                    }
+                }
+            }
+            ept
+        };
+        if let Kind::Legacy { path, listener, .. } = &ept.kind {
+            let _ = epoll::delete(&self.inner.epoll, listener);
+            let _ = std::fs::remove_file(path);
+        }
+        if let Some(s) = lock(&ept.sink.sock).take() {
+            let _ = epoll::delete(&self.inner.epoll, &*s);
+            let _ = rustix::net::shutdown(&*s, Shutdown::Both);
+        }
+        debug!(target: "iopath_rpmsg", "endpoint {} destroyed", ept.bus_ept.addr());
+        drop(ept);
+        self.inner.n.destroyed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn pump(&self) {
+        let mut events = Vec::with_capacity(256);
+        let mut buf = vec![0u8; MAX_PAYLOAD + 1];
+        loop {
+            events.clear();
+            match epoll::wait(
+                &self.inner.epoll,
+                rustix::buffer::spare_capacity(&mut events),
+                None,
+            ) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    warn!(target: "iopath_rpmsg", "endpoint service: epoll failed: {e}");
+                    return;
+                }
+            }
+            for ev in &events {
+                let token = ev.data.u64();
+                if token == WAKE {
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(&self.inner.wake, &mut b);
+                    let doomed = std::mem::take(&mut *lock(&self.inner.doomed));
+                    for id in doomed {
+                        self.destroy(id);
+                    }
+                    continue;
+                }
+                let (id, tag) = (token >> 2, token & 3);
+                if tag == TAG_LISTENER {
+                    legacy::accept(self, id);
+                } else {
+                    self.forward(id, ev.flags, &mut buf);
+                }
+            }
+        }
+    }
+
+    /// Takes what the client wrote on endpoint `id`'s socket to the bus.
+    fn forward(&self, id: u64, flags: epoll::EventFlags, buf: &mut [u8]) {
+        let (sock, ep, legacy) = {
+            let t = lock(&self.inner.table);
+            let Some(e) = t.epts.get(&id) else { return };
+            let Some(s) = lock(&e.sink.sock).clone() else {
+                return;
+            };
+            (s, e.bus_ept.handle(), matches!(e.kind, Kind::Legacy { .. }))
+        };
+        let hup = flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::RDHUP);
+        for _ in 0..DRAIN {
+            match rustix::net::recv(&*sock, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
+                Ok((0, 0)) if hup => return self.end_of_file(id, legacy, &sock, flags),
+                Ok((_, full)) if full > MAX_PAYLOAD => {
+                    self.inner.n.oversize.fetch_add(1, Ordering::Relaxed);
+                    debug!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message dropped (max {MAX_PAYLOAD})", ep.addr());
+                }
+                Ok((n, _)) => self.to_bus(id, &ep, &sock, &buf[..n]),
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return self.end_of_file(id, legacy, &sock, flags),
+            }
+        }
+    }
+
+    fn to_bus(&self, id: u64, ep: &EndpointRef, sock: &OwnedFd, data: &[u8]) {
+        match ep.send_timeout(data, Some(SEND_WAIT)) {
+            Ok(()) => {
+                self.inner.n.msgs.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(BusError::LinkDown(r)) => {
+                debug!(target: "iopath_rpmsg", "endpoint {}: link down ({r})", ep.addr());
+                let _ = rustix::net::shutdown(sock, Shutdown::Both);
+                lock(&self.inner.doomed).push(id);
+                let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+            }
+            Err(e) => {
+                self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
+                debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
+            }
+        }
+    }
+
+    /// The client's side of endpoint `id` ended: the last copy of an fd
+    /// endpoint closed (destroy), a legacy node's opener shut its writing
+    /// side (destroy) or closed it (release the open).
+    fn end_of_file(&self, id: u64, legacy: bool, sock: &OwnedFd, flags: epoll::EventFlags) {
+        if legacy && flags.contains(epoll::EventFlags::HUP) {
+            legacy::release(self, id, sock);
+        } else {
+            self.destroy(id);
+        }
+    }
+}
+
+/// Raises the soft open-file limit to the hard one: every endpoint costs
+/// the service one or two fds.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut r = getrlimit(Resource::Nofile);
+    if r.current < r.maximum {
+        r.current = r.maximum;
+        let _ = setrlimit(Resource::Nofile, r);
+    }
+}
