@@ -395,7 +395,12 @@ fn open_shm(path: &Path, timeout: Duration) -> Result<SharedMem> {
         match r {
             Ok(s) => return Ok(s),
             Err(e) if start.elapsed() >= timeout => {
-                return Err(e).with_context(|| format!("shared memory {}", path.display()))
+                return Err(e).with_context(|| {
+                    format!(
+                        "the remote's shared memory (waited {} s)",
+                        timeout.as_secs()
+                    )
+                })
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }

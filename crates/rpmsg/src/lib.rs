@@ -14,7 +14,33 @@
 //! ```
 //!
 //! Parsing ([`wire`], [`rsc_table`]) is apart from execution; the notifier
-//! is a trait ([`notify::Notifier`]).
+//! is a trait ([`notify::Notifier`]). The shared memory is one heap
+//! `Buffer` ([`SharedMem`]). The host's rings are `iopath-virtio`'s
+//! `SplitQueue`s placed where the table says, every buffer mapped through
+//! `iopath-dma`'s `Direct` ops (device address = offset); the remote's are
+//! rust-vmm `virtio-queue` over a `vm-memory` view of the same file.
+//!
+//! On top, the [`Bus`] (one service thread per link): endpoints with
+//! addresses from 1024, the name service at 53 (announce and destroy both
+//! ways), channels the peer announced, delivery to a queue
+//! ([`Endpoint::recv`]), a callback, or in place ([`ZeroCopyEndpoint`],
+//! [`TxBuffer`]); sends that block or fail at once. [`ctrl`] is the bus
+//! owner's control socket for local clients.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use iopath_rpmsg::{Bus, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
+//!
+//! // Host side of a file a remote created (`iopath rpmsg remote --create`).
+//! let notify: NotifySpec = "eventfd:/tmp/rp.ev".parse()?;
+//! let n = notify.connect(Duration::from_secs(10))?;
+//! let bus = Bus::host(SharedMem::open("/dev/shm/rp".as_ref())?, n, HOST_FEATURES)?;
+//! let ch = bus.wait_channel("echo", Duration::from_secs(10))?;
+//! let ep = bus.create(EndpointOptions::new("echo").dst(ch.addr))?;
+//! ep.send(b"hello")?;
+//! assert_eq!(ep.recv(Some(Duration::from_secs(5)))?.data, b"hello");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod bus;
 pub mod ctrl;
