@@ -129,7 +129,12 @@ pub fn fill_seq(out: &mut [u8], dev_off: u64) {
 /// First mismatch of `got` against `pattern` at device offset `dev_off`.
 pub fn check_pattern(got: &[u8], pattern: Pattern, dev_off: u64) -> Option<u64> {
     match pattern {
-        Pattern::Zero => got.iter().position(|&b| b != 0).map(|i| dev_off + i as u64),
+        // Word-granular like `Seq`: the offset of the first 8-byte word that
+        // is not zero.
+        Pattern::Zero => got
+            .iter()
+            .position(|&b| b != 0)
+            .map(|i| dev_off + (i as u64 & !7)),
         Pattern::Seq => got.chunks_exact(8).enumerate().find_map(|(i, w)| {
             let want = dev_off + 8 * i as u64;
             (w != want.to_le_bytes()).then_some(want)
