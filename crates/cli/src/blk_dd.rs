@@ -569,7 +569,9 @@ mod tests {
             check_pattern(&b, Pattern::Seq, 1 << 20),
             Some((1 << 20) + 96)
         );
-        assert_eq!(check_pattern(&b, Pattern::Zero, 0), Some(8));
+        // Word 0 holds 1 MiB, not zero.
+        assert_eq!(check_pattern(&b, Pattern::Zero, 0), Some(0));
+        assert_eq!(check_pattern(&b[..16], Pattern::Zero, 64), Some(64));
     }
 
     #[test]
