@@ -226,10 +226,15 @@ pub fn create_ept_fd_reply(status: i32, info: &EptInfo, flags: u32) -> Vec<u8> {
 /// # Errors
 /// A description of what is wrong.
 pub fn parse_reply(b: &[u8], op: u16, len: usize) -> Result<(i32, &[u8]), &'static str> {
-    if b.len() != len || parse_header(b) != Ok(op) {
+    if b.len() < 12 || parse_header(b) != Ok(op) {
         return Err("unexpected answer from the endpoint service");
     }
-    Ok((i32::from_le_bytes([b[8], b[9], b[10], b[11]]), &b[12..]))
+    let status = i32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    // A refusal may come as the bare header and status.
+    if b.len() != len && !(status < 0 && b.len() == 12) {
+        return Err("answer of the wrong length from the endpoint service");
+    }
+    Ok((status, &b[12..]))
 }
 
 /// Parses the body of a successful CREATE_EPT answer.

@@ -316,7 +316,7 @@ impl EptService {
             t.by_client.entry(owner).or_default().push(id);
         }
         t.epts.insert(id, ept);
-        drop(t);
+        // Counted under the table lock, so STATS is a consistent snapshot.
         self.inner.n.created.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -335,6 +335,7 @@ impl EptService {
             let Some(ept) = t.epts.remove(&id) else {
                 return;
             };
+            self.inner.n.destroyed.fetch_add(1, Ordering::Relaxed);
             if let Kind::Legacy { index, owner, .. } = &ept.kind {
                 t.node_indices.remove(index);
                 if let Some(v) = t.by_client.get_mut(owner) {
@@ -356,7 +357,6 @@ impl EptService {
         }
         debug!(target: "iopath_rpmsg", "endpoint {} destroyed", ept.bus_ept.addr());
         drop(ept);
-        self.inner.n.destroyed.fetch_add(1, Ordering::Relaxed);
     }
 
     fn pump(&self) {

@@ -1,0 +1,593 @@
+//! The endpoint service with real processes: `iopath rpmsg remote` (echo)
+//! and `iopath rpmsg host --ctrl` as two processes; this test process (and
+//! children it starts) as clients through `iopath_rpmsg::ctrl`.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_NONBLOCK, O_RDWR};
+use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, EptFd, EptInfo, ServiceStats};
+use iopath_rpmsg::wire::ADDR_ANY;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+
+const BIN: &str = env!("CARGO_BIN_EXE_iopath");
+
+struct Proc(Child, PathBuf);
+
+impl Proc {
+    fn spawn(dir: &Path, name: &str, args: &[&str]) -> Proc {
+        let err = dir.join(format!("{name}.err"));
+        let child = Command::new(BIN)
+            .args(args)
+            .env("IOPATH_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        Proc(child, err)
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    remote: Proc,
+    host: Proc,
+    ctrl: PathBuf,
+}
+
+impl Setup {
+    fn rundir(&self) -> PathBuf {
+        self.dir.path().join("ctrl.d")
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A remote echoing service "echo" and a host serving endpoints.
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    let ev = format!("eventfd:{}/ev", s(dir.path()));
+    let remote = Proc::spawn(
+        dir.path(),
+        "remote",
+        &[
+            "rpmsg",
+            "remote",
+            "--shm",
+            s(&shm),
+            "--create",
+            "0x80000",
+            "--notify",
+            &ev,
+            "--echo",
+            "echo",
+        ],
+    );
+    let ctrl = dir.path().join("ctrl");
+    let host = Proc::spawn(
+        dir.path(),
+        "host",
+        &[
+            "rpmsg",
+            "host",
+            "--shm",
+            s(&shm),
+            "--notify",
+            &ev,
+            "--ctrl",
+            s(&ctrl),
+        ],
+    );
+    let start = Instant::now();
+    while !ctrl.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no control socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Setup {
+        dir,
+        remote,
+        host,
+        ctrl,
+    }
+}
+
+/// An endpoint bound to the remote's "echo" (retrying until announced).
+fn echo_ept(c: &CtrlClient, flags: u32) -> EptFd {
+    let start = Instant::now();
+    loop {
+        let ep = c.create_ept_fd(&EptInfo::new("echo"), flags).unwrap();
+        if ep.info().dst != ADDR_ANY {
+            return ep;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "echo never announced"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn errno(e: &CtrlError) -> Option<Errno> {
+    match e {
+        CtrlError::Refused { errno } => Some(Errno::from_raw_os_error(*errno)),
+        CtrlError::Io { source, .. } => source.raw_os_error().map(Errno::from_raw_os_error),
+        _ => None,
+    }
+}
+
+fn wait_stats(c: &CtrlClient, what: &str, ok: impl Fn(&ServiceStats) -> bool) -> ServiceStats {
+    let start = Instant::now();
+    loop {
+        let st = c.stats().unwrap();
+        if ok(&st) {
+            return st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: stats stuck at {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn empty_dir(p: &Path) -> bool {
+    std::fs::read_dir(p)
+        .map(|d| d.count() == 0)
+        .unwrap_or(false)
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+}
+
+fn revents(fd: impl AsFd, want: PollFlags, ms: i64) -> PollFlags {
+    let mut p = [PollFd::new(&fd, want)];
+    let ts = Timespec {
+        tv_sec: ms / 1000,
+        tv_nsec: (ms % 1000) * 1_000_000,
+    };
+    poll(&mut p, Some(&ts)).unwrap();
+    p[0].revents()
+}
+
+/// Runs `iopath rpmsg ping --fd N` as a second process that inherited `fd`.
+fn ping_through(fd: OwnedFd, count: &str) -> serde_json::Value {
+    let raw = fd.as_raw_fd();
+    let o = Command::new(BIN)
+        .args([
+            "rpmsg",
+            "ping",
+            "--fd",
+            &raw.to_string(),
+            "--count",
+            count,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    drop(fd);
+    assert!(
+        o.status.success(),
+        "ping --fd failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn both_ways_fd_passed_to_another_process() {
+    let st = setup();
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    // fd way, without O_CLOEXEC: a child inherits it and talks to the
+    // remote echo through it; every byte is checked by ping.
+    let ep = echo_ept(&c, O_RDWR);
+    assert!(ep.info().src >= 1024);
+    let v = ping_through(ep.into_fd(), "496");
+    assert_eq!(v["count"], 496);
+    assert_eq!(v["bytes"], 496 * 497 / 2);
+    // The child held the last copy: its exit destroyed the endpoint.
+    wait_stats(&c, "fd endpoint freed", |s| s.endpoints() == 0);
+
+    // Legacy way: a node to open, once.
+    let (info, path) = c.create_ept(&EptInfo::new("echo")).unwrap();
+    assert!(info.src >= 1024 && info.dst != ADDR_ANY, "{info:?}");
+    assert_eq!(path.parent().unwrap(), st.rundir());
+    assert!(path.exists());
+    let node = EptFd::open_node(&path, O_CLOEXEC).unwrap();
+    let e = EptFd::open_node(&path, O_CLOEXEC).unwrap_err();
+    assert_eq!(errno(&e), Some(Errno::BUSY), "{e}");
+    // Close and reopen: the endpoint stays, the node too.
+    drop(node);
+    let start = Instant::now();
+    let node = loop {
+        match EptFd::open_node(&path, 0) {
+            Ok(n) => break n,
+            Err(e) if errno(&e) == Some(Errno::BUSY) => {
+                assert!(start.elapsed() < Duration::from_secs(5));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("reopen: {e}"),
+        }
+    };
+    // Round trips through the node, here and in a child that inherits a dup.
+    let msg = pattern(496, 3);
+    node.send(&msg).unwrap();
+    let mut back = [0u8; 600];
+    let n = node
+        .recv_timeout(&mut back, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(n, Some(496));
+    assert_eq!(&back[..496], &msg[..]);
+    let dup = rustix::io::dup(node.fd()).unwrap();
+    let v = ping_through(dup, "100");
+    assert_eq!(v["count"], 100);
+    let s1 = c.stats().unwrap();
+    assert_eq!((s1.legacy_endpoints, s1.open_nodes), (1, 1), "{s1:?}");
+    // Destroy through the open node: the node disappears.
+    node.destroy().unwrap();
+    assert!(!path.exists());
+    let s2 = wait_stats(&c, "legacy freed", |s| s.endpoints() == 0);
+    assert!(empty_dir(&st.rundir()));
+    assert_eq!(s2.created, s2.destroyed);
+    assert!(st.host.stderr().contains("control client 1 connected: pid"));
+}
+
+#[test]
+fn exact_errnos() {
+    let st = setup();
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    let ep = echo_ept(&c, O_RDWR | O_CLOEXEC);
+    let taken = EptInfo {
+        name: "x".into(),
+        src: ep.info().src,
+        dst: ADDR_ANY,
+    };
+    // A taken src: EBUSY, both ways.
+    let e = c.create_ept_fd(&taken, O_RDWR).unwrap_err();
+    assert_eq!(errno(&e), Some(Errno::BUSY), "{e}");
+    let e = c.create_ept(&taken).unwrap_err();
+    assert_eq!(errno(&e), Some(Errno::BUSY), "{e}");
+    // A name of 32 bytes (no room for the NUL) and of 40: EINVAL.
+    for len in [32, 40] {
+        let e = c
+            .create_ept_fd(&EptInfo::new(&"n".repeat(len)), O_RDWR)
+            .unwrap_err();
+        assert_eq!(errno(&e), Some(Errno::INVAL), "{e}");
+        let e = c.create_ept(&EptInfo::new(&"n".repeat(len))).unwrap_err();
+        assert_eq!(errno(&e), Some(Errno::INVAL), "{e}");
+    }
+    // 31 bytes is fine.
+    drop(
+        c.create_ept_fd(&EptInfo::new(&"n".repeat(31)), O_RDWR)
+            .unwrap(),
+    );
+    // A flag outside O_ACCMODE | O_NONBLOCK | O_CLOEXEC: EINVAL.
+    for bad in [
+        0o2000, /* O_APPEND */
+        0o100,  /* O_CREAT */
+        0x8000_0000,
+    ] {
+        let e = c
+            .create_ept_fd(&EptInfo::new("echo"), O_RDWR | bad)
+            .unwrap_err();
+        assert_eq!(errno(&e), Some(Errno::INVAL), "flags {bad:#o}: {e}");
+    }
+    // The connection still serves after refusals.
+    let st0 = c.stats().unwrap();
+    assert_eq!(st0.bad_clients, 0);
+
+    // Writes over 496 bytes: EMSGSIZE from the library; 496 goes.
+    let e = ep.send(&[0u8; 497]).unwrap_err();
+    assert_eq!(errno(&e), Some(Errno::MSGSIZE));
+    // A plain write(2): the kernel refuses what exceeds the (smallest)
+    // send buffer; find that limit and check what gets past it is dropped
+    // by the service, never sent.
+    let mut lo = 497usize; // accepted
+    let mut hi = 1 << 16; // refused
+    assert_eq!(
+        rustix::io::write(ep.fd(), &vec![0u8; hi]).unwrap_err(),
+        Errno::MSGSIZE
+    );
+    rustix::io::write(ep.fd(), &[0u8; 497]).unwrap();
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        match rustix::io::write(ep.fd(), &vec![0u8; mid]) {
+            Ok(n) => {
+                assert_eq!(n, mid);
+                lo = mid;
+            }
+            Err(Errno::MSGSIZE) => hi = mid,
+            Err(e) => panic!("write {mid}: {e}"),
+        }
+    }
+    eprintln!("kernel limit for a plain write on an endpoint fd: {lo} bytes");
+    assert!(lo < 8192, "{lo}");
+    let oversize = wait_stats(&c, "oversize counted", |s| s.oversize >= 2).oversize;
+    // Nothing of those came back from the echo.
+    assert!(!revents(&ep, PollFlags::IN, 200).contains(PollFlags::IN));
+    // poll: writable, not readable; then readable once the echo is back.
+    assert_eq!(
+        revents(&ep, PollFlags::IN | PollFlags::OUT, 0),
+        PollFlags::OUT
+    );
+    let msg = pattern(100, 9);
+    ep.send(&msg).unwrap();
+    assert!(revents(&ep, PollFlags::IN, 10_000).contains(PollFlags::IN));
+    // A short read gets the start; the rest of that message is dropped.
+    let mut small = [0u8; 10];
+    assert_eq!(ep.recv(&mut small).unwrap(), 10);
+    assert_eq!(&small[..], &msg[..10]);
+    ep.send(&msg[..50]).unwrap();
+    let mut back = [0u8; 512];
+    assert_eq!(
+        ep.recv_timeout(&mut back, Duration::from_secs(10)).unwrap(),
+        Some(50)
+    );
+    assert_eq!(&back[..50], &msg[..50]);
+    assert_eq!(c.stats().unwrap().oversize, oversize);
+
+    // Non-blocking: EAGAIN with nothing queued, library and plain read.
+    let nb = echo_ept(&c, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    let e = nb.recv(&mut back).unwrap_err();
+    assert_eq!(errno(&e), Some(Errno::AGAIN));
+    assert_eq!(
+        rustix::io::read(nb.fd(), &mut back).unwrap_err(),
+        Errno::AGAIN
+    );
+    let fl = rustix::fs::fcntl_getfl(nb.fd()).unwrap();
+    assert!(fl.contains(rustix::fs::OFlags::NONBLOCK));
+    let fdfl = rustix::io::fcntl_getfd(nb.fd()).unwrap();
+    assert!(fdfl.contains(rustix::io::FdFlags::CLOEXEC));
+    let blk = echo_ept(&c, O_RDWR);
+    assert!(!rustix::fs::fcntl_getfl(blk.fd())
+        .unwrap()
+        .contains(rustix::fs::OFlags::NONBLOCK));
+    assert!(!rustix::io::fcntl_getfd(blk.fd())
+        .unwrap()
+        .contains(rustix::io::FdFlags::CLOEXEC));
+
+    // Destroy through one copy: every copy gets EPIPE and a hang-up.
+    let copy = EptFd::from_fd(rustix::io::dup(nb.fd()).unwrap());
+    nb.destroy().unwrap();
+    assert!(revents(&copy, PollFlags::IN, 0).contains(PollFlags::HUP));
+    assert_eq!(errno(&copy.send(b"x").unwrap_err()), Some(Errno::PIPE));
+    assert_eq!(errno(&copy.recv(&mut back).unwrap_err()), Some(Errno::PIPE));
+    // (A plain read(2) sees end of file; a plain send EPIPE.)
+    assert_eq!(rustix::io::read(copy.fd(), &mut back).unwrap(), 0);
+    assert_eq!(
+        rustix::net::send(copy.fd(), b"x", rustix::net::SendFlags::NOSIGNAL).unwrap_err(),
+        Errno::PIPE
+    );
+    drop(copy);
+
+    // The remote gone: EPIPE and a hang-up on every endpoint.
+    let mut st = st;
+    let _ = st.remote.0.kill();
+    let _ = st.remote.0.wait();
+    assert!(revents(&ep, PollFlags::IN, 10_000).contains(PollFlags::HUP));
+    assert_eq!(errno(&ep.send(b"x").unwrap_err()), Some(Errno::PIPE));
+    assert_eq!(errno(&ep.recv(&mut back).unwrap_err()), Some(Errno::PIPE));
+    assert_eq!(errno(&blk.recv(&mut back).unwrap_err()), Some(Errno::PIPE));
+}
+
+/// Helper run as a child process (this test binary re-executed): creates
+/// endpoints, never destroys them, and exits (or dies).
+#[test]
+fn helper_client() {
+    let Ok(what) = std::env::var("IOPATH_EPT_HELPER") else {
+        return;
+    };
+    let ctrl = PathBuf::from(std::env::var("IOPATH_EPT_CTRL").unwrap());
+    let c = CtrlClient::connect(&ctrl).unwrap();
+    let mut keep = Vec::new();
+    match what.as_str() {
+        "many" => {
+            for i in 0..10_000 {
+                keep.push(
+                    c.create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC)
+                        .unwrap(),
+                );
+                if i < 1000 {
+                    let (_, p) = c.create_ept(&EptInfo::new("echo")).unwrap();
+                    if i < 100 {
+                        keep.push(EptFd::open_node(&p, O_CLOEXEC).unwrap());
+                    }
+                }
+            }
+            let s = c.stats().unwrap();
+            // (The parent holds one more fd endpoint.)
+            assert!(s.fd_endpoints >= 10_000, "{s:?}");
+            assert_eq!((s.legacy_endpoints, s.open_nodes), (1000, 100));
+            println!("created");
+        }
+        "midrequest" => {
+            // Legacy endpoints, then a CREATE_EPT_FD whose answer (and fd)
+            // is never read: exit at once.
+            for _ in 0..10 {
+                c.create_ept(&EptInfo::new("echo")).unwrap();
+            }
+            let req = iopath_rpmsg::ctrl::proto::Request::CreateEptFd(EptInfo::new("echo"), O_RDWR)
+                .encode()
+                .unwrap();
+            rustix::net::send(c.fd(), &req, rustix::net::SendFlags::empty()).unwrap();
+            std::process::exit(0);
+        }
+        other => panic!("unknown helper {other}"),
+    }
+    std::process::exit(0);
+}
+
+fn run_helper(ctrl: &Path, what: &str) -> std::process::Output {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_client",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("IOPATH_EPT_HELPER", what)
+        .env("IOPATH_EPT_CTRL", ctrl)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn dead_clients_and_garbage_are_freed() {
+    let st = setup();
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    let live = echo_ept(&c, O_RDWR | O_CLOEXEC);
+
+    // 10,000 fd endpoints, 1,000 legacy ones (100 of them open) created and
+    // never destroyed before the client exits.
+    let o = run_helper(&st.ctrl, "many");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("created"),
+        "helper: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let s = wait_stats(&c, "10,000 + 1,000 freed", |s| {
+        s.endpoints() == 1 && s.open_nodes == 0
+    });
+    assert_eq!(s.created - s.destroyed, 1);
+    assert!(empty_dir(&st.rundir()));
+
+    // A client that dies mid-request.
+    let o = run_helper(&st.ctrl, "midrequest");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    wait_stats(&c, "mid-request client freed", |s| s.endpoints() == 1);
+    assert!(empty_dir(&st.rundir()));
+
+    // Garbage on a control connection holding legacy endpoints: it is
+    // closed, what it held is freed, one line is logged.
+    let g = CtrlClient::connect(&st.ctrl).unwrap();
+    for _ in 0..5 {
+        g.create_ept(&EptInfo::new("echo")).unwrap();
+    }
+    let mut raw = UnixStream::from(rustix::io::dup(g.fd()).unwrap());
+    drop(g);
+    raw.write_all(b"\x00garbage, not a request\xff").unwrap();
+    let mut b = [0u8; 64];
+    let _ = raw.read(&mut b); // the refusal
+    assert_eq!(raw.read(&mut b).unwrap(), 0, "connection not closed");
+    let s = wait_stats(&c, "garbage client freed", |s| s.endpoints() == 1);
+    assert_eq!(s.bad_clients, 1);
+    assert!(empty_dir(&st.rundir()));
+    let log = st.host.stderr();
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("malformed request"))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("5 legacy endpoints freed"), "{log}");
+
+    // Meanwhile the service kept serving: the first endpoint still echoes.
+    let msg = pattern(300, 1);
+    live.send(&msg).unwrap();
+    let mut back = [0u8; 512];
+    assert_eq!(
+        live.recv_timeout(&mut back, Duration::from_secs(10))
+            .unwrap(),
+        Some(300)
+    );
+    assert_eq!(&back[..300], &msg[..]);
+    drop(live);
+    wait_stats(&c, "all freed", |s| s.endpoints() == 0);
+}
+
+#[test]
+fn ept_create_cli_both_ways() {
+    let st = setup();
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    echo_ept(&c, O_RDWR); // the remote has announced "echo"
+    let inner = format!("exec {BIN} rpmsg ping --fd $IOPATH_RPMSG_FD --count 50 --json");
+    for legacy in [false, true] {
+        let mut args = vec![
+            "rpmsg",
+            "ept",
+            "create",
+            "--ctrl",
+            s(&st.ctrl),
+            "--name",
+            "echo",
+        ];
+        if legacy {
+            args.push("--legacy");
+        }
+        args.extend_from_slice(&["--", "sh", "-c", &inner]);
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["count"], 50);
+    }
+    wait_stats(&c, "cli endpoints freed", |s| s.endpoints() == 0);
+    // Legacy without a command prints the node and stays until destroyed.
+    let mut child = Command::new(BIN)
+        .args([
+            "rpmsg",
+            "ept",
+            "create",
+            "--ctrl",
+            s(&st.ctrl),
+            "--name",
+            "echo",
+            "--legacy",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = child.stdout.take().unwrap();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0] as char);
+    }
+    let path = PathBuf::from(line);
+    assert!(path.exists(), "{}", path.display());
+    EptFd::open_node(&path, O_CLOEXEC)
+        .unwrap()
+        .destroy()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(empty_dir(&st.rundir()));
+    // Bad input: one line, non-zero exit.
+    let o = Command::new(BIN)
+        .args([
+            "rpmsg",
+            "ept",
+            "create",
+            "--ctrl",
+            s(&st.ctrl),
+            "--name",
+            "echo",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs a command"));
+}
