@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
 use iopath_virtio::device::{
-    DeviceMemory, DeviceMemoryGuard, QueueContext, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM,
-    VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+    DeviceMemory, DeviceMemoryGuard, DmaTicket, QueueContext, VirtioDevice,
+    VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_RING_F_INDIRECT_DESC,
 };
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
@@ -339,6 +340,8 @@ struct InFlight {
     iovecs: Box<[libc::iovec]>,
     bounce: Option<AlignedBuf>,
     _mem: DeviceMemoryGuard,
+    /// Held while the kernel may still access the front end's memory.
+    _dma: Option<DmaTicket>,
 }
 
 // SAFETY: the iovecs point into `bounce` (owned) or into the front end's
@@ -411,6 +414,7 @@ impl Executor {
     /// Pops every available chain (re-checking after re-enabling
     /// notifications, virtio 1.2, 2.7.10) and starts it.
     fn process_avail(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        let _dma = ctx.dma_ticket();
         let mem = ctx.memory();
         loop {
             let _ = ctx.queue_mut().disable_notification(&*mem);
@@ -512,6 +516,7 @@ impl Executor {
                     iovecs: Box::new([]),
                     bounce: None,
                     _mem: mem.clone(),
+                    _dma: None,
                 };
                 self.push(ctx, mem, flight, sqe);
             }
@@ -668,6 +673,8 @@ impl Executor {
             offset,
             total,
             iovecs,
+            // A bounced write has already read the front end's memory.
+            _dma: (op == Op::Read || bounce.is_none()).then(|| ctx.dma_ticket()),
             bounce,
             _mem: mem.clone(),
         };
@@ -720,6 +727,7 @@ impl Executor {
         if done.is_empty() {
             return;
         }
+        let _dma = ctx.dma_ticket();
         let mem = ctx.memory();
         for (slot, res) in done {
             let Some(flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {

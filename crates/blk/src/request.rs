@@ -784,4 +784,93 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.error, ParseError::OverLimit);
     }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn addr() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                Just(0x10_8000u64),
+                (0x10_0000u64..0x20_0000),
+                Just(0x20_0000 - 512),
+                (0x20_0000u64..0x30_0000),
+                Just(u64::MAX - 100),
+                any::<u64>(),
+            ]
+        }
+
+        fn len() -> impl Strategy<Value = u32> {
+            prop_oneof![
+                Just(0u32),
+                Just(1),
+                Just(16),
+                Just(512),
+                Just(513),
+                Just(4096),
+                Just(u32::MAX),
+                any::<u32>(),
+            ]
+        }
+
+        fn desc() -> impl Strategy<Value = (u64, u32, u16, u16)> {
+            (addr(), len(), 0u16..8, 0u16..20)
+        }
+
+        proptest! {
+            /// Whatever the chain, parsing never panics, and what it
+            /// accepts lies inside memory with the access it will need.
+            #[test]
+            fn parse_accepts_only_what_fits(
+                descs in proptest::collection::vec(desc(), 1..6),
+                kind in prop_oneof![Just(0u32), Just(1), Just(4), Just(8), Just(11), Just(13), any::<u32>()],
+                sector in prop_oneof![0u64..80, any::<u64>()],
+                range in any::<[u8; 16]>(),
+            ) {
+                let m = mem();
+                m.write_slice(&header(kind, sector), GuestAddress(0x10_8000)).unwrap();
+                m.write_slice(&range, GuestAddress(0x10_9000)).unwrap();
+                let vq = MockSplitQueue::new(&m, 16);
+                let raw: Vec<RawDescriptor> = descs
+                    .iter()
+                    .map(|&(a, l, f, n)| RawDescriptor::from(SplitDescriptor::new(a, l, f, n)))
+                    .collect();
+                vq.add_desc_chains(&raw, 0).unwrap();
+                let mut q: Queue = vq.create_queue().unwrap();
+                let chain = q.iter(&m).unwrap().next().unwrap();
+                let lim = limits();
+                match Request::parse(chain, &m, &lim) {
+                    Ok(r) => {
+                        prop_assert!(m.check_range(r.status, 1, Permissions::Write));
+                        let (segs, access) = match &r.kind {
+                            RequestKind::Read { sector, data } | RequestKind::Write { sector, data } => {
+                                let bytes: u64 = data.iter().map(|s| u64::from(s.len)).sum();
+                                prop_assert_eq!(bytes % SECTOR_SIZE, 0);
+                                prop_assert!(sector + bytes / SECTOR_SIZE <= lim.capacity);
+                                let w = matches!(r.kind, RequestKind::Read { .. });
+                                (data.clone(), if w { Permissions::Write } else { Permissions::Read })
+                            }
+                            RequestKind::GetId { data } => (data.clone(), Permissions::Write),
+                            RequestKind::Discard(rs) | RequestKind::WriteZeroes(rs) => {
+                                for x in rs {
+                                    prop_assert!(x.sector + u64::from(x.count) <= lim.capacity);
+                                }
+                                (Vec::new(), Permissions::Read)
+                            }
+                            RequestKind::Flush => (Vec::new(), Permissions::Read),
+                        };
+                        for s in segs {
+                            prop_assert!(s.len == 0 || m.check_range(s.addr, s.len as usize, access));
+                        }
+                    }
+                    Err(rej) => {
+                        if let Some(st) = rej.status {
+                            prop_assert!(m.check_range(st, 1, Permissions::Write));
+                        }
+                        prop_assert!(rej.error.status() != VIRTIO_BLK_S_OK);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -26,8 +26,8 @@ use vm_memory::{
 
 use super::iotlb::{IotlbMsg, IotlbMsgError, IOTLB_MSG_SIZE};
 use super::{
-    CallFd, DeviceMemory, QueueContext, VhostIommu, VirtioDevice, VHOST_USER_F_PROTOCOL_FEATURES,
-    VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
+    CallFd, DeviceMemory, DmaFence, QueueContext, VhostIommu, VirtioDevice,
+    VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
 };
 
 /// vhost-user request code of `IOTLB_MSG` on the front end's channel.
@@ -37,6 +37,8 @@ const HDR_VERSION: u32 = 0x1;
 const HDR_REPLY: u32 = 0x4;
 const HDR_NEED_REPLY: u32 = 0x8;
 const HDR_SIZE: usize = 12;
+/// Longest an IOTLB change waits for device accesses that began before it.
+const FENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Errors of the vhost-user server.
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +189,11 @@ fn handle_iotlb<D: VirtioDevice>(
         match parsed {
             Ok(m) if h.iotlb_enabled() => {
                 h.iommu().apply(&m);
+                // An update may replace a mapping too: either way, accesses
+                // through the old translation must be over before the ack.
+                if !h.fence.wait_older(FENCE_LIMIT) {
+                    tracing::warn!("IOTLB change acknowledged with device accesses still running");
+                }
                 true
             }
             Ok(_) => {
@@ -293,6 +300,7 @@ struct Handler<D: VirtioDevice> {
     mem: GuestMemoryAtomic<DeviceMemory>,
     vrings: Vec<Vring>,
     backend_req: Option<Backend>,
+    fence: Arc<DmaFence>,
 }
 
 fn invalid(reason: &'static str) -> VhostError {
@@ -311,6 +319,7 @@ impl<D: VirtioDevice> Handler<D> {
             mem: GuestMemoryAtomic::new(mem),
             vrings,
             backend_req: None,
+            fence: Arc::new(DmaFence::default()),
         }
     }
 
@@ -427,6 +436,7 @@ impl<D: VirtioDevice> Handler<D> {
             kick,
             stop: Arc::clone(&stop),
             call: Arc::clone(&v.call),
+            fence: Arc::clone(&self.fence),
             acked_features: self.acked_features,
         };
         let device = Arc::clone(&self.device);

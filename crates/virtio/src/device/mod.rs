@@ -36,7 +36,8 @@ mod iotlb;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{
@@ -103,6 +104,72 @@ impl CallFd {
     }
 }
 
+/// Makes an IOTLB invalidation wait for the device accesses that may still
+/// use the old translation.
+///
+/// Every device access to front-end memory happens under a [`DmaTicket`]
+/// (a batch of ring work, or one request's I/O in flight). An invalidation
+/// is applied to the IOTLB first, then [`DmaFence::wait_older`] opens a new
+/// generation and waits until every ticket of the previous one is gone; only
+/// then is it acknowledged, so the front end may reuse the memory. Two
+/// generations suffice because invalidations are handled one at a time.
+#[derive(Debug, Default)]
+pub struct DmaFence {
+    state: Mutex<FenceState>,
+    idle: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct FenceState {
+    generation: u64,
+    live: [u64; 2],
+}
+
+impl DmaFence {
+    /// Takes a ticket in the current generation.
+    pub fn ticket(self: &Arc<Self>) -> DmaTicket {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (st.generation % 2) as usize;
+        st.live[slot] += 1;
+        DmaTicket {
+            fence: Arc::clone(self),
+            slot,
+        }
+    }
+
+    /// Starts a new generation and waits (at most `limit`) until no ticket
+    /// of the previous one is left. Returns whether they all went.
+    pub fn wait_older(&self, limit: Duration) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let old = (st.generation % 2) as usize;
+        st.generation += 1;
+        let (st, timeout) = self
+            .idle
+            .wait_timeout_while(st, limit, |st| st.live[old] > 0)
+            .unwrap_or_else(|e| e.into_inner());
+        drop(st);
+        !timeout.timed_out()
+    }
+}
+
+/// Permission to access front-end memory through the translations current
+/// when it was taken; dropping it ends the access.
+#[derive(Debug)]
+pub struct DmaTicket {
+    fence: Arc<DmaFence>,
+    slot: usize,
+}
+
+impl Drop for DmaTicket {
+    fn drop(&mut self) {
+        let mut st = self.fence.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.live[self.slot] -= 1;
+        if st.live[self.slot] == 0 {
+            self.fence.idle.notify_all();
+        }
+    }
+}
+
 /// What woke [`QueueContext::wait`].
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
 pub struct Wake {
@@ -123,10 +190,18 @@ pub struct QueueContext {
     kick: File,
     stop: Arc<OwnedFd>,
     call: Arc<CallFd>,
+    fence: Arc<DmaFence>,
     acked_features: u64,
 }
 
 impl QueueContext {
+    /// A ticket to hold while accessing front-end memory (translating,
+    /// copying, or while I/O into it is in flight): IOTLB invalidations are
+    /// acknowledged only once the accesses begun before them are over.
+    pub fn dma_ticket(&self) -> DmaTicket {
+        self.fence.ticket()
+    }
+
     /// Index of the queue.
     pub fn index(&self) -> usize {
         self.index
@@ -199,5 +274,31 @@ impl QueueContext {
     /// Ends the context and hands the queue back to the server.
     pub fn into_queue(self) -> Queue {
         self.queue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_waits_for_older_tickets_only() {
+        let fence = Arc::new(DmaFence::default());
+        let held = fence.ticket();
+        // A held ticket keeps the invalidation from completing.
+        assert!(!fence.wait_older(Duration::from_millis(20)));
+        drop(held);
+
+        let older = fence.ticket();
+        let f2 = Arc::clone(&fence);
+        let waiter = std::thread::spawn(move || f2.wait_older(Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "did not wait for the older ticket");
+        // A ticket taken after the invalidation began does not hold it up.
+        let newer = fence.ticket();
+        drop(older);
+        assert!(waiter.join().unwrap());
+        drop(newer);
+        assert!(fence.wait_older(Duration::from_millis(1)));
     }
 }
