@@ -498,11 +498,13 @@ struct Piece {
 /// the same.
 #[derive(Debug)]
 pub struct BlkDriver<O: DmaOps + ?Sized = dyn DmaOps> {
+    // Field order is drop order: the queues free their ring memory (IOTLB
+    // invalidations in IOMMU mode) while the transport is still connected.
+    queues: Vec<BlkQueue<O>>,
     transport: Arc<dyn Transport>,
     ops: Arc<O>,
     config: BlkConfig,
     features: u64,
-    queues: Vec<BlkQueue<O>>,
     shared_generation: u64,
 }
 
@@ -743,10 +745,11 @@ impl<O: DmaOps + ?Sized> Drop for BlkDriver<O> {
 /// device's limits is cut into several virtio requests and completes once.
 #[derive(Debug)]
 pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
-    transport: Arc<dyn Transport>,
-    config: BlkConfig,
+    // The ring goes before the transport (drop order, as in `BlkDriver`).
     vq: SplitQueue<O>,
     meta: Option<Coherent>,
+    transport: Arc<dyn Transport>,
+    config: BlkConfig,
     free_slots: Vec<u16>,
     pieces: Vec<Option<Piece>>,
     transfers: HashMap<u64, Transfer>,
