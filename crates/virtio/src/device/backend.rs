@@ -188,10 +188,10 @@ fn handle_iotlb<D: VirtioDevice>(
         let h = lock(handler);
         match parsed {
             Ok(m) if h.iotlb_enabled() => {
-                h.iommu().apply(&m);
-                // An update may replace a mapping too: either way, accesses
-                // through the old translation must be over before the ack.
-                if !h.fence.wait_older(FENCE_LIMIT) {
+                // Removing or changing a translation (an update may replace
+                // one too): accesses through the old one must be over before
+                // the ack. Adding one waits for nothing.
+                if h.iommu().apply(&m) && !h.fence.wait_older(FENCE_LIMIT) {
                     tracing::warn!("IOTLB change acknowledged with device accesses still running");
                 }
                 true

@@ -193,45 +193,48 @@ impl VhostIommu {
         Self::default()
     }
 
-    /// Applies one message from the front end.
-    pub fn apply(&self, msg: &IotlbMsg) {
+    /// Applies one message from the front end. Returns whether it removed
+    /// or changed a translation that existed (then accesses already under
+    /// way through it must end before the front end is told it is done).
+    pub fn apply(&self, msg: &IotlbMsg) -> bool {
+        let (iova, size) = match *msg {
+            IotlbMsg::Update { iova, size, .. } | IotlbMsg::Invalidate { iova, size } => {
+                (iova, size)
+            }
+        };
+        // `IotlbMsg::parse` guarantees `size` fits usize and the range does
+        // not wrap; a range ending exactly at 2^64 cannot be stored in
+        // rangemap's half-open ranges, so it loses its last byte.
+        let len = if iova.checked_add(size).is_none() {
+            size - 1
+        } else {
+            size
+        } as usize;
         // A poisoned lock only means a panic elsewhere; the map itself is
         // always consistent, so keep using it.
         let mut tlb = self.iotlb.write().unwrap_or_else(|e| e.into_inner());
-        match *msg {
-            IotlbMsg::Update {
-                iova,
-                size,
-                uaddr,
-                perm,
-            } => {
-                // `IotlbMsg::parse` guarantees `size` fits usize and the
-                // range does not wrap; a range ending exactly at 2^64 cannot
-                // be stored by rangemap's half-open ranges, so drop its last
-                // byte.
-                let len = if iova.checked_add(size).is_none() {
-                    size - 1
-                } else {
-                    size
-                };
-                if len > 0 {
-                    let _ = tlb.set_mapping(
-                        GuestAddress(iova),
-                        GuestAddress(uaddr),
-                        len as usize,
-                        perm.permissions(),
-                    );
-                }
-            }
-            IotlbMsg::Invalidate { iova, size } => {
-                let len = if iova.checked_add(size).is_none() {
-                    size - 1
-                } else {
-                    size
-                };
-                tlb.invalidate_mapping(GuestAddress(iova), len as usize);
-            }
+        if len == 0 {
+            return false;
         }
+        let replaced = match Iotlb::lookup(&*tlb, GuestAddress(iova), len, Permissions::No) {
+            Ok(_) => true,
+            Err(f) => {
+                let unmapped: usize = f.misses.iter().map(|m| m.length).sum();
+                unmapped < len || !f.access_fails.is_empty()
+            }
+        };
+        match *msg {
+            IotlbMsg::Update { uaddr, perm, .. } => {
+                let _ = tlb.set_mapping(
+                    GuestAddress(iova),
+                    GuestAddress(uaddr),
+                    len,
+                    perm.permissions(),
+                );
+            }
+            IotlbMsg::Invalidate { .. } => tlb.invalidate_mapping(GuestAddress(iova), len),
+        }
+        replaced
     }
 
     /// Forgets every mapping (a new front end, a device reset).
@@ -314,8 +317,15 @@ mod tests {
     #[test]
     fn translate_enforces_ranges_and_permissions() {
         let mmu = VhostIommu::new();
-        mmu.apply(&update(0x10_000, 0x1000, 0x5000_0000, IotlbPerm::ReadOnly));
-        mmu.apply(&update(0x11_000, 0x1000, 0x6000_0000, IotlbPerm::ReadWrite));
+        assert!(!mmu.apply(&update(0x10_000, 0x1000, 0x5000_0000, IotlbPerm::ReadOnly)));
+        assert!(!mmu.apply(&update(0x11_000, 0x1000, 0x6000_0000, IotlbPerm::ReadWrite)));
+        // Overlapping an existing entry is a change, as is an invalidation
+        // that hits something; one over nothing is not.
+        assert!(mmu.apply(&update(0x11_000, 0x800, 0x6000_0000, IotlbPerm::ReadWrite)));
+        assert!(!mmu.apply(&IotlbMsg::Invalidate {
+            iova: 0x90_000,
+            size: 0x1000
+        }));
         let got: Vec<_> = mmu
             .translate(GuestAddress(0x10_ff0), 0x20, Permissions::Read)
             .unwrap()
@@ -331,10 +341,10 @@ mod tests {
         assert!(mmu
             .translate(GuestAddress(u64::MAX - 2), 16, Permissions::Read)
             .is_err());
-        mmu.apply(&IotlbMsg::Invalidate {
+        assert!(mmu.apply(&IotlbMsg::Invalidate {
             iova: 0x11_000,
             size: 0x800,
-        });
+        }));
         assert!(mmu
             .translate(GuestAddress(0x11_000), 4, Permissions::Read)
             .is_err());
