@@ -16,10 +16,15 @@ struct Proc {
 
 impl Proc {
     fn spawn(dir: &Path, name: &str, args: &[&str]) -> Proc {
+        Self::spawn_program(dir, name, Path::new(BIN), args)
+    }
+
+    fn spawn_program(dir: &Path, name: &str, program: &Path, args: &[&str]) -> Proc {
         let err = dir.join(format!("{name}.err"));
         let out = dir.join(format!("{name}.out"));
-        let child = Command::new(BIN)
+        let child = Command::new(program)
             .args(args)
+            .current_dir(dir)
             .env("IOPATH_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
@@ -733,4 +738,96 @@ fn hostile_remote_against_host(huge_len: bool) {
     };
     assert!(err.contains(reason), "{err}");
     assert!(err.contains("malformed 2 unknown-dst 1"), "{err}");
+}
+
+/// Against OpenAMP itself: its Linux echo demo built from source by
+/// `scripts/openamp-demo build SRC OUT`, found through `IOPATH_OPENAMP_BIN`.
+/// The demo's paths are fixed: /dev/shm/openamp.shm, /tmp/openamp.event.0.
+#[test]
+fn openamp_real_demo_both_ways() {
+    let Some(bin) = std::env::var_os("IOPATH_OPENAMP_BIN").map(PathBuf::from) else {
+        println!(
+            "skipped: IOPATH_OPENAMP_BIN not set (build OpenAMP's demo with scripts/openamp-demo)"
+        );
+        return;
+    };
+    let (echo, ping_bin) = (bin.join("rpmsg-echo"), bin.join("rpmsg-echo-ping"));
+    if !echo.exists() || !ping_bin.exists() {
+        println!(
+            "skipped: no rpmsg-echo / rpmsg-echo-ping in {}",
+            bin.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ev = "unix:/tmp/openamp.event.0";
+    // OpenAMP's rpmsg-echo (remote, writes the table, listens) against
+    // iopath's host playing rpmsg-echo-ping.
+    let _ = std::fs::remove_file("/dev/shm/openamp.shm");
+    let mut remote = Proc::spawn_program(dir.path(), "oa-echo", &echo, &[]);
+    let mut host = Proc::spawn(
+        dir.path(),
+        "host",
+        &[
+            "rpmsg",
+            "host",
+            "--shm",
+            "openamp.shm",
+            "--notify",
+            ev,
+            "--openamp-ping",
+            "--json",
+        ],
+    );
+    assert!(
+        host.wait(Duration::from_secs(60)).success(),
+        "{}",
+        host.stderr()
+    );
+    let v: serde_json::Value = serde_json::from_str(&host.stdout()).unwrap();
+    assert_eq!(
+        (v["payloads"].as_u64(), v["errors"].as_u64()),
+        (Some(480), Some(0))
+    );
+    // The name-service destroy ends OpenAMP's echo.
+    assert!(remote.wait(Duration::from_secs(10)).success());
+    let log = remote.stdout() + &remote.stderr();
+    assert!(log.contains("Remote endpoint destroy"), "{log}");
+    // iopath's remote playing rpmsg-echo against OpenAMP's rpmsg-echo-ping.
+    let _ = std::fs::remove_file("/dev/shm/openamp.shm");
+    let mut remote = Proc::spawn(
+        dir.path(),
+        "remote",
+        &[
+            "rpmsg",
+            "remote",
+            "--shm",
+            "openamp.shm",
+            "--create",
+            "0x80000",
+            "--notify",
+            ev,
+            "--openamp",
+        ],
+    );
+    let mut ping = Proc::spawn_program(dir.path(), "oa-ping", &ping_bin, &["1"]);
+    assert!(
+        ping.wait(Duration::from_secs(60)).success(),
+        "{}",
+        ping.stdout()
+    );
+    let out = ping.stdout();
+    assert!(out.contains("Error count = 0"), "{out}");
+    assert_eq!(out.matches("received payload number").count(), 480, "{out}");
+    assert!(
+        remote.wait(Duration::from_secs(10)).success(),
+        "{}",
+        remote.stderr()
+    );
+    assert!(
+        remote.stderr().contains("rx 480 tx 482"),
+        "{}",
+        remote.stderr()
+    );
+    let _ = std::fs::remove_file("/dev/shm/openamp.shm");
 }
