@@ -239,7 +239,7 @@ pub(crate) fn plan(
     max_map: u64,
     max_descs: u32,
     align: u64,
-) -> Vec<Chunk> {
+) -> Option<Vec<Chunk>> {
     let seg_size = u64::from(cfg.size_max.unwrap_or(u32::MAX))
         .min(u64::from(u32::MAX))
         .max(1);
@@ -250,9 +250,12 @@ pub(crate) fn plan(
             .min(max_descs.saturating_sub(2)),
     )
     .max(1);
-    let mut per_req = seg_size.saturating_mul(seg_count).min(max_map).max(1);
-    if per_req > align {
-        per_req -= per_req % align;
+    let mut per_req = seg_size.saturating_mul(seg_count).min(max_map);
+    // Every request must start on a block: a device (or DMA ops) whose
+    // limits cannot carry one block per request cannot be driven.
+    per_req -= per_req % align.max(1);
+    if per_req == 0 {
+        return None;
     }
     let mut out = Vec::new();
     let mut off = 0;
@@ -273,7 +276,7 @@ pub(crate) fn plan(
         });
         off += n;
     }
-    out
+    Some(out)
 }
 
 /// Errors of the virtio-blk driver.
@@ -315,6 +318,17 @@ pub enum BlkError {
     /// A zero-length transfer.
     #[error("Zero-length transfer")]
     Empty,
+    /// The device's segment limits (or the DMA ops' largest mapping) do not
+    /// allow even one block per request.
+    #[error("Device limits (size_max {size_max:?}, seg_max {seg_max:?}, largest mapping {max_map}) cannot carry one block per request")]
+    Limits {
+        /// Largest segment, from config space.
+        size_max: Option<u32>,
+        /// Most segments, from config space.
+        seg_max: Option<u32>,
+        /// The DMA ops' largest mapping.
+        max_map: u64,
+    },
     /// The device does not offer the command (feature not negotiated).
     #[error("Device does not support {what}")]
     NotSupported {
@@ -877,6 +891,11 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                     max_descs,
                     u64::from(self.config.blk_size),
                 )
+                .ok_or(BlkError::Limits {
+                    size_max: self.config.size_max,
+                    seg_max: self.config.seg_max,
+                    max_map,
+                })?
                 .into_iter()
                 .map(|c| PieceSpec::Data {
                     sector: (offset + c.offset) / SECTOR,
@@ -1287,14 +1306,14 @@ mod tests {
     fn plan_splits_by_size_and_segment_limits() {
         // 8 MiB, 64 KiB segments, 4 segments per request: 32 requests of
         // 256 KiB each, four segments apiece.
-        let p = plan(8 << 20, &cfg(Some(64 << 10), Some(4)), u64::MAX, 256, 512);
+        let p = plan(8 << 20, &cfg(Some(64 << 10), Some(4)), u64::MAX, 256, 512).unwrap();
         assert_eq!(p.len(), 32);
         assert!(p
             .iter()
             .all(|c| c.len == 256 << 10 && c.segs == vec![64 << 10; 4]));
         assert_eq!(p[31].offset, 31 * (256 << 10));
         // No limits: one request, one segment.
-        let p = plan(8 << 20, &cfg(None, None), u64::MAX, 256, 512);
+        let p = plan(8 << 20, &cfg(None, None), u64::MAX, 256, 512).unwrap();
         assert_eq!(
             p,
             vec![Chunk {
@@ -1304,8 +1323,20 @@ mod tests {
             }]
         );
         // The DMA ops' largest mapping (a 1 MiB bounce window) bounds it too.
-        let p = plan(3 << 20, &cfg(None, Some(126)), 1 << 20, 256, 512);
+        let p = plan(3 << 20, &cfg(None, Some(126)), 1 << 20, 256, 512).unwrap();
         assert_eq!(p.len(), 3);
+        // Limits that cannot carry one 512-byte block: refused, not split
+        // at an unaligned offset.
+        assert_eq!(
+            plan(4096, &cfg(Some(100), Some(2)), u64::MAX, 256, 512),
+            None
+        );
+        assert_eq!(plan(4096, &cfg(None, None), 256, 256, 512), None);
+        // A 4 KiB block device with 3 KiB x 2 segments: 4 KiB requests.
+        let p = plan(16384, &cfg(Some(3072), Some(2)), u64::MAX, 256, 4096).unwrap();
+        assert!(p
+            .iter()
+            .all(|c| c.len == 4096 && c.segs == vec![3072, 1024]));
     }
 
     proptest! {
@@ -1318,7 +1349,7 @@ mod tests {
             max_descs in 3u32..1024,
         ) {
             let c = cfg(size_max, seg_max);
-            let p = plan(len, &c, max_map, max_descs, 512);
+            let p = plan(len, &c, max_map, max_descs, 512).unwrap();
             let mut next = 0;
             for (i, ch) in p.iter().enumerate() {
                 prop_assert_eq!(ch.offset, next);
