@@ -192,3 +192,47 @@ fn zero_copy_both_roles() {
     host.shutdown();
     remote.shutdown();
 }
+
+/// The shared memory can be a memfd (a heap `Buffer`) instead of a file:
+/// both sides map the same fd.
+#[test]
+fn memfd_shared_memory() {
+    use iopath_heap::{Heap, HugePages, MemfdHeap};
+    let layout = ShmLayout::openamp_demo();
+    let buf = MemfdHeap::new(HugePages::None)
+        .alloc(layout.shm_size as usize)
+        .unwrap();
+    buf.write_at(0, &layout.table()).unwrap();
+    let remote_shm = SharedMem::from_buffer(buf.clone()).unwrap();
+    let host_shm = SharedMem::from_buffer(buf).unwrap();
+    let spec = NotifySpec::Poll;
+    let remote = std::thread::spawn(move || {
+        let bus = Bus::remote(remote_shm, spec.bind().unwrap().accept().unwrap(), Some(T)).unwrap();
+        let ep = bus
+            .create_with_callback(EndpointOptions::new("echo"), |ep, ev| {
+                if let Event::Message(m) = ev {
+                    ep.send_to(m.src, &m.data, Some(T)).unwrap();
+                }
+            })
+            .unwrap();
+        (bus, ep)
+    });
+    let host = Bus::host(
+        host_shm,
+        NotifySpec::Poll.connect(T).unwrap(),
+        HOST_FEATURES,
+    )
+    .unwrap();
+    let ch = host.wait_channel("echo", T).unwrap();
+    let ep = host
+        .create(EndpointOptions::new("echo").dst(ch.addr))
+        .unwrap();
+    for size in [1, 100, MAX_PAYLOAD] {
+        ep.send(&pattern(size, 9)).unwrap();
+        assert_eq!(ep.recv(Some(T)).unwrap().data, pattern(size, 9));
+    }
+    let (remote, rep) = remote.join().unwrap();
+    drop((ep, rep));
+    host.shutdown();
+    remote.shutdown();
+}
