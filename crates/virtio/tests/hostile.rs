@@ -181,6 +181,7 @@ fn no_notify_flag_suppresses_kicks_without_event_idx() {
     r.w16(r.cfg.used, 0);
     r.add_simple(1);
     assert!(r.q.should_notify());
+    assert!(!r.q.should_notify(), "nothing new to notify about");
 }
 
 #[test]

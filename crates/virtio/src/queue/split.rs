@@ -469,7 +469,8 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
 
     /// Whether the device wants a notification for the requests added since
     /// the last call (§2.7.13.4): with `EVENT_IDX`, whether `avail_event` was
-    /// passed; without, whether `VIRTQ_USED_F_NO_NOTIFY` is clear.
+    /// passed; without, whether `VIRTQ_USED_F_NO_NOTIFY` is clear. `false`
+    /// when nothing was added since the last call.
     pub fn should_notify(&mut self) -> bool {
         // §2.7.13.4: a full barrier between publishing avail.idx and reading
         // the device's suppression fields, or a notification may be missed.
@@ -477,6 +478,10 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         let old = self.kicked_idx;
         let new = self.avail_idx;
         self.kicked_idx = new;
+        if old == new {
+            // Nothing published since the last decision.
+            return false;
+        }
         if self.features.event_idx {
             let event = self.ring().read_u16(self.layout.avail_event());
             need_event(event, new, old)

@@ -542,7 +542,9 @@ impl Transport for Loopback {
         // vhost-user back end does once IOTLB messages flow).
         if !self.shared.iotlb_enabled.swap(true, Ordering::AcqRel) {
             let mut st = self.shared.state();
-            let _ = st.rebuild_memory(&self.shared.iotlb, true);
+            if let Err(e) = st.rebuild_memory(&self.shared.iotlb, true) {
+                tracing::warn!(error = %e, "loopback: remapping regions for IOTLB mode failed");
+            }
         }
         Some(self.sink.clone())
     }
