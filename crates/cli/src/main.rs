@@ -33,7 +33,16 @@ enum Cmd {
     /// Rerun the seed experiments beside the limits measured in the same run.
     Bench(bench::BenchArgs),
     /// rpmsg over virtio rings in shared memory: remote, host, ping.
-    #[command(subcommand)]
+    ///
+    /// A remote (virtio device) and a host (virtio driver, owner of the
+    /// buffers and the bus) share one file: a remoteproc resource table at
+    /// offset 0, two vrings and 512-byte buffers; device address = offset,
+    /// as in OpenAMP's Linux demo. Example, three shells:
+    ///
+    ///   iopath rpmsg remote --shm rp.shm --create 0x80000 --notify eventfd:/tmp/rp.ev --echo echo
+    ///   iopath rpmsg host --shm rp.shm --notify eventfd:/tmp/rp.ev --ctrl /tmp/rp.ctrl
+    ///   iopath rpmsg ping --ctrl /tmp/rp.ctrl --name echo --count 10000
+    #[command(subcommand, verbatim_doc_comment)]
     Rpmsg(rpmsg::RpmsgCmd),
     /// virtio-blk over vhost-user: `dd` with iopath's driver.
     Blk(blk::BlkArgs),

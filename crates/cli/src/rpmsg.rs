@@ -24,18 +24,7 @@ const OPENAMP_SHUTDOWN: u32 = 0xEF56_A55A;
 /// Largest OpenAMP demo payload: 496 minus `{u64 num; u64 size}`.
 const OPENAMP_MAX: usize = MAX_PAYLOAD - 16;
 
-/// rpmsg over virtio rings in shared memory (wire-compatible with Linux and
-/// OpenAMP).
-///
-/// A remote (the virtio device, like firmware on a co-processor) and a host
-/// (the virtio driver, which owns the buffers) share one file: a remoteproc
-/// resource table at offset 0, two vrings and a buffer pool; device
-/// addresses are offsets into the file, as in OpenAMP's Linux demo.
-///
-/// Example (two shells):
-///   iopath rpmsg remote --shm /dev/shm/rp --create 0x80000 --notify eventfd:/tmp/rp.ev --echo echo
-///   iopath rpmsg host --shm /dev/shm/rp --notify eventfd:/tmp/rp.ev --ctrl /tmp/rp.ctrl
-///   iopath rpmsg ping --ctrl /tmp/rp.ctrl --name echo --count 10000
+/// The `iopath rpmsg` subcommands (their help is in `main.rs`).
 #[derive(Debug, clap::Subcommand)]
 pub enum RpmsgCmd {
     /// Be the remote (virtio device): wait for the host, announce echo
