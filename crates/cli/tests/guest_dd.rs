@@ -356,3 +356,47 @@ fn pattern_word_is_offset_xor_seed_little_endian() {
     assert_eq!(pattern_word(8, 0), [8, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(pattern_word(0x1000, 0xff), [0xff, 0x10, 0, 0, 0, 0, 0, 0]);
 }
+
+/// `iopath bench blk --guest` adds the guest's dd rows, both back ends with
+/// figures, and their ratio.
+#[test]
+fn bench_blk_guest_rows() {
+    if !have("qemu-system-x86_64") || !have("qemu-storage-daemon") || !have("fio") {
+        println!("skipped: qemu-system-x86_64, qemu-storage-daemon or fio is missing");
+        return;
+    }
+    let _guard = guest_lock();
+    prepare();
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["bench", "blk", "--guest", "--size", "32M", "--runs", "1"])
+        .args(["--modes", "direct", "--json", "--dir"])
+        .arg(dir.path())
+        .output()
+        .expect("run iopath bench blk --guest");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench blk --guest failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    let rows = v["rows"].as_array().expect("rows");
+    for name in [
+        "guest dd (Linux, TCG) on iopath blk serve",
+        "guest dd (Linux, TCG) on qemu-storage-daemon",
+    ] {
+        let row = rows
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no row {name:?} in {v}"));
+        assert!(
+            row["skipped"].is_null(),
+            "{name} skipped: {}",
+            row["skipped"]
+        );
+        let runs = row["runs_gib_per_s"].as_array().expect("runs");
+        assert_eq!(runs.len(), 1, "{name}: one run");
+        assert!(runs[0].as_f64().unwrap_or(0.0) > 0.0, "{name}: {runs:?}");
+    }
+    let ratio = v["ratios"]["guest dd: iopath blk serve / qemu-storage-daemon"]
+        .as_f64()
+        .expect("guest ratio");
+    assert!(ratio > 0.0, "guest ratio {ratio}");
+}

@@ -42,6 +42,11 @@ pub struct BenchBlkArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also a Linux guest's dd (QEMU with TCG, booted by scripts/guest-dd)
+    /// on each back end: `dd if=/dev/zero of=/dev/vda bs=BS count=SIZE/BS
+    /// oflag=direct`, as in the 2018 thread.
+    #[arg(long)]
+    pub guest: bool,
 }
 
 /// One row of the table.
@@ -355,7 +360,19 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         "qemu-storage-daemon (peer), dma direct".into(),
         peer.as_ref().err().map(|e| format!("{e:#}")),
     );
-    let total = args.runs * (2 + rows.len());
+    // --guest: a Linux guest's dd on each back end's socket.
+    let script = args.guest.then(super::guest::prepare);
+    let mut guest_rows: Vec<(&Path, Series)> = Vec::new();
+    if let Some(script) = &script {
+        for (sock, name, backend) in [
+            (&ours_sock, GUEST_OURS, ours.as_ref().err()),
+            (&peer_sock, GUEST_PEER, peer.as_ref().err()),
+        ] {
+            let failed = script.as_ref().err().or(backend).map(|e| format!("{e:#}"));
+            guest_rows.push((sock, Series::new(name.into(), failed)));
+        }
+    }
+    let total = args.runs * (2 + rows.len() + guest_rows.len());
     let bar = if args.json {
         ProgressBar::hidden()
     } else {
@@ -378,6 +395,19 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         bar.set_message(format!("run {}: qemu-storage-daemon", run + 1));
         peer_row.measure(|| dd_once(&peer_sock, args, DmaMode::Direct));
         bar.inc(1);
+        for (sock, series) in &mut guest_rows {
+            bar.set_message(format!("run {}: {}", run + 1, series.name));
+            series.measure(|| match &script {
+                Some(Ok(script)) => super::guest::dd_once(
+                    script,
+                    sock,
+                    args.bs as u64,
+                    (args.size / args.bs) as u64,
+                ),
+                _ => bail!("the guest is not prepared"),
+            });
+            bar.inc(1);
+        }
     }
     bar.finish_and_clear();
     drop((ours, peer));
@@ -388,6 +418,7 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
     let mut out = vec![fio.row(limit)];
     out.extend(rows.into_iter().map(|(_, s)| s.row(limit)));
     out.push(peer_row.row(limit));
+    out.extend(guest_rows.into_iter().map(|(_, s)| s.row(limit)));
     Ok(BenchBlkReport {
         bytes: args.size as u64,
         bs: args.bs as u64,
@@ -411,6 +442,7 @@ pub fn run_default(json: bool) -> Result<serde_json::Value> {
         dir: None,
         modes: Vec::new(),
         json,
+        guest: false,
     };
     let rep = bench(&args)?;
     if !json {
@@ -452,9 +484,14 @@ pub fn print_table(rep: &BenchBlkReport) {
     }
 }
 
+/// Row names of `--guest`.
+const GUEST_OURS: &str = "guest dd (Linux, TCG) on iopath blk serve";
+const GUEST_PEER: &str = "guest dd (Linux, TCG) on qemu-storage-daemon";
+
 /// The ratios the experiment is about, from the medians: direct / limit,
 /// direct-static / direct, iommu / direct, bounce / direct, iopath's back
-/// end / qemu-storage-daemon (both with direct ops).
+/// end / qemu-storage-daemon (both with direct ops); with `--guest`, the
+/// guest's dd on iopath's back end / on qemu-storage-daemon.
 pub fn ratios(rep: &BenchBlkReport) -> Vec<(&'static str, Option<f64>)> {
     let median = |prefix: &str| {
         rep.rows
@@ -467,7 +504,7 @@ pub fn ratios(rep: &BenchBlkReport) -> Vec<(&'static str, Option<f64>)> {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
-    vec![
+    let mut v = vec![
         (
             "direct / fio limit",
             div(direct, median("fio O_DIRECT write (limit)")),
@@ -488,7 +525,14 @@ pub fn ratios(rep: &BenchBlkReport) -> Vec<(&'static str, Option<f64>)> {
             "iopath blk serve / qemu-storage-daemon (dma direct)",
             div(direct, median("qemu-storage-daemon (peer), dma direct")),
         ),
-    ]
+    ];
+    if rep.rows.iter().any(|r| r.name == GUEST_OURS) {
+        v.push((
+            "guest dd: iopath blk serve / qemu-storage-daemon",
+            div(median(GUEST_OURS), median(GUEST_PEER)),
+        ));
+    }
+    v
 }
 
 /// The report as JSON, with the ratios under `ratios`.

@@ -8,6 +8,7 @@
 
 pub mod blk;
 pub mod fio;
+pub mod guest;
 pub mod heap;
 
 use std::path::PathBuf;
@@ -38,7 +39,8 @@ pub enum BenchCmd {
     /// The 2018 "virtio uses the DMA API" experiment: iopath's virtio-blk
     /// driver writes an image through each DMA mode (direct, direct-static,
     /// iommu, bounce) via `iopath blk serve`, beside fio's O_DIRECT write of
-    /// the same image and the same driver against qemu-storage-daemon.
+    /// the same image and the same driver against qemu-storage-daemon;
+    /// with --guest, a Linux guest's dd on both back ends too.
     Blk(blk::BenchBlkArgs),
 }
 
