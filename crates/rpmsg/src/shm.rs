@@ -3,6 +3,11 @@
 //! guest memory whose address 0 is the first byte of the file. Every access
 //! from either role is a bounds-checked `vm-memory` access, so a device
 //! address outside the file becomes an error, never a stray read or write.
+//!
+//! Limit: the bounds are those of the mapping made at open. A peer that
+//! shrinks a shared *file* afterwards makes accesses past the new end fault
+//! (SIGBUS). A memfd from iopath-heap's memfd heap is sealed against
+//! shrinking, which rules that out ([`SharedMem::from_buffer`]).
 
 use std::fs::OpenOptions;
 use std::os::fd::OwnedFd;
