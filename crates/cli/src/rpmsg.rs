@@ -51,6 +51,14 @@ pub enum RpmsgCmd {
         #[arg(long)]
         count: u64,
     },
+    /// (internal) The far end of `bench rpmsg`'s limit: answer each packet
+    /// with an fd.
+    #[command(hide = true)]
+    RawFdServer {
+        /// Socket to listen on.
+        #[arg(long)]
+        sock: PathBuf,
+    },
 }
 
 /// Options of `iopath rpmsg remote`.
@@ -215,6 +223,7 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::Ping(a) => ping(a),
         RpmsgCmd::Ept(c) => ept::run(c),
         RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
+        RpmsgCmd::RawFdServer { sock } => crate::bench::rpmsg::raw_fd_server(&sock),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod blk;
 pub mod fio;
 pub mod guest;
 pub mod heap;
+pub mod rpmsg;
 
 use std::path::PathBuf;
 
@@ -42,6 +43,11 @@ pub enum BenchCmd {
     /// the same image and the same driver against qemu-storage-daemon;
     /// with --guest, a Linux guest's dd on both back ends too.
     Blk(blk::BenchBlkArgs),
+    /// The 2025 RPMSG_CREATE_EPT_FD_IOCTL experiment: create+destroy an
+    /// endpoint L times the legacy way (a node to open) and the fd way,
+    /// beside a raw SOCK_SEQPACKET request/response passing an fd; echo
+    /// latency beside a raw eventfd ping-pong.
+    Rpmsg(rpmsg::RpmsgArgs),
 }
 
 /// Runs `iopath bench`.
@@ -52,6 +58,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     match &args.cmd {
         Some(BenchCmd::Heap(a)) => heap::run(a),
         Some(BenchCmd::Blk(a)) => blk::run(a),
+        Some(BenchCmd::Rpmsg(a)) => rpmsg::run(a),
         None => run_default(args.json),
     }
 }
@@ -63,8 +70,11 @@ type Experiment = fn(bool) -> Result<serde_json::Value>;
 /// Every experiment on embedded defaults.
 fn run_default(json: bool) -> Result<()> {
     let mut all = serde_json::Map::new();
-    let experiments: [(&str, Experiment); 2] =
-        [("heap", heap::run_default), ("blk", blk::run_default)];
+    let experiments: [(&str, Experiment); 3] = [
+        ("heap", heap::run_default),
+        ("blk", blk::run_default),
+        ("rpmsg", rpmsg::run_default),
+    ];
     for (name, f) in experiments {
         if !json {
             println!("== {name}");

@@ -76,9 +76,16 @@ impl CtrlClient {
     /// # Errors
     /// [`CtrlError::Io`] (`ENOENT`, `ECONNREFUSED`, `EACCES`, ...).
     pub fn connect(path: &Path) -> Result<Self, CtrlError> {
-        Ok(CtrlClient {
-            fd: connect(path, SocketFlags::CLOEXEC)?,
-        })
+        let fd = connect(path, SocketFlags::CLOEXEC)?;
+        // Answers are awaited in a plain blocking receive (no poll first:
+        // one system call less per request); this bounds the wait.
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(ANSWER_TIMEOUT),
+        )
+        .map_err(sys("setsockopt(SO_RCVTIMEO)"))?;
+        Ok(CtrlClient { fd })
     }
 
     fn request(&self, req: &Request) -> Result<(), CtrlError> {
@@ -95,13 +102,17 @@ impl CtrlClient {
         buf: &mut [u8],
         fds: Option<(&mut Vec<OwnedFd>, RecvFlags)>,
     ) -> Result<usize, CtrlError> {
-        if !wait_readable(self.fd.as_fd(), ANSWER_TIMEOUT)? {
-            return Err(CtrlError::Protocol("no answer from the endpoint service"));
-        }
+        let no_answer = |e: CtrlError| match &e {
+            CtrlError::Io { source, .. } if source.kind() == std::io::ErrorKind::WouldBlock => {
+                CtrlError::Protocol("no answer from the endpoint service")
+            }
+            _ => e,
+        };
         let n = match fds {
             None => {
                 rustix::net::recv(&self.fd, buf, RecvFlags::empty())
-                    .map_err(sys("recv"))?
+                    .map_err(sys("recv"))
+                    .map_err(no_answer)?
                     .0
             }
             Some((out, flags)) => {
@@ -109,7 +120,8 @@ impl CtrlClient {
                 let mut anc = RecvAncillaryBuffer::new(&mut space);
                 let got =
                     rustix::net::recvmsg(&self.fd, &mut [IoSliceMut::new(buf)], &mut anc, flags)
-                        .map_err(sys("recvmsg"))?;
+                        .map_err(sys("recvmsg"))
+                        .map_err(no_answer)?;
                 for m in anc.drain() {
                     if let RecvAncillaryMessage::ScmRights(r) = m {
                         out.extend(r);

@@ -11,8 +11,8 @@ use rustix::net::{
 };
 use tracing::debug;
 
-use super::{Ept, EptService, Kind, Sink, TAG_SOCK};
-use crate::ctrl::proto::{create_ept_fd_reply, EptInfo};
+use super::{lock, Ept, EptService, Kind, Sink, TAG_SOCK};
+use crate::ctrl::proto::{create_ept_fd_reply, EptInfo, O_NONBLOCK};
 
 /// Send buffer of the client's end: as small as the kernel allows, so that
 /// the kernel itself refuses (`EMSGSIZE`) the largest writes; the service
@@ -35,6 +35,8 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
                 // up, and the pump destroys the endpoint.
                 debug!(target: "iopath_rpmsg", "CREATE_EPT_FD answer not sent: {e}");
             }
+            drop(client);
+            refill(svc);
         }
         Err(errno) => {
             let _ = rustix::net::send(
@@ -46,37 +48,80 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
     }
 }
 
-fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, OwnedFd), i32> {
-    let mut sf = SocketFlags::CLOEXEC;
-    if flags & libc::O_NONBLOCK as u32 != 0 {
-        // O_NONBLOCK is a file status flag: it travels with the fd. The
-        // service's end is set too, but the service never blocks on it.
-        sf |= SocketFlags::NONBLOCK;
-    }
-    let (ours, client) =
-        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, sf, None)
-            .map_err(|e| e.raw_os_error())?;
+/// Socketpairs kept ready, so a request costs no socket creation.
+const SPARES: usize = 4;
+
+/// A socketpair made ahead of a request, its service end already watched
+/// by the pump under entry `id`.
+pub(super) struct Spare {
+    id: u64,
+    ours: Arc<OwnedFd>,
+    client: OwnedFd,
+}
+
+fn make_spare(svc: &EptService) -> Result<Spare, i32> {
+    let (ours, client) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| e.raw_os_error())?;
     rustix::net::sockopt::set_socket_send_buffer_size(&client, CLIENT_SNDBUF)
         .map_err(|e| e.raw_os_error())?;
-    let ours = Arc::new(ours);
-    let sink = Arc::new(Sink {
-        sock: Mutex::new(Some(Arc::clone(&ours))),
-    });
     let id = svc.next_id();
-    let bus_ept = svc.bus_endpoint(id, info, &sink)?;
+    svc.watch(id, &ours, TAG_SOCK)?;
+    Ok(Spare {
+        id,
+        ours: Arc::new(ours),
+        client,
+    })
+}
+
+/// Tops the spares up (after an answer went out, while the client reads it).
+pub(super) fn refill(svc: &EptService) {
+    while lock(&svc.inner.spares).len() < SPARES {
+        match make_spare(svc) {
+            Ok(s) => lock(&svc.inner.spares).push(s),
+            Err(_) => return,
+        }
+    }
+}
+
+fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, OwnedFd), i32> {
+    let spare = match lock(&svc.inner.spares).pop() {
+        Some(s) => s,
+        None => make_spare(svc)?,
+    };
+    let sink = Arc::new(Sink {
+        sock: Mutex::new(Some(Arc::clone(&spare.ours))),
+    });
+    let bus_ept = match svc.bus_endpoint(spare.id, info, &sink) {
+        Ok(e) => e,
+        Err(errno) => {
+            // A refused request leaves the spare as it was.
+            lock(&svc.inner.spares).push(spare);
+            return Err(errno);
+        }
+    };
+    if flags & O_NONBLOCK != 0 {
+        // O_NONBLOCK is a file status flag: it travels with the fd. (The
+        // service never blocks on its own end either way.)
+        rustix::fs::fcntl_setfl(&spare.client, rustix::fs::OFlags::NONBLOCK)
+            .map_err(|e| e.raw_os_error())?;
+    }
     let out = EptInfo {
         name: info.name.clone(),
         src: bus_ept.addr(),
         dst: bus_ept.dst(),
     };
-    svc.watch(id, &ours, TAG_SOCK)?;
     svc.insert(
-        id,
+        spare.id,
         Ept {
             bus_ept,
             sink,
             kind: Kind::Fd,
         },
     );
-    Ok((out, client))
+    Ok((out, spare.client))
 }

@@ -112,6 +112,7 @@ struct Inner {
     wake: OwnedFd,
     table: Mutex<Table>,
     doomed: Mutex<Vec<u64>>,
+    spares: Mutex<Vec<fdept::Spare>>,
     rundir: PathBuf,
     node_mode: u32,
     n: Counters,
@@ -172,6 +173,7 @@ impl EptService {
             wake,
             table: Mutex::new(Table::default()),
             doomed: Mutex::new(Vec::new()),
+            spares: Mutex::new(Vec::new()),
             rundir: rundir.to_owned(),
             node_mode,
             n: Counters::default(),
@@ -330,6 +332,13 @@ impl EptService {
     /// unlinked, socket shut down both ways (every copy of the client's fd
     /// sees a hang-up), bus endpoint and address released.
     fn destroy(&self, id: u64) {
+        self.destroy_as(id, false);
+    }
+
+    /// As [`EptService::destroy`]; `peer_gone`: the client's end is closed,
+    /// so nobody is left to hang up on and closing the socket drops its
+    /// epoll registration by itself (two system calls fewer per cycle).
+    fn destroy_as(&self, id: u64, peer_gone: bool) {
         let ept = {
             let mut t = lock(&self.inner.table);
             let Some(ept) = t.epts.remove(&id) else {
@@ -352,8 +361,10 @@ impl EptService {
             let _ = std::fs::remove_file(path);
         }
         if let Some(s) = lock(&ept.sink.sock).take() {
-            let _ = epoll::delete(&self.inner.epoll, &*s);
-            let _ = rustix::net::shutdown(&*s, Shutdown::Both);
+            if !peer_gone {
+                let _ = epoll::delete(&self.inner.epoll, &*s);
+                let _ = rustix::net::shutdown(&*s, Shutdown::Both);
+            }
         }
         debug!(target: "iopath_rpmsg", "endpoint {} destroyed", ept.bus_ept.addr());
         drop(ept);
@@ -445,10 +456,11 @@ impl EptService {
     /// endpoint closed (destroy), a legacy node's opener shut its writing
     /// side (destroy) or closed it (release the open).
     fn end_of_file(&self, id: u64, legacy: bool, sock: &OwnedFd, flags: epoll::EventFlags) {
-        if legacy && flags.contains(epoll::EventFlags::HUP) {
+        let closed = flags.contains(epoll::EventFlags::HUP);
+        if legacy && closed {
             legacy::release(self, id, sock);
         } else {
-            self.destroy(id);
+            self.destroy_as(id, closed && !legacy);
         }
     }
 }
