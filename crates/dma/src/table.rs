@@ -19,6 +19,9 @@ const GPA_LIMIT: u64 = 1 << 47;
 #[derive(Debug, Default)]
 pub(crate) struct RegionTable {
     regions: Vec<SharedRegion>,
+    /// Mapping address of each region's buffer → index in `regions`, so a
+    /// map finds its region in O(1) however many buffers are registered.
+    by_ptr: HashMap<usize, usize>,
     next_gpa: u64,
     generation: u64,
 }
@@ -27,6 +30,7 @@ impl RegionTable {
     pub(crate) fn new() -> Self {
         RegionTable {
             regions: Vec::new(),
+            by_ptr: HashMap::new(),
             next_gpa: GPA_BASE,
             generation: 0,
         }
@@ -45,6 +49,8 @@ impl RegionTable {
             .filter(|&e| e <= GPA_LIMIT)
             .ok_or(Error::AddressSpace)?;
         self.next_gpa = end;
+        self.by_ptr
+            .insert(buf.as_ptr() as usize, self.regions.len());
         self.regions.push(SharedRegion {
             buffer: buf.clone(),
             gpa,
@@ -78,6 +84,8 @@ impl RegionTable {
         {
             self.next_gpa = self.next_gpa.max(next);
         }
+        self.by_ptr
+            .insert(buf.as_ptr() as usize, self.regions.len());
         self.regions.push(SharedRegion {
             buffer: buf.clone(),
             gpa,
@@ -93,12 +101,19 @@ impl RegionTable {
         let removed = self.regions.len() != before;
         if removed {
             self.generation += 1;
+            self.by_ptr = self
+                .regions
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.buffer.as_ptr() as usize, i))
+                .collect();
         }
         removed
     }
 
     pub(crate) fn find(&self, buf: &Buffer) -> Option<&SharedRegion> {
-        self.regions.iter().find(|r| r.buffer.same_as(buf))
+        let i = *self.by_ptr.get(&(buf.as_ptr() as usize))?;
+        self.regions.get(i).filter(|r| r.buffer.same_as(buf))
     }
 
     pub(crate) fn regions(&self) -> Vec<SharedRegion> {

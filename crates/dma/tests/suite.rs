@@ -515,3 +515,46 @@ fn file_transfer_into_a_mapped_buffer_is_refused() {
         }
     }
 }
+
+/// Region lookup stays right across many registrations and removals.
+#[test]
+fn many_regions_register_and_unregister() {
+    for ops in [&Direct::new() as &dyn DmaOps, &Iommu::new()] {
+        let bufs: Vec<Buffer> = (0..100)
+            .map(|i| {
+                let b = alloc(4096);
+                b.write_at(0, &[i as u8; 8]).unwrap();
+                b
+            })
+            .collect();
+        for b in &bufs {
+            ops.register(b).unwrap();
+        }
+        for b in bufs.iter().step_by(2) {
+            ops.unregister(b).unwrap();
+        }
+        assert_eq!(ops.regions().len(), 50);
+        let view = DeviceView::connect(ops).unwrap();
+        for (i, b) in bufs.iter().enumerate() {
+            let r = ops.map(b, 0, 8, Direction::ToDevice, MapWait::Fail);
+            if i % 2 == 0 {
+                assert!(
+                    matches!(r, Err(Error::NotRegistered { .. })),
+                    "{}: {i}",
+                    ops.name()
+                );
+            } else {
+                let m = r.unwrap();
+                let mut seen = [0u8; 8];
+                view.read(m.addr(), &mut seen).unwrap();
+                assert_eq!(
+                    seen,
+                    [i as u8; 8],
+                    "{}: buffer {i} reached another region",
+                    ops.name()
+                );
+                ops.unmap(&m).unwrap();
+            }
+        }
+    }
+}

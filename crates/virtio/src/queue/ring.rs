@@ -196,3 +196,31 @@ impl Layout {
         self.used + 4 + 8 * self.size as usize
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// §2.7 alignment and sizes for every legal queue size: descriptor
+        /// table 16-aligned at 0, available ring 2-aligned right after it,
+        /// used ring 4-aligned after the available ring; every field inside
+        /// the allocation and no part overlapping another.
+        #[test]
+        fn layout_alignment(shift in 0u32..16) {
+            let size = 1u16 << shift;
+            let l = Layout::new(size);
+            let n = size as usize;
+            prop_assert_eq!(l.avail, 16 * n);
+            prop_assert_eq!(l.avail % 2, 0);
+            prop_assert_eq!(l.used % 4, 0);
+            prop_assert!(l.used >= l.used_event() + 2, "avail ring ends before the used ring");
+            prop_assert_eq!(l.avail_ring(size - 1) + 2, l.used_event());
+            prop_assert_eq!(l.used_elem(size - 1) + 8, l.avail_event());
+            prop_assert_eq!(l.avail_event() + 2, l.total);
+            prop_assert_eq!(l.used_elem(0) % 4, 0);
+            prop_assert!(l.used - (l.used_event() + 2) < 4, "at most alignment padding");
+        }
+    }
+}
