@@ -64,9 +64,14 @@ fn s(p: &Path) -> &str {
 
 /// A remote echoing service "echo" and a host serving endpoints.
 fn setup() -> Setup {
+    setup_with(None)
+}
+
+/// As [`setup`]; `notify`: e.g. `Some("poll")` instead of an eventfd pair.
+fn setup_with(notify: Option<&str>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let shm = dir.path().join("shm");
-    let ev = format!("eventfd:{}/ev", s(dir.path()));
+    let ev = notify.map_or_else(|| format!("eventfd:{}/ev", s(dir.path())), str::to_owned);
     let remote = Proc::spawn(
         dir.path(),
         "remote",
@@ -253,6 +258,34 @@ fn both_ways_fd_passed_to_another_process() {
     assert!(empty_dir(&st.rundir()));
     assert_eq!(s2.created, s2.destroyed);
     assert!(st.host.stderr().contains("control client 1 connected: pid"));
+}
+
+/// With polling host and remote, the bus thread also takes the clients'
+/// messages (no pump thread): both ways still work and free everything.
+#[test]
+fn poll_mode_both_ways() {
+    let st = setup_with(Some("poll"));
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    let ep = echo_ept(&c, O_RDWR);
+    let v = ping_through(ep.into_fd(), "496");
+    assert_eq!(v["bytes"], 496 * 497 / 2);
+    let (_, path) = c.create_ept(&EptInfo::new("echo")).unwrap();
+    let node = EptFd::open_node(&path, O_CLOEXEC).unwrap();
+    let e = EptFd::open_node(&path, O_CLOEXEC).unwrap_err();
+    assert_eq!(errno(&e), Some(Errno::BUSY), "{e}");
+    let msg = pattern(200, 5);
+    node.send(&msg).unwrap();
+    let mut back = [0u8; 512];
+    assert_eq!(
+        node.recv_timeout(&mut back, Duration::from_secs(10))
+            .unwrap(),
+        Some(200)
+    );
+    assert_eq!(&back[..200], &msg[..]);
+    node.destroy().unwrap();
+    assert!(!path.exists());
+    wait_stats(&c, "poll mode freed", |s| s.endpoints() == 0);
+    assert!(empty_dir(&st.rundir()));
 }
 
 #[test]

@@ -241,7 +241,11 @@ struct Shared {
     /// The link's shared memory (zero-copy buffers read and write it).
     shm: SharedMem,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Extra work for a polling service thread (see [`Bus::set_poll_hook`]).
+    poll_hook: Mutex<Option<PollHook>>,
 }
+
+type PollHook = Box<dyn FnMut() -> bool + Send>;
 
 /// An rpmsg bus over one link. Cheap to clone; [`Bus::shutdown`] stops it.
 #[derive(Clone)]
@@ -314,6 +318,7 @@ impl Bus {
             cond: Condvar::new(),
             notifier,
             thread: Mutex::new(None),
+            poll_hook: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
         let h = std::thread::Builder::new()
@@ -337,6 +342,20 @@ impl Bus {
     /// The negotiated feature word.
     pub fn features(&self) -> u32 {
         lock(&self.shared.state).link.features()
+    }
+
+    /// Whether the service thread polls the rings (no notifications).
+    pub fn polls(&self) -> bool {
+        self.shared.notifier.is_polling()
+    }
+
+    /// On a polling bus, runs `hook` on the service thread on every pass,
+    /// outside the bus lock (it may send); it returns whether it found work,
+    /// which keeps the thread spinning. Lets a user of the bus poll its own
+    /// sources (e.g. client sockets) on the already spinning thread instead
+    /// of a thread woken per event. Ignored on a bus that sleeps.
+    pub fn set_poll_hook(&self, hook: impl FnMut() -> bool + Send + 'static) {
+        *lock(&self.shared.poll_hook) = Some(Box::new(hook));
     }
 
     /// The notifier kind ("eventfd", "unix", "poll").
@@ -1404,6 +1423,10 @@ fn service(shared: Arc<Shared>) {
             }
         };
         if more {
+            continue;
+        }
+        if polling && lock(&shared.poll_hook).as_mut().is_some_and(|h| h()) {
+            idle_since = Instant::now();
             continue;
         }
         let timeout = if polling {

@@ -179,14 +179,28 @@ impl EptService {
             n: Counters::default(),
         });
         let svc = EptService { inner };
-        let s2 = svc.clone();
-        std::thread::Builder::new()
-            .name("rpmsg-ept-pump".into())
-            .spawn(move || s2.pump())
-            .map_err(|source| CtrlError::Io {
-                op: "spawn",
-                source,
-            })?;
+        if svc.inner.bus.polls() {
+            // The bus thread spins anyway: it takes the pump's work too, so
+            // a client's message reaches the ring with no wake-up at all.
+            let weak = Arc::downgrade(&svc.inner);
+            let mut buf = vec![0u8; MAX_PAYLOAD + 1];
+            svc.inner.bus.set_poll_hook(move || {
+                weak.upgrade().is_some_and(|inner| {
+                    EptService { inner }
+                        .pump_once(false, &mut buf)
+                        .unwrap_or(false)
+                })
+            });
+        } else {
+            let s2 = svc.clone();
+            std::thread::Builder::new()
+                .name("rpmsg-ept-pump".into())
+                .spawn(move || s2.pump())
+                .map_err(|source| CtrlError::Io {
+                    op: "spawn",
+                    source,
+                })?;
+        }
         Ok(svc)
     }
 
@@ -371,41 +385,48 @@ impl EptService {
     }
 
     fn pump(&self) {
-        let mut events = Vec::with_capacity(256);
         let mut buf = vec![0u8; MAX_PAYLOAD + 1];
         loop {
-            events.clear();
-            match epoll::wait(
-                &self.inner.epoll,
-                rustix::buffer::spare_capacity(&mut events),
-                None,
-            ) {
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    warn!(target: "iopath_rpmsg", "endpoint service: epoll failed: {e}");
-                    return;
-                }
-            }
-            for ev in &events {
-                let token = ev.data.u64();
-                if token == WAKE {
-                    let mut b = [0u8; 8];
-                    let _ = rustix::io::read(&self.inner.wake, &mut b);
-                    let doomed = std::mem::take(&mut *lock(&self.inner.doomed));
-                    for id in doomed {
-                        self.destroy(id);
-                    }
-                    continue;
-                }
-                let (id, tag) = (token >> 2, token & 3);
-                if tag == TAG_LISTENER {
-                    legacy::accept(self, id);
-                } else {
-                    self.forward(id, ev.flags, &mut buf);
-                }
+            if let Err(e) = self.pump_once(true, &mut buf) {
+                warn!(target: "iopath_rpmsg", "endpoint service: epoll failed: {e}");
+                return;
             }
         }
+    }
+
+    /// Handles what the epoll set reports, waiting for it if `block`;
+    /// returns whether there was anything.
+    fn pump_once(&self, block: bool, buf: &mut [u8]) -> Result<bool, rustix::io::Errno> {
+        let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
+        let zero = rustix::event::Timespec::default();
+        let events = match epoll::wait(
+            &self.inner.epoll,
+            &mut space[..],
+            if block { None } else { Some(&zero) },
+        ) {
+            Ok((events, _)) => events,
+            Err(rustix::io::Errno::INTR) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        for ev in events.iter() {
+            let token = ev.data.u64();
+            if token == WAKE {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&self.inner.wake, &mut b);
+                let doomed = std::mem::take(&mut *lock(&self.inner.doomed));
+                for id in doomed {
+                    self.destroy(id);
+                }
+                continue;
+            }
+            let (id, tag) = (token >> 2, token & 3);
+            if tag == TAG_LISTENER {
+                legacy::accept(self, id);
+            } else {
+                self.forward(id, ev.flags, buf);
+            }
+        }
+        Ok(!events.is_empty())
     }
 
     /// Takes what the client wrote on endpoint `id`'s socket to the bus.
