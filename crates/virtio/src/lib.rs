@@ -3,8 +3,11 @@
 //! Driver side: a split virtqueue ([`SplitQueue`]) whose every descriptor
 //! address comes from `iopath-dma`, feature negotiation, `EVENT_IDX`
 //! notification suppression and indirect descriptors. Transports implement
-//! [`Transport`]; [`transport::loopback::Loopback`] runs a device in a
-//! second thread on rust-vmm's `virtio-queue` over the shared memory.
+//! [`Transport`]: [`transport::vhost_user::VhostUser`] is a vhost-user front
+//! end (regions passed as fds, `IOTLB_MSG` for IOMMU ops);
+//! [`transport::loopback::Loopback`] runs a device in a second thread on
+//! rust-vmm's `virtio-queue` over its own mappings of the shared fds.
+//! Device side: [`device`], a vhost-user back end with IOTLB enforcement.
 //!
 //! ```text
 //!  driver ── Seg(Buffer) ─► SplitQueue::add ─► DmaOps::map ─► descriptors
