@@ -31,21 +31,21 @@ pub const SECTOR: u64 = 512;
 /// virtio-blk feature bits (virtio 1.x, 5.2.3).
 pub mod features {
     /// Maximum size of any single segment is in `size_max`.
-    pub const SIZE_MAX: u64 = 1 << 1;
+    pub const SIZE_MAX: u64 = crate::config::VIRTIO_BLK_F_SIZE_MAX;
     /// Maximum number of segments in a request is in `seg_max`.
-    pub const SEG_MAX: u64 = 1 << 2;
+    pub const SEG_MAX: u64 = crate::config::VIRTIO_BLK_F_SEG_MAX;
     /// Device is read-only.
-    pub const RO: u64 = 1 << 5;
+    pub const RO: u64 = crate::config::VIRTIO_BLK_F_RO;
     /// Block size of disk is in `blk_size`.
-    pub const BLK_SIZE: u64 = 1 << 6;
+    pub const BLK_SIZE: u64 = crate::config::VIRTIO_BLK_F_BLK_SIZE;
     /// Cache flush command support.
-    pub const FLUSH: u64 = 1 << 9;
+    pub const FLUSH: u64 = crate::config::VIRTIO_BLK_F_FLUSH;
     /// Device supports multiqueue.
-    pub const MQ: u64 = 1 << 12;
+    pub const MQ: u64 = crate::config::VIRTIO_BLK_F_MQ;
     /// Device can support discard command.
-    pub const DISCARD: u64 = 1 << 13;
+    pub const DISCARD: u64 = crate::config::VIRTIO_BLK_F_DISCARD;
     /// Device can support write zeroes command.
-    pub const WRITE_ZEROES: u64 = 1 << 14;
+    pub const WRITE_ZEROES: u64 = crate::config::VIRTIO_BLK_F_WRITE_ZEROES;
     /// Indirect descriptors (virtio 1.x, 6).
     pub const INDIRECT_DESC: u64 = 1 << 28;
     /// Used/avail event index notification suppression.
@@ -68,7 +68,7 @@ pub(crate) mod req_type {
 
 /// Size of `struct virtio_blk_config` up to `write_zeroes_may_unmap` and
 /// its padding (virtio 1.x, 5.2.4).
-pub const CONFIG_LEN: usize = 60;
+pub const CONFIG_LEN: usize = crate::config::CONFIG_LEN;
 /// Size of the request header `{type u32, ioprio u32, sector u64}`.
 pub const HEADER_LEN: usize = 16;
 /// Size of a discard / write-zeroes segment `{sector u64, num_sectors u32,
@@ -79,7 +79,7 @@ pub const ID_LEN: usize = 20;
 
 /// The device's geometry and limits, from its config space and features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlkConfig {
+pub struct DeviceConfig {
     /// Capacity in 512-byte sectors.
     pub capacity: u64,
     /// Largest data segment in bytes (`None`: no limit given).
@@ -114,66 +114,49 @@ pub struct RangeLimits {
     pub alignment: u32,
 }
 
-fn le_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn le_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn le_u64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
-impl BlkConfig {
+impl DeviceConfig {
     /// Reads the config space `raw` (the device's `virtio_blk_config`,
-    /// little-endian) under the negotiated `features`. Fields of features not
-    /// negotiated are ignored; zero limits mean "no limit" (some devices offer
-    /// `SIZE_MAX` with `size_max` 0) and zero range limits fall back to 1.
+    /// little-endian; its layout is [`crate::config::BlkConfig`]) under the
+    /// negotiated `features`. Fields of features not negotiated are ignored;
+    /// zero limits mean "no limit" (some devices offer `SIZE_MAX` with
+    /// `size_max` 0) and zero range limits fall back to 1.
     pub fn parse(raw: &[u8; CONFIG_LEN], features: u64) -> Self {
+        let w = crate::config::BlkConfig::from_bytes(raw);
         let nonzero = |v: u32| (v != 0).then_some(v);
         let has = |f: u64| features & f != 0;
-        let range = |at: usize, align_at: Option<usize>| RangeLimits {
-            max_sectors: le_u32(raw, at).max(1),
-            max_segs: le_u32(raw, at + 4).max(1),
-            alignment: align_at.map_or(1, |a| le_u32(raw, a).max(1)),
+        let range = |sectors: u32, segs: u32, align: u32| RangeLimits {
+            max_sectors: sectors.max(1),
+            max_segs: segs.max(1),
+            alignment: align.max(1),
         };
-        let blk_size = if has(features::BLK_SIZE) {
-            let b = le_u32(raw, 20);
-            // A block size that is not a power of two multiple of 512 is
-            // nonsense from the device; fall back to 512.
-            if b >= 512 && b.is_power_of_two() {
-                b
+        // A block size that is not a power-of-two multiple of 512 is
+        // nonsense from the device; 512 then.
+        let blk_size =
+            if has(features::BLK_SIZE) && w.blk_size >= 512 && w.blk_size.is_power_of_two() {
+                w.blk_size
             } else {
                 512
-            }
-        } else {
-            512
-        };
-        BlkConfig {
-            capacity: le_u64(raw, 0),
-            size_max: if has(features::SIZE_MAX) {
-                nonzero(le_u32(raw, 8))
-            } else {
-                None
-            },
-            seg_max: if has(features::SEG_MAX) {
-                nonzero(le_u32(raw, 12))
-            } else {
-                None
-            },
+            };
+        DeviceConfig {
+            capacity: w.capacity,
+            size_max: nonzero(w.size_max).filter(|_| has(features::SIZE_MAX)),
+            seg_max: nonzero(w.seg_max).filter(|_| has(features::SEG_MAX)),
             blk_size,
             num_queues: if has(features::MQ) {
-                le_u16(raw, 34).max(1)
+                w.num_queues.max(1)
             } else {
                 1
             },
-            discard: has(features::DISCARD).then(|| range(36, Some(44))),
-            write_zeroes: has(features::WRITE_ZEROES).then(|| range(48, None)),
-            write_zeroes_may_unmap: has(features::WRITE_ZEROES) && raw[56] != 0,
+            discard: has(features::DISCARD).then(|| {
+                range(
+                    w.max_discard_sectors,
+                    w.max_discard_seg,
+                    w.discard_sector_alignment,
+                )
+            }),
+            write_zeroes: has(features::WRITE_ZEROES)
+                .then(|| range(w.max_write_zeroes_sectors, w.max_write_zeroes_seg, 1)),
+            write_zeroes_may_unmap: has(features::WRITE_ZEROES) && w.write_zeroes_may_unmap,
             read_only: has(features::RO),
             flush: has(features::FLUSH),
         }
@@ -185,7 +168,7 @@ impl BlkConfig {
     }
 }
 
-impl fmt::Display for BlkConfig {
+impl fmt::Display for DeviceConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -235,7 +218,7 @@ pub(crate) struct Chunk {
 /// size), so each request starts on a block boundary.
 pub(crate) fn plan(
     len: u64,
-    cfg: &BlkConfig,
+    cfg: &DeviceConfig,
     max_map: u64,
     max_descs: u32,
     align: u64,
@@ -517,7 +500,7 @@ pub struct BlkDriver<O: DmaOps + ?Sized = dyn DmaOps> {
     queues: Vec<BlkQueue<O>>,
     transport: Arc<dyn Transport>,
     ops: Arc<O>,
-    config: BlkConfig,
+    config: DeviceConfig,
     features: u64,
     shared_generation: u64,
 }
@@ -562,7 +545,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
         let negotiated = vfeatures::negotiate(&*transport, wanted, required)?;
         let mut raw = [0u8; CONFIG_LEN];
         transport.read_config(0, &mut raw)?;
-        let config = BlkConfig::parse(&raw, negotiated);
+        let config = DeviceConfig::parse(&raw, negotiated);
 
         let available = config.num_queues.min(transport.num_queues()).max(1);
         let nq = match opts.queues {
@@ -631,7 +614,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
     }
 
     /// The device's geometry and limits.
-    pub fn config(&self) -> &BlkConfig {
+    pub fn config(&self) -> &DeviceConfig {
         &self.config
     }
 
@@ -763,7 +746,7 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     vq: SplitQueue<O>,
     meta: Option<Coherent>,
     transport: Arc<dyn Transport>,
-    config: BlkConfig,
+    config: DeviceConfig,
     free_slots: Vec<u16>,
     pieces: Vec<Option<Piece>>,
     transfers: HashMap<u64, Transfer>,
@@ -1254,7 +1237,7 @@ mod tests {
 
     #[test]
     fn parses_qemu_storage_daemon_config() {
-        let c = BlkConfig::parse(&QSD_CONFIG, QSD_FEATURES);
+        let c = DeviceConfig::parse(&QSD_CONFIG, QSD_FEATURES);
         assert_eq!(c.capacity, 49152);
         assert_eq!(c.capacity_bytes(), 24 << 20);
         assert_eq!(c.size_max, None, "size_max 0 means no limit");
@@ -1276,7 +1259,7 @@ mod tests {
 
     #[test]
     fn fields_of_unnegotiated_features_are_ignored() {
-        let c = BlkConfig::parse(&QSD_CONFIG, features::VERSION_1);
+        let c = DeviceConfig::parse(&QSD_CONFIG, features::VERSION_1);
         assert_eq!(c.seg_max, None);
         assert_eq!(c.num_queues, 1);
         assert_eq!(c.discard, None);
@@ -1295,8 +1278,8 @@ mod tests {
         );
     }
 
-    fn cfg(size_max: Option<u32>, seg_max: Option<u32>) -> BlkConfig {
-        let mut c = BlkConfig::parse(&QSD_CONFIG, QSD_FEATURES);
+    fn cfg(size_max: Option<u32>, seg_max: Option<u32>) -> DeviceConfig {
+        let mut c = DeviceConfig::parse(&QSD_CONFIG, QSD_FEATURES);
         c.size_max = size_max;
         c.seg_max = seg_max;
         c

@@ -10,7 +10,6 @@
 //!        ─► SplitQueue::add ─► DmaOps::map ─► transport notify ─► device
 //!   BlkQueue::complete() ◄─ status byte ◄─ unmap ◄─ used ring ◄─ interrupt
 //! ```
-
 //!
 //! The back end ([`BlkBackend`]) is a vhost-user-blk device that serves a
 //! raw image file with direct I/O through io_uring, one worker thread per
@@ -29,4 +28,4 @@ pub mod request;
 
 pub use backend::{BackendError, BlkBackend, BlkOptions};
 
-pub use driver::{BlkConfig, BlkDriver, BlkError, BlkQueue, Done, DriverOptions, Request};
+pub use driver::{BlkDriver, BlkError, BlkQueue, DeviceConfig, Done, DriverOptions, Request};
