@@ -22,7 +22,10 @@ Each run drops the file's cached pages first (fsync + POSIX_FADV_DONTNEED,
 checked with mincore). Columns: alloc ms = time allocating and faulting in
 buffers on the allocator thread (overlapped with reads); read ms = time in
 transfers; total ms = wall time, allocation included; GiB/s over total;
-cache growth = file pages left in the page cache (worst run).")]
+cache growth = file pages left in the page cache (worst run). Two bounds are
+measured in every run: fio's O_DIRECT io_uring read of the same file (the
+`limit` row, 100%) and allocating and faulting in the same buffers with no
+I/O (`alloc only`); a load can be no faster than the slower of the two.")]
 pub struct HeapArgs {
     /// Read this file (it must hold buffers x buffer-size bytes).
     #[arg(long, conflicts_with = "size")]
@@ -109,6 +112,11 @@ struct Row {
 
 #[derive(Debug)]
 struct Report {
+    /// Seconds to allocate and fault in the buffers, no I/O, per run.
+    alloc_limit: Vec<f64>,
+    alloc_heap: String,
+    /// 1-minute load average before and after.
+    loadavg: (Option<f64>, Option<f64>),
     file: PathBuf,
     fs: &'static str,
     bytes: u64,
@@ -213,7 +221,9 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         b
     });
     let mut limit = use_fio.then(Vec::new);
+    let mut alloc_limit = Vec::new();
     let mut warm_warnings = 0;
+    let load_before = loadavg();
     for run in 0..args.runs {
         if let Some(l) = limit.as_mut() {
             if let Some(b) = &bar {
@@ -224,6 +234,19 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
             if let Some(b) = &bar {
                 b.inc(1);
             }
+        }
+        // The other bound: allocating and faulting in the same buffers with
+        // no I/O at all (first heap).
+        {
+            let t = std::time::Instant::now();
+            let mut held = Vec::with_capacity(buffers);
+            for _ in 0..buffers {
+                let b = heaps[0].alloc(args.buffer_size)?;
+                b.populate()?;
+                held.push(b);
+            }
+            alloc_limit.push(t.elapsed().as_secs_f64());
+            drop(held);
         }
         // Rotate the order from run to run, so that no row always runs first
         // (right after fio) or last: memory the previous row freed is cheaper
@@ -285,6 +308,9 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         b.finish_and_clear();
     }
     Ok(Report {
+        alloc_limit,
+        alloc_heap: heaps[0].name(),
+        loadavg: (load_before, loadavg()),
         fs: fs_name(&path),
         file: path,
         bytes,
@@ -355,7 +381,22 @@ fn fs_name(path: &Path) -> &'static str {
     }
 }
 
+/// The 1-minute load average.
+fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 impl Report {
+    fn alloc_summary(&self) -> Summary {
+        let gib = self.bytes as f64 / (1u64 << 30) as f64;
+        Summary::of(&self.alloc_limit.iter().map(|s| gib / s).collect::<Vec<_>>())
+    }
+
     fn limit_summary(&self) -> Option<Summary> {
         self.limit
             .as_ref()
@@ -429,7 +470,35 @@ impl Report {
             ),
             _ => println!("limit: fio is not installed (scripts/install-deps installs it)"),
         }
+        let a = self.alloc_summary();
+        println!(
+            "{:<14} {:<16} {:>9.1} {:>9} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
+            "alloc only",
+            self.alloc_heap,
+            Summary::of(&self.alloc_limit).median * 1e3,
+            "-",
+            Summary::of(&self.alloc_limit).median * 1e3,
+            a.median,
+            a.spread_pct(),
+            limit.map_or("-".to_string(), |l| format!(
+                "{:.0}%",
+                a.median / l.median * 100.0
+            )),
+            "-"
+        );
         println!("limit: {}", self.limit_cmd);
+        println!(
+            "alloc only: {} x {} {} buffers allocated and faulted in (MADV_POPULATE_WRITE), no I/O",
+            self.buffers,
+            human(self.buffer_size as u64),
+            self.alloc_heap
+        );
+        if let (Some(a), Some(b)) = self.loadavg {
+            println!(
+                "load average (1 min) {a:.2} before, {b:.2} after, on {} CPU(s)",
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            );
+        }
         for (h, why) in &self.skipped {
             println!("skipped heap {h}: {why}");
         }
@@ -490,6 +559,12 @@ impl Report {
                 "spread_pct": l.spread_pct(),
                 "command": self.limit_cmd,
             })),
+            "alloc_only": {
+                "heap": self.alloc_heap,
+                "gib_per_s": self.alloc_summary().median,
+                "gib_per_s_runs": self.alloc_summary().json(),
+            },
+            "loadavg": [self.loadavg.0, self.loadavg.1],
             "skipped": self.skipped.iter().map(|(h, w)| serde_json::json!({"heap": h, "reason": w})).collect::<Vec<_>>(),
         })
     }
