@@ -400,3 +400,51 @@ fn bench_blk_guest_rows() {
         .expect("guest ratio");
     assert!(ratio > 0.0, "guest ratio {ratio}");
 }
+
+/// The guest's own check can fail: against a back end that drops writes
+/// and reads zeros (qemu-storage-daemon's null-co driver), guest-dd exits 1
+/// with the pattern mismatch as its reason.
+#[test]
+fn guest_dd_fails_when_the_back_end_loses_writes() {
+    if !have("qemu-system-x86_64") || !have("qemu-storage-daemon") {
+        println!("skipped: qemu-system-x86_64 or qemu-storage-daemon is missing");
+        return;
+    }
+    let _guard = guest_lock();
+    prepare();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("null.sock");
+    let mut cmd = Command::new("qemu-storage-daemon");
+    cmd.arg("--blockdev")
+        .arg(format!(
+            "driver=null-co,node-name=disk,size={},read-zeroes=on",
+            64u64 << 20
+        ))
+        .arg("--export")
+        .arg(format!(
+            "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on",
+            sock.display()
+        ));
+    let mut backend = Backend::spawn(
+        "qemu-storage-daemon (null-co)",
+        cmd,
+        dir.path().join("b.log"),
+    );
+    wait_for_socket(&mut backend, &sock);
+    let out = Command::new(repo().join("scripts/guest-dd"))
+        .arg("--socket")
+        .arg(&sock)
+        .args(["--count", "1", "--timeout", "240", "--json"])
+        .output()
+        .expect("run scripts/guest-dd");
+    drop(backend);
+    assert_eq!(out.status.code(), Some(1), "guest-dd must fail: {out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("failure JSON");
+    assert_eq!(json["result"], "fail");
+    assert_eq!(json["reason"], "pattern read-back differs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("first mismatch at device offset 65536"),
+        "the guest names the first bad word: {stderr}"
+    );
+}
