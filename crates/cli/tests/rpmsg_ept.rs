@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_NONBLOCK, O_RDWR};
+use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY};
 use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, EptFd, EptInfo, ServiceStats};
 use iopath_rpmsg::wire::ADDR_ANY;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -205,6 +205,11 @@ fn ping_through(fd: OwnedFd, count: &str) -> serde_json::Value {
 #[test]
 fn both_ways_fd_passed_to_another_process() {
     let st = setup();
+    // The control socket and the nodes' directory are the owner's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&st.ctrl), 0o600);
+    assert_eq!(mode(&st.rundir()), 0o700);
     let c = CtrlClient::connect(&st.ctrl).unwrap();
     // fd way, without O_CLOEXEC: a child inherits it and talks to the
     // remote echo through it; every byte is checked by ping.
@@ -220,7 +225,7 @@ fn both_ways_fd_passed_to_another_process() {
     let (info, path) = c.create_ept(&EptInfo::new("echo")).unwrap();
     assert!(info.src >= 1024 && info.dst != ADDR_ANY, "{info:?}");
     assert_eq!(path.parent().unwrap(), st.rundir());
-    assert!(path.exists());
+    assert_eq!(mode(&path), 0o600);
     let node = EptFd::open_node(&path, O_CLOEXEC).unwrap();
     let e = EptFd::open_node(&path, O_CLOEXEC).unwrap_err();
     assert_eq!(errno(&e), Some(Errno::BUSY), "{e}");
@@ -401,6 +406,21 @@ fn exact_errnos() {
     assert!(!rustix::io::fcntl_getfd(blk.fd())
         .unwrap()
         .contains(rustix::io::FdFlags::CLOEXEC));
+
+    // Access modes: the other direction is shut (EPIPE).
+    let before = c.stats().unwrap().fd_endpoints;
+    let ro = echo_ept(&c, O_RDONLY | O_CLOEXEC);
+    assert_eq!(errno(&ro.send(b"x").unwrap_err()), Some(Errno::PIPE));
+    assert!(!revents(&ro, PollFlags::IN, 0).contains(PollFlags::HUP));
+    let wo = echo_ept(&c, O_WRONLY | O_CLOEXEC);
+    wo.send(b"to the remote").unwrap();
+    assert_eq!(errno(&wo.recv(&mut back).unwrap_err()), Some(Errno::PIPE));
+    assert_eq!(c.stats().unwrap().fd_endpoints, before + 2);
+    ro.destroy().unwrap();
+    wo.destroy().unwrap();
+    wait_stats(&c, "access-mode endpoints freed", |s| {
+        s.fd_endpoints == before
+    });
 
     // Destroy through one copy: every copy gets EPIPE and a hang-up.
     let copy = EptFd::from_fd(rustix::io::dup(nb.fd()).unwrap());

@@ -184,7 +184,11 @@ impl CtrlClient {
         let fd = fds
             .pop()
             .ok_or(CtrlError::Protocol("no fd with the CREATE_EPT_FD answer"))?;
-        Ok(EptFd { fd, info })
+        Ok(EptFd {
+            fd,
+            info,
+            node: false,
+        })
     }
 
     /// The service's counters.
@@ -219,6 +223,8 @@ impl CtrlClient {
 pub struct EptFd {
     fd: OwnedFd,
     info: EptInfo,
+    /// An opened legacy node (closing it does not destroy the endpoint).
+    node: bool,
 }
 
 impl EptFd {
@@ -250,6 +256,7 @@ impl EptFd {
         Ok(EptFd {
             fd,
             info: EptInfo::new(""),
+            node: true,
         })
     }
 
@@ -259,6 +266,7 @@ impl EptFd {
         EptFd {
             fd,
             info: EptInfo::new(""),
+            node: false,
         }
     }
 
@@ -341,16 +349,26 @@ impl EptFd {
                 .intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
     }
 
-    /// Destroys the endpoint (`RPMSG_DESTROY_EPT_IOCTL`): shuts down the
-    /// writing side, which the service takes as the destroy request, and
-    /// waits for the service to confirm by hanging up. Every copy of the fd
-    /// then reads `EPIPE`; a legacy node is gone from its directory.
+    /// Destroys the endpoint (`RPMSG_DESTROY_EPT_IOCTL`), for every copy of
+    /// the fd: they all read `EPIPE` from then on.
+    ///
+    /// An fd endpoint (and one wrapped by [`EptFd::from_fd`]) is shut down
+    /// both ways; the service sees the hang-up and frees it. An opened
+    /// legacy node has its writing side shut down, which the node's service
+    /// takes as the destroy request (closing only releases the open); this
+    /// waits for the service to confirm by hanging up, so the node is gone
+    /// from its directory when it returns.
     ///
     /// # Errors
     /// [`CtrlError::Io`]; [`CtrlError::Protocol`] if the service does not
     /// confirm within 10 s.
     pub fn destroy(self) -> Result<(), CtrlError> {
-        match rustix::net::shutdown(&self.fd, Shutdown::Write) {
+        let how = if self.node {
+            Shutdown::Write
+        } else {
+            Shutdown::Both
+        };
+        match rustix::net::shutdown(&self.fd, how) {
             Ok(()) | Err(rustix::io::Errno::NOTCONN) => {}
             Err(e) => return Err(errno_err("shutdown", e)),
         }

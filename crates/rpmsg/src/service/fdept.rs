@@ -7,12 +7,16 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use rustix::net::{
-    AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+    AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, Shutdown, SocketFlags,
+    SocketType,
 };
 use tracing::debug;
 
+/// `O_ACCMODE`.
+const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
+
 use super::{lock, Ept, EptService, Kind, Sink, TAG_SOCK};
-use crate::ctrl::proto::{create_ept_fd_reply, EptInfo, O_NONBLOCK};
+use crate::ctrl::proto::{create_ept_fd_reply, EptInfo, O_NONBLOCK, O_RDONLY, O_WRONLY};
 
 /// Send buffer of the client's end: as small as the kernel allows, so that
 /// the kernel itself refuses (`EMSGSIZE`) the largest writes; the service
@@ -109,6 +113,27 @@ fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, Owne
         // service never blocks on its own end either way.)
         rustix::fs::fcntl_setfl(&spare.client, rustix::fs::OFlags::NONBLOCK)
             .map_err(|e| e.raw_os_error())?;
+    }
+    // The access mode shuts the other direction of the client's end: a
+    // write on a read-only endpoint (or a read on a write-only one) gets
+    // EPIPE, where a kernel endpoint would give EBADF.
+    match flags & O_ACCMODE {
+        O_RDONLY => {
+            rustix::net::shutdown(&spare.client, Shutdown::Write).map_err(|e| e.raw_os_error())?;
+            // Our end now reads end of file for good: watch for the
+            // client's close (a hang-up, always reported) only.
+            rustix::event::epoll::modify(
+                &svc.inner.epoll,
+                &*spare.ours,
+                rustix::event::epoll::EventData::new_u64(spare.id << 2 | TAG_SOCK),
+                rustix::event::epoll::EventFlags::empty(),
+            )
+            .map_err(|e| e.raw_os_error())?;
+        }
+        O_WRONLY => {
+            rustix::net::shutdown(&spare.client, Shutdown::Read).map_err(|e| e.raw_os_error())?;
+        }
+        _ => {}
     }
     let out = EptInfo {
         name: info.name.clone(),
