@@ -175,3 +175,34 @@ fn verify(path: &Path, loaded: &Loaded) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iopath_heap::{HugePages, MemfdHeap};
+
+    #[test]
+    fn verify_names_the_first_differing_byte() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let a = dir.path().join("a");
+        let b = dir.path().join("b");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        std::fs::write(&a, &data).unwrap();
+        let mut other = data.clone();
+        other[70_000] ^= 0xff;
+        std::fs::write(&b, &other).unwrap();
+        let opts = LoadOptions {
+            buffer_size: 64 << 10,
+            ..LoadOptions::default()
+        };
+        let heap = MemfdHeap::new(HugePages::None);
+        let loaded = load(&a, &heap, &opts, &mut |_| {}).unwrap();
+        verify(&a, &loaded).unwrap();
+        let err = verify(&b, &loaded).unwrap_err().to_string();
+        assert!(
+            err.starts_with("verify failed: byte 70000 of ")
+                && err.contains("(buffer 1, offset 4464"),
+            "{err}"
+        );
+    }
+}

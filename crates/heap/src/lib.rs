@@ -10,7 +10,26 @@
 //! ```text
 //!   Heap::alloc ──► Buffer { fd, len, mapping } ──export──► other process
 //!                        ▲
-//!   file ──transfer──────┘   (buffered | direct | sendfile | uring | auto)
+//!   IoFile ──Engine──────┘   (buffered | direct | sendfile | uring | auto)
+//! ```
+//!
+//! Files are moved in and out of buffers by an [`Engine`] (chosen at run
+//! time with [`new_engine`]): file range to buffer range and back, unaligned
+//! heads and tails bounced for direct I/O, a per-request fall-back to
+//! buffered I/O where the file system refuses `O_DIRECT`. [`load`] fills N
+//! buffers from a file with allocation on its own thread, overlapped with
+//! the reads:
+//!
+//! ```no_run
+//! use iopath_heap::{load, open_heap, LoadOptions};
+//! # fn main() -> iopath_heap::Result<()> {
+//! let heap = open_heap("memfd")?;
+//! let loaded = load("model.bin".as_ref(), heap.as_ref(), &LoadOptions::default(), &mut |p| {
+//!     eprintln!("{}/{} bytes", p.bytes, p.total);
+//! })?;
+//! println!("{:.2} GiB/s with {}", loaded.stats.gib_per_s(), loaded.stats.method);
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! A buffer that is mapped for a device (see the `iopath-dma` crate) is
