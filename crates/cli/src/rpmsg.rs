@@ -678,6 +678,11 @@ fn ping(a: PingArgs) -> Result<()> {
     let elapsed = t0.elapsed();
     bar.finish_and_clear();
     let echo = Latency::from(lat, elapsed);
+    // What the round trips went through: the channel name, or the fd.
+    let (label, name) = match a.fd {
+        Some(fd) => (format!("fd {fd}"), format!("fd {fd}")),
+        None => (format!("{:?}", a.name), a.name.clone()),
+    };
     let limit = if a.limit {
         Some(raw_pingpong(count.max(1000))?)
     } else {
@@ -685,7 +690,7 @@ fn ping(a: PingArgs) -> Result<()> {
     };
     if a.json {
         let mut v = serde_json::json!({
-            "name": a.name, "count": count, "sizes": [min_size, max_size],
+            "name": name, "count": count, "sizes": [min_size, max_size],
             "bytes": bytes, "checked": true, "echo": echo,
         });
         if let Some(l) = &limit {
@@ -695,8 +700,7 @@ fn ping(a: PingArgs) -> Result<()> {
         println!("{v}");
     } else {
         println!(
-            "ping {:?}: {count} round trips, sizes {min_size}..{max_size}, every byte checked: {}",
-            a.name,
+            "ping {label}: {count} round trips, sizes {min_size}..{max_size}, every byte checked: {}",
             echo.line()
         );
         if let Some(l) = limit {
