@@ -309,8 +309,8 @@ impl Series {
 }
 
 /// Runs the bench and returns the table. Rows are interleaved run by run
-/// (fio, each DMA mode, the peer, then again), so slow drift of the
-/// machine spreads over every row instead of biasing one.
+/// (fio, each DMA mode in a rotating order, the peer, then again), so slow
+/// drift of the machine spreads over every row instead of biasing one.
 ///
 /// # Errors
 /// Bad arguments, an image that cannot be created, fio missing or failing.
@@ -387,7 +387,11 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         bar.set_message(format!("run {}: fio", run + 1));
         fio.measure(|| fio_once(&image, args.size as u64, args.bs as u64, args.queue_depth));
         bar.inc(1);
-        for (mode, series) in &mut rows {
+        // Rotate the modes' order from run to run, so none always runs
+        // right after fio or right before the peer.
+        let n = rows.len();
+        for k in 0..n {
+            let (mode, series) = &mut rows[(k + run) % n];
             bar.set_message(format!("run {}: dma {}", run + 1, mode.name()));
             series.measure(|| dd_once(&ours_sock, args, *mode));
             bar.inc(1);
