@@ -214,9 +214,11 @@ fn remote_destroy_tears_down_host_channel() {
         &["--name", "echo", "--count", "1", "--timeout", "1"],
     );
     assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    // (Or the host is already going: the request or connection is refused,
+    // or the connection reset.)
+    let err = String::from_utf8_lossy(&o.stderr).to_lowercase();
     assert!(
-        err.contains("not announced") || err.contains("connect"),
+        err.contains("not announced") || err.contains("refused") || err.contains("connect"),
         "{err}"
     );
     // And the host ends once the remote has gone.
