@@ -345,7 +345,9 @@ impl Notifier for PollNotifier {
 
     fn wait(&self, timeout: Duration) -> Result<Wake, NotifyError> {
         if timeout.is_zero() {
-            std::hint::spin_loop();
+            // Give the core away if anyone else wants it (the peer, a
+            // woken client): on few cores a pure spin starves them.
+            std::thread::yield_now();
         } else {
             std::thread::sleep(timeout);
         }

@@ -185,11 +185,17 @@ impl EptService {
             let weak = Arc::downgrade(&svc.inner);
             let mut buf = vec![0u8; MAX_PAYLOAD + 1];
             svc.inner.bus.set_poll_hook(move || {
-                weak.upgrade().is_some_and(|inner| {
+                let found = weak.upgrade().is_some_and(|inner| {
                     EptService { inner }
                         .pump_once(false, &mut buf)
                         .unwrap_or(false)
-                })
+                });
+                if !found {
+                    // Two cores shared with the client (and the remote's
+                    // spinning thread): let a woken client run first.
+                    std::thread::yield_now();
+                }
+                found
             });
         } else {
             let s2 = svc.clone();
