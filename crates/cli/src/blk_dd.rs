@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use iopath_blk::driver::DEVICE_ID_BLOCK;
-use iopath_blk::{BlkDriver, DriverOptions, Request};
+use iopath_blk::{BlkDriver, BlkQueue, DriverOptions, Request};
 use iopath_dma::{Bounce, Direct, DmaOps, Iommu};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
 use iopath_virtio::features::VIRTIO_F_ACCESS_PLATFORM as ACCESS_PLATFORM;
@@ -53,7 +53,8 @@ pub struct DdArgs {
     /// Blocks in flight at once.
     #[arg(long, default_value_t = 4)]
     pub queue_depth: usize,
-    /// Virtqueues to use (at most what the device offers).
+    /// Virtqueues to use (at most what the device offers), each driven by
+    /// its own thread with its share of the blocks in flight.
     #[arg(long, default_value_t = 1)]
     pub queues: usize,
     /// Byte offset on the device where the first block goes.
@@ -279,6 +280,13 @@ fn validate(args: &DdArgs) -> Result<()> {
     if args.count == 0 || args.runs == 0 || args.queue_depth == 0 || args.queues == 0 {
         bail!("--count, --runs, --queue-depth and --queues must be at least 1");
     }
+    if args.queue_depth < args.queues {
+        bail!(
+            "--queue-depth ({}) must be at least --queues ({}): each queue needs a block in flight",
+            args.queue_depth,
+            args.queues
+        );
+    }
     if args.queue_depth > 256 {
         bail!("--queue-depth is at most 256");
     }
@@ -470,85 +478,124 @@ fn drive<O: DmaOps + ?Sized>(
     })
 }
 
-/// One pass over the range: `count` blocks, `queue_depth` in flight, spread
-/// round-robin over the queues. With `check`, each block read is compared
-/// with the pattern and the first bad device offset is stored there.
+/// One pass over the range: `count` blocks, block `i` on queue
+/// `i % queues`, each queue driven by its own thread with its share of the
+/// `queue_depth` slots in flight. With `check`, each block read is compared
+/// with the pattern and the lowest bad device offset is stored there.
 fn pass<O: DmaOps + ?Sized>(
     drv: &mut BlkDriver<O>,
     args: &DdArgs,
-    bufs: &[(Buffer, usize)],
+    slots: &[(Buffer, usize)],
     op: Op,
     bar: &ProgressBar,
-    mut check: Option<&mut Option<u64>>,
+    check: Option<&mut Option<u64>>,
 ) -> Result<()> {
-    let nq = drv.num_queues();
-    let bs = args.bs;
-    let mut scratch = Vec::new();
-    // slot -> (queue, block) of the request using bufs[slot].
-    let mut busy: Vec<Option<(usize, u64)>> = vec![None; bufs.len()];
-    let mut order: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
-    let mut next = 0u64;
-    let mut done = 0u64;
-    while done < args.count {
-        for (slot, b) in busy.iter_mut().enumerate() {
-            if b.is_some() || next >= args.count {
-                continue;
+    let queues = drv.queues_mut();
+    let nq = queues.len();
+    let checking = check.is_some();
+    let mut bad = None;
+    if nq == 1 {
+        bad = queue_pass(&mut queues[0], 0, 1, args, slots, op, bar, checking)?;
+    } else {
+        std::thread::scope(|scope| -> Result<()> {
+            let workers: Vec<_> = queues
+                .iter_mut()
+                .enumerate()
+                .map(|(qi, q)| {
+                    // Slots qi, qi + nq, ...: at least one per queue.
+                    let mine: Vec<_> = slots.iter().skip(qi).step_by(nq).cloned().collect();
+                    scope.spawn(move || queue_pass(q, qi, nq, args, &mine, op, bar, checking))
+                })
+                .collect();
+            for w in workers {
+                let b = w
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a queue thread panicked"))??;
+                bad = match (bad, b) {
+                    (Some(x), Some(y)) => Some(u64::min(x, y)),
+                    (x, y) => x.or(y),
+                };
             }
-            let dev_off = args.offset as u64 + next * bs as u64;
-            if op == Op::Write && args.pattern == Pattern::Seq {
-                scratch.resize(bs, 0);
-                fill_seq(&mut scratch, dev_off);
-                bufs[slot].0.write_at(bufs[slot].1, &scratch)?;
-            }
-            let q = (next as usize) % nq;
-            let req = match op {
-                Op::Write => Request::Write {
-                    offset: dev_off,
-                    buf: &bufs[slot].0,
-                    buf_offset: bufs[slot].1,
-                    len: bs,
-                },
-                Op::Read => Request::Read {
-                    offset: dev_off,
-                    buf: &bufs[slot].0,
-                    buf_offset: bufs[slot].1,
-                    len: bs,
-                },
-            };
-            drv.queue(q)?
-                .submit(req, slot as u64)
-                .with_context(|| format!("cannot submit block {next}"))?;
-            *b = Some((q, next));
-            order.push_back(slot);
-            next += 1;
-        }
-        // Requests finish about in order: wait on the oldest one's queue.
-        let oldest = order.front().copied().context("nothing in flight")?;
-        let (q, _) = busy[oldest].context("oldest slot is busy")?;
-        let d = drv.queue(q)?.complete()?;
-        let slot = usize::try_from(d.tag).ok().filter(|&s| s < bufs.len());
-        let slot = slot.context("completion for an unknown tag")?;
-        let (_, block) = busy[slot].take().context("completion for an idle slot")?;
-        order.retain(|&s| s != slot);
-        d.result.with_context(|| {
-            format!(
-                "block {block} (device byte {}) failed",
-                args.offset as u64 + block * bs as u64
-            )
+            Ok(())
         })?;
-        if let Some(bad) = check.as_deref_mut() {
-            scratch.resize(bs, 0);
-            bufs[slot].0.read_at(bufs[slot].1, &mut scratch)?;
-            let dev_off = args.offset as u64 + block * bs as u64;
-            if let Some(at) = check_pattern(&scratch, args.pattern, dev_off) {
-                // Keep the lowest bad offset whatever order blocks finish in.
-                *bad = Some(bad.map_or(at, |b: u64| b.min(at)));
-            }
-        }
-        done += 1;
-        bar.inc(1);
+    }
+    if let Some(c) = check {
+        *c = bad;
     }
     Ok(())
+}
+
+/// The blocks of queue `qi` of `nq` (blocks `qi`, `qi + nq`, ...), with
+/// `slots.len()` in flight. Returns the lowest device offset that did not
+/// match the pattern, when `check`.
+#[allow(clippy::too_many_arguments)]
+fn queue_pass<O: DmaOps + ?Sized>(
+    q: &mut BlkQueue<O>,
+    qi: usize,
+    nq: usize,
+    args: &DdArgs,
+    slots: &[(Buffer, usize)],
+    op: Op,
+    bar: &ProgressBar,
+    check: bool,
+) -> Result<Option<u64>> {
+    let bs = args.bs;
+    let dev_off = |block: u64| args.offset as u64 + block * bs as u64;
+    let mut blocks = (qi as u64..args.count).step_by(nq);
+    let mut scratch = Vec::new();
+    let mut bad: Option<u64> = None;
+    // slot -> block of the request using it.
+    let mut busy: Vec<Option<u64>> = vec![None; slots.len()];
+    loop {
+        for (slot, b) in busy.iter_mut().enumerate() {
+            if b.is_some() {
+                continue;
+            }
+            let Some(block) = blocks.next() else { break };
+            let (buf, at) = &slots[slot];
+            if op == Op::Write && args.pattern == Pattern::Seq {
+                scratch.resize(bs, 0);
+                fill_seq(&mut scratch, dev_off(block));
+                buf.write_at(*at, &scratch)?;
+            }
+            let (offset, buf_offset, len) = (dev_off(block), *at, bs);
+            let req = match op {
+                Op::Write => Request::Write {
+                    offset,
+                    buf,
+                    buf_offset,
+                    len,
+                },
+                Op::Read => Request::Read {
+                    offset,
+                    buf,
+                    buf_offset,
+                    len,
+                },
+            };
+            q.submit(req, slot as u64)
+                .with_context(|| format!("cannot submit block {block}"))?;
+            *b = Some(block);
+        }
+        if busy.iter().all(Option::is_none) {
+            return Ok(bad);
+        }
+        let d = q.complete()?;
+        let slot = usize::try_from(d.tag).ok().filter(|&s| s < slots.len());
+        let slot = slot.context("completion for an unknown tag")?;
+        let block = busy[slot].take().context("completion for an idle slot")?;
+        d.result
+            .with_context(|| format!("block {block} (device byte {}) failed", dev_off(block)))?;
+        if check {
+            scratch.resize(bs, 0);
+            slots[slot].0.read_at(slots[slot].1, &mut scratch)?;
+            if let Some(at) = check_pattern(&scratch, args.pattern, dev_off(block)) {
+                // Keep the lowest bad offset whatever order blocks finish in.
+                bad = Some(bad.map_or(at, |b| b.min(at)));
+            }
+        }
+        bar.inc(1);
+    }
 }
 
 #[cfg(test)]
