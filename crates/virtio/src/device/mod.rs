@@ -292,7 +292,11 @@ mod tests {
         let older = fence.ticket();
         let f2 = Arc::clone(&fence);
         let waiter = std::thread::spawn(move || f2.wait_older(Duration::from_secs(10)));
-        std::thread::sleep(Duration::from_millis(50));
+        // Wait (without a timing guess) until the waiter has started the new
+        // generation: it bumps it and blocks under the same lock.
+        while fence.state.lock().unwrap().generation < 2 {
+            std::thread::yield_now();
+        }
         assert!(!waiter.is_finished(), "did not wait for the older ticket");
         // A ticket taken after the invalidation began does not hold it up.
         let newer = fence.ticket();
