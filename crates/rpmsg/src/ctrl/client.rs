@@ -374,8 +374,9 @@ impl EptFd {
         }
         let deadline = Instant::now() + ANSWER_TIMEOUT;
         loop {
-            // HUP once both directions are shut: ours (just now) and the
-            // service's (its confirmation).
+            // HUP once both directions are shut: for a node, ours (just
+            // now) and the service's (its confirmation); for an fd
+            // endpoint, at once (both were ours to shut).
             let left = deadline.saturating_duration_since(Instant::now());
             let ts = Timespec {
                 tv_sec: left.as_secs() as i64,

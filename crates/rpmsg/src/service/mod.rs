@@ -5,7 +5,7 @@
 //!  control connection thread            pump thread (epoll)
 //!  CREATE_EPT ──► legacy::create ─┐     listener readable ─► accept, greet (0 | -EBUSY)
 //!  CREATE_EPT_FD ► fdept::create ─┼──►  endpoint socket readable ─► Endpoint::send (bus)
-//!  STATS                          │     EOF: destroy (fd way: last close; node: shutdown)
+//!  STATS                          │     EOF: destroy (fd: last close or shutdown; node: shutdown)
 //!                                 └──   doomed (remote gone) ─► destroy
 //!  bus thread: message ─► send on the endpoint's socket; unbound/link down ─► doom
 //! ```
@@ -16,6 +16,17 @@
 //! listening node `RUNDIR/rpmsgN` and, while open, the accepted
 //! connection. Destroying removes all of it; the table and the runtime
 //! directory go back to empty.
+//!
+//! On a polling bus there is no pump thread: the bus's spinning service
+//! thread takes the epoll work on every pass ([`Bus::set_poll_hook`]), so a
+//! client's message reaches the ring without any wake-up.
+//!
+//! Message size: a write over 496 bytes cannot fail in the writer's
+//! `write(2)` by anything the service does after the fact; the client's end
+//! gets the smallest send buffer the kernel allows, so the kernel refuses
+//! (`EMSGSIZE`) what exceeds it (4576 bytes on Linux 6.18), the service
+//! drops and counts (`oversize`) the rest over 496, and
+//! [`crate::ctrl::EptFd::send`] refuses anything over 496 with `EMSGSIZE`.
 
 mod fdept;
 mod legacy;
