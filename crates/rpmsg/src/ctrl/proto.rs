@@ -413,6 +413,52 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any packet a client may send parses to a request or a refusal,
+        /// never a panic; what parses encodes back to the same bytes.
+        #[test]
+        fn any_packet(b in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+            if let Ok(r) = Request::parse(&b) {
+                let again = r.encode().unwrap();
+                proptest::prop_assert_eq!(Request::parse(&again), Ok(r));
+            }
+        }
+
+        /// Well-formed headers with arbitrary bodies: same, and only the
+        /// three ops are accepted.
+        #[test]
+        fn any_body(op in 0u16..8, body in proptest::collection::vec(proptest::num::u8::ANY, 0..60)) {
+            let mut b = header(op).to_vec();
+            b.extend_from_slice(&body);
+            match Request::parse(&b) {
+                Ok(r) => {
+                    proptest::prop_assert!([OP_CREATE_EPT, OP_CREATE_EPT_FD, OP_STATS].contains(&op));
+                    proptest::prop_assert_eq!(Request::parse(&r.encode().unwrap()), Ok(r));
+                }
+                Err(e) => proptest::prop_assert!(e.errno > 0),
+            }
+        }
+
+        /// Answers: any bytes are an error or a status with a body, never
+        /// a panic.
+        #[test]
+        fn any_answer(b in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            for (op, len) in [
+                (OP_CREATE_EPT, CREATE_EPT_REPLY_LEN),
+                (OP_CREATE_EPT_FD, CREATE_EPT_FD_REPLY_LEN),
+                (OP_STATS, STATS_REPLY_LEN),
+            ] {
+                if let Ok((0, body)) = parse_reply(&b, op, len) {
+                    let _ = parse_create_ept_body(body);
+                    let _ = parse_create_ept_fd_body(body);
+                    if op == OP_STATS {
+                        let _ = ServiceStats::parse(body);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn stats_round_trip() {
         let s = ServiceStats {
