@@ -602,6 +602,17 @@ fn ept_create_cli_both_ways() {
         assert_eq!(v["count"], 50);
     }
     wait_stats(&c, "cli endpoints freed", |s| s.endpoints() == 0);
+    let o = Command::new(BIN)
+        .args(["rpmsg", "ept", "stats", "--ctrl", s(&st.ctrl), "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let now = c.stats().unwrap();
+    assert_eq!(v["fd_endpoints"], 0);
+    assert_eq!(v["created"], now.created);
+    assert_eq!(v["destroyed"], now.destroyed);
+    assert!(v["msgs"].as_u64().unwrap() >= 200, "{v}");
     // Legacy without a command prints the node and stays until destroyed.
     let mut child = Command::new(BIN)
         .args([

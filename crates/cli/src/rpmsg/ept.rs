@@ -20,6 +20,17 @@ pub enum EptCmd {
     /// waits: the endpoint lives until destroyed through the node or until
     /// this process ends); with a command, it opens the node and hands that.
     Create(CreateArgs),
+    /// The endpoint service's counters: endpoints held (fd and legacy),
+    /// open nodes, control connections, created/destroyed totals, bad
+    /// clients, dropped and oversize messages.
+    Stats {
+        /// The host's control socket.
+        #[arg(long)]
+        ctrl: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Options of `iopath rpmsg ept create`.
@@ -75,7 +86,40 @@ fn parse_addr(s: &str) -> Result<u32, String> {
 pub fn run(cmd: EptCmd) -> Result<()> {
     match cmd {
         EptCmd::Create(a) => create(a),
+        EptCmd::Stats { ctrl, json } => stats(&ctrl, json),
     }
+}
+
+fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
+    let c = CtrlClient::connect(ctrl)
+        .with_context(|| format!("endpoint service {}", ctrl.display()))?;
+    let s = c.stats().context("STATS")?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "fd_endpoints": s.fd_endpoints, "legacy_endpoints": s.legacy_endpoints,
+                "open_nodes": s.open_nodes, "clients": s.clients, "created": s.created,
+                "destroyed": s.destroyed, "bad_clients": s.bad_clients,
+                "oversize": s.oversize, "dropped": s.dropped, "msgs": s.msgs,
+            })
+        );
+    } else {
+        println!(
+            "endpoints: {} fd, {} legacy ({} open); clients {}; created {}, destroyed {}; bad clients {}; messages {} carried, {} dropped, {} oversize",
+            s.fd_endpoints,
+            s.legacy_endpoints,
+            s.open_nodes,
+            s.clients,
+            s.created,
+            s.destroyed,
+            s.bad_clients,
+            s.msgs,
+            s.dropped,
+            s.oversize
+        );
+    }
+    Ok(())
 }
 
 fn show(info: &EptInfo, path: Option<&str>, json: bool) {
