@@ -938,7 +938,15 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 self.reap_blocking()?;
                 continue;
             }
-            match self.try_add(req, p, tag) {
+            // With requests of ours in flight, fail fast and reap them to get
+            // room back; with none, the room (bounce slots, IOVAs) is held by
+            // other queues of the same ops: wait for them to free it.
+            let wait = if self.vq.in_flight() > 0 {
+                MapWait::Fail
+            } else {
+                MapWait::Timeout(self.timeout)
+            };
+            match self.try_add(req, p, tag, wait) {
                 Ok(()) => return Ok(()),
                 Err(BlkError::Virtio(iopath_virtio::Error::QueueFull { .. }))
                 | Err(BlkError::Virtio(iopath_virtio::Error::Dma(iopath_dma::Error::NoSpace {
@@ -955,7 +963,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         }
     }
 
-    fn try_add(&mut self, req: &Request<'_>, p: &PieceSpec, tag: u64) -> Result<()> {
+    fn try_add(&mut self, req: &Request<'_>, p: &PieceSpec, tag: u64, wait: MapWait) -> Result<()> {
         let slot = *self.free_slots.last().expect("checked by caller");
         let base = usize::from(slot) * META_SLOT;
         let meta = self.meta.as_ref().expect("meta lives until drop");
@@ -1014,8 +1022,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             ),
             _ => (vec![hdr], vec![status]),
         };
-        self.vq
-            .add_wait(&out, &inp, u64::from(slot), MapWait::Fail)?;
+        self.vq.add_wait(&out, &inp, u64::from(slot), wait)?;
         self.free_slots.pop();
         self.pieces[usize::from(slot)] = Some(Piece { tag, kind, sector });
         Ok(())

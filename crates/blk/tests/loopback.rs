@@ -245,3 +245,48 @@ fn device_errors_and_bad_arguments_are_exact() {
         })
     ));
 }
+
+#[test]
+fn queues_in_threads_share_a_small_bounce_window() {
+    // A 1 MiB window, two queues each keeping two 512 KiB writes in
+    // flight: together they want twice the window, so a queue with nothing
+    // in flight must wait for the other's slots rather than fail.
+    let dev = RamDisk::new();
+    let t: Arc<dyn Transport> = Arc::new(Loopback::new(dev.clone()).unwrap());
+    let ops: Arc<dyn iopath_dma::DmaOps> =
+        Arc::new(iopath_dma::Bounce::new(1 << 20, 4096).unwrap());
+    let opts = DriverOptions {
+        queues: 2,
+        ..DriverOptions::default()
+    };
+    let mut drv = iopath_blk::BlkDriver::new(t, ops, &opts).unwrap();
+    let bs = 512 << 10;
+    std::thread::scope(|s| {
+        for (qi, q) in drv.queues_mut().iter_mut().enumerate() {
+            s.spawn(move || {
+                let bufs = [alloc(bs), alloc(bs)];
+                for round in 0..4u64 {
+                    for (k, b) in bufs.iter().enumerate() {
+                        let off = ((qi as u64 * 8) + round * 2 + k as u64) * bs as u64;
+                        b.write_at(0, &seq(off, bs)).unwrap();
+                        q.submit(
+                            Request::Write {
+                                offset: off,
+                                buf: b,
+                                buf_offset: 0,
+                                len: bs,
+                            },
+                            k as u64,
+                        )
+                        .unwrap();
+                    }
+                    for _ in 0..2 {
+                        q.complete().unwrap().result.unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let d = dev.disk.lock().unwrap();
+    assert!(d[..8 << 20] == seq(0, 8 << 20)[..]);
+}
