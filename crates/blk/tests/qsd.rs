@@ -94,3 +94,28 @@ fn flushed_writes_survive_sigkill_of_the_back_end() {
     );
     assert!(t0.elapsed() < std::time::Duration::from_secs(5));
 }
+
+#[test]
+fn a_back_end_that_stops_answering_is_a_timeout() {
+    let Some(peer) = qsd(IMAGE, 1) else { return };
+    let buf = alloc(1 << 20);
+    let opts = DriverOptions {
+        timeout: std::time::Duration::from_millis(500),
+        ..DriverOptions::default()
+    };
+    let mut drv = driver(
+        Mode::Direct,
+        connect(&peer.socket),
+        std::slice::from_ref(&buf),
+        &opts,
+    )
+    .unwrap();
+    drv.write(0, &buf, 0, 1 << 20).unwrap();
+    peer.signal(rustix::process::Signal::STOP);
+    let err = drv.write(0, &buf, 0, 1 << 20).unwrap_err();
+    peer.signal(rustix::process::Signal::CONT);
+    assert!(
+        matches!(err, BlkError::Timeout { queue: 0, .. }),
+        "unexpected {err:?}"
+    );
+}

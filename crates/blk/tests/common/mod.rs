@@ -43,6 +43,12 @@ impl Peer {
         self
     }
 
+    /// Sends `sig` to the back end.
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, sig).unwrap();
+    }
+
     /// SIGKILL the back end and reap it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
