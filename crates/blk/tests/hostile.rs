@@ -341,3 +341,113 @@ fn iommu_mode_translates_through_the_iotlb_and_enforces_it() {
     drop(c);
     still_serves(&mut srv);
 }
+
+/// A front end with a back-end channel answers IOTLB misses the way QEMU
+/// with a virtual IOMMU does: one page per miss, sent as an update. Pages
+/// it will not map stay misses, and those requests fail.
+#[test]
+fn iotlb_misses_are_reported_and_answered_pages_are_used() {
+    use std::io::{Read, Write};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
+    use vhost::vhost_user::VhostUserFrontend;
+
+    let mut srv = Server::start(4 << 20, &[]);
+    let mut c = Client::negotiate_with(
+        &srv.socket,
+        VERSION_1 | ACCESS_PLATFORM | BLK_F_FLUSH,
+        P::BACKEND_REQ,
+    );
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    c.fe.set_backend_request_fd(&theirs).unwrap();
+    drop(theirs);
+    // Rings mapped up front; data pages only on demand.
+    map(&c, 0, DATA_BASE, IotlbPerm::ReadWrite);
+    c.setup_queues(1);
+
+    // The answering side: a thread owning the back-end channel and a second
+    // handle on the main socket (the test thread is idle in wait_used while
+    // misses are in flight, so the two never talk at once).
+    // SAFETY: dup(2) of an fd we own, into a new owned UnixStream.
+    let main = unsafe { UnixStream::from_raw_fd(libc::dup(c.fe.as_raw_fd())) };
+    let stop = ours.try_clone().unwrap();
+    let misses = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&misses);
+    let allowed = (IOVA + DATA_BASE)..(IOVA + DATA_BASE + (2 << 20));
+    let helper = std::thread::spawn(move || {
+        let (mut chan, mut main) = (ours, main);
+        loop {
+            let mut hdr = [0u8; 12];
+            if chan.read_exact(&mut hdr).is_err() {
+                return;
+            }
+            let size = u32::from_le_bytes(hdr[8..12].try_into().unwrap()) as usize;
+            let mut body = vec![0u8; size];
+            chan.read_exact(&mut body).unwrap();
+            assert_eq!(u32::from_le_bytes(hdr[0..4].try_into().unwrap()), 1);
+            assert_eq!(body[25], 1, "not a miss");
+            counted.fetch_add(1, Ordering::SeqCst);
+            let iova = u64::from_le_bytes(body[0..8].try_into().unwrap());
+            if allowed.contains(&iova) {
+                let page = iova & !0xfff;
+                let m = IotlbMsg::Update {
+                    iova: page,
+                    size: 0x1000,
+                    uaddr: UADDR + (page - IOVA),
+                    perm: IotlbPerm::ReadWrite,
+                };
+                main.write_all(&message(22, 0x8, &m.to_wire())).unwrap();
+                let mut ack = [0u8; 20];
+                main.read_exact(&mut ack).unwrap();
+                assert_eq!(&ack[12..20], &[0u8; 8]);
+            }
+            if u32::from_le_bytes(hdr[4..8].try_into().unwrap()) & 0x8 != 0 {
+                chan.write_all(&message(1, 0x4, &0u64.to_le_bytes()))
+                    .unwrap();
+            }
+        }
+    });
+
+    let data = pattern(512 * SECTOR, 64 << 10, 3);
+    assert_eq!(c.write(0, 512, &data), S_OK);
+    let after_write = misses.load(Ordering::SeqCst);
+    assert!(
+        after_write >= 16,
+        "only {after_write} misses for 64 KiB of new pages"
+    );
+    assert_eq!(c.flush(0), S_OK);
+    let (st, back) = c.read(0, 512, 64 << 10);
+    assert_eq!(st, S_OK);
+    assert!(back == data);
+    assert!(srv.image_bytes(512 * SECTOR, 64 << 10) == data);
+
+    // Pages the "IOMMU" refuses: the miss goes unanswered, the request
+    // fails, the memory there is untouched.
+    c.reset_alloc();
+    let h = c.header(T_IN, 512);
+    let st = c.status_slot();
+    let far = DATA_BASE + (3 << 20);
+    c.fill(far, 4096, 0x5e);
+    c.run_chain_dev(
+        0,
+        &[
+            (c.dev(h), 16, 0),
+            (c.dev(far), 4096, F_WRITE),
+            (c.dev(st), 1, F_WRITE),
+        ],
+        &[],
+    );
+    assert_eq!(c.status(st), S_IOERR);
+    assert_eq!(c.bytes(far, 4096), vec![0x5e; 4096]);
+    assert!(misses.load(Ordering::SeqCst) > after_write);
+
+    // End the helper (it holds a handle on the main socket too), then the
+    // session.
+    stop.shutdown(std::net::Shutdown::Both).unwrap();
+    helper.join().unwrap();
+    drop(c);
+    still_serves(&mut srv);
+}

@@ -209,6 +209,11 @@ impl Client {
 
     /// Negotiation and memory table only.
     pub fn negotiate(sock: &Path, want: u64) -> Client {
+        Self::negotiate_with(sock, want, VhostUserProtocolFeatures::empty())
+    }
+
+    /// Negotiation asking for `extra` protocol features too.
+    pub fn negotiate_with(sock: &Path, want: u64, extra: VhostUserProtocolFeatures) -> Client {
         let mut fe = connect(sock);
         fe.set_owner().unwrap();
         let offered = fe.get_features().unwrap();
@@ -217,7 +222,8 @@ impl Client {
         let pf = fe.get_protocol_features().unwrap();
         let pwant = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::REPLY_ACK;
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | extra;
         fe.set_protocol_features(pf & pwant).unwrap();
         let memfd = memfd(MEM_SIZE);
         let region = MmapRegion::from_file(

@@ -13,7 +13,7 @@ use vhost::vhost_user::message::{
     VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags, VhostUserVringState,
 };
 use vhost::vhost_user::{
-    Backend, BackendReqHandler, Error as VhostError, GpuBackend, Result as VhostResult,
+    BackendReqHandler, Error as VhostError, GpuBackend, Result as VhostResult,
     VhostUserBackendReqHandlerMut,
 };
 use vhost::VhostUserMemoryRegionBase;
@@ -32,6 +32,8 @@ use super::{
 
 /// vhost-user request code of `IOTLB_MSG` on the front end's channel.
 const FRONTEND_IOTLB_MSG: u32 = 22;
+/// vhost-user request code of `SET_BACKEND_REQ_FD`.
+const FRONTEND_SET_BACKEND_REQ_FD: u32 = 21;
 /// Header flags: protocol version 1, reply, need-reply.
 const HDR_VERSION: u32 = 0x1;
 const HDR_REPLY: u32 = 0x4;
@@ -52,9 +54,19 @@ pub enum DeviceError {
     /// The front end broke the protocol; the connection was closed.
     #[error("vhost-user protocol error, connection closed")]
     Protocol(#[source] VhostError),
-    /// A malformed `IOTLB_MSG` (request {request}, {len} payload bytes).
+    /// A malformed `IOTLB_MSG`.
     #[error("Malformed IOTLB_MSG with {len} payload bytes, connection closed")]
     MalformedIotlb {
+        /// Request code.
+        request: u32,
+        /// Payload length announced in the header.
+        len: u32,
+    },
+    /// A malformed message taken before the `vhost` crate sees it
+    /// (`SET_BACKEND_REQ_FD` without exactly one unix stream socket, or
+    /// before `BACKEND_REQ` was negotiated).
+    #[error("Malformed vhost-user request {request} ({len} payload bytes), connection closed")]
+    MalformedMessage {
         /// Request code.
         request: u32,
         /// Payload length announced in the header.
@@ -151,6 +163,12 @@ pub fn serve_connection<D: VirtioDevice>(
             }
             continue;
         }
+        if word(0) == FRONTEND_SET_BACKEND_REQ_FD {
+            if let Err(e) = handle_backend_req_fd(&mut side, word(4), word(8), &handler) {
+                break Err(e);
+            }
+            continue;
+        }
         match requests.handle_request() {
             Ok(()) => {}
             Err(VhostError::Disconnected) => break Ok(()),
@@ -160,6 +178,72 @@ pub fn serve_connection<D: VirtioDevice>(
     };
     lock(&handler).shutdown();
     result
+}
+
+/// Takes `SET_BACKEND_REQ_FD` off the socket: the `vhost` crate would wrap
+/// the channel in its `Backend`, which cannot send IOTLB misses, so the
+/// socket is kept here and handed to the IOMMU.
+fn handle_backend_req_fd<D: VirtioDevice>(
+    sock: &mut UnixStream,
+    flags: u32,
+    len: u32,
+    handler: &Mutex<Handler<D>>,
+) -> Result<(), DeviceError> {
+    use rustix::net::{
+        recvmsg, sockopt, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
+        SocketType,
+    };
+    use std::mem::MaybeUninit;
+    let malformed = DeviceError::MalformedMessage {
+        request: FRONTEND_SET_BACKEND_REQ_FD,
+        len,
+    };
+    if flags & 0x3 != HDR_VERSION || len > 64 {
+        return Err(malformed);
+    }
+    let mut buf = vec![0u8; HDR_SIZE + len as usize];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = recvmsg(
+        &*sock,
+        &mut [io::IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::WAITALL | RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(|e| DeviceError::Socket(e.into()))?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(it) = m {
+            fds.extend(it);
+        }
+    }
+    if got.bytes != buf.len() || fds.len() != 1 {
+        return Err(malformed);
+    }
+    let fd = fds.remove(0);
+    let is_stream = matches!(sockopt::socket_type(&fd), Ok(SocketType::STREAM))
+        && matches!(sockopt::socket_domain(&fd), Ok(AddressFamily::UNIX));
+    let h = lock(handler);
+    if !is_stream || h.acked_protocol & VhostUserProtocolFeatures::BACKEND_REQ.bits() == 0 {
+        return Err(malformed);
+    }
+    let reply_ack = h.reply_ack();
+    h.iommu()
+        .set_miss_channel(Some(UnixStream::from(fd)), reply_ack);
+    drop(h);
+    if flags & HDR_NEED_REPLY != 0 && reply_ack {
+        send_u64_reply(sock, FRONTEND_SET_BACKEND_REQ_FD, 0)?;
+    }
+    Ok(())
+}
+
+fn send_u64_reply(sock: &mut UnixStream, request: u32, value: u64) -> Result<(), DeviceError> {
+    let mut reply = Vec::with_capacity(HDR_SIZE + 8);
+    reply.extend_from_slice(&request.to_le_bytes());
+    reply.extend_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
+    reply.extend_from_slice(&8u32.to_le_bytes());
+    reply.extend_from_slice(&value.to_le_bytes());
+    sock.write_all(&reply).map_err(DeviceError::Socket)
 }
 
 /// Takes one `IOTLB_MSG` off the socket, applies it, and acknowledges it
@@ -207,12 +291,7 @@ fn handle_iotlb<D: VirtioDevice>(
         }
     };
     if flags & HDR_NEED_REPLY != 0 {
-        let mut reply = Vec::with_capacity(HDR_SIZE + 8);
-        reply.extend_from_slice(&FRONTEND_IOTLB_MSG.to_le_bytes());
-        reply.extend_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
-        reply.extend_from_slice(&8u32.to_le_bytes());
-        reply.extend_from_slice(&u64::from(!ok).to_le_bytes());
-        sock.write_all(&reply).map_err(DeviceError::Socket)?;
+        send_u64_reply(sock, FRONTEND_IOTLB_MSG, u64::from(!ok))?;
     }
     Ok(())
 }
@@ -299,7 +378,6 @@ struct Handler<D: VirtioDevice> {
     regions: Vec<Region>,
     mem: GuestMemoryAtomic<DeviceMemory>,
     vrings: Vec<Vring>,
-    backend_req: Option<Backend>,
     fence: Arc<DmaFence>,
 }
 
@@ -318,7 +396,6 @@ impl<D: VirtioDevice> Handler<D> {
             regions: Vec::new(),
             mem: GuestMemoryAtomic::new(mem),
             vrings,
-            backend_req: None,
             fence: Arc::new(DmaFence::default()),
         }
     }
@@ -332,6 +409,13 @@ impl<D: VirtioDevice> Handler<D> {
     /// `BACKEND_REQ` and `REPLY_ACK`, which are offered).
     fn iotlb_enabled(&self) -> bool {
         self.iommu_on()
+    }
+
+    /// `REPLY_ACK` is in force. As in the `vhost` crate, this follows the
+    /// protocol features alone: front ends negotiate them (and may send
+    /// `SET_BACKEND_REQ_FD`) before `SET_FEATURES`.
+    fn reply_ack(&self) -> bool {
+        self.acked_protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0
     }
 
     fn iommu(&self) -> Arc<VhostIommu> {
@@ -462,7 +546,11 @@ impl<D: VirtioDevice> Handler<D> {
         q.set_next_avail(v.next_avail);
         q.set_next_used(v.next_used);
         q.set_ready(true);
-        if !q.is_valid(&*self.mem.memory()) {
+        // With an IOMMU the rings are checked at each access instead: they
+        // may not be mapped yet (QEMU answers misses lazily), and a miss
+        // cannot be answered while this thread, which reads the answers,
+        // is busy here.
+        if !self.iommu_on() && !q.is_valid(&*self.mem.memory()) {
             return Err("rings are not inside the memory the device may access".into());
         }
         Ok(q)
@@ -497,8 +585,8 @@ impl<D: VirtioDevice> Handler<D> {
             *v = Vring::new();
         }
         self.iommu().clear();
+        self.iommu().set_miss_channel(None, false);
         self.regions.clear();
-        self.backend_req = None;
     }
 }
 
@@ -681,10 +769,6 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
         _flags: VhostUserConfigFlags,
     ) -> VhostResult<()> {
         Err(invalid("the configuration space is read-only"))
-    }
-
-    fn set_backend_req_fd(&mut self, backend: Backend) {
-        self.backend_req = Some(backend);
     }
 
     fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VhostResult<()> {

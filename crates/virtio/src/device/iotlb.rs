@@ -11,7 +11,10 @@
 //! an access outside the IOTLB fails, and the request that made it fails
 //! with it.
 
-use std::sync::{RwLock, RwLockReadGuard};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 
 use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
@@ -182,10 +185,32 @@ impl IotlbMsg {
 /// The IOMMU a vhost-user device sees: the front end's IOTLB and nothing
 /// else. Translations land in the front end's user address space, which is
 /// how the device's memory is keyed while `ACCESS_PLATFORM` is negotiated.
+///
+/// When the front end gave a back-end channel (`SET_BACKEND_REQ_FD`), a
+/// miss is reported to it (`VHOST_USER_BACKEND_IOTLB_MSG`, type MISS) and the
+/// access waits briefly for the update that answers it, as QEMU with a
+/// virtual IOMMU expects; without one, or when no answer comes, the access
+/// fails.
 #[derive(Debug, Default)]
 pub struct VhostIommu {
     iotlb: RwLock<Iotlb>,
+    miss: Mutex<Option<MissChannel>>,
+    /// Bumped on every applied message; misses wait for it to move.
+    updates: Mutex<u64>,
+    updated: Condvar,
 }
+
+/// The back-end channel misses are reported on.
+#[derive(Debug)]
+struct MissChannel {
+    sock: UnixStream,
+    reply_ack: bool,
+}
+
+/// vhost-user request code of `IOTLB_MSG` on the back-end channel.
+const BACKEND_IOTLB_MSG: u32 = 1;
+/// How long an access waits for the front end to answer a miss.
+const MISS_WAIT: Duration = Duration::from_secs(1);
 
 impl VhostIommu {
     /// An IOMMU with an empty IOTLB (every access fails).
@@ -234,7 +259,67 @@ impl VhostIommu {
             }
             IotlbMsg::Invalidate { .. } => tlb.invalidate_mapping(GuestAddress(iova), len),
         }
+        drop(tlb);
+        *self.updates.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.updated.notify_all();
         replaced
+    }
+
+    /// Reports misses on `sock` from now on (`None`: fail them at once).
+    /// With `reply_ack` the front end acknowledges each report.
+    pub fn set_miss_channel(&self, sock: Option<UnixStream>, reply_ack: bool) {
+        let ch = sock.map(|sock| {
+            // A front end that never answers must not hang a queue.
+            let _ = sock.set_read_timeout(Some(MISS_WAIT));
+            let _ = sock.set_write_timeout(Some(MISS_WAIT));
+            MissChannel { sock, reply_ack }
+        });
+        *self.miss.lock().unwrap_or_else(|e| e.into_inner()) = ch;
+    }
+
+    /// Sends one miss report; false when there is no channel or it failed.
+    fn report_miss(&self, iova: u64, size: u64, access: Permissions) -> bool {
+        let mut guard = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(ch) = guard.as_mut() else {
+            return false;
+        };
+        let perm = match access {
+            Permissions::Write => 2,
+            Permissions::ReadWrite => 3,
+            _ => 1,
+        };
+        let mut payload = [0u8; IOTLB_MSG_SIZE];
+        payload[0..8].copy_from_slice(&iova.to_le_bytes());
+        payload[8..16].copy_from_slice(&size.to_le_bytes());
+        payload[24] = perm;
+        payload[25] = 1; // VHOST_IOTLB_MISS
+        let flags: u32 = 0x1 | if ch.reply_ack { 0x8 } else { 0 };
+        let mut msg = Vec::with_capacity(12 + IOTLB_MSG_SIZE);
+        msg.extend_from_slice(&BACKEND_IOTLB_MSG.to_le_bytes());
+        msg.extend_from_slice(&flags.to_le_bytes());
+        msg.extend_from_slice(&(IOTLB_MSG_SIZE as u32).to_le_bytes());
+        msg.extend_from_slice(&payload);
+        let sent = ch.sock.write_all(&msg).and_then(|()| {
+            if ch.reply_ack {
+                let mut reply = [0u8; 20];
+                ch.sock.read_exact(&mut reply)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = sent {
+            // A front end too busy to answer in time only fails this access;
+            // a closed or broken channel fails every later miss at once.
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                tracing::warn!("IOTLB miss channel broken ({e}): misses now fail at once");
+                *guard = None;
+            }
+            return false;
+        }
+        true
     }
 
     /// Forgets every mapping (a new front end, a device reset).
@@ -255,23 +340,45 @@ impl Iommu for VhostIommu {
         length: usize,
         access: Permissions,
     ) -> Result<IotlbIterator<Self::IotlbGuard<'_>>, IommuError> {
+        let fail = |reason: &str| IommuError::CannotResolve {
+            iova_range: IovaRange { base: iova, length },
+            reason: reason.into(),
+        };
         // `Iotlb::lookup` adds `iova + length` unchecked: a hostile
         // descriptor near the top of the address space must fail here.
         if iova.0.checked_add(length as u64).is_none() {
-            return Err(IommuError::CannotResolve {
-                iova_range: IovaRange { base: iova, length },
-                reason: "range wraps around the address space".into(),
-            });
+            return Err(fail("range wraps around the address space"));
         }
-        let tlb = self.iotlb.read().unwrap_or_else(|e| e.into_inner());
-        Iotlb::lookup(tlb, iova, length, access).map_err(|fails| IommuError::CannotResolve {
-            iova_range: IovaRange { base: iova, length },
-            reason: if fails.misses.is_empty() {
-                "access not permitted".into()
-            } else {
-                "not mapped in the IOTLB".into()
-            },
-        })
+        // Each answered miss maps at least one page: bound the round trips.
+        let mut reports = length / 4096 + 8;
+        let deadline = Instant::now() + MISS_WAIT * 4;
+        loop {
+            let seen = *self.updates.lock().unwrap_or_else(|e| e.into_inner());
+            let tlb = self.iotlb.read().unwrap_or_else(|e| e.into_inner());
+            let fails = match Iotlb::lookup(tlb, iova, length, access) {
+                Ok(it) => return Ok(it),
+                Err(f) => f,
+            };
+            let Some(first) = fails.misses.first() else {
+                return Err(fail("access not permitted"));
+            };
+            if reports == 0 || Instant::now() > deadline {
+                return Err(fail("not mapped in the IOTLB"));
+            }
+            reports -= 1;
+            if !self.report_miss(first.base.0, first.length as u64, access) {
+                return Err(fail("not mapped in the IOTLB"));
+            }
+            let updates = self.updates.lock().unwrap_or_else(|e| e.into_inner());
+            let (updates, wait) = self
+                .updated
+                .wait_timeout_while(updates, MISS_WAIT, |n| *n == seen)
+                .unwrap_or_else(|e| e.into_inner());
+            drop(updates);
+            if wait.timed_out() {
+                return Err(fail("IOTLB miss not answered"));
+            }
+        }
     }
 }
 
