@@ -204,7 +204,7 @@ impl CtrlClient {
         if st != 0 {
             return Err(CtrlError::Refused { errno: -st });
         }
-        Ok(ServiceStats::parse(body))
+        ServiceStats::parse(body).ok_or(CtrlError::Protocol("short STATS answer"))
     }
 
     /// The connection.

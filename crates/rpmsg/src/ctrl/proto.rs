@@ -90,6 +90,9 @@ impl EptInfo {
 
     /// Reads `{name[32], src, dst}`; the error is an errno.
     fn get(b: &[u8]) -> Result<Self, i32> {
+        if b.len() < EPT_INFO_LEN {
+            return Err(libc::EINVAL);
+        }
         let raw = &b[..NAME_SIZE];
         let nul = raw.iter().position(|&c| c == 0).ok_or(libc::EINVAL)?;
         let name = std::str::from_utf8(&raw[..nul]).map_err(|_| libc::EINVAL)?;
@@ -316,14 +319,18 @@ impl ServiceStats {
         b
     }
 
-    /// Parses the body of a STATS answer (after the status).
-    pub fn parse(body: &[u8]) -> Self {
+    /// Parses the body of a STATS answer (after the status); `None` if it
+    /// is too short.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        if body.len() < STATS_REPLY_LEN - 12 {
+            return None;
+        }
         let u64_at = |i: usize| {
             let mut a = [0u8; 8];
             a.copy_from_slice(&body[16 + 8 * i..24 + 8 * i]);
             u64::from_le_bytes(a)
         };
-        ServiceStats {
+        Some(ServiceStats {
             fd_endpoints: u32_at(body, 0),
             legacy_endpoints: u32_at(body, 4),
             open_nodes: u32_at(body, 8),
@@ -334,7 +341,7 @@ impl ServiceStats {
             oversize: u64_at(3),
             dropped: u64_at(4),
             msgs: u64_at(5),
-        }
+        })
     }
 }
 
@@ -440,9 +447,12 @@ mod tests {
         }
 
         /// Answers: any bytes are an error or a status with a body, never
-        /// a panic.
+        /// a panic; so is any body given to the body parsers.
         #[test]
         fn any_answer(b in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            let _ = parse_create_ept_body(&b);
+            let _ = parse_create_ept_fd_body(&b);
+            let _ = ServiceStats::parse(&b);
             for (op, len) in [
                 (OP_CREATE_EPT, CREATE_EPT_REPLY_LEN),
                 (OP_CREATE_EPT_FD, CREATE_EPT_FD_REPLY_LEN),
@@ -476,6 +486,7 @@ mod tests {
         let b = s.encode();
         let (st, body) = parse_reply(&b, OP_STATS, STATS_REPLY_LEN).unwrap();
         assert_eq!(st, 0);
-        assert_eq!(ServiceStats::parse(body), s);
+        assert_eq!(ServiceStats::parse(body), Some(s));
+        assert_eq!(ServiceStats::parse(&body[..10]), None);
     }
 }
