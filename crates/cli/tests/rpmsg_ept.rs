@@ -562,6 +562,41 @@ fn dead_clients_and_garbage_are_freed() {
     );
     assert!(log.contains("5 legacy endpoints freed"), "{log}");
 
+    // Fifty more garbage packets of every length, each on its own
+    // connection: each is refused and its connection closed.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for len in 0..50usize {
+        let mut pkt = vec![0u8; len];
+        for b in &mut pkt {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        if len >= 4 && len % 2 == 0 {
+            pkt[..4].copy_from_slice(b"IOPR"); // a header, then nonsense
+        }
+        let g = CtrlClient::connect(&st.ctrl).unwrap();
+        let raw = UnixStream::from(rustix::io::dup(g.fd()).unwrap());
+        drop(g);
+        rustix::net::send(&raw, &pkt, rustix::net::SendFlags::empty()).unwrap();
+        let mut b = [0u8; 256];
+        let start = Instant::now();
+        // The refusal, then end of file (a zero-length packet gets no answer
+        // but also closes nothing: skip waiting for it).
+        if len > 0 {
+            while rustix::net::recv(&raw, &mut b, rustix::net::RecvFlags::empty())
+                .unwrap()
+                .0
+                != 0
+            {
+                assert!(start.elapsed() < Duration::from_secs(10));
+            }
+        }
+    }
+    let s = wait_stats(&c, "garbage clients counted", |s| s.bad_clients == 50);
+    assert_eq!(s.endpoints(), 1);
+
     // Meanwhile the service kept serving: the first endpoint still echoes.
     let msg = pattern(300, 1);
     live.send(&msg).unwrap();
