@@ -358,6 +358,8 @@ struct Executor {
     in_flight: usize,
     /// Used entries written since the last notification.
     pending_notify: bool,
+    /// The server asked the queue to stop: finish what is in flight only.
+    stopping: bool,
 }
 
 impl Executor {
@@ -379,15 +381,15 @@ impl Executor {
             free: (0..n).rev().collect(),
             in_flight: 0,
             pending_notify: false,
+            stopping: false,
         })
     }
 
     fn run(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
-        let mut stopping = false;
         // Requests may already be waiting (a restarted ring).
         self.process_avail(ctx)?;
         loop {
-            if stopping {
+            if self.stopping {
                 if self.in_flight == 0 {
                     return Ok(());
                 }
@@ -402,7 +404,7 @@ impl Executor {
             }
             self.reap(ctx);
             if wake.stop {
-                stopping = true;
+                self.stopping = true;
                 continue;
             }
             if wake.kick || self.free.len() == self.slots.len() {
@@ -414,7 +416,7 @@ impl Executor {
     /// Pops every available chain (re-checking after re-enabling
     /// notifications, virtio 1.2, 2.7.10) and starts it.
     fn process_avail(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
-        let _dma = ctx.dma_ticket();
+        let _dma = ctx.dma_batch();
         let mem = ctx.memory();
         loop {
             let _ = ctx.queue_mut().disable_notification(&*mem);
@@ -727,12 +729,18 @@ impl Executor {
         if done.is_empty() {
             return;
         }
-        let _dma = ctx.dma_ticket();
+        let _dma = ctx.dma_batch();
         let mem = ctx.memory();
         for (slot, res) in done {
-            let Some(flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+            let Some(mut flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
                 continue;
             };
+            // The kernel is done with the memory: the I/O's hold on IOTLB
+            // invalidations ends here. The status and used-ring writes below
+            // run under this batch's ticket, which a miss wait parks (the
+            // front end may be waiting for an invalidation's ack before it
+            // can answer that miss).
+            drop(flight._dma.take());
             self.free.push(slot as usize);
             self.in_flight -= 1;
             let (status, len) = self.finish(&mem, &flight, res);
@@ -742,9 +750,12 @@ impl Executor {
             self.pending_notify = false;
             ctx.notify(&mem);
         }
-        // Slots were freed: chains left waiting for one can start now.
-        if let Err(e) = self.process_avail(ctx) {
-            tracing::warn!("queue {}: {e}", ctx.index());
+        // Slots were freed: chains left waiting for one can start now
+        // (unless the queue is stopping: then nothing new starts).
+        if !self.stopping {
+            if let Err(e) = self.process_avail(ctx) {
+                tracing::warn!("queue {}: {e}", ctx.index());
+            }
         }
     }
 

@@ -388,7 +388,9 @@ fn invalid(reason: &'static str) -> VhostError {
 impl<D: VirtioDevice> Handler<D> {
     fn new(device: Arc<D>) -> Self {
         let vrings = (0..device.num_queues()).map(|_| Vring::new()).collect();
-        let mem = IommuMemory::new(GuestMemoryMmap::new(), VhostIommu::new(), false, ());
+        let fence = Arc::new(DmaFence::default());
+        let iommu = VhostIommu::with_fence(Arc::clone(&fence));
+        let mem = IommuMemory::new(GuestMemoryMmap::new(), iommu, false, ());
         Self {
             device,
             acked_features: 0,
@@ -396,7 +398,7 @@ impl<D: VirtioDevice> Handler<D> {
             regions: Vec::new(),
             mem: GuestMemoryAtomic::new(mem),
             vrings,
-            fence: Arc::new(DmaFence::default()),
+            fence,
         }
     }
 

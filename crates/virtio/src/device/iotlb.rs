@@ -13,11 +13,13 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
+
+use super::DmaFence;
 
 /// Size in bytes of `struct vhost_iotlb_msg` as front ends send it
 /// (`iova u64, size u64, uaddr u64, perm u8, type u8`, padded to 8 bytes).
@@ -198,6 +200,8 @@ pub struct VhostIommu {
     /// Bumped on every applied message; misses wait for it to move.
     updates: Mutex<u64>,
     updated: Condvar,
+    /// Parks the waiting thread's batch while a miss is outstanding.
+    fence: Option<Arc<DmaFence>>,
 }
 
 /// The back-end channel misses are reported on.
@@ -209,13 +213,23 @@ struct MissChannel {
 
 /// vhost-user request code of `IOTLB_MSG` on the back-end channel.
 const BACKEND_IOTLB_MSG: u32 = 1;
-/// How long an access waits for the front end to answer a miss.
-const MISS_WAIT: Duration = Duration::from_secs(1);
+/// How long an access waits for the front end to answer a miss (QEMU
+/// answers in tens of microseconds; it cannot while it waits for a reply
+/// from this back end, e.g. to `GET_VRING_BASE`).
+const MISS_WAIT: Duration = Duration::from_millis(300);
 
 impl VhostIommu {
     /// An IOMMU with an empty IOTLB (every access fails).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An IOMMU whose miss waits park the thread's batch on `fence`.
+    pub fn with_fence(fence: Arc<DmaFence>) -> Self {
+        Self {
+            fence: Some(fence),
+            ..Self::default()
+        }
     }
 
     /// Applies one message from the front end. Returns whether it removed
@@ -283,6 +297,7 @@ impl VhostIommu {
         let Some(ch) = guard.as_mut() else {
             return false;
         };
+        tracing::debug!("IOTLB miss {iova:#x}+{size:#x} {access:?}");
         let perm = match access {
             Permissions::Write => 2,
             Permissions::ReadWrite => 3,
@@ -349,9 +364,13 @@ impl Iommu for VhostIommu {
         if iova.0.checked_add(length as u64).is_none() {
             return Err(fail("range wraps around the address space"));
         }
-        // Each answered miss maps at least one page: bound the round trips.
-        let mut reports = length / 4096 + 8;
+        // Each answered miss maps at least one page, but the front end may
+        // invalidate pages resolved a moment ago (a guest flushing its IOTLB
+        // lazily drops everything now and then): bound the round trips
+        // generously, and the time.
+        let mut reports = (length / 4096 + 4) * 4;
         let deadline = Instant::now() + MISS_WAIT * 4;
+        let mut last_denied: Option<GuestAddress> = None;
         loop {
             let seen = *self.updates.lock().unwrap_or_else(|e| e.into_inner());
             let tlb = self.iotlb.read().unwrap_or_else(|e| e.into_inner());
@@ -359,15 +378,36 @@ impl Iommu for VhostIommu {
                 Ok(it) => return Ok(it),
                 Err(f) => f,
             };
-            let Some(first) = fails.misses.first() else {
-                return Err(fail("access not permitted"));
+            // A mapping without the needed permission may be stale (the
+            // driver remapped the page and the invalidation is still on its
+            // way): ask once, like a miss; if the answer does not grant the
+            // access, it is refused.
+            let (first, denied) = match (fails.misses.first(), fails.access_fails.first()) {
+                (Some(m), _) => (m.clone(), false),
+                (None, Some(a)) => (a.clone(), true),
+                (None, None) => return Err(fail("not mapped in the IOTLB")),
             };
+            if denied && last_denied == Some(first.base) {
+                return Err(fail("access not permitted"));
+            }
             if reports == 0 || Instant::now() > deadline {
-                return Err(fail("not mapped in the IOTLB"));
+                return Err(fail(if denied {
+                    "access not permitted"
+                } else {
+                    "not mapped in the IOTLB"
+                }));
             }
             reports -= 1;
+            last_denied = denied.then_some(first.base);
+            // Hold up no invalidation while waiting: the front end may need
+            // its acknowledgement before it can answer.
+            let _parked = self.fence.as_ref().map(|f| f.park());
             if !self.report_miss(first.base.0, first.length as u64, access) {
-                return Err(fail("not mapped in the IOTLB"));
+                return Err(fail(if denied {
+                    "access not permitted"
+                } else {
+                    "not mapped in the IOTLB"
+                }));
             }
             let updates = self.updates.lock().unwrap_or_else(|e| e.into_inner());
             let (updates, wait) = self

@@ -113,6 +113,11 @@ impl CallFd {
 /// generation and waits until every ticket of the previous one is gone; only
 /// then is it acknowledged, so the front end may reuse the memory. Two
 /// generations suffice because invalidations are handled one at a time.
+///
+/// A batch whose thread waits for the front end to answer an IOTLB miss
+/// holds no translation meanwhile, and the front end may be waiting for this
+/// very acknowledgement before it answers: such a thread is parked
+/// ([`DmaFence::park`]) and does not hold the invalidation up.
 #[derive(Debug, Default)]
 pub struct DmaFence {
     state: Mutex<FenceState>,
@@ -123,32 +128,92 @@ pub struct DmaFence {
 struct FenceState {
     generation: u64,
     live: [u64; 2],
+    parked: [u64; 2],
+}
+
+thread_local! {
+    /// Batch tickets held by this thread: (fence address, slot).
+    static BATCHES: std::cell::RefCell<Vec<(usize, usize)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl DmaFence {
-    /// Takes a ticket in the current generation.
+    fn lock(&self) -> std::sync::MutexGuard<'_, FenceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// Takes a ticket in the current generation (for I/O in flight).
     pub fn ticket(self: &Arc<Self>) -> DmaTicket {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
         let slot = (st.generation % 2) as usize;
         st.live[slot] += 1;
         DmaTicket {
             fence: Arc::clone(self),
             slot,
+            batch: false,
         }
     }
 
+    /// Takes a ticket for work done by this thread (parked while the thread
+    /// waits for an IOTLB miss to be answered); drop it on this thread.
+    pub fn batch(self: &Arc<Self>) -> DmaTicket {
+        let mut t = self.ticket();
+        t.batch = true;
+        BATCHES.with(|b| b.borrow_mut().push((self.id(), t.slot)));
+        t
+    }
+
+    /// Parks this thread's batch tickets until the guard is dropped.
+    pub fn park(&self) -> Parked<'_> {
+        let slots: Vec<usize> = BATCHES.with(|b| {
+            b.borrow()
+                .iter()
+                .filter(|(id, _)| *id == self.id())
+                .map(|&(_, slot)| slot)
+                .collect()
+        });
+        let mut st = self.lock();
+        for &slot in &slots {
+            st.parked[slot] += 1;
+        }
+        drop(st);
+        self.idle.notify_all();
+        Parked { fence: self, slots }
+    }
+
     /// Starts a new generation and waits (at most `limit`) until no ticket
-    /// of the previous one is left. Returns whether they all went.
+    /// of the previous one is left but parked ones. Returns whether they
+    /// all went.
     pub fn wait_older(&self, limit: Duration) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
         let old = (st.generation % 2) as usize;
         st.generation += 1;
         let (st, timeout) = self
             .idle
-            .wait_timeout_while(st, limit, |st| st.live[old] > 0)
+            .wait_timeout_while(st, limit, |st| st.live[old] > st.parked[old])
             .unwrap_or_else(|e| e.into_inner());
         drop(st);
         !timeout.timed_out()
+    }
+}
+
+/// Batch tickets of one thread, parked (see [`DmaFence::park`]).
+#[derive(Debug)]
+pub struct Parked<'a> {
+    fence: &'a DmaFence,
+    slots: Vec<usize>,
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        let mut st = self.fence.lock();
+        for &slot in &self.slots {
+            st.parked[slot] -= 1;
+        }
     }
 }
 
@@ -158,15 +223,24 @@ impl DmaFence {
 pub struct DmaTicket {
     fence: Arc<DmaFence>,
     slot: usize,
+    batch: bool,
 }
 
 impl Drop for DmaTicket {
     fn drop(&mut self) {
-        let mut st = self.fence.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.live[self.slot] -= 1;
-        if st.live[self.slot] == 0 {
-            self.fence.idle.notify_all();
+        if self.batch {
+            let key = (self.fence.id(), self.slot);
+            BATCHES.with(|b| {
+                let mut b = b.borrow_mut();
+                if let Some(i) = b.iter().rposition(|e| *e == key) {
+                    b.remove(i);
+                }
+            });
         }
+        let mut st = self.fence.lock();
+        st.live[self.slot] -= 1;
+        drop(st);
+        self.fence.idle.notify_all();
     }
 }
 
@@ -195,11 +269,17 @@ pub struct QueueContext {
 }
 
 impl QueueContext {
-    /// A ticket to hold while accessing front-end memory (translating,
-    /// copying, or while I/O into it is in flight): IOTLB invalidations are
-    /// acknowledged only once the accesses begun before them are over.
+    /// A ticket to hold while I/O into front-end memory is in flight:
+    /// IOTLB invalidations are acknowledged only once the accesses begun
+    /// before them are over.
     pub fn dma_ticket(&self) -> DmaTicket {
         self.fence.ticket()
+    }
+
+    /// A ticket for a batch of work on this thread (translating, reading
+    /// and writing rings and buffers); drop it on this thread.
+    pub fn dma_batch(&self) -> DmaTicket {
+        self.fence.batch()
     }
 
     /// Index of the queue.
@@ -304,5 +384,22 @@ mod tests {
         assert!(waiter.join().unwrap());
         drop(newer);
         assert!(fence.wait_older(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn parked_batches_do_not_hold_invalidations() {
+        let fence = Arc::new(DmaFence::default());
+        let batch = fence.batch();
+        assert!(!fence.wait_older(Duration::from_millis(10)));
+        {
+            let _parked = fence.park();
+            assert!(fence.wait_older(Duration::from_secs(1)));
+        }
+        // An I/O ticket is never parked.
+        let io = fence.ticket();
+        let _parked = fence.park();
+        assert!(!fence.wait_older(Duration::from_millis(10)));
+        drop(io);
+        drop(batch);
     }
 }
