@@ -157,6 +157,7 @@ pub fn serve_connection<D: VirtioDevice>(
             Err(e) => break Err(DeviceError::Socket(e.into())),
         }
         let word = |at: usize| u32::from_le_bytes([hdr[at], hdr[at + 1], hdr[at + 2], hdr[at + 3]]);
+        tracing::trace!("vhost-user request {} ({} bytes)", word(0), word(8));
         if word(0) == FRONTEND_IOTLB_MSG {
             if let Err(e) = handle_iotlb(&mut side, word(4), word(8), &handler) {
                 break Err(e);

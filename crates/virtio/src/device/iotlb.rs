@@ -236,6 +236,7 @@ impl VhostIommu {
     /// or changed a translation that existed (then accesses already under
     /// way through it must end before the front end is told it is done).
     pub fn apply(&self, msg: &IotlbMsg) -> bool {
+        tracing::trace!("IOTLB {msg:x?}");
         let (iova, size) = match *msg {
             IotlbMsg::Update { iova, size, .. } | IotlbMsg::Invalidate { iova, size } => {
                 (iova, size)
