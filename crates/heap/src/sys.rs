@@ -9,6 +9,22 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 /// rounded down to a MiB.
 pub(crate) const MAX_RW: usize = 0x7fe0_0000;
 
+/// Runs a byte-count syscall until it is not interrupted: a non-negative
+/// return is the count; `-1` is the `errno` error, or, for `EINTR`, another
+/// try.
+fn retry_on_intr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// `pread(2)` into raw memory. Retries on `EINTR`.
 ///
 /// # Safety
@@ -19,24 +35,17 @@ pub(crate) unsafe fn pread(
     len: usize,
     off: u64,
 ) -> io::Result<usize> {
-    loop {
+    retry_on_intr(|| {
         // SAFETY: the caller guarantees the range is writable and mapped.
-        let n = unsafe {
+        unsafe {
             libc::pread(
                 fd.as_raw_fd(),
                 ptr.cast(),
                 len.min(MAX_RW),
                 off as libc::off_t,
             )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    })
 }
 
 /// `pwrite(2)` from raw memory. Retries on `EINTR`.
@@ -49,24 +58,17 @@ pub(crate) unsafe fn pwrite(
     len: usize,
     off: u64,
 ) -> io::Result<usize> {
-    loop {
+    retry_on_intr(|| {
         // SAFETY: the caller guarantees the range is readable and mapped.
-        let n = unsafe {
+        unsafe {
             libc::pwrite(
                 fd.as_raw_fd(),
                 ptr.cast(),
                 len.min(MAX_RW),
                 off as libc::off_t,
             )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    })
 }
 
 /// `read(2)` from a pipe into raw memory. Retries on `EINTR`.
@@ -74,17 +76,10 @@ pub(crate) unsafe fn pwrite(
 /// # Safety
 /// As [`pread`].
 pub(crate) unsafe fn read(fd: BorrowedFd<'_>, ptr: *mut u8, len: usize) -> io::Result<usize> {
-    loop {
+    retry_on_intr(|| {
         // SAFETY: the caller guarantees the range is writable and mapped.
-        let n = unsafe { libc::read(fd.as_raw_fd(), ptr.cast(), len.min(MAX_RW)) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+        unsafe { libc::read(fd.as_raw_fd(), ptr.cast(), len.min(MAX_RW)) }
+    })
 }
 
 /// Whether an error is the file system refusing direct I/O.
@@ -107,15 +102,8 @@ pub(crate) unsafe fn vmsplice(
         iov_base: ptr as *mut libc::c_void,
         iov_len: len,
     };
-    loop {
+    retry_on_intr(|| {
         // SAFETY: one iovec describing memory the caller vouches for.
-        let n = unsafe { libc::vmsplice(pipe_w.as_raw_fd(), &iov, 1, 0) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+        unsafe { libc::vmsplice(pipe_w.as_raw_fd(), &iov, 1, 0) }
+    })
 }
