@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use iopath_heap::Buffer;
 
 use crate::table::{alloc_shared, check_map, MapTable, Pinned, RegionTable};
-use crate::{Coherent, Direction, DmaOps, Error, MapWait, Mapping, Result, SharedRegion};
+use crate::{Coherent, Direction, DmaOps, MapWait, Mapping, Result, SharedRegion};
 
 /// Direct DMA: the device address of a byte is its address in a registered
 /// region (the legacy virtio path, where the device is handed guest-physical
@@ -15,6 +15,8 @@ use crate::{Coherent, Direction, DmaOps, Error, MapWait, Mapping, Result, Shared
 /// Buffers must be registered first ([`DmaOps::register`]); mapping a buffer
 /// that is not is [`Error::NotRegistered`], because the device could not
 /// reach it.
+///
+/// [`Error::NotRegistered`]: crate::Error::NotRegistered
 #[derive(Debug)]
 pub struct Direct {
     state: Mutex<State>,
@@ -36,6 +38,9 @@ impl Direct {
     /// # Errors
     /// [`Error::AlreadyRegistered`]; [`Error::AddressSpace`] if the range
     /// overlaps another region or runs past the device's address space.
+    ///
+    /// [`Error::AlreadyRegistered`]: crate::Error::AlreadyRegistered
+    /// [`Error::AddressSpace`]: crate::Error::AddressSpace
     pub fn register_at(&self, buf: &Buffer, gpa: u64) -> Result<u64> {
         self.state().regions.register_at(buf, gpa)
     }
@@ -73,16 +78,7 @@ impl DmaOps for Direct {
     }
 
     fn unregister(&self, buf: &Buffer) -> Result<()> {
-        let mut st = self.state();
-        if st.regions.find(buf).is_none() {
-            return Err(Error::NotRegistered {
-                ops: "direct",
-                buf_len: buf.len(),
-            });
-        }
-        buf.check_not_busy()?;
-        st.regions.unregister(buf);
-        Ok(())
+        self.state().regions.unregister_idle(buf, "direct")
     }
 
     fn map(
@@ -95,14 +91,7 @@ impl DmaOps for Direct {
     ) -> Result<Mapping> {
         check_map(buf, offset, len, self.max_mapping_size())?;
         let mut st = self.state();
-        let base = st
-            .regions
-            .find(buf)
-            .ok_or(Error::NotRegistered {
-                ops: "direct",
-                buf_len: buf.len(),
-            })?
-            .gpa;
+        let base = st.regions.registered(buf, "direct")?.gpa;
         let id = st.maps.next_id();
         let m = Mapping::new(id, base + offset as u64, len, dir);
         st.maps.insert(m, Pinned::new(buf, offset));
@@ -129,19 +118,11 @@ impl DmaOps for Direct {
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
         let buf = alloc_shared(len)?;
-        let addr = self.state().regions.register(&buf)?;
-        Ok(Coherent::new(buf, addr))
+        self.state().regions.add_coherent(buf)
     }
 
     fn free_coherent(&self, mem: Coherent) -> Result<()> {
-        if self.state().regions.unregister(mem.buffer()) {
-            Ok(())
-        } else {
-            Err(Error::NotMapped {
-                id: 0,
-                addr: mem.addr(),
-            })
-        }
+        self.state().regions.free_coherent(&mem, None)
     }
 
     fn max_mapping_size(&self) -> usize {

@@ -149,16 +149,7 @@ impl DmaOps for Iommu {
     }
 
     fn unregister(&self, buf: &Buffer) -> Result<()> {
-        let mut st = self.state();
-        if st.regions.find(buf).is_none() {
-            return Err(Error::NotRegistered {
-                ops: "iommu",
-                buf_len: buf.len(),
-            });
-        }
-        buf.check_not_busy()?;
-        st.regions.unregister(buf);
-        Ok(())
+        self.state().regions.unregister_idle(buf, "iommu")
     }
 
     fn map(
@@ -171,12 +162,7 @@ impl DmaOps for Iommu {
     ) -> Result<Mapping> {
         check_map(buf, offset, len, self.max_mapping_size())?;
         let st = self.state();
-        if st.regions.find(buf).is_none() {
-            return Err(Error::NotRegistered {
-                ops: "iommu",
-                buf_len: buf.len(),
-            });
-        }
+        st.regions.registered(buf, "iommu")?;
         let (mut st, iova) = self.alloc_iova(st, len, wait)?;
         let rec = IotlbRecord::Update {
             iova,

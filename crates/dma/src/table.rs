@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use iopath_heap::{Buffer, DevicePin, Heap, HugePages, MemfdHeap};
 
-use crate::{DmaAddr, Error, Mapping, Result, SharedRegion};
+use crate::{Coherent, DmaAddr, Error, Mapping, Result, SharedRegion};
 
 /// Where the first region goes in the device's physical view. Address 0 is
 /// never valid, so a zeroed descriptor cannot point at real memory.
@@ -114,6 +114,45 @@ impl RegionTable {
     pub(crate) fn find(&self, buf: &Buffer) -> Option<&SharedRegion> {
         let i = *self.by_ptr.get(&(buf.as_ptr() as usize))?;
         self.regions.get(i).filter(|r| r.buffer.same_as(buf))
+    }
+
+    /// The region of `buf`, or [`Error::NotRegistered`] naming the `ops`
+    /// that refuse it.
+    pub(crate) fn registered(&self, buf: &Buffer, ops: &'static str) -> Result<&SharedRegion> {
+        self.find(buf).ok_or(Error::NotRegistered {
+            ops,
+            buf_len: buf.len(),
+        })
+    }
+
+    /// `DmaOps::unregister` for ops that map only registered buffers: `buf`
+    /// must be registered and no longer mapped for the device.
+    pub(crate) fn unregister_idle(&mut self, buf: &Buffer, ops: &'static str) -> Result<()> {
+        self.registered(buf, ops)?;
+        buf.check_not_busy()?;
+        self.unregister(buf);
+        Ok(())
+    }
+
+    /// Registers freshly allocated coherent memory and hands it out at its
+    /// region's base.
+    pub(crate) fn add_coherent(&mut self, buf: Buffer) -> Result<Coherent> {
+        let addr = self.register(&buf)?;
+        Ok(Coherent::new(buf, addr))
+    }
+
+    /// Unregisters coherent memory from [`RegionTable::add_coherent`].
+    /// `owned` is a region the ops keep for themselves (a bounce window): it
+    /// is never freed this way. Anything else not registered is
+    /// [`Error::NotMapped`].
+    pub(crate) fn free_coherent(&mut self, mem: &Coherent, owned: Option<&Buffer>) -> Result<()> {
+        if owned.is_some_and(|o| mem.buffer().same_as(o)) || !self.unregister(mem.buffer()) {
+            return Err(Error::NotMapped {
+                id: 0,
+                addr: mem.addr(),
+            });
+        }
+        Ok(())
     }
 
     pub(crate) fn regions(&self) -> Vec<SharedRegion> {

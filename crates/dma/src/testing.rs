@@ -394,18 +394,11 @@ impl DmaOps for AlwaysBounce {
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
         let buf = alloc_shared(len)?;
-        let addr = self.state().regions.register(&buf)?;
-        Ok(Coherent::new(buf, addr))
+        self.state().regions.add_coherent(buf)
     }
 
     fn free_coherent(&self, mem: Coherent) -> Result<()> {
-        if mem.buffer().same_as(&self.window) || !self.state().regions.unregister(mem.buffer()) {
-            return Err(Error::NotMapped {
-                id: 0,
-                addr: mem.addr(),
-            });
-        }
-        Ok(())
+        self.state().regions.free_coherent(&mem, Some(&self.window))
     }
 
     fn max_mapping_size(&self) -> usize {
