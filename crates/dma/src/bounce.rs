@@ -2,11 +2,10 @@
 //! the kernel's SWIOTLB for protected guests).
 
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Instant;
 
 use iopath_heap::Buffer;
 
-use crate::table::{alloc_shared, check_map, MapTable, Pinned, RegionTable};
+use crate::table::{alloc_shared, check_map, take_space, MapTable, Pinned, RegionTable};
 use crate::{Coherent, Direction, DmaAddr, DmaOps, Error, MapWait, Mapping, Result, SharedRegion};
 
 /// Default slot size: the kernel's `IO_TLB_SIZE` (2 KiB).
@@ -172,34 +171,10 @@ impl DmaOps for Bounce {
     ) -> Result<Mapping> {
         check_map(buf, offset, len, self.max_mapping_size())?;
         let n = len.div_ceil(self.slot);
-        let deadline = match wait {
-            MapWait::Timeout(d) => Some(Instant::now() + d),
-            _ => None,
-        };
-        let mut st = self.state();
-        let first = loop {
-            if let Some(first) = st.take(n) {
-                break first;
-            }
-            let no_space = Error::NoSpace {
-                len,
-                what: "bounce slots",
-            };
-            st = match (wait, deadline) {
-                (MapWait::Fail, _) | (MapWait::Timeout(_), None) => return Err(no_space),
-                (MapWait::Block, _) => self.freed.wait(st).unwrap_or_else(|e| e.into_inner()),
-                (MapWait::Timeout(_), Some(d)) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(no_space);
-                    }
-                    self.freed
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-            };
-        };
+        let (mut st, first) =
+            take_space(&self.freed, self.state(), wait, len, "bounce slots", |s| {
+                s.take(n)
+            })?;
         let pinned = Pinned::new(buf, offset);
         let id = st.maps.next_id();
         drop(st);

@@ -2,12 +2,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
 
 use iopath_heap::Buffer;
 
 use crate::iova::IovaAllocator;
-use crate::table::{alloc_shared, check_map, MapTable, Pinned, RegionTable};
+use crate::table::{alloc_shared, check_map, take_space, MapTable, Pinned, RegionTable};
 use crate::{
     Coherent, Direction, DmaOps, Error, IotlbRecord, IotlbSink, MapWait, Mapping, Perm, Result,
     SharedRegion,
@@ -104,38 +103,13 @@ impl Iommu {
     /// Waits per `wait` until `len` bytes of IOVA space can be allocated.
     fn alloc_iova<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        st: MutexGuard<'a, State>,
         len: usize,
         wait: MapWait,
     ) -> Result<(MutexGuard<'a, State>, u64)> {
-        let deadline = match wait {
-            MapWait::Timeout(d) => Some(Instant::now() + d),
-            _ => None,
-        };
-        loop {
-            if let Some(iova) = st.iova.alloc(len as u64) {
-                return Ok((st, iova));
-            }
-            let no_space = Error::NoSpace {
-                len,
-                what: "IOVA space",
-            };
-            st = match (wait, deadline) {
-                (MapWait::Fail, _) => return Err(no_space),
-                (MapWait::Block, _) => self.freed.wait(st).unwrap_or_else(|e| e.into_inner()),
-                (MapWait::Timeout(_), Some(d)) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(no_space);
-                    }
-                    self.freed
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                (MapWait::Timeout(_), None) => return Err(no_space),
-            };
-        }
+        take_space(&self.freed, st, wait, len, "IOVA space", |s| {
+            s.iova.alloc(len as u64)
+        })
     }
 }
 

@@ -1,10 +1,12 @@
 //! Bookkeeping shared by the ops: registered regions and live mappings.
 
 use std::collections::HashMap;
+use std::sync::{Condvar, MutexGuard};
+use std::time::Instant;
 
 use iopath_heap::{Buffer, DevicePin, Heap, HugePages, MemfdHeap};
 
-use crate::{Coherent, DmaAddr, Error, Mapping, Result, SharedRegion};
+use crate::{Coherent, DmaAddr, Error, MapWait, Mapping, Result, SharedRegion};
 
 /// Where the first region goes in the device's physical view. Address 0 is
 /// never valid, so a zeroed descriptor cannot point at real memory.
@@ -261,6 +263,43 @@ pub(crate) fn check_map(buf: &Buffer, offset: usize, len: usize, max: usize) -> 
         return Err(Error::TooLarge { len, max });
     }
     Ok(())
+}
+
+/// Takes `len` bytes of mapping space (bounce slots, IOVAs) with `take`,
+/// waiting per `wait` on `freed` (notified by unmaps) while there is none;
+/// [`Error::NoSpace`] about `what` when `wait` gives up.
+pub(crate) fn take_space<'a, S, T>(
+    freed: &Condvar,
+    mut st: MutexGuard<'a, S>,
+    wait: MapWait,
+    len: usize,
+    what: &'static str,
+    mut take: impl FnMut(&mut S) -> Option<T>,
+) -> Result<(MutexGuard<'a, S>, T)> {
+    let deadline = match wait {
+        MapWait::Timeout(d) => Some(Instant::now() + d),
+        _ => None,
+    };
+    loop {
+        if let Some(t) = take(&mut st) {
+            return Ok((st, t));
+        }
+        let no_space = Error::NoSpace { len, what };
+        st = match (wait, deadline) {
+            (MapWait::Fail, _) | (MapWait::Timeout(_), None) => return Err(no_space),
+            (MapWait::Block, _) => freed.wait(st).unwrap_or_else(|e| e.into_inner()),
+            (MapWait::Timeout(_), Some(d)) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(no_space);
+                }
+                freed
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+        };
+    }
 }
 
 /// Allocates zeroed shareable memory for coherent use, page-rounded.
