@@ -103,20 +103,10 @@ impl UringEngine {
     ) -> Result<(), Fail> {
         let slot = register(ring, p);
         let r = self.run_piece(ring, file, dir, dfd, p, slot);
-        if slot.is_some() {
-            let clear = libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            };
-            // SAFETY: an empty iovec clears slot 0; no request is in flight
-            // (`run_piece` drains the ring before returning).
-            if let Err(e) = unsafe {
-                ring.ring
-                    .submitter()
-                    .register_buffers_update(0, &[clear], None)
-            } {
-                tracing::warn!("io_uring: clearing fixed buffer failed: {e}");
-            }
+        if let Some(slot) = slot {
+            // No request is in flight: `run_piece` drains the ring before
+            // returning.
+            clear_slot(ring, slot);
         }
         r
     }
