@@ -51,13 +51,7 @@ impl RegionTable {
             .filter(|&e| e <= GPA_LIMIT)
             .ok_or(Error::AddressSpace)?;
         self.next_gpa = end;
-        self.by_ptr
-            .insert(buf.as_ptr() as usize, self.regions.len());
-        self.regions.push(SharedRegion {
-            buffer: buf.clone(),
-            gpa,
-        });
-        self.generation += 1;
+        self.push(buf, gpa);
         Ok(gpa)
     }
 
@@ -86,6 +80,12 @@ impl RegionTable {
         {
             self.next_gpa = self.next_gpa.max(next);
         }
+        self.push(buf, gpa);
+        Ok(gpa)
+    }
+
+    /// Records `buf` as a region at `gpa` (placement already checked).
+    fn push(&mut self, buf: &Buffer, gpa: DmaAddr) {
         self.by_ptr
             .insert(buf.as_ptr() as usize, self.regions.len());
         self.regions.push(SharedRegion {
@@ -93,7 +93,6 @@ impl RegionTable {
             gpa,
         });
         self.generation += 1;
-        Ok(gpa)
     }
 
     /// Removes the region of `buf`; `false` if it was not registered.
