@@ -5,7 +5,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use iopath_heap::Buffer;
 
-use crate::table::{alloc_shared, check_map, take_space, MapTable, Pinned, RegionTable};
+use crate::table::{alloc_shared, check_map, copy, take_space, MapTable, Pinned, RegionTable};
 use crate::{Coherent, Direction, DmaAddr, DmaOps, Error, MapWait, Mapping, Result, SharedRegion};
 
 /// Default slot size: the kernel's `IO_TLB_SIZE` (2 KiB).
@@ -74,21 +74,6 @@ impl State {
             .for_each(|u| *u = false);
         self.free += n;
     }
-}
-
-/// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`.
-///
-/// Writes `dst` even while it is busy: the callers are the device side of a
-/// mapping (they hold the buffer's pin), as [`iopath_heap::DevicePin::write_back`]
-/// is, without a staging copy.
-fn copy(src: &Buffer, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<()> {
-    src.check_range(src_off, len)?;
-    dst.check_range(dst_off, len)?;
-    // SAFETY: both ranges lie inside live mappings (checked above, and the
-    // `Buffer` handles keep them mapped); `copy` tolerates overlap; only
-    // plain bytes are moved and no Rust reference to shared memory is made.
-    unsafe { std::ptr::copy(src.as_ptr().add(src_off), dst.as_ptr().add(dst_off), len) };
-    Ok(())
 }
 
 impl Bounce {
@@ -220,34 +205,18 @@ impl DmaOps for Bounce {
         mapping.check_range(offset, len)?;
         let mut st = self.state();
         let e = st.maps.get_mut(mapping)?;
-        if mapping.dir().device_writes() {
-            copy(
-                &self.window,
-                self.slot_off(e.first) + offset,
-                &e.pinned.buffer,
-                e.pinned.offset + offset,
-                len,
-            )?;
-        }
-        e.pinned.release();
-        Ok(())
+        let at = self.slot_off(e.first);
+        e.pinned
+            .bounce_for_cpu(mapping.dir(), &self.window, at, offset, len)
     }
 
     fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
         let mut st = self.state();
         let e = st.maps.get_mut(mapping)?;
-        e.pinned.repin();
-        if mapping.dir().device_reads() {
-            copy(
-                &e.pinned.buffer,
-                e.pinned.offset + offset,
-                &self.window,
-                self.slot_off(e.first) + offset,
-                len,
-            )?;
-        }
-        Ok(())
+        let at = self.slot_off(e.first);
+        e.pinned
+            .bounce_for_device(mapping.dir(), &self.window, at, offset, len)
     }
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {

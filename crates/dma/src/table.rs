@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use iopath_heap::{Buffer, DevicePin, Heap, HugePages, MemfdHeap};
 
-use crate::{Coherent, DmaAddr, Error, MapWait, Mapping, Result, SharedRegion};
+use crate::{Coherent, Direction, DmaAddr, Error, MapWait, Mapping, Result, SharedRegion};
 
 /// Where the first region goes in the device's physical view. Address 0 is
 /// never valid, so a zeroed descriptor cannot point at real memory.
@@ -250,6 +250,63 @@ impl Pinned {
             self.pin = Some(self.buffer.pin_for_device());
         }
     }
+
+    /// `sync_for_cpu` of `offset..offset+len` of a bounced mapping (`dir`)
+    /// whose device copy starts at `at` in `window`: device-written bytes
+    /// come back to the buffer, then the CPU owns it.
+    pub(crate) fn bounce_for_cpu(
+        &mut self,
+        dir: Direction,
+        window: &Buffer,
+        at: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if dir.device_writes() {
+            copy(window, at + offset, &self.buffer, self.offset + offset, len)?;
+        }
+        self.release();
+        Ok(())
+    }
+
+    /// `sync_for_device` of the same: the device owns the buffer again and
+    /// sees the CPU's bytes in the window.
+    pub(crate) fn bounce_for_device(
+        &mut self,
+        dir: Direction,
+        window: &Buffer,
+        at: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.repin();
+        if dir.device_reads() {
+            copy(&self.buffer, self.offset + offset, window, at + offset, len)?;
+        }
+        Ok(())
+    }
+}
+
+/// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`
+/// (bounce windows and the buffers bounced through them).
+///
+/// Writes `dst` even while it is busy: the callers are the device side of a
+/// mapping (they hold the buffer's pin, or `dst` is their own window), as
+/// [`iopath_heap::DevicePin::write_back`] is, without a staging copy.
+pub(crate) fn copy(
+    src: &Buffer,
+    src_off: usize,
+    dst: &Buffer,
+    dst_off: usize,
+    len: usize,
+) -> Result<()> {
+    src.check_range(src_off, len)?;
+    dst.check_range(dst_off, len)?;
+    // SAFETY: both ranges lie inside live mappings (checked above, and the
+    // `Buffer` handles keep them mapped); `copy` tolerates overlap; only
+    // plain bytes are moved and no Rust reference to shared memory is made.
+    unsafe { std::ptr::copy(src.as_ptr().add(src_off), dst.as_ptr().add(dst_off), len) };
+    Ok(())
 }
 
 /// Validates a map request against the buffer.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use iopath_heap::{Buffer, HeapKind};
 
-use crate::table::{alloc_shared, check_map, MapTable, Pinned, RegionTable};
+use crate::table::{alloc_shared, check_map, copy, MapTable, Pinned, RegionTable};
 use crate::{
     Coherent, Direction, DmaAddr, DmaOps, Error, IotlbRecord, IotlbSink, IovaAllocator, MapWait,
     Mapping, Perm, Result, SharedRegion,
@@ -259,17 +259,6 @@ struct FakeState {
     regions: RegionTable,
 }
 
-fn raw_copy(src: &Buffer, so: usize, dst: &Buffer, d_o: usize, len: usize) -> Result<()> {
-    src.check_range(so, len)?;
-    dst.check_range(d_o, len)?;
-    // SAFETY: both ranges are inside live mappings (checked); `copy`
-    // tolerates overlap; no references to shared memory are created. The
-    // destination is either the fake's window or a buffer whose device pin
-    // the caller holds.
-    unsafe { std::ptr::copy(src.as_ptr().add(so), dst.as_ptr().add(d_o), len) };
-    Ok(())
-}
-
 impl AlwaysBounce {
     /// Window size.
     pub const WINDOW: usize = 64 << 20;
@@ -331,7 +320,7 @@ impl DmaOps for AlwaysBounce {
             what: "fake bounce window",
         })?;
         if dir.device_reads() {
-            raw_copy(buf, offset, &self.window, at as usize, len)?;
+            copy(buf, offset, &self.window, at as usize, len)?;
         } else {
             self.window.fill(at as usize, len, POISON)?;
         }
@@ -345,7 +334,7 @@ impl DmaOps for AlwaysBounce {
         let mut st = self.state();
         let (pinned, at) = st.maps.remove(mapping)?;
         if mapping.dir().device_writes() {
-            raw_copy(
+            copy(
                 &self.window,
                 at as usize,
                 &pinned.buffer,
@@ -362,34 +351,14 @@ impl DmaOps for AlwaysBounce {
         mapping.check_range(offset, len)?;
         let mut st = self.state();
         let (pinned, at) = st.maps.get_mut(mapping)?;
-        if mapping.dir().device_writes() {
-            raw_copy(
-                &self.window,
-                *at as usize + offset,
-                &pinned.buffer,
-                pinned.offset + offset,
-                len,
-            )?;
-        }
-        pinned.release();
-        Ok(())
+        pinned.bounce_for_cpu(mapping.dir(), &self.window, *at as usize, offset, len)
     }
 
     fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
         let mut st = self.state();
         let (pinned, at) = st.maps.get_mut(mapping)?;
-        pinned.repin();
-        if mapping.dir().device_reads() {
-            raw_copy(
-                &pinned.buffer,
-                pinned.offset + offset,
-                &self.window,
-                *at as usize + offset,
-                len,
-            )?;
-        }
-        Ok(())
+        pinned.bounce_for_device(mapping.dir(), &self.window, *at as usize, offset, len)
     }
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
