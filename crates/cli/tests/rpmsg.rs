@@ -2,86 +2,14 @@
 //! as two processes over a shared-memory file, `iopath rpmsg ping` as a
 //! third; OpenAMP demo mode; malformed input from a peer.
 
+#[allow(dead_code)]
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_iopath");
-
-struct Proc {
-    name: String,
-    child: Child,
-    err: PathBuf,
-}
-
-impl Proc {
-    fn spawn(dir: &Path, name: &str, args: &[&str]) -> Proc {
-        Self::spawn_program(dir, name, Path::new(BIN), args)
-    }
-
-    fn spawn_program(dir: &Path, name: &str, program: &Path, args: &[&str]) -> Proc {
-        let err = dir.join(format!("{name}.err"));
-        let out = dir.join(format!("{name}.out"));
-        let child = Command::new(program)
-            .args(args)
-            .current_dir(dir)
-            .env("IOPATH_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out).unwrap())
-            .stderr(std::fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap();
-        Proc {
-            name: name.to_owned(),
-            child,
-            err,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(self.err.with_extension("out")).unwrap_or_default()
-    }
-
-    /// Waits for the process to exit on its own.
-    fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                start.elapsed() < timeout,
-                "{} did not exit within {timeout:?}; stderr:\n{}",
-                self.name,
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_path(p: &Path) {
-    let start = Instant::now();
-    while !p.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{} never appeared",
-            p.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+use common::{pair, s, spawn_host, spawn_remote, wait_path, Proc, BIN};
 
 fn ping(ctrl: &Path, extra: &[&str]) -> Output {
     Command::new(BIN)
@@ -89,58 +17,6 @@ fn ping(ctrl: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-struct Pair {
-    dir: tempfile::TempDir,
-    remote: Proc,
-    host: Proc,
-    ctrl: PathBuf,
-}
-
-/// A remote (echo service "echo") and a host with a control socket.
-fn pair(notify: &str, remote_extra: &[&str], host_extra: &[&str]) -> Pair {
-    let dir = tempfile::tempdir().unwrap();
-    let shm = dir.path().join("shm");
-    let notify = notify.replace("DIR", s(dir.path()));
-    let mut ra = vec![
-        "rpmsg",
-        "remote",
-        "--shm",
-        s(&shm),
-        "--create",
-        "0x80000",
-        "--notify",
-        &notify,
-        "--echo",
-        "echo",
-    ];
-    ra.extend_from_slice(remote_extra);
-    let remote = Proc::spawn(dir.path(), "remote", &ra);
-    let ctrl = dir.path().join("ctrl");
-    let mut ha = vec![
-        "rpmsg",
-        "host",
-        "--shm",
-        s(&shm),
-        "--notify",
-        &notify,
-        "--ctrl",
-        s(&ctrl),
-    ];
-    ha.extend_from_slice(host_extra);
-    let host = Proc::spawn(dir.path(), "host", &ha);
-    wait_path(&ctrl);
-    Pair {
-        dir,
-        remote,
-        host,
-        ctrl,
-    }
 }
 
 fn json(o: &Output) -> serde_json::Value {
@@ -250,34 +126,8 @@ fn openamp_demo_ping_against_demo_echo() {
     let dir = tempfile::tempdir().unwrap();
     let shm = dir.path().join("openamp.shm");
     let ev = format!("unix:{}/openamp.event.0", s(dir.path()));
-    let mut remote = Proc::spawn(
-        dir.path(),
-        "remote",
-        &[
-            "rpmsg",
-            "remote",
-            "--shm",
-            s(&shm),
-            "--create",
-            "0x80000",
-            "--notify",
-            &ev,
-            "--openamp",
-        ],
-    );
-    let mut host = Proc::spawn(
-        dir.path(),
-        "host",
-        &[
-            "rpmsg",
-            "host",
-            "--shm",
-            s(&shm),
-            "--notify",
-            &ev,
-            "--openamp-ping",
-        ],
-    );
+    let mut remote = spawn_remote(dir.path(), s(&shm), &ev, &["--openamp"]);
+    let mut host = spawn_host(dir.path(), s(&shm), &ev, &["--openamp-ping"]);
     assert!(
         host.wait(Duration::from_secs(60)).success(),
         "{}",
@@ -307,35 +157,8 @@ fn openamp_demo_ping_against_plain_remote() {
     let dir = tempfile::tempdir().unwrap();
     let shm = dir.path().join("openamp.shm");
     let ev = format!("unix:{}/openamp.event.0", s(dir.path()));
-    let _remote = Proc::spawn(
-        dir.path(),
-        "remote",
-        &[
-            "rpmsg",
-            "remote",
-            "--shm",
-            s(&shm),
-            "--create",
-            "0x80000",
-            "--notify",
-            &ev,
-            "--event-idx",
-        ],
-    );
-    let mut host = Proc::spawn(
-        dir.path(),
-        "host",
-        &[
-            "rpmsg",
-            "host",
-            "--shm",
-            s(&shm),
-            "--notify",
-            &ev,
-            "--openamp-ping",
-            "--json",
-        ],
-    );
+    let _remote = spawn_remote(dir.path(), s(&shm), &ev, &["--event-idx"]);
+    let mut host = spawn_host(dir.path(), s(&shm), &ev, &["--openamp-ping", "--json"]);
     assert!(
         host.wait(Duration::from_secs(60)).success(),
         "{}",
@@ -352,35 +175,8 @@ fn demo_echo_against_host_and_ping_client() {
     let shm = dir.path().join("openamp.shm");
     let ev = format!("unix:{}/openamp.event.0", s(dir.path()));
     let ctrl = dir.path().join("ctrl");
-    let mut remote = Proc::spawn(
-        dir.path(),
-        "remote",
-        &[
-            "rpmsg",
-            "remote",
-            "--shm",
-            s(&shm),
-            "--create",
-            "0x80000",
-            "--notify",
-            &ev,
-            "--openamp",
-        ],
-    );
-    let _host = Proc::spawn(
-        dir.path(),
-        "host",
-        &[
-            "rpmsg",
-            "host",
-            "--shm",
-            s(&shm),
-            "--notify",
-            &ev,
-            "--ctrl",
-            s(&ctrl),
-        ],
-    );
+    let mut remote = spawn_remote(dir.path(), s(&shm), &ev, &["--openamp"]);
+    let _host = spawn_host(dir.path(), s(&shm), &ev, &["--ctrl", s(&ctrl)]);
     wait_path(&ctrl);
     let v = json(&ping(&ctrl, &["--openamp", "--json"]));
     assert_eq!(v["count"], 480);
@@ -483,21 +279,11 @@ fn lying_resource_table_is_refused() {
         "{}",
         remote.stderr()
     );
-    let mut host = Proc::spawn(
+    let mut host = spawn_host(
         dir.path(),
-        "host",
-        &[
-            "rpmsg",
-            "host",
-            "--shm",
-            s(&shm),
-            "--notify",
-            "poll",
-            "--ctrl",
-            s(&dir.path().join("c")),
-            "--timeout",
-            "1",
-        ],
+        s(&shm),
+        "poll",
+        &["--ctrl", s(&dir.path().join("c")), "--timeout", "1"],
     );
     assert_eq!(host.wait(Duration::from_secs(10)).code(), Some(1));
     assert!(host.stderr().contains("runs past"), "{}", host.stderr());
@@ -522,22 +308,7 @@ fn hostile_host_against_remote() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shm");
     let ev = format!("unix:{}/ev", s(dir.path()));
-    let mut remote = Proc::spawn(
-        dir.path(),
-        "remote",
-        &[
-            "rpmsg",
-            "remote",
-            "--shm",
-            s(&path),
-            "--create",
-            "0x80000",
-            "--notify",
-            &ev,
-            "--echo",
-            "echo",
-        ],
-    );
+    let mut remote = spawn_remote(dir.path(), s(&path), &ev, &["--echo", "echo"]);
     let n = ev
         .parse::<NotifySpec>()
         .unwrap()
@@ -638,20 +409,7 @@ fn hostile_remote_against_host(huge_len: bool) {
     let shm = SharedMem::create(&path, &ShmLayout::openamp_demo()).unwrap();
     let listener = spec.bind().unwrap();
     let ctrl = dir.path().join("ctrl");
-    let mut host = Proc::spawn(
-        dir.path(),
-        "host",
-        &[
-            "rpmsg",
-            "host",
-            "--shm",
-            s(&path),
-            "--notify",
-            &ev,
-            "--ctrl",
-            s(&ctrl),
-        ],
-    );
+    let mut host = spawn_host(dir.path(), s(&path), &ev, &["--ctrl", s(&ctrl)]);
     let n = listener.accept().unwrap();
     let t = shm.table(0).unwrap();
     let start = Instant::now();
@@ -767,20 +525,7 @@ fn openamp_real_demo_both_ways() {
     // iopath's host playing rpmsg-echo-ping.
     let _ = std::fs::remove_file("/dev/shm/openamp.shm");
     let mut remote = Proc::spawn_program(dir.path(), "oa-echo", &echo, &[]);
-    let mut host = Proc::spawn(
-        dir.path(),
-        "host",
-        &[
-            "rpmsg",
-            "host",
-            "--shm",
-            "openamp.shm",
-            "--notify",
-            ev,
-            "--openamp-ping",
-            "--json",
-        ],
-    );
+    let mut host = spawn_host(dir.path(), "openamp.shm", ev, &["--openamp-ping", "--json"]);
     assert!(
         host.wait(Duration::from_secs(60)).success(),
         "{}",
@@ -797,21 +542,7 @@ fn openamp_real_demo_both_ways() {
     assert!(log.contains("Remote endpoint destroy"), "{log}");
     // iopath's remote playing rpmsg-echo against OpenAMP's rpmsg-echo-ping.
     let _ = std::fs::remove_file("/dev/shm/openamp.shm");
-    let mut remote = Proc::spawn(
-        dir.path(),
-        "remote",
-        &[
-            "rpmsg",
-            "remote",
-            "--shm",
-            "openamp.shm",
-            "--create",
-            "0x80000",
-            "--notify",
-            ev,
-            "--openamp",
-        ],
-    );
+    let mut remote = spawn_remote(dir.path(), "openamp.shm", ev, &["--openamp"]);
     let mut ping = Proc::spawn_program(dir.path(), "oa-ping", &ping_bin, &["1"]);
     assert!(
         ping.wait(Duration::from_secs(60)).success(),

@@ -2,11 +2,14 @@
 //! and `iopath rpmsg host --ctrl` as two processes; this test process (and
 //! children it starts) as clients through `iopath_rpmsg::ctrl`.
 
+#[allow(dead_code)]
+mod common;
+
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY};
@@ -15,108 +18,16 @@ use iopath_rpmsg::wire::ADDR_ANY;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
-const BIN: &str = env!("CARGO_BIN_EXE_iopath");
-
-struct Proc(Child, PathBuf);
-
-impl Proc {
-    fn spawn(dir: &Path, name: &str, args: &[&str]) -> Proc {
-        let err = dir.join(format!("{name}.err"));
-        let child = Command::new(BIN)
-            .args(args)
-            .env("IOPATH_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap();
-        Proc(child, err)
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.1).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Setup {
-    dir: tempfile::TempDir,
-    remote: Proc,
-    host: Proc,
-    ctrl: PathBuf,
-}
-
-impl Setup {
-    fn rundir(&self) -> PathBuf {
-        self.dir.path().join("ctrl.d")
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{pair, s, Pair, BIN};
 
 /// A remote echoing service "echo" and a host serving endpoints.
-fn setup() -> Setup {
+fn setup() -> Pair {
     setup_with(None)
 }
 
 /// As [`setup`]; `notify`: e.g. `Some("poll")` instead of an eventfd pair.
-fn setup_with(notify: Option<&str>) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let shm = dir.path().join("shm");
-    let ev = notify.map_or_else(|| format!("eventfd:{}/ev", s(dir.path())), str::to_owned);
-    let remote = Proc::spawn(
-        dir.path(),
-        "remote",
-        &[
-            "rpmsg",
-            "remote",
-            "--shm",
-            s(&shm),
-            "--create",
-            "0x80000",
-            "--notify",
-            &ev,
-            "--echo",
-            "echo",
-        ],
-    );
-    let ctrl = dir.path().join("ctrl");
-    let host = Proc::spawn(
-        dir.path(),
-        "host",
-        &[
-            "rpmsg",
-            "host",
-            "--shm",
-            s(&shm),
-            "--notify",
-            &ev,
-            "--ctrl",
-            s(&ctrl),
-        ],
-    );
-    let start = Instant::now();
-    while !ctrl.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no control socket"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Setup {
-        dir,
-        remote,
-        host,
-        ctrl,
-    }
+fn setup_with(notify: Option<&str>) -> Pair {
+    pair(notify.unwrap_or("eventfd:DIR/ev"), &[], &[])
 }
 
 /// An endpoint bound to the remote's "echo" (retrying until announced).
@@ -166,6 +77,17 @@ fn empty_dir(p: &Path) -> bool {
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+}
+
+/// Sends `pattern(len, seed)` through `ep` and checks the echo comes back
+/// whole within 10 s.
+fn round_trip(ep: &EptFd, len: usize, seed: u8) {
+    let msg = pattern(len, seed);
+    ep.send(&msg).unwrap();
+    let mut back = [0u8; 600];
+    let n = ep.recv_timeout(&mut back, Duration::from_secs(10)).unwrap();
+    assert_eq!(n, Some(len));
+    assert_eq!(&back[..len], &msg[..]);
 }
 
 fn revents(fd: impl AsFd, want: PollFlags, ms: i64) -> PollFlags {
@@ -243,14 +165,7 @@ fn both_ways_fd_passed_to_another_process() {
         }
     };
     // Round trips through the node, here and in a child that inherits a dup.
-    let msg = pattern(496, 3);
-    node.send(&msg).unwrap();
-    let mut back = [0u8; 600];
-    let n = node
-        .recv_timeout(&mut back, Duration::from_secs(10))
-        .unwrap();
-    assert_eq!(n, Some(496));
-    assert_eq!(&back[..496], &msg[..]);
+    round_trip(&node, 496, 3);
     let dup = rustix::io::dup(node.fd()).unwrap();
     let v = ping_through(dup, "100");
     assert_eq!(v["count"], 100);
@@ -278,15 +193,7 @@ fn poll_mode_both_ways() {
     let node = EptFd::open_node(&path, O_CLOEXEC).unwrap();
     let e = EptFd::open_node(&path, O_CLOEXEC).unwrap_err();
     assert_eq!(errno(&e), Some(Errno::BUSY), "{e}");
-    let msg = pattern(200, 5);
-    node.send(&msg).unwrap();
-    let mut back = [0u8; 512];
-    assert_eq!(
-        node.recv_timeout(&mut back, Duration::from_secs(10))
-            .unwrap(),
-        Some(200)
-    );
-    assert_eq!(&back[..200], &msg[..]);
+    round_trip(&node, 200, 5);
     node.destroy().unwrap();
     assert!(!path.exists());
     wait_stats(&c, "poll mode freed", |s| s.endpoints() == 0);
@@ -441,8 +348,7 @@ fn exact_errnos() {
 
     // The remote gone: EPIPE and a hang-up on every endpoint.
     let mut st = st;
-    let _ = st.remote.0.kill();
-    let _ = st.remote.0.wait();
+    st.remote.kill();
     assert!(revents(&ep, PollFlags::IN, 10_000).contains(PollFlags::HUP));
     assert_eq!(errno(&ep.send(b"x").unwrap_err()), Some(Errno::PIPE));
     assert_eq!(errno(&ep.recv(&mut back).unwrap_err()), Some(Errno::PIPE));
@@ -598,15 +504,7 @@ fn dead_clients_and_garbage_are_freed() {
     assert_eq!(s.endpoints(), 1);
 
     // Meanwhile the service kept serving: the first endpoint still echoes.
-    let msg = pattern(300, 1);
-    live.send(&msg).unwrap();
-    let mut back = [0u8; 512];
-    assert_eq!(
-        live.recv_timeout(&mut back, Duration::from_secs(10))
-            .unwrap(),
-        Some(300)
-    );
-    assert_eq!(&back[..300], &msg[..]);
+    round_trip(&live, 300, 1);
     drop(live);
     wait_stats(&c, "all freed", |s| s.endpoints() == 0);
 }

@@ -1,0 +1,149 @@
+//! Helpers shared by the rpmsg process tests (`rpmsg.rs`, `rpmsg_ept.rs`):
+//! child processes killed on drop, a remote/host pair on a temporary
+//! shared-memory file, waiting for a socket to appear.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_iopath");
+
+/// A child process (stdout and stderr in `DIR/NAME.out`, `DIR/NAME.err`),
+/// killed on drop.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    err: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Proc {
+        Self::spawn_program(dir, name, Path::new(BIN), args)
+    }
+
+    pub fn spawn_program(dir: &Path, name: &str, program: &Path, args: &[&str]) -> Proc {
+        let err = dir.join(format!("{name}.err"));
+        let out = dir.join(format!("{name}.out"));
+        let child = Command::new(program)
+            .args(args)
+            .current_dir(dir)
+            .env("IOPATH_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        Proc {
+            name: name.to_owned(),
+            child,
+            err,
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.err.with_extension("out")).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit on its own.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "{} did not exit within {timeout:?}; stderr:\n{}",
+                self.name,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn wait_path(p: &Path) {
+    let start = Instant::now();
+    while !p.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{} never appeared",
+            p.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `iopath rpmsg remote --shm SHM --create 0x80000 --notify NOTIFY EXTRA..`
+/// as process "remote" in `dir`.
+pub fn spawn_remote(dir: &Path, shm: &str, notify: &str, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "rpmsg", "remote", "--shm", shm, "--create", "0x80000", "--notify", notify,
+    ];
+    args.extend_from_slice(extra);
+    Proc::spawn(dir, "remote", &args)
+}
+
+/// `iopath rpmsg host --shm SHM --notify NOTIFY EXTRA..` as process "host"
+/// in `dir`.
+pub fn spawn_host(dir: &Path, shm: &str, notify: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["rpmsg", "host", "--shm", shm, "--notify", notify];
+    args.extend_from_slice(extra);
+    Proc::spawn(dir, "host", &args)
+}
+
+pub struct Pair {
+    pub dir: tempfile::TempDir,
+    pub remote: Proc,
+    pub host: Proc,
+    pub ctrl: PathBuf,
+}
+
+impl Pair {
+    /// The host's directory of endpoint sockets.
+    pub fn rundir(&self) -> PathBuf {
+        self.dir.path().join("ctrl.d")
+    }
+}
+
+/// A remote (echo service "echo") and a host with a control socket, on a
+/// fresh temporary directory; "DIR" in `notify` stands for that directory.
+pub fn pair(notify: &str, remote_extra: &[&str], host_extra: &[&str]) -> Pair {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    let notify = notify.replace("DIR", s(dir.path()));
+    let mut ra = vec!["--echo", "echo"];
+    ra.extend_from_slice(remote_extra);
+    let remote = spawn_remote(dir.path(), s(&shm), &notify, &ra);
+    let ctrl = dir.path().join("ctrl");
+    let mut ha = vec!["--ctrl", s(&ctrl)];
+    ha.extend_from_slice(host_extra);
+    let host = spawn_host(dir.path(), s(&shm), &notify, &ha);
+    wait_path(&ctrl);
+    Pair {
+        dir,
+        remote,
+        host,
+        ctrl,
+    }
+}
