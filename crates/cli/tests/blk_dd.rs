@@ -7,21 +7,50 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Qsd {
+/// A vhost-user-blk peer (qemu-storage-daemon or `iopath blk serve`) on a
+/// fresh image; killed on drop.
+struct Peer {
     child: Child,
     socket: PathBuf,
     image: PathBuf,
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Qsd {
+impl Drop for Peer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-fn qsd(len: u64) -> Option<Qsd> {
+/// Creates a `len`-byte image `disk.img` in a fresh directory, starts the
+/// command `peer(image, socket)` builds and waits for it to listen on
+/// `blk.sock`; `what` names it in failures.
+fn start_peer(what: &str, len: u64, peer: impl FnOnce(&Path, &Path) -> Command) -> Peer {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    std::fs::File::create(&image).unwrap().set_len(len).unwrap();
+    let socket = dir.path().join("blk.sock");
+    let mut child = peer(&image, &socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "{what} died");
+        assert!(Instant::now() < deadline, "{what} never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Peer {
+        child,
+        socket,
+        image,
+        _dir: dir,
+    }
+}
+
+fn qsd(len: u64) -> Option<Peer> {
     if Command::new("qemu-storage-daemon")
         .arg("--version")
         .stdout(Stdio::null())
@@ -31,42 +60,31 @@ fn qsd(len: u64) -> Option<Qsd> {
         println!("skipped: qemu-storage-daemon not installed (package qemu-utils)");
         return None;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
-    std::fs::File::create(&image).unwrap().set_len(len).unwrap();
-    let socket = dir.path().join("blk.sock");
-    let mut child = Command::new("qemu-storage-daemon")
-        .arg("--blockdev")
-        .arg(format!(
-            "driver=file,node-name=disk,filename={},cache.direct=on",
-            image.display()
-        ))
-        .arg("--export")
-        .arg(format!(
-            "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on,num-queues=2",
-            socket.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "qemu-storage-daemon died"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "qemu-storage-daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Some(Qsd {
-        child,
-        socket,
-        image,
-        _dir: dir,
+    Some(start_peer("qemu-storage-daemon", len, |image, socket| {
+        let mut c = Command::new("qemu-storage-daemon");
+        c.arg("--blockdev")
+            .arg(format!(
+                "driver=file,node-name=disk,filename={},cache.direct=on",
+                image.display()
+            ))
+            .arg("--export")
+            .arg(format!(
+                "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on,num-queues=2",
+                socket.display()
+            ));
+        c
+    }))
+}
+
+/// `iopath blk serve` on a fresh image; killed on drop.
+fn serve(len: u64) -> Peer {
+    start_peer("iopath blk serve", len, |image, socket| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_iopath"));
+        c.args(["blk", "serve", "--queues", "2", "--image"])
+            .arg(image)
+            .arg("--socket")
+            .arg(socket);
+        c
     })
 }
 
@@ -77,6 +95,37 @@ fn dd(socket: &Path, extra: &[&str]) -> std::process::Output {
         .args(extra)
         .output()
         .unwrap()
+}
+
+/// `dd` writing the `seq` pattern with `--verify` through `mode` (4 blocks
+/// of 1 MiB at `offset`, 3 in flight, two queues, `extra` arguments); the
+/// JSON report of a run that must succeed.
+fn dd_seq(socket: &Path, mode: &str, offset: u64, extra: &[&str]) -> serde_json::Value {
+    let offset = offset.to_string();
+    let mut args = vec![
+        "--bs",
+        "1M",
+        "--count",
+        "4",
+        "--pattern",
+        "seq",
+        "--verify",
+        "--dma",
+        mode,
+        "--queue-depth",
+        "3",
+        "--queues",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--json", "--offset", &offset]);
+    let out = dd(socket, &args);
+    assert!(
+        out.status.success(),
+        "{mode}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn check_seq(image: &Path, from: u64, len: u64) {
@@ -96,35 +145,7 @@ fn dd_writes_and_verifies_seq_in_every_mode_the_peer_supports() {
         // Each mode writes its own 4 MiB range (blocks of 1 MiB, 3 in flight,
         // two queues) after the previous one, so the image shows them all.
         let offset = (4 << 20) * (i as u64 + 1);
-        let out = dd(
-            &q.socket,
-            &[
-                "--bs",
-                "1M",
-                "--count",
-                "4",
-                "--pattern",
-                "seq",
-                "--verify",
-                "--dma",
-                mode,
-                "--queue-depth",
-                "3",
-                "--queues",
-                "2",
-                "--runs",
-                "2",
-                "--json",
-                "--offset",
-                &offset.to_string(),
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = dd_seq(&q.socket, mode, offset, &["--runs", "2"]);
         assert_eq!(v["bytes"], 4 << 20);
         assert_eq!(v["dma"], *mode);
         assert_eq!(v["verified"], true);
@@ -178,49 +199,6 @@ fn dd_refuses_iommu_mode_without_access_platform_and_bad_arguments() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("multiple of 512"));
 }
 
-/// `iopath blk serve` on a fresh image; killed on drop.
-struct Serve {
-    child: Child,
-    socket: PathBuf,
-    image: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(len: u64) -> Serve {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
-    std::fs::File::create(&image).unwrap().set_len(len).unwrap();
-    let socket = dir.path().join("blk.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iopath"))
-        .args(["blk", "serve", "--queues", "2", "--image"])
-        .arg(&image)
-        .arg("--socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "iopath blk serve died");
-        assert!(Instant::now() < deadline, "iopath blk serve never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Serve {
-        child,
-        socket,
-        image,
-        _dir: dir,
-    }
-}
-
 #[test]
 fn dd_verifies_every_mode_against_iopath_blk_serve() {
     let s = serve(40 << 20);
@@ -229,33 +207,7 @@ fn dd_verifies_every_mode_against_iopath_blk_serve() {
         .enumerate()
     {
         let offset = (4 << 20) * (i as u64 + 1);
-        let out = dd(
-            &s.socket,
-            &[
-                "--bs",
-                "1M",
-                "--count",
-                "4",
-                "--pattern",
-                "seq",
-                "--verify",
-                "--dma",
-                mode,
-                "--queue-depth",
-                "3",
-                "--queues",
-                "2",
-                "--json",
-                "--offset",
-                &offset.to_string(),
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = dd_seq(&s.socket, mode, offset, &[]);
         assert_eq!(v["dma"], *mode);
         assert_eq!(v["verified"], true);
     }
