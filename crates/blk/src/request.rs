@@ -585,6 +585,12 @@ mod tests {
         Request::parse(chain, mem, &limits())
     }
 
+    /// A header (16 bytes at 0x10_8000), one `data` descriptor and a
+    /// status byte (at 0x10_b000): the descriptors of a one-segment request.
+    fn chain3(data: (u64, u32, u16)) -> [(u64, u32, u16); 3] {
+        [(0x10_8000, 16, F_NEXT), data, (0x10_b000, 1, F_WRITE)]
+    }
+
     fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap()
     }
@@ -645,26 +651,12 @@ mod tests {
             .unwrap();
         let err = |d: &[(u64, u32, u16)], o| parse_chain(&m, d, o).unwrap_err();
         // Data outside memory.
-        let e = err(
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (0x40_0000, 512, F_NEXT | F_WRITE),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        );
+        let e = err(&chain3((0x40_0000, 512, F_NEXT | F_WRITE)), None);
         assert!(matches!(e.error, ParseError::BadAddress { .. }));
         assert_eq!(e.status, Some(GuestAddress(0x10_b000)));
         assert_eq!(e.error.status(), VIRTIO_BLK_S_IOERR);
         // Length that wraps the address space.
-        let e = err(
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (u64::MAX - 100, 512, F_NEXT | F_WRITE),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        );
+        let e = err(&chain3((u64::MAX - 100, 512, F_NEXT | F_WRITE)), None);
         assert!(matches!(e.error, ParseError::BadAddress { .. }));
         // A loop: the status descriptor points back at the header.
         let e = err(
@@ -680,37 +672,16 @@ mod tests {
         // Past the capacity (64 sectors).
         m.write_slice(&header(VIRTIO_BLK_T_IN, 64), GuestAddress(0x10_8000))
             .unwrap();
-        let e = err(
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (0x10_9000, 512, F_NEXT | F_WRITE),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        );
+        let e = err(&chain3((0x10_9000, 512, F_NEXT | F_WRITE)), None);
         assert!(matches!(e.error, ParseError::OutOfRange { .. }));
         m.write_slice(&header(VIRTIO_BLK_T_IN, u64::MAX), GuestAddress(0x10_8000))
             .unwrap();
-        let e = err(
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (0x10_9000, 512, F_NEXT | F_WRITE),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        );
+        let e = err(&chain3((0x10_9000, 512, F_NEXT | F_WRITE)), None);
         assert!(matches!(e.error, ParseError::OutOfRange { .. }));
         // Not a sector multiple.
         m.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(0x10_8000))
             .unwrap();
-        let e = err(
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (0x10_9000, 100, F_NEXT | F_WRITE),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        );
+        let e = err(&chain3((0x10_9000, 100, F_NEXT | F_WRITE)), None);
         assert_eq!(e.error, ParseError::NotSectorMultiple { len: 100 });
         // Short header, no status.
         let e = err(&[(0x10_8000, 8, F_NEXT), (0x10_b000, 1, F_WRITE)], None);
@@ -738,16 +709,7 @@ mod tests {
         seg[8..12].copy_from_slice(&4u32.to_le_bytes());
         seg[12..16].copy_from_slice(&1u32.to_le_bytes());
         m.write_slice(&seg, GuestAddress(0x10_9000)).unwrap();
-        let r = parse_chain(
-            &m,
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (0x10_9000, 16, F_NEXT),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        )
-        .unwrap();
+        let r = parse_chain(&m, &chain3((0x10_9000, 16, F_NEXT)), None).unwrap();
         assert_eq!(
             r.kind,
             RequestKind::WriteZeroes(vec![SectorRange {
@@ -758,30 +720,12 @@ mod tests {
         );
         m.write_slice(&header(VIRTIO_BLK_T_DISCARD, 0), GuestAddress(0x10_8000))
             .unwrap();
-        let e = parse_chain(
-            &m,
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (0x10_9000, 16, F_NEXT),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        )
-        .unwrap_err();
+        let e = parse_chain(&m, &chain3((0x10_9000, 16, F_NEXT)), None).unwrap_err();
         assert_eq!(e.error, ParseError::UnsupportedFlags { flags: 1 });
         seg[8..12].copy_from_slice(&17u32.to_le_bytes());
         seg[12..16].copy_from_slice(&0u32.to_le_bytes());
         m.write_slice(&seg, GuestAddress(0x10_9000)).unwrap();
-        let e = parse_chain(
-            &m,
-            &[
-                (0x10_8000, 16, F_NEXT),
-                (0x10_9000, 16, F_NEXT),
-                (0x10_b000, 1, F_WRITE),
-            ],
-            None,
-        )
-        .unwrap_err();
+        let e = parse_chain(&m, &chain3((0x10_9000, 16, F_NEXT)), None).unwrap_err();
         assert_eq!(e.error, ParseError::OverLimit);
     }
 
