@@ -509,6 +509,21 @@ fn dead_clients_and_garbage_are_freed() {
     wait_stats(&c, "all freed", |s| s.endpoints() == 0);
 }
 
+/// `iopath rpmsg ept create --ctrl CTRL --name echo`.
+fn ept_create(ctrl: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "rpmsg",
+        "ept",
+        "create",
+        "--ctrl",
+        s(ctrl),
+        "--name",
+        "echo",
+    ]);
+    cmd
+}
+
 #[test]
 fn ept_create_cli_both_ways() {
     let st = setup();
@@ -516,20 +531,11 @@ fn ept_create_cli_both_ways() {
     echo_ept(&c, O_RDWR); // the remote has announced "echo"
     let inner = format!("exec {BIN} rpmsg ping --fd $IOPATH_RPMSG_FD --count 50 --json");
     for legacy in [false, true] {
-        let mut args = vec![
-            "rpmsg",
-            "ept",
-            "create",
-            "--ctrl",
-            s(&st.ctrl),
-            "--name",
-            "echo",
-        ];
+        let mut cmd = ept_create(&st.ctrl);
         if legacy {
-            args.push("--legacy");
+            cmd.arg("--legacy");
         }
-        args.extend_from_slice(&["--", "sh", "-c", &inner]);
-        let o = Command::new(BIN).args(&args).output().unwrap();
+        let o = cmd.args(["--", "sh", "-c", &inner]).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["count"], 50);
@@ -547,17 +553,8 @@ fn ept_create_cli_both_ways() {
     assert_eq!(v["destroyed"], now.destroyed);
     assert!(v["msgs"].as_u64().unwrap() >= 200, "{v}");
     // Legacy without a command prints the node and stays until destroyed.
-    let mut child = Command::new(BIN)
-        .args([
-            "rpmsg",
-            "ept",
-            "create",
-            "--ctrl",
-            s(&st.ctrl),
-            "--name",
-            "echo",
-            "--legacy",
-        ])
+    let mut child = ept_create(&st.ctrl)
+        .arg("--legacy")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -576,18 +573,7 @@ fn ept_create_cli_both_ways() {
     assert!(child.wait().unwrap().success());
     assert!(empty_dir(&st.rundir()));
     // Bad input: one line, non-zero exit.
-    let o = Command::new(BIN)
-        .args([
-            "rpmsg",
-            "ept",
-            "create",
-            "--ctrl",
-            s(&st.ctrl),
-            "--name",
-            "echo",
-        ])
-        .output()
-        .unwrap();
+    let o = ept_create(&st.ctrl).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs a command"));
 }
