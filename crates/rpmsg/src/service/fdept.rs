@@ -119,9 +119,10 @@ fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, Owne
     // EPIPE, where a kernel endpoint would give EBADF.
     match flags & O_ACCMODE {
         O_RDONLY => {
-            rustix::net::shutdown(&spare.client, Shutdown::Write).map_err(|e| e.raw_os_error())?;
-            // Our end now reads end of file for good: watch for the
-            // client's close (a hang-up, always reported) only.
+            // Our end is about to read end of file for good: first watch
+            // for the client's close (a hang-up, always reported) only, so
+            // the event loop (another thread) never takes that end of file
+            // for a close and destroys the endpoint; then shut it.
             rustix::event::epoll::modify(
                 &svc.inner.epoll,
                 &*spare.ours,
@@ -129,6 +130,7 @@ fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, Owne
                 rustix::event::epoll::EventFlags::empty(),
             )
             .map_err(|e| e.raw_os_error())?;
+            rustix::net::shutdown(&spare.client, Shutdown::Write).map_err(|e| e.raw_os_error())?;
         }
         O_WRONLY => {
             rustix::net::shutdown(&spare.client, Shutdown::Read).map_err(|e| e.raw_os_error())?;
