@@ -451,3 +451,34 @@ fn iotlb_misses_are_reported_and_answered_pages_are_used() {
     drop(c);
     still_serves(&mut srv);
 }
+
+#[test]
+fn kick_fd_that_is_not_an_eventfd_is_refused() {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
+    use vhost::vhost_user::VhostUserFrontend;
+    use vhost::VhostBackend;
+    use vmm_sys_util::eventfd::EventFd;
+
+    let mut srv = Server::start(1 << 20, &[]);
+    {
+        let mut fe = connect(&srv.socket);
+        fe.set_owner().unwrap();
+        let f = fe.get_features().unwrap();
+        fe.set_features(f & (VERSION_1 | PROTOCOL_FEATURES))
+            .unwrap();
+        let pf = fe.get_protocol_features().unwrap();
+        fe.set_protocol_features(pf & P::REPLY_ACK).unwrap();
+        fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+        fe.set_vring_num(0, 64).unwrap();
+        let (rd, _wr) = rustix::pipe::pipe().unwrap();
+        // SAFETY: `rd` is an open fd we own; EventFd takes it over and only
+        // hands its number to the message (the test never reads through it).
+        let not_an_eventfd = unsafe { EventFd::from_raw_fd(rd.into_raw_fd()) };
+        assert!(
+            fe.set_vring_kick(0, &not_an_eventfd).is_err(),
+            "a pipe was accepted as the kick fd"
+        );
+    }
+    still_serves(&mut srv);
+}

@@ -700,6 +700,18 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VhostResult<()> {
         let protocol = self.acked_features & VHOST_USER_F_PROTOCOL_FEATURES != 0;
         self.vring(u32::from(index))?;
+        if let Some(f) = &fd {
+            // The queue worker polls and reads this fd: anything but an
+            // eventfd (a pipe, a file) would read as "always kicked" or
+            // block, so the front end's message is refused.
+            if !is_eventfd(f) {
+                tracing::warn!(
+                    queue = index,
+                    "SET_VRING_KICK with an fd that is not an eventfd"
+                );
+                return Err(VhostError::InvalidParam);
+            }
+        }
         self.stop(usize::from(index));
         let v = self.vring(u32::from(index))?;
         v.kick = fd;
@@ -859,4 +871,11 @@ impl<D: VirtioDevice> Drop for Handler<D> {
     fn drop(&mut self) {
         self.stop_all();
     }
+}
+
+/// Whether `f` is an eventfd (`/proc/self/fd/N` names `anon_inode:[eventfd]`).
+fn is_eventfd(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
 }
