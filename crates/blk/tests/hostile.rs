@@ -160,21 +160,29 @@ fn malformed_messages_close_the_connection() {
     still_serves(&mut srv);
 }
 
+/// A front end that negotiated VERSION_1 and REPLY_ACK and asks for a reply
+/// to every message, so a refused request is an error at the call.
+fn acked_frontend(srv: &Server) -> vhost::vhost_user::Frontend {
+    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
+    use vhost::vhost_user::VhostUserFrontend;
+    use vhost::VhostBackend;
+    let mut fe = connect(&srv.socket);
+    fe.set_owner().unwrap();
+    let f = fe.get_features().unwrap();
+    fe.set_features(f & (VERSION_1 | PROTOCOL_FEATURES))
+        .unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(pf & P::REPLY_ACK).unwrap();
+    fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+    fe
+}
+
 #[test]
 fn memory_table_larger_than_its_file_is_refused() {
     let mut srv = Server::start(1 << 20, &[]);
     {
-        let mut fe = connect(&srv.socket);
-        use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
-        use vhost::vhost_user::VhostUserFrontend;
         use vhost::VhostBackend;
-        fe.set_owner().unwrap();
-        let f = fe.get_features().unwrap();
-        fe.set_features(f & (VERSION_1 | PROTOCOL_FEATURES))
-            .unwrap();
-        let pf = fe.get_protocol_features().unwrap();
-        fe.set_protocol_features(pf & P::REPLY_ACK).unwrap();
-        fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+        let fe = acked_frontend(&srv);
         let small = memfd(1 << 20);
         let res = fe.set_mem_table(&[vhost::VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
@@ -455,21 +463,12 @@ fn iotlb_misses_are_reported_and_answered_pages_are_used() {
 #[test]
 fn kick_fd_that_is_not_an_eventfd_is_refused() {
     use std::os::fd::{FromRawFd, IntoRawFd};
-    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
-    use vhost::vhost_user::VhostUserFrontend;
     use vhost::VhostBackend;
     use vmm_sys_util::eventfd::EventFd;
 
     let mut srv = Server::start(1 << 20, &[]);
     {
-        let mut fe = connect(&srv.socket);
-        fe.set_owner().unwrap();
-        let f = fe.get_features().unwrap();
-        fe.set_features(f & (VERSION_1 | PROTOCOL_FEATURES))
-            .unwrap();
-        let pf = fe.get_protocol_features().unwrap();
-        fe.set_protocol_features(pf & P::REPLY_ACK).unwrap();
-        fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+        let fe = acked_frontend(&srv);
         fe.set_vring_num(0, 64).unwrap();
         let (rd, _wr) = rustix::pipe::pipe().unwrap();
         // SAFETY: `rd` is an open fd we own; EventFd takes it over and only
