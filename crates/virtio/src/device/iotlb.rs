@@ -38,6 +38,16 @@ pub enum IotlbPerm {
     ReadWrite,
 }
 
+impl From<iopath_dma::Perm> for IotlbPerm {
+    fn from(p: iopath_dma::Perm) -> Self {
+        match p {
+            iopath_dma::Perm::Read => Self::ReadOnly,
+            iopath_dma::Perm::Write => Self::WriteOnly,
+            iopath_dma::Perm::ReadWrite => Self::ReadWrite,
+        }
+    }
+}
+
 impl IotlbPerm {
     fn from_wire(perm: u8) -> Option<Self> {
         match perm {

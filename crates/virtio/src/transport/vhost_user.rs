@@ -42,6 +42,7 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{QueueConfig, Transport};
+use crate::device::{IotlbMsg, IOTLB_MSG_SIZE};
 use crate::features::{status, VIRTIO_F_ACCESS_PLATFORM};
 
 /// `VHOST_USER_F_PROTOCOL_FEATURES`: the back end speaks protocol features.
@@ -55,12 +56,6 @@ const BACKEND_REQ_IOTLB_MSG: u32 = 1;
 const BACKEND_REQ_CONFIG_CHANGE: u32 = 2;
 /// Header: request u32, flags u32, size u32.
 const HDR_LEN: usize = 12;
-/// `struct vhost_iotlb_msg`: iova, size, uaddr (u64 each), perm u8, type u8,
-/// padded to 8 bytes.
-const IOTLB_MSG_LEN: usize = 32;
-/// `VHOST_IOTLB_UPDATE`, `VHOST_IOTLB_INVALIDATE`.
-const IOTLB_UPDATE: u8 = 2;
-const IOTLB_INVALIDATE: u8 = 3;
 /// Version 1 in the header flags.
 const HDR_VERSION: u32 = 0x1;
 /// Largest region count `SET_MEM_TABLE` carries for every back end (the
@@ -217,7 +212,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Control {
     // Hand-written: the vhost crate's Frontend has no IOTLB_MSG request.
-    fn send_iotlb(&self, iova: u64, size: u64, uaddr: u64, perm: u8, kind: u8) -> Result<()> {
+    fn send_iotlb(&self, iotlb: &IotlbMsg) -> Result<()> {
         if !self.iotlb {
             return Err(VhostUserError::Unsupported {
                 what: "IOTLB messages without ACCESS_PLATFORM",
@@ -227,16 +222,11 @@ impl Control {
         if self.reply_ack {
             flags |= VhostUserHeaderFlag::NEED_REPLY.bits();
         }
-        let mut msg = [0u8; HDR_LEN + IOTLB_MSG_LEN];
+        let mut msg = [0u8; HDR_LEN + IOTLB_MSG_SIZE];
         msg[0..4].copy_from_slice(&REQ_IOTLB_MSG.to_le_bytes());
         msg[4..8].copy_from_slice(&flags.to_le_bytes());
-        msg[8..12].copy_from_slice(&(IOTLB_MSG_LEN as u32).to_le_bytes());
-        let body = &mut msg[HDR_LEN..];
-        body[0..8].copy_from_slice(&iova.to_le_bytes());
-        body[8..16].copy_from_slice(&size.to_le_bytes());
-        body[16..24].copy_from_slice(&uaddr.to_le_bytes());
-        body[24] = perm;
-        body[25] = kind;
+        msg[8..12].copy_from_slice(&(IOTLB_MSG_SIZE as u32).to_le_bytes());
+        msg[HDR_LEN..].copy_from_slice(&iotlb.to_wire());
         write_all(&self.raw, &msg, "IOTLB_MSG send")?;
         if self.reply_ack {
             let mut reply = [0u8; HDR_LEN + 8];
@@ -275,17 +265,21 @@ pub struct VhostUserIotlb {
 impl IotlbSink for VhostUserIotlb {
     fn send(&self, record: IotlbRecord) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let ctl = lock(&self.ctl);
-        match record {
+        let msg = match record {
             IotlbRecord::Update {
                 iova,
                 size,
                 uaddr,
                 perm,
-            } => ctl.send_iotlb(iova, size, uaddr, perm.to_wire(), IOTLB_UPDATE)?,
-            IotlbRecord::Invalidate { iova, size } => {
-                ctl.send_iotlb(iova, size, 0, 0, IOTLB_INVALIDATE)?
-            }
-        }
+            } => IotlbMsg::Update {
+                iova,
+                size,
+                uaddr,
+                perm: perm.into(),
+            },
+            IotlbRecord::Invalidate { iova, size } => IotlbMsg::Invalidate { iova, size },
+        };
+        ctl.send_iotlb(&msg)?;
         Ok(())
     }
 }
