@@ -56,14 +56,13 @@ pub mod features {
     pub const ACCESS_PLATFORM: u64 = 1 << 33;
 }
 
-/// Request types (virtio 1.x, 5.2.6).
+/// Request types (virtio 1.x, 5.2.6), shared with the back end's parser.
 pub(crate) mod req_type {
-    pub const IN: u32 = 0;
-    pub const OUT: u32 = 1;
-    pub const FLUSH: u32 = 4;
-    pub const GET_ID: u32 = 8;
-    pub const DISCARD: u32 = 11;
-    pub const WRITE_ZEROES: u32 = 13;
+    pub use crate::request::{
+        VIRTIO_BLK_T_DISCARD as DISCARD, VIRTIO_BLK_T_FLUSH as FLUSH,
+        VIRTIO_BLK_T_GET_ID as GET_ID, VIRTIO_BLK_T_IN as IN, VIRTIO_BLK_T_OUT as OUT,
+        VIRTIO_BLK_T_WRITE_ZEROES as WRITE_ZEROES,
+    };
 }
 
 /// Size of `struct virtio_blk_config` up to `write_zeroes_may_unmap` and
@@ -75,7 +74,7 @@ pub const HEADER_LEN: usize = 16;
 /// flags u32}`.
 pub const RANGE_LEN: usize = 16;
 /// Length of the `GET_ID` answer.
-pub const ID_LEN: usize = 20;
+pub const ID_LEN: usize = crate::request::VIRTIO_BLK_ID_BYTES;
 
 /// The device's geometry and limits, from its config space and features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -461,10 +460,10 @@ const META_STATUS: usize = 56;
 /// writing a status is caught by it.
 const STATUS_UNSET: u8 = 0xff;
 
-/// `VIRTIO_BLK_S_*`.
-const S_OK: u8 = 0;
-const S_IOERR: u8 = 1;
-const S_UNSUPP: u8 = 2;
+// `VIRTIO_BLK_S_*`, shared with the back end.
+use crate::request::{
+    VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK, VIRTIO_BLK_S_UNSUPP as S_UNSUPP,
+};
 
 /// Virtio device id of a block device.
 pub const DEVICE_ID_BLOCK: u32 = 2;
