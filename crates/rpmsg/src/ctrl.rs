@@ -36,7 +36,7 @@ use rustix::net::{
     AddressFamily, RecvFlags, SendFlags, Shutdown, SocketAddrUnix, SocketFlags, SocketType,
 };
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::bus::{Bus, EndpointOptions, Event};
 use crate::service::{errno_of, EptService};
@@ -237,11 +237,13 @@ impl CtrlServer {
                     match rustix::net::accept_with(&fd, SocketFlags::CLOEXEC) {
                         Ok(c) => {
                             conn += 1;
-                            let bus = bus.clone();
-                            let svc = svc2.clone();
-                            let _ = std::thread::Builder::new()
-                                .name("rpmsg-ctrl-client".into())
-                                .spawn(move || serve_client(bus, svc, conn, c));
+                            let peer = who(&c);
+                            info!(target: "iopath_rpmsg", "control client {conn} connected: {peer}");
+                            // From here on the service's event loop reads
+                            // the connection's requests.
+                            if let Err(e) = svc2.add_client(conn, c, peer) {
+                                warn!(target: "iopath_rpmsg", "control client {conn} dropped: {e}");
+                            }
                         }
                         Err(rustix::io::Errno::INTR) => {}
                         Err(e) => {
@@ -290,38 +292,69 @@ fn who(c: &OwnedFd) -> String {
     }
 }
 
-fn serve_client(bus: Bus, svc: EptService, conn: u64, c: OwnedFd) {
-    let peer = who(&c);
-    info!(target: "iopath_rpmsg", "control client {conn} connected: {peer}");
-    svc.client_opened();
-    let mut buf = vec![0u8; 4096];
-    let mut garbage = None;
-    loop {
-        let n = match rustix::net::recv(&c, &mut buf[..], RecvFlags::empty()) {
-            Ok((0, _)) | Err(_) => break,
-            Ok((n, _)) => n,
-        };
-        if proto::parse_header(&buf[..n]) == Ok(OP_ATTACH) {
-            svc.client_closed(conn, false);
-            return attach(bus, c, &buf[..n], &peer);
+/// What became of a control connection after one of its packets.
+pub(crate) enum Next {
+    /// Served; read on.
+    Keep,
+    /// Not a request at all (answered with the errno): close it.
+    Garbage(i32),
+    /// ATTACH: the connection now belongs to its endpoint's own thread.
+    Attached,
+}
+
+/// Serves one packet of control connection `conn` (socket `c`, peer
+/// `peer`); called by the service's event loop.
+pub(crate) fn on_packet(
+    svc: &EptService,
+    conn: u64,
+    c: &Arc<OwnedFd>,
+    peer: &str,
+    packet: &[u8],
+) -> Next {
+    if proto::parse_header(packet) == Ok(OP_ATTACH) {
+        // ATTACH waits for an announcement and then carries the endpoint's
+        // traffic for as long as the connection lives: its own thread.
+        let (bus, c, packet, peer) = (
+            svc.bus().clone(),
+            Arc::clone(c),
+            packet.to_vec(),
+            peer.to_owned(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("rpmsg-attach".into())
+            .spawn(move || attach(bus, c, &packet, &peer));
+        if let Err(e) = spawned {
+            warn!(target: "iopath_rpmsg", "control client {conn}: no thread for ATTACH: {e}");
         }
-        match proto::Request::parse(&buf[..n]) {
-            Ok(req) => svc.handle(conn, &c, req),
-            Err(r) => {
-                let op = proto::parse_header(&buf[..n]).unwrap_or(0);
-                let _ = rustix::net::send(
-                    &c,
-                    &proto::reply_head(op, -r.errno, 12),
-                    SendFlags::NOSIGNAL,
-                );
-                if r.garbage {
-                    garbage = Some((n, r.errno));
-                    break;
-                }
+        return Next::Attached;
+    }
+    match proto::Request::parse(packet) {
+        Ok(req) => {
+            svc.handle(conn, c, req);
+            Next::Keep
+        }
+        Err(r) => {
+            let op = proto::parse_header(packet).unwrap_or(0);
+            answer(c, &proto::reply_head(op, -r.errno, 12));
+            if r.garbage {
+                Next::Garbage(r.errno)
+            } else {
+                Next::Keep
             }
         }
     }
-    let freed = svc.client_closed(conn, garbage.is_some());
+}
+
+/// Sends an answer without ever waiting: a client that does not read its
+/// answers loses them, and cannot stall the event loop every client shares.
+pub(crate) fn answer(c: &OwnedFd, bytes: &[u8]) {
+    if let Err(e) = rustix::net::send(c, bytes, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
+        debug!(target: "iopath_rpmsg", "control answer not sent: {e}");
+    }
+}
+
+/// One log line for a control connection that went away.
+pub(crate) fn log_gone(conn: u64, peer: &str, garbage: Option<(usize, i32)>, freed: usize) {
     match garbage {
         Some((n, errno)) => warn!(
             target: "iopath_rpmsg",
@@ -336,7 +369,7 @@ fn serve_client(bus: Bus, svc: EptService, conn: u64, c: OwnedFd) {
 }
 
 /// ATTACH: the connection becomes the endpoint.
-fn attach(bus: Bus, c: OwnedFd, packet: &[u8], cred: &str) {
+fn attach(bus: Bus, c: Arc<OwnedFd>, packet: &[u8], cred: &str) {
     let n = packet.len();
     let mut buf = vec![0u8; 4096];
     let req = match AttachRequest::parse(packet) {
@@ -353,7 +386,6 @@ fn attach(bus: Bus, c: OwnedFd, packet: &[u8], cred: &str) {
         bus.wait_channel(&req.name, Duration::from_millis(u64::from(req.timeout_ms)))
             .map(|ch| ch.addr)
     };
-    let c = Arc::new(c);
     let ep = dst.and_then(|dst| {
         let w = Arc::clone(&c);
         bus.create_with_callback(

@@ -32,9 +32,12 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut anc = SendAncillaryBuffer::new(&mut space);
             anc.push(SendAncillaryMessage::ScmRights(&fds));
-            if let Err(e) =
-                rustix::net::sendmsg(c, &[IoSlice::new(&reply)], &mut anc, SendFlags::NOSIGNAL)
-            {
+            if let Err(e) = rustix::net::sendmsg(
+                c,
+                &[IoSlice::new(&reply)],
+                &mut anc,
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+            ) {
                 // The client is gone: dropping its end hangs the socketpair
                 // up, and the pump destroys the endpoint.
                 debug!(target: "iopath_rpmsg", "CREATE_EPT_FD answer not sent: {e}");
@@ -43,11 +46,7 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
             refill(svc);
         }
         Err(errno) => {
-            let _ = rustix::net::send(
-                c,
-                &create_ept_fd_reply(-errno, &info, flags),
-                SendFlags::NOSIGNAL,
-            );
+            crate::ctrl::answer(c, &create_ept_fd_reply(-errno, &info, flags));
         }
     }
 }

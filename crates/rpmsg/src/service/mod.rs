@@ -2,13 +2,24 @@
 //! run by the bus owner behind its control socket.
 //!
 //! ```text
-//!  control connection thread            pump thread (epoll)
-//!  CREATE_EPT ──► legacy::create ─┐     listener readable ─► accept, greet (0 | -EBUSY)
-//!  CREATE_EPT_FD ► fdept::create ─┼──►  endpoint socket readable ─► Endpoint::send (bus)
-//!  STATS                          │     EOF: destroy (fd: last close or shutdown; node: shutdown)
-//!                                 └──   doomed (remote gone) ─► destroy
+//!  accept thread: accept ─► add_client (into the event loop's epoll set)
+//!
+//!  event loop (one thread, epoll)
+//!    control connection readable ─► CREATE_EPT ─► legacy::create
+//!                                   CREATE_EPT_FD ─► fdept::create
+//!                                   STATS, garbage (closed), ATTACH (own thread)
+//!    listener readable ─► accept, greet (0 | -EBUSY)
+//!    endpoint socket readable ─► Endpoint::send (bus)
+//!    EOF: destroy (fd: last close or shutdown; node: shutdown)
+//!    doomed (remote gone) ─► destroy
 //!  bus thread: message ─► send on the endpoint's socket; unbound/link down ─► doom
 //! ```
+//!
+//! One thread reads the requests and the endpoints' hang-ups alike: a
+//! client that creates an endpoint and closes it again wakes the service
+//! once per cycle, and the close is usually seen in the same pass as the
+//! next request. Answers are sent without waiting, so a client that does
+//! not read them cannot stall the loop.
 //!
 //! Every endpoint is one bus endpoint (not announced, as rpmsg_char's are
 //! not) plus one socket the service owns: for the fd way, its end of the
@@ -54,6 +65,10 @@ const WAKE: u64 = u64::MAX;
 const TAG_SOCK: u64 = 0;
 /// Token tag: a legacy node's listening socket.
 const TAG_LISTENER: u64 = 1;
+/// Token tag: a control connection (the token's id is the connection's).
+const TAG_CTRL: u64 = 2;
+/// Requests taken from one control connection per wake-up.
+const CTRL_DRAIN: usize = 16;
 /// Messages taken from one socket per wake-up, so one busy endpoint does
 /// not starve the others.
 const DRAIN: usize = 64;
@@ -117,8 +132,15 @@ struct Counters {
     clients: AtomicU32,
 }
 
+/// A control connection, read by the event loop.
+struct Conn {
+    fd: Arc<OwnedFd>,
+    peer: String,
+}
+
 struct Inner {
     bus: Bus,
+    conns: Mutex<HashMap<u64, Conn>>,
     epoll: OwnedFd,
     wake: OwnedFd,
     table: Mutex<Table>,
@@ -180,6 +202,7 @@ impl EptService {
         .map_err(sys("epoll_ctl"))?;
         let inner = Arc::new(Inner {
             bus,
+            conns: Mutex::new(HashMap::new()),
             epoll,
             wake,
             table: Mutex::new(Table::default()),
@@ -226,14 +249,84 @@ impl EptService {
         &self.inner.rundir
     }
 
-    /// A control connection came.
-    pub(crate) fn client_opened(&self) {
+    /// The bus the endpoints live on.
+    pub(crate) fn bus(&self) -> &Bus {
+        &self.inner.bus
+    }
+
+    /// A control connection came (`peer` names it in the log): the event
+    /// loop reads its requests from now on, in the same pass as the
+    /// endpoints' traffic and hang-ups, so a create-and-close cycle costs
+    /// the service one wake-up, not one per thread involved.
+    pub(crate) fn add_client(&self, conn: u64, fd: OwnedFd, peer: String) -> Result<(), CtrlError> {
+        let fd = Arc::new(fd);
+        lock(&self.inner.conns).insert(
+            conn,
+            Conn {
+                fd: Arc::clone(&fd),
+                peer,
+            },
+        );
         self.inner.n.clients.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = epoll::add(
+            &self.inner.epoll,
+            &*fd,
+            epoll::EventData::new_u64(conn << 2 | TAG_CTRL),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        ) {
+            lock(&self.inner.conns).remove(&conn);
+            self.inner.n.clients.fetch_sub(1, Ordering::Relaxed);
+            return Err(sys("epoll_ctl")(e));
+        }
+        Ok(())
+    }
+
+    /// Control connection `conn` has packets (or went away).
+    fn ctrl_readable(&self, conn: u64, buf: &mut [u8]) {
+        let Some((fd, peer)) = lock(&self.inner.conns)
+            .get(&conn)
+            .map(|c| (Arc::clone(&c.fd), c.peer.clone()))
+        else {
+            return;
+        };
+        for _ in 0..CTRL_DRAIN {
+            let n = match rustix::net::recv(&*fd, &mut *buf, RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return self.client_gone(conn, &peer, None),
+                Ok((n, _)) => n,
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return self.client_gone(conn, &peer, None),
+            };
+            match crate::ctrl::on_packet(self, conn, &fd, &peer, &buf[..n]) {
+                crate::ctrl::Next::Keep => {}
+                crate::ctrl::Next::Garbage(errno) => {
+                    return self.client_gone(conn, &peer, Some((n, errno)))
+                }
+                crate::ctrl::Next::Attached => {
+                    // The attach thread owns the connection now; it holds
+                    // no endpoint of this service.
+                    let _ = epoll::delete(&self.inner.epoll, &*fd);
+                    lock(&self.inner.conns).remove(&conn);
+                    self.client_closed(conn, false);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Control connection `conn` ended (or spoke garbage): out of the loop,
+    /// its legacy endpoints freed, one log line.
+    fn client_gone(&self, conn: u64, peer: &str, garbage: Option<(usize, i32)>) {
+        if let Some(c) = lock(&self.inner.conns).remove(&conn) {
+            let _ = epoll::delete(&self.inner.epoll, &*c.fd);
+        }
+        let freed = self.client_closed(conn, garbage.is_some());
+        crate::ctrl::log_gone(conn, peer, garbage, freed);
     }
 
     /// A control connection went: its legacy endpoints go with it (their
     /// creator can no longer destroy them). Returns how many.
-    pub(crate) fn client_closed(&self, conn: u64, garbage: bool) -> usize {
+    fn client_closed(&self, conn: u64, garbage: bool) -> usize {
         self.inner.n.clients.fetch_sub(1, Ordering::Relaxed);
         if garbage {
             self.inner.n.bad_clients.fetch_add(1, Ordering::Relaxed);
@@ -254,9 +347,7 @@ impl EptService {
         match req {
             Request::CreateEpt(info) => legacy::handle_create(self, conn, c, info),
             Request::CreateEptFd(info, flags) => fdept::handle_create(self, c, info, flags),
-            Request::Stats => {
-                let _ = rustix::net::send(c, &self.stats().encode(), SendFlags::NOSIGNAL);
-            }
+            Request::Stats => crate::ctrl::answer(c, &self.stats().encode()),
         }
     }
 
@@ -437,10 +528,10 @@ impl EptService {
                 continue;
             }
             let (id, tag) = (token >> 2, token & 3);
-            if tag == TAG_LISTENER {
-                legacy::accept(self, id);
-            } else {
-                self.forward(id, ev.flags, buf);
+            match tag {
+                TAG_LISTENER => legacy::accept(self, id),
+                TAG_CTRL => self.ctrl_readable(id, buf),
+                _ => self.forward(id, ev.flags, buf),
             }
         }
         Ok(!events.is_empty())
