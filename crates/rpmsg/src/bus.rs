@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -232,7 +233,16 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Buffers came back: senders waiting for one (counted in
+    /// `buf_waiters`) look again.
     cond: Condvar,
+    /// Threads waiting on `cond`: the service thread signals only when
+    /// there are some, so a quiet pass costs no system call and wakes no
+    /// one.
+    buf_waiters: AtomicUsize,
+    /// The channels changed or the link went down ([`Bus::wait_channel`],
+    /// [`Bus::wait_down`]).
+    events: Condvar,
     notifier: Box<dyn Notifier>,
     endian: Endian,
     ns: bool,
@@ -316,6 +326,8 @@ impl Bus {
                 stop: false,
             }),
             cond: Condvar::new(),
+            buf_waiters: AtomicUsize::new(0),
+            events: Condvar::new(),
             notifier,
             thread: Mutex::new(None),
             poll_hook: Mutex::new(None),
@@ -403,7 +415,7 @@ impl Bus {
             }
             st = self
                 .shared
-                .cond
+                .events
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
@@ -425,7 +437,7 @@ impl Bus {
             };
             st = self
                 .shared
-                .cond
+                .events
                 .wait_timeout(st, wait)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
@@ -626,7 +638,7 @@ impl Bus {
                     let reason = e.to_string();
                     st.down = Some(reason.clone());
                     drop(st);
-                    self.shared.cond.notify_all();
+                    notify_down(&self.shared);
                     return Err(BusError::LinkDown(reason));
                 }
             }
@@ -639,12 +651,7 @@ impl Bus {
             }
             // Buffers come back with the peer's next kick (the service thread
             // then signals); poll every millisecond in case it does not kick.
-            st = self
-                .shared
-                .cond
-                .wait_timeout(st, (deadline - now).min(Duration::from_millis(1)))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            st = wait_for_buffer(&self.shared, st, deadline - now);
         }
     }
 
@@ -1087,11 +1094,7 @@ impl EndpointRef {
             if now >= deadline {
                 return Err(BusError::Timeout);
             }
-            st = shared
-                .cond
-                .wait_timeout(st, (deadline - now).min(Duration::from_millis(1)))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            st = wait_for_buffer(shared, st, deadline - now);
         }
     }
 }
@@ -1164,7 +1167,31 @@ fn mark_down(shared: &Shared, reason: String) {
         st.down = Some(reason);
     }
     drop(st);
+    notify_down(shared);
+}
+
+/// Wakes everyone waiting on the bus: the link is down.
+fn notify_down(shared: &Shared) {
     shared.cond.notify_all();
+    shared.events.notify_all();
+}
+
+/// Waits (the state lock released meanwhile) until buffers may have come
+/// back, at most `left` and 1 ms: the peer may return buffers without a
+/// kick.
+fn wait_for_buffer<'a>(
+    shared: &'a Shared,
+    st: MutexGuard<'a, State>,
+    left: Duration,
+) -> MutexGuard<'a, State> {
+    shared.buf_waiters.fetch_add(1, Ordering::SeqCst);
+    let st = shared
+        .cond
+        .wait_timeout(st, left.min(Duration::from_millis(1)))
+        .unwrap_or_else(|e| e.into_inner())
+        .0;
+    shared.buf_waiters.fetch_sub(1, Ordering::SeqCst);
+    st
 }
 
 fn deliver(bus: &Bus, addr: u32, sink: Sink, d: Delivery) {
@@ -1357,11 +1384,13 @@ fn service(shared: Arc<Shared>) {
         let mut n = 0;
         let kick;
         let mut down = None;
+        let ns_changed;
         {
             let mut st = lock(&shared.state);
             if st.stop || st.down.is_some() {
                 break;
             }
+            let ns_before = st.stats.ns_create + st.stats.ns_destroy;
             while n < BATCH {
                 match st.link.hold_rx() {
                     Ok(None) => break,
@@ -1393,6 +1422,7 @@ fn service(shared: Arc<Shared>) {
             if kick {
                 st.stats.kicks += 1;
             }
+            ns_changed = st.stats.ns_create + st.stats.ns_destroy != ns_before;
         }
         if kick {
             if let Err(e) = shared.notifier.kick() {
@@ -1402,7 +1432,14 @@ fn service(shared: Arc<Shared>) {
         for (addr, sink, ev) in out.drain(..) {
             deliver(&bus, addr, sink, ev);
         }
-        shared.cond.notify_all();
+        // Only those who wait are told: a notify is a system call, and a
+        // wake-up per message for nobody's sake doubles the echo latency.
+        if shared.buf_waiters.load(Ordering::SeqCst) > 0 {
+            shared.cond.notify_all();
+        }
+        if ns_changed {
+            shared.events.notify_all();
+        }
         if let Some(reason) = down {
             warn!(target: "iopath_rpmsg", "{}: link down: {reason}", shared.role);
             mark_down(&shared, reason);
@@ -1467,7 +1504,7 @@ fn service(shared: Arc<Shared>) {
             .collect();
         (reason, sinks)
     };
-    shared.cond.notify_all();
+    notify_down(&shared);
     for (addr, sink) in sinks {
         deliver(
             &bus,
