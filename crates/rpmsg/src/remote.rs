@@ -34,8 +34,34 @@ pub struct RemoteLink {
     /// vq1: driver → device (the host's tx buffers).
     rxq: Queue,
     kick: bool,
+    /// A sender found vq0 empty: ask the host to kick when it adds
+    /// buffers. Otherwise refills go unannounced (the host re-posts one
+    /// per message it reads; a kick for each would double the wake-ups).
+    tx_wanted: bool,
     /// Host buffers taken from vq0 and not used for a send yet.
     spare: Vec<Slot>,
+}
+
+/// `VRING_AVAIL_F_NO_INTERRUPT` (virtio 1.x §2.7.7.1).
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// Whether the driver wants an interrupt for what was just added to `q`'s
+/// used ring. `virtio-queue` answers for `EVENT_IDX` only ("the
+/// VRING_AVAIL_F_NO_INTERRUPT flag isn't supported yet"); without it the
+/// driver's flag is read here.
+fn wants_interrupt(
+    q: &mut Queue,
+    mem: &vm_memory::GuestMemoryMmap,
+    event_idx: bool,
+) -> Result<bool, virtio_queue::Error> {
+    let by_queue = q.needs_notification(mem)?;
+    if event_idx {
+        return Ok(by_queue);
+    }
+    // needs_notification fenced after the used-ring writes.
+    let flags: u16 = vm_memory::Bytes::read_obj(mem, vm_memory::GuestAddress(q.avail_ring()))
+        .map_err(virtio_queue::Error::GuestMemory)?;
+    Ok(flags & AVAIL_F_NO_INTERRUPT == 0)
 }
 
 fn queue(
@@ -119,8 +145,13 @@ impl RemoteLink {
             txq,
             rxq,
             kick: false,
+            tx_wanted: false,
             spare: Vec::new(),
         })
+    }
+
+    fn event_idx(&self) -> bool {
+        self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0
     }
 
     /// Checks that `addr..addr + len` lies in the shared memory.
@@ -135,14 +166,13 @@ impl RemoteLink {
     }
 
     fn give_back(&mut self, head: u16, len: u32) -> Result<(), LinkError> {
+        let event_idx = self.event_idx();
         let mem = self.shm.mem();
         self.rxq
             .add_used(mem, head, len)
             .map_err(|e| Self::broken("vq1", e))?;
-        self.kick |= self
-            .rxq
-            .needs_notification(mem)
-            .map_err(|e| Self::broken("vq1", e))?;
+        self.kick |=
+            wants_interrupt(&mut self.rxq, mem, event_idx).map_err(|e| Self::broken("vq1", e))?;
         Ok(())
     }
 
@@ -212,13 +242,17 @@ impl Link for RemoteLink {
         if let Some(s) = self.spare.pop() {
             return Ok(Some(s));
         }
+        let event_idx = self.event_idx();
         loop {
             let mem = self.shm.mem();
             let chain = {
                 let mut it = self.txq.iter(mem).map_err(|e| Self::broken("vq0", e))?;
                 match it.next() {
                     Some(c) => c,
-                    None => return Ok(None),
+                    None => {
+                        self.tx_wanted = true;
+                        return Ok(None);
+                    }
                 }
             };
             let head = chain.head_index();
@@ -240,19 +274,18 @@ impl Link for RemoteLink {
             };
             match checked {
                 Ok((addr, cap)) => {
+                    self.tx_wanted = false;
                     return Ok(Some(Slot {
                         token: u64::from(head),
                         addr,
                         cap,
-                    }))
+                    }));
                 }
                 Err(reason) => {
                     warn!(target: "iopath_rpmsg", "remote: refused host buffer: {reason}");
                     let used = self.txq.add_used(mem, head, 0);
                     used.map_err(|e| Self::broken("vq0", e))?;
-                    self.kick |= self
-                        .txq
-                        .needs_notification(mem)
+                    self.kick |= wants_interrupt(&mut self.txq, mem, event_idx)
                         .map_err(|e| Self::broken("vq0", e))?;
                 }
             }
@@ -266,14 +299,13 @@ impl Link for RemoteLink {
                 "send of {len} bytes from a smaller buffer"
             )));
         }
+        let event_idx = self.event_idx();
         let mem = self.shm.mem();
         self.txq
             .add_used(mem, slot.token as u16, len as u32)
             .map_err(|e| Self::broken("vq0", e))?;
-        self.kick |= self
-            .txq
-            .needs_notification(mem)
-            .map_err(|e| Self::broken("vq0", e))?;
+        self.kick |=
+            wants_interrupt(&mut self.txq, mem, event_idx).map_err(|e| Self::broken("vq0", e))?;
         Ok(())
     }
 
@@ -292,10 +324,16 @@ impl Link for RemoteLink {
 
     fn arm(&mut self) -> Result<bool, LinkError> {
         let mem = self.shm.mem();
-        // Ask for a kick on new tx buffers too, for senders waiting on them.
-        self.txq
-            .enable_notification(mem)
-            .map_err(|e| Self::broken("vq0", e))?;
+        // A kick for new tx buffers only while a sender waits for one.
+        if self.tx_wanted {
+            self.txq
+                .enable_notification(mem)
+                .map_err(|e| Self::broken("vq0", e))?;
+        } else {
+            self.txq
+                .disable_notification(mem)
+                .map_err(|e| Self::broken("vq0", e))?;
+        }
         self.rxq
             .enable_notification(mem)
             .map_err(|e| Self::broken("vq1", e))
