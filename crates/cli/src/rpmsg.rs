@@ -180,6 +180,11 @@ pub struct PingArgs {
     /// (this one and a child), same count, and print the ratio.
     #[arg(long)]
     limit: bool,
+    /// Busy-poll the endpoint fd for each echo instead of sleeping in
+    /// poll(2): no wake-up on the way back, one core spinning (pair it with
+    /// a host and remote on `--notify poll`).
+    #[arg(long, conflicts_with_all = ["attach", "openamp"])]
+    poll: bool,
     /// Seconds to wait for the channel and for each echo.
     #[arg(long, default_value_t = 10)]
     timeout: u64,
@@ -610,10 +615,19 @@ impl PingEp {
         }
     }
 
-    /// `Ok(Some(0))`: the channel is closed.
-    fn recv(&self, buf: &mut [u8], timeout: Duration) -> Result<Option<usize>, CtrlError> {
+    /// `Ok(Some(0))`: the channel is closed. `busy`: busy-poll.
+    fn recv(
+        &self,
+        buf: &mut [u8],
+        timeout: Duration,
+        busy: bool,
+    ) -> Result<Option<usize>, CtrlError> {
         match self {
             PingEp::Attach(e) => e.recv(buf, timeout),
+            PingEp::Fd(e) if busy => match e.recv_busy(buf, timeout) {
+                Err(e) if is_pipe(&e) => Ok(Some(0)),
+                r => r,
+            },
             PingEp::Fd(e) => match e.recv_timeout(buf, timeout) {
                 Err(e) if is_pipe(&e) => Ok(Some(0)),
                 r => r,
@@ -661,7 +675,7 @@ fn ping(a: PingArgs) -> Result<()> {
             r => r.with_context(|| format!("sending message {i}"))?,
         }
         let n = ep
-            .recv(&mut back, timeout)
+            .recv(&mut back, timeout, a.poll)
             .with_context(|| format!("waiting for echo {i}"))?
             .with_context(|| format!("no echo of message {i} within {} s", a.timeout))?;
         lat.push(t.elapsed().as_secs_f64() * 1e6);

@@ -32,6 +32,20 @@ fn bench_rpmsg_json() {
     }
     assert!(v["limit"]["rtt_us"].as_f64().unwrap() > 0.0);
     assert!(v["limit"]["socket_rtt_us"].as_f64().unwrap() > 0.0);
+    // Every placement measured, each with its own rows and limit; the
+    // first fills the top-level rows.
+    let places = v["placements"].as_array().unwrap();
+    let names: Vec<&str> = places
+        .iter()
+        .map(|p| p["placement"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["one", "split", "free"]);
+    assert_eq!(v["rows"], places[0]["rows"]);
+    for p in places {
+        assert_eq!(p["rows"].as_array().unwrap().len(), 2, "{p}");
+        assert!(p["limit"]["rtt_us"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["echo"]["fd"]["p50_us"].as_f64().unwrap() > 0.0, "{p}");
+    }
     for k in ["fd", "fd_poll", "limit_eventfd_pingpong"] {
         let e = &v["echo"][k];
         assert_eq!(e["count"], 300, "{k}: {e}");

@@ -102,6 +102,10 @@ fn revents(fd: impl AsFd, want: PollFlags, ms: i64) -> PollFlags {
 
 /// Runs `iopath rpmsg ping --fd N` as a second process that inherited `fd`.
 fn ping_through(fd: OwnedFd, count: &str) -> serde_json::Value {
+    ping_through_with(fd, count, &[])
+}
+
+fn ping_through_with(fd: OwnedFd, count: &str, extra: &[&str]) -> serde_json::Value {
     let raw = fd.as_raw_fd();
     let o = Command::new(BIN)
         .args([
@@ -113,6 +117,7 @@ fn ping_through(fd: OwnedFd, count: &str) -> serde_json::Value {
             count,
             "--json",
         ])
+        .args(extra)
         .output()
         .unwrap();
     drop(fd);
@@ -189,6 +194,11 @@ fn poll_mode_both_ways() {
     let ep = echo_ept(&c, O_RDWR);
     let v = ping_through(ep.into_fd(), "496");
     assert_eq!(v["bytes"], 496 * 497 / 2);
+    // The client busy-polling its fd as well: every size, every byte checked.
+    let ep = echo_ept(&c, O_RDWR);
+    let v = ping_through_with(ep.into_fd(), "496", &["--poll"]);
+    assert_eq!(v["bytes"], 496 * 497 / 2);
+    assert_eq!(v["checked"], true);
     let (_, path) = c.create_ept(&EptInfo::new("echo")).unwrap();
     let node = EptFd::open_node(&path, O_CLOEXEC).unwrap();
     let e = EptFd::open_node(&path, O_CLOEXEC).unwrap_err();

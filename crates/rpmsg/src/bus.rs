@@ -1449,7 +1449,10 @@ fn service(shared: Arc<Shared>) {
             idle_since = Instant::now();
             continue;
         }
-        let more = {
+        // A polling bus never sleeps on a kick, so it asks for none:
+        // re-arming on every spin would write the rings' suppression
+        // fields the peer reads, bouncing their cache lines between cores.
+        let more = !polling && {
             let mut st = lock(&shared.state);
             match st.link.arm() {
                 Ok(m) => m,

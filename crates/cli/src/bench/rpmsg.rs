@@ -42,10 +42,18 @@ A cycle: legacy = CREATE_EPT, open the node (connect + greeting), destroy
 through it (shutdown + the service's hang-up), close; fd = CREATE_EPT_FD
 (the endpoint comes back over SCM_RIGHTS), close (the service notices and
 frees it; the row's time includes waiting until it has freed them all).
-limit = the same request size answered with an fd by a bare server process.
-The three ways take turns in chunks of 500 cycles (rotating which goes
-first), so that load from elsewhere hits them alike; medians with (min-max)
-over --runs.")]
+limit = the same request size answered with an fd by a bare server process
+(an eventfd; limit-s: a fresh SOCK_SEQPACKET socket, as an endpoint is).
+The ways take turns in chunks of 500 cycles (rotating which goes first), so
+that load from elsewhere hits them alike; medians with (min-max) over --runs.
+
+Placement matters more than code on a small VM: a wake-up that crosses to
+an idle CPU costs tens of microseconds there, on the same CPU a few. Each
+placement pins every process, the limit's included, the same way:
+  one    every process on the first CPU
+  split  client on the first CPU; host, remote, raw server on the second
+  free   no pinning
+Example: iopath bench rpmsg --loops 1000,10000,100000 --poll")]
 pub struct RpmsgArgs {
     /// Create+destroy cycles per row, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
@@ -56,10 +64,20 @@ pub struct RpmsgArgs {
     /// Echo round trips (16-byte messages) for the latency rows.
     #[arg(long, default_value_t = 10_000)]
     pub count: u64,
-    /// Also measure echo latency with host and remote polling the rings
-    /// (no notifications; spins a core each).
+    /// Also measure echo latency with host and remote polling the rings and
+    /// the client busy-polling its fd (no notifications; spins two cores).
     #[arg(long)]
     pub poll: bool,
+    /// Where the processes run, comma-separated; the first one fills the
+    /// main table and JSON `rows`: one (all on one CPU), split (client on
+    /// one CPU, servers on another), free (no pinning).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "one,split,free"
+    )]
+    pub placement: Vec<Placement>,
     /// Print one JSON object with `rows`, `limit`, `echo`.
     #[arg(long)]
     pub json: bool,
@@ -88,6 +106,7 @@ pub fn run_default(json: bool) -> Result<serde_json::Value> {
         runs: 3,
         count: 5000,
         poll: false,
+        placement: vec![Placement::One, Placement::Split],
         json,
     })
 }
@@ -119,7 +138,12 @@ fn shm_dir() -> PathBuf {
 }
 
 impl Pair {
-    fn start(notify_poll: bool) -> Result<Pair> {
+    /// Remote and host on `remote_cpu` and `host_cpu` (`None`: anywhere).
+    fn start(
+        notify_poll: bool,
+        remote_cpu: Option<usize>,
+        host_cpu: Option<usize>,
+    ) -> Result<Pair> {
         let dir = tempfile::Builder::new()
             .prefix("iopath-bench-rpmsg-")
             .tempdir_in(shm_dir())?;
@@ -140,15 +164,17 @@ impl Pair {
             ctrl,
             dir,
         };
-        let remote = Command::new(&exe)
-            .args(["rpmsg", "remote", "--shm"])
-            .arg(&shm)
-            .args(["--create", "0x80000", "--notify", &notify, "--echo", "echo"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(rlog)
-            .spawn()
-            .context("starting iopath rpmsg remote")?;
+        let remote = spawn_on(
+            remote_cpu,
+            Command::new(&exe)
+                .args(["rpmsg", "remote", "--shm"])
+                .arg(&shm)
+                .args(["--create", "0x80000", "--notify", &notify, "--echo", "echo"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(rlog),
+        )
+        .context("starting iopath rpmsg remote")?;
         pair.children.push(remote);
         if notify_poll {
             // With no notifier to connect through, the host must find the
@@ -162,16 +188,18 @@ impl Pair {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        let host = Command::new(&exe)
-            .args(["rpmsg", "host", "--shm"])
-            .arg(&shm)
-            .args(["--notify", &notify, "--ctrl"])
-            .arg(&pair.ctrl)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(hlog)
-            .spawn()
-            .context("starting iopath rpmsg host")?;
+        let host = spawn_on(
+            host_cpu,
+            Command::new(&exe)
+                .args(["rpmsg", "host", "--shm"])
+                .arg(&shm)
+                .args(["--notify", &notify, "--ctrl"])
+                .arg(&pair.ctrl)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(hlog),
+        )
+        .context("starting iopath rpmsg host")?;
         pair.children.push(host);
         let start = Instant::now();
         while !pair.ctrl.exists() {
@@ -325,17 +353,19 @@ impl Drop for RawServer {
     }
 }
 
-fn raw_server() -> Result<RawServer> {
+fn raw_server(cpu: Option<usize>) -> Result<RawServer> {
     let dir = tempfile::Builder::new()
         .prefix("iopath-bench-raw-")
         .tempdir()?;
     let sock = dir.path().join("sock");
-    let child = Command::new(std::env::current_exe()?)
-        .args(["rpmsg", "raw-fd-server", "--sock"])
-        .arg(&sock)
-        .stdin(Stdio::null())
-        .spawn()
-        .context("starting the raw fd server")?;
+    let child = spawn_on(
+        cpu,
+        Command::new(std::env::current_exe()?)
+            .args(["rpmsg", "raw-fd-server", "--sock"])
+            .arg(&sock)
+            .stdin(Stdio::null()),
+    )
+    .context("starting the raw fd server")?;
     let start = Instant::now();
     let conn = loop {
         let fd = rustix::net::socket_with(
@@ -367,7 +397,7 @@ const ECHO_WARM: u64 = 200;
 
 /// `count` echo round trips of 16-byte messages through `ep`, each
 /// checked; latencies appended to `lat`; returns the time taken.
-fn echo(ep: &EptFd, count: u64, seq: &mut u64, lat: &mut Vec<f64>) -> Result<Duration> {
+fn echo(ep: &EptFd, count: u64, busy: bool, seq: &mut u64, lat: &mut Vec<f64>) -> Result<Duration> {
     let mut back = [0u8; 512];
     let t0 = Instant::now();
     for _ in 0..count {
@@ -375,9 +405,13 @@ fn echo(ep: &EptFd, count: u64, seq: &mut u64, lat: &mut Vec<f64>) -> Result<Dur
         let msg = u128::from(*seq).to_le_bytes();
         let t = Instant::now();
         ep.send(&msg)?;
-        let n = ep
-            .recv_timeout(&mut back, Duration::from_secs(10))?
-            .context("no echo within 10 s")?;
+        let wait = Duration::from_secs(10);
+        let n = if busy {
+            ep.recv_busy(&mut back, wait)?
+        } else {
+            ep.recv_timeout(&mut back, wait)?
+        }
+        .context("no echo within 10 s")?;
         lat.push(t.elapsed().as_secs_f64() * 1e6);
         ensure!(n == 16 && back[..16] == msg, "echo {seq} came back wrong");
     }
@@ -401,24 +435,26 @@ impl Drop for RawPingPong {
 
 impl RawPingPong {
     /// A partner that echoes `kicks` kicks.
-    fn start(kicks: u64) -> Result<RawPingPong> {
+    fn start(kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
         let dir = tempfile::Builder::new()
             .prefix("iopath-bench-rawpp-")
             .tempdir()?;
         let spec = NotifySpec::Eventfd(dir.path().join("ev"));
         let listener = spec.bind()?;
-        let child = Command::new(std::env::current_exe()?)
-            .args([
-                "rpmsg",
-                "raw-echo",
-                "--notify",
-                &spec.to_string(),
-                "--count",
-            ])
-            .arg(kicks.to_string())
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting the raw echo child")?;
+        let child = spawn_on(
+            cpu,
+            Command::new(std::env::current_exe()?)
+                .args([
+                    "rpmsg",
+                    "raw-echo",
+                    "--notify",
+                    &spec.to_string(),
+                    "--count",
+                ])
+                .arg(kicks.to_string())
+                .stdin(Stdio::null()),
+        )
+        .context("starting the raw echo child")?;
         let n = listener.accept()?;
         Ok(RawPingPong {
             child,
@@ -439,13 +475,19 @@ impl RawPingPong {
     }
 }
 
-/// Echo through `ep` and the raw ping-pong, `count` round trips each, in
+/// Echo through `ep` (busy-polling its fd if `busy`) and the raw
+/// ping-pong (its child on `raw_cpu`), `count` round trips each, in
 /// alternating turns.
-fn echo_vs_limit(ep: &EptFd, count: u64) -> Result<(Latency, Latency)> {
-    let raw = RawPingPong::start(ECHO_WARM + count)?;
+fn echo_vs_limit(
+    ep: &EptFd,
+    count: u64,
+    busy: bool,
+    raw_cpu: Option<usize>,
+) -> Result<(Latency, Latency)> {
+    let raw = RawPingPong::start(ECHO_WARM + count, raw_cpu)?;
     let mut seq = 0;
     let mut scratch = Vec::new();
-    echo(ep, ECHO_WARM, &mut seq, &mut scratch)?;
+    echo(ep, ECHO_WARM, busy, &mut seq, &mut scratch)?;
     raw.round_trips(ECHO_WARM, &mut scratch)?;
     let (mut e_lat, mut r_lat) = (Vec::new(), Vec::new());
     let (mut e_time, mut r_time) = (Duration::ZERO, Duration::ZERO);
@@ -453,11 +495,11 @@ fn echo_vs_limit(ep: &EptFd, count: u64) -> Result<(Latency, Latency)> {
     for turn in 0..ECHO_TURNS {
         let n = (count - done) / (ECHO_TURNS - turn);
         if turn % 2 == 0 {
-            e_time += echo(ep, n, &mut seq, &mut e_lat)?;
+            e_time += echo(ep, n, busy, &mut seq, &mut e_lat)?;
             r_time += raw.round_trips(n, &mut r_lat)?;
         } else {
             r_time += raw.round_trips(n, &mut r_lat)?;
-            e_time += echo(ep, n, &mut seq, &mut e_lat)?;
+            e_time += echo(ep, n, busy, &mut seq, &mut e_lat)?;
         }
         done += n;
     }
@@ -470,10 +512,114 @@ fn bar(total: u64, json: bool) -> ProgressBar {
     }
     let b = ProgressBar::new(total);
     b.set_style(
-        ProgressStyle::with_template("{msg:>8} [{bar:30}] {pos}/{len} cycles {eta}")
+        ProgressStyle::with_template("{msg:>14} [{bar:30}] {pos}/{len} cycles {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     b
+}
+
+/// Where the processes of one measurement run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    /// Every process on one CPU: no wake-up crosses CPUs.
+    One,
+    /// The client on one CPU; the servers (host, remote, the limit's raw
+    /// server or echo child) on another.
+    Split,
+    /// No pinning: where the scheduler puts them.
+    Free,
+}
+
+impl Placement {
+    fn name(self) -> &'static str {
+        match self {
+            Placement::One => "one",
+            Placement::Split => "split",
+            Placement::Free => "free",
+        }
+    }
+
+    fn describe(self, cpus: &Cpus) -> String {
+        match (self, cpus.pair()) {
+            (Placement::Free, _) => "no pinning (the scheduler's choice)".into(),
+            (Placement::One, (a, _)) => format!("every process on CPU {a}"),
+            (Placement::Split, (a, b)) => {
+                format!("client on CPU {a}, host, remote and the limit's server on CPU {b}")
+            }
+        }
+    }
+
+    /// CPUs of (client, servers).
+    fn cpus(self, cpus: &Cpus) -> (Option<usize>, Option<usize>) {
+        let (a, b) = cpus.pair();
+        match self {
+            Placement::Free => (None, None),
+            Placement::One => (Some(a), Some(a)),
+            Placement::Split => (Some(a), Some(b)),
+        }
+    }
+}
+
+/// The CPUs this process may run on, and how to pin to one of them.
+struct Cpus {
+    allowed: rustix::thread::CpuSet,
+    ids: Vec<usize>,
+}
+
+impl Cpus {
+    fn get() -> Result<Cpus> {
+        let allowed =
+            rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
+        let ids: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&i| allowed.is_set(i))
+            .collect();
+        ensure!(!ids.is_empty(), "no CPU in this process's affinity mask");
+        Ok(Cpus { allowed, ids })
+    }
+
+    /// Two distinct CPUs if there are two (else the one twice).
+    fn pair(&self) -> (usize, usize) {
+        (self.ids[0], *self.ids.get(1).unwrap_or(&self.ids[0]))
+    }
+}
+
+/// Pins the calling thread to `cpu`, or back to `all` with `None`.
+fn pin(cpu: Option<usize>, all: &rustix::thread::CpuSet) -> Result<()> {
+    let set = match cpu {
+        Some(c) => {
+            let mut s = rustix::thread::CpuSet::new();
+            s.set(c);
+            s
+        }
+        None => *all,
+    };
+    rustix::thread::sched_setaffinity(None, &set).context("setting the CPU affinity")
+}
+
+thread_local! {
+    /// The affinity spawned children start from when not pinned.
+    static ALL_CPUS: std::cell::Cell<Option<rustix::thread::CpuSet>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Spawns `cmd` pinned to `cpu` (`None`: on every CPU this process may
+/// use): a child inherits the affinity of the thread that forks it, so the
+/// calling thread is pinned around the spawn and restored after.
+fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
+    let mine = rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
+    let all = ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine);
+    pin(cpu, &all)?;
+    let child = cmd.spawn();
+    rustix::thread::sched_setaffinity(None, &mine).context("restoring the CPU affinity")?;
+    Ok(child?)
+}
+
+/// Runs `f` with the calling thread pinned to `cpu`, then restores it.
+fn on_cpu<T>(cpu: Option<usize>, cpus: &Cpus, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pin(cpu, &cpus.allowed)?;
+    let r = f();
+    pin(None, &cpus.allowed)?;
+    r
 }
 
 struct Row {
@@ -487,91 +633,167 @@ struct Row {
     chunks: [Vec<f64>; WAYS],
 }
 
+/// What one placement measured.
+struct Measured {
+    placement: Placement,
+    rows: Vec<Row>,
+    echo: Latency,
+    echo_limit: Latency,
+}
+
+/// The create+destroy rows and the echo rows with every process where
+/// `placement` puts it.
+fn measure(a: &RpmsgArgs, placement: Placement, cpus: &Cpus, pb: &ProgressBar) -> Result<Measured> {
+    let (client_cpu, server_cpu) = placement.cpus(cpus);
+    let pair = Pair::start(false, server_cpu, server_cpu)?;
+    let raw = raw_server(server_cpu)?;
+    on_cpu(client_cpu, cpus, || {
+        let (c, echo_ep) = pair.client()?;
+        let mut rows: Vec<Row> = a
+            .loops
+            .iter()
+            .map(|&loops| Row {
+                loops,
+                legacy: Vec::new(),
+                fd: Vec::new(),
+                limit: Vec::new(),
+                limit_socket: Vec::new(),
+                chunks: Default::default(),
+            })
+            .collect();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        for run in 0..a.runs {
+            for row in &mut rows {
+                // The ways take turns in chunks, so that each sees the same
+                // machine (others' load comes and goes); the order rotates
+                // per chunk so that none always runs warm.
+                let mut tot = [0.0f64; WAYS];
+                let mut done = 0;
+                let mut turn = run;
+                while done < row.loops {
+                    let n = CHUNK.min(row.loops - done);
+                    for k in 0..WAYS {
+                        let way = (k + turn) % WAYS;
+                        pb.set_message(format!("{} {}", placement.name(), WAY_NAMES[way]));
+                        let t = us(match way {
+                            0 => legacy_cycles(&c, n, pb)?,
+                            1 => fd_cycles(&c, n, pb)?,
+                            2 => limit_cycles(&raw.conn, n, false, pb)?,
+                            _ => limit_cycles(&raw.conn, n, true, pb)?,
+                        });
+                        tot[way] += t;
+                        row.chunks[way].push(t / n as f64);
+                    }
+                    done += n;
+                    turn += 1;
+                }
+                row.legacy.push(tot[0]);
+                row.fd.push(tot[1]);
+                row.limit.push(tot[2]);
+                row.limit_socket.push(tot[3]);
+            }
+        }
+        let st = c.stats()?;
+        ensure!(
+            st.endpoints() == 1 && st.open_nodes == 0,
+            "the service still holds endpoints after the cycles: {st:?}"
+        );
+        pb.set_message(format!("{} echo", placement.name()));
+        let (echo, echo_limit) = echo_vs_limit(&echo_ep, a.count, false, server_cpu)?;
+        Ok(Measured {
+            placement,
+            rows,
+            echo,
+            echo_limit,
+        })
+    })
+}
+
+/// Echo with host and remote polling the rings and the client busy-polling
+/// its fd: the host spins on the second CPU, the remote on the client's
+/// (where it gives way to the client whenever the client runs); the limit
+/// is the raw ping-pong in its fastest placement, both on the client's CPU.
+fn measure_poll(a: &RpmsgArgs, cpus: &Cpus) -> Result<(Latency, Latency)> {
+    let (ca, cb) = cpus.pair();
+    let pair = Pair::start(true, Some(ca), Some(cb))?;
+    on_cpu(Some(ca), cpus, || {
+        let (_c, ep) = pair.client()?;
+        echo_vs_limit(&ep, a.count, true, Some(ca))
+    })
+}
+
 fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
     ensure!(a.runs >= 1, "--runs must be at least 1");
     ensure!(
         !a.loops.is_empty() && a.loops.iter().all(|&l| l > 0),
         "--loops: give positive counts, e.g. 1000,10000"
     );
-    let pair = Pair::start(false)?;
-    let (c, echo_ep) = pair.client()?;
-    let raw = raw_server()?;
-    let total: u64 = a.loops.iter().sum::<u64>() * WAYS as u64 * a.runs as u64;
+    ensure!(!a.placement.is_empty(), "--placement: give at least one");
+    let cpus = Cpus::get()?;
+    ALL_CPUS.with(|c| c.set(Some(cpus.allowed)));
+    let total: u64 =
+        a.loops.iter().sum::<u64>() * WAYS as u64 * a.runs as u64 * a.placement.len() as u64;
     let pb = bar(total, a.json);
-    let mut rows: Vec<Row> = a
-        .loops
-        .iter()
-        .map(|&loops| Row {
-            loops,
-            legacy: Vec::new(),
-            fd: Vec::new(),
-            limit: Vec::new(),
-            limit_socket: Vec::new(),
-            chunks: Default::default(),
-        })
-        .collect();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    for run in 0..a.runs {
-        for row in &mut rows {
-            // The three ways take turns in chunks, so that each sees the
-            // same machine (others' load comes and goes); the order rotates
-            // per chunk so that none always runs warm.
-            let mut tot = [0.0f64; WAYS];
-            let mut done = 0;
-            let mut turn = run;
-            while done < row.loops {
-                let n = CHUNK.min(row.loops - done);
-                for k in 0..WAYS {
-                    let way = (k + turn) % WAYS;
-                    pb.set_message(WAY_NAMES[way]);
-                    let t = us(match way {
-                        0 => legacy_cycles(&c, n, &pb)?,
-                        1 => fd_cycles(&c, n, &pb)?,
-                        2 => limit_cycles(&raw.conn, n, false, &pb)?,
-                        _ => limit_cycles(&raw.conn, n, true, &pb)?,
-                    });
-                    tot[way] += t;
-                    row.chunks[way].push(t / n as f64);
-                }
-                done += n;
-                turn += 1;
-            }
-            row.legacy.push(tot[0]);
-            row.fd.push(tot[1]);
-            row.limit.push(tot[2]);
-            row.limit_socket.push(tot[3]);
-        }
+    let mut all = Vec::new();
+    for &p in &a.placement {
+        all.push(measure(a, p, &cpus, &pb)?);
     }
-    pb.finish_and_clear();
-    drop(raw);
-    let st = c.stats()?;
-    ensure!(
-        st.endpoints() == 1 && st.open_nodes == 0,
-        "the service still holds endpoints after the cycles: {st:?}"
-    );
-    let (echo_lat, limit_echo) = echo_vs_limit(&echo_ep, a.count)?;
-    drop(echo_ep);
-    drop(c);
-    drop(pair);
-    // Polling host and remote spin while traffic is recent and back off to
-    // 1 ms sleeps when idle, so the raw turns between echo turns run beside
-    // mostly sleeping pollers.
-    let echo_poll = if a.poll {
-        let pair = Pair::start(true)?;
-        let (c, ep) = pair.client()?;
-        let l = echo_vs_limit(&ep, a.count)?;
-        drop(ep);
-        drop(c);
-        Some(l)
+    let poll = if a.poll {
+        pb.set_message("poll echo");
+        Some(measure_poll(a, &cpus)?)
     } else {
         None
     };
+    pb.finish_and_clear();
 
+    let mut placements = Vec::new();
+    for m in &all {
+        placements.push(report(a, m, &cpus));
+    }
+    let main = &placements[0];
+    let mut echo_json = main["echo"].clone();
+    if let Some((p, pl)) = &poll {
+        let (ca, cb) = cpus.pair();
+        echo_json["fd_poll"] = serde_json::json!(p);
+        echo_json["limit_eventfd_pingpong_poll_phase"] = serde_json::json!(pl);
+        echo_json["fd_poll_over_limit_p50"] = serde_json::json!(p.p50_us / pl.p50_us);
+        echo_json["poll_placement"] = serde_json::json!(format!(
+            "host on CPU {cb}; remote and the busy-polling client on CPU {ca}; limit pair on CPU {ca}"
+        ));
+        if !a.json {
+            println!(
+                "echo, polling (host on CPU {cb}; remote and the busy-polling client on CPU {ca}; limit pair on CPU {ca}):"
+            );
+            println!("  endpoint fd (--poll): {}", p.line());
+            println!(
+                "  limit (raw eventfd ping-pong, two processes): {}",
+                pl.line()
+            );
+            println!("  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
+        }
+    }
+    Ok(serde_json::json!({
+        "runs": a.runs,
+        "placement": main["placement"],
+        "rows": main["rows"],
+        "limit": main["limit"],
+        "per_cycle_us": main["per_cycle_us"],
+        "fd_over_limit": main["fd_over_limit"],
+        "fd_over_limit_socket": main["fd_over_limit_socket"],
+        "echo": echo_json,
+        "placements": placements,
+    }))
+}
+
+/// Prints one placement's tables (unless JSON) and returns its JSON.
+fn report(a: &RpmsgArgs, m: &Measured, cpus: &Cpus) -> serde_json::Value {
     let sum = |v: &[f64]| Summary::of(v);
+    let rows = &m.rows;
     let mut jrows = Vec::new();
     if !a.json {
         println!(
-            "rpmsg endpoint create+destroy ({} runs; totals: median (min-max); per cycle: median over {CHUNK}-cycle chunks)",
+            "rpmsg endpoint create+destroy, {}: {} runs; totals: median (min-max); per cycle: median over {CHUNK}-cycle chunks",
+            m.placement.describe(cpus),
             a.runs
         );
         println!(
@@ -584,8 +806,8 @@ fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
             "per cycle us: fd / limit / limit-s"
         );
     }
-    for r in &rows {
-        let (l, f, m) = (sum(&r.legacy), sum(&r.fd), sum(&r.limit));
+    for r in rows {
+        let (l, f, lim) = (sum(&r.legacy), sum(&r.fd), sum(&r.limit));
         let pc: Vec<Summary> = r.chunks.iter().map(|c| sum(c)).collect();
         let fmt = |s: &Summary| format!("{:.0} ({:.0}-{:.0})", s.median, s.min, s.max);
         if !a.json {
@@ -595,7 +817,7 @@ fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
                 fmt(&l),
                 fmt(&f),
                 l.median / f.median,
-                fmt(&m),
+                fmt(&lim),
                 pc[1].median,
                 pc[2].median,
                 pc[3].median,
@@ -603,9 +825,9 @@ fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
         }
         jrows.push(serde_json::json!({
             "loops": r.loops,
-            "legacy_us": l.median, "fd_us": f.median, "limit_us": m.median,
+            "legacy_us": l.median, "fd_us": f.median, "limit_us": lim.median,
             "limit_socket_us": sum(&r.limit_socket).median,
-            "legacy_us_spread": l.json(), "fd_us_spread": f.json(), "limit_us_spread": m.json(),
+            "legacy_us_spread": l.json(), "fd_us_spread": f.json(), "limit_us_spread": lim.json(),
             "legacy_over_fd": l.median / f.median,
             "per_cycle_us": {
                 "legacy": pc[0].json(), "fd": pc[1].json(),
@@ -622,53 +844,38 @@ fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
         sum(&v)
     };
     let (legacy_pc, fd_pc, rtt, rtt_s) = (all(0), all(1), all(2), all(3));
-    let mut echo_json = serde_json::json!({
-        "size": 16, "fd": &echo_lat, "limit_eventfd_pingpong": &limit_echo,
-        "fd_over_limit_p50": echo_lat.p50_us / limit_echo.p50_us,
-    });
+    let (echo, lim) = (&m.echo, &m.echo_limit);
     let spread = |s: &Summary| format!("{:.1} us per cycle ({:.1}-{:.1})", s.median, s.min, s.max);
     if !a.json {
         println!(
-            "limit: raw SOCK_SEQPACKET request/response, two processes, an eventfd passed: {}",
+            "  limit: raw SOCK_SEQPACKET request/response, two processes, an eventfd passed: {}",
             spread(&rtt)
         );
         println!(
-            "limit-s: the same, a fresh SOCK_SEQPACKET socket passed (created, closed): {}",
+            "  limit-s: the same, a fresh SOCK_SEQPACKET socket passed (created, closed): {}",
             spread(&rtt_s)
         );
-        println!("legacy create+open+destroy: {}", spread(&legacy_pc));
+        println!("  legacy create+open+destroy: {}", spread(&legacy_pc));
         println!(
-            "fd create+close: {} = {:.2}x limit, {:.2}x limit-s",
+            "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s",
             spread(&fd_pc),
             fd_pc.median / rtt.median,
             fd_pc.median / rtt_s.median
         );
         println!(
-            "echo round trip, 16 B, {} round trips each, in {ECHO_TURNS} alternating turns with the limit:",
+            "  echo round trip, 16 B, {} round trips each, in {ECHO_TURNS} alternating turns:",
             a.count
         );
-        println!("  endpoint fd (eventfd notify): {}", echo_lat.line());
+        println!("    endpoint fd (eventfd notify): {}", echo.line());
         println!(
-            "  limit (raw eventfd ping-pong, two processes): {}",
-            limit_echo.line()
+            "    limit (raw eventfd ping-pong, two processes): {}",
+            lim.line()
         );
-        println!(
-            "  fd/limit p50: {:.2}x",
-            echo_lat.p50_us / limit_echo.p50_us
-        );
+        println!("    fd/limit p50: {:.2}x", echo.p50_us / lim.p50_us);
     }
-    if let Some((p, pl)) = &echo_poll {
-        echo_json["fd_poll"] = serde_json::json!(p);
-        echo_json["limit_eventfd_pingpong_poll_phase"] = serde_json::json!(pl);
-        echo_json["fd_poll_over_limit_p50"] = serde_json::json!(p.p50_us / pl.p50_us);
-        if !a.json {
-            println!("  endpoint fd (--poll, rings polled): {}", p.line());
-            println!("  limit, measured in turns with it: {}", pl.line());
-            println!("  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
-        }
-    }
-    Ok(serde_json::json!({
-        "runs": a.runs,
+    serde_json::json!({
+        "placement": m.placement.name(),
+        "where": m.placement.describe(cpus),
         "rows": jrows,
         "limit": {
             "what": "raw SOCK_SEQPACKET request/response with an fd (an eventfd) passed, two processes",
@@ -678,6 +885,9 @@ fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
         "per_cycle_us": { "legacy": legacy_pc.json(), "fd": fd_pc.json() },
         "fd_over_limit": fd_pc.median / rtt.median,
         "fd_over_limit_socket": fd_pc.median / rtt_s.median,
-        "echo": echo_json,
-    }))
+        "echo": {
+            "size": 16, "fd": echo, "limit_eventfd_pingpong": lim,
+            "fd_over_limit_p50": echo.p50_us / lim.p50_us,
+        },
+    })
 }

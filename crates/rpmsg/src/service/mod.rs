@@ -218,18 +218,14 @@ impl EptService {
             // a client's message reaches the ring with no wake-up at all.
             let weak = Arc::downgrade(&svc.inner);
             let mut buf = vec![0u8; MAX_PAYLOAD + 1];
+            // (An idle pass ends in the bus's own yield, which lets a woken
+            // client run first.)
             svc.inner.bus.set_poll_hook(move || {
-                let found = weak.upgrade().is_some_and(|inner| {
+                weak.upgrade().is_some_and(|inner| {
                     EptService { inner }
                         .pump_once(false, &mut buf)
                         .unwrap_or(false)
-                });
-                if !found {
-                    // Two cores shared with the client (and the remote's
-                    // spinning thread): let a woken client run first.
-                    std::thread::yield_now();
-                }
-                found
+                })
             });
         } else {
             let s2 = svc.clone();
