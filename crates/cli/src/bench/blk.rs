@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use super::place::{on_cpu, spawn_on, Cpus, Placement};
 use crate::blk_dd::{self, DdArgs, DmaMode, Op, Pattern, Stats};
 
 /// Arguments of `iopath bench blk`.
@@ -32,13 +33,22 @@ pub struct BenchBlkArgs {
     /// Blocks in flight.
     #[arg(long, default_value_t = 4)]
     pub queue_depth: usize,
-    /// Directory for the image file (its file system is what is measured;
-    /// default /var/tmp, never a tmpfs).
+    /// Directory for the image file. Default: RAM (/dev/shm, a tmpfs that
+    /// takes O_DIRECT) when the image fits with room to spare, so that the
+    /// path's own cost shows instead of the disk's noise; else /var/tmp.
+    /// Give a directory on a disk (e.g. /var/tmp) to measure the disk.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// DMA modes to measure (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<DmaMode>,
+    /// Where the processes run: split (the driver, this process, on one
+    /// CPU; the back end, qemu-storage-daemon and fio on another), one
+    /// (all on one CPU), free (no pinning; on this kind of VM a wake-up
+    /// across CPUs costs tens of microseconds and migrations make runs
+    /// scatter).
+    #[arg(long, value_enum, default_value = "split")]
+    pub placement: Placement,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -77,6 +87,10 @@ pub struct BenchBlkReport {
     pub runs: usize,
     /// Image file.
     pub image: PathBuf,
+    /// What holds the image: "RAM (tmpfs)" or "disk".
+    pub image_on: String,
+    /// Where the processes ran.
+    pub placement: String,
     /// Rows: limit first, then each DMA mode, then the peer.
     pub rows: Vec<Row>,
 }
@@ -141,71 +155,79 @@ fn wait_for_socket(child: &mut Reaped, path: &Path, what: &str, log: &Path) -> R
     Ok(())
 }
 
-/// Starts `iopath blk serve` (this executable) on `image`.
-pub fn start_iopath_serve(image: &Path, socket: &Path) -> Result<impl Drop> {
+/// Starts `iopath blk serve` (this executable) on `image`, pinned to `cpu`.
+fn start_iopath_serve_on(image: &Path, socket: &Path, cpu: Option<usize>) -> Result<impl Drop> {
     let exe = std::env::current_exe().context("cannot find the iopath executable")?;
     let _ = std::fs::remove_file(socket);
     let (log, err) = log_for(socket)?;
-    let child = Command::new(exe)
-        .args(["blk", "serve", "--image"])
-        .arg(image)
-        .arg("--socket")
-        .arg(socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err)
-        .spawn()
-        .context("cannot start `iopath blk serve`")?;
+    let child = spawn_on(
+        cpu,
+        Command::new(exe)
+            .args(["blk", "serve", "--image"])
+            .arg(image)
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err),
+    )
+    .context("cannot start `iopath blk serve`")?;
     let mut c = Reaped(child);
     wait_for_socket(&mut c, socket, "iopath blk serve", &log)?;
     Ok(c)
 }
 
 /// Starts `qemu-storage-daemon` exporting `image` as vhost-user-blk with
-/// direct I/O.
-pub fn start_qsd(image: &Path, socket: &Path) -> Result<impl Drop> {
+/// direct I/O, pinned to `cpu`.
+fn start_qsd_on(image: &Path, socket: &Path, cpu: Option<usize>) -> Result<impl Drop> {
     let _ = std::fs::remove_file(socket);
     let (log, err) = log_for(socket)?;
-    let child = Command::new("qemu-storage-daemon")
-        .arg("--blockdev")
-        .arg(format!(
-            "driver=file,node-name=disk,filename={},cache.direct=on,aio=io_uring",
-            image.display()
-        ))
-        .arg("--export")
-        .arg(format!(
-            "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on",
-            socket.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err)
-        .spawn()
-        .context("cannot start qemu-storage-daemon (package qemu-utils)")?;
+    let child = spawn_on(
+        cpu,
+        Command::new("qemu-storage-daemon")
+            .arg("--blockdev")
+            .arg(format!(
+                "driver=file,node-name=disk,filename={},cache.direct=on,aio=io_uring",
+                image.display()
+            ))
+            .arg("--export")
+            .arg(format!(
+                "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on",
+                socket.display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err),
+    )
+    .context("cannot start qemu-storage-daemon (package qemu-utils)")?;
     let mut c = Reaped(child);
     wait_for_socket(&mut c, socket, "qemu-storage-daemon", &log)?;
     Ok(c)
 }
 
 /// fio's O_DIRECT sequential write of `image`: GiB/s of one run.
-fn fio_once(image: &Path, size: u64, bs: u64, depth: usize) -> Result<f64> {
-    let out = Command::new("fio")
-        .args([
-            "--name=limit",
-            "--rw=write",
-            "--direct=1",
-            "--ioengine=io_uring",
-            "--output-format=json",
-            "--end_fsync=0",
-        ])
-        .arg(format!("--filename={}", image.display()))
-        .arg(format!("--bs={bs}"))
-        .arg(format!("--size={size}"))
-        .arg(format!("--iodepth={depth}"))
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cannot run fio (package fio)")?;
+fn fio_once(image: &Path, size: u64, bs: u64, depth: usize, cpu: Option<usize>) -> Result<f64> {
+    let child = spawn_on(
+        cpu,
+        Command::new("fio")
+            .args([
+                "--name=limit",
+                "--rw=write",
+                "--direct=1",
+                "--ioengine=io_uring",
+                "--output-format=json",
+                "--end_fsync=0",
+            ])
+            .arg(format!("--filename={}", image.display()))
+            .arg(format!("--bs={bs}"))
+            .arg(format!("--size={size}"))
+            .arg(format!("--iodepth={depth}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit()),
+    )
+    .context("cannot run fio (package fio)")?;
+    let out = child.wait_with_output().context("waiting for fio")?;
     if !out.status.success() {
         bail!("fio failed ({})", out.status);
     }
@@ -215,6 +237,32 @@ fn fio_once(image: &Path, size: u64, bs: u64, depth: usize) -> Result<f64> {
         .as_f64()
         .context("fio JSON lacks jobs[0].write.bw_bytes")?;
     Ok(bw / f64::from(1u32 << 30))
+}
+
+/// `/dev/shm` if it is a tmpfs with room for `size` bytes and the machine
+/// has that much memory available with 2 GiB to spare.
+#[allow(clippy::unnecessary_cast)] // statfs field types differ by target
+fn ram_dir(size: u64) -> Option<PathBuf> {
+    let dir = PathBuf::from("/dev/shm");
+    let st = rustix::fs::statfs(&dir).ok()?;
+    let free = st.f_bavail as u64 * st.f_bsize as u64;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let avail_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let spare = 2u64 << 30;
+    (ram_backed(&dir) && free >= size + spare && avail_kib * 1024 >= size + spare).then_some(dir)
+}
+
+/// Whether `path` lies on a tmpfs.
+#[allow(clippy::unnecessary_cast)] // statfs field types differ by target
+fn ram_backed(path: &Path) -> bool {
+    rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == super::TMPFS_MAGIC)
 }
 
 /// Creates (or reuses) a fully allocated image of `size` bytes.
@@ -327,7 +375,10 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
     }
     let dir = match &args.dir {
         Some(d) => d.clone(),
-        None => super::scratch_dir()?,
+        None => match ram_dir(args.size as u64) {
+            Some(d) => d,
+            None => super::scratch_dir()?,
+        },
     };
     let work = tempfile::Builder::new()
         .prefix("iopath-bench-blk.")
@@ -337,8 +388,20 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
     make_image(&image, args.size as u64)?;
     let ours_sock = work.path().join("iopath.sock");
     let peer_sock = work.path().join("qsd.sock");
-    let ours = start_iopath_serve(&image, &ours_sock);
-    let peer = start_qsd(&image, &peer_sock);
+    let cpus = Cpus::get()?;
+    let (client, server) = args.placement.cpus(&cpus);
+    let ours = start_iopath_serve_on(&image, &ours_sock, server);
+    let peer = start_qsd_on(&image, &peer_sock, server);
+    let fio_run = || {
+        fio_once(
+            &image,
+            args.size as u64,
+            args.bs as u64,
+            args.queue_depth,
+            server,
+        )
+    };
+    let dd_run = |sock: &Path, mode| on_cpu(client, &cpus, || dd_once(sock, args, mode));
 
     let modes = if args.modes.is_empty() {
         DmaMode::ALL.to_vec()
@@ -387,18 +450,18 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
     // one-time costs (the back end's first request after start, the image's
     // first touch), which showed up as a lone outlier in the first run.
     bar.set_message("warm-up");
-    let _ = fio_once(&image, args.size as u64, args.bs as u64, args.queue_depth);
+    let _ = fio_run();
     if ours.is_ok() {
         for &mode in &modes {
-            let _ = dd_once(&ours_sock, args, mode);
+            let _ = dd_run(&ours_sock, mode);
         }
     }
     if peer.is_ok() {
-        let _ = dd_once(&peer_sock, args, DmaMode::Direct);
+        let _ = dd_run(&peer_sock, DmaMode::Direct);
     }
     for run in 0..args.runs {
         bar.set_message(format!("run {}: fio", run + 1));
-        fio.measure(|| fio_once(&image, args.size as u64, args.bs as u64, args.queue_depth));
+        fio.measure(fio_run);
         bar.inc(1);
         // Rotate the modes' order from run to run, so none always runs
         // right after fio or right before the peer.
@@ -406,11 +469,11 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         for k in 0..n {
             let (mode, series) = &mut rows[(k + run) % n];
             bar.set_message(format!("run {}: dma {}", run + 1, mode.name()));
-            series.measure(|| dd_once(&ours_sock, args, *mode));
+            series.measure(|| dd_run(&ours_sock, *mode));
             bar.inc(1);
         }
         bar.set_message(format!("run {}: qemu-storage-daemon", run + 1));
-        peer_row.measure(|| dd_once(&peer_sock, args, DmaMode::Direct));
+        peer_row.measure(|| dd_run(&peer_sock, DmaMode::Direct));
         bar.inc(1);
         for (sock, series) in &mut guest_rows {
             bar.set_message(format!("run {}: {}", run + 1, series.name));
@@ -441,6 +504,16 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         bs: args.bs as u64,
         queue_depth: args.queue_depth,
         runs: args.runs,
+        image_on: if ram_backed(&image) {
+            "RAM (tmpfs)".into()
+        } else {
+            "disk".into()
+        },
+        placement: args.placement.describe(
+            &cpus,
+            "the driver",
+            "the back end, qemu-storage-daemon and fio",
+        ),
         image,
         rows: out,
     })
@@ -458,6 +531,7 @@ pub fn run_default(json: bool) -> Result<serde_json::Value> {
         queue_depth: 4,
         dir: None,
         modes: Vec::new(),
+        placement: Placement::Split,
         json,
         guest: false,
     };
@@ -471,11 +545,14 @@ pub fn run_default(json: bool) -> Result<serde_json::Value> {
 /// Prints the table (markdown).
 pub fn print_table(rep: &BenchBlkReport) {
     println!(
-        "bench blk: {} MiB per run in {} KiB blocks, queue depth {}, {} runs per row",
+        "bench blk: {} MiB per run in {} KiB blocks, queue depth {}, {} runs per row; image in {} ({}); {}",
         rep.bytes >> 20,
         rep.bs >> 10,
         rep.queue_depth,
-        rep.runs
+        rep.runs,
+        rep.image.parent().unwrap_or(&rep.image).display(),
+        rep.image_on,
+        rep.placement
     );
     println!("| row | median GiB/s | min | max | spread | of limit |");
     println!("|---|---:|---:|---:|---:|---:|");

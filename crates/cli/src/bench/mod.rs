@@ -10,6 +10,7 @@ pub mod blk;
 pub mod fio;
 pub mod guest;
 pub mod heap;
+pub mod place;
 pub mod rpmsg;
 
 use std::path::PathBuf;
@@ -136,7 +137,8 @@ impl Summary {
     }
 }
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// `TMPFS_MAGIC` of statfs(2).
+pub(crate) const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// A directory on a disk file system for scratch files: `/var/tmp`, else the
 /// current directory; never a tmpfs (a benchmark file there would be RAM).

@@ -26,6 +26,7 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
+use super::place::{on_cpu, spawn_on, Cpus, Placement};
 use super::Summary;
 use crate::rpmsg::Latency;
 
@@ -518,110 +519,6 @@ fn bar(total: u64, json: bool) -> ProgressBar {
     b
 }
 
-/// Where the processes of one measurement run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Placement {
-    /// Every process on one CPU: no wake-up crosses CPUs.
-    One,
-    /// The client on one CPU; the servers (host, remote, the limit's raw
-    /// server or echo child) on another.
-    Split,
-    /// No pinning: where the scheduler puts them.
-    Free,
-}
-
-impl Placement {
-    fn name(self) -> &'static str {
-        match self {
-            Placement::One => "one",
-            Placement::Split => "split",
-            Placement::Free => "free",
-        }
-    }
-
-    fn describe(self, cpus: &Cpus) -> String {
-        match (self, cpus.pair()) {
-            (Placement::Free, _) => "no pinning (the scheduler's choice)".into(),
-            (Placement::One, (a, _)) => format!("every process on CPU {a}"),
-            (Placement::Split, (a, b)) => {
-                format!("client on CPU {a}, host, remote and the limit's server on CPU {b}")
-            }
-        }
-    }
-
-    /// CPUs of (client, servers).
-    fn cpus(self, cpus: &Cpus) -> (Option<usize>, Option<usize>) {
-        let (a, b) = cpus.pair();
-        match self {
-            Placement::Free => (None, None),
-            Placement::One => (Some(a), Some(a)),
-            Placement::Split => (Some(a), Some(b)),
-        }
-    }
-}
-
-/// The CPUs this process may run on, and how to pin to one of them.
-struct Cpus {
-    allowed: rustix::thread::CpuSet,
-    ids: Vec<usize>,
-}
-
-impl Cpus {
-    fn get() -> Result<Cpus> {
-        let allowed =
-            rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
-        let ids: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&i| allowed.is_set(i))
-            .collect();
-        ensure!(!ids.is_empty(), "no CPU in this process's affinity mask");
-        Ok(Cpus { allowed, ids })
-    }
-
-    /// Two distinct CPUs if there are two (else the one twice).
-    fn pair(&self) -> (usize, usize) {
-        (self.ids[0], *self.ids.get(1).unwrap_or(&self.ids[0]))
-    }
-}
-
-/// Pins the calling thread to `cpu`, or back to `all` with `None`.
-fn pin(cpu: Option<usize>, all: &rustix::thread::CpuSet) -> Result<()> {
-    let set = match cpu {
-        Some(c) => {
-            let mut s = rustix::thread::CpuSet::new();
-            s.set(c);
-            s
-        }
-        None => *all,
-    };
-    rustix::thread::sched_setaffinity(None, &set).context("setting the CPU affinity")
-}
-
-thread_local! {
-    /// The affinity spawned children start from when not pinned.
-    static ALL_CPUS: std::cell::Cell<Option<rustix::thread::CpuSet>> =
-        const { std::cell::Cell::new(None) };
-}
-
-/// Spawns `cmd` pinned to `cpu` (`None`: on every CPU this process may
-/// use): a child inherits the affinity of the thread that forks it, so the
-/// calling thread is pinned around the spawn and restored after.
-fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
-    let mine = rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
-    let all = ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine);
-    pin(cpu, &all)?;
-    let child = cmd.spawn();
-    rustix::thread::sched_setaffinity(None, &mine).context("restoring the CPU affinity")?;
-    Ok(child?)
-}
-
-/// Runs `f` with the calling thread pinned to `cpu`, then restores it.
-fn on_cpu<T>(cpu: Option<usize>, cpus: &Cpus, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    pin(cpu, &cpus.allowed)?;
-    let r = f();
-    pin(None, &cpus.allowed)?;
-    r
-}
-
 struct Row {
     loops: u64,
     /// Totals per run, microseconds.
@@ -730,7 +627,6 @@ fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
     );
     ensure!(!a.placement.is_empty(), "--placement: give at least one");
     let cpus = Cpus::get()?;
-    ALL_CPUS.with(|c| c.set(Some(cpus.allowed)));
     let total: u64 =
         a.loops.iter().sum::<u64>() * WAYS as u64 * a.runs as u64 * a.placement.len() as u64;
     let pb = bar(total, a.json);
@@ -793,7 +689,7 @@ fn report(a: &RpmsgArgs, m: &Measured, cpus: &Cpus) -> serde_json::Value {
     if !a.json {
         println!(
             "rpmsg endpoint create+destroy, {}: {} runs; totals: median (min-max); per cycle: median over {CHUNK}-cycle chunks",
-            m.placement.describe(cpus),
+            m.placement.describe(cpus, "client", "host, remote and the limit's server"),
             a.runs
         );
         println!(
@@ -875,7 +771,7 @@ fn report(a: &RpmsgArgs, m: &Measured, cpus: &Cpus) -> serde_json::Value {
     }
     serde_json::json!({
         "placement": m.placement.name(),
-        "where": m.placement.describe(cpus),
+        "where": m.placement.describe(cpus, "client", "host, remote and the limit's server"),
         "rows": jrows,
         "limit": {
             "what": "raw SOCK_SEQPACKET request/response with an fd (an eventfd) passed, two processes",

@@ -1,0 +1,130 @@
+//! Where a benchmark's processes run.
+//!
+//! On a small VM a wake-up that crosses to an idle vCPU costs tens of
+//! microseconds (an IPI to a halted vCPU), one on the same CPU a few, and
+//! the scheduler places a two-process limit and a three-process path
+//! differently; unpinned, two rows of a table compare placements, not code.
+//! A [`Placement`] pins every process of a measurement, the limit's
+//! included, the same way: the client (the bench itself, the driver) on one
+//! CPU, the servers (back ends, peers, the limit's own server) on the same
+//! or another one.
+
+use std::process::{Child, Command};
+
+use anyhow::{ensure, Context, Result};
+use rustix::thread::CpuSet;
+
+/// Where the processes of one measurement run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    /// Every process on one CPU: no wake-up crosses CPUs.
+    One,
+    /// The client on one CPU, the servers (and the limit's) on another.
+    Split,
+    /// No pinning: where the scheduler puts them.
+    Free,
+}
+
+impl Placement {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::One => "one",
+            Placement::Split => "split",
+            Placement::Free => "free",
+        }
+    }
+
+    /// In words, with the client and the servers named.
+    pub fn describe(self, cpus: &Cpus, client: &str, servers: &str) -> String {
+        let (a, b) = cpus.pair();
+        match self {
+            Placement::Free => "no pinning (the scheduler's choice)".into(),
+            Placement::One => format!("every process on CPU {a}"),
+            Placement::Split => format!("{client} on CPU {a}, {servers} on CPU {b}"),
+        }
+    }
+
+    /// CPUs of (client, servers); `None`: not pinned.
+    pub fn cpus(self, cpus: &Cpus) -> (Option<usize>, Option<usize>) {
+        let (a, b) = cpus.pair();
+        match self {
+            Placement::Free => (None, None),
+            Placement::One => (Some(a), Some(a)),
+            Placement::Split => (Some(a), Some(b)),
+        }
+    }
+}
+
+/// The CPUs this process may run on.
+pub struct Cpus {
+    allowed: CpuSet,
+    ids: Vec<usize>,
+}
+
+thread_local! {
+    /// What "not pinned" means for a child spawned from a pinned thread.
+    static ALL_CPUS: std::cell::Cell<Option<CpuSet>> = const { std::cell::Cell::new(None) };
+}
+
+impl Cpus {
+    /// Reads this thread's affinity (call before pinning anything).
+    ///
+    /// # Errors
+    /// When the affinity cannot be read or is empty.
+    pub fn get() -> Result<Cpus> {
+        let allowed =
+            rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
+        let ids: Vec<usize> = (0..CpuSet::MAX_CPU)
+            .filter(|&i| allowed.is_set(i))
+            .collect();
+        ensure!(!ids.is_empty(), "no CPU in this process's affinity mask");
+        ALL_CPUS.with(|c| c.set(Some(allowed)));
+        Ok(Cpus { allowed, ids })
+    }
+
+    /// Two distinct CPUs if there are two (else the one twice).
+    pub fn pair(&self) -> (usize, usize) {
+        (self.ids[0], *self.ids.get(1).unwrap_or(&self.ids[0]))
+    }
+}
+
+/// Pins the calling thread to `cpu`, or to all of `all` with `None`.
+fn pin(cpu: Option<usize>, all: &CpuSet) -> Result<()> {
+    let set = match cpu {
+        Some(c) => {
+            let mut s = CpuSet::new();
+            s.set(c);
+            s
+        }
+        None => *all,
+    };
+    rustix::thread::sched_setaffinity(None, &set).context("setting the CPU affinity")
+}
+
+/// Spawns `cmd` pinned to `cpu` (`None`: on every CPU this process may
+/// use). A child inherits the affinity of the thread that forks it, so the
+/// calling thread is pinned around the spawn and restored after.
+///
+/// # Errors
+/// When the affinity cannot be set, or the spawn fails.
+pub fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
+    let mine = rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
+    let all = ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine);
+    pin(cpu, &all)?;
+    let child = cmd.spawn();
+    rustix::thread::sched_setaffinity(None, &mine).context("restoring the CPU affinity")?;
+    Ok(child?)
+}
+
+/// Runs `f` with the calling thread (and the threads it starts) pinned to
+/// `cpu`, then unpins it.
+///
+/// # Errors
+/// When the affinity cannot be set, or what `f` returns.
+pub fn on_cpu<T>(cpu: Option<usize>, cpus: &Cpus, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pin(cpu, &cpus.allowed)?;
+    let r = f();
+    pin(None, &cpus.allowed)?;
+    r
+}
