@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use io_uring::{opcode, types, IoUring};
 use iopath_virtio::device::{
@@ -348,14 +348,62 @@ struct InFlight {
 // memory kept mapped by `_mem`; neither is tied to the creating thread.
 unsafe impl Send for InFlight {}
 
-struct Executor {
-    image: Arc<Image>,
-    id: [u8; VIRTIO_BLK_ID_BYTES],
+/// What the kernel holds of one queue: the ring and the requests its
+/// entries point at. Shared with the queue thread's before-miss-wait hook
+/// (the same thread: the lock is never contended, and never held across a
+/// translation, which is where the hook runs).
+struct IoState {
     ring: IoUring,
-    eventfd: OwnedFd,
     slots: Vec<Option<InFlight>>,
     free: Vec<usize>,
     in_flight: usize,
+    /// Completions taken out of the ring, their tickets dropped, not yet
+    /// written to the used ring.
+    done: Vec<(InFlight, i32)>,
+}
+
+impl IoState {
+    /// Takes every completion the kernel has posted: out of its slot, its
+    /// ticket dropped (the kernel is done with the memory).
+    fn take_completions(&mut self) {
+        let posted: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (slot, res) in posted {
+            let Some(mut flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+                continue;
+            };
+            drop(flight._dma.take());
+            self.free.push(slot as usize);
+            self.in_flight -= 1;
+            self.done.push((flight, res));
+        }
+    }
+
+    /// Lets every request in flight finish (see
+    /// [`iopath_virtio::device::set_before_miss_wait`]).
+    fn finish_in_flight(&mut self) {
+        while self.in_flight > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => {
+                    tracing::warn!("io_uring wait: {e}");
+                    return;
+                }
+            }
+            self.take_completions();
+        }
+    }
+}
+
+struct Executor {
+    image: Arc<Image>,
+    id: [u8; VIRTIO_BLK_ID_BYTES],
+    io: Arc<Mutex<IoState>>,
+    eventfd: OwnedFd,
     /// Used entries written since the last notification.
     pending_notify: bool,
     /// The server asked the queue to stop: finish what is in flight only.
@@ -375,25 +423,55 @@ impl Executor {
         Ok(Self {
             image,
             id,
-            ring,
+            io: Arc::new(Mutex::new(IoState {
+                ring,
+                slots: (0..n).map(|_| None).collect(),
+                free: (0..n).rev().collect(),
+                in_flight: 0,
+                done: Vec::new(),
+            })),
             eventfd,
-            slots: (0..n).map(|_| None).collect(),
-            free: (0..n).rev().collect(),
-            in_flight: 0,
             pending_notify: false,
             stopping: false,
         })
     }
 
+    fn io(&self) -> std::sync::MutexGuard<'_, IoState> {
+        self.io.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn run(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        // Before this thread waits for the front end to answer an IOTLB
+        // miss, its own I/O finishes: the front end may be waiting for an
+        // invalidation's acknowledgement, which waits for that I/O. (A lock
+        // held up the stack means nothing can be taken now; skip.)
+        let io = Arc::clone(&self.io);
+        iopath_virtio::device::set_before_miss_wait(Some(Box::new(move || {
+            if let Ok(mut st) = io.try_lock() {
+                st.finish_in_flight();
+            }
+        })));
+        struct Unhook;
+        impl Drop for Unhook {
+            fn drop(&mut self) {
+                iopath_virtio::device::set_before_miss_wait(None);
+            }
+        }
+        let _unhook = Unhook;
         // Requests may already be waiting (a restarted ring).
         self.process_avail(ctx)?;
         loop {
             if self.stopping {
-                if self.in_flight == 0 {
+                let (in_flight, done) = {
+                    let st = self.io();
+                    (st.in_flight, st.done.len())
+                };
+                if in_flight == 0 && done == 0 {
                     return Ok(());
                 }
-                self.ring.submit_and_wait(1)?;
+                if in_flight > 0 {
+                    self.io().ring.submit_and_wait(1)?;
+                }
                 self.reap(ctx);
                 continue;
             }
@@ -407,7 +485,11 @@ impl Executor {
                 self.stopping = true;
                 continue;
             }
-            if wake.kick || self.free.len() == self.slots.len() {
+            let all_free = {
+                let st = self.io();
+                st.free.len() == st.slots.len()
+            };
+            if wake.kick || all_free {
                 self.process_avail(ctx)?;
             }
         }
@@ -420,14 +502,14 @@ impl Executor {
         let mem = ctx.memory();
         loop {
             let _ = ctx.queue_mut().disable_notification(&*mem);
-            while !self.free.is_empty() {
+            while !self.io().free.is_empty() {
                 let Some(chain) = ctx.queue_mut().pop_descriptor_chain(mem.clone()) else {
                     break;
                 };
                 let parsed = Request::parse(chain, &*mem, &self.image.limits);
                 self.start(ctx, &mem, parsed);
             }
-            if self.free.is_empty() {
+            if self.io().free.is_empty() {
                 // Out of slots: completions will call us again.
                 break;
             }
@@ -450,7 +532,8 @@ impl Executor {
 
     fn submit(&mut self) -> io::Result<()> {
         loop {
-            match self.ring.submit() {
+            let r = self.io().ring.submit();
+            match r {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
@@ -690,7 +773,8 @@ impl Executor {
         flight: InFlight,
         sqe: io_uring::squeue::Entry,
     ) {
-        let Some(slot) = self.free.pop() else {
+        let popped = self.io().free.pop();
+        let Some(slot) = popped else {
             // Cannot happen: callers check for a free slot first.
             self.complete(
                 ctx,
@@ -702,17 +786,28 @@ impl Executor {
             );
             return;
         };
-        self.slots[slot] = Some(flight);
-        self.in_flight += 1;
         let sqe = sqe.user_data(slot as u64);
         loop {
-            // SAFETY: every pointer in `sqe` (iovec array, buffers) lives in
-            // `self.slots[slot]`, which stays in place until its completion
-            // is reaped.
-            if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
+            let mut st = self.io();
+            // SAFETY: every pointer in `sqe` points at heap memory of
+            // `flight` (its boxed iovec array, its bounce buffer) or at the
+            // front end's memory it keeps mapped; `flight` goes into
+            // `slots[slot]` before the entry is submitted and stays there
+            // until its completion is taken.
+            if unsafe { st.ring.submission().push(&sqe) }.is_ok() {
+                st.slots[slot] = Some(flight);
+                st.in_flight += 1;
+                // Submitted at once: an entry left in the queue would hold
+                // its ticket while a later request's translation waits on
+                // the front end.
+                if let Err(e) = st.ring.submit() {
+                    tracing::debug!("io_uring submit: {e} (retried at the next submit)");
+                }
                 return;
             }
-            if let Err(e) = self.ring.submit() {
+            let r = st.ring.submit();
+            drop(st);
+            if let Err(e) = r {
                 tracing::warn!("io_uring submit: {e}");
                 self.reap(ctx);
             }
@@ -721,28 +816,22 @@ impl Executor {
 
     /// Completes every request io_uring has finished.
     fn reap(&mut self, ctx: &mut QueueContext) {
-        let done: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
+        // The kernel is done with these requests' memory: their hold on
+        // IOTLB invalidations ended when they were taken. The status and
+        // used-ring writes below run under this batch's ticket, which a
+        // miss wait parks (the front end may be waiting for an
+        // invalidation's ack before it can answer that miss).
+        let done = {
+            let mut st = self.io();
+            st.take_completions();
+            std::mem::take(&mut st.done)
+        };
         if done.is_empty() {
             return;
         }
         let _dma = ctx.dma_batch();
         let mem = ctx.memory();
-        for (slot, res) in done {
-            let Some(mut flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
-                continue;
-            };
-            // The kernel is done with the memory: the I/O's hold on IOTLB
-            // invalidations ends here. The status and used-ring writes below
-            // run under this batch's ticket, which a miss wait parks (the
-            // front end may be waiting for an invalidation's ack before it
-            // can answer that miss).
-            drop(flight._dma.take());
-            self.free.push(slot as usize);
-            self.in_flight -= 1;
+        for (flight, res) in done {
             let (status, len) = self.finish(&mem, &flight, res);
             self.complete(ctx, &mem, flight.head, Some(flight.status), status, len);
         }

@@ -413,6 +413,7 @@ impl Iommu for VhostIommu {
             // Hold up no invalidation while waiting: the front end may need
             // its acknowledgement before it can answer.
             let _parked = self.fence.as_ref().map(|f| f.park());
+            super::before_miss_wait();
             if !self.report_miss(first.base.0, first.length as u64, access) {
                 return Err(fail(if denied {
                     "access not permitted"
