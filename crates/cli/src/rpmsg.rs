@@ -728,40 +728,11 @@ fn ping(a: PingArgs) -> Result<()> {
 /// The limit: kick a child process through an eventfd pair and wait for its
 /// kick back, `count` times (after a warm-up).
 pub(crate) fn raw_pingpong(count: u64) -> Result<Latency> {
-    let dir = std::env::temp_dir().join(format!("iopath-rawpp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let spec = NotifySpec::Eventfd(dir.join("ev"));
-    let listener = spec.bind()?;
     let warm = 100;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args([
-            "rpmsg",
-            "raw-echo",
-            "--notify",
-            &spec.to_string(),
-            "--count",
-        ])
-        .arg((count + warm).to_string())
-        .spawn()
-        .context("starting the raw echo child")?;
-    let n = listener.accept()?;
+    let raw = crate::bench::rpmsg::RawPingPong::start(count + warm, None)?;
+    raw.round_trips(warm, &mut Vec::new())?;
     let mut lat = Vec::with_capacity(count as usize);
-    let mut t0 = Instant::now();
-    for i in 0..count + warm {
-        if i == warm {
-            t0 = Instant::now();
-        }
-        let t = Instant::now();
-        n.kick()?;
-        while n.wait(Duration::from_secs(5))? != iopath_rpmsg::notify::Wake::Kicked {}
-        if i >= warm {
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    let elapsed = t0.elapsed();
-    drop(n);
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    let elapsed = raw.round_trips(count, &mut lat)?;
     Ok(Latency::from(lat, elapsed))
 }
 

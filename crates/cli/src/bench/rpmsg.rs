@@ -421,7 +421,7 @@ fn echo(ep: &EptFd, count: u64, busy: bool, seq: &mut u64, lat: &mut Vec<f64>) -
 
 /// The latency limit: a child process (`iopath rpmsg raw-echo`) kicked
 /// through an eventfd pair kicks back.
-struct RawPingPong {
+pub(crate) struct RawPingPong {
     child: Child,
     n: Box<dyn Notifier>,
     _dir: tempfile::TempDir,
@@ -436,7 +436,7 @@ impl Drop for RawPingPong {
 
 impl RawPingPong {
     /// A partner that echoes `kicks` kicks.
-    fn start(kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
+    pub(crate) fn start(kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
         let dir = tempfile::Builder::new()
             .prefix("iopath-bench-rawpp-")
             .tempdir()?;
@@ -464,7 +464,8 @@ impl RawPingPong {
         })
     }
 
-    fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
+    /// `count` round trips, latencies appended to `lat`; the time taken.
+    pub(crate) fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
         let t0 = Instant::now();
         for _ in 0..count {
             let t = Instant::now();
