@@ -199,6 +199,43 @@ fn memory_table_larger_than_its_file_is_refused() {
     still_serves(&mut srv);
 }
 
+/// A front end that keeps the right to truncate the memory it shares would
+/// crash the back end (SIGBUS on every access past the new end): a memfd
+/// that allows sealing comes out of SET_MEM_TABLE sealed against shrinking,
+/// and truncating it fails.
+#[test]
+fn shared_memfd_is_sealed_against_shrinking() {
+    let mut srv = Server::start(1 << 20, &[]);
+    {
+        use vhost::VhostBackend;
+        let fe = acked_frontend(&srv);
+        let mem = memfd::MemfdOptions::default()
+            .allow_sealing(true)
+            .close_on_exec(true)
+            .create("iopath-test-sealable")
+            .unwrap();
+        mem.as_file().set_len(4 << 20).unwrap();
+        assert!(
+            !mem.seals().unwrap().contains(&memfd::FileSeal::SealShrink),
+            "the test's memfd starts unsealed"
+        );
+        fe.set_mem_table(&[vhost::VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: 4 << 20,
+            userspace_addr: UADDR,
+            mmap_offset: 0,
+            mmap_handle: std::os::fd::AsRawFd::as_raw_fd(mem.as_file()),
+        }])
+        .unwrap();
+        assert!(mem.seals().unwrap().contains(&memfd::FileSeal::SealShrink));
+        let e = mem.as_file().set_len(0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        // Growing stays allowed: nothing mapped is lost by it.
+        mem.as_file().set_len(8 << 20).unwrap();
+    }
+    still_serves(&mut srv);
+}
+
 fn map(c: &Client, gpa: u64, size: u64, perm: IotlbPerm) {
     let m = IotlbMsg::Update {
         iova: IOVA + gpa,

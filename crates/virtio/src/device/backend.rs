@@ -305,8 +305,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// QEMU's `VHOST_USER_MAX_RAM_SLOTS`.
 const MAX_MEM_SLOTS: usize = 509;
 
-/// Maps one region the front end shares.
-fn map_region(r: &VhostUserMemoryRegion, file: File) -> VhostResult<Region> {
+/// Seals a memory file the front end shares against shrinking
+/// (`F_SEAL_SHRINK`) where it can: a front end that truncated memory this
+/// back end has mapped would turn every access past the new end into
+/// SIGBUS, which takes the whole back end down. QEMU's memfds come sealed
+/// already (`seal=on`), iopath's heaps too; a memfd created without
+/// `MFD_ALLOW_SEALING`, or a plain file (tmpfs, hugetlbfs), cannot be
+/// sealed and is mapped as it is, with one log line.
+fn seal_against_shrinking(file: &File, index: usize) {
+    use rustix::fs::{fcntl_add_seals, fcntl_get_seals, SealFlags};
+    let why = match fcntl_get_seals(file) {
+        Ok(seals) if seals.contains(SealFlags::SHRINK) => return,
+        Ok(_) => match fcntl_add_seals(file, SealFlags::SHRINK) {
+            Ok(()) => return,
+            Err(e) => format!("F_ADD_SEALS: {e}"),
+        },
+        Err(e) => format!("not a memfd ({e})"),
+    };
+    tracing::info!(
+        "memory region {index}: cannot be sealed against shrinking ({why}); \
+         a front end that truncates it would crash this back end"
+    );
+}
+
+/// Maps one region the front end shares (region `index` of its table).
+fn map_region(r: &VhostUserMemoryRegion, file: File, index: usize) -> VhostResult<Region> {
+    // Sealed before its size is checked: a file shrunk after the check
+    // would fault the mapping all the same.
+    seal_against_shrinking(&file, index);
     let size = usize::try_from(r.memory_size).map_err(|_| VhostError::InvalidParam)?;
     // Mapping beyond the end of the file would turn every access there into
     // SIGBUS: refuse such a region up front.
@@ -644,8 +670,8 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
             return Err(VhostError::InvalidParam);
         }
         let mut regions = Vec::with_capacity(ctx.len());
-        for (r, file) in ctx.iter().zip(files) {
-            regions.push(map_region(r, file)?);
+        for (i, (r, file)) in ctx.iter().zip(files).enumerate() {
+            regions.push(map_region(r, file, i)?);
         }
         let old = std::mem::replace(&mut self.regions, regions);
         if let Err(e) = self.rebuild_memory() {
@@ -818,7 +844,7 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
         if self.regions.len() >= MAX_MEM_SLOTS {
             return Err(invalid("all memory slots in use"));
         }
-        let new = map_region(region, fd)?;
+        let new = map_region(region, fd, self.regions.len())?;
         self.regions.push(new);
         if let Err(e) = self.rebuild_memory() {
             // Overlapping or otherwise unusable: the table stays as it was.
