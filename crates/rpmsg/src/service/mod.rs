@@ -286,17 +286,20 @@ impl EptService {
             return;
         };
         for _ in 0..CTRL_DRAIN {
-            let n = match rustix::net::recv(&*fd, &mut *buf, RecvFlags::DONTWAIT) {
-                Ok((0, _)) => return self.client_gone(conn, &peer, None),
-                Ok((n, _)) => n,
-                Err(rustix::io::Errno::AGAIN) => return,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => return self.client_gone(conn, &peer, None),
-            };
+            // `buf` holds any request; a longer packet is garbage, cut to
+            // `buf` (and logged with its full length).
+            let (n, full) =
+                match rustix::net::recv(&*fd, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
+                    Ok((_, 0)) => return self.client_gone(conn, &peer, None),
+                    Ok(got) => got,
+                    Err(rustix::io::Errno::AGAIN) => return,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => return self.client_gone(conn, &peer, None),
+                };
             match crate::ctrl::on_packet(self, conn, &fd, &peer, &buf[..n]) {
                 crate::ctrl::Next::Keep => {}
                 crate::ctrl::Next::Garbage(errno) => {
-                    return self.client_gone(conn, &peer, Some((n, errno)))
+                    return self.client_gone(conn, &peer, Some((full, errno)))
                 }
                 crate::ctrl::Next::Attached => {
                     // The attach thread owns the connection now; it holds
