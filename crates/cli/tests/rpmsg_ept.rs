@@ -519,6 +519,48 @@ fn dead_clients_and_garbage_are_freed() {
     wait_stats(&c, "all freed", |s| s.endpoints() == 0);
 }
 
+/// One event loop serves every control connection: a client that sends
+/// requests and never reads the answers must not stall the others. Its
+/// answers are dropped once its socket is full (the fds in them closed, so
+/// their endpoints are freed); everyone else is served meanwhile.
+#[test]
+fn client_that_never_reads_stalls_no_one() {
+    let st = setup();
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    let hog = CtrlClient::connect(&st.ctrl).unwrap();
+    let req = iopath_rpmsg::ctrl::proto::Request::CreateEptFd(EptInfo::new("hog"), O_RDWR)
+        .encode()
+        .unwrap();
+    // Far more answers (each with an fd) than its receive queue holds.
+    let mut sent = 0;
+    while sent < 5_000 {
+        match rustix::net::send(hog.fd(), &req, rustix::net::SendFlags::DONTWAIT) {
+            Ok(_) => sent += 1,
+            Err(Errno::AGAIN) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    // Meanwhile another client is served at once, both ways.
+    let start = Instant::now();
+    let ep = echo_ept(&c, O_RDWR | O_CLOEXEC);
+    round_trip(&ep, 100, 3);
+    let (_, path) = c.create_ept(&EptInfo::new("echo")).unwrap();
+    let node = EptFd::open_node(&path, O_CLOEXEC).unwrap();
+    round_trip(&node, 200, 4);
+    node.destroy().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "served only after {:?}",
+        start.elapsed()
+    );
+    // When the hog goes, nothing it was answered with is left behind.
+    drop(hog);
+    drop(ep);
+    let s = wait_stats(&c, "the hog's endpoints freed", |s| s.endpoints() == 0);
+    assert!(s.created >= 3, "{s:?}");
+    assert!(empty_dir(&st.rundir()));
+}
+
 /// `iopath rpmsg ept create --ctrl CTRL --name echo`.
 fn ept_create(ctrl: &Path) -> Command {
     let mut cmd = Command::new(BIN);

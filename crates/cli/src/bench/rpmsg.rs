@@ -79,7 +79,8 @@ pub struct RpmsgArgs {
         default_value = "one,split,free"
     )]
     pub placement: Vec<Placement>,
-    /// Print one JSON object with `rows`, `limit`, `echo`.
+    /// Print one JSON object: `rows`, `limit` and `echo` of the first
+    /// placement, every placement under `placements`.
     #[arg(long)]
     pub json: bool,
 }
