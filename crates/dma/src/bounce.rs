@@ -88,6 +88,11 @@ impl Bounce {
             return Err(Error::Policy("bounce slot size must be a power of two"));
         }
         let window = alloc_shared(window_len)?;
+        // The window is set up once, like swiotlb's at boot: its pages are
+        // allocated now, not on the first requests that bounce through it.
+        if window.populate().is_err() {
+            window.fill(0, window.len(), 0)?;
+        }
         let mut regions = RegionTable::new();
         let window_gpa = regions.register(&window)?;
         let slots = window.len() / slot;
