@@ -1445,7 +1445,10 @@ fn service(shared: Arc<Shared>) {
             mark_down(&shared, reason);
             break;
         }
-        if n > 0 {
+        // The hook runs on every pass, busy or not: a peer that keeps the
+        // rings busy must not starve the hook's own sources.
+        let hooked = polling && lock(&shared.poll_hook).as_mut().is_some_and(|h| h());
+        if n > 0 || hooked {
             idle_since = Instant::now();
             continue;
         }
@@ -1463,10 +1466,6 @@ fn service(shared: Arc<Shared>) {
             }
         };
         if more {
-            continue;
-        }
-        if polling && lock(&shared.poll_hook).as_mut().is_some_and(|h| h()) {
-            idle_since = Instant::now();
             continue;
         }
         let timeout = if polling {

@@ -236,3 +236,59 @@ fn memfd_shared_memory() {
     host.shutdown();
     remote.shutdown();
 }
+
+/// On a polling bus the spinning bus thread also runs the endpoint
+/// service's event loop; once the link is down that thread stops, and a
+/// pump thread must take over in a process that lives on: endpoints hang
+/// up, and control requests, on old and new connections, are answered with
+/// EPIPE instead of never.
+#[test]
+fn endpoint_service_answers_after_a_polling_link_goes_down() {
+    use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
+    use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, CtrlServer, EptInfo};
+    use iopath_rpmsg::wire::ADDR_ANY;
+    let (host, _remote, _unbound, dir) = pair(NotifySpec::Poll, false);
+    let ctrl = dir.path().join("ctrl");
+    let _server = CtrlServer::start(host.clone(), &ctrl).unwrap();
+    let c = CtrlClient::connect(&ctrl).unwrap();
+    host.wait_channel("echo", T).unwrap();
+    let ep = c
+        .create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC)
+        .unwrap();
+    assert_ne!(ep.info().dst, ADDR_ANY);
+    let msg = pattern(100, 5);
+    ep.send(&msg).unwrap();
+    let mut back = [0u8; 512];
+    let n = ep.recv_timeout(&mut back, T).unwrap().unwrap();
+    assert_eq!(&back[..n], &msg[..]);
+
+    // The device reports that it needs a reset: the host's bus goes down.
+    let shm = SharedMem::open(&dir.path().join("shm")).unwrap();
+    let at = shm.table(0).unwrap().vdev.status_offset() as u64;
+    let status = shm.load_u8(at).unwrap();
+    shm.store_u8(at, status | iopath_rpmsg::rsc_table::status::NEEDS_RESET)
+        .unwrap();
+    assert!(
+        host.wait_down(Some(T)).is_some(),
+        "the host's bus stayed up"
+    );
+    let pipe = |e: CtrlError| match e {
+        CtrlError::Refused { errno } => errno,
+        CtrlError::Io { source, .. } => source.raw_os_error().unwrap_or(0),
+        other => panic!("{other}"),
+    };
+    // The endpoint hangs up (the pump took its EOF over).
+    let e = ep.recv_timeout(&mut back, T).unwrap_err();
+    assert_eq!(pipe(e), libc::EPIPE);
+    let e = c.create_ept_fd(&EptInfo::new("echo"), O_RDWR).unwrap_err();
+    assert_eq!(pipe(e), libc::EPIPE);
+    let late = CtrlClient::connect(&ctrl).unwrap();
+    let e = late.create_ept(&EptInfo::new("echo")).unwrap_err();
+    assert_eq!(pipe(e), libc::EPIPE);
+    drop(ep);
+    let deadline = std::time::Instant::now() + T;
+    while late.stats().unwrap().endpoints() != 0 {
+        assert!(std::time::Instant::now() < deadline, "endpoint never freed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

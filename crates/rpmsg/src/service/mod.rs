@@ -140,6 +140,10 @@ struct Conn {
 
 struct Inner {
     bus: Bus,
+    /// Held by whoever runs the event loop's pass: the pump thread, or on a
+    /// polling bus its spinning thread until the link goes down and the
+    /// fallback pump thread takes over.
+    pass: Mutex<()>,
     conns: Mutex<HashMap<u64, Conn>>,
     epoll: OwnedFd,
     wake: OwnedFd,
@@ -202,6 +206,7 @@ impl EptService {
         .map_err(sys("epoll_ctl"))?;
         let inner = Arc::new(Inner {
             bus,
+            pass: Mutex::new(()),
             conns: Mutex::new(HashMap::new()),
             epoll,
             wake,
@@ -222,11 +227,30 @@ impl EptService {
             // client run first.)
             svc.inner.bus.set_poll_hook(move || {
                 weak.upgrade().is_some_and(|inner| {
-                    EptService { inner }
-                        .pump_once(false, &mut buf)
-                        .unwrap_or(false)
+                    let Ok(_pass) = inner.pass.try_lock() else {
+                        return false;
+                    };
+                    EptService {
+                        inner: Arc::clone(&inner),
+                    }
+                    .pump_once(false, &mut buf)
+                    .unwrap_or(false)
                 })
             });
+            // Once the link is down the bus thread stops and the hook with
+            // it: a pump thread keeps serving the control connections (their
+            // requests now fail with EPIPE) and the endpoints' hang-ups.
+            let s2 = svc.clone();
+            std::thread::Builder::new()
+                .name("rpmsg-ept-pump".into())
+                .spawn(move || {
+                    while s2.inner.bus.wait_down(None).is_none() {}
+                    s2.pump();
+                })
+                .map_err(|source| CtrlError::Io {
+                    op: "spawn",
+                    source,
+                })?;
         } else {
             let s2 = svc.clone();
             std::thread::Builder::new()
@@ -494,7 +518,10 @@ impl EptService {
     fn pump(&self) {
         let mut buf = vec![0u8; MAX_PAYLOAD + 1];
         loop {
-            if let Err(e) = self.pump_once(true, &mut buf) {
+            let pass = lock(&self.inner.pass);
+            let r = self.pump_once(true, &mut buf);
+            drop(pass);
+            if let Err(e) = r {
                 warn!(target: "iopath_rpmsg", "endpoint service: epoll failed: {e}");
                 return;
             }
