@@ -320,11 +320,17 @@ pub(crate) fn on_packet(
             packet.to_vec(),
             peer.to_owned(),
         );
+        let answer_to = Arc::clone(&c);
         let spawned = std::thread::Builder::new()
             .name("rpmsg-attach".into())
             .spawn(move || attach(bus, c, &packet, &peer));
         if let Err(e) = spawned {
             warn!(target: "iopath_rpmsg", "control client {conn}: no thread for ATTACH: {e}");
+            let _ = rustix::net::send(
+                &*answer_to,
+                &reply(-libc::EAGAIN, 0, 0),
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+            );
         }
         return Next::Attached;
     }
@@ -345,12 +351,25 @@ pub(crate) fn on_packet(
     }
 }
 
-/// Sends an answer without ever waiting: a client that does not read its
-/// answers loses them, and cannot stall the event loop every client shares.
+/// Sends an answer without ever waiting, so a client cannot stall the
+/// event loop every client shares. One that does not read its answers
+/// (its queue full) is disconnected rather than silently skipped, which
+/// would leave it waiting for an answer that never comes: it reads the
+/// answers queued so far, then end of file, and the loop frees what it held.
 pub(crate) fn answer(c: &OwnedFd, bytes: &[u8]) {
     if let Err(e) = rustix::net::send(c, bytes, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
+        not_answered(c, e);
+    }
+}
+
+/// An answer could not be sent on `c`: hang the connection up.
+pub(crate) fn not_answered(c: &OwnedFd, e: rustix::io::Errno) {
+    if e == rustix::io::Errno::AGAIN {
+        warn!(target: "iopath_rpmsg", "control client does not read its answers: disconnected");
+    } else {
         debug!(target: "iopath_rpmsg", "control answer not sent: {e}");
     }
+    let _ = rustix::net::shutdown(c, Shutdown::Both);
 }
 
 /// One log line for a control connection that went away.

@@ -10,7 +10,6 @@ use rustix::net::{
     AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, Shutdown, SocketFlags,
     SocketType,
 };
-use tracing::debug;
 
 /// `O_ACCMODE`.
 const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
@@ -38,9 +37,10 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
                 &mut anc,
                 SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
             ) {
-                // The client is gone: dropping its end hangs the socketpair
-                // up, and the pump destroys the endpoint.
-                debug!(target: "iopath_rpmsg", "CREATE_EPT_FD answer not sent: {e}");
+                // Dropping the client's end hangs the socketpair up, and
+                // the event loop destroys the endpoint; a client that does
+                // not read its answers is disconnected.
+                crate::ctrl::not_answered(c, e);
             }
             drop(client);
             refill(svc);
@@ -120,8 +120,8 @@ fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, Owne
         O_RDONLY => {
             // Our end is about to read end of file for good: first watch
             // for the client's close (a hang-up, always reported) only, so
-            // the event loop (another thread) never takes that end of file
-            // for a close and destroys the endpoint; then shut it.
+            // the event loop never takes that end of file for a close and
+            // destroys the endpoint; then shut it.
             rustix::event::epoll::modify(
                 &svc.inner.epoll,
                 &*spare.ours,
