@@ -386,7 +386,10 @@ impl IoState {
     /// [`iopath_virtio::device::set_before_miss_wait`]).
     fn finish_in_flight(&mut self) {
         while self.in_flight > 0 {
-            match self.ring.submit_and_wait(1) {
+            let waited = self.ring.submit_and_wait(1);
+            // Whatever the wait says, what was posted is taken.
+            self.take_completions();
+            match waited {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) => {
@@ -394,8 +397,16 @@ impl IoState {
                     return;
                 }
             }
-            self.take_completions();
         }
+    }
+}
+
+impl Drop for IoState {
+    /// The kernel may still read or write the memory of requests in
+    /// flight (bounce buffers owned here, the front end's memory these
+    /// requests' tickets hold): let them finish before any of it goes.
+    fn drop(&mut self) {
+        self.finish_in_flight();
     }
 }
 
@@ -447,7 +458,12 @@ impl Executor {
         // held up the stack means nothing can be taken now; skip.)
         let io = Arc::clone(&self.io);
         iopath_virtio::device::set_before_miss_wait(Some(Box::new(move || {
-            if let Ok(mut st) = io.try_lock() {
+            let st = match io.try_lock() {
+                Ok(st) => Some(st),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            if let Some(mut st) = st {
                 st.finish_in_flight();
             }
         })));
@@ -470,7 +486,12 @@ impl Executor {
                     return Ok(());
                 }
                 if in_flight > 0 {
-                    self.io().ring.submit_and_wait(1)?;
+                    let waited = self.io().ring.submit_and_wait(1);
+                    match waited {
+                        Ok(_) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 self.reap(ctx);
                 continue;
