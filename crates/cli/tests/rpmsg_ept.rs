@@ -586,6 +586,61 @@ fn client_that_never_reads_is_disconnected_and_stalls_no_one() {
     );
 }
 
+/// A remote that stops taking buffers (frozen with SIGSTOP) must not stall
+/// the event loop every client shares: the endpoint's next message waits
+/// for a buffer with its socket out of the loop, control requests are
+/// answered at once meanwhile, and once the remote runs again every
+/// message goes and comes back, in order.
+#[test]
+fn stuck_remote_stalls_no_control_request() {
+    // 16-entry rings: the host runs out of buffers after 16 messages.
+    let st = pair("eventfd:DIR/ev", &["--ring", "16"], &[]);
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    let ep = echo_ept(&c, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+    st.remote.signal(rustix::process::Signal::STOP);
+    let mut sent = 0u8;
+    loop {
+        match ep.send(&[sent; 24]) {
+            Ok(()) => sent += 1,
+            Err(e) if errno(&e) == Some(Errno::AGAIN) => break,
+            Err(e) => panic!("send: {e}"),
+        }
+        assert!(sent < 200, "the service never stopped taking messages");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(sent > 16, "only {sent} messages taken");
+    let start = Instant::now();
+    let s = c.stats().unwrap();
+    let other = c
+        .create_ept_fd(&EptInfo::new("other"), O_RDWR | O_CLOEXEC)
+        .unwrap();
+    drop(other);
+    let (_, path) = c.create_ept(&EptInfo::new("other")).unwrap();
+    let node = EptFd::open_node(&path, O_CLOEXEC).unwrap();
+    node.destroy().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "control requests waited {:?} behind a stuck remote",
+        start.elapsed()
+    );
+    assert_eq!(s.dropped, 0, "{s:?}");
+    st.remote.signal(rustix::process::Signal::CONT);
+    let mut back = [0u8; 64];
+    for i in 0..sent {
+        let n = loop {
+            match ep.recv_timeout(&mut back, Duration::from_secs(10)) {
+                Ok(Some(n)) => break n,
+                Ok(None) => panic!("echo {i} of {sent} never came"),
+                Err(e) if errno(&e) == Some(Errno::AGAIN) => {}
+                Err(e) => panic!("recv: {e}"),
+            }
+        };
+        assert_eq!(&back[..n], &[i; 24][..], "echo {i}");
+    }
+    let s = c.stats().unwrap();
+    assert_eq!(s.dropped, 0, "{s:?}");
+}
+
 /// `iopath rpmsg ept create --ctrl CTRL --name echo`.
 fn ept_create(ctrl: &Path) -> Command {
     let mut cmd = Command::new(BIN);

@@ -65,6 +65,13 @@ impl Proc {
         }
     }
 
+    /// Sends `sig` to the process (e.g. SIGSTOP / SIGCONT to freeze it).
+    #[allow(dead_code)] // not every test binary freezes a process
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, sig).unwrap();
+    }
+
     /// Kills the process and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -72,8 +72,11 @@ const CTRL_DRAIN: usize = 16;
 /// Messages taken from one socket per wake-up, so one busy endpoint does
 /// not starve the others.
 const DRAIN: usize = 64;
-/// How long the pump waits for a free buffer on the bus.
+/// How long a message waits for a free buffer on the bus before it is
+/// dropped (counted).
 const SEND_WAIT: Duration = Duration::from_secs(5);
+/// How often the event loop retries messages waiting for a buffer.
+const RETRY_EVERY: Duration = Duration::from_millis(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -132,6 +135,12 @@ struct Counters {
     clients: AtomicU32,
 }
 
+/// A message taken from an endpoint's socket, waiting for a bus buffer.
+struct Stalled {
+    msg: Vec<u8>,
+    since: std::time::Instant,
+}
+
 /// A control connection, read by the event loop.
 struct Conn {
     fd: Arc<OwnedFd>,
@@ -145,6 +154,10 @@ struct Inner {
     /// fallback pump thread takes over.
     pass: Mutex<()>,
     conns: Mutex<HashMap<u64, Conn>>,
+    /// Endpoints whose next message waits for a free bus buffer (their
+    /// sockets out of the epoll set meanwhile): the loop never blocks on a
+    /// remote that keeps its buffers.
+    stalled: Mutex<HashMap<u64, Stalled>>,
     epoll: OwnedFd,
     wake: OwnedFd,
     table: Mutex<Table>,
@@ -208,6 +221,7 @@ impl EptService {
             bus,
             pass: Mutex::new(()),
             conns: Mutex::new(HashMap::new()),
+            stalled: Mutex::new(HashMap::new()),
             epoll,
             wake,
             table: Mutex::new(Table::default()),
@@ -501,6 +515,9 @@ impl EptService {
             }
             ept
         };
+        if lock(&self.inner.stalled).remove(&id).is_some() {
+            self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
+        }
         if let Kind::Legacy { path, listener, .. } = &ept.kind {
             let _ = epoll::delete(&self.inner.epoll, listener);
             let _ = std::fs::remove_file(path);
@@ -533,11 +550,17 @@ impl EptService {
     fn pump_once(&self, block: bool, buf: &mut [u8]) -> Result<bool, rustix::io::Errno> {
         let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
         let zero = rustix::event::Timespec::default();
-        let events = match epoll::wait(
-            &self.inner.epoll,
-            &mut space[..],
-            if block { None } else { Some(&zero) },
-        ) {
+        let retry = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: RETRY_EVERY.as_nanos() as i64,
+        };
+        let stalled = !lock(&self.inner.stalled).is_empty();
+        let timeout = match (block, stalled) {
+            (false, _) => Some(&zero),
+            (true, true) => Some(&retry),
+            (true, false) => None,
+        };
+        let events = match epoll::wait(&self.inner.epoll, &mut space[..], timeout) {
             Ok((events, _)) => events,
             Err(rustix::io::Errno::INTR) => return Ok(false),
             Err(e) => return Err(e),
@@ -560,7 +583,57 @@ impl EptService {
                 _ => self.forward(id, ev.flags, buf),
             }
         }
-        Ok(!events.is_empty())
+        let retried = stalled && self.retry_stalled();
+        Ok(!events.is_empty() || retried)
+    }
+
+    /// Tries again every message waiting for a bus buffer; an endpoint
+    /// whose message went gets its socket back in the epoll set. Returns
+    /// whether any went.
+    fn retry_stalled(&self) -> bool {
+        let ids: Vec<u64> = lock(&self.inner.stalled).keys().copied().collect();
+        let mut any = false;
+        for id in ids {
+            let Some((sock, ep)) = ({
+                let t = lock(&self.inner.table);
+                t.epts
+                    .get(&id)
+                    .map(|e| (lock(&e.sink.sock).clone(), e.bus_ept.handle()))
+            }) else {
+                lock(&self.inner.stalled).remove(&id);
+                continue;
+            };
+            let mut st = lock(&self.inner.stalled);
+            let Some(waiting) = st.get(&id) else { continue };
+            let outcome = ep.try_send(&waiting.msg);
+            let gave_up = waiting.since.elapsed() >= SEND_WAIT;
+            match outcome {
+                Err(BusError::WouldBlock) if !gave_up => continue,
+                Ok(()) => {
+                    self.inner.n.msgs.fetch_add(1, Ordering::Relaxed);
+                    any = true;
+                }
+                Err(BusError::LinkDown(_)) => {
+                    st.remove(&id);
+                    drop(st);
+                    lock(&self.inner.doomed).push(id);
+                    let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+                    continue;
+                }
+                Err(e) => {
+                    self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
+                    debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
+                }
+            }
+            st.remove(&id);
+            drop(st);
+            // Reading resumes: what the client wrote meanwhile (or its
+            // close) is reported again.
+            if let Some(sock) = sock {
+                let _ = self.watch(id, &sock, TAG_SOCK);
+            }
+        }
+        any
     }
 
     /// Takes what the client wrote on endpoint `id`'s socket to the bus.
@@ -573,6 +646,9 @@ impl EptService {
             };
             (s, e.bus_ept.handle(), matches!(e.kind, Kind::Legacy { .. }))
         };
+        if lock(&self.inner.stalled).contains_key(&id) {
+            return;
+        }
         let hup = flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::RDHUP);
         for _ in 0..DRAIN {
             match rustix::net::recv(&*sock, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
@@ -581,7 +657,11 @@ impl EptService {
                     self.inner.n.oversize.fetch_add(1, Ordering::Relaxed);
                     debug!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message dropped (max {MAX_PAYLOAD})", ep.addr());
                 }
-                Ok((n, _)) => self.to_bus(id, &ep, &sock, &buf[..n]),
+                Ok((n, _)) => {
+                    if !self.to_bus(id, &ep, &sock, &buf[..n]) {
+                        return;
+                    }
+                }
                 Err(rustix::io::Errno::AGAIN) => return,
                 Err(rustix::io::Errno::INTR) => {}
                 Err(_) => return self.end_of_file(id, legacy, &sock, flags),
@@ -589,10 +669,24 @@ impl EptService {
         }
     }
 
-    fn to_bus(&self, id: u64, ep: &EndpointRef, sock: &OwnedFd, data: &[u8]) {
-        match ep.send_timeout(data, Some(SEND_WAIT)) {
+    /// Sends one message of endpoint `id`; returns false when it has to
+    /// wait for a bus buffer (the socket then leaves the epoll set until
+    /// [`EptService::retry_stalled`] sends it).
+    fn to_bus(&self, id: u64, ep: &EndpointRef, sock: &OwnedFd, data: &[u8]) -> bool {
+        match ep.try_send(data) {
             Ok(()) => {
                 self.inner.n.msgs.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(BusError::WouldBlock) => {
+                let _ = epoll::delete(&self.inner.epoll, sock);
+                lock(&self.inner.stalled).insert(
+                    id,
+                    Stalled {
+                        msg: data.to_vec(),
+                        since: std::time::Instant::now(),
+                    },
+                );
+                return false;
             }
             Err(BusError::LinkDown(r)) => {
                 debug!(target: "iopath_rpmsg", "endpoint {}: link down ({r})", ep.addr());
@@ -605,6 +699,7 @@ impl EptService {
                 debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
             }
         }
+        true
     }
 
     /// The client's side of endpoint `id` ended: the last copy of an fd
