@@ -9,7 +9,8 @@
 //!                                   CREATE_EPT_FD ─► fdept::create
 //!                                   STATS, garbage (closed), ATTACH (own thread)
 //!    listener readable ─► accept, greet (0 | -EBUSY)
-//!    endpoint socket readable ─► Endpoint::send (bus)
+//!    endpoint socket readable ─► Endpoint::try_send (bus); no free buffer:
+//!        the message waits, its socket out of the set, retried every 1 ms
 //!    EOF: destroy (fd: last close or shutdown; node: shutdown)
 //!    doomed (remote gone) ─► destroy
 //!  bus thread: message ─► send on the endpoint's socket; unbound/link down ─► doom
