@@ -419,6 +419,9 @@ struct Executor {
     pending_notify: bool,
     /// The server asked the queue to stop: finish what is in flight only.
     stopping: bool,
+    /// The driver's available index jumped by more than the queue holds:
+    /// nothing more is taken from this queue until it is set up again.
+    broken: bool,
 }
 
 impl Executor {
@@ -444,6 +447,7 @@ impl Executor {
             eventfd,
             pending_notify: false,
             stopping: false,
+            broken: false,
         })
     }
 
@@ -519,9 +523,37 @@ impl Executor {
     /// Pops every available chain (re-checking after re-enabling
     /// notifications, virtio 1.2, 2.7.10) and starts it.
     fn process_avail(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        if self.broken {
+            return Ok(());
+        }
         let _dma = ctx.dma_batch();
         let mem = ctx.memory();
         loop {
+            // An index that moved by more than the queue holds is no index
+            // at all (a hostile driver, or memory that was taken away):
+            // virtio-queue would refuse every chain while the re-check
+            // below kept finding "more", a busy loop.
+            let next = ctx.queue_mut().next_avail();
+            let size = ctx.queue_mut().size();
+            match ctx
+                .queue_mut()
+                .avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+            {
+                Ok(avail) if avail.0.wrapping_sub(next) <= size => {}
+                Ok(avail) => {
+                    tracing::warn!(
+                        "queue {}: the driver's available index jumped from {next} to {}; queue stopped",
+                        ctx.index(),
+                        avail.0
+                    );
+                    self.broken = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("queue {}: cannot read the ring: {e}", ctx.index());
+                    break;
+                }
+            }
             let _ = ctx.queue_mut().disable_notification(&*mem);
             while !self.io().free.is_empty() {
                 let Some(chain) = ctx.queue_mut().pop_descriptor_chain(mem.clone()) else {

@@ -236,6 +236,36 @@ fn shared_memfd_is_sealed_against_shrinking() {
     still_serves(&mut srv);
 }
 
+/// A front end whose memory cannot be sealed (this client's memfd forbids
+/// sealing) truncates it under the back end's mapping: the back end's next
+/// access raises SIGBUS, which it catches: that front end is dropped, the
+/// back end lives on and serves the next one.
+#[test]
+fn front_end_truncating_its_memory_is_dropped_not_fatal() {
+    use vhost::VhostBackend;
+    let mut srv = Server::start(1 << 20, &[]);
+    {
+        let mut c = Client::new(&srv.socket, VERSION_1 | BLK_F_FLUSH, 1);
+        let data = pattern(0, 4096, 5);
+        assert_eq!(c.write(0, 0, &data), S_OK);
+        // The memory goes (the test's own mapping is not touched again);
+        // a kick makes the back end read the ring.
+        c.memfd.set_len(0).unwrap();
+        c.queues[0].kick.write(1).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while c.fe.get_features().is_ok() {
+            assert!(srv.alive(), "the back end died of the front end's SIGBUS");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the front end that truncated its memory is still served"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    assert!(srv.alive(), "the back end died of the front end's SIGBUS");
+    still_serves(&mut srv);
+}
+
 fn map(c: &Client, gpa: u64, size: u64, perm: IotlbPerm) {
     let m = IotlbMsg::Update {
         iova: IOVA + gpa,

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -142,6 +142,7 @@ pub fn serve_connection<D: VirtioDevice>(
 ) -> Result<(), DeviceError> {
     let mut side = stream.try_clone().map_err(DeviceError::Socket)?;
     let handler = Arc::new(Mutex::new(Handler::new(device)));
+    lock(&handler).conn = side.as_raw_fd();
     let mut requests = BackendReqHandler::from_stream(stream, Arc::clone(&handler));
     let result = loop {
         let mut hdr = [0u8; HDR_SIZE];
@@ -178,6 +179,9 @@ pub fn serve_connection<D: VirtioDevice>(
         }
     };
     lock(&handler).shutdown();
+    if super::sigbus::take_caught() {
+        tracing::warn!("front end truncated the memory it shares (SIGBUS caught): disconnected");
+    }
     result
 }
 
@@ -328,8 +332,14 @@ fn seal_against_shrinking(file: &File, index: usize) {
     );
 }
 
-/// Maps one region the front end shares (region `index` of its table).
-fn map_region(r: &VhostUserMemoryRegion, file: File, index: usize) -> VhostResult<Region> {
+/// Maps one region the front end on socket `conn` shares (region `index`
+/// of its table).
+fn map_region(
+    r: &VhostUserMemoryRegion,
+    file: File,
+    index: usize,
+    conn: RawFd,
+) -> VhostResult<Region> {
     // Sealed before its size is checked: a file shrunk after the check
     // would fault the mapping all the same.
     seal_against_shrinking(&file, index);
@@ -350,7 +360,14 @@ fn map_region(r: &VhostUserMemoryRegion, file: File, index: usize) -> VhostResul
     }
     let mapping = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
         .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+    // Whether sealed or not: a SIGBUS in it drops this front end, not the
+    // back end.
+    let watch = super::sigbus::watch(mapping.as_ptr(), size, conn);
+    if watch.is_none() {
+        tracing::info!("memory region {index}: not watched for SIGBUS");
+    }
     Ok(Region {
+        _watch: watch,
         guest_phys: r.guest_phys_addr,
         user_addr: r.user_addr,
         size: r.memory_size,
@@ -360,6 +377,8 @@ fn map_region(r: &VhostUserMemoryRegion, file: File, index: usize) -> VhostResul
 
 /// One region of the front end's memory table.
 struct Region {
+    /// Declared first, so dropped before the mapping goes.
+    _watch: Option<super::sigbus::Watch>,
     guest_phys: u64,
     user_addr: u64,
     size: u64,
@@ -400,6 +419,8 @@ impl Vring {
 /// The state one front end builds up: features, memory, vrings.
 struct Handler<D: VirtioDevice> {
     device: Arc<D>,
+    /// The front end's connection (shut down if it truncates its memory).
+    conn: RawFd,
     acked_features: u64,
     acked_protocol: u64,
     regions: Vec<Region>,
@@ -420,6 +441,7 @@ impl<D: VirtioDevice> Handler<D> {
         let mem = IommuMemory::new(GuestMemoryMmap::new(), iommu, false, ());
         Self {
             device,
+            conn: -1,
             acked_features: 0,
             acked_protocol: 0,
             regions: Vec::new(),
@@ -671,7 +693,7 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
         }
         let mut regions = Vec::with_capacity(ctx.len());
         for (i, (r, file)) in ctx.iter().zip(files).enumerate() {
-            regions.push(map_region(r, file, i)?);
+            regions.push(map_region(r, file, i, self.conn)?);
         }
         let old = std::mem::replace(&mut self.regions, regions);
         if let Err(e) = self.rebuild_memory() {
@@ -844,7 +866,7 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
         if self.regions.len() >= MAX_MEM_SLOTS {
             return Err(invalid("all memory slots in use"));
         }
-        let new = map_region(region, fd, self.regions.len())?;
+        let new = map_region(region, fd, self.regions.len(), self.conn)?;
         self.regions.push(new);
         if let Err(e) = self.rebuild_memory() {
             // Overlapping or otherwise unusable: the table stays as it was.

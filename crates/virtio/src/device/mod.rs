@@ -32,6 +32,7 @@
 
 mod backend;
 mod iotlb;
+mod sigbus;
 
 use std::fs::File;
 use std::io;
