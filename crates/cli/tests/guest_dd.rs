@@ -305,14 +305,22 @@ fn run_guest(
     json
 }
 
-fn guest_dd_against(start: fn(&Path, &Path, u32, PathBuf) -> Backend) {
+/// The guest (one at a time) and a scratch directory, or `None` (and a
+/// "skipped" line) without QEMU.
+fn guest_ready() -> Option<(std::sync::MutexGuard<'static, ()>, tempfile::TempDir)> {
     if !have("qemu-system-x86_64") {
         println!("skipped: qemu-system-x86_64 is missing (scripts/install-deps installs it)");
-        return;
+        return None;
     }
-    let _guard = guest_lock();
+    let guard = guest_lock();
     prepare();
-    let dir = tempfile::tempdir().expect("tempdir");
+    Some((guard, tempfile::tempdir().expect("tempdir")))
+}
+
+fn guest_dd_against(start: fn(&Path, &Path, u32, PathBuf) -> Backend) {
+    let Some((_guard, dir)) = guest_ready() else {
+        return;
+    };
     for (queues, seed) in [(1u32, 0x0123_4567_89ab_cdefu64), (2, 0xfeed_face_0bad_f00d)] {
         let image = dir.path().join(format!("disk-q{queues}.img"));
         let sock = dir.path().join(format!("vu-q{queues}.sock"));
@@ -360,13 +368,9 @@ fn guest_dd_iopath_blk_serve() {
 /// acknowledgement and the I/O until the miss timed out).
 #[test]
 fn guest_dd_iommu_iopath_blk_serve() {
-    if !have("qemu-system-x86_64") {
-        println!("skipped: qemu-system-x86_64 is missing (scripts/install-deps installs it)");
+    let Some((_guard, dir)) = guest_ready() else {
         return;
-    }
-    let _guard = guest_lock();
-    prepare();
-    let dir = tempfile::tempdir().expect("tempdir");
+    };
     let seed = 0x10_4d4d_55ee_d001u64;
     let image = dir.path().join("disk-iommu.img");
     let sock = dir.path().join("vu-iommu.sock");
