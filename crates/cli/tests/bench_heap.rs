@@ -4,14 +4,6 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 
-fn fio_installed() -> bool {
-    Command::new("fio")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 #[test]
 fn bench_heap_json_has_rows_and_limit() {
     let out = Command::new(BIN)
@@ -69,10 +61,9 @@ fn bench_heap_json_has_rows_and_limit() {
             );
         }
     }
-    if fio_installed() {
+    if iopath_testkit::have_peer("fio", "fio") {
         assert!(v["limit"]["gib_per_s"].as_f64().unwrap() > 0.0);
     } else {
-        println!("skipped: fio limit (fio not installed)");
         assert!(v["limit"].is_null());
     }
 }

@@ -51,13 +51,7 @@ fn start_peer(what: &str, len: u64, peer: impl FnOnce(&Path, &Path) -> Command) 
 }
 
 fn qsd(len: u64) -> Option<Peer> {
-    if Command::new("qemu-storage-daemon")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_err()
-    {
-        println!("skipped: qemu-storage-daemon not installed (package qemu-utils)");
+    if !iopath_testkit::have_peer("qemu-storage-daemon", "qemu-utils") {
         return None;
     }
     Some(start_peer("qemu-storage-daemon", len, |image, socket| {

@@ -33,15 +33,9 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {cmd}"))
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
+const QEMU: (&str, &str) = ("qemu-system-x86_64", "qemu-system-x86");
+const QSD: (&str, &str) = ("qemu-storage-daemon", "qemu-utils");
+const FIO: (&str, &str) = ("fio", "fio");
 
 /// One guest at a time: TCG guests are CPU-bound and the machine is small.
 fn guest_lock() -> std::sync::MutexGuard<'static, ()> {
@@ -308,8 +302,7 @@ fn run_guest(
 /// The guest (one at a time) and a scratch directory, or `None` (and a
 /// "skipped" line) without QEMU.
 fn guest_ready() -> Option<(std::sync::MutexGuard<'static, ()>, tempfile::TempDir)> {
-    if !have("qemu-system-x86_64") {
-        println!("skipped: qemu-system-x86_64 is missing (scripts/install-deps installs it)");
+    if !iopath_testkit::have_peers(&[QEMU]) {
         return None;
     }
     let guard = guest_lock();
@@ -349,8 +342,7 @@ fn guest_dd_against(start: fn(&Path, &Path, u32, PathBuf) -> Backend) {
 
 #[test]
 fn guest_dd_qemu_storage_daemon() {
-    if !have("qemu-storage-daemon") {
-        println!("skipped: qemu-storage-daemon is missing (scripts/install-deps installs it)");
+    if !iopath_testkit::have_peers(&[QSD]) {
         return;
     }
     guest_dd_against(start_qsd);
@@ -395,8 +387,7 @@ fn pattern_word_is_offset_xor_seed_little_endian() {
 /// figures, and their ratio.
 #[test]
 fn bench_blk_guest_rows() {
-    if !have("qemu-system-x86_64") || !have("qemu-storage-daemon") || !have("fio") {
-        println!("skipped: qemu-system-x86_64, qemu-storage-daemon or fio is missing");
+    if !iopath_testkit::have_peers(&[QEMU, QSD, FIO]) {
         return;
     }
     let _guard = guest_lock();
@@ -440,8 +431,7 @@ fn bench_blk_guest_rows() {
 /// with the pattern mismatch as its reason.
 #[test]
 fn guest_dd_fails_when_the_back_end_loses_writes() {
-    if !have("qemu-system-x86_64") || !have("qemu-storage-daemon") {
-        println!("skipped: qemu-system-x86_64 or qemu-storage-daemon is missing");
+    if !iopath_testkit::have_peers(&[QEMU, QSD]) {
         return;
     }
     let _guard = guest_lock();

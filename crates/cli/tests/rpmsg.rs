@@ -503,22 +503,22 @@ fn hostile_remote_against_host(huge_len: bool) {
 /// Against OpenAMP itself: its Linux echo demo built from source by
 /// `scripts/openamp-demo build SRC OUT`, found through `IOPATH_OPENAMP_BIN`.
 /// The demo's paths are fixed: /dev/shm/openamp.shm, /tmp/openamp.event.0.
+///
+/// OpenAMP is in no package registry, so no fresh machine (CI's included)
+/// has it: the test is opt-in, listed as ignored rather than passing
+/// unrun, and fails when asked for without the demo.
 #[test]
+#[ignore = "needs OpenAMP's demo: IOPATH_OPENAMP_BIN=DIR cargo test -p iopath --test rpmsg -- --ignored openamp_real"]
 fn openamp_real_demo_both_ways() {
-    let Some(bin) = std::env::var_os("IOPATH_OPENAMP_BIN").map(PathBuf::from) else {
-        println!(
-            "skipped: IOPATH_OPENAMP_BIN not set (build OpenAMP's demo with scripts/openamp-demo)"
-        );
-        return;
-    };
+    let bin = std::env::var_os("IOPATH_OPENAMP_BIN")
+        .map(PathBuf::from)
+        .expect("IOPATH_OPENAMP_BIN not set (build OpenAMP's demo with scripts/openamp-demo)");
     let (echo, ping_bin) = (bin.join("rpmsg-echo"), bin.join("rpmsg-echo-ping"));
-    if !echo.exists() || !ping_bin.exists() {
-        println!(
-            "skipped: no rpmsg-echo / rpmsg-echo-ping in {}",
-            bin.display()
-        );
-        return;
-    }
+    assert!(
+        echo.exists() && ping_bin.exists(),
+        "no rpmsg-echo / rpmsg-echo-ping in {}",
+        bin.display()
+    );
     let dir = tempfile::tempdir().unwrap();
     let ev = "unix:/tmp/openamp.event.0";
     // OpenAMP's rpmsg-echo (remote, writes the table, listens) against

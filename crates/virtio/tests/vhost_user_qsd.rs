@@ -24,13 +24,7 @@ impl Drop for Qsd {
 }
 
 fn qsd(image_len: u64) -> Option<Qsd> {
-    if Command::new("qemu-storage-daemon")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_err()
-    {
-        println!("skipped: qemu-storage-daemon not installed");
+    if !iopath_testkit::have_peer("qemu-storage-daemon", "qemu-utils") {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -71,13 +71,7 @@ fn image(dir: &Path, len: u64) -> PathBuf {
 /// `qemu-storage-daemon` exporting a fresh image of `len` bytes with
 /// `queues` queues, or `None` (test skipped) when it is not installed.
 pub fn qsd(len: u64, queues: u16) -> Option<Peer> {
-    if Command::new("qemu-storage-daemon")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_err()
-    {
-        println!("skipped: qemu-storage-daemon not installed (package qemu-utils)");
+    if !iopath_testkit::have_peer("qemu-storage-daemon", "qemu-utils") {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
