@@ -1,0 +1,581 @@
+//! The rpmsg bus: endpoints with addresses, the name service, channels the
+//! peer announced, and one service thread per link.
+//!
+//! ```text
+//!  Endpoint::send ─► encode ─► Link::send ─► kick?
+//!  service thread: Notifier::wait ─► Link::recv ─► wire::parse_message
+//!      ├─ dst 53: NsMsg::parse ─► channels + bind/unbind endpoints
+//!      ├─ dst = endpoint: queue (Endpoint::recv) or callback
+//!      └─ otherwise: counted and dropped
+//! ```
+//!
+//! Name-service rules follow OpenAMP (`rpmsg_virtio_ns_callback`): a CREATE
+//! binds every unbound local endpoint of that name to the announced address
+//! and records a channel; a DESTROY unbinds the endpoints bound to that
+//! address (they see [`Event::Unbound`]) and removes the channel. A local
+//! endpoint created with `announce` sends CREATE, and DESTROY when it goes.
+//!
+//! This file is the [`Bus`] API (start, create, send, flush, shutdown);
+//! `endpoint` the endpoints, `zero_copy` the in-place buffers, `service` the
+//! service thread, `name_service` what address 53 means, and `state` what
+//! they share behind the bus lock.
+
+mod endpoint;
+mod name_service;
+mod service;
+mod state;
+mod zero_copy;
+
+pub use endpoint::{Endpoint, EndpointOptions, EndpointRef};
+pub use zero_copy::{RxBuffer, TxBuffer, ZeroCopyEndpoint};
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use tracing::debug;
+
+use self::state::{
+    lock, mark_down, notify_down, wait_for_buffer, Callback, EptSlot, Shared, Sink, State,
+};
+use crate::host::HostLink;
+use crate::link::{Link, LinkError, Role};
+use crate::notify::{Notifier, NotifyError};
+use crate::remote::RemoteLink;
+use crate::shm::SharedMem;
+use crate::wire::{
+    self, check_name, Endian, WireError, ADDR_ANY, HDR_LEN, NS_ADDR, RESERVED_ADDRESSES,
+    VIRTIO_RPMSG_F_NS,
+};
+
+/// Why a bus operation failed.
+#[derive(Debug, Error)]
+pub enum BusError {
+    /// The link is down (reason given).
+    #[error("Link down: {0}")]
+    LinkDown(String),
+    /// No buffer free and the caller asked not to wait.
+    #[error("No free buffer")]
+    WouldBlock,
+    /// No buffer became free in time, or nothing arrived in time.
+    #[error("Timed out")]
+    Timeout,
+    /// The payload does not fit a buffer.
+    #[error("Payload of {len} bytes is larger than {max}")]
+    TooLarge {
+        /// Payload length.
+        len: usize,
+        /// Largest payload.
+        max: usize,
+    },
+    /// The endpoint has no destination yet.
+    #[error("Endpoint {addr} is not bound to a remote address")]
+    NotBound {
+        /// The endpoint.
+        addr: u32,
+    },
+    /// The source address is taken.
+    #[error("Address {addr} is in use")]
+    AddrInUse {
+        /// The address.
+        addr: u32,
+    },
+    /// A bad name.
+    #[error("Bad endpoint name")]
+    Name(#[from] WireError),
+    /// The remote service this endpoint was bound to is gone.
+    #[error("Remote service gone")]
+    Unbound,
+    /// The endpoint delivers to a callback, not a queue.
+    #[error("Endpoint delivers to a callback")]
+    CallbackEndpoint,
+    /// Starting the link failed.
+    #[error("Link setup failed")]
+    Link(#[from] LinkError),
+    /// The notifier failed while starting.
+    #[error("Notification failed")]
+    Notify(#[from] NotifyError),
+}
+
+/// Counters of what the bus did and refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Messages delivered to endpoints.
+    pub rx_msgs: u64,
+    /// Messages sent.
+    pub tx_msgs: u64,
+    /// Buffers the link refused (bad descriptor, length past the buffer).
+    pub rx_refused: u64,
+    /// Messages with a malformed header or name-service record.
+    pub rx_malformed: u64,
+    /// Messages for an address nobody listens on.
+    pub rx_unknown_dst: u64,
+    /// Name-service CREATE records received.
+    pub ns_create: u64,
+    /// Name-service DESTROY records received.
+    pub ns_destroy: u64,
+    /// Notifications sent to the peer.
+    pub kicks: u64,
+}
+
+/// A service the peer announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Channel {
+    /// Service name.
+    pub name: String,
+    /// The peer endpoint's address.
+    pub addr: u32,
+}
+
+/// One received message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Sender address.
+    pub src: u32,
+    /// Our address.
+    pub dst: u32,
+    /// Payload.
+    pub data: Vec<u8>,
+}
+
+/// What an endpoint receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A message.
+    Message(Message),
+    /// The peer destroyed the service this endpoint was bound to.
+    Unbound {
+        /// The peer address that went away.
+        addr: u32,
+    },
+    /// The link went down.
+    LinkDown(String),
+}
+
+/// An rpmsg bus over one link. Cheap to clone; [`Bus::shutdown`] stops it.
+#[derive(Clone)]
+pub struct Bus {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Bus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bus")
+            .field("role", &self.shared.role)
+            .field("notifier", &self.shared.notifier.kind())
+            .field("ns", &self.shared.ns)
+            .finish()
+    }
+}
+
+impl Bus {
+    /// Host role: takes the device in `shm` over (features limited to
+    /// `features`), sets DRIVER_OK, kicks the remote and starts serving.
+    ///
+    /// # Errors
+    /// [`BusError::Link`] if the table is refused or the rings do not fit.
+    pub fn host(
+        shm: SharedMem,
+        notifier: Box<dyn Notifier>,
+        features: u32,
+    ) -> Result<Bus, BusError> {
+        let link = HostLink::start(shm, features)?;
+        let bus = Bus::start(Box::new(link), notifier);
+        bus.shared.notifier.kick()?;
+        Ok(bus)
+    }
+
+    /// Remote role: waits for DRIVER_OK (at most `timeout`), then serves.
+    ///
+    /// # Errors
+    /// [`BusError::Link`] on timeout or a refused table.
+    pub fn remote(
+        shm: SharedMem,
+        notifier: Box<dyn Notifier>,
+        timeout: Option<Duration>,
+    ) -> Result<Bus, BusError> {
+        let link = RemoteLink::wait_ready(shm, &*notifier, timeout)?;
+        Ok(Bus::start(Box::new(link), notifier))
+    }
+
+    /// Starts a bus over any link.
+    pub fn start(link: Box<dyn Link>, notifier: Box<dyn Notifier>) -> Bus {
+        let features = link.features();
+        let shared = Arc::new(Shared {
+            endian: Endian::for_features(false),
+            ns: features & (1 << VIRTIO_RPMSG_F_NS) != 0,
+            role: link.role(),
+            buf_size: link.buf_size(),
+            shm: link.shm().clone(),
+            state: Mutex::new(State {
+                link,
+                endpoints: HashMap::new(),
+                channels: Vec::new(),
+                next_addr: RESERVED_ADDRESSES,
+                stats: Stats::default(),
+                down: None,
+                stop: false,
+            }),
+            cond: Condvar::new(),
+            buf_waiters: AtomicUsize::new(0),
+            events: Condvar::new(),
+            notifier,
+            thread: Mutex::new(None),
+            poll_hook: Mutex::new(None),
+        });
+        let s = Arc::clone(&shared);
+        let h = std::thread::Builder::new()
+            .name(format!("rpmsg-{}", shared.role))
+            .spawn(move || service::run(s))
+            .expect("spawn rpmsg service thread");
+        *lock(&shared.thread) = Some(h);
+        Bus { shared }
+    }
+
+    /// Host or remote.
+    pub fn role(&self) -> Role {
+        self.shared.role
+    }
+
+    /// Whether the name service was negotiated.
+    pub fn has_ns(&self) -> bool {
+        self.shared.ns
+    }
+
+    /// The negotiated feature word.
+    pub fn features(&self) -> u32 {
+        lock(&self.shared.state).link.features()
+    }
+
+    /// Whether the service thread polls the rings (no notifications).
+    pub fn polls(&self) -> bool {
+        self.shared.notifier.is_polling()
+    }
+
+    /// On a polling bus, runs `hook` on the service thread on every pass,
+    /// outside the bus lock (it may send); it returns whether it found work,
+    /// which keeps the thread spinning. Lets a user of the bus poll its own
+    /// sources (e.g. client sockets) on the already spinning thread instead
+    /// of a thread woken per event. Ignored on a bus that sleeps.
+    pub fn set_poll_hook(&self, hook: impl FnMut() -> bool + Send + 'static) {
+        *lock(&self.shared.poll_hook) = Some(Box::new(hook));
+    }
+
+    /// The notifier kind ("eventfd", "unix", "poll").
+    pub fn notifier_kind(&self) -> &'static str {
+        self.shared.notifier.kind()
+    }
+
+    /// Largest payload.
+    pub fn max_payload(&self) -> usize {
+        self.shared.buf_size - HDR_LEN
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        lock(&self.shared.state).stats
+    }
+
+    /// Services the peer has announced.
+    pub fn channels(&self) -> Vec<Channel> {
+        lock(&self.shared.state).channels.clone()
+    }
+
+    /// Why the link is down, if it is.
+    pub fn down_reason(&self) -> Option<String> {
+        lock(&self.shared.state).down.clone()
+    }
+
+    /// Waits until the peer announces `name`.
+    ///
+    /// # Errors
+    /// [`BusError::Timeout`], [`BusError::LinkDown`].
+    pub fn wait_channel(&self, name: &str, timeout: Duration) -> Result<Channel, BusError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = lock(&self.shared.state);
+        loop {
+            if let Some(c) = st.channels.iter().find(|c| c.name == name) {
+                return Ok(c.clone());
+            }
+            if let Some(r) = &st.down {
+                return Err(BusError::LinkDown(r.clone()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(BusError::Timeout);
+            }
+            st = self
+                .shared
+                .events
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Blocks until the link goes down or `timeout` passes; returns the
+    /// reason if it went down.
+    pub fn wait_down(&self, timeout: Option<Duration>) -> Option<String> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut st = lock(&self.shared.state);
+        loop {
+            if st.down.is_some() {
+                return st.down.clone();
+            }
+            let wait = match deadline {
+                Some(d) => d.checked_duration_since(Instant::now())?,
+                None => Duration::from_secs(1),
+            };
+            st = self
+                .shared
+                .events
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Creates an endpoint whose messages queue up for [`Endpoint::recv`].
+    ///
+    /// # Errors
+    /// [`BusError::AddrInUse`], [`BusError::Name`], or a send error for the
+    /// announcement.
+    pub fn create(&self, opts: EndpointOptions) -> Result<Endpoint, BusError> {
+        let (tx, rx) = mpsc::channel();
+        let addr = self.register(&opts, Sink::Queue(tx))?;
+        Ok(Endpoint {
+            r: EndpointRef {
+                bus: self.clone(),
+                addr,
+            },
+            rx: Some(rx),
+        })
+    }
+
+    /// Creates an endpoint whose events go to `cb`, called on the service
+    /// thread (it may send, e.g. to echo).
+    ///
+    /// # Errors
+    /// As [`Bus::create`].
+    pub fn create_with_callback(
+        &self,
+        opts: EndpointOptions,
+        cb: impl FnMut(&EndpointRef, Event) + Send + 'static,
+    ) -> Result<Endpoint, BusError> {
+        let cb: Callback = Box::new(cb);
+        let addr = self.register(&opts, Sink::Callback(Arc::new(Mutex::new(cb))))?;
+        Ok(Endpoint {
+            r: EndpointRef {
+                bus: self.clone(),
+                addr,
+            },
+            rx: None,
+        })
+    }
+
+    /// Creates a zero-copy endpoint: each message stays in the peer's
+    /// shared buffer until the [`RxBuffer`] is dropped (which gives the
+    /// buffer back). Holding many stalls the peer once its buffers run out.
+    ///
+    /// # Errors
+    /// As [`Bus::create`].
+    pub fn create_zero_copy(&self, opts: EndpointOptions) -> Result<ZeroCopyEndpoint, BusError> {
+        let (tx, rx) = mpsc::channel();
+        let addr = self.register(&opts, Sink::Held(tx))?;
+        Ok(ZeroCopyEndpoint {
+            r: EndpointRef {
+                bus: self.clone(),
+                addr,
+            },
+            rx,
+        })
+    }
+
+    fn register(&self, opts: &EndpointOptions, sink: Sink) -> Result<u32, BusError> {
+        let announce = opts.announce && self.shared.ns;
+        if announce || !opts.name.is_empty() {
+            check_name(&opts.name)?;
+        }
+        let addr = {
+            let mut st = lock(&self.shared.state);
+            if let Some(r) = &st.down {
+                return Err(BusError::LinkDown(r.clone()));
+            }
+            let addr = if opts.src == ADDR_ANY {
+                let mut a = st.next_addr;
+                while st.endpoints.contains_key(&a) || a == NS_ADDR {
+                    a = if a >= ADDR_ANY - 1 {
+                        RESERVED_ADDRESSES
+                    } else {
+                        a + 1
+                    };
+                }
+                st.next_addr = if a >= ADDR_ANY - 1 {
+                    RESERVED_ADDRESSES
+                } else {
+                    a + 1
+                };
+                a
+            } else {
+                if st.endpoints.contains_key(&opts.src) || opts.src == NS_ADDR {
+                    return Err(BusError::AddrInUse { addr: opts.src });
+                }
+                opts.src
+            };
+            // Bind at once if the peer already announced this name.
+            let mut dst = opts.dst;
+            if dst == ADDR_ANY {
+                if let Some(c) = st.channels.iter().find(|c| c.name == opts.name) {
+                    dst = c.addr;
+                }
+            }
+            st.endpoints.insert(
+                addr,
+                EptSlot {
+                    name: opts.name.clone(),
+                    dst,
+                    announced: announce,
+                    sink,
+                },
+            );
+            addr
+        };
+        if announce {
+            if let Err(e) = self.announce(&opts.name, addr) {
+                lock(&self.shared.state).endpoints.remove(&addr);
+                return Err(e);
+            }
+        }
+        debug!(target: "iopath_rpmsg", "{}: endpoint {:?} at {addr}", self.shared.role, opts.name);
+        Ok(addr)
+    }
+
+    pub(super) fn destroy(&self, addr: u32) {
+        let slot = lock(&self.shared.state).endpoints.remove(&addr);
+        if let Some(slot) = slot {
+            if slot.announced {
+                self.withdraw(&slot.name, addr);
+            }
+        }
+    }
+
+    /// Sends `data` from `src` to `dst`. `wait`: `None` fails at once with
+    /// [`BusError::WouldBlock`] when no buffer is free; `Some(t)` waits up
+    /// to `t`.
+    ///
+    /// # Errors
+    /// [`BusError::TooLarge`], [`BusError::WouldBlock`],
+    /// [`BusError::Timeout`], [`BusError::LinkDown`].
+    pub fn send_raw(
+        &self,
+        src: u32,
+        dst: u32,
+        data: &[u8],
+        wait: Option<Duration>,
+    ) -> Result<(), BusError> {
+        let mut msg = Vec::with_capacity(HDR_LEN + data.len());
+        wire::encode_message(
+            src,
+            dst,
+            data,
+            self.shared.buf_size,
+            self.shared.endian,
+            &mut msg,
+        )
+        .map_err(|_| BusError::TooLarge {
+            len: data.len(),
+            max: self.max_payload(),
+        })?;
+        let deadline = wait.map(|w| Instant::now() + w);
+        let mut st = lock(&self.shared.state);
+        loop {
+            if let Some(r) = &st.down {
+                return Err(BusError::LinkDown(r.clone()));
+            }
+            match st.link.send(&msg) {
+                Ok(true) => {
+                    st.stats.tx_msgs += 1;
+                    let kick = st.link.take_kick();
+                    if kick {
+                        st.stats.kicks += 1;
+                    }
+                    drop(st);
+                    if kick {
+                        if let Err(e) = self.shared.notifier.kick() {
+                            mark_down(&self.shared, format!("notify: {e}"));
+                            return Err(BusError::LinkDown(e.to_string()));
+                        }
+                    }
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    let reason = e.to_string();
+                    st.down = Some(reason.clone());
+                    drop(st);
+                    notify_down(&self.shared);
+                    return Err(BusError::LinkDown(reason));
+                }
+            }
+            let Some(deadline) = deadline else {
+                return Err(BusError::WouldBlock);
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(BusError::Timeout);
+            }
+            // Buffers come back with the peer's next kick (the service thread
+            // then signals); poll every millisecond in case it does not kick.
+            st = wait_for_buffer(&self.shared, st, deadline - now);
+        }
+    }
+
+    /// Waits until the peer has taken every sent message (host role; the
+    /// remote returns at once). Returns whether it did within `timeout`.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            {
+                let mut st = lock(&self.shared.state);
+                if st.down.is_some() {
+                    return false;
+                }
+                match st.link.tx_in_flight() {
+                    Ok(0) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Stops the service thread; the host resets the device status.
+    /// Endpoints see [`Event::LinkDown`].
+    pub fn shutdown(&self) {
+        let eps: Vec<u32> = lock(&self.shared.state).endpoints.keys().copied().collect();
+        for a in eps {
+            self.destroy(a);
+        }
+        {
+            let mut st = lock(&self.shared.state);
+            st.stop = true;
+            st.link.shutdown();
+        }
+        let _ = self.shared.notifier.kick();
+        mark_down(&self.shared, "bus shut down".into());
+        let h = lock(&self.shared.thread).take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}

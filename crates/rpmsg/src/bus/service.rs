@@ -1,0 +1,311 @@
+//! The service thread: takes what the peer filled off the link, dispatches
+//! it (name service, endpoints, zero-copy holders), returns buffers, kicks
+//! the peer, and tells every endpoint when the link goes down.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use super::name_service::handle_ns;
+use super::state::{lock, mark_down, notify_down, Delivery, Held, Shared, Sink, State};
+use super::{Bus, EndpointRef, Event, Message, RxBuffer};
+use crate::link;
+use crate::notify::NotifyError;
+use crate::wire::{self, NsMsg, WireError, ADDR_ANY, HDR_LEN, NS_ADDR};
+
+/// Messages handled per service pass before notifications are sent.
+const BATCH: usize = 64;
+/// How long an idle, event-driven service thread sleeps between checks of
+/// the status byte.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+fn deliver(bus: &Bus, addr: u32, sink: Sink, d: Delivery) {
+    match (sink, d) {
+        (Sink::Held(tx), Delivery::Buf(b)) => {
+            // A receiver gone drops the buffer here: it goes back at once.
+            let _ = tx.send(Held::Buf(b));
+        }
+        (Sink::Held(tx), Delivery::Ev(Event::Unbound { .. })) => {
+            let _ = tx.send(Held::Unbound);
+        }
+        (Sink::Held(tx), Delivery::Ev(Event::LinkDown(r))) => {
+            let _ = tx.send(Held::LinkDown(r));
+        }
+        (Sink::Held(_), Delivery::Ev(Event::Message(_))) => {}
+        (sink, Delivery::Buf(b)) => {
+            // Not a zero-copy endpoint: copy out and give the buffer back.
+            let m = Message {
+                src: b.src,
+                dst: b.dst,
+                data: b.to_vec(),
+            };
+            drop(b);
+            deliver(bus, addr, sink, Delivery::Ev(Event::Message(m)));
+        }
+        (Sink::Queue(tx), Delivery::Ev(ev)) => {
+            let _ = tx.send(ev);
+        }
+        (Sink::Callback(cb), Delivery::Ev(ev)) => {
+            let r = EndpointRef {
+                bus: bus.clone(),
+                addr,
+            };
+            (lock(&cb))(&r, ev);
+        }
+    }
+}
+
+/// Dispatches one buffer the peer filled. Name-service records and
+/// messages for copying endpoints are copied out and the buffer goes back
+/// at once; a zero-copy endpoint gets the buffer itself.
+fn handle_held(
+    shared: &Arc<Shared>,
+    st: &mut State,
+    h: link::Held,
+    out: &mut Vec<(u32, Sink, Delivery)>,
+) {
+    let mut hb = [0u8; HDR_LEN];
+    let parsed = if h.len < HDR_LEN {
+        Err(WireError::Short { got: h.len })
+    } else {
+        shared
+            .shm
+            .read(h.addr, &mut hb)
+            .map_err(|_| WireError::Short { got: 0 })
+            .and_then(|()| wire::Header::decode(&hb, shared.endian))
+            .and_then(|hdr| {
+                let room = h.len - HDR_LEN;
+                if usize::from(hdr.len) > room {
+                    Err(WireError::LenPastBuffer {
+                        len: usize::from(hdr.len),
+                        room,
+                    })
+                } else {
+                    Ok(hdr)
+                }
+            })
+    };
+    let hdr = match parsed {
+        Ok(hdr) => hdr,
+        Err(e) => {
+            st.stats.rx_malformed += 1;
+            warn!(target: "iopath_rpmsg", "{}: dropped malformed message: {e}", shared.role);
+            release(st, h);
+            return;
+        }
+    };
+    let payload_addr = h.addr + HDR_LEN as u64;
+    let len = usize::from(hdr.len);
+    if hdr.dst == NS_ADDR && shared.ns {
+        let mut rec = vec![0u8; len];
+        let r = shared.shm.read(payload_addr, &mut rec);
+        release(st, h);
+        match r
+            .map_err(|_| WireError::Short { got: 0 })
+            .and_then(|()| NsMsg::parse(&rec, shared.endian))
+        {
+            Ok(m) => handle_ns(shared, st, m, out),
+            Err(e) => {
+                st.stats.rx_malformed += 1;
+                warn!(target: "iopath_rpmsg", "{}: dropped name-service record from {}: {e}", shared.role, hdr.src);
+            }
+        }
+        return;
+    }
+    let Some(slot) = st.endpoints.get_mut(&hdr.dst) else {
+        st.stats.rx_unknown_dst += 1;
+        debug!(target: "iopath_rpmsg", "{}: dropped message for unknown address {}", shared.role, hdr.dst);
+        release(st, h);
+        return;
+    };
+    if slot.dst == ADDR_ANY {
+        // First message from the peer binds the endpoint (OpenAMP does so).
+        slot.dst = hdr.src;
+    }
+    st.stats.rx_msgs += 1;
+    let sink = slot.sink.clone();
+    if let Sink::Held(_) = sink {
+        out.push((
+            hdr.dst,
+            sink,
+            Delivery::Buf(RxBuffer {
+                shared: Arc::clone(shared),
+                held: Some(h),
+                src: hdr.src,
+                dst: hdr.dst,
+                addr: payload_addr,
+                len,
+            }),
+        ));
+        return;
+    }
+    let mut data = vec![0u8; len];
+    let r = shared.shm.read(payload_addr, &mut data);
+    release(st, h);
+    if r.is_ok() {
+        out.push((
+            hdr.dst,
+            sink,
+            Delivery::Ev(Event::Message(Message {
+                src: hdr.src,
+                dst: hdr.dst,
+                data,
+            })),
+        ));
+    }
+}
+
+pub(super) fn release(st: &mut State, h: link::Held) {
+    if let Err(e) = st.link.release_rx(h) {
+        st.down.get_or_insert(e.to_string());
+    }
+}
+
+/// The service thread's body: runs until the bus stops or the link goes
+/// down.
+pub(super) fn run(shared: Arc<Shared>) {
+    let bus = Bus {
+        shared: Arc::clone(&shared),
+    };
+    let polling = shared.notifier.is_polling();
+    let mut idle_since = Instant::now();
+    let mut last_check = Instant::now();
+    let mut out = Vec::new();
+    loop {
+        let mut n = 0;
+        let kick;
+        let mut down = None;
+        let ns_changed;
+        {
+            let mut st = lock(&shared.state);
+            if st.stop || st.down.is_some() {
+                break;
+            }
+            let ns_before = st.stats.ns_create + st.stats.ns_destroy;
+            while n < BATCH {
+                match st.link.hold_rx() {
+                    Ok(None) => break,
+                    Ok(Some(Err(reason))) => {
+                        st.stats.rx_refused += 1;
+                        warn!(target: "iopath_rpmsg", "{}: refused buffer: {reason}", shared.role);
+                    }
+                    Ok(Some(Ok(h))) => {
+                        handle_held(&shared, &mut st, h, &mut out);
+                        if let Some(r) = st.down.clone() {
+                            down = Some(r);
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        down = Some(e.to_string());
+                        break;
+                    }
+                }
+                n += 1;
+            }
+            if down.is_none() && last_check.elapsed() >= IDLE_WAIT {
+                last_check = Instant::now();
+                if let Err(e) = st.link.check() {
+                    down = Some(e.to_string());
+                }
+            }
+            kick = down.is_none() && st.link.take_kick();
+            if kick {
+                st.stats.kicks += 1;
+            }
+            ns_changed = st.stats.ns_create + st.stats.ns_destroy != ns_before;
+        }
+        if kick {
+            if let Err(e) = shared.notifier.kick() {
+                down = Some(format!("notify: {e}"));
+            }
+        }
+        for (addr, sink, ev) in out.drain(..) {
+            deliver(&bus, addr, sink, ev);
+        }
+        // Only those who wait are told: a notify is a system call, and a
+        // wake-up per message for nobody's sake doubles the echo latency.
+        if shared.buf_waiters.load(Ordering::SeqCst) > 0 {
+            shared.cond.notify_all();
+        }
+        if ns_changed {
+            shared.events.notify_all();
+        }
+        if let Some(reason) = down {
+            warn!(target: "iopath_rpmsg", "{}: link down: {reason}", shared.role);
+            mark_down(&shared, reason);
+            break;
+        }
+        // The hook runs on every pass, busy or not: a peer that keeps the
+        // rings busy must not starve the hook's own sources.
+        let hooked = polling && lock(&shared.poll_hook).as_mut().is_some_and(|h| h());
+        if n > 0 || hooked {
+            idle_since = Instant::now();
+            continue;
+        }
+        // A polling bus never sleeps on a kick, so it asks for none:
+        // re-arming on every spin would write the rings' suppression
+        // fields the peer reads, bouncing their cache lines between cores.
+        let more = !polling && {
+            let mut st = lock(&shared.state);
+            match st.link.arm() {
+                Ok(m) => m,
+                Err(e) => {
+                    st.down.get_or_insert(e.to_string());
+                    break;
+                }
+            }
+        };
+        if more {
+            continue;
+        }
+        let timeout = if polling {
+            // Spin while traffic is recent, then back off to 1 ms.
+            let idle = idle_since.elapsed();
+            if idle < Duration::from_millis(2) {
+                Duration::ZERO
+            } else {
+                (idle / 16).min(Duration::from_millis(1))
+            }
+        } else {
+            IDLE_WAIT
+        };
+        match shared.notifier.wait(timeout) {
+            Ok(_) => {}
+            Err(e) => {
+                let reason = match e {
+                    NotifyError::PeerGone => "peer closed the notification channel".to_owned(),
+                    e => format!("notify: {e}"),
+                };
+                warn!(target: "iopath_rpmsg", "{}: link down: {reason}", shared.role);
+                mark_down(&shared, reason);
+                break;
+            }
+        }
+    }
+    // Tell every endpoint, outside the lock (callbacks may call back in).
+    let (reason, sinks): (String, Vec<(u32, Sink)>) = {
+        let mut st = lock(&shared.state);
+        let reason = st
+            .down
+            .get_or_insert_with(|| "bus shut down".into())
+            .clone();
+        let sinks = st
+            .endpoints
+            .iter()
+            .map(|(a, s)| (*a, s.sink.clone()))
+            .collect();
+        (reason, sinks)
+    };
+    notify_down(&shared);
+    for (addr, sink) in sinks {
+        deliver(
+            &bus,
+            addr,
+            sink,
+            Delivery::Ev(Event::LinkDown(reason.clone())),
+        );
+    }
+}

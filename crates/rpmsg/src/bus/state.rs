@@ -1,0 +1,119 @@
+//! What the bus API, the endpoints and the service thread share: the
+//! state behind the bus lock, where each endpoint's messages go, and the
+//! wake-ups between them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{Channel, EndpointRef, Event, RxBuffer, Stats};
+use crate::link::{Link, Role};
+use crate::notify::Notifier;
+use crate::shm::SharedMem;
+use crate::wire::Endian;
+
+pub(super) type Callback = Box<dyn FnMut(&EndpointRef, Event) + Send>;
+
+#[derive(Clone)]
+pub(super) enum Sink {
+    Queue(mpsc::Sender<Event>),
+    Callback(Arc<Mutex<Callback>>),
+    /// Zero-copy endpoint: messages stay in their shared buffers.
+    Held(mpsc::Sender<Held>),
+}
+
+/// What a zero-copy endpoint receives.
+pub(super) enum Held {
+    Buf(RxBuffer),
+    Unbound,
+    LinkDown(String),
+}
+
+/// What the service thread hands to a sink.
+pub(super) enum Delivery {
+    Ev(Event),
+    Buf(RxBuffer),
+}
+
+pub(super) struct EptSlot {
+    pub(super) name: String,
+    pub(super) dst: u32,
+    pub(super) announced: bool,
+    pub(super) sink: Sink,
+}
+
+pub(super) struct State {
+    pub(super) link: Box<dyn Link>,
+    pub(super) endpoints: HashMap<u32, EptSlot>,
+    pub(super) channels: Vec<Channel>,
+    pub(super) next_addr: u32,
+    pub(super) stats: Stats,
+    pub(super) down: Option<String>,
+    pub(super) stop: bool,
+}
+
+pub(super) struct Shared {
+    pub(super) state: Mutex<State>,
+    /// Buffers came back: senders waiting for one (counted in
+    /// `buf_waiters`) look again.
+    pub(super) cond: Condvar,
+    /// Threads waiting on `cond`: the service thread signals only when
+    /// there are some, so a quiet pass costs no system call and wakes no
+    /// one.
+    pub(super) buf_waiters: AtomicUsize,
+    /// The channels changed or the link went down ([`Bus::wait_channel`](super::Bus::wait_channel),
+    /// [`Bus::wait_down`](super::Bus::wait_down)).
+    pub(super) events: Condvar,
+    pub(super) notifier: Box<dyn Notifier>,
+    pub(super) endian: Endian,
+    pub(super) ns: bool,
+    pub(super) role: Role,
+    pub(super) buf_size: usize,
+    /// The link's shared memory (zero-copy buffers read and write it).
+    pub(super) shm: SharedMem,
+    pub(super) thread: Mutex<Option<JoinHandle<()>>>,
+    /// Extra work for a polling service thread (see [`Bus::set_poll_hook`](super::Bus::set_poll_hook)).
+    pub(super) poll_hook: Mutex<Option<PollHook>>,
+}
+
+pub(super) type PollHook = Box<dyn FnMut() -> bool + Send>;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Marks the link down; the service thread tells the endpoints.
+pub(super) fn mark_down(shared: &Shared, reason: String) {
+    let mut st = lock(&shared.state);
+    if st.down.is_none() {
+        st.down = Some(reason);
+    }
+    drop(st);
+    notify_down(shared);
+}
+
+/// Wakes everyone waiting on the bus: the link is down.
+pub(super) fn notify_down(shared: &Shared) {
+    shared.cond.notify_all();
+    shared.events.notify_all();
+}
+
+/// Waits (the state lock released meanwhile) until buffers may have come
+/// back, at most `left` and 1 ms: the peer may return buffers without a
+/// kick.
+pub(super) fn wait_for_buffer<'a>(
+    shared: &'a Shared,
+    st: MutexGuard<'a, State>,
+    left: Duration,
+) -> MutexGuard<'a, State> {
+    shared.buf_waiters.fetch_add(1, Ordering::SeqCst);
+    let st = shared
+        .cond
+        .wait_timeout(st, left.min(Duration::from_millis(1)))
+        .unwrap_or_else(|e| e.into_inner())
+        .0;
+    shared.buf_waiters.fetch_sub(1, Ordering::SeqCst);
+    st
+}
