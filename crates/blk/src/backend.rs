@@ -383,7 +383,7 @@ impl IoState {
     }
 
     /// Lets every request in flight finish (see
-    /// [`iopath_virtio::device::set_before_miss_wait`]).
+    /// [`QueueContext::set_before_miss_wait`]).
     fn finish_in_flight(&mut self) {
         while self.in_flight > 0 {
             let waited = self.ring.submit_and_wait(1);
@@ -461,7 +461,7 @@ impl Executor {
         // invalidation's acknowledgement, which waits for that I/O. (A lock
         // held up the stack means nothing can be taken now; skip.)
         let io = Arc::clone(&self.io);
-        iopath_virtio::device::set_before_miss_wait(Some(Box::new(move || {
+        ctx.set_before_miss_wait(move || {
             let st = match io.try_lock() {
                 Ok(st) => Some(st),
                 Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
@@ -470,14 +470,7 @@ impl Executor {
             if let Some(mut st) = st {
                 st.finish_in_flight();
             }
-        })));
-        struct Unhook;
-        impl Drop for Unhook {
-            fn drop(&mut self) {
-                iopath_virtio::device::set_before_miss_wait(None);
-            }
-        }
-        let _unhook = Unhook;
+        });
         // Requests may already be waiting (a restarted ring).
         self.process_avail(ctx)?;
         loop {

@@ -425,6 +425,9 @@ struct Handler<D: VirtioDevice> {
     acked_protocol: u64,
     regions: Vec<Region>,
     mem: GuestMemoryAtomic<DeviceMemory>,
+    /// The same memory per queue, each through its own view of the IOMMU
+    /// (which holds the queue's miss-wait hook).
+    queue_mem: Vec<GuestMemoryAtomic<DeviceMemory>>,
     vrings: Vec<Vring>,
     fence: Arc<DmaFence>,
 }
@@ -438,6 +441,12 @@ impl<D: VirtioDevice> Handler<D> {
         let vrings = (0..device.num_queues()).map(|_| Vring::new()).collect();
         let fence = Arc::new(DmaFence::default());
         let iommu = VhostIommu::with_fence(Arc::clone(&fence));
+        let queue_mem = (0..device.num_queues())
+            .map(|_| {
+                let view = iommu.queue_view();
+                GuestMemoryAtomic::new(IommuMemory::new(GuestMemoryMmap::new(), view, false, ()))
+            })
+            .collect();
         let mem = IommuMemory::new(GuestMemoryMmap::new(), iommu, false, ());
         Self {
             device,
@@ -446,6 +455,7 @@ impl<D: VirtioDevice> Handler<D> {
             acked_protocol: 0,
             regions: Vec::new(),
             mem: GuestMemoryAtomic::new(mem),
+            queue_mem,
             vrings,
             fence,
         }
@@ -497,12 +507,14 @@ impl<D: VirtioDevice> Handler<D> {
                 VhostError::InvalidParam
             })?
         };
-        let mut mem = self.mem.memory().with_replaced_backend(phys);
-        mem.set_iommu_enabled(iommu_on);
-        self.mem
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(mem);
+        for atomic in std::iter::once(&self.mem).chain(&self.queue_mem) {
+            let mut mem = atomic.memory().with_replaced_backend(phys.clone());
+            mem.set_iommu_enabled(iommu_on);
+            atomic
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .replace(mem);
+        }
         Ok(())
     }
 
@@ -564,10 +576,13 @@ impl<D: VirtioDevice> Handler<D> {
                 return;
             }
         };
+        let Some(mem) = self.queue_mem.get(index).cloned() else {
+            return;
+        };
         let ctx = QueueContext {
             index,
             queue,
-            mem: self.mem.clone(),
+            mem: mem.clone(),
             kick,
             stop: Arc::clone(&stop),
             call: Arc::clone(&v.call),
@@ -577,7 +592,12 @@ impl<D: VirtioDevice> Handler<D> {
         let device = Arc::clone(&self.device);
         let spawned = std::thread::Builder::new()
             .name(format!("vq{index}"))
-            .spawn(move || device.run_queue(ctx));
+            .spawn(move || {
+                let queue = device.run_queue(ctx);
+                // The hook belongs to this run of the queue.
+                mem.memory().iommu().set_before_miss_wait(None);
+                queue
+            });
         match spawned {
             Ok(join) => self.vrings[index].worker = Some(Worker { stop, join }),
             Err(e) => tracing::warn!("vring {index}: cannot start a worker: {e}"),

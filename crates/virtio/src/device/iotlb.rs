@@ -203,8 +203,38 @@ impl IotlbMsg {
 /// access waits briefly for the update that answers it, as QEMU with a
 /// virtual IOMMU expects; without one, or when no answer comes, the access
 /// fails.
-#[derive(Debug, Default)]
+///
+/// Each started queue translates through a view of its own
+/// ([`VhostIommu::queue_view`]): the same IOTLB, with the hook its device
+/// set to run before a miss is waited for
+/// ([`QueueContext::set_before_miss_wait`](super::QueueContext::set_before_miss_wait)).
+#[derive(Default)]
 pub struct VhostIommu {
+    shared: Arc<IommuState>,
+    /// Run before this view waits for a miss to be answered.
+    before_miss_wait: Mutex<Option<MissWaitHook>>,
+}
+
+/// What a queue does before it waits for the front end to answer a miss.
+pub(crate) type MissWaitHook = Box<dyn FnMut() + Send>;
+
+impl std::fmt::Debug for VhostIommu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hooked = self
+            .before_miss_wait
+            .lock()
+            .map(|h| h.is_some())
+            .unwrap_or(false);
+        f.debug_struct("VhostIommu")
+            .field("state", &self.shared)
+            .field("before_miss_wait", &hooked)
+            .finish()
+    }
+}
+
+/// The IOTLB and miss channel every view of one [`VhostIommu`] shares.
+#[derive(Debug, Default)]
+struct IommuState {
     iotlb: RwLock<Iotlb>,
     miss: Mutex<Option<MissChannel>>,
     /// Bumped on every applied message; misses wait for it to move.
@@ -237,8 +267,47 @@ impl VhostIommu {
     /// An IOMMU whose miss waits park the thread's batch on `fence`.
     pub fn with_fence(fence: Arc<DmaFence>) -> Self {
         Self {
-            fence: Some(fence),
-            ..Self::default()
+            shared: Arc::new(IommuState {
+                fence: Some(fence),
+                ..IommuState::default()
+            }),
+            before_miss_wait: Mutex::new(None),
+        }
+    }
+
+    /// Another view of the same IOTLB, with no miss-wait hook of its own
+    /// yet (one per started queue).
+    pub(crate) fn queue_view(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            before_miss_wait: Mutex::new(None),
+        }
+    }
+
+    /// Sets (`None`: clears) what this view runs before it waits for the
+    /// front end to answer a miss.
+    pub(crate) fn set_before_miss_wait(&self, hook: Option<MissWaitHook>) {
+        *self
+            .before_miss_wait
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    /// Runs this view's miss-wait hook, if any (not re-entrantly: a miss
+    /// taken inside the hook runs none).
+    fn run_before_miss_wait(&self) {
+        let slot = || {
+            self.before_miss_wait
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        };
+        let Some(mut hook) = slot().take() else {
+            return;
+        };
+        hook();
+        let mut slot = slot();
+        if slot.is_none() {
+            *slot = Some(hook);
         }
     }
 
@@ -262,7 +331,7 @@ impl VhostIommu {
         } as usize;
         // A poisoned lock only means a panic elsewhere; the map itself is
         // always consistent, so keep using it.
-        let mut tlb = self.iotlb.write().unwrap_or_else(|e| e.into_inner());
+        let mut tlb = self.shared.iotlb.write().unwrap_or_else(|e| e.into_inner());
         if len == 0 {
             return false;
         }
@@ -285,8 +354,12 @@ impl VhostIommu {
             IotlbMsg::Invalidate { .. } => tlb.invalidate_mapping(GuestAddress(iova), len),
         }
         drop(tlb);
-        *self.updates.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.updated.notify_all();
+        *self
+            .shared
+            .updates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) += 1;
+        self.shared.updated.notify_all();
         replaced
     }
 
@@ -299,12 +372,12 @@ impl VhostIommu {
             let _ = sock.set_write_timeout(Some(MISS_WAIT));
             MissChannel { sock, reply_ack }
         });
-        *self.miss.lock().unwrap_or_else(|e| e.into_inner()) = ch;
+        *self.shared.miss.lock().unwrap_or_else(|e| e.into_inner()) = ch;
     }
 
     /// Sends one miss report; false when there is no channel or it failed.
     fn report_miss(&self, iova: u64, size: u64, access: Permissions) -> bool {
-        let mut guard = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.shared.miss.lock().unwrap_or_else(|e| e.into_inner());
         let Some(ch) = guard.as_mut() else {
             return false;
         };
@@ -350,7 +423,8 @@ impl VhostIommu {
 
     /// Forgets every mapping (a new front end, a device reset).
     pub fn clear(&self) {
-        self.iotlb
+        self.shared
+            .iotlb
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .invalidate_all();
@@ -383,8 +457,12 @@ impl Iommu for VhostIommu {
         let deadline = Instant::now() + MISS_WAIT * 4;
         let mut last_denied: Option<GuestAddress> = None;
         loop {
-            let seen = *self.updates.lock().unwrap_or_else(|e| e.into_inner());
-            let tlb = self.iotlb.read().unwrap_or_else(|e| e.into_inner());
+            let seen = *self
+                .shared
+                .updates
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let tlb = self.shared.iotlb.read().unwrap_or_else(|e| e.into_inner());
             let fails = match Iotlb::lookup(tlb, iova, length, access) {
                 Ok(it) => return Ok(it),
                 Err(f) => f,
@@ -412,8 +490,8 @@ impl Iommu for VhostIommu {
             last_denied = denied.then_some(first.base);
             // Hold up no invalidation while waiting: the front end may need
             // its acknowledgement before it can answer.
-            let _parked = self.fence.as_ref().map(|f| f.park());
-            super::before_miss_wait();
+            let _parked = self.shared.fence.as_ref().map(|f| f.park());
+            self.run_before_miss_wait();
             if !self.report_miss(first.base.0, first.length as u64, access) {
                 return Err(fail(if denied {
                     "access not permitted"
@@ -421,8 +499,13 @@ impl Iommu for VhostIommu {
                     "not mapped in the IOTLB"
                 }));
             }
-            let updates = self.updates.lock().unwrap_or_else(|e| e.into_inner());
+            let updates = self
+                .shared
+                .updates
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             let (updates, wait) = self
+                .shared
                 .updated
                 .wait_timeout_while(updates, MISS_WAIT, |n| *n == seen)
                 .unwrap_or_else(|e| e.into_inner());

@@ -133,40 +133,6 @@ struct FenceState {
 }
 
 thread_local! {
-    /// What this thread does before it waits for the front end to answer
-    /// an IOTLB miss ([`set_before_miss_wait`]).
-    static BEFORE_MISS_WAIT: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Sets (`None`: clears) what this thread does before it waits for the
-/// front end to answer an IOTLB miss.
-///
-/// The front end may be unable to answer until it has the acknowledgement
-/// of an invalidation it sent, and that waits (see [`DmaFence`]) for every
-/// access under way through the old translations, this thread's I/O in
-/// flight included. A device whose I/O holds tickets finishes it here
-/// (and keeps the completions for later): otherwise the miss, the
-/// invalidation and the I/O wait for each other until the miss times out.
-pub fn set_before_miss_wait(hook: Option<Box<dyn FnMut()>>) {
-    BEFORE_MISS_WAIT.with(|h| *h.borrow_mut() = hook);
-}
-
-/// Runs this thread's hook, if any (not re-entrantly).
-pub(crate) fn before_miss_wait() {
-    let hook = BEFORE_MISS_WAIT.with(|h| h.borrow_mut().take());
-    if let Some(mut f) = hook {
-        f();
-        BEFORE_MISS_WAIT.with(|h| {
-            let mut slot = h.borrow_mut();
-            if slot.is_none() {
-                *slot = Some(f);
-            }
-        });
-    }
-}
-
-thread_local! {
     /// Batch tickets held by this thread: (fence address, slot).
     static BATCHES: std::cell::RefCell<Vec<(usize, usize)>> =
         const { std::cell::RefCell::new(Vec::new()) };
@@ -315,6 +281,29 @@ impl QueueContext {
     /// and writing rings and buffers); drop it on this thread.
     pub fn dma_batch(&self) -> DmaTicket {
         self.fence.batch()
+    }
+
+    /// Sets what this queue does before it waits for the front end to
+    /// answer an IOTLB miss, replacing any earlier hook; the server clears
+    /// it once [`VirtioDevice::run_queue`] returns.
+    ///
+    /// The front end may be unable to answer until it has the
+    /// acknowledgement of an invalidation it sent, and that waits (see
+    /// [`DmaFence`]) for every access under way through the old
+    /// translations, this queue's I/O in flight included. A device whose I/O
+    /// holds tickets finishes it here (and keeps the completions for
+    /// later): otherwise the miss, the invalidation and the I/O wait for
+    /// each other until the miss times out.
+    ///
+    /// The hook runs on the thread that translates through this queue's
+    /// [`memory`](Self::memory) (normally the queue's own thread), perhaps
+    /// while that thread holds the device's locks: it must not block on
+    /// them. A miss taken inside the hook does not run it again.
+    pub fn set_before_miss_wait(&self, hook: impl FnMut() + Send + 'static) {
+        self.mem
+            .memory()
+            .iommu()
+            .set_before_miss_wait(Some(Box::new(hook)));
     }
 
     /// Index of the queue.
