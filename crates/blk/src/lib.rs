@@ -11,6 +11,10 @@
 //!   BlkQueue::complete() ◄─ status byte ◄─ unmap ◄─ used ring ◄─ interrupt
 //! ```
 //!
+//! The workload API ([`workload`]) drives a driver like `dd` or fio: many
+//! blocks in flight per queue, sequential or random offsets, a pattern and
+//! its verification, per-run timings.
+//!
 //! The back end ([`BlkBackend`]) is a vhost-user-blk device that serves a
 //! raw image file with direct I/O through io_uring, one worker thread per
 //! queue, on `iopath_virtio::device::VhostUserServer`:
@@ -25,7 +29,9 @@ pub mod backend;
 pub mod config;
 pub mod driver;
 pub mod request;
+pub mod workload;
 
 pub use backend::{BackendError, BlkBackend, BlkOptions};
 
 pub use driver::{BlkDriver, BlkError, BlkQueue, DeviceConfig, Done, DriverOptions, Request};
+pub use workload::{Access, Blocks, Outcome, Workload, WorkloadError};

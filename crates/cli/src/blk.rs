@@ -21,7 +21,8 @@ pub enum BlkCmd {
     #[command(after_help = "\
 Examples:
   iopath blk dd --socket /tmp/blk.sock --bs 8M --count 128 --pattern seq --verify
-  iopath blk dd --socket /tmp/blk.sock --dma bounce --runs 10 --json")]
+  iopath blk dd --socket /tmp/blk.sock --dma bounce --runs 10 --json
+  iopath blk dd --socket /tmp/blk.sock --bs 4K --count 65536 --access rand --queue-depth 32")]
     Dd(blk_dd::DdArgs),
     /// Serve a raw image file as a vhost-user-blk device.
     ///

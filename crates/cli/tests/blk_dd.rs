@@ -207,3 +207,47 @@ fn dd_verifies_every_mode_against_iopath_blk_serve() {
     }
     check_seq(&s.image, 4 << 20, 16 << 20);
 }
+
+#[test]
+fn dd_random_4k_blocks_verify_and_fill_the_range() {
+    let s = serve(8 << 20);
+    let out = dd(
+        &s.socket,
+        &[
+            "--bs",
+            "4K",
+            "--count",
+            "256",
+            "--access",
+            "rand",
+            "--seed",
+            "9",
+            "--pattern",
+            "seq",
+            "--verify",
+            "--queues",
+            "2",
+            "--queue-depth",
+            "8",
+            "--offset",
+            "1M",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["access"], "rand");
+    assert_eq!(v["seed"], 9);
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["bytes"], 256 * 4096);
+    check_seq(&s.image, 1 << 20, 256 * 4096);
+
+    let out = dd(&s.socket, &["--access", "sideways"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--access") && err.contains("rand"), "{err}");
+}

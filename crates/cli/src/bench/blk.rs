@@ -16,7 +16,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::place::{on_cpu, spawn_on, Cpus, Placement};
-use crate::blk_dd::{self, DdArgs, DmaMode, Op, Pattern, Stats};
+use crate::blk_dd::{self, DdArgs, DmaMode};
+use iopath_blk::workload::{Access, Op, Pattern, Stats};
 
 /// Arguments of `iopath bench blk`.
 #[derive(Debug, Clone, clap::Args)]
@@ -311,6 +312,8 @@ fn dd_once(socket: &Path, args: &BenchBlkArgs, dma: DmaMode) -> Result<f64> {
         count: (args.size / args.bs) as u64,
         op: Op::Write,
         pattern: Pattern::Zero,
+        access: Access::Seq,
+        seed: 0,
         verify: false,
         dma,
         runs: 1,
