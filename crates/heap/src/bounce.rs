@@ -1,62 +1,100 @@
 //! The one owning type for private, aligned direct-I/O memory.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::ptr::NonNull;
-
 use crate::{Error, Result};
 
-/// A zeroed heap allocation aligned for `O_DIRECT`, freed on drop. Private to
-/// this process, so handing out slices is sound.
+/// A zeroed allocation of `len` bytes whose start is aligned for `O_DIRECT`,
+/// freed on drop.
+///
+/// Private to this process, so handing out slices is sound: it is a `Vec`
+/// over-allocated by the alignment, used from its first aligned byte (a
+/// `Vec`'s heap memory does not move when the `Vec` does), so it needs no
+/// `unsafe`.
 #[derive(Debug)]
-pub(crate) struct AlignedBuf {
-    ptr: NonNull<u8>,
-    layout: Layout,
+pub struct AlignedBuf {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
 }
 
-// SAFETY: plain owned memory, like a `Box<[u8]>`.
-unsafe impl Send for AlignedBuf {}
-
 impl AlignedBuf {
-    /// `len` bytes (non-zero) aligned to `align` (a power of two).
-    pub(crate) fn new(len: usize, align: usize) -> Result<Self> {
-        let layout =
-            Layout::from_size_align(len.max(1), align.max(1)).map_err(|_| Error::BadSize {
-                size: len,
-                page: align,
-            })?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| {
+    /// `len` bytes (at least one) aligned to `align` (a power of two).
+    ///
+    /// # Errors
+    /// [`Error::BadSize`] if `align` is not a power of two or the size
+    /// overflows; [`Error::Sys`] (out of memory) if the allocation fails.
+    pub fn new(len: usize, align: usize) -> Result<Self> {
+        let align = align.max(1);
+        let len = len.max(1);
+        let bad = Error::BadSize {
+            size: len,
+            page: align,
+        };
+        if !align.is_power_of_two() {
+            return Err(bad);
+        }
+        let total = len.checked_add(align - 1).ok_or(bad)?;
+        let mut storage = Vec::new();
+        storage.try_reserve_exact(total).map_err(|_| {
             Error::sys(
                 "allocate bounce buffer",
                 std::io::Error::from(std::io::ErrorKind::OutOfMemory),
             )
         })?;
-        Ok(AlignedBuf { ptr, layout })
+        storage.resize(total, 0);
+        let addr = storage.as_ptr() as usize;
+        let start = addr.next_multiple_of(align) - addr;
+        Ok(AlignedBuf {
+            storage,
+            start,
+            len,
+        })
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.layout.size()
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
     }
 
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.as_ptr()
+    /// Whether the buffer is empty (never: it holds at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` owns `len` initialised (zeroed) bytes for our lifetime.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+    /// The first (aligned) byte, e.g. for an iovec handed to the kernel.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_slice().as_mut_ptr()
     }
 
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
     }
 }
 
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_zeroed_and_sized() {
+        for align in [1, 512, 4096, 1 << 16] {
+            for len in [0, 1, 4095, 1 << 20] {
+                let mut b = AlignedBuf::new(len, align).unwrap();
+                assert_eq!(b.len(), len.max(1));
+                assert_eq!(b.as_mut_ptr() as usize % align, 0);
+                assert!(b.as_slice().iter().all(|&x| x == 0));
+                b.as_mut_slice().fill(7);
+                assert!(b.as_slice().iter().all(|&x| x == 7));
+            }
+        }
+        assert!(matches!(
+            AlignedBuf::new(10, 3),
+            Err(Error::BadSize { size: 10, page: 3 })
+        ));
     }
 }

@@ -14,7 +14,7 @@ use rustix::net::{
 };
 
 use crate::heap::HeapKind;
-use crate::mmap::Mmap;
+use crate::mmap::{BufRange, Mmap};
 use crate::{Error, Result};
 
 /// Magic that starts an exported-buffer message ("IOPB").
@@ -91,7 +91,8 @@ impl Buffer {
 
     /// Start of this process's mapping. Dereferencing it is up to the caller;
     /// iopath's own code does so only inside owning types (DMA mappings,
-    /// transfer engines) that keep a clone of the `Buffer` alive.
+    /// ring accessors, and in this crate the mapping's borrowed range that
+    /// the syscall wrappers take) that keep the `Buffer` alive.
     pub fn as_ptr(&self) -> *mut u8 {
         self.inner.map.as_ptr()
     }
@@ -121,14 +122,7 @@ impl Buffer {
     /// # Errors
     /// [`Error::OutOfRange`] if the range is not inside the buffer.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.check_range(offset, dst.len())?;
-        // SAFETY: the range is inside the live mapping (checked above; the
-        // mapping lives as long as `self`), `dst` is a distinct Rust slice, and
-        // the copy only reads the shared memory, never references it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
-        };
-        Ok(())
+        self.range(offset, dst.len())?.copy_to(dst)
     }
 
     /// Copies `src` into the buffer at `offset`.
@@ -147,21 +141,23 @@ impl Buffer {
     /// As [`Buffer::write_at`].
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
         self.check_not_busy()?;
-        self.check_range(offset, len)?;
-        // SAFETY: range checked inside the live mapping; writing plain bytes
-        // to shared memory creates no Rust references.
-        unsafe { std::ptr::write_bytes(self.as_ptr().add(offset), byte, len) };
+        self.range(offset, len)?.fill(byte);
         Ok(())
     }
 
     fn write_unchecked(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.check_range(offset, src.len())?;
-        // SAFETY: range checked inside the live mapping; `src` is a distinct
-        // Rust slice; the copy writes plain bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(offset), src.len())
-        };
-        Ok(())
+        self.range(offset, src.len())?.copy_from(src)
+    }
+
+    /// `self[offset..offset + len]` as a borrowed range, for the engines and
+    /// syscall wrappers. Does not check [`Buffer::check_not_busy`].
+    pub(crate) fn range(&self, offset: usize, len: usize) -> Result<BufRange<'_>> {
+        BufRange::new(self, offset, len)
+    }
+
+    /// Advises transparent huge pages for the whole mapping.
+    pub(crate) fn advise_hugepage(&self) -> Result<()> {
+        self.inner.map.advise_hugepage()
     }
 
     /// Faults every page of the buffer in now (`MADV_POPULATE_WRITE`), so

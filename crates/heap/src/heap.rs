@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::fs::OpenOptions;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use memfd::{FileSeal, HugetlbSize, MemfdOptions};
@@ -174,27 +174,11 @@ impl Heap for MemfdHeap {
         let fd = self.create_memfd(len)?;
         let buf = Buffer::from_fd(fd, len, HeapKind::Memfd)?;
         if self.huge == HugePages::Transparent {
-            // SAFETY: the range is exactly the buffer's live mapping; advice
-            // does not change its contents.
-            unsafe {
-                rustix::mm::madvise(buf.as_ptr().cast(), len, rustix::mm::Advice::LinuxHugepage)
-            }
-            .map_err(|e| Error::sys("madvise(MADV_HUGEPAGE)", e))?;
+            buf.advise_hugepage()?;
         }
         Ok(buf)
     }
 }
-
-/// `struct udmabuf_create` from include/uapi/linux/udmabuf.h.
-#[repr(C)]
-struct UdmabufCreate {
-    memfd: u32,
-    flags: u32,
-    offset: u64,
-    size: u64,
-}
-const UDMABUF_CREATE: libc::c_ulong = 0x4018_7542;
-const UDMABUF_FLAGS_CLOEXEC: u32 = 1;
 
 /// udmabuf: a memfd (sealed against shrinking, as the driver requires)
 /// turned into a dma-buf by `/dev/udmabuf`. Note the kernel's default limit
@@ -229,36 +213,11 @@ impl Heap for UdmabufHeap {
 
     fn alloc(&self, len: usize) -> Result<Buffer> {
         let memfd = self.memfd.create_memfd(len)?;
-        let mut req = UdmabufCreate {
-            memfd: memfd.as_raw_fd() as u32,
-            flags: UDMABUF_FLAGS_CLOEXEC,
-            offset: 0,
-            size: len as u64,
-        };
-        // SAFETY: UDMABUF_CREATE reads a `struct udmabuf_create`, which `req`
-        // is (repr(C), same layout); the fd stays open across the call.
-        let fd = unsafe { libc::ioctl(self.dev.as_raw_fd(), UDMABUF_CREATE, &mut req) };
-        if fd < 0 {
-            return Err(Error::sys(
-                "ioctl(UDMABUF_CREATE)",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: on success the ioctl returns a new dma-buf fd that we own.
-        let dmabuf = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dmabuf = crate::sys::udmabuf_create(self.dev.as_fd(), memfd.as_fd(), len)
+            .map_err(|e| Error::sys("ioctl(UDMABUF_CREATE)", e))?;
         Buffer::from_fd(dmabuf, len, HeapKind::Udmabuf)
     }
 }
-
-/// `struct dma_heap_allocation_data` from include/uapi/linux/dma-heap.h.
-#[repr(C)]
-struct DmaHeapAllocationData {
-    len: u64,
-    fd: u32,
-    fd_flags: u32,
-    heap_flags: u64,
-}
-const DMA_HEAP_IOCTL_ALLOC: libc::c_ulong = 0xC018_4800;
 
 /// A Linux dma-buf heap, `/dev/dma_heap/<name>` (e.g. `system`).
 #[derive(Debug)]
@@ -289,23 +248,8 @@ impl Heap for DmaHeap {
 
     fn alloc(&self, len: usize) -> Result<Buffer> {
         check_size(len)?;
-        let mut req = DmaHeapAllocationData {
-            len: len as u64,
-            fd: 0,
-            fd_flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32,
-            heap_flags: 0,
-        };
-        // SAFETY: DMA_HEAP_IOCTL_ALLOC reads and writes a
-        // `struct dma_heap_allocation_data`, which `req` is (repr(C)).
-        let rc = unsafe { libc::ioctl(self.dev.as_raw_fd(), DMA_HEAP_IOCTL_ALLOC, &mut req) };
-        if rc < 0 {
-            return Err(Error::sys(
-                "ioctl(DMA_HEAP_IOCTL_ALLOC)",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: on success the kernel stored a new dma-buf fd that we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(req.fd as i32) };
+        let fd = crate::sys::dma_heap_alloc(self.dev.as_fd(), len)
+            .map_err(|e| Error::sys("ioctl(DMA_HEAP_IOCTL_ALLOC)", e))?;
         Buffer::from_fd(fd, len, HeapKind::DmaHeap)
     }
 }

@@ -45,9 +45,11 @@ mod file;
 mod heap;
 mod loader;
 mod mmap;
+mod ring;
 mod sys;
 
 pub use align::DioAlign;
+pub use bounce::AlignedBuf;
 pub use buffer::{Buffer, DevicePin};
 pub use engine::{
     new_engine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq, Pull,

@@ -1,9 +1,17 @@
-//! Raw-pointer `pread`/`pwrite`: the kernel copies to or from buffer memory
-//! that another process may share, so no Rust slice is ever made over it.
-//! (rustix's wrappers take slices; these are hand-written for that reason.)
+//! Safe syscall wrappers over buffer memory ([`BufRange`]) and the heaps'
+//! ioctls.
+//!
+//! The kernel copies to or from buffer memory that another process may
+//! share, so no Rust slice is ever made over it; rustix's wrappers take
+//! slices, so these take a [`BufRange`], whose lifetime keeps the mapping
+//! alive for the call and whose bounds were checked when it was made. This
+//! is `rustix`'s pattern (a safe wrapper per syscall) with `vm-memory`'s rule
+//! (a borrowed range type instead of raw pointers).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use crate::mmap::BufRange;
 
 /// Largest byte count one `read`/`write` moves on Linux (`MAX_RW_COUNT`),
 /// rounded down to a MiB.
@@ -25,60 +33,66 @@ fn retry_on_intr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
     }
 }
 
-/// `pread(2)` into raw memory. Retries on `EINTR`.
-///
-/// # Safety
-/// `ptr..ptr+len` must be writable memory that stays mapped for the call.
-pub(crate) unsafe fn pread(
-    fd: BorrowedFd<'_>,
-    ptr: *mut u8,
-    len: usize,
-    off: u64,
-) -> io::Result<usize> {
+/// [`pread(2)`](https://man7.org/linux/man-pages/man2/pread.2.html) into
+/// buffer memory, at most [`MAX_RW`] bytes. Retries on `EINTR`.
+pub(crate) fn pread(fd: BorrowedFd<'_>, dst: BufRange<'_>, off: u64) -> io::Result<usize> {
     retry_on_intr(|| {
-        // SAFETY: the caller guarantees the range is writable and mapped.
+        // SAFETY: `dst` is writable mapped memory of `dst.len()` bytes, kept
+        // mapped for the call by the range's borrow of its buffer.
         unsafe {
             libc::pread(
                 fd.as_raw_fd(),
-                ptr.cast(),
-                len.min(MAX_RW),
+                dst.as_ptr().cast(),
+                dst.len().min(MAX_RW),
                 off as libc::off_t,
             )
         }
     })
 }
 
-/// `pwrite(2)` from raw memory. Retries on `EINTR`.
-///
-/// # Safety
-/// `ptr..ptr+len` must be readable memory that stays mapped for the call.
-pub(crate) unsafe fn pwrite(
-    fd: BorrowedFd<'_>,
-    ptr: *const u8,
-    len: usize,
-    off: u64,
-) -> io::Result<usize> {
+/// [`pwrite(2)`](https://man7.org/linux/man-pages/man2/pwrite.2.html) from
+/// buffer memory, at most [`MAX_RW`] bytes. Retries on `EINTR`.
+pub(crate) fn pwrite(fd: BorrowedFd<'_>, src: BufRange<'_>, off: u64) -> io::Result<usize> {
     retry_on_intr(|| {
-        // SAFETY: the caller guarantees the range is readable and mapped.
+        // SAFETY: `src` is readable mapped memory of `src.len()` bytes, kept
+        // mapped for the call by the range's borrow of its buffer.
         unsafe {
             libc::pwrite(
                 fd.as_raw_fd(),
-                ptr.cast(),
-                len.min(MAX_RW),
+                src.as_ptr().cast(),
+                src.len().min(MAX_RW),
                 off as libc::off_t,
             )
         }
     })
 }
 
-/// `read(2)` from a pipe into raw memory. Retries on `EINTR`.
-///
-/// # Safety
-/// As [`pread`].
-pub(crate) unsafe fn read(fd: BorrowedFd<'_>, ptr: *mut u8, len: usize) -> io::Result<usize> {
+/// [`read(2)`](https://man7.org/linux/man-pages/man2/read.2.html) (from a
+/// pipe) into buffer memory. Retries on `EINTR`.
+pub(crate) fn read(fd: BorrowedFd<'_>, dst: BufRange<'_>) -> io::Result<usize> {
     retry_on_intr(|| {
-        // SAFETY: the caller guarantees the range is writable and mapped.
-        unsafe { libc::read(fd.as_raw_fd(), ptr.cast(), len.min(MAX_RW)) }
+        // SAFETY: as in `pread`.
+        unsafe { libc::read(fd.as_raw_fd(), dst.as_ptr().cast(), dst.len().min(MAX_RW)) }
+    })
+}
+
+/// [`vmsplice(2)`](https://man7.org/linux/man-pages/man2/vmsplice.2.html)
+/// of buffer memory into the write end of a pipe (no flags: the pages are
+/// referenced, never gifted). Retries on `EINTR`.
+///
+/// The pipe references the pages themselves, so later writes to the buffer
+/// show through until the pipe is drained; callers drain it before
+/// returning to theirs.
+pub(crate) fn vmsplice(pipe_w: BorrowedFd<'_>, src: BufRange<'_>) -> io::Result<usize> {
+    let iov = libc::iovec {
+        iov_base: src.as_ptr().cast(),
+        iov_len: src.len(),
+    };
+    retry_on_intr(|| {
+        // SAFETY: one iovec describing readable mapped memory that the range
+        // keeps mapped for the call; the kernel takes page references, so
+        // nothing in user space is touched afterwards.
+        unsafe { libc::vmsplice(pipe_w.as_raw_fd(), &iov, 1, 0) }
     })
 }
 
@@ -87,23 +101,66 @@ pub(crate) fn is_einval(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EINVAL)
 }
 
-/// `vmsplice(2)` of raw memory into the write end of a pipe (no flags: the
-/// pages are referenced, never gifted). Retries on `EINTR`.
-///
-/// # Safety
-/// `ptr..ptr+len` must be readable memory that stays mapped and unchanged
-/// until the pipe's contents have been consumed.
-pub(crate) unsafe fn vmsplice(
-    pipe_w: BorrowedFd<'_>,
-    ptr: *const u8,
+/// `struct udmabuf_create` from include/uapi/linux/udmabuf.h.
+#[repr(C)]
+struct UdmabufCreate {
+    memfd: u32,
+    flags: u32,
+    offset: u64,
+    size: u64,
+}
+const UDMABUF_CREATE: libc::c_ulong = 0x4018_7542;
+const UDMABUF_FLAGS_CLOEXEC: u32 = 1;
+
+/// `ioctl(UDMABUF_CREATE)` on `/dev/udmabuf`: a close-on-exec dma-buf over
+/// `len` bytes of `memfd` from offset 0 (include/uapi/linux/udmabuf.h).
+pub(crate) fn udmabuf_create(
+    dev: BorrowedFd<'_>,
+    memfd: BorrowedFd<'_>,
     len: usize,
-) -> io::Result<usize> {
-    let iov = libc::iovec {
-        iov_base: ptr as *mut libc::c_void,
-        iov_len: len,
+) -> io::Result<OwnedFd> {
+    let mut req = UdmabufCreate {
+        memfd: memfd.as_raw_fd() as u32,
+        flags: UDMABUF_FLAGS_CLOEXEC,
+        offset: 0,
+        size: len as u64,
     };
-    retry_on_intr(|| {
-        // SAFETY: one iovec describing memory the caller vouches for.
-        unsafe { libc::vmsplice(pipe_w.as_raw_fd(), &iov, 1, 0) }
-    })
+    // SAFETY: UDMABUF_CREATE reads a `struct udmabuf_create`, which `req` is
+    // (repr(C), same layout); both fds stay open across the call.
+    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), UDMABUF_CREATE, &mut req) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: on success the ioctl returns a new dma-buf fd that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `struct dma_heap_allocation_data` from include/uapi/linux/dma-heap.h.
+#[repr(C)]
+struct DmaHeapAllocationData {
+    len: u64,
+    fd: u32,
+    fd_flags: u32,
+    heap_flags: u64,
+}
+const DMA_HEAP_IOCTL_ALLOC: libc::c_ulong = 0xC018_4800;
+
+/// `ioctl(DMA_HEAP_IOCTL_ALLOC)` on a `/dev/dma_heap/<name>` node: a new
+/// read/write, close-on-exec dma-buf of `len` bytes
+/// (include/uapi/linux/dma-heap.h).
+pub(crate) fn dma_heap_alloc(dev: BorrowedFd<'_>, len: usize) -> io::Result<OwnedFd> {
+    let mut req = DmaHeapAllocationData {
+        len: len as u64,
+        fd: 0,
+        fd_flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32,
+        heap_flags: 0,
+    };
+    // SAFETY: DMA_HEAP_IOCTL_ALLOC reads and writes a
+    // `struct dma_heap_allocation_data`, which `req` is (repr(C)).
+    let rc = unsafe { libc::ioctl(dev.as_raw_fd(), DMA_HEAP_IOCTL_ALLOC, &mut req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: on success the kernel stored a new dma-buf fd that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(req.fd as i32) })
 }

@@ -13,6 +13,7 @@ use super::{buffered, check_read, check_write, Engine, Method, Transfer};
 use crate::align::{align_down, align_up, direct_split, DioAlign};
 use crate::bounce::AlignedBuf;
 use crate::file::IoFile;
+use crate::mmap::BufRange;
 use crate::{sys, Buffer, Error, Result};
 
 /// Bounce buffer size.
@@ -39,12 +40,12 @@ impl From<Error> for Fail {
     }
 }
 
-/// The pieces of a direct transfer. `mem` is the buffer-side pointer.
+/// The aligned middle of a direct transfer: buffer memory and where it goes
+/// in the file.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Piece {
+pub(crate) struct Piece<'a> {
     pub file_off: u64,
-    pub mem: *mut u8,
-    pub len: usize,
+    pub mem: BufRange<'a>,
 }
 
 /// Direction of a transfer.
@@ -56,57 +57,54 @@ pub(crate) enum Dir {
     Write,
 }
 
-/// Runs a direct transfer: head and tail through the bounce, the aligned
-/// middle through `middle` (direct `pread`/`pwrite` here, io_uring there).
-///
-/// # Safety
-/// `mem..mem+len` must be buffer memory kept mapped for the call (writable
-/// for reads).
-pub(crate) unsafe fn run(
+/// Runs a direct transfer of `mem` at `file_off`: head and tail through the
+/// bounce, the aligned middle through `middle` (direct `pread`/`pwrite` here,
+/// io_uring there).
+pub(crate) fn run(
     file: &IoFile,
     dir: Dir,
     file_off: u64,
-    mem: *mut u8,
-    len: usize,
-    middle: &mut dyn FnMut(BorrowedFd<'_>, Piece) -> Result<(), Fail>,
+    mem: BufRange<'_>,
+    middle: &mut dyn FnMut(BorrowedFd<'_>, Piece<'_>) -> Result<(), Fail>,
 ) -> Result<(), Fail> {
     let (Some(align), Some(dfd)) = (file.dio_align(), file.direct_fd()?) else {
         return Err(Fail::Refused);
     };
+    let len = mem.len();
     let old_size = file.size()?;
-    let s = direct_split(file_off, mem as usize, len, align);
+    let s = direct_split(file_off, mem.addr(), len, align);
     let mut bounce = None;
     if s.head > 0 {
-        // SAFETY: the head is the start of the caller's range.
-        unsafe { bounce_io(file, dfd, align, dir, &mut bounce, file_off, mem, s.head) }?;
+        bounce_io(
+            file,
+            dfd,
+            align,
+            dir,
+            &mut bounce,
+            file_off,
+            mem.sub(0, s.head)?,
+        )?;
     }
     if s.middle > 0 {
-        // SAFETY: the middle lies inside the caller's range.
-        let mid = unsafe { mem.add(s.head) };
         middle(
             dfd,
             Piece {
                 file_off: file_off + s.head as u64,
-                mem: mid,
-                len: s.middle,
+                mem: mem.sub(s.head, s.middle)?,
             },
         )?;
     }
     if s.tail > 0 {
         let skip = s.head + s.middle;
-        // SAFETY: the tail is the end of the caller's range.
-        unsafe {
-            bounce_io(
-                file,
-                dfd,
-                align,
-                dir,
-                &mut bounce,
-                file_off + skip as u64,
-                mem.add(skip),
-                s.tail,
-            )
-        }?;
+        bounce_io(
+            file,
+            dfd,
+            align,
+            dir,
+            &mut bounce,
+            file_off + skip as u64,
+            mem.sub(skip, s.tail)?,
+        )?;
     }
     if dir == Dir::Write {
         // A bounced last block may have grown the file past the range.
@@ -119,28 +117,25 @@ pub(crate) unsafe fn run(
     Ok(())
 }
 
-/// Moves `len` bytes at `file_off` through an aligned bounce buffer, whole
-/// blocks at a time (read-modify-write for partial blocks of a write).
-///
-/// # Safety
-/// As [`run`], for `mem..mem+len`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn bounce_io(
+/// Moves `mem` to or from the file at `file_off` through an aligned bounce
+/// buffer, whole blocks at a time (read-modify-write for partial blocks of a
+/// write).
+pub(crate) fn bounce_io(
     file: &IoFile,
     dfd: BorrowedFd<'_>,
     align: DioAlign,
     dir: Dir,
     bounce: &mut Option<AlignedBuf>,
     file_off: u64,
-    mem: *mut u8,
-    len: usize,
+    mem: BufRange<'_>,
 ) -> Result<(), Fail> {
+    let len = mem.len();
     let oa = align.offset as u64;
     let size = align_up(BOUNCE as u64, oa).unwrap_or(oa).max(2 * oa) as usize;
-    if bounce.is_none() {
-        *bounce = Some(AlignedBuf::new(size, align.mem.max(align.offset))?);
-    }
-    let b = bounce.as_mut().expect("just set");
+    let b = match bounce {
+        Some(b) => b,
+        None => bounce.insert(AlignedBuf::new(size, align.mem.max(align.offset))?),
+    };
     let end = file_off + len as u64;
     let mut pos = file_off;
     while pos < end {
@@ -149,42 +144,26 @@ pub(crate) unsafe fn bounce_io(
         let n = (be - bs) as usize;
         let lo = (pos - bs) as usize;
         let hi = (end.min(be) - bs) as usize;
-        let done = (pos - file_off) as usize;
+        let part = mem.sub((pos - file_off) as usize, hi - lo)?;
         match dir {
             Dir::Read => {
-                let got = direct_pread(file, dfd, b, bs, n)?;
+                let got = direct_pread(file, dfd, &mut b.as_mut_slice()[..n], bs)?;
                 if got < hi {
                     return Err(Fail::Err(file.short(file.size()?, file_off, len)));
                 }
-                // SAFETY: `done + (hi - lo) <= len`, inside the caller's range;
-                // the bounce is private memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        b.as_slice()[lo..hi].as_ptr(),
-                        mem.add(done),
-                        hi - lo,
-                    )
-                };
+                part.copy_from(&b.as_slice()[lo..hi])?;
             }
             Dir::Write => {
                 if lo > 0 || hi < n {
                     b.as_mut_slice()[..n].fill(0);
-                    direct_pread(file, dfd, b, bs, n)?;
+                    direct_pread(file, dfd, &mut b.as_mut_slice()[..n], bs)?;
                 }
-                // SAFETY: as above, in the other direction.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        mem.add(done),
-                        b.as_mut_slice()[lo..hi].as_mut_ptr(),
-                        hi - lo,
-                    )
-                };
+                part.copy_to(&mut b.as_mut_slice()[lo..hi])?;
                 let mut w = 0;
                 while w < n {
-                    // SAFETY: `w < n <= b.len()`, private bounce memory.
-                    let r =
-                        unsafe { sys::pwrite(dfd, b.as_mut_ptr().add(w), n - w, bs + w as u64) };
-                    w += r.map_err(|e| fail(file, "pwrite(O_DIRECT)", bs + w as u64, n - w, e))?;
+                    let at = bs + w as u64;
+                    let r = retry(|| rustix::io::pwrite(dfd, &b.as_slice()[w..n], at));
+                    w += r.map_err(|e| fail(file, "pwrite(O_DIRECT)", at, n - w, e))?;
                 }
             }
         }
@@ -193,19 +172,30 @@ pub(crate) unsafe fn bounce_io(
     Ok(())
 }
 
-/// Reads up to `n` bytes at `off` into the bounce; fewer only at EOF.
+/// Runs a rustix call until it is not interrupted.
+fn retry(mut call: impl FnMut() -> rustix::io::Result<usize>) -> std::io::Result<usize> {
+    loop {
+        match call() {
+            Err(rustix::io::Errno::INTR) => {}
+            r => return r.map_err(Into::into),
+        }
+    }
+}
+
+/// Reads up to `dst.len()` bytes at `off` into private bounce memory; fewer
+/// only at EOF.
 fn direct_pread(
     file: &IoFile,
     dfd: BorrowedFd<'_>,
-    b: &mut AlignedBuf,
+    dst: &mut [u8],
     off: u64,
-    n: usize,
 ) -> Result<usize, Fail> {
+    let n = dst.len();
     let mut got = 0;
     while got < n {
-        // SAFETY: `got < n <= b.len()`, private bounce memory.
-        let r = unsafe { sys::pread(dfd, b.as_mut_ptr().add(got), n - got, off + got as u64) };
-        let k = r.map_err(|e| fail(file, "pread(O_DIRECT)", off + got as u64, n - got, e))?;
+        let at = off + got as u64;
+        let r = retry(|| rustix::io::pread(dfd, &mut dst[got..], at));
+        let k = r.map_err(|e| fail(file, "pread(O_DIRECT)", at, n - got, e))?;
         if k == 0 {
             break;
         }
@@ -232,51 +222,43 @@ pub(crate) fn fail(
     }
 }
 
-/// Finishes a direct transfer: on `Refused`, redo it buffered and count the
-/// fallback.
-///
-/// # Safety
-/// As [`run`].
-pub(crate) unsafe fn finish(
+/// Finishes a direct transfer of `mem` at `file_off`: on `Refused`, redo it
+/// buffered and count the fallback.
+pub(crate) fn finish(
     r: Result<(), Fail>,
     file: &IoFile,
     dir: Dir,
     file_off: u64,
-    mem: *mut u8,
-    len: usize,
+    mem: BufRange<'_>,
 ) -> Result<Transfer> {
     let fallbacks = match r {
         Ok(()) => 0,
         Err(Fail::Err(e)) => return Err(e),
         Err(Fail::Refused) => {
             match dir {
-                // SAFETY: forwarded from the caller.
-                Dir::Read => unsafe { buffered::read_into(file, file_off, mem, len) }?,
-                // SAFETY: forwarded from the caller.
-                Dir::Write => unsafe { buffered::write_from(file, file_off, mem, len) }?,
+                Dir::Read => buffered::read_into(file, file_off, mem)?,
+                Dir::Write => buffered::write_from(file, file_off, mem)?,
             }
             1
         }
     };
     Ok(Transfer {
-        bytes: len as u64,
+        bytes: mem.len() as u64,
         fallbacks,
     })
 }
 
 /// The middle of a direct transfer with plain `pread`/`pwrite`.
-fn middle_sync(file: &IoFile, dir: Dir, dfd: BorrowedFd<'_>, p: Piece) -> Result<(), Fail> {
+fn middle_sync(file: &IoFile, dir: Dir, dfd: BorrowedFd<'_>, p: Piece<'_>) -> Result<(), Fail> {
+    let len = p.mem.len();
     let mut done = 0;
-    while done < p.len {
+    while done < len {
         let off = p.file_off + done as u64;
-        let want = (p.len - done).min(DIRECT_CHUNK);
-        // SAFETY: `done < p.len`, inside the piece the caller vouched for.
-        let ptr = unsafe { p.mem.add(done) };
+        let want = (len - done).min(DIRECT_CHUNK);
+        let part = p.mem.sub(done, want)?;
         let r = match dir {
-            // SAFETY: as above; `ptr..ptr+want` is writable buffer memory.
-            Dir::Read => unsafe { sys::pread(dfd, ptr, want, off) },
-            // SAFETY: as above; readable buffer memory.
-            Dir::Write => unsafe { sys::pwrite(dfd, ptr, want, off) },
+            Dir::Read => sys::pread(dfd, part, off),
+            Dir::Write => sys::pwrite(dfd, part, off),
         };
         let op = if dir == Dir::Read {
             "pread(O_DIRECT)"
@@ -285,20 +267,16 @@ fn middle_sync(file: &IoFile, dir: Dir, dfd: BorrowedFd<'_>, p: Piece) -> Result
         };
         let n = r.map_err(|e| fail(file, op, off, want, e))?;
         if n == 0 {
-            return Err(Fail::Err(file.short(file.size()?, p.file_off, p.len)));
+            return Err(Fail::Err(file.short(file.size()?, p.file_off, len)));
         }
-        if n % file.dio_align().map_or(1, |a| a.offset) != 0 && done + n < p.len {
+        if n % file.dio_align().map_or(1, |a| a.offset) != 0 && done + n < len {
             // A short direct transfer that is not at EOF: continue the rest
             // (unaligned now) through the buffered path.
-            let rest = p.len - done - n;
-            // SAFETY: inside the piece.
-            let ptr = unsafe { ptr.add(n) };
+            let rest = p.mem.skip(done + n)?;
             let off = off + n as u64;
             match dir {
-                // SAFETY: inside the piece.
-                Dir::Read => unsafe { buffered::read_into(file, off, ptr, rest) }?,
-                // SAFETY: inside the piece.
-                Dir::Write => unsafe { buffered::write_from(file, off, ptr, rest) }?,
+                Dir::Read => buffered::read_into(file, off, rest)?,
+                Dir::Write => buffered::write_from(file, off, rest)?,
             }
             return Ok(());
         }
@@ -324,12 +302,9 @@ impl Engine for DirectEngine {
         if len == 0 {
             return Ok(Transfer::default());
         }
-        let mut mid = |dfd: BorrowedFd<'_>, p: Piece| middle_sync(file, Dir::Read, dfd, p);
-        // SAFETY: `check_read` put `mem..mem+len` inside `buf`'s mapping,
-        // which `buf` keeps alive for the call.
-        let r = unsafe { run(file, Dir::Read, file_off, mem, len, &mut mid) };
-        // SAFETY: as above.
-        unsafe { finish(r, file, Dir::Read, file_off, mem, len) }
+        let mut mid = |dfd: BorrowedFd<'_>, p: Piece<'_>| middle_sync(file, Dir::Read, dfd, p);
+        let r = run(file, Dir::Read, file_off, mem, &mut mid);
+        finish(r, file, Dir::Read, file_off, mem)
     }
 
     fn write(
@@ -344,10 +319,8 @@ impl Engine for DirectEngine {
         if len == 0 {
             return Ok(Transfer::default());
         }
-        let mut mid = |dfd: BorrowedFd<'_>, p: Piece| middle_sync(file, Dir::Write, dfd, p);
-        // SAFETY: as in `read`.
-        let r = unsafe { run(file, Dir::Write, file_off, mem, len, &mut mid) };
-        // SAFETY: as in `read`.
-        unsafe { finish(r, file, Dir::Write, file_off, mem, len) }
+        let mut mid = |dfd: BorrowedFd<'_>, p: Piece<'_>| middle_sync(file, Dir::Write, dfd, p);
+        let r = run(file, Dir::Write, file_off, mem, &mut mid);
+        finish(r, file, Dir::Write, file_off, mem)
     }
 }

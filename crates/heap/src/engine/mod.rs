@@ -26,6 +26,7 @@ pub use sendfile::SendfileEngine;
 pub use uring::UringEngine;
 
 use crate::file::IoFile;
+use crate::mmap::BufRange;
 use crate::{Buffer, Error, Result};
 
 /// A transfer method, as named on the command line.
@@ -243,25 +244,21 @@ pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>
     })
 }
 
-/// Checks shared by every engine's `read`; returns the destination pointer.
-fn check_read(
+/// Checks shared by every engine's `read`; returns the destination range.
+fn check_read<'b>(
     file: &IoFile,
     file_off: u64,
-    buf: &Buffer,
+    buf: &'b Buffer,
     buf_off: usize,
     len: usize,
-) -> Result<*mut u8> {
+) -> Result<BufRange<'b>> {
     buf.check_not_busy()?;
-    buf.check_range(buf_off, len)?;
+    let mem = buf.range(buf_off, len)?;
     file.check_range(file_off, len)?;
-    // SAFETY: `buf_off` is inside the mapping (checked above), so the pointer
-    // stays within (or one past) it.
-    Ok(unsafe { buf.as_ptr().add(buf_off) })
+    Ok(mem)
 }
 
-/// Checks shared by every engine's `write`; returns the source pointer.
-fn check_write(buf: &Buffer, buf_off: usize, len: usize) -> Result<*mut u8> {
-    buf.check_range(buf_off, len)?;
-    // SAFETY: as in `check_read`.
-    Ok(unsafe { buf.as_ptr().add(buf_off) })
+/// Checks shared by every engine's `write`; returns the source range.
+fn check_write(buf: &Buffer, buf_off: usize, len: usize) -> Result<BufRange<'_>> {
+    buf.range(buf_off, len)
 }

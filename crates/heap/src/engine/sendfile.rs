@@ -22,6 +22,7 @@ use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
 
 use super::{check_read, check_write, Engine, Method, Transfer};
 use crate::file::IoFile;
+use crate::mmap::BufRange;
 use crate::{sys, Buffer, Error, HeapKind, Result};
 
 /// `sendfile(2)` / `splice(2)` transfers.
@@ -70,7 +71,8 @@ impl SendfileEngine {
         Ok(())
     }
 
-    fn read_splice(file: &IoFile, file_off: u64, dst: *mut u8, len: usize) -> Result<()> {
+    fn read_splice(file: &IoFile, file_off: u64, dst: BufRange<'_>) -> Result<()> {
+        let len = dst.len();
         let (r, w) = make_pipe()?;
         let mut off = file_off;
         let mut done = 0usize;
@@ -84,8 +86,7 @@ impl SendfileEngine {
             }
             let mut got = 0;
             while got < n {
-                // SAFETY: `done + got < len`: inside the caller's range.
-                let k = unsafe { sys::read(r.as_fd(), dst.add(done + got), n - got) }
+                let k = sys::read(r.as_fd(), dst.sub(done + got, n - got)?)
                     .map_err(|e| Error::sys("read(pipe)", e))?;
                 got += k;
             }
@@ -119,7 +120,7 @@ impl Engine for SendfileEngine {
         };
         match out {
             Some(out) => Self::read_sendfile(file, &out, file_off, buf_off, len)?,
-            None => Self::read_splice(file, file_off, dst, len)?,
+            None => Self::read_splice(file, file_off, dst)?,
         }
         Ok(Transfer {
             bytes: len as u64,
@@ -141,9 +142,8 @@ impl Engine for SendfileEngine {
         let mut done = 0usize;
         while done < len {
             let want = (len - done).min(PIPE_SIZE);
-            // SAFETY: `done + want <= len`: inside `buf`'s mapping, alive for
-            // the call; the pipe is drained into the file before we return.
-            let n = unsafe { sys::vmsplice(w.as_fd(), src.add(done), want) }
+            // The pipe is drained into the file before we return.
+            let n = sys::vmsplice(w.as_fd(), src.sub(done, want)?)
                 .map_err(|e| Error::sys("vmsplice", e))?;
             let mut put = 0;
             while put < n {

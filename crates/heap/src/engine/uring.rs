@@ -9,10 +9,8 @@
 //! be pinned), the same requests run as plain `READ`/`WRITE`.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::Mutex;
-
-use io_uring::{opcode, types, IoUring};
 
 use super::direct::{self, Dir, Fail, Piece};
 use super::{
@@ -20,7 +18,9 @@ use super::{
     Transfer,
 };
 use crate::file::IoFile;
-use crate::{Buffer, Error, Result};
+use crate::mmap::BufRange;
+use crate::ring::{Op, Ring};
+use crate::{AlignedBuf, Buffer, Error, Result};
 
 /// Largest range one fixed buffer may cover (the kernel's limit).
 const MAX_FIXED: usize = 1 << 30;
@@ -34,21 +34,6 @@ pub struct UringEngine {
     ring: Mutex<Ring>,
     depth: u32,
     chunk: usize,
-}
-
-struct Ring {
-    ring: IoUring,
-    /// Whether the sparse fixed-buffer table could be registered.
-    fixed: bool,
-}
-
-impl std::fmt::Debug for Ring {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ring")
-            .field("fd", &self.ring.as_raw_fd())
-            .field("fixed", &self.fixed)
-            .finish()
-    }
 }
 
 impl UringEngine {
@@ -71,17 +56,10 @@ impl UringEngine {
                 page: 4096,
             });
         }
-        let ring = IoUring::new(opts.queue_depth.next_power_of_two())
+        let ring = Ring::new(opts.queue_depth.next_power_of_two(), SLOTS)
             .map_err(|e| Error::sys("io_uring_setup", e))?;
-        let fixed = match ring.submitter().register_buffers_sparse(u32::from(SLOTS)) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::info!("io_uring fixed buffers unavailable ({e}); using plain reads");
-                false
-            }
-        };
         Ok(UringEngine {
-            ring: Mutex::new(Ring { ring, fixed }),
+            ring: Mutex::new(ring),
             depth: opts.queue_depth,
             chunk: opts.chunk,
         })
@@ -99,14 +77,14 @@ impl UringEngine {
         file: &IoFile,
         dir: Dir,
         dfd: BorrowedFd<'_>,
-        p: Piece,
+        p: Piece<'_>,
     ) -> Result<(), Fail> {
-        let slot = register(ring, p);
+        let slot = register_slot(ring, p.mem, 0);
         let r = self.run_piece(ring, file, dir, dfd, p, slot);
         if let Some(slot) = slot {
             // No request is in flight: `run_piece` drains the ring before
             // returning.
-            clear_slot(ring, slot);
+            ring.clear(slot);
         }
         r
     }
@@ -117,41 +95,34 @@ impl UringEngine {
         file: &IoFile,
         dir: Dir,
         dfd: BorrowedFd<'_>,
-        p: Piece,
+        p: Piece<'_>,
         slot: Option<u16>,
     ) -> Result<(), Fail> {
-        let mut pending: VecDeque<(usize, usize)> = (0..p.len)
+        let plen = p.mem.len();
+        let mut pending: VecDeque<(usize, usize)> = (0..plen)
             .step_by(self.chunk)
-            .map(|o| (o, self.chunk.min(p.len - o)))
+            .map(|o| (o, self.chunk.min(plen - o)))
             .collect();
         let mut inflight: BTreeMap<u64, usize> = BTreeMap::new();
         let mut failed: Option<Fail> = None;
-        let fd = types::Fd(dfd.as_raw_fd());
+        let op = match dir {
+            Dir::Read => Op::Read,
+            Dir::Write => Op::Write,
+        };
         loop {
             while failed.is_none() && inflight.len() < self.depth as usize {
                 let Some((rel, len)) = pending.pop_front() else {
                     break;
                 };
-                // SAFETY: `rel + len <= p.len`: inside the piece.
-                let mem = unsafe { p.mem.add(rel) };
-                let off = p.file_off + rel as u64;
-                let sqe = match (dir, slot) {
-                    (Dir::Read, Some(i)) => opcode::ReadFixed::new(fd, mem, len as u32, i)
-                        .offset(off)
-                        .build(),
-                    (Dir::Read, None) => opcode::Read::new(fd, mem, len as u32).offset(off).build(),
-                    (Dir::Write, Some(i)) => opcode::WriteFixed::new(fd, mem, len as u32, i)
-                        .offset(off)
-                        .build(),
-                    (Dir::Write, None) => {
-                        opcode::Write::new(fd, mem, len as u32).offset(off).build()
+                let mem = match p.mem.sub(rel, len) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        failed = Some(Fail::Err(e));
+                        break;
                     }
                 };
-                // SAFETY: the memory (buffer, registered or not) stays mapped
-                // until the completion is reaped: this function never returns
-                // with requests in flight.
-                let pushed = unsafe { ring.ring.submission().push(&sqe.user_data(rel as u64)) };
-                if pushed.is_err() {
+                let off = p.file_off + rel as u64;
+                if ring.push(op, dfd, mem, off, slot, rel as u64).is_err() {
                     pending.push_front((rel, len));
                     break;
                 }
@@ -160,7 +131,7 @@ impl UringEngine {
             if inflight.is_empty() {
                 break;
             }
-            if let Err(e) = ring.ring.submit_and_wait(1) {
+            if let Err(e) = ring.submit_and_wait(1) {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -170,12 +141,7 @@ impl UringEngine {
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 continue;
             }
-            let cqes: Vec<_> = ring
-                .ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
-            for (rel, res) in cqes {
+            for (rel, res) in ring.reap() {
                 let Some(len) = inflight.remove(&rel) else {
                     continue;
                 };
@@ -190,7 +156,7 @@ impl UringEngine {
                     failed.get_or_insert_with(|| direct::fail(file, op, off, len, e));
                 } else if res == 0 {
                     let size = file.size().unwrap_or(0);
-                    failed.get_or_insert_with(|| Fail::Err(file.short(size, p.file_off, p.len)));
+                    failed.get_or_insert_with(|| Fail::Err(file.short(size, p.file_off, plen)));
                 } else if (res as usize) < len {
                     let n = res as usize;
                     pending.push_front((rel as usize + n, len - n));
@@ -208,43 +174,24 @@ impl UringEngine {
         file: &IoFile,
         dir: Dir,
         file_off: u64,
-        mem: *mut u8,
-        len: usize,
+        mem: BufRange<'_>,
     ) -> Result<Transfer> {
-        if len == 0 {
+        if mem.len() == 0 {
             return Ok(Transfer::default());
         }
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        let mut mid = |dfd: BorrowedFd<'_>, p: Piece| self.middle(&mut ring, file, dir, dfd, p);
-        // SAFETY: callers checked `mem..mem+len` is inside a live buffer.
-        let r = unsafe { direct::run(file, dir, file_off, mem, len, &mut mid) };
-        // SAFETY: as above.
-        unsafe { direct::finish(r, file, dir, file_off, mem, len) }
+        let mut mid = |dfd: BorrowedFd<'_>, p: Piece<'_>| self.middle(&mut ring, file, dir, dfd, p);
+        let r = direct::run(file, dir, file_off, mem, &mut mid);
+        direct::finish(r, file, dir, file_off, mem)
     }
 }
 
-/// Registers the piece's memory as fixed buffer 0; `None` to use plain ops.
-fn register(ring: &mut Ring, p: Piece) -> Option<u16> {
-    register_slot(ring, p, 0)
-}
-
-/// Registers the piece's memory as fixed buffer `slot`; `None` to use plain
-/// ops.
-fn register_slot(ring: &mut Ring, p: Piece, slot: u16) -> Option<u16> {
-    if !ring.fixed || p.len > MAX_FIXED {
+/// Registers `mem` as fixed buffer `slot`; `None` to use plain ops.
+fn register_slot(ring: &mut Ring, mem: BufRange<'_>, slot: u16) -> Option<u16> {
+    if !ring.fixed() || mem.len() > MAX_FIXED {
         return None;
     }
-    let iov = libc::iovec {
-        iov_base: p.mem.cast(),
-        iov_len: p.len,
-    };
-    // SAFETY: the iovec describes live buffer memory that stays mapped until
-    // the slot is cleared (`middle`, `reap`), after its requests completed.
-    match unsafe {
-        ring.ring
-            .submitter()
-            .register_buffers_update(u32::from(slot), &[iov], None)
-    } {
+    match ring.register(slot, mem) {
         Ok(()) => Some(slot),
         Err(e) => {
             tracing::debug!("io_uring: cannot register buffer ({e}); plain requests");
@@ -253,30 +200,14 @@ fn register_slot(ring: &mut Ring, p: Piece, slot: u16) -> Option<u16> {
     }
 }
 
-/// Clears a fixed-buffer slot. Callers make sure no request using it is in
-/// flight.
-fn clear_slot(ring: &mut Ring, slot: u16) {
-    let clear = libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    };
-    // SAFETY: an empty iovec only unregisters the slot.
-    if let Err(e) = unsafe {
-        ring.ring
-            .submitter()
-            .register_buffers_update(u32::from(slot), &[clear], None)
-    } {
-        tracing::warn!("io_uring: clearing fixed buffer {slot} failed: {e}");
-    }
-}
-
 /// A request of a batch whose middle is in flight.
 struct Active {
     index: usize,
     /// Holds the destination memory alive until every request completed.
     req: ReadReq,
-    mem: *mut u8,
-    mid: Piece,
+    /// The aligned middle: offset in `req.buf` and in the file.
+    mid_off: usize,
+    mid_file_off: u64,
     slot: Option<u16>,
     inflight: usize,
     queued: usize,
@@ -301,7 +232,7 @@ struct Batch<'f> {
     free_slots: Vec<u16>,
     total: Transfer,
     fatal: Option<Error>,
-    bounce: Option<crate::bounce::AlignedBuf>,
+    bounce: Option<AlignedBuf>,
 }
 
 impl UringEngine {
@@ -324,9 +255,8 @@ impl UringEngine {
             (Some(a), Some(d)) => Some((a, d)),
             _ => None,
         };
-        let redo_buffered = |mem: *mut u8| -> Result<Option<Transfer>> {
-            // SAFETY: `check_read` put `mem..mem+len` inside `req.buf`.
-            unsafe { super::buffered::read_into(file, req.file_off, mem, req.len) }?;
+        let redo_buffered = |mem: BufRange<'_>| -> Result<Option<Transfer>> {
+            super::buffered::read_into(file, req.file_off, mem)?;
             Ok(Some(Transfer {
                 bytes: req.len as u64,
                 fallbacks: 1,
@@ -335,38 +265,25 @@ impl UringEngine {
         let Some((align, dfd)) = direct else {
             return redo_buffered(mem);
         };
-        let s = crate::align::direct_split(req.file_off, mem as usize, req.len, align);
+        let s = crate::align::direct_split(req.file_off, mem.addr(), req.len, align);
         let mut ends = Ok(());
         if s.head > 0 {
-            // SAFETY: the head is the start of the checked range.
-            ends = unsafe {
-                direct::bounce_io(
-                    file,
-                    dfd,
-                    align,
-                    Dir::Read,
-                    &mut b.bounce,
-                    req.file_off,
-                    mem,
-                    s.head,
-                )
-            };
+            let head = mem.sub(0, s.head)?;
+            ends = direct::bounce_io(
+                file,
+                dfd,
+                align,
+                Dir::Read,
+                &mut b.bounce,
+                req.file_off,
+                head,
+            );
         }
         if s.tail > 0 && ends.is_ok() {
             let skip = s.head + s.middle;
-            // SAFETY: the tail is the end of the checked range.
-            ends = unsafe {
-                direct::bounce_io(
-                    file,
-                    dfd,
-                    align,
-                    Dir::Read,
-                    &mut b.bounce,
-                    req.file_off + skip as u64,
-                    mem.add(skip),
-                    s.tail,
-                )
-            };
+            let tail = mem.sub(skip, s.tail)?;
+            let at = req.file_off + skip as u64;
+            ends = direct::bounce_io(file, dfd, align, Dir::Read, &mut b.bounce, at, tail);
         }
         match ends {
             Ok(()) => {}
@@ -379,12 +296,7 @@ impl UringEngine {
                 fallbacks: 0,
             }));
         }
-        let mid = Piece {
-            file_off: req.file_off + s.head as u64,
-            // SAFETY: the middle lies inside the checked range.
-            mem: unsafe { mem.add(s.head) },
-            len: s.middle,
-        };
+        let mid = mem.sub(s.head, s.middle)?;
         let slot = b.free_slots.pop().and_then(|slot| {
             let r = register_slot(ring, mid, slot);
             if r.is_none() {
@@ -393,21 +305,22 @@ impl UringEngine {
             r
         });
         let mut queued = 0;
-        for rel in (0..mid.len).step_by(self.chunk) {
+        for rel in (0..s.middle).step_by(self.chunk) {
             b.pending.push_back(Chunk {
                 active: index,
                 rel,
-                len: self.chunk.min(mid.len - rel),
+                len: self.chunk.min(s.middle - rel),
             });
             queued += 1;
         }
+        let mid_off = mid.offset();
         b.actives.insert(
             index,
             Active {
                 index,
+                mid_off,
+                mid_file_off: req.file_off + s.head as u64,
                 req,
-                mem,
-                mid,
                 slot,
                 inflight: 0,
                 queued,
@@ -419,29 +332,25 @@ impl UringEngine {
 
     /// Submits pending chunks up to the queue depth.
     fn fill(&self, ring: &mut Ring, b: &mut Batch<'_>, dfd: BorrowedFd<'_>) {
-        let fd = types::Fd(dfd.as_raw_fd());
         while b.inflight.len() < self.depth as usize {
             let Some(c) = b.pending.pop_front() else {
                 break;
             };
-            let a = b
-                .actives
-                .get_mut(&c.active)
-                .expect("chunk of an active request");
-            // SAFETY: `c.rel + c.len <= a.mid.len`: inside the middle.
-            let mem = unsafe { a.mid.mem.add(c.rel) };
-            let off = a.mid.file_off + c.rel as u64;
-            let sqe = match a.slot {
-                Some(i) => opcode::ReadFixed::new(fd, mem, c.len as u32, i)
-                    .offset(off)
-                    .build(),
-                None => opcode::Read::new(fd, mem, c.len as u32).offset(off).build(),
+            let Some(a) = b.actives.get_mut(&c.active) else {
+                continue;
+            };
+            let off = a.mid_file_off + c.rel as u64;
+            let mem = match a.req.buf.range(a.mid_off + c.rel, c.len) {
+                Ok(m) => m,
+                Err(e) => {
+                    // Cannot happen (chunks lie inside the middle); end the
+                    // batch with the error rather than panic.
+                    b.fatal.get_or_insert(e);
+                    break;
+                }
             };
             let id = b.next_id;
-            // SAFETY: the memory belongs to `a.req.buf`, which the batch
-            // holds until this request completes; `read_batch` never returns
-            // with requests in flight.
-            if unsafe { ring.ring.submission().push(&sqe.user_data(id)) }.is_err() {
+            if ring.push(Op::Read, dfd, mem, off, a.slot, id).is_err() {
                 b.pending.push_front(c);
                 break;
             }
@@ -454,12 +363,7 @@ impl UringEngine {
 
     /// Reaps completions; finishes requests whose last chunk completed.
     fn reap(&self, ring: &mut Ring, b: &mut Batch<'_>, done: &mut ReqDone<'_>) {
-        let cqes: Vec<_> = ring
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (id, res) in cqes {
+        for (id, res) in ring.reap() {
             let Some(c) = b.inflight.remove(&id) else {
                 continue;
             };
@@ -469,7 +373,7 @@ impl UringEngine {
                 .get_mut(&c.active)
                 .expect("chunk of an active request");
             a.inflight -= 1;
-            let off = a.mid.file_off + c.rel as u64;
+            let off = a.mid_file_off + c.rel as u64;
             let err = if res < 0 {
                 Some(direct::fail(
                     file,
@@ -504,7 +408,7 @@ impl UringEngine {
             if a.inflight == 0 && a.queued == 0 {
                 let a = b.actives.remove(&c.active).expect("present");
                 if let Some(slot) = a.slot {
-                    clear_slot(ring, slot);
+                    ring.clear(slot);
                     b.free_slots.push(slot);
                 }
                 match a.fail {
@@ -517,11 +421,11 @@ impl UringEngine {
                         done(a.index, t);
                     }
                     Some(Fail::Refused) => {
-                        // SAFETY: `a.mem..+len` was checked inside `a.req.buf`,
-                        // alive here; none of its requests is in flight.
-                        match unsafe {
-                            super::buffered::read_into(file, a.req.file_off, a.mem, a.req.len)
-                        } {
+                        let redo =
+                            a.req.buf.range(a.req.buf_off, a.req.len).and_then(|mem| {
+                                super::buffered::read_into(file, a.req.file_off, mem)
+                            });
+                        match redo {
                             Ok(()) => {
                                 let t = Transfer {
                                     bytes: a.req.len as u64,
@@ -597,7 +501,7 @@ impl Engine for UringEngine {
             {
                 // Start what is queued before `next` may block.
                 self.fill(ring, &mut b, dfd);
-                if let Err(e) = ring.ring.submit() {
+                if let Err(e) = ring.submit() {
                     tracing::debug!("io_uring submit: {e}");
                 }
                 // Block for the next request only when nothing is queued.
@@ -633,7 +537,7 @@ impl Engine for UringEngine {
                 }
                 continue;
             }
-            match ring.ring.submit_and_wait(1) {
+            match ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -649,7 +553,7 @@ impl Engine for UringEngine {
         // `reap`; clear any slot still held (only after a fatal error).
         for (_, a) in std::mem::take(&mut b.actives) {
             if let Some(slot) = a.slot {
-                clear_slot(ring, slot);
+                ring.clear(slot);
             }
         }
         match b.fatal {
@@ -671,7 +575,7 @@ impl Engine for UringEngine {
         len: usize,
     ) -> Result<Transfer> {
         let mem = check_read(file, file_off, buf, buf_off, len)?;
-        self.transfer(file, Dir::Read, file_off, mem, len)
+        self.transfer(file, Dir::Read, file_off, mem)
     }
 
     fn write(
@@ -683,6 +587,6 @@ impl Engine for UringEngine {
         file_off: u64,
     ) -> Result<Transfer> {
         let mem = check_write(buf, buf_off, len)?;
-        self.transfer(file, Dir::Write, file_off, mem, len)
+        self.transfer(file, Dir::Write, file_off, mem)
     }
 }
