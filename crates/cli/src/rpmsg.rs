@@ -5,14 +5,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use iopath_rpmsg::ctrl::{
-    proto, CtrlClient, CtrlEndpoint, CtrlError, CtrlOptions, CtrlServer, EptFd, EptInfo,
-};
+use iopath_rpmsg::ctrl::{proto, CtrlClient, CtrlEndpoint, CtrlError, EptFd, EptInfo};
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::wire::{ADDR_ANY, MAX_PAYLOAD};
 use iopath_rpmsg::{
-    shm_path, Bus, EndpointOptions, Event, NotifySpec, SharedMem, Stats, HOST_FEATURES,
+    shm_path, Bus, CtrlOptions, CtrlServer, EndpointOptions, Event, NotifySpec, SharedMem, Stats,
+    HOST_FEATURES,
 };
 
 mod ept;

@@ -24,8 +24,8 @@
 //! addresses from 1024, the name service at 53 (announce and destroy both
 //! ways), channels the peer announced, delivery to a queue
 //! ([`Endpoint::recv`]), a callback, or in place ([`ZeroCopyEndpoint`],
-//! [`TxBuffer`]); sends that block or fail at once. [`ctrl`] is the bus
-//! owner's control socket for local clients.
+//! [`TxBuffer`]); sends that block or fail at once. [`CtrlServer`] is the
+//! bus owner's control socket for local clients, [`ctrl`] their side of it.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -63,4 +63,5 @@ pub use link::{Held, Link, LinkError, Role, Rx, Slot};
 pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;
 pub use rsc_table::{ResourceTable, ShmLayout};
+pub use service::{CtrlOptions, CtrlServer};
 pub use shm::{shm_path, SharedMem, ShmError};

@@ -245,8 +245,9 @@ fn memfd_shared_memory() {
 #[test]
 fn endpoint_service_answers_after_a_polling_link_goes_down() {
     use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
-    use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, CtrlServer, EptInfo};
+    use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, EptInfo};
     use iopath_rpmsg::wire::ADDR_ANY;
+    use iopath_rpmsg::CtrlServer;
     let (host, _remote, _unbound, dir) = pair(NotifySpec::Poll, false);
     let ctrl = dir.path().join("ctrl");
     let _server = CtrlServer::start(host.clone(), &ctrl).unwrap();

@@ -11,8 +11,31 @@
 //! A legacy node greets each connection with header `OPEN` 5 and a status
 //! (0, or `-EBUSY` while another connection has it open).
 
-use super::{header, u32_at, MAGIC, VERSION};
-use crate::wire::{ADDR_ANY, NAME_SIZE};
+use super::CtrlError;
+use crate::wire::{check_name, ADDR_ANY, NAME_SIZE};
+
+/// Request and answer magic.
+pub const MAGIC: [u8; 4] = *b"IOPR";
+/// Protocol version.
+pub const VERSION: u16 = 1;
+/// Attach the connection to an endpoint bound to a named channel.
+pub const OP_ATTACH: u16 = 1;
+/// Size of an ATTACH request.
+pub const ATTACH_LEN: usize = 8 + NAME_SIZE + 12;
+/// Size of an ATTACH answer.
+pub const ATTACH_REPLY_LEN: usize = 8 + 4 + 8;
+
+pub(crate) fn header(op: u16) -> [u8; 8] {
+    let mut h = [0u8; 8];
+    h[..4].copy_from_slice(&MAGIC);
+    h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    h[6..8].copy_from_slice(&op.to_le_bytes());
+    h
+}
+
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
 
 /// Create an endpoint with a node to open (`RPMSG_CREATE_EPT_IOCTL`).
 pub const OP_CREATE_EPT: u16 = 2;
@@ -263,6 +286,75 @@ pub fn parse_create_ept_fd_body(body: &[u8]) -> Result<EptInfo, &'static str> {
     EptInfo::get(body).map_err(|_| "bad endpoint info in answer")
 }
 
+/// A parsed ATTACH request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachRequest {
+    /// Channel name.
+    pub name: String,
+    /// Local address wanted (or any).
+    pub src: u32,
+    /// Peer address (or any: wait for the announcement).
+    pub dst: u32,
+    /// How long to wait for the announcement.
+    pub timeout_ms: u32,
+}
+
+impl AttachRequest {
+    /// Encodes the request.
+    ///
+    /// # Errors
+    /// [`CtrlError::Name`].
+    pub fn encode(&self) -> Result<[u8; ATTACH_LEN], CtrlError> {
+        check_name(&self.name)?;
+        let mut b = [0u8; ATTACH_LEN];
+        b[..8].copy_from_slice(&header(OP_ATTACH));
+        b[8..8 + self.name.len()].copy_from_slice(self.name.as_bytes());
+        b[40..44].copy_from_slice(&self.src.to_le_bytes());
+        b[44..48].copy_from_slice(&self.dst.to_le_bytes());
+        b[48..52].copy_from_slice(&self.timeout_ms.to_le_bytes());
+        Ok(b)
+    }
+
+    /// Parses a request packet; the error is the errno to answer with.
+    pub fn parse(b: &[u8]) -> Result<Self, i32> {
+        if b.len() < 8 || b[..4] != MAGIC {
+            return Err(libc::EPROTO);
+        }
+        if u16::from_le_bytes([b[4], b[5]]) != VERSION {
+            return Err(libc::EPROTONOSUPPORT);
+        }
+        if u16::from_le_bytes([b[6], b[7]]) != OP_ATTACH {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if b.len() != ATTACH_LEN {
+            return Err(libc::EINVAL);
+        }
+        let raw = &b[8..40];
+        let nul = raw.iter().position(|&c| c == 0).ok_or(libc::EINVAL)?;
+        let name = std::str::from_utf8(&raw[..nul]).map_err(|_| libc::EINVAL)?;
+        if name.is_empty() {
+            return Err(libc::EINVAL);
+        }
+        Ok(AttachRequest {
+            name: name.to_owned(),
+            src: u32_at(b, 40),
+            dst: u32_at(b, 44),
+            timeout_ms: u32_at(b, 48),
+        })
+    }
+}
+
+/// An ATTACH answer: `status` (0 or a negative errno) and the endpoint's
+/// addresses.
+pub fn attach_reply(status: i32, src: u32, dst: u32) -> [u8; ATTACH_REPLY_LEN] {
+    let mut b = [0u8; ATTACH_REPLY_LEN];
+    b[..8].copy_from_slice(&header(OP_ATTACH));
+    b[8..12].copy_from_slice(&status.to_le_bytes());
+    b[12..16].copy_from_slice(&src.to_le_bytes());
+    b[16..20].copy_from_slice(&dst.to_le_bytes());
+    b
+}
+
 /// What the endpoint service holds and has done (the STATS answer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServiceStats {
@@ -488,5 +580,28 @@ mod tests {
         assert_eq!(st, 0);
         assert_eq!(ServiceStats::parse(body), Some(s));
         assert_eq!(ServiceStats::parse(&body[..10]), None);
+    }
+
+    #[test]
+    fn attach_request_round_trip_and_refusals() {
+        let r = AttachRequest {
+            name: "echo".into(),
+            src: ADDR_ANY,
+            dst: 1024,
+            timeout_ms: 500,
+        };
+        let b = r.encode().unwrap();
+        assert_eq!(AttachRequest::parse(&b), Ok(r));
+        assert_eq!(AttachRequest::parse(b"junk"), Err(libc::EPROTO));
+        let mut v = b;
+        v[6] = 9;
+        assert_eq!(AttachRequest::parse(&v), Err(libc::EOPNOTSUPP));
+        let mut v = b;
+        v[4] = 2;
+        assert_eq!(AttachRequest::parse(&v), Err(libc::EPROTONOSUPPORT));
+        let mut v = b;
+        v[8..40].fill(b'x');
+        assert_eq!(AttachRequest::parse(&v), Err(libc::EINVAL));
+        assert_eq!(AttachRequest::parse(&b[..20]), Err(libc::EINVAL));
     }
 }

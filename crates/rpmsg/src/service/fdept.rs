@@ -40,13 +40,13 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
                 // Dropping the client's end hangs the socketpair up, and
                 // the event loop destroys the endpoint; a client that does
                 // not read its answers is disconnected.
-                crate::ctrl::not_answered(c, e);
+                super::conn::not_answered(c, e);
             }
             drop(client);
             refill(svc);
         }
         Err(errno) => {
-            crate::ctrl::answer(c, &create_ept_fd_reply(-errno, &info, flags));
+            super::conn::answer(c, &create_ept_fd_reply(-errno, &info, flags));
         }
     }
 }

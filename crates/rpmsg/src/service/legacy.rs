@@ -25,7 +25,7 @@ pub(super) fn handle_create(svc: &EptService, conn: u64, c: &OwnedFd, info: EptI
         Ok((out, path)) => create_ept_reply(0, &out, path.as_os_str().as_encoded_bytes()),
         Err(errno) => create_ept_reply(-errno, &info, b""),
     };
-    crate::ctrl::answer(c, &reply);
+    super::conn::answer(c, &reply);
 }
 
 fn create(svc: &EptService, conn: u64, info: &EptInfo) -> Result<(EptInfo, PathBuf), i32> {

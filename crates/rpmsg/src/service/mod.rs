@@ -40,8 +40,13 @@
 //! drops and counts (`oversize`) the rest over 496, and
 //! [`crate::ctrl::EptFd::send`] refuses anything over 496 with `EMSGSIZE`.
 
+mod attach;
+mod conn;
 mod fdept;
 mod legacy;
+mod server;
+
+pub use server::{CtrlOptions, CtrlServer};
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
@@ -68,8 +73,6 @@ const TAG_SOCK: u64 = 0;
 const TAG_LISTENER: u64 = 1;
 /// Token tag: a control connection (the token's id is the connection's).
 const TAG_CTRL: u64 = 2;
-/// Requests taken from one control connection per wake-up.
-const CTRL_DRAIN: usize = 16;
 /// Messages taken from one socket per wake-up, so one busy endpoint does
 /// not starve the others.
 const DRAIN: usize = 64;
@@ -289,103 +292,12 @@ impl EptService {
         &self.inner.bus
     }
 
-    /// A control connection came (`peer` names it in the log): the event
-    /// loop reads its requests from now on, in the same pass as the
-    /// endpoints' traffic and hang-ups, so a create-and-close cycle costs
-    /// the service one wake-up, not one per thread involved.
-    pub(crate) fn add_client(&self, conn: u64, fd: OwnedFd, peer: String) -> Result<(), CtrlError> {
-        let fd = Arc::new(fd);
-        lock(&self.inner.conns).insert(
-            conn,
-            Conn {
-                fd: Arc::clone(&fd),
-                peer,
-            },
-        );
-        self.inner.n.clients.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = epoll::add(
-            &self.inner.epoll,
-            &*fd,
-            epoll::EventData::new_u64(conn << 2 | TAG_CTRL),
-            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
-        ) {
-            lock(&self.inner.conns).remove(&conn);
-            self.inner.n.clients.fetch_sub(1, Ordering::Relaxed);
-            return Err(sys("epoll_ctl")(e));
-        }
-        Ok(())
-    }
-
-    /// Control connection `conn` has packets (or went away).
-    fn ctrl_readable(&self, conn: u64, buf: &mut [u8]) {
-        let Some((fd, peer)) = lock(&self.inner.conns)
-            .get(&conn)
-            .map(|c| (Arc::clone(&c.fd), c.peer.clone()))
-        else {
-            return;
-        };
-        for _ in 0..CTRL_DRAIN {
-            // `buf` holds any request; a longer packet is garbage, cut to
-            // `buf` (and logged with its full length).
-            let (n, full) =
-                match rustix::net::recv(&*fd, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
-                    Ok((_, 0)) => return self.client_gone(conn, &peer, None),
-                    Ok(got) => got,
-                    Err(rustix::io::Errno::AGAIN) => return,
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(_) => return self.client_gone(conn, &peer, None),
-                };
-            match crate::ctrl::on_packet(self, conn, &fd, &peer, &buf[..n]) {
-                crate::ctrl::Next::Keep => {}
-                crate::ctrl::Next::Garbage(errno) => {
-                    return self.client_gone(conn, &peer, Some((full, errno)))
-                }
-                crate::ctrl::Next::Attached => {
-                    // The attach thread owns the connection now; it holds
-                    // no endpoint of this service.
-                    let _ = epoll::delete(&self.inner.epoll, &*fd);
-                    lock(&self.inner.conns).remove(&conn);
-                    self.client_closed(conn, false);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Control connection `conn` ended (or spoke garbage): out of the loop,
-    /// its legacy endpoints freed, one log line.
-    fn client_gone(&self, conn: u64, peer: &str, garbage: Option<(usize, i32)>) {
-        if let Some(c) = lock(&self.inner.conns).remove(&conn) {
-            let _ = epoll::delete(&self.inner.epoll, &*c.fd);
-        }
-        let freed = self.client_closed(conn, garbage.is_some());
-        crate::ctrl::log_gone(conn, peer, garbage, freed);
-    }
-
-    /// A control connection went: its legacy endpoints go with it (their
-    /// creator can no longer destroy them). Returns how many.
-    fn client_closed(&self, conn: u64, garbage: bool) -> usize {
-        self.inner.n.clients.fetch_sub(1, Ordering::Relaxed);
-        if garbage {
-            self.inner.n.bad_clients.fetch_add(1, Ordering::Relaxed);
-        }
-        let ids = lock(&self.inner.table)
-            .by_client
-            .remove(&conn)
-            .unwrap_or_default();
-        let n = ids.len();
-        for id in ids {
-            self.destroy(id);
-        }
-        n
-    }
-
     /// Serves one parsed request on control connection `conn` (socket `c`).
     pub(crate) fn handle(&self, conn: u64, c: &OwnedFd, req: Request) {
         match req {
             Request::CreateEpt(info) => legacy::handle_create(self, conn, c, info),
             Request::CreateEptFd(info, flags) => fdept::handle_create(self, c, info, flags),
-            Request::Stats => crate::ctrl::answer(c, &self.stats().encode()),
+            Request::Stats => conn::answer(c, &self.stats().encode()),
         }
     }
 

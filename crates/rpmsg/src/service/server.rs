@@ -1,0 +1,131 @@
+//! The control socket's listener: binds the socket, starts the endpoint
+//! service, and hands every accepted connection to its event loop.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::net::{SocketAddrUnix, SocketFlags};
+use tracing::{info, warn};
+
+use super::{sys, EptService};
+use crate::bus::Bus;
+use crate::ctrl::proto::ServiceStats;
+use crate::ctrl::{seqpacket, CtrlError};
+
+/// How the control socket is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlOptions {
+    /// Mode of the socket (and of the legacy nodes); 0600 by default.
+    pub mode: u32,
+    /// Where legacy nodes go; `None`: the socket path with `.d` appended.
+    pub rundir: Option<PathBuf>,
+}
+
+impl Default for CtrlOptions {
+    fn default() -> Self {
+        CtrlOptions {
+            mode: 0o600,
+            rundir: None,
+        }
+    }
+}
+
+/// The control socket server of a bus owner, with its endpoint service.
+#[derive(Debug)]
+pub struct CtrlServer {
+    path: PathBuf,
+    svc: EptService,
+}
+
+impl CtrlServer {
+    /// Binds `path` (replacing a stale socket; mode 0600) and serves clients
+    /// of `bus` on background threads.
+    ///
+    /// # Errors
+    /// [`CtrlError::Io`] if the socket cannot be bound.
+    pub fn start(bus: Bus, path: &Path) -> Result<Self, CtrlError> {
+        Self::start_with(bus, path, &CtrlOptions::default())
+    }
+
+    /// As [`CtrlServer::start`], with a socket mode and runtime directory.
+    ///
+    /// # Errors
+    /// [`CtrlError::Io`] if the socket or the directory cannot be made.
+    pub fn start_with(bus: Bus, path: &Path, opts: &CtrlOptions) -> Result<Self, CtrlError> {
+        let rundir = opts.rundir.clone().unwrap_or_else(|| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(".d");
+            PathBuf::from(p)
+        });
+        let svc = EptService::start(bus.clone(), &rundir, opts.mode)?;
+        let fd = seqpacket()?;
+        let _ = std::fs::remove_file(path);
+        let addr = SocketAddrUnix::new(path).map_err(sys("socket path"))?;
+        rustix::net::bind(&fd, &addr).map_err(sys("bind"))?;
+        rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(opts.mode))
+            .map_err(sys("chmod"))?;
+        rustix::net::listen(&fd, 64).map_err(sys("listen"))?;
+        let svc2 = svc.clone();
+        std::thread::Builder::new()
+            .name("rpmsg-ctrl".into())
+            .spawn(move || {
+                let mut conn = 0u64;
+                loop {
+                    match rustix::net::accept_with(&fd, SocketFlags::CLOEXEC) {
+                        Ok(c) => {
+                            conn += 1;
+                            let peer = who(&c);
+                            info!(target: "iopath_rpmsg", "control client {conn} connected: {peer}");
+                            // From here on the service's event loop reads
+                            // the connection's requests.
+                            if let Err(e) = svc2.add_client(conn, c, peer) {
+                                warn!(target: "iopath_rpmsg", "control client {conn} dropped: {e}");
+                            }
+                        }
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => {
+                            warn!(target: "iopath_rpmsg", "control socket accept failed: {e}");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                }
+            })
+            .map_err(|source| CtrlError::Io {
+                op: "spawn",
+                source,
+            })?;
+        Ok(CtrlServer {
+            path: path.to_owned(),
+            svc,
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The runtime directory of legacy nodes.
+    pub fn rundir(&self) -> &Path {
+        self.svc.rundir()
+    }
+
+    /// The endpoint service's counters.
+    pub fn stats(&self) -> ServiceStats {
+        self.svc.stats()
+    }
+}
+
+/// One line naming a peer, from its `SO_PEERCRED`.
+fn who(c: &OwnedFd) -> String {
+    match rustix::net::sockopt::socket_peercred(c) {
+        Ok(u) => format!(
+            "pid {} uid {} gid {}",
+            u.pid.as_raw_nonzero(),
+            u.uid.as_raw(),
+            u.gid.as_raw()
+        ),
+        Err(e) => format!("(credentials unknown: {e})"),
+    }
+}
