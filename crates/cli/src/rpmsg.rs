@@ -5,6 +5,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use iopath_bench::rpmsg::RawPingPong;
+use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::{proto, CtrlClient, CtrlEndpoint, CtrlError, EptFd, EptInfo};
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
@@ -227,7 +229,7 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::Ping(a) => ping(a),
         RpmsgCmd::Ept(c) => ept::run(c),
         RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
-        RpmsgCmd::RawFdServer { sock } => crate::bench::rpmsg::raw_fd_server(&sock),
+        RpmsgCmd::RawFdServer { sock } => Ok(iopath_bench::rpmsg::raw_fd_server(&sock)?),
     }
 }
 
@@ -516,43 +518,6 @@ fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-#[derive(Debug, serde::Serialize)]
-pub(crate) struct Latency {
-    pub(crate) count: u64,
-    pub(crate) p50_us: f64,
-    pub(crate) p99_us: f64,
-    pub(crate) max_us: f64,
-    pub(crate) msgs_per_s: f64,
-}
-
-impl Latency {
-    pub(crate) fn from(mut us: Vec<f64>, elapsed: Duration) -> Self {
-        us.sort_by(f64::total_cmp);
-        Latency {
-            count: us.len() as u64,
-            p50_us: percentile(&us, 0.5),
-            p99_us: percentile(&us, 0.99),
-            max_us: us.last().copied().unwrap_or(0.0),
-            msgs_per_s: us.len() as f64 / elapsed.as_secs_f64().max(1e-9),
-        }
-    }
-
-    pub(crate) fn line(&self) -> String {
-        format!(
-            "p50 {:.1} us, p99 {:.1} us, max {:.1} us, {:.0} msgs/s",
-            self.p50_us, self.p99_us, self.max_us, self.msgs_per_s
-        )
-    }
-}
-
 fn fill(buf: &mut [u8], seq: u64) {
     for (i, b) in buf.iter_mut().enumerate() {
         *b = (seq as usize).wrapping_mul(31).wrapping_add(i * 7) as u8;
@@ -726,9 +691,9 @@ fn ping(a: PingArgs) -> Result<()> {
 
 /// The limit: kick a child process through an eventfd pair and wait for its
 /// kick back, `count` times (after a warm-up).
-pub(crate) fn raw_pingpong(count: u64) -> Result<Latency> {
+fn raw_pingpong(count: u64) -> Result<Latency> {
     let warm = 100;
-    let raw = crate::bench::rpmsg::RawPingPong::start(count + warm, None)?;
+    let raw = RawPingPong::start(&iopath_bench::current_exe()?, count + warm, None)?;
     raw.round_trips(warm, &mut Vec::new())?;
     let mut lat = Vec::with_capacity(count as usize);
     let elapsed = raw.round_trips(count, &mut lat)?;

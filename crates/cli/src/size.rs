@@ -24,23 +24,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
-/// Formats bytes as a short binary size (`32 MiB`, `1.50 GiB`).
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else if v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
+pub use iopath_bench::human;
 
 #[cfg(test)]
 mod tests {
@@ -55,8 +39,5 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("1.5G").is_err());
         assert!(parse_size("99999999999T").is_err());
-        assert_eq!(human(32 << 20), "32 MiB");
-        assert_eq!(human(1536 << 20), "1.50 GiB");
-        assert_eq!(human(10), "10 B");
     }
 }

@@ -15,9 +15,11 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::place::{on_cpu, spawn_on, Cpus, Placement};
-use crate::blk_dd::{self, DdArgs, DmaMode};
+use iopath_bench::place::{on_cpu, spawn_on, Cpus};
 use iopath_blk::workload::{Access, Op, Pattern, Stats};
+
+use super::PlacementArg;
+use crate::blk_dd::{self, DdArgs, DmaMode};
 
 /// Arguments of `iopath bench blk`.
 #[derive(Debug, Clone, clap::Args)]
@@ -49,7 +51,7 @@ pub struct BenchBlkArgs {
     /// across CPUs costs tens of microseconds and migrations make runs
     /// scatter).
     #[arg(long, value_enum, default_value = "split")]
-    pub placement: Placement,
+    pub placement: PlacementArg,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -263,7 +265,7 @@ fn ram_dir(size: u64) -> Option<PathBuf> {
 /// Whether `path` lies on a tmpfs.
 #[allow(clippy::unnecessary_cast)] // statfs field types differ by target
 fn ram_backed(path: &Path) -> bool {
-    rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == super::TMPFS_MAGIC)
+    rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == iopath_bench::TMPFS_MAGIC)
 }
 
 /// Creates (or reuses) a fully allocated image of `size` bytes.
@@ -373,14 +375,14 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    if !super::fio::available() {
+    if !iopath_bench::fio::available() {
         bail!("fio is not installed (package fio): it measures the limit row");
     }
     let dir = match &args.dir {
         Some(d) => d.clone(),
         None => match ram_dir(args.size as u64) {
             Some(d) => d,
-            None => super::scratch_dir()?,
+            None => iopath_bench::scratch_dir()?,
         },
     };
     let work = tempfile::Builder::new()
@@ -392,7 +394,7 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
     let ours_sock = work.path().join("iopath.sock");
     let peer_sock = work.path().join("qsd.sock");
     let cpus = Cpus::get()?;
-    let (client, server) = args.placement.cpus(&cpus);
+    let (client, server) = iopath_bench::Placement::from(args.placement).cpus(&cpus);
     let ours = start_iopath_serve_on(&image, &ours_sock, server);
     let peer = start_qsd_on(&image, &peer_sock, server);
     let fio_run = || {
@@ -404,7 +406,9 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
             server,
         )
     };
-    let dd_run = |sock: &Path, mode| on_cpu(client, &cpus, || dd_once(sock, args, mode));
+    let dd_run = |sock: &Path, mode| -> Result<f64> {
+        on_cpu(client, &cpus, || Ok(dd_once(sock, args, mode)))?
+    };
 
     let modes = if args.modes.is_empty() {
         DmaMode::ALL.to_vec()
@@ -427,14 +431,18 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         peer.as_ref().err().map(|e| format!("{e:#}")),
     );
     // --guest: a Linux guest's dd on each back end's socket.
-    let script = args.guest.then(super::guest::prepare);
+    let script = args.guest.then(iopath_bench::guest::prepare);
     let mut guest_rows: Vec<(&Path, Series)> = Vec::new();
     if let Some(script) = &script {
         for (sock, name, backend) in [
             (&ours_sock, GUEST_OURS, ours.as_ref().err()),
             (&peer_sock, GUEST_PEER, peer.as_ref().err()),
         ] {
-            let failed = script.as_ref().err().or(backend).map(|e| format!("{e:#}"));
+            let failed = match (&script, backend) {
+                (Err(e), _) => Some(format!("{e:#}")),
+                (_, Some(e)) => Some(format!("{e:#}")),
+                _ => None,
+            };
             guest_rows.push((sock, Series::new(name.into(), failed)));
         }
     }
@@ -481,12 +489,12 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         for (sock, series) in &mut guest_rows {
             bar.set_message(format!("run {}: {}", run + 1, series.name));
             series.measure(|| match &script {
-                Some(Ok(script)) => super::guest::dd_once(
+                Some(Ok(script)) => Ok(iopath_bench::guest::dd_once(
                     script,
                     sock,
                     args.bs as u64,
                     (args.size / args.bs) as u64,
-                ),
+                )?),
                 _ => bail!("the guest is not prepared"),
             });
             bar.inc(1);
@@ -512,7 +520,7 @@ pub fn bench(args: &BenchBlkArgs) -> Result<BenchBlkReport> {
         } else {
             "disk".into()
         },
-        placement: args.placement.describe(
+        placement: iopath_bench::Placement::from(args.placement).describe(
             &cpus,
             "the driver",
             "the back end, qemu-storage-daemon and fio",
@@ -534,7 +542,7 @@ pub fn run_default(json: bool) -> Result<serde_json::Value> {
         queue_depth: 4,
         dir: None,
         modes: Vec::new(),
-        placement: Placement::Split,
+        placement: PlacementArg::Split,
         json,
         guest: false,
     };

@@ -1,21 +1,19 @@
-//! `iopath bench`: the seed experiments, each beside the limit measured in the
-//! same run.
+//! `iopath bench`: the arguments of the seed experiments, mapped to the
+//! configs of `iopath-bench`, which runs them; their reports printed.
 //!
 //! `iopath bench` with no subcommand runs every experiment on small embedded
-//! defaults (the "main job", well under a minute). To add an experiment: a
-//! module with its `clap::Args`, a variant in [`BenchCmd`], and an entry in
-//! [`run_default`].
+//! defaults (the "main job", well under a minute).
 
-pub mod blk;
-pub mod fio;
-pub mod guest;
-pub mod heap;
-pub mod place;
-pub mod rpmsg;
+mod blk;
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use iopath_bench::heap::HeapConfig;
+use iopath_bench::rpmsg::RpmsgConfig;
+use iopath_bench::Placement;
+
+use crate::size::parse_size;
 
 /// Arguments of `iopath bench`.
 #[derive(Debug, clap::Args)]
@@ -37,7 +35,7 @@ pub struct BenchArgs {
 pub enum BenchCmd {
     /// Fill 32 x 32 MiB buffers from a cold file with every heap and
     /// method, beside fio's O_DIRECT io_uring read of the same file.
-    Heap(heap::HeapArgs),
+    Heap(HeapArgs),
     /// The 2018 "virtio uses the DMA API" experiment: iopath's virtio-blk
     /// driver writes an image through each DMA mode (direct, direct-static,
     /// iommu, bounce) via `iopath blk serve`, beside fio's O_DIRECT write of
@@ -48,7 +46,150 @@ pub enum BenchCmd {
     /// endpoint L times the legacy way (a node to open) and the fd way,
     /// beside a raw SOCK_SEQPACKET request/response passing an fd; echo
     /// latency beside a raw eventfd ping-pong.
-    Rpmsg(rpmsg::RpmsgArgs),
+    Rpmsg(RpmsgArgs),
+}
+
+/// Where the processes of a measurement run (`iopath_bench::Placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlacementArg {
+    /// Every process on one CPU: no wake-up crosses CPUs.
+    One,
+    /// The client on one CPU, the servers (and the limit's) on another.
+    Split,
+    /// No pinning: where the scheduler puts them.
+    Free,
+}
+
+impl From<PlacementArg> for Placement {
+    fn from(p: PlacementArg) -> Placement {
+        match p {
+            PlacementArg::One => Placement::One,
+            PlacementArg::Split => Placement::Split,
+            PlacementArg::Free => Placement::Free,
+        }
+    }
+}
+
+/// Arguments of `iopath bench heap`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Each run drops the file's cached pages first (fsync + POSIX_FADV_DONTNEED,
+checked with mincore). Columns: alloc ms = time allocating and faulting in
+buffers on the allocator thread (overlapped with reads); read ms = time in
+transfers; total ms = wall time, allocation included; GiB/s over total;
+cache growth = file pages left in the page cache (worst run). Two bounds are
+measured in every run: fio's O_DIRECT io_uring read of the same file (the
+`limit` row, 100%) and allocating and faulting in the same buffers with no
+I/O (`alloc only`); a load can be no faster than the slower of the two.")]
+pub struct HeapArgs {
+    /// Read this file (it must hold buffers x buffer-size bytes).
+    #[arg(long, conflicts_with = "size")]
+    pub file: Option<PathBuf>,
+    /// Make a scratch file of this size in /var/tmp (or the current
+    /// directory, never a tmpfs), removed afterwards [default: 1G].
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<usize>,
+    /// Buffers per load [default: file size / buffer size].
+    #[arg(long)]
+    pub buffers: Option<usize>,
+    /// Bytes per buffer.
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    pub buffer_size: usize,
+    /// Runs per row (median and spread are reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Heaps to try, comma-separated [default: all; absent ones are listed
+    /// as skipped].
+    #[arg(long, value_delimiter = ',')]
+    pub heaps: Vec<String>,
+    /// Methods to try, comma-separated [default: auto,buffered,direct,sendfile,uring].
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Vec<String>,
+    /// io_uring requests in flight.
+    #[arg(long, default_value_t = 16)]
+    pub queue_depth: u32,
+    /// Print one JSON object with `rows` and `limit`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl HeapArgs {
+    fn config(&self) -> HeapConfig {
+        HeapConfig {
+            file: self.file.clone(),
+            size: self.size,
+            buffers: self.buffers,
+            buffer_size: self.buffer_size,
+            runs: self.runs,
+            heaps: self.heaps.clone(),
+            methods: self.methods.clone(),
+            queue_depth: self.queue_depth,
+            progress: !self.json,
+        }
+    }
+}
+
+/// Arguments of `iopath bench rpmsg`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+A cycle: legacy = CREATE_EPT, open the node (connect + greeting), destroy
+through it (shutdown + the service's hang-up), close; fd = CREATE_EPT_FD
+(the endpoint comes back over SCM_RIGHTS), close (the service notices and
+frees it; the row's time includes waiting until it has freed them all).
+limit = the same request size answered with an fd by a bare server process
+(an eventfd; limit-s: a fresh SOCK_SEQPACKET socket, as an endpoint is).
+The ways take turns in chunks of 500 cycles (rotating which goes first), so
+that load from elsewhere hits them alike; medians with (min-max) over --runs.
+
+Placement matters more than code on a small VM: a wake-up that crosses to
+an idle CPU costs tens of microseconds there, on the same CPU a few. Each
+placement pins every process, the limit's included, the same way:
+  one    every process on the first CPU
+  split  client on the first CPU; host, remote, raw server on the second
+  free   no pinning
+Example: iopath bench rpmsg --loops 1000,10000,100000 --poll")]
+pub struct RpmsgArgs {
+    /// Create+destroy cycles per row, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    pub loops: Vec<u64>,
+    /// Runs per row (median and spread are reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Echo round trips (16-byte messages) for the latency rows.
+    #[arg(long, default_value_t = 10_000)]
+    pub count: u64,
+    /// Also measure echo latency with host and remote polling the rings and
+    /// the client busy-polling its fd (no notifications; spins two cores).
+    #[arg(long)]
+    pub poll: bool,
+    /// Where the processes run, comma-separated; the first one fills the
+    /// main table and JSON `rows`: one (all on one CPU), split (client on
+    /// one CPU, servers on another), free (no pinning).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "one,split,free"
+    )]
+    pub placement: Vec<PlacementArg>,
+    /// Print one JSON object: `rows`, `limit` and `echo` of the first
+    /// placement, every placement under `placements`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl RpmsgArgs {
+    fn config(&self) -> Result<RpmsgConfig> {
+        Ok(RpmsgConfig {
+            loops: self.loops.clone(),
+            runs: self.runs,
+            count: self.count,
+            poll: self.poll,
+            placement: self.placement.iter().map(|&p| p.into()).collect(),
+            iopath: iopath_bench::current_exe()?,
+            progress: !self.json,
+        })
+    }
 }
 
 /// Runs `iopath bench`.
@@ -57,119 +198,64 @@ pub enum BenchCmd {
 /// Whatever the experiment fails with.
 pub fn run(args: &BenchArgs) -> Result<()> {
     match &args.cmd {
-        Some(BenchCmd::Heap(a)) => heap::run(a),
+        Some(BenchCmd::Heap(a)) => {
+            let rep = iopath_bench::heap::run(&a.config())?;
+            if a.json {
+                println!("{}", rep.json());
+            } else {
+                print!("{}", rep.text());
+            }
+            Ok(())
+        }
         Some(BenchCmd::Blk(a)) => blk::run(a),
-        Some(BenchCmd::Rpmsg(a)) => rpmsg::run(a),
+        Some(BenchCmd::Rpmsg(a)) => {
+            let rep = iopath_bench::rpmsg::run(&a.config()?)?;
+            if a.json {
+                println!("{}", rep.json());
+            } else {
+                print!("{}", rep.text());
+            }
+            Ok(())
+        }
         None => run_default(args.json),
     }
 }
 
-/// An experiment on its embedded defaults: prints its table unless asked for
-/// JSON, and returns its JSON object.
-type Experiment = fn(bool) -> Result<serde_json::Value>;
-
 /// Every experiment on embedded defaults.
 fn run_default(json: bool) -> Result<()> {
     let mut all = serde_json::Map::new();
-    let experiments: [(&str, Experiment); 3] = [
-        ("heap", heap::run_default),
-        ("blk", blk::run_default),
-        ("rpmsg", rpmsg::run_default),
-    ];
-    for (name, f) in experiments {
+    let head = |name: &str| {
         if !json {
             println!("== {name}");
         }
-        all.insert(name.into(), f(json)?);
+    };
+    let tail = |text: String| {
         if !json {
+            print!("{text}");
             println!();
         }
+    };
+    head("heap");
+    let heap = iopath_bench::heap::run(&HeapConfig {
+        progress: !json,
+        ..HeapConfig::quick()
+    })?;
+    all.insert("heap".into(), heap.json());
+    tail(heap.text());
+    head("blk");
+    all.insert("blk".into(), blk::run_default(json)?);
+    if !json {
+        println!();
     }
+    head("rpmsg");
+    let rpmsg = iopath_bench::rpmsg::run(&RpmsgConfig {
+        progress: !json,
+        ..RpmsgConfig::quick(iopath_bench::current_exe()?)
+    })?;
+    all.insert("rpmsg".into(), rpmsg.json());
+    tail(rpmsg.text());
     if json {
         println!("{}", serde_json::Value::Object(all));
     }
     Ok(())
-}
-
-/// Median, minimum and maximum of some samples.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Summary {
-    /// The median.
-    pub median: f64,
-    /// The smallest sample.
-    pub min: f64,
-    /// The largest sample.
-    pub max: f64,
-}
-
-impl Summary {
-    /// Summarises `samples` (not empty).
-    pub fn of(samples: &[f64]) -> Summary {
-        let mut v = samples.to_vec();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n == 0 {
-            f64::NAN
-        } else if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Summary {
-            median,
-            min: v.first().copied().unwrap_or(f64::NAN),
-            max: v.last().copied().unwrap_or(f64::NAN),
-        }
-    }
-
-    /// (max - min) / median, in percent.
-    pub fn spread_pct(&self) -> f64 {
-        if self.median == 0.0 {
-            0.0
-        } else {
-            (self.max - self.min) / self.median * 100.0
-        }
-    }
-
-    /// JSON: `{median, min, max}`.
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({"median": self.median, "min": self.min, "max": self.max})
-    }
-}
-
-/// `TMPFS_MAGIC` of statfs(2).
-pub(crate) const TMPFS_MAGIC: i64 = 0x0102_1994;
-
-/// A directory on a disk file system for scratch files: `/var/tmp`, else the
-/// current directory; never a tmpfs (a benchmark file there would be RAM).
-///
-/// # Errors
-/// When neither is disk-backed.
-#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
-pub fn scratch_dir() -> Result<PathBuf> {
-    let mut tried = Vec::new();
-    for dir in [PathBuf::from("/var/tmp"), std::env::current_dir()?] {
-        match rustix::fs::statfs(&dir) {
-            Ok(st) if st.f_type as i64 != TMPFS_MAGIC => return Ok(dir),
-            Ok(_) => tried.push(format!("{} is tmpfs", dir.display())),
-            Err(e) => tried.push(format!("{}: {e}", dir.display())),
-        }
-    }
-    bail!(
-        "no disk-backed directory for the scratch file ({}); pass --file",
-        tried.join(", ")
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn summaries() {
-        let s = Summary::of(&[3.0, 1.0, 2.0]);
-        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
-        assert_eq!(s.spread_pct(), 100.0);
-        assert_eq!(Summary::of(&[1.0, 2.0, 4.0, 8.0]).median, 3.0);
-    }
 }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use crate::{Error, Result};
 
 /// One fio job's result.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,13 +24,26 @@ impl FioResult {
     }
 }
 
+/// The program name.
+pub const PROGRAM: &str = "fio";
+/// The Debian package that brings it.
+pub const PACKAGE: &str = "fio";
+
 /// Whether `fio` is on the `PATH`.
 pub fn available() -> bool {
-    Command::new("fio")
+    Command::new(PROGRAM)
         .arg("--version")
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
+}
+
+/// [`Error::MissingPeer`] for fio.
+pub fn missing() -> Error {
+    Error::MissingPeer {
+        program: PROGRAM,
+        package: PACKAGE,
+    }
 }
 
 /// The command line of [`seq_read`], for reports.
@@ -53,41 +66,54 @@ pub fn seq_read_cmdline(path: &Path, bytes: u64, bs: &str, iodepth: u32) -> Vec<
 /// fio's O_DIRECT io_uring sequential read of the first `bytes` of `path`.
 ///
 /// # Errors
-/// When fio fails or prints something that is not its JSON.
+/// [`Error::Spawn`] when fio cannot start, [`Error::Peer`] when it fails or
+/// prints something that is not its JSON.
 pub fn seq_read(path: &Path, bytes: u64, bs: &str, iodepth: u32) -> Result<FioResult> {
     let cmd = seq_read_cmdline(path, bytes, bs, iodepth);
     let out = Command::new(&cmd[0])
         .args(&cmd[1..])
         .output()
-        .context("run fio")?;
+        .map_err(Error::spawn(PROGRAM))?;
     if !out.status.success() {
-        bail!(
-            "fio failed: {}",
+        return Err(failed(format!(
+            "{}: {}",
+            out.status,
             String::from_utf8_lossy(&out.stderr)
                 .lines()
                 .next()
                 .unwrap_or("")
-        );
+        )));
     }
-    parse_read(&String::from_utf8_lossy(&out.stdout))
+    parse(&String::from_utf8_lossy(&out.stdout), "read")
 }
 
-/// Reads the first job's read bandwidth from `fio --output-format=json`.
+fn failed(reason: String) -> Error {
+    Error::Peer {
+        program: PROGRAM.into(),
+        reason,
+    }
+}
+
+/// Reads the first job's bandwidth in direction `dir` (`read` or `write`)
+/// from `fio --output-format=json`.
 ///
 /// # Errors
-/// When the text is not fio JSON with a read job.
-pub fn parse_read(text: &str) -> Result<FioResult> {
+/// [`Error::Peer`] when the text is not fio JSON with such a job.
+pub fn parse(text: &str, dir: &str) -> Result<FioResult> {
     // fio may print notes before the JSON object.
-    let start = text.find('{').context("no JSON in fio output")?;
-    let v: serde_json::Value = serde_json::from_str(&text[start..]).context("parse fio JSON")?;
-    let read = &v["jobs"][0]["read"];
-    let bytes = read["io_bytes"]
+    let start = text
+        .find('{')
+        .ok_or_else(|| failed("no JSON in its output".into()))?;
+    let v: serde_json::Value = serde_json::from_str(&text[start..])
+        .map_err(|e| failed(format!("its JSON does not parse: {e}")))?;
+    let job = &v["jobs"][0][dir];
+    let bytes = job["io_bytes"]
         .as_u64()
-        .context("fio JSON: no jobs[0].read.io_bytes")?;
-    let bw = read["bw_bytes"]
+        .ok_or_else(|| failed(format!("its JSON has no jobs[0].{dir}.io_bytes")))?;
+    let bw = job["bw_bytes"]
         .as_f64()
-        .context("fio JSON: no jobs[0].read.bw_bytes")?;
-    let runtime_ms = read["runtime"].as_f64().unwrap_or(0.0);
+        .ok_or_else(|| failed(format!("its JSON has no jobs[0].{dir}.bw_bytes")))?;
+    let runtime_ms = job["runtime"].as_f64().unwrap_or(0.0);
     Ok(FioResult {
         bytes,
         bytes_per_s: bw,
@@ -103,11 +129,15 @@ mod tests {
     fn parses_fio_json() {
         let text = r#"note: both iodepth >= 1 and synchronous I/O engine
 {"fio version":"fio-3.33","jobs":[{"jobname":"limit","read":{"io_bytes":1073741824,"bw_bytes":1113868341,"runtime":964}}]}"#;
-        let r = parse_read(text).unwrap();
+        let r = parse(text, "read").unwrap();
         assert_eq!(r.bytes, 1 << 30);
         assert_eq!(r.runtime_ms, 964.0);
         assert!((r.gib_per_s() - 1.0374).abs() < 1e-3);
-        assert!(parse_read("fio: error").is_err());
-        assert!(parse_read(r#"{"jobs":[]}"#).is_err());
+        assert!(matches!(
+            parse("fio: error", "read"),
+            Err(Error::Peer { .. })
+        ));
+        assert!(parse(r#"{"jobs":[]}"#, "read").is_err());
+        assert!(parse(text, "write").is_err());
     }
 }

@@ -6,13 +6,35 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use crate::{Error, Result};
+
+/// QEMU, which the guest needs.
+pub const QEMU: &str = "qemu-system-x86_64";
+/// The Debian package that brings it.
+pub const QEMU_PACKAGE: &str = "qemu-system-x86";
+
+/// Whether QEMU is on the `PATH`.
+pub fn qemu_available() -> bool {
+    Command::new(QEMU)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn failed(reason: String) -> Error {
+    Error::Peer {
+        program: "scripts/guest-dd".into(),
+        reason,
+    }
+}
 
 /// Where `scripts/guest-dd` is: `$IOPATH_GUEST_DD`, else the source tree
 /// this binary was built from.
 ///
 /// # Errors
-/// Neither exists.
+/// [`Error::Invalid`] (option `IOPATH_GUEST_DD`) when neither exists.
 pub fn script() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("IOPATH_GUEST_DD") {
         return Ok(PathBuf::from(p));
@@ -21,10 +43,10 @@ pub fn script() -> Result<PathBuf> {
     if p.exists() {
         Ok(p)
     } else {
-        bail!(
-            "scripts/guest-dd not found at {} (set IOPATH_GUEST_DD)",
-            p.display()
-        )
+        Err(Error::Invalid {
+            option: "IOPATH_GUEST_DD",
+            reason: format!("scripts/guest-dd not found at {}", p.display()),
+        })
     }
 }
 
@@ -32,21 +54,27 @@ pub fn script() -> Result<PathBuf> {
 /// cache dir; a no-op when already built).
 ///
 /// # Errors
-/// The script is missing or fails (e.g. no qemu-system-x86_64); the error
-/// carries its last line.
+/// [`Error::MissingPeer`] without QEMU; the script is missing or fails; the
+/// error carries its last line.
 pub fn prepare() -> Result<PathBuf> {
+    if !qemu_available() {
+        return Err(Error::MissingPeer {
+            program: QEMU,
+            package: QEMU_PACKAGE,
+        });
+    }
     let script = script()?;
     let out = Command::new(&script)
         .arg("--prepare")
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("cannot run {}", script.display()))?;
+        .map_err(Error::spawn(script.display().to_string()))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        bail!(
-            "guest-dd --prepare failed: {}",
+        return Err(failed(format!(
+            "--prepare: {}",
             err.lines().last().unwrap_or("")
-        );
+        )));
     }
     Ok(script)
 }
@@ -56,7 +84,7 @@ pub fn prepare() -> Result<PathBuf> {
 /// summary (bytes / seconds).
 ///
 /// # Errors
-/// The guest fails or times out, or prints no figures.
+/// [`Error::Peer`] when the guest fails or times out, or prints no figures.
 pub fn dd_once(script: &Path, socket: &Path, bs: u64, count: u64) -> Result<f64> {
     // The pattern check that follows dd goes at the start of the device.
     let pattern = (bs * count).min(4 << 20) / 4096 * 4096;
@@ -73,19 +101,23 @@ pub fn dd_once(script: &Path, socket: &Path, bs: u64, count: u64) -> Result<f64>
         .args(["--timeout", "1200", "--json"])
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("cannot run {}", script.display()))?;
+        .map_err(Error::spawn(script.display().to_string()))?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     if !out.status.success() || v["result"] != "pass" {
         let reason = v["reason"].as_str().map(str::to_string).unwrap_or_else(|| {
             let err = String::from_utf8_lossy(&out.stderr);
             err.lines().last().unwrap_or("").to_string()
         });
-        bail!("guest dd failed: {reason}");
+        return Err(failed(format!("guest dd: {reason}")));
     }
-    let bytes = v["write"]["bytes"].as_f64().context("no write bytes")?;
-    let secs = v["write"]["seconds"].as_f64().context("no write seconds")?;
+    let bytes = v["write"]["bytes"]
+        .as_f64()
+        .ok_or_else(|| failed("no write bytes in its JSON".into()))?;
+    let secs = v["write"]["seconds"]
+        .as_f64()
+        .ok_or_else(|| failed("no write seconds in its JSON".into()))?;
     if secs <= 0.0 {
-        bail!("guest dd reported {secs} s");
+        return Err(failed(format!("guest dd reported {secs} s")));
     }
     Ok(bytes / secs / f64::from(1u32 << 30))
 }

@@ -7,15 +7,13 @@
 //! the remote (host and remote are separate processes on a temporary shared
 //! memory file) beside a raw eventfd ping-pong between two processes.
 
-use std::io::{IoSlice, IoSliceMut, IsTerminal};
+use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use iopath_rpmsg::ctrl::proto::{Request, O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::notify::Wake;
@@ -26,9 +24,9 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
-use super::place::{on_cpu, spawn_on, Cpus, Placement};
-use super::Summary;
-use crate::rpmsg::Latency;
+use crate::error::{check, check_failed, invalid};
+use crate::place::{on_cpu, spawn_on, Cpus, Placement};
+use crate::{Error, Latency, Progress as ProgressBar, Result, Summary};
 
 /// Cycles per turn: the ways alternate in chunks of this many.
 const CHUNK: u64 = 500;
@@ -36,81 +34,51 @@ const CHUNK: u64 = 500;
 const WAYS: usize = 4;
 const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s"];
 
-/// Arguments of `iopath bench rpmsg`.
-#[derive(Debug, clap::Args)]
-#[command(after_help = "\
-A cycle: legacy = CREATE_EPT, open the node (connect + greeting), destroy
-through it (shutdown + the service's hang-up), close; fd = CREATE_EPT_FD
-(the endpoint comes back over SCM_RIGHTS), close (the service notices and
-frees it; the row's time includes waiting until it has freed them all).
-limit = the same request size answered with an fd by a bare server process
-(an eventfd; limit-s: a fresh SOCK_SEQPACKET socket, as an endpoint is).
-The ways take turns in chunks of 500 cycles (rotating which goes first), so
-that load from elsewhere hits them alike; medians with (min-max) over --runs.
-
-Placement matters more than code on a small VM: a wake-up that crosses to
-an idle CPU costs tens of microseconds there, on the same CPU a few. Each
-placement pins every process, the limit's included, the same way:
-  one    every process on the first CPU
-  split  client on the first CPU; host, remote, raw server on the second
-  free   no pinning
-Example: iopath bench rpmsg --loops 1000,10000,100000 --poll")]
-pub struct RpmsgArgs {
-    /// Create+destroy cycles per row, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+/// What `iopath bench rpmsg` measures.
+#[derive(Debug, Clone)]
+pub struct RpmsgConfig {
+    /// Create+destroy cycles per row.
     pub loops: Vec<u64>,
     /// Runs per row (median and spread are reported).
-    #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Echo round trips (16-byte messages) for the latency rows.
-    #[arg(long, default_value_t = 10_000)]
     pub count: u64,
     /// Also measure echo latency with host and remote polling the rings and
     /// the client busy-polling its fd (no notifications; spins two cores).
-    #[arg(long)]
     pub poll: bool,
-    /// Where the processes run, comma-separated; the first one fills the
-    /// main table and JSON `rows`: one (all on one CPU), split (client on
-    /// one CPU, servers on another), free (no pinning).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "one,split,free"
-    )]
+    /// Where the processes run; the first one fills the main table and
+    /// JSON `rows`.
     pub placement: Vec<Placement>,
-    /// Print one JSON object: `rows`, `limit` and `echo` of the first
-    /// placement, every placement under `placements`.
-    #[arg(long)]
-    pub json: bool,
+    /// The `iopath` executable whose `rpmsg host|remote|raw-fd-server|raw-echo`
+    /// subcommands the experiment starts.
+    pub iopath: PathBuf,
+    /// Show progress on stderr.
+    pub progress: bool,
 }
 
-/// Runs `iopath bench rpmsg`.
-///
-/// # Errors
-/// When the host, remote or raw server cannot be started or misbehave.
-pub fn run(args: &RpmsgArgs) -> Result<()> {
-    let v = experiment(args)?;
-    if args.json {
-        println!("{v}");
+impl RpmsgConfig {
+    /// The embedded defaults of `iopath bench`: 1000 loops, 3 runs, 5000
+    /// echo round trips, no polling, placements one and split.
+    pub fn quick(iopath: PathBuf) -> RpmsgConfig {
+        RpmsgConfig {
+            loops: vec![1000],
+            runs: 3,
+            count: 5000,
+            poll: false,
+            placement: vec![Placement::One, Placement::Split],
+            iopath,
+            progress: true,
+        }
     }
-    Ok(())
 }
 
-/// The experiment on small defaults for `iopath bench`: 1000 loops, 3 runs,
-/// 5000 echo round trips, no polling.
+/// Runs the experiment.
 ///
 /// # Errors
-/// As [`run`].
-pub fn run_default(json: bool) -> Result<serde_json::Value> {
-    experiment(&RpmsgArgs {
-        loops: vec![1000],
-        runs: 3,
-        count: 5000,
-        poll: false,
-        placement: vec![Placement::One, Placement::Split],
-        json,
-    })
+/// [`Error::Invalid`] for bad settings; when the host, remote or raw server
+/// cannot be started or misbehave.
+pub fn run(cfg: &RpmsgConfig) -> Result<RpmsgReport> {
+    experiment(cfg)
 }
 
 /// An `iopath rpmsg remote` (echo "echo") and `iopath rpmsg host --ctrl`
@@ -142,14 +110,15 @@ fn shm_dir() -> PathBuf {
 impl Pair {
     /// Remote and host on `remote_cpu` and `host_cpu` (`None`: anywhere).
     fn start(
+        exe: &Path,
         notify_poll: bool,
         remote_cpu: Option<usize>,
         host_cpu: Option<usize>,
     ) -> Result<Pair> {
         let dir = tempfile::Builder::new()
             .prefix("iopath-bench-rpmsg-")
-            .tempdir_in(shm_dir())?;
-        let exe = std::env::current_exe()?;
+            .tempdir_in(shm_dir())
+            .map_err(Error::io(shm_dir()))?;
         let shm = dir.path().join("shm");
         let notify = if notify_poll {
             "poll".to_owned()
@@ -158,7 +127,8 @@ impl Pair {
         };
         let ctrl = dir.path().join("ctrl");
         let log = |name: &str| -> Result<Stdio> {
-            Ok(std::fs::File::create(dir.path().join(name))?.into())
+            let p = dir.path().join(name);
+            Ok(std::fs::File::create(&p).map_err(Error::io(p))?.into())
         };
         let (rlog, hlog) = (log("remote.err")?, log("host.err")?);
         let mut pair = Pair {
@@ -168,31 +138,30 @@ impl Pair {
         };
         let remote = spawn_on(
             remote_cpu,
-            Command::new(&exe)
+            Command::new(exe)
                 .args(["rpmsg", "remote", "--shm"])
                 .arg(&shm)
                 .args(["--create", "0x80000", "--notify", &notify, "--echo", "echo"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(rlog),
-        )
-        .context("starting iopath rpmsg remote")?;
+        )?;
         pair.children.push(remote);
         if notify_poll {
             // With no notifier to connect through, the host must find the
             // table already written.
             let start = Instant::now();
             while std::fs::metadata(&shm).map_or(true, |m| m.len() < 0x80000) {
-                ensure!(
+                check!(
                     start.elapsed() < Duration::from_secs(20),
-                    "no shared memory"
+                    "the remote wrote no shared memory within 20 s"
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
         let host = spawn_on(
             host_cpu,
-            Command::new(&exe)
+            Command::new(exe)
                 .args(["rpmsg", "host", "--shm"])
                 .arg(&shm)
                 .args(["--notify", &notify, "--ctrl"])
@@ -200,15 +169,14 @@ impl Pair {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(hlog),
-        )
-        .context("starting iopath rpmsg host")?;
+        )?;
         pair.children.push(host);
         let start = Instant::now();
         while !pair.ctrl.exists() {
             if start.elapsed() > Duration::from_secs(30) {
                 let err =
                     std::fs::read_to_string(pair.dir.path().join("host.err")).unwrap_or_default();
-                bail!("the host never opened its control socket: {}", err.trim());
+                check_failed!("the host never opened its control socket: {}", err.trim());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -217,15 +185,18 @@ impl Pair {
 
     /// A control connection, once the remote has announced "echo".
     fn client(&self) -> Result<(CtrlClient, EptFd)> {
-        let c = CtrlClient::connect(&self.ctrl).context("connecting to the endpoint service")?;
+        let c = CtrlClient::connect(&self.ctrl)
+            .map_err(Error::ctrl("connecting to the endpoint service"))?;
         let start = Instant::now();
         loop {
-            let ep = c.create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC)?;
+            let ep = c
+                .create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC)
+                .map_err(Error::ctrl("CREATE_EPT_FD for \"echo\""))?;
             if ep.info().dst != ADDR_ANY {
                 return Ok((c, ep));
             }
             drop(ep);
-            ensure!(
+            check!(
                 start.elapsed() < Duration::from_secs(30),
                 "the remote never announced \"echo\""
             );
@@ -238,9 +209,10 @@ fn legacy_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Durati
     let info = EptInfo::new("bench");
     let t = Instant::now();
     for _ in 0..loops {
-        let (_, path) = c.create_ept(&info).context("CREATE_EPT")?;
-        let node = EptFd::open_node(&path, O_CLOEXEC).context("opening the node")?;
-        node.destroy().context("destroying through the node")?;
+        let (_, path) = c.create_ept(&info).map_err(Error::ctrl("CREATE_EPT"))?;
+        let node = EptFd::open_node(&path, O_CLOEXEC).map_err(Error::ctrl("opening the node"))?;
+        node.destroy()
+            .map_err(Error::ctrl("destroying through the node"))?;
         bar.inc(1);
     }
     Ok(t.elapsed())
@@ -252,13 +224,13 @@ fn fd_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> 
     for _ in 0..loops {
         drop(
             c.create_ept_fd(&info, O_RDWR | O_CLOEXEC)
-                .context("CREATE_EPT_FD")?,
+                .map_err(Error::ctrl("CREATE_EPT_FD"))?,
         );
         bar.inc(1);
     }
     // Closing is asynchronous: count until the service has freed them all.
     let base = 1; // the echo endpoint the bench holds
-    while c.stats()?.endpoints() > base {
+    while c.stats().map_err(Error::ctrl("STATS"))?.endpoints() > base {
         std::hint::spin_loop();
     }
     Ok(t.elapsed())
@@ -267,22 +239,31 @@ fn fd_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> 
 /// The limit's server: answers every packet on one connection with a packet
 /// of CREATE_EPT_FD answer size and an fd: always the same eventfd, or, for
 /// a packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
-/// socketpair (the other end closed at once).
+/// socketpair (the other end closed at once). Returns when the client
+/// hangs up.
+///
+/// # Errors
+/// [`Error::Io`] (the socket) when a socket call fails.
 pub fn raw_fd_server(sock: &Path) -> Result<()> {
+    let io = |e: rustix::io::Errno| Error::Io {
+        path: sock.to_path_buf(),
+        source: e.into(),
+    };
     let l = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
         SocketFlags::CLOEXEC,
         None,
-    )?;
-    rustix::net::bind(&l, &SocketAddrUnix::new(sock)?)?;
-    rustix::net::listen(&l, 1)?;
-    let c = rustix::net::accept_with(&l, SocketFlags::CLOEXEC)?;
-    let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)?;
+    )
+    .map_err(io)?;
+    rustix::net::bind(&l, &SocketAddrUnix::new(sock).map_err(io)?).map_err(io)?;
+    rustix::net::listen(&l, 1).map_err(io)?;
+    let c = rustix::net::accept_with(&l, SocketFlags::CLOEXEC).map_err(io)?;
+    let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
     let answer = [0u8; 12 + 48];
     let mut req = [0u8; 128];
     loop {
-        let (n, _) = rustix::net::recv(&c, &mut req, RecvFlags::empty())?;
+        let (n, _) = rustix::net::recv(&c, &mut req, RecvFlags::empty()).map_err(io)?;
         if n == 0 {
             return Ok(());
         }
@@ -293,7 +274,8 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
                 SocketType::SEQPACKET,
                 SocketFlags::CLOEXEC,
                 None,
-            )?;
+            )
+            .map_err(io)?;
             [pair.1.as_fd()]
         } else {
             [ev.as_fd()]
@@ -301,7 +283,8 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut anc = SendAncillaryBuffer::new(&mut space);
         anc.push(SendAncillaryMessage::ScmRights(&fds));
-        rustix::net::sendmsg(&c, &[IoSlice::new(&answer)], &mut anc, SendFlags::NOSIGNAL)?;
+        rustix::net::sendmsg(&c, &[IoSlice::new(&answer)], &mut anc, SendFlags::NOSIGNAL)
+            .map_err(io)?;
     }
 }
 
@@ -310,14 +293,15 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
 fn limit_cycles(c: &OwnedFd, loops: u64, socket: bool, bar: &ProgressBar) -> Result<Duration> {
     let mut req = Request::CreateEptFd(EptInfo::new("bench"), O_RDWR | O_CLOEXEC)
         .encode()
-        .context("request")?;
+        .ok_or_else(|| Error::Check("the bench's CREATE_EPT_FD request does not encode".into()))?;
     if socket {
         req[0] = b'S'; // the raw server's cue: pass a fresh socket
     }
     let mut b = [0u8; 128];
     let t = Instant::now();
     for _ in 0..loops {
-        rustix::net::send(c, &req, SendFlags::NOSIGNAL)?;
+        rustix::net::send(c, &req, SendFlags::NOSIGNAL)
+            .map_err(Error::sys("sending to the raw fd server"))?;
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
         let got = rustix::net::recvmsg(
@@ -325,16 +309,19 @@ fn limit_cycles(c: &OwnedFd, loops: u64, socket: bool, bar: &ProgressBar) -> Res
             &mut [IoSliceMut::new(&mut b)],
             &mut anc,
             RecvFlags::CMSG_CLOEXEC,
-        )?;
+        )
+        .map_err(Error::sys("receiving from the raw fd server"))?;
         let mut fds: Vec<OwnedFd> = Vec::new();
         for m in anc.drain() {
             if let RecvAncillaryMessage::ScmRights(r) = m {
                 fds.extend(r);
             }
         }
-        ensure!(
+        check!(
             got.bytes == 60 && fds.len() == 1,
-            "raw server answered oddly"
+            "the raw fd server answered {} bytes and {} fds, not 60 and 1",
+            got.bytes,
+            fds.len()
         );
         drop(fds);
         bar.inc(1);
@@ -355,19 +342,19 @@ impl Drop for RawServer {
     }
 }
 
-fn raw_server(cpu: Option<usize>) -> Result<RawServer> {
+fn raw_server(exe: &Path, cpu: Option<usize>) -> Result<RawServer> {
     let dir = tempfile::Builder::new()
         .prefix("iopath-bench-raw-")
-        .tempdir()?;
+        .tempdir()
+        .map_err(Error::io(std::env::temp_dir()))?;
     let sock = dir.path().join("sock");
     let child = spawn_on(
         cpu,
-        Command::new(std::env::current_exe()?)
+        Command::new(exe)
             .args(["rpmsg", "raw-fd-server", "--sock"])
             .arg(&sock)
             .stdin(Stdio::null()),
-    )
-    .context("starting the raw fd server")?;
+    )?;
     let start = Instant::now();
     let conn = loop {
         let fd = rustix::net::socket_with(
@@ -375,13 +362,23 @@ fn raw_server(cpu: Option<usize>) -> Result<RawServer> {
             SocketType::SEQPACKET,
             SocketFlags::CLOEXEC,
             None,
-        )?;
-        match rustix::net::connect(&fd, &SocketAddrUnix::new(&sock)?) {
+        )
+        .map_err(Error::sys("creating a socket"))?;
+        let addr = SocketAddrUnix::new(&sock).map_err(|e| Error::Io {
+            path: sock.clone(),
+            source: e.into(),
+        })?;
+        match rustix::net::connect(&fd, &addr) {
             Ok(()) => break fd,
             Err(_) if start.elapsed() < Duration::from_secs(10) => {
                 std::thread::sleep(Duration::from_millis(5))
             }
-            Err(e) => return Err(e).context("connecting to the raw fd server"),
+            Err(e) => {
+                return Err(Error::Io {
+                    path: sock,
+                    source: e.into(),
+                })
+            }
         }
     };
     Ok(RawServer {
@@ -406,23 +403,25 @@ fn echo(ep: &EptFd, count: u64, busy: bool, seq: &mut u64, lat: &mut Vec<f64>) -
         *seq += 1;
         let msg = u128::from(*seq).to_le_bytes();
         let t = Instant::now();
-        ep.send(&msg)?;
+        ep.send(&msg).map_err(Error::ctrl("sending an echo"))?;
         let wait = Duration::from_secs(10);
         let n = if busy {
-            ep.recv_busy(&mut back, wait)?
+            ep.recv_busy(&mut back, wait)
         } else {
-            ep.recv_timeout(&mut back, wait)?
+            ep.recv_timeout(&mut back, wait)
         }
-        .context("no echo within 10 s")?;
+        .map_err(Error::ctrl("receiving an echo"))?
+        .ok_or_else(|| Error::Check(format!("no echo {seq} within 10 s")))?;
         lat.push(t.elapsed().as_secs_f64() * 1e6);
-        ensure!(n == 16 && back[..16] == msg, "echo {seq} came back wrong");
+        check!(n == 16 && back[..16] == msg, "echo {seq} came back wrong");
     }
     Ok(t0.elapsed())
 }
 
 /// The latency limit: a child process (`iopath rpmsg raw-echo`) kicked
 /// through an eventfd pair kicks back.
-pub(crate) struct RawPingPong {
+#[derive(Debug)]
+pub struct RawPingPong {
     child: Child,
     n: Box<dyn Notifier>,
     _dir: tempfile::TempDir,
@@ -436,16 +435,23 @@ impl Drop for RawPingPong {
 }
 
 impl RawPingPong {
-    /// A partner that echoes `kicks` kicks.
-    pub(crate) fn start(kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
+    /// A partner (`iopath rpmsg raw-echo` of the executable `iopath`, on
+    /// `cpu`) that echoes `kicks` kicks.
+    ///
+    /// # Errors
+    /// When the child cannot be started or does not connect.
+    pub fn start(iopath: &Path, kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
         let dir = tempfile::Builder::new()
             .prefix("iopath-bench-rawpp-")
-            .tempdir()?;
+            .tempdir()
+            .map_err(Error::io(std::env::temp_dir()))?;
         let spec = NotifySpec::Eventfd(dir.path().join("ev"));
-        let listener = spec.bind()?;
+        let listener = spec
+            .bind()
+            .map_err(Error::notify("binding the raw ping-pong's socket"))?;
         let child = spawn_on(
             cpu,
-            Command::new(std::env::current_exe()?)
+            Command::new(iopath)
                 .args([
                     "rpmsg",
                     "raw-echo",
@@ -455,9 +461,10 @@ impl RawPingPong {
                 ])
                 .arg(kicks.to_string())
                 .stdin(Stdio::null()),
-        )
-        .context("starting the raw echo child")?;
-        let n = listener.accept()?;
+        )?;
+        let n = listener
+            .accept()
+            .map_err(Error::notify("waiting for the raw echo child"))?;
         Ok(RawPingPong {
             child,
             n,
@@ -466,12 +473,22 @@ impl RawPingPong {
     }
 
     /// `count` round trips, latencies appended to `lat`; the time taken.
-    pub(crate) fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
+    ///
+    /// # Errors
+    /// When a kick fails or the partner is gone.
+    pub fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
         let t0 = Instant::now();
         for _ in 0..count {
             let t = Instant::now();
-            self.n.kick()?;
-            while self.n.wait(Duration::from_secs(5))? != Wake::Kicked {}
+            self.n
+                .kick()
+                .map_err(Error::notify("kicking the raw echo child"))?;
+            while self
+                .n
+                .wait(Duration::from_secs(5))
+                .map_err(Error::notify("waiting for the raw echo child"))?
+                != Wake::Kicked
+            {}
             lat.push(t.elapsed().as_secs_f64() * 1e6);
         }
         Ok(t0.elapsed())
@@ -482,12 +499,13 @@ impl RawPingPong {
 /// ping-pong (its child on `raw_cpu`), `count` round trips each, in
 /// alternating turns.
 fn echo_vs_limit(
+    exe: &Path,
     ep: &EptFd,
     count: u64,
     busy: bool,
     raw_cpu: Option<usize>,
 ) -> Result<(Latency, Latency)> {
-    let raw = RawPingPong::start(ECHO_WARM + count, raw_cpu)?;
+    let raw = RawPingPong::start(exe, ECHO_WARM + count, raw_cpu)?;
     let mut seq = 0;
     let mut scratch = Vec::new();
     echo(ep, ECHO_WARM, busy, &mut seq, &mut scratch)?;
@@ -509,18 +527,8 @@ fn echo_vs_limit(
     Ok((Latency::from(e_lat, e_time), Latency::from(r_lat, r_time)))
 }
 
-fn bar(total: u64, json: bool) -> ProgressBar {
-    if json || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let b = ProgressBar::new(total);
-    b.set_style(
-        ProgressStyle::with_template("{msg:>14} [{bar:30}] {pos}/{len} cycles {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    b
-}
-
+/// One loop count's create+destroy figures.
+#[derive(Debug)]
 struct Row {
     loops: u64,
     /// Totals per run, microseconds.
@@ -533,6 +541,7 @@ struct Row {
 }
 
 /// What one placement measured.
+#[derive(Debug)]
 struct Measured {
     placement: Placement,
     rows: Vec<Row>,
@@ -542,10 +551,15 @@ struct Measured {
 
 /// The create+destroy rows and the echo rows with every process where
 /// `placement` puts it.
-fn measure(a: &RpmsgArgs, placement: Placement, cpus: &Cpus, pb: &ProgressBar) -> Result<Measured> {
+fn measure(
+    a: &RpmsgConfig,
+    placement: Placement,
+    cpus: &Cpus,
+    pb: &ProgressBar,
+) -> Result<Measured> {
     let (client_cpu, server_cpu) = placement.cpus(cpus);
-    let pair = Pair::start(false, server_cpu, server_cpu)?;
-    let raw = raw_server(server_cpu)?;
+    let pair = Pair::start(&a.iopath, false, server_cpu, server_cpu)?;
+    let raw = raw_server(&a.iopath, server_cpu)?;
     on_cpu(client_cpu, cpus, || {
         let (c, echo_ep) = pair.client()?;
         let mut rows: Vec<Row> = a
@@ -592,13 +606,13 @@ fn measure(a: &RpmsgArgs, placement: Placement, cpus: &Cpus, pb: &ProgressBar) -
                 row.limit_socket.push(tot[3]);
             }
         }
-        let st = c.stats()?;
-        ensure!(
+        let st = c.stats().map_err(Error::ctrl("STATS"))?;
+        check!(
             st.endpoints() == 1 && st.open_nodes == 0,
             "the service still holds endpoints after the cycles: {st:?}"
         );
         pb.set_message(format!("{} echo", placement.name()));
-        let (echo, echo_limit) = echo_vs_limit(&echo_ep, a.count, false, server_cpu)?;
+        let (echo, echo_limit) = echo_vs_limit(&a.iopath, &echo_ep, a.count, false, server_cpu)?;
         Ok(Measured {
             placement,
             rows,
@@ -612,89 +626,127 @@ fn measure(a: &RpmsgArgs, placement: Placement, cpus: &Cpus, pb: &ProgressBar) -
 /// its fd: the host spins on the second CPU, the remote on the client's
 /// (where it gives way to the client whenever the client runs); the limit
 /// is the raw ping-pong in its fastest placement, both on the client's CPU.
-fn measure_poll(a: &RpmsgArgs, cpus: &Cpus) -> Result<(Latency, Latency)> {
+fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<(Latency, Latency)> {
     let (ca, cb) = cpus.pair();
-    let pair = Pair::start(true, Some(ca), Some(cb))?;
+    let pair = Pair::start(&a.iopath, true, Some(ca), Some(cb))?;
     on_cpu(Some(ca), cpus, || {
         let (_c, ep) = pair.client()?;
-        echo_vs_limit(&ep, a.count, true, Some(ca))
+        echo_vs_limit(&a.iopath, &ep, a.count, true, Some(ca))
     })
 }
 
-fn experiment(a: &RpmsgArgs) -> Result<serde_json::Value> {
-    ensure!(a.runs >= 1, "--runs must be at least 1");
-    ensure!(
-        !a.loops.is_empty() && a.loops.iter().all(|&l| l > 0),
-        "--loops: give positive counts, e.g. 1000,10000"
-    );
-    ensure!(!a.placement.is_empty(), "--placement: give at least one");
+/// What the rpmsg experiment measured: the tables with
+/// [`RpmsgReport::text`], every figure with [`RpmsgReport::json`].
+#[derive(Debug)]
+pub struct RpmsgReport {
+    runs: usize,
+    count: u64,
+    /// Echo with polling and its limit, and where they ran.
+    poll: Option<(Latency, Latency, String)>,
+    /// Each placement's table text and JSON, in order.
+    placements: Vec<(String, serde_json::Value)>,
+}
+
+fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
+    if a.runs == 0 {
+        invalid!("--runs", "give at least 1");
+    }
+    if a.loops.is_empty() || a.loops.contains(&0) {
+        invalid!("--loops", "give positive counts, e.g. 1000,10000");
+    }
+    if a.placement.is_empty() {
+        invalid!("--placement", "give at least one of one, split, free");
+    }
     let cpus = Cpus::get()?;
     let total: u64 =
         a.loops.iter().sum::<u64>() * WAYS as u64 * a.runs as u64 * a.placement.len() as u64;
-    let pb = bar(total, a.json);
+    let pb = ProgressBar::new(a.progress, "bench rpmsg", total);
     let mut all = Vec::new();
     for &p in &a.placement {
         all.push(measure(a, p, &cpus, &pb)?);
     }
     let poll = if a.poll {
         pb.set_message("poll echo");
-        Some(measure_poll(a, &cpus)?)
+        let (ca, cb) = cpus.pair();
+        let (p, pl) = measure_poll(a, &cpus)?;
+        Some((p, pl, format!(
+            "host on CPU {cb}; remote and the busy-polling client on CPU {ca}; limit pair on CPU {ca}"
+        )))
     } else {
         None
     };
-    pb.finish_and_clear();
+    pb.finish();
+    let placements = all.iter().map(|m| report(a, m, &cpus)).collect();
+    Ok(RpmsgReport {
+        runs: a.runs,
+        count: a.count,
+        poll,
+        placements,
+    })
+}
 
-    let mut placements = Vec::new();
-    for m in &all {
-        placements.push(report(a, m, &cpus));
-    }
-    let main = &placements[0];
-    let mut echo_json = main["echo"].clone();
-    if let Some((p, pl)) = &poll {
-        let (ca, cb) = cpus.pair();
-        echo_json["fd_poll"] = serde_json::json!(p);
-        echo_json["limit_eventfd_pingpong_poll_phase"] = serde_json::json!(pl);
-        echo_json["fd_poll_over_limit_p50"] = serde_json::json!(p.p50_us / pl.p50_us);
-        echo_json["poll_placement"] = serde_json::json!(format!(
-            "host on CPU {cb}; remote and the busy-polling client on CPU {ca}; limit pair on CPU {ca}"
-        ));
-        if !a.json {
-            println!(
-                "echo, polling (host on CPU {cb}; remote and the busy-polling client on CPU {ca}; limit pair on CPU {ca}):"
-            );
-            println!("  endpoint fd (--poll): {}", p.line());
-            println!(
+impl RpmsgReport {
+    /// Each placement's tables, then the polling echo (with `poll`).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for (t, _) in &self.placements {
+            out.push_str(t);
+        }
+        if let Some((p, pl, place)) = &self.poll {
+            outln!(out, "echo, polling ({place}):");
+            outln!(out, "  endpoint fd (--poll): {}", p.line());
+            outln!(
+                out,
                 "  limit (raw eventfd ping-pong, two processes): {}",
                 pl.line()
             );
-            println!("  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
+            outln!(out, "  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
         }
+        out
     }
-    Ok(serde_json::json!({
-        "runs": a.runs,
-        "placement": main["placement"],
-        "rows": main["rows"],
-        "limit": main["limit"],
-        "per_cycle_us": main["per_cycle_us"],
-        "fd_over_limit": main["fd_over_limit"],
-        "fd_over_limit_socket": main["fd_over_limit_socket"],
-        "echo": echo_json,
-        "placements": placements,
-    }))
+
+    /// The first placement's `rows`, `limit` and `echo` at the top, every
+    /// placement under `placements`.
+    pub fn json(&self) -> serde_json::Value {
+        let placements: Vec<serde_json::Value> =
+            self.placements.iter().map(|(_, j)| j.clone()).collect();
+        let main = &placements[0];
+        let mut echo_json = main["echo"].clone();
+        if let Some((p, pl, place)) = &self.poll {
+            echo_json["fd_poll"] = serde_json::json!(p);
+            echo_json["limit_eventfd_pingpong_poll_phase"] = serde_json::json!(pl);
+            echo_json["fd_poll_over_limit_p50"] = serde_json::json!(p.p50_us / pl.p50_us);
+            echo_json["poll_placement"] = serde_json::json!(place);
+        }
+        serde_json::json!({
+            "runs": self.runs,
+            "count": self.count,
+            "placement": main["placement"],
+            "rows": main["rows"],
+            "limit": main["limit"],
+            "per_cycle_us": main["per_cycle_us"],
+            "fd_over_limit": main["fd_over_limit"],
+            "fd_over_limit_socket": main["fd_over_limit_socket"],
+            "echo": echo_json,
+            "placements": placements,
+        })
+    }
 }
 
-/// Prints one placement's tables (unless JSON) and returns its JSON.
-fn report(a: &RpmsgArgs, m: &Measured, cpus: &Cpus) -> serde_json::Value {
+/// One placement's tables and its JSON.
+fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, serde_json::Value) {
+    let mut out = String::new();
     let sum = |v: &[f64]| Summary::of(v);
     let rows = &m.rows;
     let mut jrows = Vec::new();
-    if !a.json {
-        println!(
+    {
+        outln!(out,
             "rpmsg endpoint create+destroy, {}: {} runs; totals: median (min-max); per cycle: median over {CHUNK}-cycle chunks",
             m.placement.describe(cpus, "client", "host, remote and the limit's server"),
             a.runs
         );
-        println!(
+        outln!(
+            out,
             "{:>7} | {:>25} | {:>23} | {:>9} | {:>23} | {:>33}",
             "loops",
             "legacy total us",
@@ -708,8 +760,9 @@ fn report(a: &RpmsgArgs, m: &Measured, cpus: &Cpus) -> serde_json::Value {
         let (l, f, lim) = (sum(&r.legacy), sum(&r.fd), sum(&r.limit));
         let pc: Vec<Summary> = r.chunks.iter().map(|c| sum(c)).collect();
         let fmt = |s: &Summary| format!("{:.0} ({:.0}-{:.0})", s.median, s.min, s.max);
-        if !a.json {
-            println!(
+        {
+            outln!(
+                out,
                 "{:>7} | {:>25} | {:>23} | {:>8.2}x | {:>23} | {:>9.1} / {:>5.1} / {:>7.1}",
                 r.loops,
                 fmt(&l),
@@ -744,34 +797,39 @@ fn report(a: &RpmsgArgs, m: &Measured, cpus: &Cpus) -> serde_json::Value {
     let (legacy_pc, fd_pc, rtt, rtt_s) = (all(0), all(1), all(2), all(3));
     let (echo, lim) = (&m.echo, &m.echo_limit);
     let spread = |s: &Summary| format!("{:.1} us per cycle ({:.1}-{:.1})", s.median, s.min, s.max);
-    if !a.json {
-        println!(
+    {
+        outln!(
+            out,
             "  limit: raw SOCK_SEQPACKET request/response, two processes, an eventfd passed: {}",
             spread(&rtt)
         );
-        println!(
+        outln!(
+            out,
             "  limit-s: the same, a fresh SOCK_SEQPACKET socket passed (created, closed): {}",
             spread(&rtt_s)
         );
-        println!("  legacy create+open+destroy: {}", spread(&legacy_pc));
-        println!(
+        outln!(out, "  legacy create+open+destroy: {}", spread(&legacy_pc));
+        outln!(
+            out,
             "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s",
             spread(&fd_pc),
             fd_pc.median / rtt.median,
             fd_pc.median / rtt_s.median
         );
-        println!(
+        outln!(
+            out,
             "  echo round trip, 16 B, {} round trips each, in {ECHO_TURNS} alternating turns:",
             a.count
         );
-        println!("    endpoint fd (eventfd notify): {}", echo.line());
-        println!(
+        outln!(out, "    endpoint fd (eventfd notify): {}", echo.line());
+        outln!(
+            out,
             "    limit (raw eventfd ping-pong, two processes): {}",
             lim.line()
         );
-        println!("    fd/limit p50: {:.2}x", echo.p50_us / lim.p50_us);
+        outln!(out, "    fd/limit p50: {:.2}x", echo.p50_us / lim.p50_us);
     }
-    serde_json::json!({
+    let json = serde_json::json!({
         "placement": m.placement.name(),
         "where": m.placement.describe(cpus, "client", "host, remote and the limit's server"),
         "rows": jrows,
@@ -787,5 +845,6 @@ fn report(a: &RpmsgArgs, m: &Measured, cpus: &Cpus) -> serde_json::Value {
             "size": 16, "fd": echo, "limit_eventfd_pingpong": lim,
             "fd_over_limit_p50": echo.p50_us / lim.p50_us,
         },
-    })
+    });
+    (out, json)
 }

@@ -11,11 +11,12 @@
 
 use std::process::{Child, Command};
 
-use anyhow::{ensure, Context, Result};
 use rustix::thread::CpuSet;
 
+use crate::{Error, Result};
+
 /// Where the processes of one measurement run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
     /// Every process on one CPU: no wake-up crosses CPUs.
     One,
@@ -26,6 +27,9 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// Every placement, in the order the CLI lists them.
+    pub const ALL: [Placement; 3] = [Placement::One, Placement::Split, Placement::Free];
+
     /// The name on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -57,6 +61,7 @@ impl Placement {
 }
 
 /// The CPUs this process may run on.
+#[derive(Debug)]
 pub struct Cpus {
     allowed: CpuSet,
     ids: Vec<usize>,
@@ -73,12 +78,16 @@ impl Cpus {
     /// # Errors
     /// When the affinity cannot be read or is empty.
     pub fn get() -> Result<Cpus> {
-        let allowed =
-            rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
+        let allowed = rustix::thread::sched_getaffinity(None)
+            .map_err(Error::sys("reading the CPU affinity"))?;
         let ids: Vec<usize> = (0..CpuSet::MAX_CPU)
             .filter(|&i| allowed.is_set(i))
             .collect();
-        ensure!(!ids.is_empty(), "no CPU in this process's affinity mask");
+        if ids.is_empty() {
+            return Err(Error::Check(
+                "no CPU in this process's affinity mask".into(),
+            ));
+        }
         ALL_CPUS.with(|c| c.set(Some(allowed)));
         Ok(Cpus { allowed, ids })
     }
@@ -99,7 +108,7 @@ fn pin(cpu: Option<usize>, all: &CpuSet) -> Result<()> {
         }
         None => *all,
     };
-    rustix::thread::sched_setaffinity(None, &set).context("setting the CPU affinity")
+    rustix::thread::sched_setaffinity(None, &set).map_err(Error::sys("setting the CPU affinity"))
 }
 
 /// Spawns `cmd` pinned to `cpu` (`None`: on every CPU this process may
@@ -107,21 +116,24 @@ fn pin(cpu: Option<usize>, all: &CpuSet) -> Result<()> {
 /// calling thread is pinned around the spawn and restored after.
 ///
 /// # Errors
-/// When the affinity cannot be set, or the spawn fails.
+/// [`Error::Sys`] when the affinity cannot be set, [`Error::Spawn`] (naming
+/// the program) when the spawn fails.
 pub fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
-    let mine = rustix::thread::sched_getaffinity(None).context("reading the CPU affinity")?;
+    let mine =
+        rustix::thread::sched_getaffinity(None).map_err(Error::sys("reading the CPU affinity"))?;
     let all = ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine);
     pin(cpu, &all)?;
     let child = cmd.spawn();
-    rustix::thread::sched_setaffinity(None, &mine).context("restoring the CPU affinity")?;
-    Ok(child?)
+    rustix::thread::sched_setaffinity(None, &mine)
+        .map_err(Error::sys("restoring the CPU affinity"))?;
+    child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))
 }
 
 /// Runs `f` with the calling thread (and the threads it starts) pinned to
 /// `cpu`, then unpins it.
 ///
 /// # Errors
-/// When the affinity cannot be set, or what `f` returns.
+/// [`Error::Sys`] when the affinity cannot be set, or what `f` returns.
 pub fn on_cpu<T>(cpu: Option<usize>, cpus: &Cpus, f: impl FnOnce() -> Result<T>) -> Result<T> {
     pin(cpu, &cpus.allowed)?;
     let r = f();

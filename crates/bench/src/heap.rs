@@ -6,94 +6,62 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
 
-use super::{fio, scratch_dir, Summary};
-use crate::size::{human, parse_size};
+use crate::error::{check_failed, invalid};
+use crate::{fio, human, scratch_dir, Error, Progress, Result, Summary};
 
 const HEAPS: [&str; 5] = ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"];
 
-/// Arguments of `iopath bench heap`.
-#[derive(Debug, clap::Args)]
-#[command(after_help = "\
-Each run drops the file's cached pages first (fsync + POSIX_FADV_DONTNEED,
-checked with mincore). Columns: alloc ms = time allocating and faulting in
-buffers on the allocator thread (overlapped with reads); read ms = time in
-transfers; total ms = wall time, allocation included; GiB/s over total;
-cache growth = file pages left in the page cache (worst run). Two bounds are
-measured in every run: fio's O_DIRECT io_uring read of the same file (the
-`limit` row, 100%) and allocating and faulting in the same buffers with no
-I/O (`alloc only`); a load can be no faster than the slower of the two.")]
-pub struct HeapArgs {
+/// What `iopath bench heap` measures.
+#[derive(Debug, Clone)]
+pub struct HeapConfig {
     /// Read this file (it must hold buffers x buffer-size bytes).
-    #[arg(long, conflicts_with = "size")]
     pub file: Option<PathBuf>,
-    /// Make a scratch file of this size in /var/tmp (or the current
-    /// directory, never a tmpfs), removed afterwards [default: 1G].
-    #[arg(long, value_parser = parse_size)]
+    /// Without `file`: make a scratch file of this size in /var/tmp (or the
+    /// current directory, never a tmpfs), removed afterwards [default 1 GiB].
     pub size: Option<usize>,
     /// Buffers per load [default: file size / buffer size].
-    #[arg(long)]
     pub buffers: Option<usize>,
     /// Bytes per buffer.
-    #[arg(long, default_value = "32M", value_parser = parse_size)]
     pub buffer_size: usize,
     /// Runs per row (median and spread are reported).
-    #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Heaps to try, comma-separated [default: all; absent ones are listed
-    /// as skipped].
-    #[arg(long, value_delimiter = ',')]
+    /// Heaps to try [empty: all; absent ones are listed as skipped].
     pub heaps: Vec<String>,
-    /// Methods to try, comma-separated [default: auto,buffered,direct,sendfile,uring].
-    #[arg(long, value_delimiter = ',')]
+    /// Methods to try, by name [empty: all].
     pub methods: Vec<String>,
     /// io_uring requests in flight.
-    #[arg(long, default_value_t = 16)]
     pub queue_depth: u32,
-    /// Print one JSON object with `rows` and `limit`.
-    #[arg(long)]
-    pub json: bool,
+    /// Show progress on stderr.
+    pub progress: bool,
 }
 
-/// Runs `iopath bench heap`.
-///
-/// # Errors
-/// Bad arguments, a file too short, I/O failures.
-pub fn run(args: &HeapArgs) -> Result<()> {
-    let report = experiment(args)?;
-    if args.json {
-        println!("{}", report.json());
-    } else {
-        report.print();
+impl HeapConfig {
+    /// The embedded defaults of `iopath bench`: a 256 MiB scratch file,
+    /// 8 x 32 MiB buffers, 3 runs.
+    pub fn quick() -> HeapConfig {
+        HeapConfig {
+            file: None,
+            size: Some(256 << 20),
+            buffers: Some(8),
+            buffer_size: 32 << 20,
+            runs: 3,
+            heaps: Vec::new(),
+            methods: Vec::new(),
+            queue_depth: 16,
+            progress: true,
+        }
     }
-    Ok(())
 }
 
-/// The heap experiment on embedded defaults for `iopath bench`: a 256 MiB
-/// scratch file, 8 x 32 MiB buffers, 3 runs.
+/// Runs the experiment.
 ///
 /// # Errors
-/// As [`run`].
-pub fn run_default(json: bool) -> Result<serde_json::Value> {
-    let args = HeapArgs {
-        file: None,
-        size: Some(256 << 20),
-        buffers: Some(8),
-        buffer_size: 32 << 20,
-        runs: 3,
-        heaps: Vec::new(),
-        methods: Vec::new(),
-        queue_depth: 16,
-        json,
-    };
-    let report = experiment(&args)?;
-    if !json {
-        report.print();
-    }
-    Ok(report.json())
+/// [`Error::Invalid`] for bad settings or a file too short; I/O and heap
+/// failures. A missing fio drops the limit row, not the run.
+pub fn run(cfg: &HeapConfig) -> Result<HeapReport> {
+    experiment(cfg)
 }
 
 /// One heap x method row.
@@ -110,8 +78,10 @@ struct Row {
     fallbacks: u64,
 }
 
+/// What the heap experiment measured: print it with [`HeapReport::text`],
+/// hand it to scripts with [`HeapReport::json`].
 #[derive(Debug)]
-struct Report {
+pub struct HeapReport {
     /// Seconds to allocate and fault in the buffers, no I/O, per run.
     alloc_limit: Vec<f64>,
     alloc_heap: String,
@@ -130,14 +100,15 @@ struct Report {
     warm_warnings: u64,
 }
 
-fn experiment(args: &HeapArgs) -> Result<Report> {
+fn experiment(args: &HeapConfig) -> Result<HeapReport> {
     if args.runs == 0 {
-        bail!("--runs must be at least 1");
+        invalid!("--runs", "give at least 1");
     }
     let page = iopath_heap::page_size();
     if args.buffer_size == 0 || args.buffer_size % page != 0 {
-        bail!(
-            "buffer size {} is not a non-zero multiple of the page size ({page})",
+        invalid!(
+            "--buffer-size",
+            "{} is not a non-zero multiple of the page size ({page})",
             args.buffer_size
         );
     }
@@ -147,7 +118,11 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         args.methods
             .iter()
             .map(|m| m.parse())
-            .collect::<Result<_, _>>()?
+            .collect::<Result<_, _>>()
+            .map_err(|e: iopath_heap::Error| Error::Invalid {
+                option: "--methods",
+                reason: e.to_string(),
+            })?
     };
     let heap_names: Vec<String> = if args.heaps.is_empty() {
         HEAPS.iter().map(|s| s.to_string()).collect()
@@ -159,20 +134,23 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         Some(f) => (None, f.clone()),
         None => {
             let size = args.size.unwrap_or(1 << 30);
-            let t = make_scratch(size as u64, !args.json)?;
+            let t = make_scratch(size as u64, args.progress)?;
             let p = t.path().to_path_buf();
             (Some(t), p)
         }
     };
-    let file = IoFile::open(&path)?;
-    let size = file.size()?;
+    let file = IoFile::open(&path).map_err(Error::heap("opening the file to read"))?;
+    let size = file
+        .size()
+        .map_err(Error::heap("reading the file's size"))?;
     let buffers = args
         .buffers
         .unwrap_or((size / args.buffer_size as u64) as usize)
         .max(1);
     let bytes = buffers as u64 * args.buffer_size as u64;
     if bytes > size {
-        bail!(
+        invalid!(
+            "--file",
             "{} is {} bytes too short for {buffers} x {} buffers ({} bytes)",
             path.display(),
             bytes - size,
@@ -190,7 +168,7 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         }
     }
     if heaps.is_empty() {
-        bail!("no heap works here: {skipped:?}");
+        check_failed!("no heap works here: {skipped:?}");
     }
     let mut rows: Vec<Row> = heaps
         .iter()
@@ -211,29 +189,18 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
     let use_fio = fio::available();
     let limit_cmd = fio::seq_read_cmdline(&path, bytes, "1M", 16).join(" ");
     let steps = args.runs * (rows.len() + usize::from(use_fio));
-    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
-        let b = ProgressBar::new(steps as u64);
-        b.set_style(
-            ProgressStyle::with_template("{spinner} bench heap [{bar:30}] {pos}/{len} {msg}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        b
-    });
+    let bar = Progress::new(args.progress, "bench heap", steps as u64);
     let mut limit = use_fio.then(Vec::new);
     let mut alloc_limit = Vec::new();
     let mut warm_warnings = 0;
     let load_before = loadavg();
     for run in 0..args.runs {
         if let Some(l) = limit.as_mut() {
-            if let Some(b) = &bar {
-                b.set_message(format!("run {}/{}: fio", run + 1, args.runs));
-            }
-            file.drop_cache()?;
+            bar.set_message(format!("run {}/{}: fio", run + 1, args.runs));
+            file.drop_cache()
+                .map_err(Error::heap("dropping the file's cache"))?;
             l.push(fio::seq_read(&path, bytes, "1M", 16)?);
-            if let Some(b) = &bar {
-                b.inc(1);
-            }
+            bar.inc(1);
         }
         // The other bound: allocating and faulting in the same buffers with
         // no I/O at all (first heap).
@@ -241,8 +208,10 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
             let t = std::time::Instant::now();
             let mut held = Vec::with_capacity(buffers);
             for _ in 0..buffers {
-                let b = heaps[0].alloc(args.buffer_size)?;
-                b.populate()?;
+                let b = heaps[0]
+                    .alloc(args.buffer_size)
+                    .map_err(Error::heap("allocating a buffer"))?;
+                b.populate().map_err(Error::heap("faulting in a buffer"))?;
                 held.push(b);
             }
             alloc_limit.push(t.elapsed().as_secs_f64());
@@ -255,21 +224,22 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
         let shift = run * nrows / args.runs;
         for k in 0..nrows {
             let row = &mut rows[(k + shift) % nrows];
-            if let Some(b) = &bar {
-                b.set_message(format!(
-                    "run {}/{}: {} {}",
-                    run + 1,
-                    args.runs,
-                    row.heap,
-                    row.method
-                ));
-            }
+            bar.set_message(format!(
+                "run {}/{}: {} {}",
+                run + 1,
+                args.runs,
+                row.heap,
+                row.method
+            ));
             let heap = heaps
                 .iter()
                 .find(|h| h.name() == row.heap)
-                .context("heap vanished")?;
-            file.drop_cache()?;
-            let cold = file.cached_bytes()?;
+                .ok_or_else(|| Error::Check(format!("heap {} vanished", row.heap)))?;
+            file.drop_cache()
+                .map_err(Error::heap("dropping the file's cache"))?;
+            let cold = file
+                .cached_bytes()
+                .map_err(Error::heap("counting the file's cached pages"))?;
             if cold > bytes / 100 {
                 warm_warnings += 1;
                 tracing::warn!(
@@ -288,8 +258,11 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
                 ..LoadOptions::default()
             };
             let loaded = load(&path, heap.as_ref(), &opts, &mut |_| {})
-                .with_context(|| format!("{} {}", row.heap, row.method))?;
-            let growth = file.cached_bytes()?.saturating_sub(cold);
+                .map_err(Error::heap(format!("{} {}", row.heap, row.method)))?;
+            let growth = file
+                .cached_bytes()
+                .map_err(Error::heap("counting the file's cached pages"))?
+                .saturating_sub(cold);
             drop(loaded.buffers);
             let s = loaded.stats;
             row.used = s.method;
@@ -299,15 +272,11 @@ fn experiment(args: &HeapArgs) -> Result<Report> {
             row.gib_per_s.push(s.gib_per_s());
             row.cache_growth = row.cache_growth.max(growth);
             row.fallbacks += s.fallbacks;
-            if let Some(b) = &bar {
-                b.inc(1);
-            }
+            bar.inc(1);
         }
     }
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    Ok(Report {
+    bar.finish();
+    Ok(HeapReport {
         alloc_limit,
         alloc_heap: heaps[0].name(),
         loadavg: (load_before, loadavg()),
@@ -344,7 +313,7 @@ fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
         .prefix("iopath-bench-")
         .suffix(".bin")
         .tempfile_in(&dir)
-        .with_context(|| format!("create a scratch file in {}", dir.display()))?;
+        .map_err(Error::io(&dir))?;
     if talk && std::io::stderr().is_terminal() {
         eprintln!(
             "writing {} scratch file {}",
@@ -363,10 +332,10 @@ fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
             w.copy_from_slice(&x.to_le_bytes());
         }
         let n = left.min(chunk.len() as u64) as usize;
-        t.write_all(&chunk[..n]).context("write scratch file")?;
+        t.write_all(&chunk[..n]).map_err(Error::io(t.path()))?;
         left -= n as u64;
     }
-    t.as_file().sync_all().context("fsync scratch file")?;
+    t.as_file().sync_all().map_err(Error::io(t.path()))?;
     Ok(t)
 }
 
@@ -391,7 +360,7 @@ fn loadavg() -> Option<f64> {
         .ok()
 }
 
-impl Report {
+impl HeapReport {
     fn alloc_summary(&self) -> Summary {
         let gib = self.bytes as f64 / (1u64 << 30) as f64;
         Summary::of(&self.alloc_limit.iter().map(|s| gib / s).collect::<Vec<_>>())
@@ -403,8 +372,11 @@ impl Report {
             .map(|l| Summary::of(&l.iter().map(fio::FioResult::gib_per_s).collect::<Vec<_>>()))
     }
 
-    fn print(&self) {
-        println!(
+    /// The table and its notes, as `iopath bench heap` prints them.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        outln!(
+            out,
             "{} x {} buffers from {} ({}, {}), {} run(s), each from a cold page cache",
             self.buffers,
             human(self.buffer_size as u64),
@@ -414,7 +386,8 @@ impl Report {
             self.runs
         );
         let limit = self.limit_summary();
-        println!(
+        outln!(
+            out,
             "{:<14} {:<16} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>13}",
             "heap",
             "method",
@@ -433,7 +406,8 @@ impl Report {
             } else {
                 format!("{} ({})", r.method, r.used)
             };
-            println!(
+            outln!(
+                out,
                 "{:<14} {:<16} {:>9.1} {:>9.1} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
                 r.heap,
                 method,
@@ -449,14 +423,17 @@ impl Report {
                 human(r.cache_growth),
             );
             if r.fallbacks > 0 {
-                println!(
+                outln!(
+                    out,
                     "{:<31} ({} request(s) fell back to buffered)",
-                    "", r.fallbacks
+                    "",
+                    r.fallbacks
                 );
             }
         }
         match (&self.limit, limit) {
-            (Some(l), Some(s)) => println!(
+            (Some(l), Some(s)) => outln!(
+                out,
                 "{:<14} {:<16} {:>9} {:>9} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
                 "limit",
                 "fio",
@@ -468,10 +445,14 @@ impl Report {
                 "100%",
                 "-"
             ),
-            _ => println!("limit: fio is not installed (scripts/install-deps installs it)"),
+            _ => outln!(
+                out,
+                "limit: fio is not installed (scripts/install-deps installs it)"
+            ),
         }
         let a = self.alloc_summary();
-        println!(
+        outln!(
+            out,
             "{:<14} {:<16} {:>9.1} {:>9} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
             "alloc only",
             self.alloc_heap,
@@ -486,28 +467,31 @@ impl Report {
             )),
             "-"
         );
-        println!("limit: {}", self.limit_cmd);
-        println!(
+        outln!(out, "limit: {}", self.limit_cmd);
+        outln!(
+            out,
             "alloc only: {} x {} {} buffers allocated and faulted in (MADV_POPULATE_WRITE), no I/O",
             self.buffers,
             human(self.buffer_size as u64),
             self.alloc_heap
         );
         if let (Some(a), Some(b)) = self.loadavg {
-            println!(
+            outln!(
+                out,
                 "load average (1 min) {a:.2} before, {b:.2} after, on {} CPU(s)",
                 std::thread::available_parallelism().map_or(0, |n| n.get())
             );
         }
         for (h, why) in &self.skipped {
-            println!("skipped heap {h}: {why}");
+            outln!(out, "skipped heap {h}: {why}");
         }
         if self.rows.iter().any(|r| r.heap == "memfd:thp") {
             if let Ok(mode) =
                 std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
             {
                 if mode.contains("[never]") || mode.contains("[deny]") {
-                    println!(
+                    outln!(
+                        out,
                         "note: memfd:thp gets no huge pages here (shmem_enabled: {})",
                         mode.trim()
                     );
@@ -515,14 +499,17 @@ impl Report {
             }
         }
         if self.warm_warnings > 0 {
-            println!(
+            outln!(
+                out,
                 "warning: {} run(s) started with more than 1% of the file cached",
                 self.warm_warnings
             );
         }
+        out
     }
 
-    fn json(&self) -> serde_json::Value {
+    /// Every row, the limit and the bounds, for scripts.
+    pub fn json(&self) -> serde_json::Value {
         let limit = self.limit_summary();
         let rows: Vec<_> = self
             .rows

@@ -1,0 +1,158 @@
+//! The bench's error type.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Why an experiment could not run (a missing peer is not one of them when
+/// the peer only has a row: that row is dropped and the run goes on).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting outside what the experiment accepts.
+    #[error("{option}: {reason}")]
+    Invalid {
+        /// The option (as the CLI spells it).
+        option: &'static str,
+        /// What is wrong and what would be accepted.
+        reason: String,
+    },
+    /// A program the experiment needs is not installed.
+    #[error("{program} is not installed (Debian package {package}; scripts/test installs it)")]
+    MissingPeer {
+        /// The program.
+        program: &'static str,
+        /// The Debian package that brings it.
+        package: &'static str,
+    },
+    /// A program could not be started.
+    #[error("Cannot start {program}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A program ran and failed, or said something the bench cannot read.
+    #[error("{program} failed: {reason}")]
+    Peer {
+        /// The program.
+        program: String,
+        /// Its status and last words.
+        reason: String,
+    },
+    /// I/O on a file or socket.
+    #[error("I/O on {}", path.display())]
+    Io {
+        /// The file, directory or socket.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A system call on no particular file.
+    #[error("{op} failed")]
+    Sys {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A measurement's own check failed (an echo came back wrong, the
+    /// service kept endpoints, a peer did not come up in time).
+    #[error("{0}")]
+    Check(String),
+    /// A heap-layer operation failed.
+    #[error("{context}")]
+    Heap {
+        /// What was being done.
+        context: String,
+        /// The heap layer's error.
+        #[source]
+        source: iopath_heap::Error,
+    },
+    /// The endpoint service (control socket, endpoint fds) failed.
+    #[error("{context}")]
+    Ctrl {
+        /// What was being done.
+        context: String,
+        /// The control client's error.
+        #[source]
+        source: iopath_rpmsg::ctrl::CtrlError,
+    },
+    /// A notifier (eventfd pair) failed.
+    #[error("{context}")]
+    Notify {
+        /// What was being done.
+        context: String,
+        /// The notifier's error.
+        #[source]
+        source: iopath_rpmsg::notify::NotifyError,
+    },
+}
+
+/// Results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// `Error::Io` for `path`.
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+
+    /// `Error::Sys` for `op`.
+    pub(crate) fn sys<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Error {
+        move |e| Error::Sys {
+            op,
+            source: e.into(),
+        }
+    }
+
+    /// `Error::Spawn` for `program`.
+    pub(crate) fn spawn(program: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+        let program = program.into();
+        move |source| Error::Spawn { program, source }
+    }
+
+    /// `Error::Heap` with `context`.
+    pub(crate) fn heap(context: impl Into<String>) -> impl FnOnce(iopath_heap::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Heap { context, source }
+    }
+
+    /// `Error::Ctrl` with `context`.
+    pub(crate) fn ctrl(
+        context: impl Into<String>,
+    ) -> impl FnOnce(iopath_rpmsg::ctrl::CtrlError) -> Error {
+        let context = context.into();
+        move |source| Error::Ctrl { context, source }
+    }
+
+    /// `Error::Notify` with `context`.
+    pub(crate) fn notify(
+        context: impl Into<String>,
+    ) -> impl FnOnce(iopath_rpmsg::notify::NotifyError) -> Error {
+        let context = context.into();
+        move |source| Error::Notify { context, source }
+    }
+}
+
+/// The `Err(Error::Check)` of `format!(...)`, like `anyhow::bail!`.
+macro_rules! check_failed {
+    ($($t:tt)*) => { return Err($crate::Error::Check(format!($($t)*))) };
+}
+
+/// `check_failed!` unless the condition holds, like `anyhow::ensure!`.
+macro_rules! check {
+    ($cond:expr, $($t:tt)*) => { if !$cond { check_failed!($($t)*) } };
+}
+
+/// `Err(Error::Invalid)` for `option`.
+macro_rules! invalid {
+    ($option:expr, $($t:tt)*) => {
+        return Err($crate::Error::Invalid { option: $option, reason: format!($($t)*) })
+    };
+}
+
+pub(crate) use {check, check_failed, invalid};

@@ -1,0 +1,169 @@
+//! iopath-bench: the seed experiments of iopath, each beside the limit
+//! measured in the same run, and the writers of their reports.
+//!
+//! ```text
+//!   config (plain structs: sizes, runs, placements)
+//!      |
+//!   heap::run ---- iopath-heap loaders ------- fio read (limit)
+//!   blk::run  ---- iopath-blk driver --------- fio write, qemu-storage-daemon
+//!   rpmsg::run --- iopath-rpmsg ctrl client -- raw SOCK_SEQPACKET / eventfd
+//!      |              (host, remote, back end: child processes)
+//!   report (rows, medians, ratios) -> table text, JSON
+//! ```
+//!
+//! Each experiment takes a config and returns a report; the caller prints
+//! it. Peers (fio, qemu-storage-daemon) are child processes found on the
+//! `PATH`; the bench's own servers are subcommands of the `iopath`
+//! executable named in each config.
+//!
+//! ```
+//! use iopath_bench::Summary;
+//! let s = Summary::of(&[3.0, 1.0, 2.0]);
+//! assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+//! ```
+
+/// Appends one formatted line to a `String` (report text).
+macro_rules! outln {
+    ($s:expr) => {
+        $s.push('\n')
+    };
+    ($s:expr, $($t:tt)*) => {{
+        $s.push_str(&format!($($t)*));
+        $s.push('\n');
+    }};
+}
+
+mod error;
+pub mod fio;
+pub mod guest;
+pub mod heap;
+mod latency;
+pub mod place;
+pub mod progress;
+pub mod rpmsg;
+
+use std::path::PathBuf;
+
+pub use error::{Error, Result};
+pub use latency::{percentile, Latency};
+pub use place::{Cpus, Placement};
+pub use progress::Progress;
+
+/// Median, minimum and maximum of some samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// The median.
+    pub median: f64,
+    /// The smallest sample.
+    pub min: f64,
+    /// The largest sample.
+    pub max: f64,
+}
+
+impl Summary {
+    /// Summarises `samples` (NaN when empty).
+    pub fn of(samples: &[f64]) -> Summary {
+        let mut v = samples.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n == 0 {
+            f64::NAN
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Summary {
+            median,
+            min: v.first().copied().unwrap_or(f64::NAN),
+            max: v.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+
+    /// (max - min) / median, in percent.
+    pub fn spread_pct(&self) -> f64 {
+        if self.median == 0.0 {
+            0.0
+        } else {
+            (self.max - self.min) / self.median * 100.0
+        }
+    }
+
+    /// JSON: `{median, min, max}`.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({"median": self.median, "min": self.min, "max": self.max})
+    }
+}
+
+/// `TMPFS_MAGIC` of statfs(2).
+pub const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// A directory on a disk file system for scratch files: `/var/tmp`, else the
+/// current directory; never a tmpfs (a benchmark file there would be RAM).
+///
+/// # Errors
+/// [`Error::Invalid`] (option `--file`) when neither is disk-backed.
+#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
+pub fn scratch_dir() -> Result<PathBuf> {
+    let mut tried = Vec::new();
+    let cwd = std::env::current_dir().map_err(Error::sys("reading the current directory"))?;
+    for dir in [PathBuf::from("/var/tmp"), cwd] {
+        match rustix::fs::statfs(&dir) {
+            Ok(st) if st.f_type as i64 != TMPFS_MAGIC => return Ok(dir),
+            Ok(_) => tried.push(format!("{} is tmpfs", dir.display())),
+            Err(e) => tried.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    error::invalid!(
+        "--file",
+        "no disk-backed directory for the scratch file ({}); pass --file",
+        tried.join(", ")
+    )
+}
+
+/// Formats bytes as a short binary size (`32 MiB`, `1.50 GiB`).
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// The `iopath` executable this process is (the bench's servers are its
+/// subcommands), for configs that do not name another.
+///
+/// # Errors
+/// [`Error::Sys`] when `/proc/self/exe` cannot be read.
+pub fn current_exe() -> Result<PathBuf> {
+    std::env::current_exe().map_err(Error::sys("finding the iopath executable"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries() {
+        let s = Summary::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(s.spread_pct(), 100.0);
+        assert_eq!(Summary::of(&[1.0, 2.0, 4.0, 8.0]).median, 3.0);
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(32 << 20), "32 MiB");
+        assert_eq!(human(1536 << 20), "1.50 GiB");
+        assert_eq!(human(10), "10 B");
+    }
+}
