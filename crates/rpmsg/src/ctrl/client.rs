@@ -43,6 +43,16 @@ fn connect(path: &Path, flags: SocketFlags) -> Result<OwnedFd, CtrlError> {
     Ok(fd)
 }
 
+/// A socket whose service end closed with messages unread reports
+/// `ECONNRESET` once; to an endpoint's user that is the endpoint gone.
+fn gone_is_pipe(e: rustix::io::Errno) -> rustix::io::Errno {
+    if e == rustix::io::Errno::CONNRESET {
+        rustix::io::Errno::PIPE
+    } else {
+        e
+    }
+}
+
 /// Waits until `fd` is readable (or hung up), at most `timeout`; whether it
 /// became so.
 fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool, CtrlError> {
@@ -86,6 +96,13 @@ impl CtrlClient {
         )
         .map_err(sys("setsockopt(SO_RCVTIMEO)"))?;
         Ok(CtrlClient { fd })
+    }
+
+    /// Wraps a connection made some other way (e.g. by the preload
+    /// library, whose program holds the fd). Answers are awaited with a
+    /// blocking receive: the fd must not be non-blocking.
+    pub fn from_fd(fd: OwnedFd) -> Self {
+        CtrlClient { fd }
     }
 
     fn request(&self, req: &Request) -> Result<(), CtrlError> {
@@ -211,6 +228,12 @@ impl CtrlClient {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+
+    /// Gives the connection up (e.g. to a program that holds it as its
+    /// `/dev/rpmsg_ctrl0`).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
 }
 
 /// An endpoint as a client holds it: a `SOCK_SEQPACKET` fd with
@@ -270,6 +293,17 @@ impl EptFd {
         }
     }
 
+    /// Wraps an opened legacy node received some other way: as
+    /// [`EptFd::from_fd`], but [`EptFd::destroy`] destroys the node's
+    /// endpoint as [`EptFd::open_node`]'s would.
+    pub fn from_node_fd(fd: OwnedFd) -> Self {
+        EptFd {
+            fd,
+            info: EptInfo::new(""),
+            node: true,
+        }
+    }
+
     /// What the service answered at creation: name, local and peer address
     /// (empty name and any addresses for an opened node or a wrapped fd).
     pub fn info(&self) -> &EptInfo {
@@ -301,7 +335,7 @@ impl EptFd {
             {
                 Ok(_) => return Ok(()),
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(errno_err("send", e)),
+                Err(e) => return Err(errno_err("send", gone_is_pipe(e))),
             }
         }
     }
@@ -320,7 +354,7 @@ impl EptFd {
                 }
                 Ok((n, _)) => return Ok(n),
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(errno_err("recv", e)),
+                Err(e) => return Err(errno_err("recv", gone_is_pipe(e))),
             }
         }
     }
@@ -357,7 +391,7 @@ impl EptFd {
                 }
                 Ok((n, _)) => return Ok(Some(n)),
                 Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(errno_err("recv", e)),
+                Err(e) => return Err(errno_err("recv", gone_is_pipe(e))),
             }
             tries = tries.wrapping_add(1);
             // The clock is read every 64 tries only: it costs as much as a try.
@@ -391,6 +425,15 @@ impl EptFd {
     /// [`CtrlError::Io`]; [`CtrlError::Protocol`] if the service does not
     /// confirm within 10 s.
     pub fn destroy(self) -> Result<(), CtrlError> {
+        self.shut()
+    }
+
+    /// As [`EptFd::destroy`], keeping the fd open (it reads `EPIPE` from
+    /// then on): `RPMSG_DESTROY_EPT_IOCTL` on an fd its program still holds.
+    ///
+    /// # Errors
+    /// As [`EptFd::destroy`].
+    pub fn shut(&self) -> Result<(), CtrlError> {
         let how = if self.node {
             Shutdown::Write
         } else {

@@ -372,7 +372,8 @@ pub struct ServiceStats {
     pub destroyed: u64,
     /// Control connections closed for a malformed request.
     pub bad_clients: u64,
-    /// Messages written to an endpoint with more than 496 bytes (dropped).
+    /// Messages written to an endpoint with more than 496 bytes (each
+    /// ended its endpoint).
     pub oversize: u64,
     /// Messages from the remote dropped because the endpoint's socket was
     /// full, or sent to an endpoint with no peer address.

@@ -34,11 +34,16 @@
 //! client's message reaches the ring without any wake-up.
 //!
 //! Message size: a write over 496 bytes cannot fail in the writer's
-//! `write(2)` by anything the service does after the fact; the client's end
-//! gets the smallest send buffer the kernel allows, so the kernel refuses
-//! (`EMSGSIZE`) what exceeds it (4576 bytes on Linux 6.18), the service
-//! drops and counts (`oversize`) the rest over 496, and
-//! [`crate::ctrl::EptFd::send`] refuses anything over 496 with `EMSGSIZE`.
+//! `write(2)` by anything the service does after the fact. The client's
+//! end gets the smallest send buffer the kernel allows, so the kernel
+//! refuses (`EMSGSIZE`) what exceeds it (4576 bytes on Linux 6.18);
+//! [`crate::ctrl::EptFd::send`] and the preload library refuse anything
+//! over 496 with `EMSGSIZE` before it is sent. A raw client's message of
+//! 497..=4576 bytes still reaches the service: it is not dropped silently
+//! but ends the endpoint (counted in `oversize`, one warning), so the
+//! writer's next read or write fails (`EPIPE`; a raw `read(2)` sees end of
+//! file) and poll reports a hang-up: the loss is visible, as a protocol
+//! error, instead of a message that vanished.
 
 mod attach;
 mod conn;
@@ -567,8 +572,11 @@ impl EptService {
             match rustix::net::recv(&*sock, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
                 Ok((0, 0)) if hup => return self.end_of_file(id, legacy, &sock, flags),
                 Ok((_, full)) if full > MAX_PAYLOAD => {
+                    // Not dropped silently: the endpoint ends, so the
+                    // writer's next call fails (see the module doc).
                     self.inner.n.oversize.fetch_add(1, Ordering::Relaxed);
-                    debug!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message dropped (max {MAX_PAYLOAD})", ep.addr());
+                    warn!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message (max {MAX_PAYLOAD}): endpoint hung up", ep.addr());
+                    return self.destroy(id);
                 }
                 Ok((n, _)) => {
                     if !self.to_bus(id, &ep, &sock, &buf[..n]) {
