@@ -55,10 +55,20 @@ impl Buffer {
     /// Wraps `fd` (a memfd, a dma-buf, a shared-memory file) of `len` bytes and
     /// maps it shared.
     ///
+    /// A file that another process could shrink under the mapping (a
+    /// [`HeapKind::Memfd`] buffer not sealed with `F_SEAL_SHRINK`, e.g. a
+    /// file in `/dev/shm` or one received from a peer) is guarded against
+    /// SIGBUS as a [`crate::SharedMapping`] is: pages past the new end read
+    /// as zeros instead of killing the process, and
+    /// [`Buffer::peer_truncated`] says it happened.
+    ///
     /// # Errors
     /// [`Error::BadSize`] for a zero length, [`Error::Sys`] if `mmap` fails.
     pub fn from_fd(fd: OwnedFd, len: usize, kind: HeapKind) -> Result<Self> {
-        let map = Mmap::new(fd.as_fd(), len)?;
+        let sealed = rustix::fs::fcntl_get_seals(&fd)
+            .is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK));
+        let guarded = kind == HeapKind::Memfd && !sealed;
+        let map = Mmap::map(fd.as_fd(), 0, len, guarded)?;
         Ok(Buffer {
             inner: Arc::new(Inner {
                 fd,
@@ -95,6 +105,18 @@ impl Buffer {
     /// the syscall wrappers take) that keep the `Buffer` alive.
     pub fn as_ptr(&self) -> *mut u8 {
         self.inner.map.as_ptr()
+    }
+
+    /// Whether a SIGBUS in the mapping is caught (see [`Buffer::from_fd`]).
+    pub fn is_guarded(&self) -> bool {
+        self.inner.map.is_guarded()
+    }
+
+    /// Whether a SIGBUS was caught in the mapping: another process shrank
+    /// the file, and the pages past its new end now read as zeros (writes
+    /// to them reach no one).
+    pub fn peer_truncated(&self) -> bool {
+        self.inner.map.faulted()
     }
 
     /// Whether `self` and `other` are handles to the same mapping.

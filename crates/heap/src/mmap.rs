@@ -1,5 +1,6 @@
-//! The one owning type around a shared mapping, and the borrowed range of it
-//! that everything else in the crate goes through.
+//! The one owning type around a shared mapping, the borrowed range of it
+//! that everything else in the crate goes through, and the SIGBUS guard that
+//! keeps a peer who truncates a shared file from killing the process.
 //!
 //! Raw pointers into buffer memory live here and in the syscall wrappers
 //! ([`crate::sys`], [`crate::ring`]) that take a [`BufRange`]: the range's
@@ -7,17 +8,22 @@
 //! pointer, and its bounds are checked once, when it is made. Engines never
 //! see a pointer.
 
+use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
 
 use rustix::mm::{mmap, munmap, Advice, MapFlags, ProtFlags};
 
 use crate::{Buffer, Error, Result};
 
-/// A `MAP_SHARED` read/write mapping of a whole file descriptor, unmapped on
-/// drop.
+/// A `MAP_SHARED` read/write mapping of a file descriptor, unmapped on drop;
+/// optionally [guarded](guard) against SIGBUS.
 #[derive(Debug)]
 pub(crate) struct Mmap {
+    // Declared first: the guard stops watching before the mapping goes.
+    guard: Option<Guard>,
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -29,8 +35,10 @@ unsafe impl Send for Mmap {}
 unsafe impl Sync for Mmap {}
 
 impl Mmap {
-    /// Maps `len` bytes of `fd` from offset 0, shared and read/write.
-    pub(crate) fn new(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
+    /// Maps `len` bytes of `fd` from `offset` (a page multiple), shared and
+    /// read/write; with `guarded`, a SIGBUS in it (the file shrunk under
+    /// the mapping) is caught (see [`guard`]) when a guard slot is free.
+    pub(crate) fn map(fd: BorrowedFd<'_>, offset: u64, len: usize, guarded: bool) -> Result<Self> {
         if len == 0 {
             return Err(Error::BadSize {
                 size: 0,
@@ -46,12 +54,41 @@ impl Mmap {
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::SHARED,
                 fd,
-                0,
+                offset,
             )
         }
         .map_err(|e| Error::sys("mmap", e))?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(Error::BadMessage("mmap returned null"))?;
-        Ok(Mmap { ptr, len })
+        let guard = if guarded {
+            let g = guard::watch(ptr.as_ptr() as usize, len);
+            if g.is_none() {
+                tracing::info!("shared mapping of {len} bytes: not guarded against SIGBUS");
+            }
+            g
+        } else {
+            None
+        };
+        Ok(Mmap { guard, ptr, len })
+    }
+
+    /// Whether a SIGBUS in the mapping is caught.
+    pub(crate) fn is_guarded(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Whether the guard caught a SIGBUS in the mapping: the file was
+    /// shrunk under it, and the pages past its end now read as zeros.
+    pub(crate) fn faulted(&self) -> bool {
+        self.guard.as_ref().is_some_and(Guard::faulted)
+    }
+
+    /// On a caught SIGBUS, also `shutdown(2)` the socket `sock` (a duplicate
+    /// of it is kept, so the number cannot be reused meanwhile).
+    pub(crate) fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
+        match &self.guard {
+            Some(g) => g.shutdown_on_fault(sock),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
@@ -89,9 +126,299 @@ impl Mmap {
 
 impl Drop for Mmap {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` describe exactly the mapping made in `new`, and
-        // no pointer into it outlives `self` (borrowers hold the `Buffer`).
+        // Stop watching before the address range can be reused.
+        drop(self.guard.take());
+        // SAFETY: `ptr`/`len` describe exactly the mapping made in `map`,
+        // and no pointer into it outlives `self` (borrowers hold the
+        // `Buffer` or `SharedMapping`).
         let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A shared read/write mapping of part of a file that a peer may shrink (a
+/// vhost-user front end's memory region, an rpmsg shared-memory file),
+/// guarded against SIGBUS and unmapped on drop.
+///
+/// If the peer truncates the file, the next access past its new end would
+/// raise SIGBUS and kill the process. While the mapping lives, such a fault
+/// is caught instead: the faulting page is replaced by a private zero page
+/// (the access completes on zeros, and writes reach no one else),
+/// [`SharedMapping::peer_truncated`] turns true, and the socket given to
+/// [`SharedMapping::shutdown_on_fault`] (the peer's connection) is shut
+/// down, so its owner drops that peer. A SIGBUS anywhere else gets the
+/// disposition that was in place before.
+#[derive(Debug)]
+pub struct SharedMapping {
+    map: Mmap,
+}
+
+impl SharedMapping {
+    /// Maps `len` bytes of `fd` from `offset` (a multiple of the page size)
+    /// and guards them. Check that the file holds the range first: a mapping
+    /// past the end of a file faults at once.
+    ///
+    /// # Errors
+    /// [`Error::BadSize`] for a zero length, [`Error::Sys`] if `mmap` fails.
+    pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Self> {
+        Ok(SharedMapping {
+            map: Mmap::map(fd, offset, len, true)?,
+        })
+    }
+
+    /// Start of the mapping. Dereferencing it is up to the caller (e.g. to
+    /// build a `vm-memory` region over it); it stays valid while `self` does.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether it has no bytes (never true).
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// Whether a SIGBUS in it is caught (false only when every guard slot
+    /// was taken or the handler could not be installed).
+    pub fn is_guarded(&self) -> bool {
+        self.map.is_guarded()
+    }
+
+    /// Whether a SIGBUS was caught in it: the peer shrank the file.
+    pub fn peer_truncated(&self) -> bool {
+        self.map.faulted()
+    }
+
+    /// On a caught SIGBUS, also shut the socket `sock` down (for both
+    /// directions), so whoever serves that peer sees it disconnect. A
+    /// duplicate of the descriptor is kept while the mapping lives.
+    ///
+    /// # Errors
+    /// [`Error::Sys`] if the descriptor cannot be duplicated.
+    pub fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
+        self.map.shutdown_on_fault(sock)
+    }
+}
+
+/// One mapping's guard; dropping it stops the watch.
+#[derive(Debug)]
+struct Guard {
+    slot: usize,
+}
+
+impl Guard {
+    fn faulted(&self) -> bool {
+        guard::WATCHED[self.slot].faulted.load(Ordering::Acquire)
+    }
+
+    fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
+        let dup = rustix::io::fcntl_dupfd_cloexec(sock, 0).map_err(|e| Error::sys("dup", e))?;
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(dup);
+        let old = guard::WATCHED[self.slot].conn.swap(raw, Ordering::AcqRel);
+        guard::close(old);
+        Ok(())
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let s = &guard::WATCHED[self.slot];
+        s.end.store(0, Ordering::Release);
+        guard::close(s.conn.swap(-1, Ordering::AcqRel));
+        s.faulted.store(false, Ordering::Release);
+        s.start.store(guard::FREE, Ordering::Release);
+    }
+}
+
+/// The process-wide SIGBUS handler and its table of guarded mappings.
+///
+/// Written by hand: no crate catches SIGBUS for a set of mappings. The
+/// handler is installed once, on the first guarded mapping, and runs for
+/// every SIGBUS in the process: inside a guarded mapping it repairs the page
+/// and returns; anywhere else it puts the previous disposition back, so the
+/// access faults again and gets what it would have got without us.
+///
+/// A mapping stops being watched before it is unmapped, and an access that
+/// can fault needs a live borrow of the owner, so the owner cannot be
+/// dropped while the handler repairs one of its pages.
+mod guard {
+    use super::*;
+
+    /// Mappings watched at once (a vhost-user front end has at most 509
+    /// regions; an rpmsg link one).
+    const SLOTS: usize = 1024;
+    /// `start` of a free slot.
+    pub(super) const FREE: usize = 0;
+    /// `start` of a slot being filled in.
+    const TAKEN: usize = usize::MAX;
+
+    pub(super) struct Slot {
+        pub(super) start: AtomicUsize,
+        pub(super) end: AtomicUsize,
+        /// A socket to shut down on a fault (our own duplicate), or -1.
+        pub(super) conn: AtomicI32,
+        pub(super) faulted: AtomicBool,
+    }
+
+    pub(super) static WATCHED: [Slot; SLOTS] = [const {
+        Slot {
+            start: AtomicUsize::new(FREE),
+            end: AtomicUsize::new(0),
+            conn: AtomicI32::new(-1),
+            faulted: AtomicBool::new(false),
+        }
+    }; SLOTS];
+    static PAGE: AtomicUsize = AtomicUsize::new(4096);
+    static INSTALL: Once = Once::new();
+    static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+    /// Closes a slot's socket duplicate (never from the handler).
+    pub(super) fn close(fd: i32) {
+        if fd >= 0 {
+            // SAFETY: `fd` is a duplicate this module made and owns; it was
+            // just swapped out of its slot, so nothing else closes or uses it.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        }
+    }
+
+    /// Watches `start..start + len`. `None` when every slot is taken or the
+    /// handler cannot be installed.
+    pub(super) fn watch(start: usize, len: usize) -> Option<Guard> {
+        if !install() {
+            return None;
+        }
+        let end = start.checked_add(len)?;
+        for (i, s) in WATCHED.iter().enumerate() {
+            if s.start
+                .compare_exchange(FREE, TAKEN, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                s.conn.store(-1, Ordering::Release);
+                s.faulted.store(false, Ordering::Release);
+                s.end.store(end, Ordering::Release);
+                s.start.store(start, Ordering::Release);
+                return Some(Guard { slot: i });
+            }
+        }
+        None
+    }
+
+    /// Installs the handler once; false if it could not be.
+    fn install() -> bool {
+        INSTALL.call_once(|| {
+            PAGE.store(rustix::param::page_size(), Ordering::Relaxed);
+            // SAFETY: an all-zero `sigaction` is a valid value to fill in.
+            let mut new: libc::sigaction = unsafe { MaybeUninit::zeroed().assume_init() };
+            new.sa_sigaction = on_sigbus as *const () as usize;
+            // SA_ONSTACK: run on the thread's alternate stack when it has one
+            // (std gives every thread one for its stack-overflow handler).
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            let mut old = MaybeUninit::<libc::sigaction>::zeroed();
+            // SAFETY: `new.sa_mask` is a valid sigset to empty; `new` is a
+            // fully initialised action and `old` a place for the previous one.
+            let installed = unsafe {
+                libc::sigemptyset(&mut new.sa_mask);
+                libc::sigaction(libc::SIGBUS, &new, old.as_mut_ptr())
+            } == 0;
+            if installed {
+                // SAFETY: sigaction succeeded, so it wrote the previous action.
+                let _ = PREVIOUS.set(unsafe { old.assume_init() });
+            }
+        });
+        PREVIOUS.get().is_some()
+    }
+
+    /// The SIGBUS handler. Everything it does is async-signal-safe; each
+    /// step says why. It allocates nothing, takes no lock, and leaves
+    /// `errno` as it found it.
+    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // `__errno_location` only returns the thread's errno slot; saving
+        // and restoring errno is what POSIX asks of a handler that makes
+        // system calls.
+        // SAFETY: the pointer is this thread's errno, valid for its life.
+        let errno = unsafe { *libc::__errno_location() };
+        // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO
+        // handler, and `si_addr` is the faulting address for SIGBUS.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        // Atomic loads: lock-free on every target Rust supports here, so
+        // they cannot deadlock against the interrupted code.
+        let page = PAGE.load(Ordering::Relaxed);
+        for s in &WATCHED {
+            let start = s.start.load(Ordering::Acquire);
+            if start == FREE
+                || start == TAKEN
+                || addr < start
+                || addr >= s.end.load(Ordering::Acquire)
+            {
+                continue;
+            }
+            let at = addr & !(page - 1);
+            // `mmap` is not in POSIX's list of async-signal-safe functions
+            // but on Linux it is one system call (glibc's and musl's
+            // wrappers keep no state and take no lock), which is what makes
+            // a call safe in a handler.
+            // SAFETY: `at` is a page inside a mapping this process made and
+            // still holds (the slot is cleared before the mapping goes, and
+            // the faulting access holds a borrow of its owner); replacing
+            // that page with a private anonymous one changes nothing outside
+            // it, and the faulting access then completes on zeros.
+            let p = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                break;
+            }
+            // An atomic store: as above.
+            s.faulted.store(true, Ordering::Release);
+            let conn = s.conn.load(Ordering::Acquire);
+            if conn >= 0 {
+                // `shutdown` is in POSIX's list of async-signal-safe
+                // functions.
+                // SAFETY: `conn` is our own duplicate of the peer's socket,
+                // open while the slot is watched (it is closed only after it
+                // has been swapped out of the slot).
+                unsafe { libc::shutdown(conn, libc::SHUT_RDWR) };
+            }
+            // SAFETY: as above.
+            unsafe { *libc::__errno_location() = errno };
+            return;
+        }
+        // Not a guarded mapping: hand the signal to whoever had it before.
+        // `OnceLock::get` is one atomic load of a value set before the
+        // handler was installed.
+        if let Some(prev) = PREVIOUS.get() {
+            let h = prev.sa_sigaction;
+            if h == libc::SIG_DFL || h == libc::SIG_IGN {
+                // Put the default back; the access faults again on return
+                // and gets it. `sigaction` is in POSIX's list of
+                // async-signal-safe functions.
+                // SAFETY: `prev` is the action sigaction returned at install.
+                unsafe { libc::sigaction(libc::SIGBUS, prev, std::ptr::null_mut()) };
+            } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+                // A previous handler is itself meant to run in signal
+                // context, with these very arguments.
+                // SAFETY: with SA_SIGINFO, `sa_sigaction` is such a function.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(h) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: without SA_SIGINFO, `sa_sigaction` is `sa_handler`.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+                f(sig);
+            }
+        }
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
     }
 }
 
