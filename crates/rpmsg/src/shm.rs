@@ -4,10 +4,12 @@
 //! from either role is a bounds-checked `vm-memory` access, so a device
 //! address outside the file becomes an error, never a stray read or write.
 //!
-//! Limit: the bounds are those of the mapping made at open. A peer that
-//! shrinks a shared *file* afterwards makes accesses past the new end fault
-//! (SIGBUS). A memfd from iopath-heap's memfd heap is sealed against
-//! shrinking, which rules that out ([`SharedMem::from_buffer`]).
+//! The bounds are those of the mapping made at open. A peer that shrinks a
+//! shared *file* afterwards would make accesses past the new end fault
+//! (SIGBUS); the heap's mapping guards such files, so those pages read as
+//! zeros instead, [`SharedMem::peer_truncated`] turns true, and the process
+//! lives on. A memfd from iopath-heap's memfd heap is sealed against
+//! shrinking, which rules the fault out ([`SharedMem::from_buffer`]).
 
 use std::fs::OpenOptions;
 use std::os::fd::OwnedFd;
@@ -159,6 +161,12 @@ impl SharedMem {
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.buf.len()
+    }
+
+    /// Whether the peer shrank the shared file under the mapping (a SIGBUS
+    /// was caught in it; the lost pages now read as zeros).
+    pub fn peer_truncated(&self) -> bool {
+        self.buf.peer_truncated()
     }
 
     /// Whether it has no bytes (never true).
