@@ -60,6 +60,7 @@ mod error;
 pub mod features;
 pub mod queue;
 pub mod transport;
+pub mod vhost_wire;
 
 pub use error::{DeviceError, Error, Result};
 pub use features::QueueFeatures;

@@ -29,16 +29,10 @@ use super::{
     CallFd, DeviceMemory, DmaFence, QueueContext, VhostIommu, VirtioDevice,
     VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
 };
+use crate::vhost_wire::{
+    self, Header, FRONTEND_IOTLB_MSG, FRONTEND_SET_BACKEND_REQ_FD, HEADER_SIZE,
+};
 
-/// vhost-user request code of `IOTLB_MSG` on the front end's channel.
-const FRONTEND_IOTLB_MSG: u32 = 22;
-/// vhost-user request code of `SET_BACKEND_REQ_FD`.
-const FRONTEND_SET_BACKEND_REQ_FD: u32 = 21;
-/// Header flags: protocol version 1, reply, need-reply.
-const HDR_VERSION: u32 = 0x1;
-const HDR_REPLY: u32 = 0x4;
-const HDR_NEED_REPLY: u32 = 0x8;
-const HDR_SIZE: usize = 12;
 /// Longest an IOTLB change waits for device accesses that began before it.
 const FENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -145,7 +139,7 @@ pub fn serve_connection<D: VirtioDevice>(
     lock(&handler).conn = side.as_raw_fd();
     let mut requests = BackendReqHandler::from_stream(stream, Arc::clone(&handler));
     let result = loop {
-        let mut hdr = [0u8; HDR_SIZE];
+        let mut hdr = [0u8; HEADER_SIZE];
         let peeked = rustix::net::recv(
             &side,
             &mut hdr,
@@ -157,16 +151,16 @@ pub fn serve_connection<D: VirtioDevice>(
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => break Err(DeviceError::Socket(e.into())),
         }
-        let word = |at: usize| u32::from_le_bytes([hdr[at], hdr[at + 1], hdr[at + 2], hdr[at + 3]]);
-        tracing::trace!("vhost-user request {} ({} bytes)", word(0), word(8));
-        if word(0) == FRONTEND_IOTLB_MSG {
-            if let Err(e) = handle_iotlb(&mut side, word(4), word(8), &handler) {
+        let hdr = Header::parse(&hdr);
+        tracing::trace!("vhost-user request {} ({} bytes)", hdr.request, hdr.size);
+        if hdr.request == FRONTEND_IOTLB_MSG {
+            if let Err(e) = handle_iotlb(&mut side, hdr, &handler) {
                 break Err(e);
             }
             continue;
         }
-        if word(0) == FRONTEND_SET_BACKEND_REQ_FD {
-            if let Err(e) = handle_backend_req_fd(&mut side, word(4), word(8), &handler) {
+        if hdr.request == FRONTEND_SET_BACKEND_REQ_FD {
+            if let Err(e) = handle_backend_req_fd(&mut side, hdr, &handler) {
                 break Err(e);
             }
             continue;
@@ -190,8 +184,7 @@ pub fn serve_connection<D: VirtioDevice>(
 /// socket is kept here and handed to the IOMMU.
 fn handle_backend_req_fd<D: VirtioDevice>(
     sock: &mut UnixStream,
-    flags: u32,
-    len: u32,
+    hdr: Header,
     handler: &Mutex<Handler<D>>,
 ) -> Result<(), DeviceError> {
     use rustix::net::{
@@ -201,12 +194,12 @@ fn handle_backend_req_fd<D: VirtioDevice>(
     use std::mem::MaybeUninit;
     let malformed = DeviceError::MalformedMessage {
         request: FRONTEND_SET_BACKEND_REQ_FD,
-        len,
+        len: hdr.size,
     };
-    if flags & 0x3 != HDR_VERSION || len > 64 {
+    let Ok(len) = hdr.check(64) else {
         return Err(malformed);
-    }
-    let mut buf = vec![0u8; HDR_SIZE + len as usize];
+    };
+    let mut buf = vec![0u8; HEADER_SIZE + len];
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = recvmsg(
@@ -236,39 +229,34 @@ fn handle_backend_req_fd<D: VirtioDevice>(
     h.iommu()
         .set_miss_channel(Some(UnixStream::from(fd)), reply_ack);
     drop(h);
-    if flags & HDR_NEED_REPLY != 0 && reply_ack {
+    if hdr.need_reply() && reply_ack {
         send_u64_reply(sock, FRONTEND_SET_BACKEND_REQ_FD, 0)?;
     }
     Ok(())
 }
 
 fn send_u64_reply(sock: &mut UnixStream, request: u32, value: u64) -> Result<(), DeviceError> {
-    let mut reply = Vec::with_capacity(HDR_SIZE + 8);
-    reply.extend_from_slice(&request.to_le_bytes());
-    reply.extend_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
-    reply.extend_from_slice(&8u32.to_le_bytes());
-    reply.extend_from_slice(&value.to_le_bytes());
-    sock.write_all(&reply).map_err(DeviceError::Socket)
+    sock.write_all(&vhost_wire::u64_reply(request, value))
+        .map_err(DeviceError::Socket)
 }
 
 /// Takes one `IOTLB_MSG` off the socket, applies it, and acknowledges it
 /// when asked to.
 fn handle_iotlb<D: VirtioDevice>(
     sock: &mut UnixStream,
-    flags: u32,
-    len: u32,
+    hdr: Header,
     handler: &Mutex<Handler<D>>,
 ) -> Result<(), DeviceError> {
     let malformed = DeviceError::MalformedIotlb {
         request: FRONTEND_IOTLB_MSG,
-        len,
+        len: hdr.size,
     };
-    if flags & 0x3 != HDR_VERSION || len as usize > IOTLB_MSG_SIZE * 2 {
+    let Ok(len) = hdr.check(IOTLB_MSG_SIZE * 2) else {
         return Err(malformed);
-    }
-    let mut msg = vec![0u8; HDR_SIZE + len as usize];
+    };
+    let mut msg = vec![0u8; HEADER_SIZE + len];
     sock.read_exact(&mut msg).map_err(DeviceError::Socket)?;
-    let parsed = IotlbMsg::parse(&msg[HDR_SIZE..]);
+    let parsed = IotlbMsg::parse(&msg[HEADER_SIZE..]);
     // A payload of the wrong size is a framing error, not a bad mapping.
     if let Err(IotlbMsgError::BadSize { .. }) = parsed {
         return Err(malformed);
@@ -295,7 +283,7 @@ fn handle_iotlb<D: VirtioDevice>(
             }
         }
     };
-    if flags & HDR_NEED_REPLY != 0 {
+    if hdr.need_reply() {
         send_u64_reply(sock, FRONTEND_IOTLB_MSG, u64::from(!ok))?;
     }
     Ok(())

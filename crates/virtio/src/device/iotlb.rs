@@ -21,11 +21,8 @@ use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
 use super::DmaFence;
 
-/// Size in bytes of `struct vhost_iotlb_msg` as front ends send it
-/// (`iova u64, size u64, uaddr u64, perm u8, type u8`, padded to 8 bytes).
-pub const IOTLB_MSG_SIZE: usize = 32;
-/// The meaningful prefix of an IOTLB message (without the tail padding).
-pub const IOTLB_MSG_MIN_SIZE: usize = 26;
+pub use crate::vhost_wire::IOTLB_MSG_SIZE;
+use crate::vhost_wire::{self, Header, RawIotlb, IOTLB_INVALIDATE, IOTLB_MISS, IOTLB_UPDATE};
 
 /// Access permission carried by an IOTLB entry (`VHOST_ACCESS_*`).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
@@ -138,20 +135,13 @@ impl IotlbMsg {
     /// [`IotlbMsgError`] for a short or long payload, an unknown type or
     /// permission, or a range that is empty or wraps around.
     pub fn parse(payload: &[u8]) -> Result<Self, IotlbMsgError> {
-        if payload.len() < IOTLB_MSG_MIN_SIZE || payload.len() > IOTLB_MSG_SIZE {
-            return Err(IotlbMsgError::BadSize { len: payload.len() });
-        }
-        let word = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&payload[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        let (iova, size, uaddr) = (word(0), word(8), word(16));
-        let (perm, kind) = (payload[24], payload[25]);
+        let raw = RawIotlb::decode(payload).ok_or(IotlbMsgError::BadSize { len: payload.len() })?;
+        let (iova, size, uaddr) = (raw.iova, raw.size, raw.uaddr);
+        let (perm, kind) = (raw.perm, raw.kind);
         let range_ok =
             size != 0 && iova.checked_add(size - 1).is_some() && usize::try_from(size).is_ok();
         match kind {
-            2 => {
+            IOTLB_UPDATE => {
                 let perm = IotlbPerm::from_wire(perm).ok_or(IotlbMsgError::BadPerm { perm })?;
                 if !range_ok || uaddr.checked_add(size - 1).is_none() {
                     return Err(IotlbMsgError::BadRange { iova, size });
@@ -163,7 +153,7 @@ impl IotlbMsg {
                     perm,
                 })
             }
-            3 => {
+            IOTLB_INVALIDATE => {
                 if !range_ok {
                     return Err(IotlbMsgError::BadRange { iova, size });
                 }
@@ -175,22 +165,27 @@ impl IotlbMsg {
 
     /// Encodes the message as a front end sends it (32 bytes).
     pub fn to_wire(&self) -> [u8; IOTLB_MSG_SIZE] {
-        let mut out = [0u8; IOTLB_MSG_SIZE];
-        let (iova, size, uaddr, perm, kind) = match *self {
+        let raw = match *self {
             Self::Update {
                 iova,
                 size,
                 uaddr,
                 perm,
-            } => (iova, size, uaddr, perm.to_wire(), 2),
-            Self::Invalidate { iova, size } => (iova, size, 0, 0, 3),
+            } => RawIotlb {
+                iova,
+                size,
+                uaddr,
+                perm: perm.to_wire(),
+                kind: IOTLB_UPDATE,
+            },
+            Self::Invalidate { iova, size } => RawIotlb {
+                iova,
+                size,
+                kind: IOTLB_INVALIDATE,
+                ..RawIotlb::default()
+            },
         };
-        out[0..8].copy_from_slice(&iova.to_le_bytes());
-        out[8..16].copy_from_slice(&size.to_le_bytes());
-        out[16..24].copy_from_slice(&uaddr.to_le_bytes());
-        out[24] = perm;
-        out[25] = kind;
-        out
+        raw.encode()
     }
 }
 
@@ -251,8 +246,6 @@ struct MissChannel {
     reply_ack: bool,
 }
 
-/// vhost-user request code of `IOTLB_MSG` on the back-end channel.
-const BACKEND_IOTLB_MSG: u32 = 1;
 /// How long an access waits for the front end to answer a miss (QEMU
 /// answers in tens of microseconds; it cannot while it waits for a reply
 /// from this back end, e.g. to `GET_VRING_BASE`).
@@ -387,20 +380,21 @@ impl VhostIommu {
             Permissions::ReadWrite => 3,
             _ => 1,
         };
-        let mut payload = [0u8; IOTLB_MSG_SIZE];
-        payload[0..8].copy_from_slice(&iova.to_le_bytes());
-        payload[8..16].copy_from_slice(&size.to_le_bytes());
-        payload[24] = perm;
-        payload[25] = 1; // VHOST_IOTLB_MISS
-        let flags: u32 = 0x1 | if ch.reply_ack { 0x8 } else { 0 };
-        let mut msg = Vec::with_capacity(12 + IOTLB_MSG_SIZE);
-        msg.extend_from_slice(&BACKEND_IOTLB_MSG.to_le_bytes());
-        msg.extend_from_slice(&flags.to_le_bytes());
-        msg.extend_from_slice(&(IOTLB_MSG_SIZE as u32).to_le_bytes());
-        msg.extend_from_slice(&payload);
+        let payload = RawIotlb {
+            iova,
+            size,
+            perm,
+            kind: IOTLB_MISS,
+            ..RawIotlb::default()
+        }
+        .encode();
+        let header = Header::request(vhost_wire::BACKEND_IOTLB_MSG, payload.len(), ch.reply_ack);
+        let msg = vhost_wire::message(header, &payload);
         let sent = ch.sock.write_all(&msg).and_then(|()| {
             if ch.reply_ack {
-                let mut reply = [0u8; 20];
+                // Whatever the front end answers, the update (if any) is
+                // what the access waits for.
+                let mut reply = [0u8; vhost_wire::U64_REPLY_SIZE];
                 ch.sock.read_exact(&mut reply)
             } else {
                 Ok(())

@@ -42,22 +42,16 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{QueueConfig, Transport};
-use crate::device::{IotlbMsg, IOTLB_MSG_SIZE};
+use crate::device::IotlbMsg;
 use crate::features::{status, VIRTIO_F_ACCESS_PLATFORM};
+use crate::vhost_wire::{
+    self, Header, RawIotlb, BACKEND_CONFIG_CHANGE, BACKEND_IOTLB_MSG, FRONTEND_IOTLB_MSG,
+    HEADER_SIZE, MAX_PAYLOAD,
+};
 
 /// `VHOST_USER_F_PROTOCOL_FEATURES`: the back end speaks protocol features.
 pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 
-/// `VHOST_USER_IOTLB_MSG` on the front-end channel.
-const REQ_IOTLB_MSG: u32 = 22;
-/// `VHOST_USER_BACKEND_IOTLB_MSG` on the back-end channel.
-const BACKEND_REQ_IOTLB_MSG: u32 = 1;
-/// `VHOST_USER_BACKEND_CONFIG_CHANGE_MSG` on the back-end channel.
-const BACKEND_REQ_CONFIG_CHANGE: u32 = 2;
-/// Header: request u32, flags u32, size u32.
-const HDR_LEN: usize = 12;
-/// Version 1 in the header flags.
-const HDR_VERSION: u32 = 0x1;
 /// Largest region count `SET_MEM_TABLE` carries for every back end (the
 /// spec's baseline; libvhost-user refuses more). Further regions go through
 /// `ADD_MEM_REG` when `CONFIGURE_MEM_SLOTS` is negotiated.
@@ -218,32 +212,23 @@ impl Control {
                 what: "IOTLB messages without ACCESS_PLATFORM",
             });
         }
-        let mut flags = HDR_VERSION;
+        let payload = iotlb.to_wire();
+        let header = Header::request(FRONTEND_IOTLB_MSG, payload.len(), self.reply_ack);
+        write_all(
+            &self.raw,
+            &vhost_wire::message(header, &payload),
+            "IOTLB_MSG send",
+        )?;
         if self.reply_ack {
-            flags |= VhostUserHeaderFlag::NEED_REPLY.bits();
-        }
-        let mut msg = [0u8; HDR_LEN + IOTLB_MSG_SIZE];
-        msg[0..4].copy_from_slice(&REQ_IOTLB_MSG.to_le_bytes());
-        msg[4..8].copy_from_slice(&flags.to_le_bytes());
-        msg[8..12].copy_from_slice(&(IOTLB_MSG_SIZE as u32).to_le_bytes());
-        msg[HDR_LEN..].copy_from_slice(&iotlb.to_wire());
-        write_all(&self.raw, &msg, "IOTLB_MSG send")?;
-        if self.reply_ack {
-            let mut reply = [0u8; HDR_LEN + 8];
+            let mut reply = [0u8; vhost_wire::U64_REPLY_SIZE];
             read_exact(&self.raw, &mut reply, "IOTLB_MSG reply")?;
-            let code = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
-            let rflags = u32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
-            let rsize = u32::from_le_bytes(reply[8..12].try_into().expect("4 bytes"));
-            if code != REQ_IOTLB_MSG
-                || rflags & VhostUserHeaderFlag::REPLY.bits() == 0
-                || rsize != 8
-            {
-                return Err(VhostUserError::BadReply {
+            let status = vhost_wire::parse_u64_reply(FRONTEND_IOTLB_MSG, &reply).map_err(|_| {
+                VhostUserError::BadReply {
                     request: "IOTLB_MSG",
                     why: "not a reply to IOTLB_MSG",
-                });
-            }
-            if u64::from_le_bytes(reply[12..20].try_into().expect("8 bytes")) != 0 {
+                }
+            })?;
+            if status != 0 {
                 return Err(VhostUserError::BadReply {
                     request: "IOTLB_MSG",
                     why: "back end refused the entry",
@@ -894,52 +879,47 @@ impl BackendChannel {
 
 fn serve_backend_channel(sock: &UnixStream) {
     loop {
-        let mut hdr = [0u8; HDR_LEN];
+        let mut hdr = [0u8; HEADER_SIZE];
         if read_exact(sock, &mut hdr, "back-end channel read").is_err() {
             return;
         }
-        let code = u32::from_le_bytes(hdr[0..4].try_into().expect("4 bytes"));
-        let flags = u32::from_le_bytes(hdr[4..8].try_into().expect("4 bytes"));
-        let size = u32::from_le_bytes(hdr[8..12].try_into().expect("4 bytes")) as usize;
-        // The spec bounds message bodies at a few KiB; refuse anything huge
-        // rather than allocate what a hostile peer asks for.
-        if size > 4096 {
-            tracing::warn!(size, "back-end channel: oversized message, closing");
-            return;
-        }
+        let hdr = Header::parse(&hdr);
+        // Refuse anything huge rather than allocate what a hostile peer
+        // asks for.
+        let size = match hdr.check(MAX_PAYLOAD) {
+            Ok(size) => size,
+            Err(e) => {
+                tracing::warn!("back-end channel: {e}; closing");
+                return;
+            }
+        };
         let mut body = vec![0u8; size];
         if read_exact(sock, &mut body, "back-end channel read").is_err() {
             return;
         }
         // Any fds the back end attached were received into the default
         // (empty) ancillary buffer and thus closed by the kernel.
-        let handled = match code {
-            BACKEND_REQ_IOTLB_MSG if size >= 26 => {
-                let iova = u64::from_le_bytes(body[0..8].try_into().expect("8 bytes"));
+        let handled = match (hdr.request, RawIotlb::decode(&body)) {
+            (BACKEND_IOTLB_MSG, Some(miss)) => {
                 tracing::warn!(
-                    iova = format_args!("{iova:#x}"),
-                    perm = body[24],
-                    kind = body[25],
+                    iova = format_args!("{:#x}", miss.iova),
+                    perm = miss.perm,
+                    kind = miss.kind,
                     "back end reports an IOTLB miss for an address never mapped"
                 );
                 false
             }
-            BACKEND_REQ_CONFIG_CHANGE => {
+            (BACKEND_CONFIG_CHANGE, _) => {
                 tracing::info!("back end reports a config change");
                 true
             }
-            other => {
+            (other, _) => {
                 tracing::warn!(code = other, "back-end channel: unhandled request");
                 false
             }
         };
-        if flags & VhostUserHeaderFlag::NEED_REPLY.bits() != 0 {
-            let mut reply = [0u8; HDR_LEN + 8];
-            reply[0..4].copy_from_slice(&code.to_le_bytes());
-            reply[4..8]
-                .copy_from_slice(&(HDR_VERSION | VhostUserHeaderFlag::REPLY.bits()).to_le_bytes());
-            reply[8..12].copy_from_slice(&8u32.to_le_bytes());
-            reply[12..20].copy_from_slice(&u64::from(!handled).to_le_bytes());
+        if hdr.need_reply() {
+            let reply = vhost_wire::u64_reply(hdr.request, u64::from(!handled));
             if write_all(sock, &reply, "back-end channel reply").is_err() {
                 return;
             }
