@@ -29,9 +29,16 @@
 //! message handler (`vhost`'s `VhostUserBackendReqHandlerMut`) itself, and
 //! the connection loop peeks at each header to take `IOTLB_MSG` before the
 //! `vhost` crate sees it.
+//!
+//! One concern per file: `server` (the connection loop), `handler` (the
+//! requests and the queue workers), `memory` (mapping the front end's
+//! regions), `iotlb` (the IOMMU), `sigbus` (the guard for truncated
+//! memory); the message framing is [`crate::vhost_wire`].
 
-mod backend;
+mod handler;
 mod iotlb;
+mod memory;
+mod server;
 mod sigbus;
 
 use std::fs::File;
@@ -45,8 +52,8 @@ use vm_memory::{
     GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap, IommuMemory,
 };
 
-pub use backend::{DeviceError, VhostUserServer};
 pub use iotlb::{IotlbMsg, IotlbMsgError, IotlbPerm, VhostIommu, IOTLB_MSG_SIZE};
+pub use server::{serve_connection, ServerError, VhostUserServer};
 
 /// `VIRTIO_F_ACCESS_PLATFORM` (bit 33): the device goes through the
 /// platform's IOMMU, here the front end's IOTLB.

@@ -1,10 +1,10 @@
-//! The vhost-user message handler and connection loop of the device side.
+//! The device side's vhost-user request handler: the state one front end
+//! builds up (features, memory table, vrings) and the queue workers it
+//! starts, behind the `vhost` crate's `VhostUserBackendReqHandlerMut`.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use vhost::vhost_user::message::{
@@ -13,365 +13,20 @@ use vhost::vhost_user::message::{
     VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags, VhostUserVringState,
 };
 use vhost::vhost_user::{
-    BackendReqHandler, Error as VhostError, GpuBackend, Result as VhostResult,
-    VhostUserBackendReqHandlerMut,
+    Error as VhostError, GpuBackend, Result as VhostResult, VhostUserBackendReqHandlerMut,
 };
 use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::mmap::MmapRegion;
 use vm_memory::{
-    FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
-    GuestMemoryRegion, GuestRegionMmap, IommuMemory,
+    GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap, GuestMemoryRegion,
+    GuestRegionMmap, IommuMemory,
 };
 
-use super::iotlb::{IotlbMsg, IotlbMsgError, IOTLB_MSG_SIZE};
+use super::memory::{map_region, Region, MAX_MEM_SLOTS};
 use super::{
     CallFd, DeviceMemory, DmaFence, QueueContext, VhostIommu, VirtioDevice,
     VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
 };
-use crate::vhost_wire::{
-    self, Header, FRONTEND_IOTLB_MSG, FRONTEND_SET_BACKEND_REQ_FD, HEADER_SIZE,
-};
-
-/// Longest an IOTLB change waits for device accesses that began before it.
-const FENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Errors of the vhost-user server.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// Accepting a connection failed.
-    #[error("Accepting a vhost-user connection failed")]
-    Accept(#[source] io::Error),
-    /// Reading or writing the connection failed.
-    #[error("vhost-user socket I/O failed")]
-    Socket(#[source] io::Error),
-    /// The front end broke the protocol; the connection was closed.
-    #[error("vhost-user protocol error, connection closed")]
-    Protocol(#[source] VhostError),
-    /// A malformed `IOTLB_MSG`.
-    #[error("Malformed IOTLB_MSG with {len} payload bytes, connection closed")]
-    MalformedIotlb {
-        /// Request code.
-        request: u32,
-        /// Payload length announced in the header.
-        len: u32,
-    },
-    /// A malformed message taken before the `vhost` crate sees it
-    /// (`SET_BACKEND_REQ_FD` without exactly one unix stream socket, or
-    /// before `BACKEND_REQ` was negotiated).
-    #[error("Malformed vhost-user request {request} ({len} payload bytes), connection closed")]
-    MalformedMessage {
-        /// Request code.
-        request: u32,
-        /// Payload length announced in the header.
-        len: u32,
-    },
-}
-
-/// A vhost-user server for one device: serves one front end at a time and,
-/// when it disconnects or breaks the protocol, drops everything it set up
-/// and serves the next.
-#[derive(Debug)]
-pub struct VhostUserServer<D: VirtioDevice> {
-    listener: UnixListener,
-    device: Arc<D>,
-}
-
-impl<D: VirtioDevice> VhostUserServer<D> {
-    /// A server for `device` on a listening socket.
-    pub fn new(listener: UnixListener, device: Arc<D>) -> Self {
-        Self { listener, device }
-    }
-
-    /// The device being served.
-    pub fn device(&self) -> &Arc<D> {
-        &self.device
-    }
-
-    /// Accepts one front end and serves it until it disconnects.
-    ///
-    /// # Errors
-    /// [`DeviceError::Accept`] when no connection could be accepted; the
-    /// front end's own failures ([`DeviceError::Protocol`], ...) after it
-    /// has been dropped.
-    pub fn serve_one(&self) -> Result<(), DeviceError> {
-        let (stream, _) = self.listener.accept().map_err(DeviceError::Accept)?;
-        serve_connection(stream, Arc::clone(&self.device))
-    }
-
-    /// Serves front ends one after another, forever; a front end's error is
-    /// logged and the next one is served.
-    ///
-    /// # Errors
-    /// Only when accepting fails (the listener is broken).
-    pub fn run(&self) -> Result<(), DeviceError> {
-        loop {
-            match self.serve_one() {
-                Ok(()) => tracing::info!("front end disconnected"),
-                Err(e @ DeviceError::Accept(_)) => return Err(e),
-                Err(e) => tracing::warn!("front end dropped: {}", error_chain(&e)),
-            }
-        }
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
-
-/// Serves one front end on `stream` until it disconnects or misbehaves.
-///
-/// # Errors
-/// See [`VhostUserServer::serve_one`].
-pub fn serve_connection<D: VirtioDevice>(
-    stream: UnixStream,
-    device: Arc<D>,
-) -> Result<(), DeviceError> {
-    let mut side = stream.try_clone().map_err(DeviceError::Socket)?;
-    let handler = Arc::new(Mutex::new(Handler::new(device)));
-    lock(&handler).conn = side.as_raw_fd();
-    let mut requests = BackendReqHandler::from_stream(stream, Arc::clone(&handler));
-    let result = loop {
-        let mut hdr = [0u8; HEADER_SIZE];
-        let peeked = rustix::net::recv(
-            &side,
-            &mut hdr,
-            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::WAITALL,
-        );
-        match peeked {
-            Ok((0, _)) => break Ok(()),
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => break Err(DeviceError::Socket(e.into())),
-        }
-        let hdr = Header::parse(&hdr);
-        tracing::trace!("vhost-user request {} ({} bytes)", hdr.request, hdr.size);
-        if hdr.request == FRONTEND_IOTLB_MSG {
-            if let Err(e) = handle_iotlb(&mut side, hdr, &handler) {
-                break Err(e);
-            }
-            continue;
-        }
-        if hdr.request == FRONTEND_SET_BACKEND_REQ_FD {
-            if let Err(e) = handle_backend_req_fd(&mut side, hdr, &handler) {
-                break Err(e);
-            }
-            continue;
-        }
-        match requests.handle_request() {
-            Ok(()) => {}
-            Err(VhostError::Disconnected) => break Ok(()),
-            Err(VhostError::PartialMessage) => break Ok(()),
-            Err(e) => break Err(DeviceError::Protocol(e)),
-        }
-    };
-    lock(&handler).shutdown();
-    if super::sigbus::take_caught() {
-        tracing::warn!("front end truncated the memory it shares (SIGBUS caught): disconnected");
-    }
-    result
-}
-
-/// Takes `SET_BACKEND_REQ_FD` off the socket: the `vhost` crate would wrap
-/// the channel in its `Backend`, which cannot send IOTLB misses, so the
-/// socket is kept here and handed to the IOMMU.
-fn handle_backend_req_fd<D: VirtioDevice>(
-    sock: &mut UnixStream,
-    hdr: Header,
-    handler: &Mutex<Handler<D>>,
-) -> Result<(), DeviceError> {
-    use rustix::net::{
-        recvmsg, sockopt, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
-        SocketType,
-    };
-    use std::mem::MaybeUninit;
-    let malformed = DeviceError::MalformedMessage {
-        request: FRONTEND_SET_BACKEND_REQ_FD,
-        len: hdr.size,
-    };
-    let Ok(len) = hdr.check(64) else {
-        return Err(malformed);
-    };
-    let mut buf = vec![0u8; HEADER_SIZE + len];
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = recvmsg(
-        &*sock,
-        &mut [io::IoSliceMut::new(&mut buf)],
-        &mut control,
-        RecvFlags::WAITALL | RecvFlags::CMSG_CLOEXEC,
-    )
-    .map_err(|e| DeviceError::Socket(e.into()))?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(it) = m {
-            fds.extend(it);
-        }
-    }
-    if got.bytes != buf.len() || fds.len() != 1 {
-        return Err(malformed);
-    }
-    let fd = fds.remove(0);
-    let is_stream = matches!(sockopt::socket_type(&fd), Ok(SocketType::STREAM))
-        && matches!(sockopt::socket_domain(&fd), Ok(AddressFamily::UNIX));
-    let h = lock(handler);
-    if !is_stream || h.acked_protocol & VhostUserProtocolFeatures::BACKEND_REQ.bits() == 0 {
-        return Err(malformed);
-    }
-    let reply_ack = h.reply_ack();
-    h.iommu()
-        .set_miss_channel(Some(UnixStream::from(fd)), reply_ack);
-    drop(h);
-    if hdr.need_reply() && reply_ack {
-        send_u64_reply(sock, FRONTEND_SET_BACKEND_REQ_FD, 0)?;
-    }
-    Ok(())
-}
-
-fn send_u64_reply(sock: &mut UnixStream, request: u32, value: u64) -> Result<(), DeviceError> {
-    sock.write_all(&vhost_wire::u64_reply(request, value))
-        .map_err(DeviceError::Socket)
-}
-
-/// Takes one `IOTLB_MSG` off the socket, applies it, and acknowledges it
-/// when asked to.
-fn handle_iotlb<D: VirtioDevice>(
-    sock: &mut UnixStream,
-    hdr: Header,
-    handler: &Mutex<Handler<D>>,
-) -> Result<(), DeviceError> {
-    let malformed = DeviceError::MalformedIotlb {
-        request: FRONTEND_IOTLB_MSG,
-        len: hdr.size,
-    };
-    let Ok(len) = hdr.check(IOTLB_MSG_SIZE * 2) else {
-        return Err(malformed);
-    };
-    let mut msg = vec![0u8; HEADER_SIZE + len];
-    sock.read_exact(&mut msg).map_err(DeviceError::Socket)?;
-    let parsed = IotlbMsg::parse(&msg[HEADER_SIZE..]);
-    // A payload of the wrong size is a framing error, not a bad mapping.
-    if let Err(IotlbMsgError::BadSize { .. }) = parsed {
-        return Err(malformed);
-    }
-    let ok = {
-        let h = lock(handler);
-        match parsed {
-            Ok(m) if h.iotlb_enabled() => {
-                // Removing or changing a translation (an update may replace
-                // one too): accesses through the old one must be over before
-                // the ack. Adding one waits for nothing.
-                if h.iommu().apply(&m) && !h.fence.wait_older(FENCE_LIMIT) {
-                    tracing::warn!("IOTLB change acknowledged with device accesses still running");
-                }
-                true
-            }
-            Ok(_) => {
-                tracing::warn!("IOTLB_MSG without ACCESS_PLATFORM and IOTLB negotiated");
-                false
-            }
-            Err(e) => {
-                tracing::warn!("IOTLB_MSG refused: {e}");
-                false
-            }
-        }
-    };
-    if hdr.need_reply() {
-        send_u64_reply(sock, FRONTEND_IOTLB_MSG, u64::from(!ok))?;
-    }
-    Ok(())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Memory slots offered with `CONFIGURE_MEM_SLOTS` (`ADD_MEM_REG`), as
-/// QEMU's `VHOST_USER_MAX_RAM_SLOTS`.
-const MAX_MEM_SLOTS: usize = 509;
-
-/// Seals a memory file the front end shares against shrinking
-/// (`F_SEAL_SHRINK`) where it can: a front end that truncated memory this
-/// back end has mapped would turn every access past the new end into
-/// SIGBUS, which takes the whole back end down. QEMU's memfds come sealed
-/// already (`seal=on`), iopath's heaps too; a memfd created without
-/// `MFD_ALLOW_SEALING`, or a plain file (tmpfs, hugetlbfs), cannot be
-/// sealed and is mapped as it is, with one log line.
-fn seal_against_shrinking(file: &File, index: usize) {
-    use rustix::fs::{fcntl_add_seals, fcntl_get_seals, SealFlags};
-    let why = match fcntl_get_seals(file) {
-        Ok(seals) if seals.contains(SealFlags::SHRINK) => return,
-        Ok(_) => match fcntl_add_seals(file, SealFlags::SHRINK) {
-            Ok(()) => return,
-            Err(e) => format!("F_ADD_SEALS: {e}"),
-        },
-        Err(e) => format!("not a memfd ({e})"),
-    };
-    tracing::info!(
-        "memory region {index}: cannot be sealed against shrinking ({why}); \
-         a front end that truncates it would crash this back end"
-    );
-}
-
-/// Maps one region the front end on socket `conn` shares (region `index`
-/// of its table).
-fn map_region(
-    r: &VhostUserMemoryRegion,
-    file: File,
-    index: usize,
-    conn: RawFd,
-) -> VhostResult<Region> {
-    // Sealed before its size is checked: a file shrunk after the check
-    // would fault the mapping all the same.
-    seal_against_shrinking(&file, index);
-    let size = usize::try_from(r.memory_size).map_err(|_| VhostError::InvalidParam)?;
-    // Mapping beyond the end of the file would turn every access there into
-    // SIGBUS: refuse such a region up front.
-    let end = r
-        .mmap_offset
-        .checked_add(r.memory_size)
-        .ok_or(VhostError::InvalidParam)?;
-    let len = file.metadata().map_err(VhostError::ReqHandlerError)?.len();
-    if size == 0
-        || end > len
-        || r.guest_phys_addr.checked_add(r.memory_size).is_none()
-        || r.user_addr.checked_add(r.memory_size).is_none()
-    {
-        return Err(VhostError::InvalidParam);
-    }
-    let mapping = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
-        .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
-    // Whether sealed or not: a SIGBUS in it drops this front end, not the
-    // back end.
-    let watch = super::sigbus::watch(mapping.as_ptr(), size, conn);
-    if watch.is_none() {
-        tracing::info!("memory region {index}: not watched for SIGBUS");
-    }
-    Ok(Region {
-        _watch: watch,
-        guest_phys: r.guest_phys_addr,
-        user_addr: r.user_addr,
-        size: r.memory_size,
-        mapping: Arc::new(mapping),
-    })
-}
-
-/// One region of the front end's memory table.
-struct Region {
-    /// Declared first, so dropped before the mapping goes.
-    _watch: Option<super::sigbus::Watch>,
-    guest_phys: u64,
-    user_addr: u64,
-    size: u64,
-    mapping: Arc<MmapRegion<()>>,
-}
 
 struct Worker {
     stop: Arc<OwnedFd>,
@@ -405,19 +60,19 @@ impl Vring {
 }
 
 /// The state one front end builds up: features, memory, vrings.
-struct Handler<D: VirtioDevice> {
+pub(super) struct Handler<D: VirtioDevice> {
     device: Arc<D>,
     /// The front end's connection (shut down if it truncates its memory).
-    conn: RawFd,
+    pub(super) conn: RawFd,
     acked_features: u64,
-    acked_protocol: u64,
+    pub(super) acked_protocol: u64,
     regions: Vec<Region>,
     mem: GuestMemoryAtomic<DeviceMemory>,
     /// The same memory per queue, each through its own view of the IOMMU
     /// (which holds the queue's miss-wait hook).
     queue_mem: Vec<GuestMemoryAtomic<DeviceMemory>>,
     vrings: Vec<Vring>,
-    fence: Arc<DmaFence>,
+    pub(super) fence: Arc<DmaFence>,
 }
 
 fn invalid(reason: &'static str) -> VhostError {
@@ -425,7 +80,7 @@ fn invalid(reason: &'static str) -> VhostError {
 }
 
 impl<D: VirtioDevice> Handler<D> {
-    fn new(device: Arc<D>) -> Self {
+    pub(super) fn new(device: Arc<D>) -> Self {
         let vrings = (0..device.num_queues()).map(|_| Vring::new()).collect();
         let fence = Arc::new(DmaFence::default());
         let iommu = VhostIommu::with_fence(Arc::clone(&fence));
@@ -456,18 +111,18 @@ impl<D: VirtioDevice> Handler<D> {
     /// vhost-user has no protocol bit for the IOTLB: `IOTLB_MSG` is valid
     /// once `VIRTIO_F_ACCESS_PLATFORM` is negotiated (front ends also want
     /// `BACKEND_REQ` and `REPLY_ACK`, which are offered).
-    fn iotlb_enabled(&self) -> bool {
+    pub(super) fn iotlb_enabled(&self) -> bool {
         self.iommu_on()
     }
 
     /// `REPLY_ACK` is in force. As in the `vhost` crate, this follows the
     /// protocol features alone: front ends negotiate them (and may send
     /// `SET_BACKEND_REQ_FD`) before `SET_FEATURES`.
-    fn reply_ack(&self) -> bool {
+    pub(super) fn reply_ack(&self) -> bool {
         self.acked_protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0
     }
 
-    fn iommu(&self) -> Arc<VhostIommu> {
+    pub(super) fn iommu(&self) -> Arc<VhostIommu> {
         Arc::clone(self.mem.memory().iommu())
     }
 
@@ -638,7 +293,7 @@ impl<D: VirtioDevice> Handler<D> {
     }
 
     /// Drops everything the front end set up.
-    fn shutdown(&mut self) {
+    pub(super) fn shutdown(&mut self) {
         self.stop_all();
         for v in &mut self.vrings {
             *v = Vring::new();
