@@ -193,14 +193,17 @@ fn demo_echo_against_host_and_ping_client() {
 // the shared memory (so it can lie), against a real iopath process.
 
 use iopath_rpmsg::rsc_table::{status, ShmLayout};
-use iopath_rpmsg::vring::{VringLayout, VRING_DESC_F_WRITE};
+use iopath_rpmsg::vring::VringPlacement;
+
+/// `VRING_DESC_F_WRITE`, as a descriptor's u16 flags hold it.
+const VRING_DESC_F_WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
 use iopath_rpmsg::wire::{encode_message, parse_message, Endian, NsMsg, NsOp, NS_ADDR};
 use iopath_rpmsg::{NotifySpec, SharedMem};
 use std::sync::atomic::Ordering;
 
 const E: Endian = Endian::Little;
 
-fn layouts(shm: &SharedMem) -> (VringLayout, VringLayout, u64) {
+fn layouts(shm: &SharedMem) -> (VringPlacement, VringPlacement, u64) {
     let t = shm.table(0).unwrap();
     let (pool, _) = t.buffer_pool(shm.len() as u64).unwrap();
     (
@@ -210,7 +213,7 @@ fn layouts(shm: &SharedMem) -> (VringLayout, VringLayout, u64) {
     )
 }
 
-fn write_desc(shm: &SharedMem, l: &VringLayout, id: u16, addr: u64, len: u32, flags: u16) {
+fn write_desc(shm: &SharedMem, l: &VringPlacement, id: u16, addr: u64, len: u32, flags: u16) {
     let mut d = [0u8; 16];
     d[0..8].copy_from_slice(&addr.to_le_bytes());
     d[8..12].copy_from_slice(&len.to_le_bytes());
@@ -219,7 +222,7 @@ fn write_desc(shm: &SharedMem, l: &VringLayout, id: u16, addr: u64, len: u32, fl
 }
 
 /// Driver side, raw: publish descriptor `id` in the available ring.
-fn publish(shm: &SharedMem, l: &VringLayout, avail: &mut u16, id: u16) {
+fn publish(shm: &SharedMem, l: &VringPlacement, avail: &mut u16, id: u16) {
     let slot = u64::from(*avail % l.num);
     shm.store_u16(l.avail + 4 + 2 * slot, id, Ordering::Relaxed)
         .unwrap();
@@ -229,7 +232,7 @@ fn publish(shm: &SharedMem, l: &VringLayout, avail: &mut u16, id: u16) {
 }
 
 /// Driver side, raw: the next used element `(id, len)`, waiting up to 10 s.
-fn next_used(shm: &SharedMem, l: &VringLayout, last: &mut u16) -> (u32, u32) {
+fn next_used(shm: &SharedMem, l: &VringPlacement, last: &mut u16) -> (u32, u32) {
     let start = Instant::now();
     while shm.load_u16(l.used + 2, Ordering::Acquire).unwrap() == *last {
         assert!(start.elapsed() < Duration::from_secs(10), "no used buffer");

@@ -21,10 +21,11 @@ use std::sync::Arc;
 use iopath_dma::{Coherent, Direct};
 use iopath_virtio::{QueueFeatures, RingPlacement, Seg, SplitQueue};
 
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
 use crate::link::{Held, Link, LinkError, Role, Slot};
 use crate::rsc_table::{status, ResourceTable, VringRsc};
 use crate::shm::SharedMem;
-use crate::vring::VIRTIO_RING_F_EVENT_IDX;
 use crate::wire::{BUF_SIZE, VIRTIO_RPMSG_F_NS};
 
 /// Features the host accepts when the remote offers them.
@@ -229,7 +230,7 @@ impl Link for HostLink {
 
     fn check(&mut self) -> Result<(), LinkError> {
         let st = self.shm.load_u8(self.table.vdev.status_offset() as u64)?;
-        if st & (status::NEEDS_RESET | status::FAILED) != 0 || st & status::DRIVER_OK == 0 {
+        if st & (status::DEVICE_NEEDS_RESET | status::FAILED) != 0 || st & status::DRIVER_OK == 0 {
             return Err(LinkError::Reset { status: st });
         }
         Ok(())

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
 use crate::link::{Held, Link, LinkError, Role, Slot};
 use crate::notify::Notifier;
 use crate::rsc_table::{status, ResourceTable};
 use crate::shm::SharedMem;
-use crate::vring::VIRTIO_RING_F_EVENT_IDX;
 use crate::wire::HDR_LEN;
 
 /// Largest message the remote copies out of one host buffer.
@@ -42,8 +43,8 @@ pub struct RemoteLink {
     spare: Vec<Slot>,
 }
 
-/// `VRING_AVAIL_F_NO_INTERRUPT` (virtio 1.x §2.7.7.1).
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
+/// `VRING_AVAIL_F_NO_INTERRUPT` (virtio 1.x §2.7.7.1), as the ring's u16 holds it.
+const AVAIL_F_NO_INTERRUPT: u16 = virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT as u16;
 
 /// Whether the driver wants an interrupt for what was just added to `q`'s
 /// used ring. `virtio-queue` answers for `EVENT_IDX` only ("the
@@ -111,7 +112,9 @@ impl RemoteLink {
         let st_addr = table.vdev.status_offset() as u64;
         loop {
             let st = shm.load_u8(st_addr)?;
-            if st & status::DRIVER_OK != 0 && st & (status::FAILED | status::NEEDS_RESET) == 0 {
+            if st & status::DRIVER_OK != 0
+                && st & (status::FAILED | status::DEVICE_NEEDS_RESET) == 0
+            {
                 break;
             }
             if let Some(t) = timeout {
@@ -341,7 +344,7 @@ impl Link for RemoteLink {
 
     fn check(&mut self) -> Result<(), LinkError> {
         let st = self.shm.load_u8(self.table.vdev.status_offset() as u64)?;
-        if st & status::DRIVER_OK == 0 || st & (status::FAILED | status::NEEDS_RESET) != 0 {
+        if st & status::DRIVER_OK == 0 || st & (status::FAILED | status::DEVICE_NEEDS_RESET) != 0 {
             return Err(LinkError::Reset { status: st });
         }
         Ok(())

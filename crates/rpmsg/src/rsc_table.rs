@@ -19,13 +19,13 @@
 
 use thiserror::Error;
 
-use crate::vring::VringLayout;
+use crate::vring::VringPlacement;
 use crate::wire::{BUF_SIZE, VIRTIO_RPMSG_F_NS};
 
 /// Resource type of a virtio device entry.
 pub const RSC_VDEV: u32 = 3;
 /// Virtio device id of rpmsg.
-pub const VIRTIO_ID_RPMSG: u32 = 7;
+pub use virtio_bindings::virtio_ids::VIRTIO_ID_RPMSG;
 /// "Any address" in a resource entry (the host would pick; refused here).
 pub const FW_RSC_ADDR_ANY: u32 = 0xFFFF_FFFF;
 /// Size of the table header (without the offsets).
@@ -37,21 +37,9 @@ pub const VRING_LEN: usize = 20;
 /// Most entries a table may declare.
 pub const MAX_ENTRIES: u32 = 64;
 
-/// Virtio status bits (virtio spec 2.1).
-pub mod status {
-    /// The guest noticed the device.
-    pub const ACKNOWLEDGE: u8 = 1;
-    /// The guest has a driver.
-    pub const DRIVER: u8 = 2;
-    /// The driver is ready.
-    pub const DRIVER_OK: u8 = 4;
-    /// Feature negotiation is done.
-    pub const FEATURES_OK: u8 = 8;
-    /// The device needs a reset.
-    pub const NEEDS_RESET: u8 = 0x40;
-    /// The driver gave up.
-    pub const FAILED: u8 = 0x80;
-}
+/// Virtio status bits (virtio 1.x §2.1), as the vdev's `status` byte holds
+/// them.
+pub use iopath_virtio::features::status;
 
 /// Why a resource table was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -135,6 +123,17 @@ pub enum RscError {
         /// Address declared.
         da: u32,
     },
+    /// A vring whose address is not a multiple of its alignment: its used
+    /// ring would not be where both sides compute it.
+    #[error("Vring {index} address {da:#x} is not a multiple of its alignment {align:#x}")]
+    VringMisaligned {
+        /// Vring index.
+        index: usize,
+        /// Address declared.
+        da: u32,
+        /// Alignment declared.
+        align: u32,
+    },
     /// A vring that does not fit in the shared memory.
     #[error("Vring {index} at {da:#x} ({size} bytes) runs past the {shm_len}-byte shared memory")]
     VringOutside {
@@ -183,9 +182,10 @@ pub struct VringRsc {
 }
 
 impl VringRsc {
-    /// The ring's layout.
-    pub fn layout(&self) -> Option<VringLayout> {
-        VringLayout::new(u64::from(self.da), self.num, u64::from(self.align))
+    /// Where the ring sits (`None` for a number of entries or an alignment
+    /// no ring has).
+    pub fn layout(&self) -> Option<VringPlacement> {
+        VringPlacement::new(u64::from(self.da), self.num, u64::from(self.align))
     }
 }
 
@@ -352,7 +352,8 @@ impl ResourceTable {
         );
         let mut spans = Vec::new();
         for (index, r) in v.iter().enumerate() {
-            if r.num == 0 || !r.num.is_power_of_two() || r.num > crate::vring::MAX_QUEUE_SIZE {
+            // A power of two that fits the ring's u16 size is at most 32768.
+            if r.num == 0 || !r.num.is_power_of_two() || u16::try_from(r.num).is_err() {
                 return Err(RscError::VringNum { index, num: r.num });
             }
             if r.align < 16 || !r.align.is_power_of_two() {
@@ -363,6 +364,16 @@ impl ResourceTable {
             }
             if r.da == FW_RSC_ADDR_ANY || r.da % 16 != 0 {
                 return Err(RscError::VringAddr { index, da: r.da });
+            }
+            // Linux's vring_init() aligns the used ring's absolute address;
+            // the ring layout aligns its offset from the descriptor table:
+            // the same place only when the table is aligned itself.
+            if r.da % r.align != 0 {
+                return Err(RscError::VringMisaligned {
+                    index,
+                    da: r.da,
+                    align: r.align,
+                });
             }
             let l = r.layout().ok_or(RscError::VringNum { index, num: r.num })?;
             if l.end() > shm_len {
@@ -463,7 +474,7 @@ impl ShmLayout {
     /// [`RscError`] if the rings or the buffers do not fit.
     pub fn for_size(shm_size: u64, num: u32) -> Result<Self, RscError> {
         let align = 0x1000u32;
-        let size = VringLayout::ring_size(num, u64::from(align))
+        let size = VringPlacement::ring_size(num, u64::from(align))
             .ok_or(RscError::VringNum { index: 0, num })?;
         let stride = size.div_ceil(0x4000) * 0x4000;
         let vring1 = 0x4000 + stride;
@@ -608,6 +619,17 @@ mod tests {
         assert!(matches!(
             ResourceTable::parse(&v, 0, 0x80000),
             Err(RscError::VringOverlap { index: 0, .. })
+        ));
+        // Aligned to 16 but not to its 0x1000 alignment.
+        let mut v = b.clone();
+        v[48..52].copy_from_slice(&0x4010u32.to_le_bytes());
+        assert!(matches!(
+            ResourceTable::parse(&v, 0, 0x80000),
+            Err(RscError::VringMisaligned {
+                index: 0,
+                da: 0x4010,
+                align: 0x1000
+            })
         ));
         // Unset address.
         let mut v = b.clone();

@@ -267,8 +267,11 @@ fn endpoint_service_answers_after_a_polling_link_goes_down() {
     let shm = SharedMem::open(&dir.path().join("shm")).unwrap();
     let at = shm.table(0).unwrap().vdev.status_offset() as u64;
     let status = shm.load_u8(at).unwrap();
-    shm.store_u8(at, status | iopath_rpmsg::rsc_table::status::NEEDS_RESET)
-        .unwrap();
+    shm.store_u8(
+        at,
+        status | iopath_rpmsg::rsc_table::status::DEVICE_NEEDS_RESET,
+    )
+    .unwrap();
     assert!(
         host.wait_down(Some(T)).is_some(),
         "the host's bus stayed up"

@@ -138,9 +138,11 @@ impl RingMem {
 
 /// Where the parts of a split ring of `size` entries sit in one allocation
 /// (§2.7: descriptor table 16-aligned, available ring 2-aligned, used ring
-/// 4-aligned).
+/// 4-aligned), as byte offsets from the descriptor table. The one ring
+/// layout of iopath: the driver's queues and rpmsg's ring placement
+/// (remoteproc vrings `{da, align, num}`) both use it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Layout {
+pub struct Layout {
     pub(crate) size: u16,
     pub(crate) avail: usize,
     pub(crate) used: usize,
@@ -171,6 +173,36 @@ impl Layout {
         }
     }
 
+    /// The legacy layout (§2.7.2) of a ring of `size` entries with the used
+    /// ring aligned to `align`, checked: `None` unless `size` is a power of
+    /// two (so at most 32768, the split ring's limit) and `align` a power of
+    /// two of at least 4.
+    pub fn legacy(size: u16, align: usize) -> Option<Self> {
+        (size.is_power_of_two() && align.is_power_of_two() && align >= 4)
+            .then(|| Self::with_align(size, align))
+    }
+
+    /// Entries.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Offset of the available ring.
+    pub fn avail_offset(&self) -> usize {
+        self.avail
+    }
+
+    /// Offset of the used ring.
+    pub fn used_offset(&self) -> usize {
+        self.used
+    }
+
+    /// Bytes from the descriptor table to the end of the used ring (the
+    /// kernel's `vring_size()`).
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
     pub(crate) fn avail_flags(&self) -> usize {
         self.avail
     }
@@ -180,7 +212,8 @@ impl Layout {
     pub(crate) fn avail_ring(&self, slot: u16) -> usize {
         self.avail + 4 + 2 * slot as usize
     }
-    pub(crate) fn used_event(&self) -> usize {
+    /// Offset of `used_event` (after the available ring's entries).
+    pub fn used_event(&self) -> usize {
         self.avail + 4 + 2 * self.size as usize
     }
     pub(crate) fn used_flags(&self) -> usize {
@@ -192,7 +225,8 @@ impl Layout {
     pub(crate) fn used_elem(&self, slot: u16) -> usize {
         self.used + 4 + 8 * slot as usize
     }
-    pub(crate) fn avail_event(&self) -> usize {
+    /// Offset of `avail_event` (after the used ring's entries).
+    pub fn avail_event(&self) -> usize {
         self.used + 4 + 8 * self.size as usize
     }
 }
