@@ -17,6 +17,7 @@ use iopath_rpmsg::{
 };
 
 mod ept;
+mod exec;
 
 /// Service name of OpenAMP's echo demo.
 const OPENAMP_SERVICE: &str = "rpmsg-openamp-demo-channel";
@@ -42,6 +43,10 @@ pub enum RpmsgCmd {
     /// hand it to a command) or the legacy way (a node to open).
     #[command(subcommand)]
     Ept(ept::EptCmd),
+    /// Run an unmodified program written for Linux's /dev/rpmsg_ctrlN and
+    /// /dev/rpmsgN on the host's endpoint service (LD_PRELOAD of
+    /// libiopath_rpmsg_preload.so).
+    Exec(exec::ExecArgs),
     /// (internal) The far end of `ping --limit`: echo eventfd kicks.
     #[command(hide = true)]
     RawEcho {
@@ -228,6 +233,7 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::Host(a) => host(a),
         RpmsgCmd::Ping(a) => ping(a),
         RpmsgCmd::Ept(c) => ept::run(c),
+        RpmsgCmd::Exec(a) => exec::exec(a),
         RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
         RpmsgCmd::RawFdServer { sock } => Ok(iopath_bench::rpmsg::raw_fd_server(&sock)?),
     }

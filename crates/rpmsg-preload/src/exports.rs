@@ -1,0 +1,325 @@
+//! The interposed symbols. Each checks, cheaply, whether the call is about
+//! an rpmsg path or fd and otherwise tail-calls libc's definition.
+//!
+//! C declares `open`, `openat`, `ioctl` and `fcntl` variadic; they are
+//! defined here with their one optional argument as a fixed parameter, as
+//! interposers do: on x86_64 and aarch64 Linux a variadic caller passes it
+//! in the same register, and for calls that do not pass it the value read
+//! is unused (`mode` without `O_CREAT`/`O_TMPFILE`, `arg` of an `F_GETFD`).
+
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, nfds_t, pollfd, size_t, ssize_t};
+
+use crate::fds::{self, Kind};
+use crate::{ops, path, real};
+
+/// The rpmsg open of `path`, if it is one and the service is configured.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+#[inline(always)]
+unsafe fn rpmsg_open(path: *const c_char, flags: c_int) -> Option<c_int> {
+    // SAFETY: as the caller promises.
+    let dev = unsafe { path::classify_c(path) }?;
+    rpmsg_open_cold(dev, flags)
+}
+
+#[cold]
+fn rpmsg_open_cold(dev: path::Dev, flags: c_int) -> Option<c_int> {
+    let ctrl = ops::ctrl_path()?;
+    Some(match ops::open(dev, flags, &ctrl) {
+        Ok(fd) => fd,
+        Err(e) => {
+            crate::set_errno(e);
+            -1
+        }
+    })
+}
+
+/// A new fd from libc: an entry left for its number is stale.
+#[inline(always)]
+fn fresh(fd: c_int) -> c_int {
+    if fd >= 0 && fds::is_ours(fd) {
+        fds::discard(fd);
+    }
+    fd
+}
+
+/// Declares an interposed `open`-like function.
+macro_rules! open_like {
+    ($name:ident, $real:ident, ($($pre:ident: $pt:ty),*), mode) => {
+        /// Interposed; see the module doc.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($pre: $pt,)* path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+            // SAFETY: `path` is the program's NUL-terminated path.
+            if let Some(r) = unsafe { rpmsg_open(path, flags) } {
+                return r;
+            }
+            // SAFETY: the program's own arguments, passed on.
+            fresh(unsafe { real::$real($($pre,)* path, flags, mode) })
+        }
+    };
+    ($name:ident, $real:ident, ($($pre:ident: $pt:ty),*)) => {
+        /// Interposed; see the module doc.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($pre: $pt,)* path: *const c_char, flags: c_int) -> c_int {
+            // SAFETY: `path` is the program's NUL-terminated path.
+            if let Some(r) = unsafe { rpmsg_open(path, flags) } {
+                return r;
+            }
+            // SAFETY: the program's own arguments, passed on.
+            fresh(unsafe { real::$real($($pre,)* path, flags) })
+        }
+    };
+}
+
+open_like!(open, open, (), mode);
+open_like!(open64, open64, (), mode);
+open_like!(openat, openat, (dirfd: c_int), mode);
+open_like!(openat64, openat64, (dirfd: c_int), mode);
+open_like!(__open_2, open_2, ());
+open_like!(__open64_2, open64_2, ());
+open_like!(__openat_2, openat_2, (dirfd: c_int));
+open_like!(__openat64_2, openat64_2, (dirfd: c_int));
+
+#[cold]
+fn rpmsg_ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> Option<c_int> {
+    // The kernel takes the request as an unsigned int.
+    let cmd = request as u32;
+    let r = match fds::get(fd)? {
+        Kind::Ctrl(c) => ops::ctrl_ioctl(fd, &c, cmd, arg as usize)?,
+        Kind::Ept(e) => ops::ept_ioctl(fd, &e, cmd, arg as usize)?,
+    };
+    Some(r.unwrap_or_else(|e| {
+        crate::set_errno(e);
+        -1
+    }))
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    if fds::is_ours(fd) {
+        if let Some(r) = rpmsg_ioctl(fd, request, arg) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::ioctl(fd, request, arg) }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if fds::is_ours(fd) {
+        fds::forget(fd);
+    }
+    // SAFETY: the program's own argument, passed on.
+    unsafe { real::close(fd) }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::close_range(first, last, flags) };
+    // (CLOSE_RANGE_CLOEXEC only marks them.)
+    if r == 0 && fds::any() && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        fds::forget_range(first, last);
+    }
+    r
+}
+
+/// Bookkeeping after a successful dup of `old` into `new`.
+#[cold]
+fn after_dup(old: c_int, new: c_int) -> c_int {
+    fds::discard(new);
+    if !fds::copy(old, new) {
+        // SAFETY: the copy just made, which the program has not seen.
+        unsafe { real::close(new) };
+        crate::set_errno(libc::EMFILE);
+        return -1;
+    }
+    new
+}
+
+/// `new` is about to be closed by a dup onto it (if `old` is valid).
+#[cold]
+fn before_dup_onto(old: c_int, new: c_int) {
+    // SAFETY: F_GETFD only reads `old`'s flags.
+    if old != new && unsafe { real::fcntl(old, libc::F_GETFD, 0) } >= 0 {
+        fds::forget(new);
+    }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn dup(old: c_int) -> c_int {
+    // SAFETY: the program's own argument, passed on.
+    let r = unsafe { real::dup(old) };
+    if r >= 0 && (fds::is_ours(old) || fds::is_ours(r)) {
+        return after_dup(old, r);
+    }
+    r
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if fds::is_ours(new) {
+        before_dup_onto(old, new);
+    }
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::dup2(old, new) };
+    if r >= 0 && old != new && fds::is_ours(old) {
+        return after_dup(old, r);
+    }
+    r
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if fds::is_ours(new) {
+        before_dup_onto(old, new);
+    }
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::dup3(old, new, flags) };
+    if r >= 0 && fds::is_ours(old) {
+        return after_dup(old, r);
+    }
+    r
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if r >= 0
+        && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC)
+        && (fds::is_ours(fd) || fds::is_ours(r))
+    {
+        return after_dup(fd, r);
+    }
+    r
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::fcntl64(fd, cmd, arg) };
+    if r >= 0
+        && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC)
+        && (fds::is_ours(fd) || fds::is_ours(r))
+    {
+        return after_dup(fd, r);
+    }
+    r
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if fds::is_ours(fd) {
+        if let Some(r) = rpmsg_read(fd, buf, n, 0) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::read(fd, buf, n) }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if fds::is_ours(fd) {
+        if let Some(r) = rpmsg_read(fd, buf, n, flags) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::recv(fd, buf, n, flags) }
+}
+
+#[cold]
+fn rpmsg_read(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> Option<ssize_t> {
+    match fds::get(fd)? {
+        // SAFETY: the program's buffer, as it passed it to read(2).
+        Kind::Ept(e) => Some(unsafe { ops::ept_read(fd, &e, buf, n, flags) }),
+        // rpmsg_ctrl has no read: vfs_read answers EINVAL.
+        Kind::Ctrl(_) => {
+            crate::set_errno(libc::EINVAL);
+            Some(-1)
+        }
+    }
+}
+
+#[cold]
+fn rpmsg_write(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> Option<ssize_t> {
+    match fds::get(fd)? {
+        // SAFETY: the program's buffer, as it passed it to write(2).
+        Kind::Ept(e) => Some(unsafe { ops::ept_write(fd, &e, buf, n, flags) }),
+        // rpmsg_ctrl has no write: vfs_write answers EINVAL.
+        Kind::Ctrl(_) => {
+            crate::set_errno(libc::EINVAL);
+            Some(-1)
+        }
+    }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if fds::is_ours(fd) {
+        if let Some(r) = rpmsg_write(fd, buf, n, 0) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::write(fd, buf, n) }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if fds::is_ours(fd) {
+        if let Some(r) = rpmsg_write(fd, buf, n, flags) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::send(fd, buf, n, flags) }
+}
+
+/// `POLLERR` for endpoints that are gone, after a poll that returned `r`.
+#[inline(always)]
+fn after_poll(fds_: *mut pollfd, n: nfds_t, r: c_int) -> c_int {
+    if r > 0 && fds::any() && !fds_.is_null() {
+        // SAFETY: the program's array of `n` entries, which the kernel
+        // has just written (the poll succeeded).
+        ops::fix_revents(unsafe { std::slice::from_raw_parts_mut(fds_, n as usize) });
+    }
+    r
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds_: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::poll(fds_, n, timeout) };
+    after_poll(fds_, n, r)
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds_: *mut pollfd,
+    n: nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::ppoll(fds_, n, ts, mask) };
+    after_poll(fds_, n, r)
+}

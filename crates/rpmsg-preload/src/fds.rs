@@ -1,0 +1,211 @@
+//! Which fds are rpmsg fds: one bit per fd for the fast path (every other
+//! fd pays one relaxed atomic load), and behind a lock, for the rpmsg fds
+//! only, what each one is.
+//!
+//! A bit is set only while its entry exists (both change under the lock),
+//! so a clear bit means "not ours" without taking it. Several fd numbers
+//! share one state when the program dups an rpmsg fd.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use libc::c_int;
+
+/// fds at or above this number cannot be rpmsg fds (one is moved below it
+/// or refused with `EMFILE`).
+pub(crate) const MAX_FDS: usize = 1 << 16;
+
+static BITS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
+
+/// Whether `fd` is an rpmsg fd: the one check every interposed call makes.
+#[inline(always)]
+pub(crate) fn is_ours(fd: c_int) -> bool {
+    let i = fd as u32 as usize;
+    // (A negative fd becomes a huge index and fails the bound check.)
+    i < MAX_FDS && BITS[i / 64].load(Ordering::Relaxed) & (1 << (i % 64)) != 0
+}
+
+fn set_bit(fd: usize, on: bool) {
+    let m = 1u64 << (fd % 64);
+    if on {
+        BITS[fd / 64].fetch_or(m, Ordering::Relaxed);
+    } else {
+        BITS[fd / 64].fetch_and(!m, Ordering::Relaxed);
+    }
+}
+
+/// An open `/dev/rpmsg_ctrl0`: a connection to the endpoint service.
+#[derive(Debug, Default)]
+pub(crate) struct Ctrl {
+    /// Held for the whole of one request and its answer (the kernel's
+    /// `ctrl_lock`): two threads' requests on one fd never interleave.
+    pub(crate) lock: Mutex<()>,
+    /// Legacy endpoints created through it: the connection is kept past
+    /// the program's close, so their nodes stay (as `/dev/rpmsgN` outlives
+    /// the control fd on Linux).
+    pub(crate) legacy: AtomicU32,
+    /// Channels made with `RPMSG_CREATE_DEV_IOCTL`: `(name, src, dst)`.
+    pub(crate) channels: Mutex<Vec<([u8; 32], u32, u32)>>,
+}
+
+/// An endpoint fd: an opened node or an fd from `RPMSG_CREATE_EPT_FD_IOCTL`.
+#[derive(Debug)]
+pub(crate) struct Ept {
+    /// An opened legacy node (its destroy is the node's).
+    pub(crate) node: bool,
+    /// `O_RDONLY`, `O_WRONLY` or `O_RDWR`, as opened.
+    pub(crate) accmode: c_int,
+    /// `RPMSG_DESTROY_EPT_IOCTL` was issued on it (or a copy).
+    pub(crate) destroyed: AtomicBool,
+}
+
+/// What an rpmsg fd is.
+#[derive(Debug, Clone)]
+pub(crate) enum Kind {
+    /// A control fd.
+    Ctrl(Arc<Ctrl>),
+    /// An endpoint fd.
+    Ept(Arc<Ept>),
+}
+
+static TABLE: Mutex<BTreeMap<c_int, Kind>> = Mutex::new(BTreeMap::new());
+
+/// How many entries the table holds.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Control connections kept after their program closed them.
+static KEPT: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
+
+fn table() -> MutexGuard<'static, BTreeMap<c_int, Kind>> {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records `fd` as `kind`; false if its number is too high to track.
+pub(crate) fn insert(fd: c_int, kind: Kind) -> bool {
+    let Ok(i) = usize::try_from(fd) else {
+        return false;
+    };
+    if i >= MAX_FDS {
+        return false;
+    }
+    let mut t = table();
+    if t.insert(fd, kind).is_none() {
+        COUNT.fetch_add(1, Ordering::Relaxed);
+    }
+    set_bit(i, true);
+    true
+}
+
+/// What `fd` is, if it is ours.
+pub(crate) fn get(fd: c_int) -> Option<Kind> {
+    if !is_ours(fd) {
+        return None;
+    }
+    table().get(&fd).cloned()
+}
+
+/// Forgets `fd` (it is being closed); a control connection that created
+/// legacy endpoints and has no other fd is kept open (a copy of it).
+pub(crate) fn forget(fd: c_int) {
+    if !is_ours(fd) {
+        return;
+    }
+    let gone = {
+        let mut t = table();
+        set_bit(fd as usize, false);
+        let gone = t.remove(&fd);
+        if gone.is_some() {
+            COUNT.fetch_sub(1, Ordering::Relaxed);
+        }
+        gone
+    };
+    if let Some(Kind::Ctrl(c)) = gone {
+        if Arc::strong_count(&c) == 1 && c.legacy.load(Ordering::Relaxed) > 0 {
+            // SAFETY: `fd` is the program's open control fd (it is closing
+            // it right after this); the copy is ours.
+            let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if let Ok(copy) = rustix::io::fcntl_dupfd_cloexec(b, 0) {
+                KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(copy);
+            }
+        }
+    }
+}
+
+/// Drops a stale entry for `fd` (its number was closed behind the
+/// library's back, e.g. by a raw system call, and reused): no copy kept.
+pub(crate) fn discard(fd: c_int) {
+    if !is_ours(fd) {
+        return;
+    }
+    let mut t = table();
+    set_bit(fd as usize, false);
+    if t.remove(&fd).is_some() {
+        COUNT.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether any rpmsg fd exists (lets `poll` skip its scan).
+#[inline(always)]
+pub(crate) fn any() -> bool {
+    COUNT.load(Ordering::Relaxed) != 0
+}
+
+/// Forgets every fd in `first..=last` (`close_range`).
+pub(crate) fn forget_range(first: u32, last: u32) {
+    let (first, last) = (first.min(c_int::MAX as u32), last.min(c_int::MAX as u32));
+    let ours: Vec<c_int> = table()
+        .range(first as c_int..=last as c_int)
+        .map(|(&fd, _)| fd)
+        .collect();
+    for fd in ours {
+        forget(fd);
+    }
+}
+
+/// `new` is a copy of `old` (dup): the same state.
+pub(crate) fn copy(old: c_int, new: c_int) -> bool {
+    match get(old) {
+        Some(k) => insert(new, k),
+        None => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ept() -> Kind {
+        Kind::Ept(Arc::new(Ept {
+            node: false,
+            accmode: libc::O_RDWR,
+            destroyed: false.into(),
+        }))
+    }
+
+    #[test]
+    fn bits_follow_the_table() {
+        // Numbers no test opens.
+        let (a, b) = (60_001, 60_002);
+        assert!(!is_ours(a) && !is_ours(-1) && !is_ours(MAX_FDS as c_int));
+        assert!(insert(a, ept()));
+        assert!(is_ours(a) && !is_ours(b) && any());
+        // A dup shares the state.
+        assert!(copy(a, b));
+        let (Some(Kind::Ept(x)), Some(Kind::Ept(y))) = (get(a), get(b)) else {
+            panic!("not endpoints");
+        };
+        x.destroyed.store(true, Ordering::Relaxed);
+        assert!(y.destroyed.load(Ordering::Relaxed));
+        forget(a);
+        assert!(!is_ours(a) && get(a).is_none() && is_ours(b));
+        forget_range(b as u32, u32::MAX);
+        assert!(!is_ours(b));
+        // Too high to track, or negative: refused.
+        assert!(!insert(MAX_FDS as c_int, ept()));
+        assert!(!insert(-3, ept()));
+        // Not ours: a copy of it is nothing to record.
+        assert!(copy(a, b) && !is_ours(b));
+    }
+}

@@ -1,0 +1,61 @@
+//! iopath-rpmsg-preload: an `LD_PRELOAD` library that gives unmodified
+//! programs Linux's rpmsg_ctrl / rpmsg_char uAPI on iopath's endpoint
+//! service (`iopath rpmsg host --ctrl PATH`), so that tools written for
+//! `/dev/rpmsg_ctrlN` and `/dev/rpmsgN` run where the kernel has no rpmsg.
+//!
+//! ```text
+//!  program ── open("/dev/rpmsg_ctrl0") ──► connection to IOPATH_RPMSG_CTRL
+//!          ── ioctl(CREATE_EPT) ─────────► CREATE_EPT   (node RUNDIR/rpmsgN)
+//!          ── open("/dev/rpmsgN") ───────► the node: connect + greeting
+//!          ── ioctl(CREATE_EPT_FD) ──────► CREATE_EPT_FD (fd over SCM_RIGHTS)
+//!          ── read/write/poll/ioctl ─────► rpmsg_char's errnos over the socket
+//!  every other path and fd ─────────────► libc, after one bitmap check
+//! ```
+//!
+//! Configured by `IOPATH_RPMSG_CTRL=<control socket>` (and
+//! `IOPATH_RPMSG_RUNDIR` if the service puts its nodes elsewhere than the
+//! socket path with `.d`). Without it every call goes to libc unchanged;
+//! with the service down, `open("/dev/rpmsg_ctrl0")` fails with `ENOENT`
+//! as on a machine without rpmsg. `iopath rpmsg exec` sets it up.
+//!
+//! Interposed: `open`, `open64`, `openat`, `openat64` and the fortified
+//! `__open_2`, `__open64_2`, `__openat_2`, `__openat64_2` (absolute paths
+//! under `/dev/rpmsg_ctrl*` and `/dev/rpmsg[0-9]*` only); `ioctl`,
+//! `close`, `close_range`, `dup`, `dup2`, `dup3`, `fcntl` (`F_DUPFD*`);
+//! and for endpoint fds `read`, `write`, `send`, `recv`, `poll`, `ppoll`.
+//! What this does not cover, and how it differs from the kernel, is in the
+//! README ("rpmsg for unmodified programs").
+//!
+//! Every other fd costs one relaxed atomic load (a bit per fd, [`fds`]);
+//! the interposed hot paths take no lock and allocate nothing for them.
+//! Calls made for the program go to libc's definitions through [`real`]
+//! or to the kernel through rustix, never back into the interposer.
+
+// The exports' safety contracts are libc's.
+#![allow(clippy::missing_safety_doc)]
+// Test builds leave the exports out (they would interpose in the test
+// binary itself), and with them the only callers of much of the rest.
+#![cfg_attr(test, allow(dead_code))]
+
+mod fds;
+mod ops;
+mod path;
+mod real;
+mod uapi;
+
+#[cfg(not(test))]
+mod exports;
+
+use libc::c_int;
+
+/// The calling thread's `errno`.
+pub(crate) fn errno() -> c_int {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}

@@ -1,0 +1,367 @@
+//! What the rpmsg fds do: opening the devices, their ioctls, reads and
+//! writes with rpmsg_char's errnos. Every answer here is the one Linux
+//! gives, from its sources (v7.x unless noted):
+//!
+//! - `drivers/rpmsg/rpmsg_ctrl.c` `rpmsg_ctrldev_ioctl`: the struct is
+//!   copied in first for any request (`EFAULT`), the name cut to 31 bytes
+//!   and terminated, unknown requests `EINVAL`.
+//! - the 2025 `RPMSG_CREATE_EPT_FD_IOCTL` series (rpmsg-next,
+//!   `rpmsg_anonymous_eptdev_create`): flags outside `O_ACCMODE |
+//!   O_NONBLOCK | O_CLOEXEC` are `EINVAL`; `fd` is written back.
+//! - `drivers/rpmsg/rpmsg_char.c`: a second open of an open node `EBUSY`;
+//!   read and write `EPIPE` once the endpoint is gone; poll `EPOLLERR`;
+//!   `rpmsg_eptdev_ioctl` answers the flow-control requests and destroy,
+//!   anything else `EINVAL` (not `ENOTTY`: the driver has an ioctl
+//!   handler, and that is its default).
+//! - `drivers/rpmsg/virtio_rpmsg_bus.c`: over 496 bytes `EMSGSIZE`
+//!   (`rpmsg_send_offchannel_raw`); no `set_flow_control` op, so
+//!   `rpmsg_set_flow_control` (rpmsg_core.c) answers `EOPNOTSUPP`, and the
+//!   outgoing flow is never restricted (reads 0); channels made with
+//!   `RPMSG_CREATE_DEV_IOCTL` are refused `ENXIO` if a matching one exists
+//!   (`__rpmsg_create_channel`), released ones that do not exist `EINVAL`
+//!   (`rpmsg_unregister_device`).
+
+use std::mem::ManuallyDrop;
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, EptFd, EptInfo};
+use iopath_rpmsg::wire::MAX_PAYLOAD;
+use libc::{c_int, c_void, size_t, ssize_t};
+
+use crate::fds::{self, Ctrl, Ept, Kind};
+use crate::path::Dev;
+use crate::uapi;
+
+/// The endpoint service's control socket (`IOPATH_RPMSG_CTRL`), if set.
+pub(crate) fn ctrl_path() -> Option<PathBuf> {
+    std::env::var_os("IOPATH_RPMSG_CTRL")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Where the service's nodes are, as its last CREATE_EPT answer said.
+static RUNDIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// The service's node directory: `IOPATH_RPMSG_RUNDIR`, else where its
+/// answers put nodes, else its default (the socket path and `.d`).
+fn rundir(ctrl: &std::path::Path) -> PathBuf {
+    if let Some(d) = std::env::var_os("IOPATH_RPMSG_RUNDIR").filter(|v| !v.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = RUNDIR.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return d;
+    }
+    let mut p = ctrl.as_os_str().to_owned();
+    p.push(".d");
+    PathBuf::from(p)
+}
+
+/// The errno a client error becomes.
+fn errno_of(e: &CtrlError) -> c_int {
+    match e {
+        CtrlError::Refused { errno } => *errno,
+        CtrlError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        _ => libc::EIO,
+    }
+}
+
+/// Records a new rpmsg fd, or closes it (`EMFILE`) if its number is too
+/// high to track.
+fn adopt(fd: OwnedFd, kind: Kind) -> Result<c_int, c_int> {
+    let raw = fd.into_raw_fd();
+    if fds::insert(raw, kind) {
+        Ok(raw)
+    } else {
+        // SAFETY: `raw` is the fd just given up by `fd`, not yet anyone's.
+        unsafe { crate::real::close(raw) };
+        Err(libc::EMFILE)
+    }
+}
+
+/// `open(2)` of an rpmsg device path, with the service at `ctrl`.
+pub(crate) fn open(dev: Dev, flags: c_int, ctrl: &std::path::Path) -> Result<c_int, c_int> {
+    match dev {
+        Dev::Ctrl(0) => {
+            // The service down or absent: as a machine without rpmsg.
+            let c = CtrlClient::connect(ctrl).map_err(|_| libc::ENOENT)?;
+            let fd = c.into_fd();
+            if flags & libc::O_CLOEXEC == 0 {
+                rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty())
+                    .map_err(|e| e.raw_os_error())?;
+            }
+            // (O_NONBLOCK is not applied: the requests wait for their
+            // answers, as the kernel's ioctls do on a non-blocking fd.)
+            adopt(fd, Kind::Ctrl(Arc::new(Ctrl::default())))
+        }
+        Dev::Ctrl(_) | Dev::Absent => Err(libc::ENOENT),
+        Dev::Node(n) => {
+            let path = rundir(ctrl).join(format!("rpmsg{n}"));
+            let keep = (flags & (libc::O_NONBLOCK | libc::O_CLOEXEC)) as u32;
+            let ep = EptFd::open_node(&path, keep).map_err(|e| match errno_of(&e) {
+                libc::ECONNREFUSED | libc::ENOTDIR => libc::ENOENT,
+                x => x,
+            })?;
+            adopt(
+                ep.into_fd(),
+                Kind::Ept(Arc::new(Ept {
+                    node: true,
+                    accmode: flags & libc::O_ACCMODE,
+                    destroyed: false.into(),
+                })),
+            )
+        }
+    }
+}
+
+/// The program's control connection `fd` as a client, never closed here.
+fn client(fd: c_int) -> ManuallyDrop<CtrlClient> {
+    // SAFETY: `fd` is an open control connection (the table says so) that
+    // stays open for this call; ManuallyDrop never closes it.
+    ManuallyDrop::new(CtrlClient::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// The program's endpoint `fd` as an [`EptFd`], never closed here.
+fn ept(fd: c_int, node: bool) -> ManuallyDrop<EptFd> {
+    // SAFETY: as in `client`, for an endpoint fd.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    ManuallyDrop::new(if node {
+        EptFd::from_node_fd(owned)
+    } else {
+        EptFd::from_fd(owned)
+    })
+}
+
+/// `{name[32], src, dst}` as the kernel takes it: the name cut to 31
+/// bytes and terminated (`chinfo.name[RPMSG_NAME_SIZE - 1] = '\0'`).
+fn ept_info(raw: &[u8]) -> Result<(EptInfo, [u8; 32]), c_int> {
+    let mut name = [0u8; 32];
+    name.copy_from_slice(&raw[..32]);
+    name[31] = 0;
+    let len = name.iter().position(|&c| c == 0).unwrap_or(31);
+    // The service takes names as UTF-8; a kernel would take any bytes.
+    let s = std::str::from_utf8(&name[..len]).map_err(|_| libc::EINVAL)?;
+    let u32_at = |i: usize| u32::from_ne_bytes([raw[i], raw[i + 1], raw[i + 2], raw[i + 3]]);
+    Ok((
+        EptInfo {
+            name: s.to_owned(),
+            src: u32_at(32),
+            dst: u32_at(36),
+        },
+        name,
+    ))
+}
+
+/// An ioctl on control fd `fd`; `None`: the real ioctl answers it.
+pub(crate) fn ctrl_ioctl(
+    fd: c_int,
+    c: &Ctrl,
+    cmd: u32,
+    arg: usize,
+) -> Option<Result<c_int, c_int>> {
+    if uapi::vfs_generic(cmd) {
+        return None;
+    }
+    Some(ctrl_request(fd, c, cmd, arg))
+}
+
+fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_int> {
+    let mut raw = [0u8; uapi::EPT_FD_INFO_LEN];
+    let len = if cmd == uapi::CREATE_EPT_FD {
+        uapi::EPT_FD_INFO_LEN
+    } else {
+        uapi::EPT_INFO_LEN
+    };
+    uapi::copy_in(arg, &mut raw[..len])?;
+    let (info, name) = ept_info(&raw)?;
+    let _one_at_a_time = c.lock.lock().unwrap_or_else(|e| e.into_inner());
+    match cmd {
+        uapi::CREATE_EPT => {
+            let (_, node) = client(fd).create_ept(&info).map_err(|e| errno_of(&e))?;
+            if let Some(dir) = node.parent() {
+                *RUNDIR.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_owned());
+            }
+            c.legacy.fetch_add(1, Ordering::Relaxed);
+            Ok(0)
+        }
+        uapi::CREATE_EPT_FD => {
+            let flags = u32::from_ne_bytes([raw[40], raw[41], raw[42], raw[43]]);
+            let allowed = (libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
+            if flags & !allowed != 0 {
+                return Err(libc::EINVAL);
+            }
+            let ep = client(fd)
+                .create_ept_fd(&info, flags)
+                .map_err(|e| errno_of(&e))?;
+            let new = adopt(
+                ep.into_fd(),
+                Kind::Ept(Arc::new(Ept {
+                    node: false,
+                    accmode: flags as c_int & libc::O_ACCMODE,
+                    destroyed: false.into(),
+                })),
+            )?;
+            if let Err(e) = uapi::copy_out(arg + uapi::FD_OFFSET, &new.to_ne_bytes()) {
+                fds::forget(new);
+                // SAFETY: the fd made just now, never seen by the program.
+                unsafe { crate::real::close(new) };
+                return Err(e);
+            }
+            Ok(0)
+        }
+        uapi::CREATE_DEV => {
+            let mut ch = c.channels.lock().unwrap_or_else(|e| e.into_inner());
+            if ch.iter().any(|d| matches(d, &name, info.src, info.dst)) {
+                return Err(libc::ENXIO);
+            }
+            ch.push((name, info.src, info.dst));
+            Ok(0)
+        }
+        uapi::RELEASE_DEV => {
+            let mut ch = c.channels.lock().unwrap_or_else(|e| e.into_inner());
+            let i = ch
+                .iter()
+                .position(|d| matches(d, &name, info.src, info.dst))
+                .ok_or(libc::EINVAL)?;
+            ch.remove(i);
+            Ok(0)
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// `rpmsg_device_match` (rpmsg_core.c): any address matches `ADDR_ANY`.
+fn matches(dev: &([u8; 32], u32, u32), name: &[u8; 32], src: u32, dst: u32) -> bool {
+    let any = iopath_rpmsg::wire::ADDR_ANY;
+    (src == any || src == dev.1) && (dst == any || dst == dev.2) && dev.0 == *name
+}
+
+/// Whether the service side of endpoint `fd` is gone (a hang-up).
+fn hung_up(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, ours; no wait.
+    let n = unsafe { crate::real::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+}
+
+/// Whether the endpoint is gone: destroyed through the preload, or its
+/// service side hung up (the remote or the service gone).
+fn gone(fd: c_int, e: &Ept) -> bool {
+    e.destroyed.load(Ordering::Relaxed) || hung_up(fd)
+}
+
+/// An ioctl on endpoint fd `fd`; `None`: the real ioctl answers it.
+pub(crate) fn ept_ioctl(fd: c_int, e: &Ept, cmd: u32, arg: usize) -> Option<Result<c_int, c_int>> {
+    if uapi::vfs_generic(cmd) {
+        return None;
+    }
+    Some(match cmd {
+        uapi::DESTROY_EPT => {
+            // Destroying an endpoint already gone answers 0, as
+            // rpmsg_chrdev_eptdev_destroy does.
+            if !e.destroyed.swap(true, Ordering::Relaxed) {
+                let _ = ept(fd, e.node).shut();
+            }
+            Ok(0)
+        }
+        // put_user(eptdev->remote_flow_restricted): virtio never restricts.
+        uapi::GET_OUTGOING_FLOWCONTROL => uapi::copy_out(arg, &0i32.to_ne_bytes()).map(|()| 0),
+        uapi::SET_INCOMING_FLOWCONTROL if arg > 1 => Err(libc::EINVAL),
+        // rpmsg_set_flow_control: WARN_ON(!ept) -> EINVAL, then no op.
+        uapi::SET_INCOMING_FLOWCONTROL if gone(fd, e) => Err(libc::EINVAL),
+        uapi::SET_INCOMING_FLOWCONTROL => Err(libc::EOPNOTSUPP),
+        _ => Err(libc::EINVAL),
+    })
+}
+
+/// `-1` with `errno`.
+fn fail(errno: c_int) -> ssize_t {
+    crate::set_errno(errno);
+    -1
+}
+
+/// `read(2)` / `recv(2)` on endpoint fd `fd`.
+///
+/// # Safety
+/// `buf` is valid for `n` bytes of writes, as for `read(2)`.
+pub(crate) unsafe fn ept_read(
+    fd: c_int,
+    e: &Ept,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if e.accmode == libc::O_WRONLY {
+        return fail(libc::EBADF);
+    }
+    if e.destroyed.load(Ordering::Relaxed) {
+        return fail(libc::EPIPE);
+    }
+    // SAFETY: as the caller promises.
+    let got = unsafe { crate::real::recv(fd, buf, n, flags) };
+    if got == 0 && n > 0 && hung_up(fd) {
+        // End of file: the endpoint is gone (an empty message leaves the
+        // socket up).
+        return fail(libc::EPIPE);
+    }
+    if got < 0 && crate::errno() == libc::ECONNRESET {
+        return fail(libc::EPIPE);
+    }
+    got
+}
+
+/// `write(2)` / `send(2)` on endpoint fd `fd`.
+///
+/// # Safety
+/// `buf` is valid for `n` bytes of reads, as for `write(2)`.
+pub(crate) unsafe fn ept_write(
+    fd: c_int,
+    e: &Ept,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if e.accmode == libc::O_RDONLY {
+        return fail(libc::EBADF);
+    }
+    if e.destroyed.load(Ordering::Relaxed) {
+        return fail(libc::EPIPE);
+    }
+    if n > MAX_PAYLOAD {
+        // rpmsg_eptdev_write_iter checks for the endpoint first.
+        return fail(if hung_up(fd) {
+            libc::EPIPE
+        } else {
+            libc::EMSGSIZE
+        });
+    }
+    // SAFETY: as the caller promises. MSG_NOSIGNAL: the kernel's rpmsg
+    // write answers EPIPE and raises no SIGPIPE.
+    let sent = unsafe { crate::real::send(fd, buf, n, flags | libc::MSG_NOSIGNAL) };
+    if sent < 0 && crate::errno() == libc::ECONNRESET {
+        return fail(libc::EPIPE);
+    }
+    sent
+}
+
+/// After `poll`: endpoint fds that are gone report `POLLERR` with the
+/// hang-up (rpmsg_eptdev_poll answers `EPOLLERR` once the endpoint is
+/// gone; the socket alone reports only the hang-up).
+pub(crate) fn fix_revents(fds_: &mut [libc::pollfd]) {
+    for p in fds_.iter_mut() {
+        if !fds::is_ours(p.fd) {
+            continue;
+        }
+        if let Some(Kind::Ept(e)) = fds::get(p.fd) {
+            if p.revents & libc::POLLHUP != 0 || e.destroyed.load(Ordering::Relaxed) {
+                p.revents |= libc::POLLHUP | libc::POLLERR;
+            }
+        }
+    }
+}

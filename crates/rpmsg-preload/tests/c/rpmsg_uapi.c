@@ -1,0 +1,254 @@
+/*
+ * A program written for Linux's rpmsg character devices and nothing else:
+ * it uses only the uAPI of <linux/rpmsg.h> (rpmsg_ctrl, rpmsg_char and
+ * RPMSG_CREATE_EPT_FD_IOCTL), declaring only what the installed header
+ * lacks. Run against a bus whose remote echoes the channel "echo"; every
+ * check prints "ok <what>" or "FAIL <what>: ..." and the exit status is
+ * the number of failures.
+ *
+ *   rpmsg_uapi            the whole sequence (needs the service)
+ *   rpmsg_uapi --absent   no rpmsg: /dev/rpmsg_ctrl0 is ENOENT, files work
+ *   rpmsg_uapi --until-gone   endpoints up, then EPIPE once the remote dies
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+#include <linux/rpmsg.h>
+
+/* Flow control (Linux 6.5) and the fd ioctl (rpmsg-next, 2025) may be
+ * newer than the installed header. */
+#ifndef RPMSG_GET_OUTGOING_FLOWCONTROL
+#define RPMSG_GET_OUTGOING_FLOWCONTROL _IOR(0xb5, 0x5, int)
+#endif
+#ifndef RPMSG_SET_INCOMING_FLOWCONTROL
+#define RPMSG_SET_INCOMING_FLOWCONTROL _IOR(0xb5, 0x6, int)
+#endif
+#ifndef RPMSG_CREATE_EPT_FD_IOCTL
+struct rpmsg_endpoint_fd_info {
+	char name[32];
+	__u32 src;
+	__u32 dst;
+	__u32 flags;
+	__s32 fd;
+};
+#define RPMSG_CREATE_EPT_FD_IOCTL _IOWR(0xb5, 0x7, struct rpmsg_endpoint_fd_info)
+#endif
+
+static int failures;
+
+static void check(int cond, const char *what, int err)
+{
+	if (cond) {
+		printf("ok %s\n", what);
+	} else {
+		printf("FAIL %s: errno %d (%s)\n", what, err, strerror(err));
+		failures++;
+	}
+	fflush(stdout);
+}
+
+/* `r` is -1 with errno `want`. */
+static void check_err(long r, int want, const char *what)
+{
+	int e = errno;
+	if (r == -1 && e == want) {
+		printf("ok %s\n", what);
+	} else {
+		printf("FAIL %s: returned %ld, errno %d (%s), wanted %d (%s)\n", what, r,
+		       e, strerror(e), want, strerror(want));
+		failures++;
+	}
+	fflush(stdout);
+}
+
+/* Writes a message and reads the echo back, byte for byte. */
+static void echo(int fd, size_t len, int seed, const char *what)
+{
+	unsigned char msg[496], back[512];
+	size_t i;
+	for (i = 0; i < len; i++)
+		msg[i] = (unsigned char)(i * 7 + seed);
+	ssize_t w = write(fd, msg, len);
+	check(w == (ssize_t)len, what, errno);
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	int n = poll(&p, 1, 10000);
+	check(n == 1 && (p.revents & POLLIN), "echo readable", errno);
+	memset(back, 0xee, sizeof(back));
+	ssize_t r = read(fd, back, sizeof(back));
+	check(r == (ssize_t)len && memcmp(msg, back, len) == 0, "echo bytes match", errno);
+}
+
+/* Everything rpmsg_char promises once the endpoint is destroyed. */
+static void after_destroy(int fd, const char *way)
+{
+	char buf[64], what[96];
+	snprintf(what, sizeof(what), "%s: read after destroy is EPIPE", way);
+	check_err(read(fd, buf, sizeof(buf)), EPIPE, what);
+	snprintf(what, sizeof(what), "%s: write after destroy is EPIPE", way);
+	check_err(write(fd, "x", 1), EPIPE, what);
+	struct pollfd p = { .fd = fd, .events = POLLIN | POLLOUT };
+	int n = poll(&p, 1, 1000);
+	snprintf(what, sizeof(what), "%s: poll after destroy reports POLLHUP|POLLERR", way);
+	check(n == 1 && (p.revents & (POLLHUP | POLLERR)) == (POLLHUP | POLLERR), what, errno);
+}
+
+static int absent(void)
+{
+	check_err(open("/dev/rpmsg_ctrl0", O_RDWR), ENOENT, "no rpmsg: open /dev/rpmsg_ctrl0 is ENOENT");
+	check_err(open("/dev/rpmsg0", O_RDWR), ENOENT, "no rpmsg: open /dev/rpmsg0 is ENOENT");
+	int fd = open("/proc/self/status", O_RDONLY);
+	char buf[16];
+	check(fd >= 0 && read(fd, buf, 5) == 5 && memcmp(buf, "Name:", 5) == 0,
+	      "no rpmsg: ordinary files still open and read", errno);
+	check(close(fd) == 0, "no rpmsg: close", errno);
+	return failures;
+}
+
+/* Waits (up to 20 s) for the endpoint to go with the remote, then checks
+ * what rpmsg_char promises. */
+static void remote_gone(int fd, const char *way)
+{
+	char buf[64], what[96];
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	int n = poll(&p, 1, 20000);
+	snprintf(what, sizeof(what), "%s: remote gone: poll reports POLLHUP|POLLERR", way);
+	check(n == 1 && (p.revents & (POLLHUP | POLLERR)) == (POLLHUP | POLLERR), what, errno);
+	snprintf(what, sizeof(what), "%s: remote gone: read is EPIPE", way);
+	check_err(read(fd, buf, sizeof(buf)), EPIPE, what);
+	snprintf(what, sizeof(what), "%s: remote gone: write is EPIPE", way);
+	check_err(write(fd, "x", 1), EPIPE, what);
+}
+
+/* One endpoint each way, an echo through each, then (once the caller has
+ * killed the remote) what their users see. */
+static int until_gone(void)
+{
+	int ctrl = open("/dev/rpmsg_ctrl0", O_RDWR);
+	check(ctrl >= 0, "open /dev/rpmsg_ctrl0", errno);
+	struct rpmsg_endpoint_info info;
+	memset(&info, 0, sizeof(info));
+	strcpy(info.name, "echo");
+	info.src = RPMSG_ADDR_ANY;
+	info.dst = RPMSG_ADDR_ANY;
+	check(ioctl(ctrl, RPMSG_CREATE_EPT_IOCTL, &info) == 0, "RPMSG_CREATE_EPT_IOCTL", errno);
+	int ep = open("/dev/rpmsg0", O_RDWR);
+	check(ep >= 0, "open /dev/rpmsg0", errno);
+	struct rpmsg_endpoint_fd_info fdinfo;
+	memset(&fdinfo, 0, sizeof(fdinfo));
+	strcpy(fdinfo.name, "echo");
+	fdinfo.src = RPMSG_ADDR_ANY;
+	fdinfo.dst = RPMSG_ADDR_ANY;
+	fdinfo.flags = O_RDWR;
+	check(ioctl(ctrl, RPMSG_CREATE_EPT_FD_IOCTL, &fdinfo) == 0, "RPMSG_CREATE_EPT_FD_IOCTL", errno);
+	echo(ep, 20, 5, "legacy: write");
+	echo(fdinfo.fd, 20, 6, "fd: write");
+	if (failures)
+		return failures;
+	check(1, "endpoints up", 0);
+	remote_gone(ep, "legacy");
+	remote_gone(fdinfo.fd, "fd");
+	check(close(ep) == 0 && close(fdinfo.fd) == 0 && close(ctrl) == 0, "close all", errno);
+	return failures;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && strcmp(argv[1], "--absent") == 0)
+		return absent();
+	if (argc > 1 && strcmp(argv[1], "--until-gone") == 0)
+		return until_gone();
+
+	int ctrl = open("/dev/rpmsg_ctrl0", O_RDWR | O_CLOEXEC);
+	check(ctrl >= 0, "open /dev/rpmsg_ctrl0", errno);
+	if (ctrl < 0)
+		return 100;
+	check_err(open("/dev/rpmsg_ctrl1", O_RDWR), ENOENT, "open /dev/rpmsg_ctrl1 is ENOENT");
+
+	/* The legacy way: a node to open. */
+	struct rpmsg_endpoint_info info;
+	memset(&info, 0, sizeof(info));
+	strcpy(info.name, "echo");
+	info.src = RPMSG_ADDR_ANY;
+	info.dst = RPMSG_ADDR_ANY;
+	check(ioctl(ctrl, RPMSG_CREATE_EPT_IOCTL, &info) == 0, "RPMSG_CREATE_EPT_IOCTL", errno);
+	check_err(ioctl(ctrl, RPMSG_CREATE_EPT_IOCTL, NULL), EFAULT, "RPMSG_CREATE_EPT_IOCTL with NULL is EFAULT");
+	check_err(ioctl(ctrl, _IO(0xb5, 0x42), &info), EINVAL, "unknown ioctl on the control fd is EINVAL");
+	int ep = open("/dev/rpmsg0", O_RDWR);
+	check(ep >= 0, "open /dev/rpmsg0", errno);
+	check_err(open("/dev/rpmsg0", O_RDWR), EBUSY, "second open of /dev/rpmsg0 is EBUSY");
+	echo(ep, 11, 1, "legacy: write");
+	echo(ep, 496, 2, "legacy: write 496 bytes");
+	char big[497];
+	memset(big, 'b', sizeof(big));
+	check_err(write(ep, big, sizeof(big)), EMSGSIZE, "legacy: write 497 bytes is EMSGSIZE");
+	struct pollfd quiet = { .fd = ep, .events = POLLIN };
+	check(poll(&quiet, 1, 200) == 0, "legacy: nothing of the 497 bytes came back", errno);
+	int restricted = -1;
+	check(ioctl(ep, RPMSG_GET_OUTGOING_FLOWCONTROL, &restricted) == 0 && restricted == 0,
+	      "RPMSG_GET_OUTGOING_FLOWCONTROL answers 0 (virtio)", errno);
+	check_err(ioctl(ep, RPMSG_SET_INCOMING_FLOWCONTROL, 1), EOPNOTSUPP,
+		  "RPMSG_SET_INCOMING_FLOWCONTROL is EOPNOTSUPP (virtio)");
+	check_err(ioctl(ep, RPMSG_SET_INCOMING_FLOWCONTROL, 2), EINVAL,
+		  "RPMSG_SET_INCOMING_FLOWCONTROL 2 is EINVAL");
+	check_err(ioctl(ep, _IO(0xb5, 0x42)), EINVAL, "unknown ioctl on an endpoint is EINVAL");
+	int copy = dup(ep);
+	check(copy >= 0, "dup of the endpoint", errno);
+	check(ioctl(ep, RPMSG_DESTROY_EPT_IOCTL) == 0, "legacy: RPMSG_DESTROY_EPT_IOCTL", errno);
+	after_destroy(ep, "legacy");
+	after_destroy(copy, "legacy copy");
+	check_err(open("/dev/rpmsg0", O_RDWR), ENOENT, "legacy: the node is gone after destroy");
+	check(close(copy) == 0, "legacy: close the copy", errno);
+	check(close(ep) == 0, "legacy: close", errno);
+
+	/* The fd way: the endpoint comes back as an fd. */
+	struct rpmsg_endpoint_fd_info fdinfo;
+	memset(&fdinfo, 0, sizeof(fdinfo));
+	strcpy(fdinfo.name, "echo");
+	fdinfo.src = RPMSG_ADDR_ANY;
+	fdinfo.dst = RPMSG_ADDR_ANY;
+	fdinfo.flags = O_RDWR | O_APPEND;
+	fdinfo.fd = -1;
+	check_err(ioctl(ctrl, RPMSG_CREATE_EPT_FD_IOCTL, &fdinfo), EINVAL,
+		  "RPMSG_CREATE_EPT_FD_IOCTL with O_APPEND is EINVAL");
+	fdinfo.flags = O_RDWR | O_CLOEXEC;
+	check(ioctl(ctrl, RPMSG_CREATE_EPT_FD_IOCTL, &fdinfo) == 0 && fdinfo.fd >= 0,
+	      "RPMSG_CREATE_EPT_FD_IOCTL", errno);
+	int efd = fdinfo.fd;
+	check((fcntl(efd, F_GETFD) & FD_CLOEXEC) && !(fcntl(efd, F_GETFL) & O_NONBLOCK),
+	      "fd: O_CLOEXEC honoured, blocking", errno);
+	echo(efd, 100, 3, "fd: write");
+	check_err(write(efd, big, sizeof(big)), EMSGSIZE, "fd: write 497 bytes is EMSGSIZE");
+	check(ioctl(efd, RPMSG_DESTROY_EPT_IOCTL) == 0, "fd: RPMSG_DESTROY_EPT_IOCTL", errno);
+	after_destroy(efd, "fd");
+	check(close(efd) == 0, "fd: close", errno);
+
+	/* Non-blocking and read-only endpoints. */
+	fdinfo.flags = O_RDONLY | O_NONBLOCK;
+	check(ioctl(ctrl, RPMSG_CREATE_EPT_FD_IOCTL, &fdinfo) == 0, "fd: O_RDONLY | O_NONBLOCK", errno);
+	char b;
+	check_err(read(fdinfo.fd, &b, 1), EAGAIN, "fd: non-blocking read with nothing queued is EAGAIN");
+	check_err(write(fdinfo.fd, "x", 1), EBADF, "fd: write on a read-only endpoint is EBADF");
+	check(close(fdinfo.fd) == 0, "fd: close the read-only endpoint", errno);
+
+	/* Local channels, as the virtio bus answers them. */
+	struct rpmsg_endpoint_info ch;
+	memset(&ch, 0, sizeof(ch));
+	strcpy(ch.name, "rpmsg-uapi-test");
+	ch.src = 0x500;
+	ch.dst = RPMSG_ADDR_ANY;
+	check(ioctl(ctrl, RPMSG_CREATE_DEV_IOCTL, &ch) == 0, "RPMSG_CREATE_DEV_IOCTL", errno);
+	check_err(ioctl(ctrl, RPMSG_CREATE_DEV_IOCTL, &ch), ENXIO, "RPMSG_CREATE_DEV_IOCTL twice is ENXIO");
+	check(ioctl(ctrl, RPMSG_RELEASE_DEV_IOCTL, &ch) == 0, "RPMSG_RELEASE_DEV_IOCTL", errno);
+	check_err(ioctl(ctrl, RPMSG_RELEASE_DEV_IOCTL, &ch), EINVAL, "RPMSG_RELEASE_DEV_IOCTL twice is EINVAL");
+
+	check_err(read(ctrl, &b, 1), EINVAL, "read on the control fd is EINVAL");
+	check(close(ctrl) == 0, "close /dev/rpmsg_ctrl0", errno);
+	printf("%s: %d failures\n", argv[0], failures);
+	return failures;
+}
