@@ -18,11 +18,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iopath_dma::{Coherent, DmaOps, MapWait};
+use iopath_dma::{Coherent, DmaOps, IotlbRecord, MapWait, Perm};
 use iopath_heap::Buffer;
 use iopath_virtio::features as vfeatures;
 use iopath_virtio::queue::INDIRECT_MAX;
-use iopath_virtio::{QueueFeatures, Seg, SplitQueue, Transport};
+use iopath_virtio::{Policy, PolicyError, PolicyOps, QueueFeatures, Seg, SplitQueue, Transport};
 
 /// Sector size of virtio-blk addressing (virtio 1.x, 5.2.6), whatever the
 /// device's logical block size.
@@ -270,6 +270,12 @@ pub enum BlkError {
     /// A DMA ops call failed.
     #[error(transparent)]
     Dma(#[from] iopath_dma::Error),
+    /// The platform policy refused the device or could not make its ops.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The transport refused an IOTLB record of the shared regions.
+    #[error("Cannot map the shared regions in the device's IOTLB")]
+    Iotlb(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A heap buffer access failed.
     #[error(transparent)]
     Heap(#[from] iopath_heap::Error),
@@ -504,21 +510,33 @@ pub struct BlkDriver<O: DmaOps + ?Sized = dyn DmaOps> {
     shared_generation: u64,
 }
 
-impl<O: DmaOps + ?Sized> BlkDriver<O> {
-    /// Initialises the device behind `transport` (virtio 1.x §3.1.1):
-    /// negotiates features, reads the config space, allocates the queues in
-    /// coherent memory from `ops`, shares the ops' regions (and connects the
-    /// IOTLB when the ops translate), and sets `DRIVER_OK`.
+impl<O: PolicyOps + ?Sized> BlkDriver<O> {
+    /// Initialises the device behind `transport` (virtio 1.x §3.1.1) with
+    /// the DMA ops `policy` picks: negotiates features (`ACCESS_PLATFORM`
+    /// as the policy asks), builds the ops from the negotiated features,
+    /// registers `buffers` with them (the memory the device must see from
+    /// the start; register more later and call
+    /// [`BlkDriver::share_memory`]), reads the config space, allocates the
+    /// queues in coherent memory from the ops, shares the ops' regions
+    /// (and connects the IOTLB when the ops translate), and sets
+    /// `DRIVER_OK`.
     ///
-    /// `ACCESS_PLATFORM` is accepted exactly when the ops translate through
-    /// an IOTLB (then it is required). Buffers the device must see directly
-    /// (`Direct`, `Iommu`) must be registered with the ops before this call,
-    /// or [`BlkDriver::share_memory`] called after registering more.
+    /// `O` is `dyn DmaOps` for whatever the policy chooses, or `Direct`
+    /// for the monomorphised path (refused when the policy chooses other
+    /// ops).
     ///
     /// # Errors
-    /// [`BlkError::NotBlock`], [`BlkError::Virtio`] (negotiation, transport,
-    /// queue allocation), [`BlkError::Dma`].
-    pub fn new(transport: Arc<dyn Transport>, ops: Arc<O>, opts: &DriverOptions) -> Result<Self> {
+    /// [`BlkError::NotBlock`]; [`BlkError::Policy`] (a protected platform
+    /// and a device without `ACCESS_PLATFORM`, IOMMU ops forced on one, a
+    /// bounce window that cannot be made), checked before the device is
+    /// told anything; [`BlkError::Virtio`] (negotiation, transport, queue
+    /// allocation), [`BlkError::Dma`].
+    pub fn new(
+        transport: Arc<dyn Transport>,
+        policy: &Policy,
+        opts: &DriverOptions,
+        buffers: &[Buffer],
+    ) -> Result<Self> {
         let id = transport.device_id();
         if id != DEVICE_ID_BLOCK {
             return Err(BlkError::NotBlock { id });
@@ -530,18 +548,41 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
             | features::FLUSH
             | features::MQ
             | features::DISCARD
-            | features::WRITE_ZEROES;
+            | features::WRITE_ZEROES
+            | policy.driver_features();
         if opts.event_idx {
             wanted |= features::EVENT_IDX;
         }
         if opts.indirect {
             wanted |= features::INDIRECT_DESC;
         }
-        let mut required = features::VERSION_1;
-        if ops.uses_iotlb() {
-            required |= features::ACCESS_PLATFORM;
+        let required = features::VERSION_1 | policy.required_features();
+        // A device the policy refuses (it lacks a feature the policy
+        // requires) is refused with the policy's reason, before
+        // negotiation starts.
+        let offered = transport.device_features()?;
+        let would = offered & (wanted | required);
+        if would & policy.required_features() != policy.required_features() {
+            policy.choose(would)?;
         }
         let negotiated = vfeatures::negotiate(&*transport, wanted, required)?;
+        let ops = O::from_policy(policy, negotiated)?;
+        for b in buffers {
+            ops.register(b)?;
+        }
+        Self::init(transport, ops, opts, negotiated)
+    }
+}
+
+impl<O: DmaOps + ?Sized> BlkDriver<O> {
+    /// The rest of [`BlkDriver::new`], once features are negotiated and the
+    /// ops made.
+    fn init(
+        transport: Arc<dyn Transport>,
+        ops: Arc<O>,
+        opts: &DriverOptions,
+        negotiated: u64,
+    ) -> Result<Self> {
         let mut raw = [0u8; CONFIG_LEN];
         transport.read_config(0, &mut raw)?;
         let config = DeviceConfig::parse(&raw, negotiated);
@@ -594,13 +635,32 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
     /// [`BlkError::Dma`].
     pub fn share_memory(&mut self) -> Result<()> {
         let generation = self.ops.regions_generation();
-        self.transport.set_memory(&self.ops.regions())?;
+        let regions = self.ops.regions();
+        self.transport.set_memory(&regions)?;
         if self.ops.uses_iotlb() {
             let sink = self
                 .transport
                 .iotlb_sink()
                 .ok_or(iopath_virtio::Error::NoIotlb)?;
             self.ops.set_iotlb_sink(sink)?;
+        } else if self.features & features::ACCESS_PLATFORM != 0 {
+            // A translating device and ops that do not translate (bounce
+            // ops on a protected platform): what is shared is mapped one to
+            // one in the device's IOTLB, like an IOMMU in passthrough mode,
+            // so the device reaches the shared regions and nothing else.
+            let sink = self
+                .transport
+                .iotlb_sink()
+                .ok_or(iopath_virtio::Error::NoIotlb)?;
+            for r in &regions {
+                sink.send(IotlbRecord::Update {
+                    iova: r.gpa,
+                    size: r.len() as u64,
+                    uaddr: r.uaddr(),
+                    perm: Perm::ReadWrite,
+                })
+                .map_err(BlkError::Iotlb)?;
+            }
         }
         self.shared_generation = generation;
         Ok(())

@@ -1,9 +1,10 @@
 //! iopath-blk: virtio-blk both ways.
 //!
 //! The driver ([`BlkDriver`]) is a block-device API over any virtio
-//! [`Transport`](iopath_virtio::Transport) and any DMA ops: every request is
-//! a header, data and status descriptor chain whose data addresses come
-//! from the ops.
+//! [`Transport`](iopath_virtio::Transport), with the DMA ops the platform
+//! [`Policy`](iopath_virtio::Policy) picks after feature negotiation: every
+//! request is a header, data and status descriptor chain whose data
+//! addresses come from the ops.
 //!
 //! ```text
 //!   BlkQueue::submit(Request::Write{..}) ─► cut by size_max/seg_max/max mapping

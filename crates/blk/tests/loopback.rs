@@ -14,7 +14,7 @@ use common::{alloc, driver, seq, Mode, MODES};
 use iopath_blk::driver::{features as f, CONFIG_LEN};
 use iopath_blk::{BlkError, DriverOptions, Request};
 use iopath_virtio::transport::loopback::{Loopback, LoopbackDevice};
-use iopath_virtio::Transport;
+use iopath_virtio::{BounceGeometry, Choice, Platform, Policy, Transport};
 
 const DISK: usize = 8 << 20;
 const SIZE_MAX: u32 = 64 << 10;
@@ -182,8 +182,13 @@ fn discard_write_zeroes_flush_and_get_id() {
     let dev = RamDisk::new();
     dev.disk.lock().unwrap().fill(0xab);
     let t: Arc<dyn Transport> = Arc::new(Loopback::new(dev.clone()).unwrap());
-    let ops = Arc::new(iopath_dma::Direct::new());
-    let mut drv = iopath_blk::BlkDriver::new(t, ops, &DriverOptions::default()).unwrap();
+    let mut drv = iopath_blk::BlkDriver::<iopath_dma::Direct>::new(
+        t,
+        &Policy::new(Platform::Direct),
+        &DriverOptions::default(),
+        &[],
+    )
+    .unwrap();
     // 2 MiB of write-zeroes is 4 requests of 1024 sectors.
     drv.write_zeroes(1 << 20, 2 << 20, false).unwrap();
     drv.discard(4 << 20, 512 << 10).unwrap();
@@ -253,13 +258,19 @@ fn queues_in_threads_share_a_small_bounce_window() {
     // in flight must wait for the other's slots rather than fail.
     let dev = RamDisk::new();
     let t: Arc<dyn Transport> = Arc::new(Loopback::new(dev.clone()).unwrap());
-    let ops: Arc<dyn iopath_dma::DmaOps> =
-        Arc::new(iopath_dma::Bounce::new(1 << 20, 4096).unwrap());
+    let policy = Policy::new(Platform::Direct)
+        .with_override(Some(Choice::Bounce))
+        .with_bounce(BounceGeometry {
+            window: 1 << 20,
+            slot: 4096,
+        });
     let opts = DriverOptions {
         queues: 2,
         ..DriverOptions::default()
     };
-    let mut drv = iopath_blk::BlkDriver::new(t, ops, &opts).unwrap();
+    let mut drv =
+        iopath_blk::BlkDriver::<dyn iopath_dma::DmaOps>::new(t, &policy, &opts, &[]).unwrap();
+    assert_eq!(drv.ops().name(), "bounce");
     let bs = 512 << 10;
     std::thread::scope(|s| {
         for (qi, q) in drv.queues_mut().iter_mut().enumerate() {

@@ -4,14 +4,17 @@
 //! file seen from the host must then hold exactly what was written.
 //!
 //! qemu-storage-daemon does not offer `VIRTIO_F_ACCESS_PLATFORM` (no IOTLB
-//! support in its vhost-user-blk export), so the IOMMU mode is refused at
-//! feature negotiation; the test checks that exact refusal.
+//! support in its vhost-user-blk export), so the platform policy refuses
+//! IOMMU ops forced on it and a protected platform, and gives direct ops on
+//! an IOMMU platform; the tests check those exact outcomes.
 
 mod common;
 
 use common::{alloc, connect, driver, qsd, seq, Mode};
-use iopath_blk::{BlkError, DriverOptions};
+use iopath_blk::{BlkDriver, BlkError, DriverOptions};
+use iopath_dma::DmaOps;
 use iopath_virtio::features::VIRTIO_F_ACCESS_PLATFORM;
+use iopath_virtio::{Platform, Policy, PolicyError};
 
 const IMAGE: u64 = 24 << 20;
 
@@ -46,7 +49,7 @@ fn two_queues_carry_requests() {
 }
 
 #[test]
-fn iommu_mode_is_refused_by_qemu_storage_daemon_at_negotiation() {
+fn iommu_mode_is_refused_by_the_policy_before_negotiation() {
     let Some(peer) = qsd(IMAGE, 1) else { return };
     let bufs = [alloc(1 << 20)];
     let err = driver(
@@ -58,10 +61,44 @@ fn iommu_mode_is_refused_by_qemu_storage_daemon_at_negotiation() {
     .err()
     .expect("qemu-storage-daemon has no IOTLB");
     match err {
-        BlkError::Virtio(iopath_virtio::Error::FeaturesRejected { missing, .. }) => {
-            assert_eq!(missing, VIRTIO_F_ACCESS_PLATFORM)
-        }
+        BlkError::Policy(PolicyError::IommuNeedsAccessPlatform) => {}
         other => panic!("unexpected error {other:?}"),
+    }
+    // The offer the policy looked at lacks the bit indeed.
+    let t = connect(&peer.socket);
+    assert_eq!(t.device_features().unwrap() & VIRTIO_F_ACCESS_PLATFORM, 0);
+}
+
+#[test]
+fn the_platform_policy_against_a_device_without_access_platform() {
+    let Some(peer) = qsd(IMAGE, 1) else { return };
+    let buf = alloc(1 << 20);
+    let opts = DriverOptions::default();
+    // An IOMMU platform: the device bypasses it, so direct ops.
+    let mut drv = BlkDriver::<dyn DmaOps>::new(
+        connect(&peer.socket),
+        &Policy::new(Platform::Iommu),
+        &opts,
+        std::slice::from_ref(&buf),
+    )
+    .unwrap();
+    assert_eq!(drv.ops().name(), "direct");
+    assert_eq!(drv.features() & VIRTIO_F_ACCESS_PLATFORM, 0);
+    buf.write_at(0, &seq(0, 1 << 20)).unwrap();
+    drv.write(0, &buf, 0, 1 << 20).unwrap();
+    drv.flush().unwrap();
+    drop(drv);
+    assert!(peer.image_bytes()[..1 << 20] == seq(0, 1 << 20)[..]);
+
+    // A protected platform refuses it.
+    match BlkDriver::<dyn DmaOps>::new(
+        connect(&peer.socket),
+        &Policy::new(Platform::Protected),
+        &opts,
+        &[],
+    ) {
+        Err(BlkError::Policy(PolicyError::ProtectedNeedsAccessPlatform)) => {}
+        other => panic!("unexpected {other:?}"),
     }
 }
 

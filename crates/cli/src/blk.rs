@@ -17,10 +17,11 @@ pub struct BlkArgs {
 pub enum BlkCmd {
     /// Write (or read) a vhost-user-blk device with iopath's virtio-blk
     /// driver, like `dd oflag=direct` in a guest; every buffer goes through
-    /// the chosen DMA ops.
+    /// the DMA ops the platform policy picks (or --dma forces).
     #[command(after_help = "\
 Examples:
   iopath blk dd --socket /tmp/blk.sock --bs 8M --count 128 --pattern seq --verify
+  iopath blk dd --socket /tmp/blk.sock --platform iommu --json
   iopath blk dd --socket /tmp/blk.sock --dma bounce --runs 10 --json
   iopath blk dd --socket /tmp/blk.sock --bs 4K --count 65536 --access rand --queue-depth 32")]
     Dd(blk_dd::DdArgs),

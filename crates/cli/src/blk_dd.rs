@@ -14,10 +14,10 @@ use iopath_blk::workload::{
     self, Access, Blocks, Op, Pattern, Run, Stats, Workload, WorkloadError,
 };
 use iopath_blk::{BlkDriver, DriverOptions};
-use iopath_dma::{Bounce, Direct, DmaOps, Iommu};
-use iopath_virtio::features::VIRTIO_F_ACCESS_PLATFORM as ACCESS_PLATFORM;
+use iopath_dma::{Direct, DmaOps};
 use iopath_virtio::transport::vhost_user::VhostUser;
 use iopath_virtio::Transport;
+use iopath_virtio::{BounceGeometry, Choice, Platform, Policy};
 use serde::Serialize;
 
 /// A clap parser for one of the workload's named enums.
@@ -60,13 +60,28 @@ pub struct DdArgs {
     /// After the runs, read the range back and compare it with the pattern.
     #[arg(long)]
     pub verify: bool,
-    /// DMA ops between driver and device: `direct` (device sees the
-    /// buffers, `&dyn DmaOps`), `direct-static` (same, the driver
+    /// The platform whose policy picks the DMA ops once features are
+    /// negotiated: `direct` (devices see driver memory: direct ops),
+    /// `iommu` (IOMMU ops when the device offers ACCESS_PLATFORM, else
+    /// direct ops and a warning), `protected` (a confidential guest: bounce
+    /// ops, and a device without ACCESS_PLATFORM is refused).
+    #[arg(long, default_value = "direct", value_parser = PossibleValuesParser::new(Platform::ALL.map(Platform::name)).map(|s| s.parse::<Platform>().expect("a listed name")))]
+    pub platform: Platform,
+    /// The experiment's override of the policy's choice: `direct` (device
+    /// sees the buffers, `&dyn DmaOps`), `direct-static` (same, the driver
     /// monomorphised over the concrete ops type), `iommu` (IOVAs and IOTLB
     /// messages; the back end must offer ACCESS_PLATFORM), `bounce` (only a
     /// small window is shared; data is copied through it).
-    #[arg(long, value_enum, default_value_t = DmaMode::Direct)]
-    pub dma: DmaMode,
+    #[arg(long, value_enum)]
+    pub dma: Option<DmaMode>,
+    /// Size of the bounce window when bounce ops are used (default 64M,
+    /// swiotlb's).
+    #[arg(long, value_parser = crate::size::parse_size)]
+    pub bounce_window: Option<usize>,
+    /// Size of the bounce window's slots, a power of two (default 2K,
+    /// swiotlb's IO_TLB_SIZE).
+    #[arg(long, value_parser = crate::size::parse_size)]
+    pub bounce_slot: Option<usize>,
     /// Number of timed runs.
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
@@ -86,6 +101,18 @@ pub struct DdArgs {
 }
 
 impl DdArgs {
+    /// The platform policy these arguments describe (`--dma` as its
+    /// override).
+    pub fn policy(&self) -> Policy {
+        let d = BounceGeometry::DEFAULT;
+        Policy::new(self.platform)
+            .with_bounce(BounceGeometry {
+                window: self.bounce_window.unwrap_or(d.window),
+                slot: self.bounce_slot.unwrap_or(d.slot),
+            })
+            .with_override(self.dma.map(DmaMode::choice))
+    }
+
     /// The workload these arguments describe.
     pub fn workload(&self) -> Workload {
         Workload {
@@ -135,6 +162,15 @@ impl DmaMode {
             DmaMode::Bounce => "bounce",
         }
     }
+
+    /// The ops the mode forces.
+    pub fn choice(self) -> Choice {
+        match self {
+            DmaMode::Direct | DmaMode::DirectStatic => Choice::Direct,
+            DmaMode::Iommu => Choice::Iommu,
+            DmaMode::Bounce => Choice::Bounce,
+        }
+    }
 }
 
 /// What `blk dd --json` prints.
@@ -154,8 +190,15 @@ pub struct DdReport {
     pub access: Access,
     /// Seed of the random order.
     pub seed: u64,
-    /// DMA mode.
-    pub dma: DmaMode,
+    /// The platform setting of the policy.
+    pub platform: String,
+    /// The `--dma` override (null: the policy chose).
+    pub dma: Option<DmaMode>,
+    /// The DMA ops the driver used.
+    pub ops: String,
+    /// How the driver calls them: "dyn" (`&dyn DmaOps`) or "static"
+    /// (monomorphised).
+    pub dispatch: String,
     /// Blocks in flight.
     pub queue_depth: usize,
     /// Queues used.
@@ -192,7 +235,7 @@ pub fn run(args: &DdArgs) -> Result<()> {
             );
         }
         println!(
-            "{} {} x {} B ({}), dma {}, qd {}: median {:.3} GiB/s (min {:.3}, max {:.3}, spread {:.1}%)",
+            "{} {} x {} B ({}), {} ops ({}), qd {}: median {:.3} GiB/s (min {:.3}, max {:.3}, spread {:.1}%)",
             match report.op {
                 Op::Write => "wrote",
                 Op::Read => "read",
@@ -203,7 +246,8 @@ pub fn run(args: &DdArgs) -> Result<()> {
                 Access::Seq => "sequential",
                 Access::Rand => "random",
             },
-            report.dma.name(),
+            report.ops,
+            report.dispatch,
             report.queue_depth,
             report.stats.median,
             report.stats.min,
@@ -276,11 +320,6 @@ fn validate(args: &DdArgs) -> Result<Workload> {
     Ok(w)
 }
 
-/// Bounce window of the `bounce` mode: the kernel's default SWIOTLB size.
-const BOUNCE_WINDOW: usize = 64 << 20;
-/// Bounce slot: the kernel's `IO_TLB_SIZE`.
-const BOUNCE_SLOT: usize = 2048;
-
 /// Runs the dd and returns its report; `progress` shows a bar on stderr.
 ///
 /// # Errors
@@ -288,43 +327,23 @@ const BOUNCE_SLOT: usize = 2048;
 pub fn dd(args: &DdArgs, progress: bool) -> Result<DdReport> {
     let w = validate(args)?;
     let blocks = Blocks::new(&w).map_err(explain)?;
-    let bufs = blocks.buffers();
     let transport: Arc<dyn Transport> = Arc::new(
         VhostUser::connect(&args.socket, DEVICE_ID_BLOCK, Duration::from_secs(10))
             .with_context(|| format!("cannot reach the back end at {}", args.socket.display()))?,
     );
-    let offered = transport.device_features()?;
     let opts = DriverOptions {
         queues: args.queues.try_into().unwrap_or(u16::MAX),
         ..DriverOptions::default()
     };
-    let ops: Arc<dyn DmaOps> = match args.dma {
-        DmaMode::DirectStatic => {
-            let ops = Arc::new(Direct::new());
-            for b in bufs {
-                ops.register(b)?;
-            }
-            let mut drv = BlkDriver::new(transport, ops, &opts)
-                .context("cannot initialise the virtio-blk device")?;
-            return report(&mut drv, args, &w, &blocks, progress);
-        }
-        DmaMode::Direct => Arc::new(Direct::new()),
-        DmaMode::Iommu => {
-            if offered & ACCESS_PLATFORM == 0 {
-                bail!(
-                    "the back end does not offer VIRTIO_F_ACCESS_PLATFORM, so it cannot \
-                     enforce an IOTLB (qemu-storage-daemon cannot); use --dma direct or bounce"
-                );
-            }
-            Arc::new(Iommu::new())
-        }
-        DmaMode::Bounce => Arc::new(Bounce::new(BOUNCE_WINDOW, BOUNCE_SLOT)?),
-    };
-    for b in bufs {
-        ops.register(b)?;
+    let policy = args.policy();
+    const INIT: &str = "cannot initialise the virtio-blk device";
+    if args.dma == Some(DmaMode::DirectStatic) {
+        let mut drv =
+            BlkDriver::<Direct>::new(transport, &policy, &opts, blocks.buffers()).context(INIT)?;
+        return report(&mut drv, args, &w, &blocks, progress);
     }
-    let mut drv = BlkDriver::<dyn DmaOps>::new(transport, ops, &opts)
-        .context("cannot initialise the virtio-blk device")?;
+    let mut drv =
+        BlkDriver::<dyn DmaOps>::new(transport, &policy, &opts, blocks.buffers()).context(INIT)?;
     report(&mut drv, args, &w, &blocks, progress)
 }
 
@@ -374,7 +393,15 @@ fn report<O: DmaOps + ?Sized>(
         pattern: w.pattern,
         access: w.access,
         seed: w.seed,
+        platform: args.platform.to_string(),
         dma: args.dma,
+        ops: drv.ops().name().to_string(),
+        dispatch: if args.dma == Some(DmaMode::DirectStatic) {
+            "static"
+        } else {
+            "dyn"
+        }
+        .to_string(),
         queue_depth: w.queue_depth,
         queues: drv.num_queues(),
         runs: out.runs,

@@ -251,3 +251,86 @@ fn dd_random_4k_blocks_verify_and_fill_the_range() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--access") && err.contains("rand"), "{err}");
 }
+
+/// `--platform` against both peers: the policy's outcome is in the JSON
+/// report (`ops`), the data in the image.
+fn dd_platform(socket: &Path, platform: &str, offset: &str) -> std::process::Output {
+    dd(
+        socket,
+        &[
+            "--platform",
+            platform,
+            "--bs",
+            "1M",
+            "--count",
+            "2",
+            "--pattern",
+            "seq",
+            "--verify",
+            "--offset",
+            offset,
+            "--json",
+        ],
+    )
+}
+
+#[test]
+fn dd_platform_policy_against_iopath_blk_serve() {
+    let s = serve(8 << 20);
+    for (i, (platform, ops)) in [
+        ("direct", "direct"),
+        ("iommu", "iommu"),
+        ("protected", "bounce"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = dd_platform(&s.socket, platform, &format!("{}M", 2 * i + 1));
+        assert!(
+            out.status.success(),
+            "{platform}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["platform"], platform);
+        assert_eq!(v["ops"], ops, "{platform}");
+        assert_eq!(v["dispatch"], "dyn");
+        assert_eq!(v["dma"], serde_json::Value::Null);
+        assert_eq!(v["verified"], true);
+    }
+    check_seq(&s.image, 1 << 20, 6 << 20);
+}
+
+#[test]
+fn dd_platform_policy_against_qemu_storage_daemon() {
+    let Some(q) = qsd(8 << 20) else { return };
+    // An IOMMU platform: the device bypasses the IOMMU, so direct ops and
+    // a warning saying why.
+    let out = dd_platform(&q.socket, "iommu", "1M");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ops"], "direct");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("WARN") && err.contains("does not offer VIRTIO_F_ACCESS_PLATFORM"),
+        "{err}"
+    );
+    check_seq(&q.image, 1 << 20, 2 << 20);
+
+    // A protected platform refuses it, in one line that says why.
+    let out = dd_platform(&q.socket, "protected", "4M");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Protected platform")
+            && err.contains("does not offer VIRTIO_F_ACCESS_PLATFORM")
+            && err.contains("refused"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one-line error: {err}");
+    check_seq(&q.image, 1 << 20, 2 << 20);
+}

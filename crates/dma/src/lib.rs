@@ -8,9 +8,10 @@
 //! - [`Iommu`]: IOVAs from an allocator; every map/unmap sends an IOTLB
 //!   update/invalidate ([`IotlbRecord`]) to the enforcer's [`IotlbSink`];
 //! - [`Bounce`]: a small shared window cut into slots; map copies in, unmap
-//!   copies out; only the window (and coherent ring memory) is ever shared;
-//! - [`Policy`]: picks one of them per device from the negotiated
-//!   `VIRTIO_F_ACCESS_PLATFORM` feature and the platform setting.
+//!   copies out; only the window (and coherent ring memory) is ever shared.
+//!
+//! Which of them a device gets is virtio's decision, made after feature
+//! negotiation: `iopath_virtio::Policy`, the platform hook.
 //!
 //! ```text
 //!  driver ─ Buffer ─► DmaOps::map ─► Mapping { addr, len } ─► descriptor
@@ -43,7 +44,6 @@ mod error;
 mod iommu;
 mod iova;
 mod ops;
-mod policy;
 mod table;
 #[cfg(feature = "test-util")]
 pub mod testing;
@@ -57,4 +57,3 @@ pub use ops::{
     Coherent, Direction, DmaAddr, DmaOps, IotlbRecord, IotlbSink, MapWait, Mapping, Perm,
     SharedRegion,
 };
-pub use policy::{Choice, Platform, Policy, ACCESS_PLATFORM};

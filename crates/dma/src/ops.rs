@@ -253,7 +253,7 @@ pub trait IotlbSink: Send + Sync + fmt::Debug {
 /// buffer a driver hands a device goes through one of these.
 ///
 /// Object-safe: a driver may hold `Arc<dyn DmaOps>` (chosen at run time by
-/// [`crate::Policy`]) or be generic over one concrete type.
+/// `iopath_virtio::Policy`) or be generic over one concrete type.
 pub trait DmaOps: Send + Sync + fmt::Debug {
     /// Short name ("direct", "iommu", "bounce", ...).
     fn name(&self) -> &'static str;

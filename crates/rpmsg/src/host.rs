@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use iopath_dma::{Coherent, Direct};
-use iopath_virtio::{QueueFeatures, RingPlacement, Seg, SplitQueue};
+use iopath_virtio::{Platform, Policy, PolicyOps, QueueFeatures, RingPlacement, Seg, SplitQueue};
 
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
@@ -92,7 +92,11 @@ impl HostLink {
             event_idx: features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0,
             indirect: false,
         };
-        let ops = Arc::new(Direct::new());
+        // The remote reads the shared memory at the addresses the resource
+        // table gives: no ACCESS_PLATFORM, so the platform policy gives
+        // direct ops.
+        let ops = <Direct as PolicyOps>::from_policy(&Policy::new(Platform::Direct), 0)
+            .map_err(|e| LinkError::Queue(format!("DMA ops for the rings: {e}")))?;
         ops.register_at(shm.buffer(), 0)
             .map_err(|e| LinkError::Queue(format!("registering the shared memory: {e}")))?;
         let mut rx = placed(&ops, &shm, 0, &v.vrings[0], qf)?;

@@ -41,7 +41,7 @@ fn rig<O: DmaOps + ?Sized>(ops: Arc<O>) -> Rig<O> {
     let dev = Loopback::new(Echo::default()).unwrap();
     let negotiated = features::negotiate(
         &dev,
-        VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | iopath_dma::ACCESS_PLATFORM,
+        VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | features::VIRTIO_F_ACCESS_PLATFORM,
         0,
     )
     .unwrap();

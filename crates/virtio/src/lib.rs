@@ -7,7 +7,9 @@
 //! end (regions passed as fds, `IOTLB_MSG` for IOMMU ops);
 //! [`transport::loopback::Loopback`] runs a device in a second thread on
 //! rust-vmm's `virtio-queue` over its own mappings of the shared fds.
-//! Device side: [`device`], a vhost-user back end with IOTLB enforcement.
+//! The platform hook, [`Policy`], picks each device's DMA ops after feature
+//! negotiation (direct, IOMMU or bounce). Device side: [`device`], a
+//! vhost-user back end with IOTLB enforcement.
 //!
 //! ```text
 //!  driver ── Seg(Buffer) ─► SplitQueue::add ─► DmaOps::map ─► descriptors
@@ -30,7 +32,7 @@
 //! let wanted = features::VIRTIO_F_EVENT_IDX | features::VIRTIO_F_INDIRECT_DESC;
 //! let negotiated = features::negotiate(&dev, wanted, 0)?;
 //!
-//! let ops = Arc::new(Direct::new());          // or Arc<dyn DmaOps> from iopath_dma::Policy
+//! let ops = Arc::new(Direct::new());          // a device driver asks the Policy instead
 //! let mut q = SplitQueue::new(ops.clone(), 0, 64, QueueFeatures::from_bits(negotiated))?;
 //! dev.setup_queue(0, &q.config())?;
 //!
@@ -58,11 +60,13 @@
 pub mod device;
 mod error;
 pub mod features;
+pub mod policy;
 pub mod queue;
 pub mod transport;
 pub mod vhost_wire;
 
 pub use error::{DeviceError, Error, Result};
 pub use features::QueueFeatures;
+pub use policy::{BounceGeometry, Choice, Platform, Policy, PolicyError, PolicyOps};
 pub use queue::{Completion, RingPlacement, Seg, SplitQueue};
 pub use transport::{share_memory, QueueConfig, Transport};

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iopath_dma::testing::AlwaysBounce;
-use iopath_dma::{Bounce, Direct, DmaOps, Iommu, Policy};
+use iopath_dma::{Bounce, Direct, DmaOps, Iommu};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
 use iopath_virtio::features::{self, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC};
 use iopath_virtio::transport::loopback::{Echo, Loopback};
-use iopath_virtio::{share_memory, Completion, QueueFeatures, Seg, SplitQueue, Transport};
+use iopath_virtio::{share_memory, Completion, Policy, QueueFeatures, Seg, SplitQueue, Transport};
 
 const QSIZE: u16 = 64;
 
@@ -144,7 +144,7 @@ fn echo<O: DmaOps + ?Sized>(ops: Arc<O>, driver_features: u64, n: usize) -> Loop
     dev
 }
 
-const ALL: u64 = VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | iopath_dma::ACCESS_PLATFORM;
+const ALL: u64 = VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | features::VIRTIO_F_ACCESS_PLATFORM;
 
 #[test]
 fn direct_static() {
@@ -183,7 +183,11 @@ fn always_bounce() {
 #[test]
 fn without_event_idx_or_indirect() {
     echo(Arc::new(Direct::new()), 0, 100);
-    echo(Arc::new(Iommu::new()), iopath_dma::ACCESS_PLATFORM, 100);
+    echo(
+        Arc::new(Iommu::new()),
+        features::VIRTIO_F_ACCESS_PLATFORM,
+        100,
+    );
     echo(
         Arc::new(Bounce::new(1 << 20, 2048).unwrap()),
         VIRTIO_F_INDIRECT_DESC,

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iopath_blk::{BlkDriver, DriverOptions, Request};
-use iopath_dma::{Bounce, Direct, DmaOps, Iommu};
+use iopath_dma::{Direct, DmaOps};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
 use iopath_virtio::transport::vhost_user::VhostUser;
-use iopath_virtio::Transport;
+use iopath_virtio::{Choice, Platform, Policy, Transport};
 
 /// A back-end process serving an image on a socket; killed on drop.
 pub struct Peer {
@@ -199,30 +199,34 @@ impl AnyDriver {
     }
 }
 
-/// Builds the driver for `mode` over `transport`, registering `bufs` with
-/// the ops first (bounce ignores registration: only its window is shared).
+impl Mode {
+    /// The policy that gives this mode's ops: the experiment's override on
+    /// a direct platform, with the default bounce geometry.
+    pub fn policy(self) -> Policy {
+        let choice = match self {
+            Mode::Direct | Mode::DirectStatic => Choice::Direct,
+            Mode::Iommu => Choice::Iommu,
+            Mode::Bounce => Choice::Bounce,
+        };
+        Policy::new(Platform::Direct).with_override(Some(choice))
+    }
+}
+
+/// Builds the driver for `mode` over `transport` through the platform
+/// policy, registering `bufs` with the ops (bounce ignores registration:
+/// only its window is shared).
 pub fn driver(
     mode: Mode,
     transport: Arc<dyn Transport>,
     bufs: &[Buffer],
     opts: &DriverOptions,
 ) -> iopath_blk::driver::Result<AnyDriver> {
-    let dyn_ops: Arc<dyn DmaOps> = match mode {
-        Mode::DirectStatic => {
-            let ops = Arc::new(Direct::new());
-            for b in bufs {
-                ops.register(b)?;
-            }
-            return BlkDriver::new(transport, ops, opts).map(AnyDriver::Static);
-        }
-        Mode::Direct => Arc::new(Direct::new()),
-        Mode::Iommu => Arc::new(Iommu::new()),
-        Mode::Bounce => Arc::new(Bounce::new(4 << 20, 4096)?),
-    };
-    for b in bufs {
-        dyn_ops.register(b)?;
+    let policy = mode.policy();
+    if mode == Mode::DirectStatic {
+        BlkDriver::<Direct>::new(transport, &policy, opts, bufs).map(AnyDriver::Static)
+    } else {
+        BlkDriver::<dyn DmaOps>::new(transport, &policy, opts, bufs).map(AnyDriver::Dyn)
     }
-    BlkDriver::new(transport, dyn_ops, opts).map(AnyDriver::Dyn)
 }
 
 /// Writes `total` bytes from `dev_off` in `bs` blocks with `depth` in flight

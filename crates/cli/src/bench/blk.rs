@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use iopath_bench::place::{on_cpu, spawn_on, Cpus};
 use iopath_blk::workload::{Access, Op, Pattern, Stats};
+use iopath_virtio::Platform;
 
 use super::PlacementArg;
 use crate::blk_dd::{self, DdArgs, DmaMode};
@@ -317,7 +318,10 @@ fn dd_once(socket: &Path, args: &BenchBlkArgs, dma: DmaMode) -> Result<f64> {
         access: Access::Seq,
         seed: 0,
         verify: false,
-        dma,
+        platform: Platform::Direct,
+        dma: Some(dma),
+        bounce_window: None,
+        bounce_slot: None,
         runs: 1,
         queue_depth: args.queue_depth,
         queues: 1,
