@@ -55,17 +55,14 @@ use vm_memory::{
 pub use iotlb::{IotlbMsg, IotlbMsgError, IotlbPerm, VhostIommu, IOTLB_MSG_SIZE};
 pub use server::{serve_connection, ServerError, VhostUserServer};
 
-/// `VIRTIO_F_ACCESS_PLATFORM` (bit 33): the device goes through the
-/// platform's IOMMU, here the front end's IOTLB.
-pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
-/// `VIRTIO_F_VERSION_1` (bit 32).
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-/// `VIRTIO_RING_F_INDIRECT_DESC` (bit 28).
-pub const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
-/// `VIRTIO_RING_F_EVENT_IDX` (bit 29).
-pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
-/// `VHOST_USER_F_PROTOCOL_FEATURES` (bit 30).
-pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// Feature bits device models use, re-exported from [`crate::features`]
+/// (where they are defined once); the ring bits under their
+/// `VIRTIO_RING_F_*` names.
+pub use crate::features::{
+    VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM,
+    VIRTIO_F_EVENT_IDX as VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_F_INDIRECT_DESC as VIRTIO_RING_F_INDIRECT_DESC, VIRTIO_F_VERSION_1,
+};
 
 /// The memory a device accesses: the front end's regions behind an IOMMU
 /// that is enabled exactly when `VIRTIO_F_ACCESS_PLATFORM` is negotiated.

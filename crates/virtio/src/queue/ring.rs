@@ -5,14 +5,16 @@ use std::sync::atomic::{AtomicU16, Ordering};
 
 use iopath_dma::{Coherent, DmaAddr};
 
-/// Split-ring descriptor flags (§2.7.5).
-pub(crate) const DESC_F_NEXT: u16 = 1;
-pub(crate) const DESC_F_WRITE: u16 = 2;
-pub(crate) const DESC_F_INDIRECT: u16 = 4;
+use virtio_bindings::virtio_ring as vr;
+
+/// Split-ring descriptor flags (§2.7.5), from `virtio-bindings`.
+pub(crate) const DESC_F_NEXT: u16 = vr::VRING_DESC_F_NEXT as u16;
+pub(crate) const DESC_F_WRITE: u16 = vr::VRING_DESC_F_WRITE as u16;
+pub(crate) const DESC_F_INDIRECT: u16 = vr::VRING_DESC_F_INDIRECT as u16;
 /// `VIRTQ_AVAIL_F_NO_INTERRUPT` (§2.7.6).
-pub(crate) const AVAIL_F_NO_INTERRUPT: u16 = 1;
+pub(crate) const AVAIL_F_NO_INTERRUPT: u16 = vr::VRING_AVAIL_F_NO_INTERRUPT as u16;
 /// `VIRTQ_USED_F_NO_NOTIFY` (§2.7.8).
-pub(crate) const USED_F_NO_NOTIFY: u16 = 1;
+pub(crate) const USED_F_NO_NOTIFY: u16 = vr::VRING_USED_F_NO_NOTIFY as u16;
 /// Size of one descriptor (§2.7.5).
 pub(crate) const DESC_SIZE: usize = 16;
 

@@ -43,14 +43,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{QueueConfig, Transport};
 use crate::device::IotlbMsg;
-use crate::features::{status, VIRTIO_F_ACCESS_PLATFORM};
+use crate::features::{status, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM};
 use crate::vhost_wire::{
     self, Header, RawIotlb, BACKEND_CONFIG_CHANGE, BACKEND_IOTLB_MSG, FRONTEND_IOTLB_MSG,
     HEADER_SIZE, MAX_PAYLOAD,
 };
-
-/// `VHOST_USER_F_PROTOCOL_FEATURES`: the back end speaks protocol features.
-pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 
 /// Largest region count `SET_MEM_TABLE` carries for every back end (the
 /// spec's baseline; libvhost-user refuses more). Further regions go through
