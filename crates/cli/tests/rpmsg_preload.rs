@@ -38,10 +38,15 @@ fn preload_so() -> PathBuf {
 
 /// Builds `tests/c/NAME.c` of the preload crate with `cc` into `dir`.
 fn build_c(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    build_c_as(dir, name, name, extra)
+}
+
+/// As [`build_c`], into `dir/OUT`.
+fn build_c_as(dir: &Path, name: &str, out: &str, extra: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../rpmsg-preload/tests/c")
         .join(format!("{name}.c"));
-    let out = dir.join(name);
+    let out = dir.join(out);
     let o = Command::new("cc")
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&out)
@@ -96,6 +101,8 @@ fn assert_passed(o: &Output, want: &[&str]) {
 /// or skips one fails).
 const FULL: &[&str] = &[
     "open /dev/rpmsg_ctrl0",
+    "open with run-time flags",
+    "openat /dev/rpmsg_ctrl0",
     "RPMSG_CREATE_EPT_IOCTL",
     "open /dev/rpmsg0",
     "second open of /dev/rpmsg0 is EBUSY",
@@ -149,7 +156,32 @@ fn linux_uapi_program_runs_unmodified() {
         .unwrap();
     assert_passed(&o, FULL);
 
-    // Both runs left nothing behind in the service.
+    // Built with _FORTIFY_SOURCE and 64-bit offsets, its opens with
+    // run-time flags are glibc's fortified variants: interposed too.
+    let fortified = build_c_as(
+        st.dir.path(),
+        "rpmsg_uapi",
+        "rpmsg_uapi_fortified",
+        &["-D_FORTIFY_SOURCE=2", "-D_FILE_OFFSET_BITS=64"],
+    );
+    let syms = Command::new("nm")
+        .arg("-D")
+        .arg(&fortified)
+        .output()
+        .unwrap();
+    let syms = String::from_utf8_lossy(&syms.stdout);
+    assert!(
+        syms.contains("__open_2") || syms.contains("__open64_2"),
+        "no fortified open in the build: {syms}"
+    );
+    let o = Command::new(&fortified)
+        .env("LD_PRELOAD", &so)
+        .env("IOPATH_RPMSG_CTRL", &st.ctrl)
+        .output()
+        .unwrap();
+    assert_passed(&o, FULL);
+
+    // Every run left nothing behind in the service.
     let c = CtrlClient::connect(&st.ctrl).unwrap();
     let start = Instant::now();
     loop {
@@ -286,4 +318,66 @@ fn exec_refuses_a_static_program_and_a_missing_library() {
         err.contains("--preload") && err.contains("no such file"),
         "{err}"
     );
+}
+
+/// The same semantics without the preload, through `EptFd`: what the C
+/// program checks, from Rust.
+#[test]
+fn ept_fd_has_the_same_semantics() {
+    use iopath_rpmsg::ctrl::CtrlError;
+    use rustix::event::PollFlags;
+    let errno = |e: CtrlError| match e {
+        CtrlError::Io { source, .. } => source.raw_os_error(),
+        CtrlError::Refused { errno } => Some(errno),
+        _ => None,
+    };
+    let mut st = pair("eventfd:DIR/ev", &[], &[]);
+    wait_echo(&st.ctrl);
+    let c = CtrlClient::connect(&st.ctrl).unwrap();
+    let ep = c.create_ept_fd(&EptInfo::new("echo"), O_RDWR).unwrap();
+    let (info, node) = c.create_ept(&EptInfo::new("echo")).unwrap();
+    assert_ne!(info.dst, ADDR_ANY);
+    let legacy = iopath_rpmsg::ctrl::EptFd::open_node(&node, 0).unwrap();
+    let again = iopath_rpmsg::ctrl::EptFd::open_node(&node, 0).unwrap_err();
+    assert_eq!(errno(again), Some(libc_ebusy()));
+    for e in [&ep, &legacy] {
+        e.send(b"ping").unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(
+            e.recv_timeout(&mut b, Duration::from_secs(10)).unwrap(),
+            Some(4)
+        );
+        assert_eq!(&b[..4], b"ping");
+        assert_eq!(
+            errno(e.send(&[0u8; 497]).unwrap_err()),
+            Some(libc_emsgsize())
+        );
+        assert_eq!(
+            e.poll(PollFlags::IN, Some(Duration::from_millis(100)))
+                .unwrap(),
+            PollFlags::empty()
+        );
+    }
+    st.remote.kill();
+    for e in [&ep, &legacy] {
+        let r = e
+            .poll(PollFlags::IN, Some(Duration::from_secs(10)))
+            .unwrap();
+        assert!(r.contains(PollFlags::HUP | PollFlags::ERR), "{r:?}");
+        let mut b = [0u8; 16];
+        assert_eq!(errno(e.recv(&mut b).unwrap_err()), Some(libc_epipe()));
+        assert_eq!(errno(e.send(b"x").unwrap_err()), Some(libc_epipe()));
+    }
+}
+
+fn libc_ebusy() -> i32 {
+    rustix::io::Errno::BUSY.raw_os_error()
+}
+
+fn libc_emsgsize() -> i32 {
+    rustix::io::Errno::MSGSIZE.raw_os_error()
+}
+
+fn libc_epipe() -> i32 {
+    rustix::io::Errno::PIPE.raw_os_error()
 }

@@ -169,6 +169,13 @@ int main(int argc, char **argv)
 	if (ctrl < 0)
 		return 100;
 	check_err(open("/dev/rpmsg_ctrl1", O_RDWR), ENOENT, "open /dev/rpmsg_ctrl1 is ENOENT");
+	/* Flags the compiler cannot see: with _FORTIFY_SOURCE this open is
+	 * glibc's __open_2 (or __open64_2); and openat relative to nothing. */
+	volatile int rw = O_RDWR;
+	int c2 = open("/dev/rpmsg_ctrl0", rw);
+	check(c2 >= 0 && close(c2) == 0, "open with run-time flags", errno);
+	int c3 = openat(AT_FDCWD, "/dev/rpmsg_ctrl0", rw);
+	check(c3 >= 0 && close(c3) == 0, "openat /dev/rpmsg_ctrl0", errno);
 
 	/* The legacy way: a node to open. */
 	struct rpmsg_endpoint_info info;

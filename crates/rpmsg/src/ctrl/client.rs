@@ -239,9 +239,11 @@ impl CtrlClient {
 /// An endpoint as a client holds it: a `SOCK_SEQPACKET` fd with
 /// rpmsg_char semantics (one message per read and write, at most 496
 /// bytes). Plain `read(2)`/`write(2)` on [`EptFd::fd`] work too; this type
-/// adds the two things they cannot give: `EMSGSIZE` for any write over 496
-/// bytes (the kernel itself refuses only what exceeds the socket's send
-/// buffer) and `EPIPE` instead of end of file once the endpoint is gone.
+/// adds the three things they cannot give: `EMSGSIZE` for any write over
+/// 496 bytes (the kernel itself refuses only what exceeds the socket's send
+/// buffer), `EPIPE` instead of end of file once the endpoint is gone, and
+/// `POLLERR` with the hang-up ([`EptFd::poll`]; a plain `poll(2)` reports
+/// only `POLLHUP`). The preload library gives unmodified programs the same.
 #[derive(Debug)]
 pub struct EptFd {
     fd: OwnedFd,
@@ -399,6 +401,44 @@ impl EptFd {
                 return Ok(None);
             }
             std::thread::yield_now();
+        }
+    }
+
+    /// Polls the endpoint for `events`, waiting up to `timeout` (`None`:
+    /// for ever), as rpmsg_char's poll answers: once the endpoint or the
+    /// remote is gone, `POLLHUP | POLLERR` (with `POLLIN`: a read does not
+    /// block, it fails with `EPIPE`). Empty flags on timeout.
+    ///
+    /// # Errors
+    /// [`CtrlError::Io`] if `poll(2)` fails.
+    pub fn poll(
+        &self,
+        events: PollFlags,
+        timeout: Option<Duration>,
+    ) -> Result<PollFlags, CtrlError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| {
+                let l = d.saturating_duration_since(Instant::now());
+                Timespec {
+                    tv_sec: l.as_secs() as i64,
+                    tv_nsec: i64::from(l.subsec_nanos()),
+                }
+            });
+            let mut p = [PollFd::new(&self.fd, events)];
+            match poll(&mut p, left.as_ref()) {
+                Ok(0) => return Ok(PollFlags::empty()),
+                Ok(_) => {
+                    let r = p[0].revents();
+                    return Ok(if r.contains(PollFlags::HUP) {
+                        r | PollFlags::ERR
+                    } else {
+                        r
+                    });
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(errno_err("poll", e)),
+            }
         }
     }
 
