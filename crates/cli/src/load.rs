@@ -24,7 +24,8 @@ pub struct LoadArgs {
     /// dma-heap or dma-heap:NAME.
     #[arg(long, default_value = "memfd")]
     pub heap: String,
-    /// Size of each buffer (a multiple of the page size), e.g. 4M, 32M.
+    /// Size of each buffer (a multiple of the page size), e.g. 4M, 32M. A
+    /// file smaller than this gets one buffer of its own size.
     #[arg(long, default_value = "32M", value_parser = parse_size)]
     pub buffer_size: usize,
     /// Fill exactly this many buffers; the file must hold that many bytes.
@@ -36,7 +37,7 @@ pub struct LoadArgs {
     /// (io_uring, fixed buffers, O_DIRECT).
     #[arg(long, default_value = "auto")]
     pub method: String,
-    /// io_uring requests kept in flight (uring and auto).
+    /// io_uring requests kept in flight (uring and auto), 1 to 4096.
     #[arg(long, default_value_t = 16)]
     pub queue_depth: u32,
     /// Threads allocating buffers (and their pages) while the reads run.
@@ -62,8 +63,8 @@ pub struct LoadArgs {
 /// Bad input (missing file, directory, empty or short file, bad buffer size,
 /// unknown heap or method), I/O failures and verification differences.
 pub fn run(args: &LoadArgs) -> Result<()> {
-    let method: Method = args.method.parse()?;
-    let heap = iopath_heap::open_heap(&args.heap)?;
+    let method: Method = args.method.parse().map_err(|e| at_fault(args, e))?;
+    let heap = iopath_heap::open_heap(&args.heap).map_err(|e| at_fault(args, e))?;
     let opts = LoadOptions {
         buffer_size: args.buffer_size,
         buffers: args.buffers,
@@ -92,7 +93,8 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             bar.set_position(p.bytes);
         }
     };
-    let loaded = load(&args.file, heap.as_ref(), &opts, &mut on_progress)?;
+    let loaded =
+        load(&args.file, heap.as_ref(), &opts, &mut on_progress).map_err(|e| at_fault(args, e))?;
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
@@ -113,7 +115,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             "requested_method": method.name(),
             "heap": heap.name(),
             "buffers": s.buffers,
-            "buffer_size": args.buffer_size,
+            "buffer_size": s.buffer_size,
             "fallbacks": s.fallbacks,
             "alloc_ms": s.alloc_time.as_secs_f64() * 1e3,
             "read_ms": s.read_time.as_secs_f64() * 1e3,
@@ -126,7 +128,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             human(s.bytes),
             s.bytes,
             s.buffers,
-            human(args.buffer_size as u64),
+            human(s.buffer_size as u64),
             heap.name(),
             s.elapsed.as_secs_f64(),
             s.gib_per_s(),
@@ -139,6 +141,28 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Names the option at fault in a load error, when one is.
+fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
+    use iopath_heap::Error as E;
+    let size = || format!("--buffer-size {}", args.buffer_size);
+    let option = match &e {
+        E::BadSize { .. } | E::TooManyBuffers { .. } => Some(size()),
+        E::OutOfMemory { .. } => Some(match args.buffers {
+            Some(n) => format!("--buffers {n} --buffer-size {}", args.buffer_size),
+            None => format!("{}", args.file.display()),
+        }),
+        E::NoBuffers => Some("--buffers 0".to_string()),
+        E::BadQueueDepth { depth } => Some(format!("--queue-depth {depth}")),
+        E::UnknownMethod(_) => Some("--method".to_string()),
+        E::UnknownHeap(_) | E::Unavailable { .. } => Some("--heap".to_string()),
+        _ => None,
+    };
+    match option {
+        Some(o) => anyhow::Error::new(e).context(o),
+        None => e.into(),
+    }
 }
 
 fn parse_prefault(s: &str) -> Result<Prefault, String> {

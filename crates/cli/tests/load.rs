@@ -166,3 +166,142 @@ fn bad_input_gives_one_clear_line() {
         );
     }
 }
+
+/// Runs `iopath ARGS` under `sh -c 'ulimit -n FILES; exec ...'`.
+fn iopath_with_files_limit(files: u32, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -n {files} && exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args(args)
+        .output()
+        .expect("run iopath under sh")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// Issue 12, bug 1: a buffer is never larger than what it holds, and a load
+/// that cannot fit in memory is refused before anything is allocated.
+#[test]
+fn buffer_size_larger_than_the_file_and_memory() {
+    let Some(d) = disk_dir() else { return };
+    let path = d.path().join("100m.bin");
+    let size = 100usize << 20;
+    let mut data = pattern(1 << 20);
+    data.resize(size, 0);
+    data[size - 1] = 0x5a;
+    std::fs::write(&path, &data).unwrap();
+    let p = path.to_str().unwrap();
+    // One buffer of the file's size, not of 100 GiB.
+    let v = json(&iopath(&[
+        "load",
+        p,
+        "--buffer-size",
+        "100G",
+        "--verify",
+        "--json",
+    ]));
+    assert_eq!(v["buffers"], 1);
+    assert_eq!(v["buffer_size"], size as u64);
+    assert_eq!(v["bytes"], size as u64);
+    assert_eq!(v["verified"], true);
+    // Odd sizes round up to a page only.
+    let odd = d.path().join("odd.bin");
+    std::fs::write(&odd, pattern(10_000)).unwrap();
+    let v = json(&iopath(&[
+        "load",
+        odd.to_str().unwrap(),
+        "--buffer-size",
+        "1G",
+        "--json",
+        "--verify",
+    ]));
+    assert_eq!(v["buffer_size"], 12_288);
+
+    // A (sparse) file larger than this machine's memory is refused up
+    // front, naming the file and the limit.
+    let huge = d.path().join("huge.bin");
+    let f = std::fs::File::create(&huge).unwrap();
+    f.set_len(1 << 40).unwrap();
+    fails_with(
+        &["load", huge.to_str().unwrap(), "--method", "buffered"],
+        "huge.bin: loading needs 1099511627776 bytes of buffers, but only",
+    );
+    fails_with(&["load", huge.to_str().unwrap()], "can be allocated now (");
+}
+
+/// Issue 12, bug 5: each error names the option or input at fault and what
+/// is accepted.
+#[test]
+fn errors_name_the_option_at_fault() {
+    let Some(d) = disk_dir() else { return };
+    let small = d.path().join("small.bin");
+    std::fs::write(&small, pattern(5000)).unwrap();
+    let small = small.to_str().unwrap();
+    for method in ["uring", "auto"] {
+        fails_with(
+            &["load", small, "--queue-depth", "0", "--method", method],
+            "--queue-depth 0: io_uring queue depth 0 is out of range: use 1 to 4096",
+        );
+    }
+    fails_with(
+        &["load", small, "--queue-depth", "5000", "--method", "uring"],
+        "--queue-depth 5000: io_uring queue depth 5000 is out of range",
+    );
+    fails_with(
+        &["load", small, "--buffers", "0"],
+        "--buffers 0: 0 buffers asked for: ask for at least 1",
+    );
+    fails_with(
+        &["load", small, "--buffer-size", "1000"],
+        "--buffer-size 1000: buffer size 1000 is not a non-zero multiple of the page size",
+    );
+    fails_with(
+        &["load", "/proc/self/status"],
+        "/proc/self/status reports a size of 0 but has data",
+    );
+    fails_with(&["load", small, "--heap", "nosuch"], "--heap: unknown heap");
+}
+
+/// Issue 12, bug 5: many small buffers past the open-file limit are refused
+/// up front with the smallest buffer size that would fit; under the limit
+/// they load (the soft limit is raised to the hard one).
+#[test]
+fn too_many_buffers_for_the_open_file_limit_says_what_fits() {
+    let Some(d) = disk_dir() else { return };
+    let path = d.path().join("20m.bin");
+    std::fs::write(&path, pattern(20 << 20)).unwrap();
+    let p = path.to_str().unwrap();
+    let out = iopath_with_files_limit(1024, &["load", p, "--buffer-size", "4K"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("iopath: error: --buffer-size 4096: 5120 buffers of 4096 bytes")
+            && stderr.contains("open files (RLIMIT_NOFILE, ulimit -n)")
+            && stderr.contains("use a buffer size of at least"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Too many open files"), "{stderr}");
+    // The size it suggests works under the same limit.
+    let min = stderr
+        .split("at least ")
+        .nth(1)
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .expect("a suggested size");
+    let out = iopath_with_files_limit(
+        1024,
+        &[
+            "load",
+            p,
+            "--buffer-size",
+            &min.to_string(),
+            "--verify",
+            "--json",
+        ],
+    );
+    assert_eq!(json(&out)["verified"], true);
+}

@@ -118,6 +118,60 @@ pub enum Error {
     /// A method name that iopath does not know.
     #[error("unknown transfer method `{0}` (known: auto, buffered, direct, sendfile, uring)")]
     UnknownMethod(String),
+    /// An io_uring queue depth out of range.
+    #[error("io_uring queue depth {depth} is out of range: use 1 to 4096")]
+    BadQueueDepth {
+        /// The depth asked for.
+        depth: u32,
+    },
+    /// An io_uring request size that is not accepted.
+    #[error("io_uring request size {chunk} must be a non-zero multiple of 4096 up to 1 GiB")]
+    BadChunk {
+        /// The size asked for.
+        chunk: usize,
+    },
+    /// Zero buffers asked for.
+    #[error("0 buffers asked for: ask for at least 1, or leave the count out to fit the file")]
+    NoBuffers,
+    /// The load would need more memory than the machine can give now.
+    #[error(
+        "loading needs {needed} bytes of buffers, but only {available} bytes can be allocated \
+         now ({what}): load fewer bytes or free memory"
+    )]
+    OutOfMemory {
+        /// Bytes of buffers the load would allocate.
+        needed: u64,
+        /// Bytes that can be allocated.
+        available: u64,
+        /// What limits it.
+        what: &'static str,
+    },
+    /// The load would need more buffers than may exist at once.
+    #[error(
+        "{buffers} buffers of {buffer_size} bytes would be needed, but only {room} more can \
+         exist (each is one of the process's {what}): use a buffer size of at least {min_buffer_size}"
+    )]
+    TooManyBuffers {
+        /// Buffers the load would make.
+        buffers: u64,
+        /// Their size.
+        buffer_size: usize,
+        /// How many more may exist.
+        room: u64,
+        /// The limit.
+        what: &'static str,
+        /// The smallest buffer size that would fit.
+        min_buffer_size: u64,
+    },
+    /// A file that reports size 0 but has bytes (procfs, sysfs).
+    #[error(
+        "{path} reports a size of 0 but has data (a /proc or /sys file?): only files whose \
+         size is known can be loaded; copy it to a regular file first"
+    )]
+    UnknownSize {
+        /// The file.
+        path: PathBuf,
+    },
     /// The loader's allocator thread died (a bug; reported instead of a panic).
     #[error("allocator thread failed: {0}")]
     Loader(String),

@@ -75,6 +75,19 @@ pub trait Heap: Send + Sync + fmt::Debug {
     /// [`Error::BadSize`] for a length that is zero or not a page multiple;
     /// [`Error::Sys`] when the kernel refuses.
     fn alloc(&self, len: usize) -> Result<Buffer>;
+
+    /// The unit buffer lengths must be a multiple of (the page size, or the
+    /// huge page size for hugetlb).
+    fn granule(&self) -> usize {
+        crate::page_size()
+    }
+
+    /// Bytes this heap can allocate now and what limits it (`None` when
+    /// unknown). The default is ordinary memory: `MemAvailable`, or less
+    /// under a memory cgroup.
+    fn available(&self) -> Option<(u64, &'static str)> {
+        crate::limits::available_memory().map(|a| (a.bytes, a.what))
+    }
 }
 
 /// Opens a heap by name: `memfd`, `memfd:thp`, `memfd:hugetlb`, `udmabuf`,
@@ -162,6 +175,21 @@ impl Heap for MemfdHeap {
             HugePages::Transparent => "memfd:thp".into(),
             HugePages::Hugetlb => "memfd:hugetlb".into(),
         }
+    }
+
+    fn granule(&self) -> usize {
+        match self.huge {
+            HugePages::Hugetlb => 2 << 20,
+            _ => crate::page_size(),
+        }
+    }
+
+    fn available(&self) -> Option<(u64, &'static str)> {
+        match self.huge {
+            HugePages::Hugetlb => crate::limits::available_hugetlb(),
+            _ => crate::limits::available_memory(),
+        }
+        .map(|a| (a.bytes, a.what))
     }
 
     fn alloc(&self, len: usize) -> Result<Buffer> {

@@ -43,6 +43,7 @@ mod engine;
 mod error;
 mod file;
 mod heap;
+mod limits;
 mod loader;
 mod mmap;
 mod ring;

@@ -92,6 +92,10 @@ pub struct LoadStats {
     pub bytes: u64,
     /// Buffers filled.
     pub buffers: usize,
+    /// Bytes per buffer: the size asked for, or less when the whole file
+    /// fits in one smaller buffer (a buffer is never larger than what it
+    /// holds, rounded up to the heap's granule).
+    pub buffer_size: usize,
     /// Time spent allocating (and populating) buffers, on the allocator
     /// thread, overlapped with reads.
     pub alloc_time: Duration,
@@ -125,12 +129,73 @@ pub struct Loaded {
     pub stats: LoadStats,
 }
 
+/// How many buffers of what size for `size` bytes: `(buffers, bytes to
+/// load, buffer size)`, refused up front when it cannot fit.
+fn plan(
+    file: &IoFile,
+    size: u64,
+    heap: &dyn Heap,
+    opts: &LoadOptions,
+) -> Result<(usize, u64, usize)> {
+    let granule = heap.granule().max(1) as u64;
+    let asked = opts.buffer_size as u64;
+    let (n, total, bs) = match opts.buffers {
+        Some(0) => return Err(Error::NoBuffers),
+        Some(n) => {
+            let total = (n as u64).saturating_mul(asked);
+            if total > size {
+                return Err(file.short(size, 0, usize::try_from(total).unwrap_or(usize::MAX)));
+            }
+            (n as u64, total, asked)
+        }
+        None => {
+            let whole = size.div_ceil(granule).saturating_mul(granule);
+            let bs = asked.min(whole);
+            (size.div_ceil(bs), size, bs)
+        }
+    };
+    let needed = n.saturating_mul(bs);
+    if let Some((available, what)) = heap.available() {
+        if needed > available {
+            return Err(Error::OutOfMemory {
+                needed,
+                available,
+                what,
+            });
+        }
+    }
+    let room = crate::limits::buffer_room(usize::try_from(n).unwrap_or(usize::MAX));
+    if n > room.buffers {
+        let per = total.div_ceil(room.buffers.max(1));
+        return Err(Error::TooManyBuffers {
+            buffers: n,
+            buffer_size: bs as usize,
+            room: room.buffers,
+            what: room.what,
+            min_buffer_size: per.div_ceil(granule).saturating_mul(granule),
+        });
+    }
+    Ok((usize::try_from(n).unwrap_or(usize::MAX), total, bs as usize))
+}
+
 /// Loads `path` into buffers from `heap`.
+///
+/// A buffer is never larger than what it will hold: when the whole file
+/// fits in less than `opts.buffer_size`, one buffer of the file's size
+/// (rounded up to the heap's granule) is made. Before anything is
+/// allocated, the load is refused if its buffers cannot fit in the memory
+/// the heap can give now ([`Heap::available`]) or if more buffers would be
+/// needed than the process may have open files and mappings (the soft
+/// open-file limit is raised to the hard one first).
 ///
 /// # Errors
 /// [`Error::Open`]/[`Error::NotAFile`] for a bad path, [`Error::EmptyFile`],
+/// [`Error::UnknownSize`] for a file that reports size 0 but has data,
 /// [`Error::BadSize`] for a buffer size that is not a page multiple,
+/// [`Error::NoBuffers`] for `opts.buffers == Some(0)`,
 /// [`Error::ShortFile`] when `opts.buffers` asks for more than the file has,
+/// [`Error::OutOfMemory`], [`Error::TooManyBuffers`],
+/// [`Error::BadQueueDepth`]/[`Error::BadChunk`] for bad engine tunables,
 /// and any allocation or transfer error.
 pub fn load(
     path: &Path,
@@ -149,27 +214,18 @@ pub fn load(
     let file = IoFile::open(path)?;
     let size = file.size()?;
     if size == 0 {
+        let mut probe = [0u8; 1];
+        if rustix::io::pread(file.fd(), &mut probe, 0).is_ok_and(|n| n > 0) {
+            return Err(Error::UnknownSize {
+                path: path.to_path_buf(),
+            });
+        }
         return Err(Error::EmptyFile {
             path: path.to_path_buf(),
         });
     }
-    let bs = opts.buffer_size as u64;
-    let (n, total) = match opts.buffers {
-        Some(0) => {
-            return Err(Error::BadSize {
-                size: 0,
-                page: opts.buffer_size,
-            })
-        }
-        Some(n) => {
-            let total = (n as u64).saturating_mul(bs);
-            if total > size {
-                return Err(file.short(size, 0, total as usize));
-            }
-            (n, total)
-        }
-        None => (size.div_ceil(bs) as usize, size),
-    };
+    let (n, total, buffer_size) = plan(&file, size, heap, opts)?;
+    let bs = buffer_size as u64;
     let engine = new_engine(opts.method, opts.engine)?;
     let (tx, rx) = mpsc::channel::<Result<(Buffer, Duration)>>();
     let prefault = match opts.prefault {
@@ -177,7 +233,6 @@ pub fn load(
         Prefault::Auto => Prefault::Map,
         p => p,
     };
-    let buffer_size = opts.buffer_size;
     let claimed = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..opts.alloc_threads.max(1) {
@@ -258,6 +313,7 @@ pub fn load(
         let mut stats = LoadStats {
             bytes: tr.bytes,
             buffers: n,
+            buffer_size,
             alloc_time,
             read_time,
             elapsed: Duration::ZERO,

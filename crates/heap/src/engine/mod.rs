@@ -118,6 +118,25 @@ impl Default for EngineOptions {
     }
 }
 
+impl EngineOptions {
+    /// Checks the tunables: a queue depth of 1 to 4096, a request size that
+    /// is a non-zero multiple of 4096 up to 1 GiB.
+    ///
+    /// # Errors
+    /// [`Error::BadQueueDepth`], [`Error::BadChunk`].
+    pub fn check(&self) -> Result<()> {
+        if self.queue_depth == 0 || self.queue_depth > 4096 {
+            return Err(Error::BadQueueDepth {
+                depth: self.queue_depth,
+            });
+        }
+        if self.chunk == 0 || self.chunk % 4096 != 0 || self.chunk > (1 << 30) {
+            return Err(Error::BadChunk { chunk: self.chunk });
+        }
+        Ok(())
+    }
+}
+
 /// One read of a batch ([`Engine::read_batch`]): `len` bytes of the file at
 /// `file_off` into `buf` at `buf_off`.
 #[derive(Debug, Clone)]
@@ -227,8 +246,12 @@ pub trait Engine: Send + Sync + fmt::Debug {
 ///
 /// # Errors
 /// [`Error::Sys`] when `uring` is asked for explicitly and io_uring cannot be
-/// set up (disabled by `kernel.io_uring_disabled`, seccomp, old kernel).
+/// set up (disabled by `kernel.io_uring_disabled`, seccomp, old kernel);
+/// for `uring` and `auto`, [`EngineOptions::check`]'s errors.
 pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>> {
+    if matches!(method, Method::Uring | Method::Auto) {
+        opts.check()?;
+    }
     Ok(match method {
         Method::Buffered => Box::new(BufferedEngine),
         Method::Direct => Box::new(DirectEngine),

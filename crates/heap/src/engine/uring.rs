@@ -40,22 +40,10 @@ impl UringEngine {
     /// Sets up a ring for `opts.queue_depth` requests of `opts.chunk` bytes.
     ///
     /// # Errors
-    /// [`Error::Sys`] when io_uring is unavailable; [`Error::BadSize`] for a
-    /// zero depth or a chunk that is not a non-zero multiple of 4096 below
-    /// 2 GiB.
+    /// [`Error::Sys`] when io_uring is unavailable; [`Error::BadQueueDepth`]
+    /// or [`Error::BadChunk`] as [`EngineOptions::check`].
     pub fn new(opts: EngineOptions) -> Result<Self> {
-        if opts.queue_depth == 0 || opts.queue_depth > 4096 {
-            return Err(Error::BadSize {
-                size: opts.queue_depth as usize,
-                page: 1,
-            });
-        }
-        if opts.chunk == 0 || opts.chunk % 4096 != 0 || opts.chunk > (1 << 30) {
-            return Err(Error::BadSize {
-                size: opts.chunk,
-                page: 4096,
-            });
-        }
+        opts.check()?;
         let ring = Ring::new(opts.queue_depth.next_power_of_two(), SLOTS)
             .map_err(|e| Error::sys("io_uring_setup", e))?;
         Ok(UringEngine {

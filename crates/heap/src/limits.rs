@@ -1,0 +1,144 @@
+//! What the machine lets the loader allocate: memory (`MemAvailable`, the
+//! memory cgroup's `memory.max`, the hugetlb pool) and how many buffers may
+//! exist at once (each is an open file and a mapping).
+
+use std::path::{Path, PathBuf};
+
+/// Memory that may be allocated now, and where the figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Available {
+    /// Bytes.
+    pub bytes: u64,
+    /// What limits it (for the error message).
+    pub what: &'static str,
+}
+
+/// One `Key: N kB` field of `/proc/meminfo`, in bytes (or the bare count for
+/// fields without a unit, such as `HugePages_Free`).
+fn meminfo(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(':')?.trim();
+        let mut it = rest.split_whitespace();
+        let n: u64 = it.next()?.parse().ok()?;
+        Some(match it.next() {
+            Some("kB") => n.saturating_mul(1024),
+            _ => n,
+        })
+    })
+}
+
+/// Room left under this process's memory cgroup (v2) and its ancestors:
+/// the least `memory.max - memory.current` on the way to the root.
+fn cgroup_room() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let mut dir = PathBuf::from("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    let root = Path::new("/sys/fs/cgroup");
+    let mut room: Option<u64> = None;
+    loop {
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+        if let (Some(max), Some(cur)) = (read("memory.max"), read("memory.current")) {
+            if let (Ok(max), Ok(cur)) = (max.trim().parse::<u64>(), cur.trim().parse::<u64>()) {
+                let r = max.saturating_sub(cur);
+                room = Some(room.map_or(r, |x| x.min(r)));
+            }
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    room
+}
+
+/// Ordinary memory that can be allocated now: the smaller of
+/// `MemAvailable` and the memory cgroup's room. `None` when neither can be
+/// read (then nothing is refused up front).
+pub(crate) fn available_memory() -> Option<Available> {
+    let sys = meminfo("MemAvailable").map(|bytes| Available {
+        bytes,
+        what: "MemAvailable in /proc/meminfo",
+    });
+    let cg = cgroup_room().map(|bytes| Available {
+        bytes,
+        what: "room under the memory cgroup's memory.max",
+    });
+    match (sys, cg) {
+        (Some(a), Some(b)) => Some(if b.bytes < a.bytes { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Free pages of the hugetlb pool, in bytes.
+pub(crate) fn available_hugetlb() -> Option<Available> {
+    let free = meminfo("HugePages_Free")?;
+    let size = meminfo("Hugepagesize")?;
+    Some(Available {
+        bytes: free.saturating_mul(size),
+        what: "free pages of the hugetlb pool (HugePages_Free)",
+    })
+}
+
+/// How many more buffers may exist at once: each holds an open file
+/// (`RLIMIT_NOFILE`) and a mapping (`vm.max_map_count`). Raises the soft
+/// open-file limit to the hard one first when `want` would not fit under
+/// it. Keeps a margin for the files and mappings everything else needs.
+pub(crate) fn buffer_room(want: usize) -> Room {
+    const MARGIN: u64 = 64;
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    let mut lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let need = open + want as u64 + MARGIN;
+    if lim.current.is_some_and(|cur| cur < need) && lim.current != lim.maximum {
+        let raised = rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).is_ok() {
+            tracing::debug!("raised the open-file limit to {:?}", lim.maximum);
+            lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        }
+    }
+    let files = lim
+        .current
+        .map_or(u64::MAX, |cur| cur.saturating_sub(open + MARGIN));
+    let max_maps = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let maps = max_maps.map_or(u64::MAX, |max| {
+        let now = std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count());
+        max.saturating_sub(now as u64 + MARGIN)
+    });
+    if files <= maps {
+        Room {
+            buffers: files,
+            what: "open files (RLIMIT_NOFILE, ulimit -n)",
+        }
+    } else {
+        Room {
+            buffers: maps,
+            what: "mappings (vm.max_map_count)",
+        }
+    }
+}
+
+/// How many buffers may be made, and what limits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Room {
+    /// Buffers.
+    pub buffers: u64,
+    /// The limit.
+    pub what: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_machine_reports_memory_and_room() {
+        let a = available_memory().expect("/proc/meminfo is readable here");
+        assert!(a.bytes > 0, "{a:?}");
+        let r = buffer_room(10);
+        assert!(r.buffers >= 10, "{r:?}");
+    }
+}
