@@ -1,21 +1,27 @@
 //! The virtio-blk configuration space (`struct virtio_blk_config`).
 
-/// `VIRTIO_BLK_F_SIZE_MAX` (bit 1): `size_max` is valid.
-pub const VIRTIO_BLK_F_SIZE_MAX: u64 = 1 << 1;
-/// `VIRTIO_BLK_F_SEG_MAX` (bit 2): `seg_max` is valid.
-pub const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
-/// `VIRTIO_BLK_F_RO` (bit 5): the device is read-only.
-pub const VIRTIO_BLK_F_RO: u64 = 1 << 5;
-/// `VIRTIO_BLK_F_BLK_SIZE` (bit 6): `blk_size` is valid.
-pub const VIRTIO_BLK_F_BLK_SIZE: u64 = 1 << 6;
-/// `VIRTIO_BLK_F_FLUSH` (bit 9): the device has a cache to flush.
-pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
-/// `VIRTIO_BLK_F_MQ` (bit 12): `num_queues` is valid.
-pub const VIRTIO_BLK_F_MQ: u64 = 1 << 12;
-/// `VIRTIO_BLK_F_DISCARD` (bit 13).
-pub const VIRTIO_BLK_F_DISCARD: u64 = 1 << 13;
-/// `VIRTIO_BLK_F_WRITE_ZEROES` (bit 14).
-pub const VIRTIO_BLK_F_WRITE_ZEROES: u64 = 1 << 14;
+use virtio_bindings::virtio_blk as vb;
+
+// virtio-blk feature bits (virtio 1.x, 5.2.3) as masks, from the bit
+// numbers of `virtio-bindings` (the kernel's uAPI header); the driver, the
+// back end and the tests take them from here.
+
+/// `VIRTIO_BLK_F_SIZE_MAX`: `size_max` is valid.
+pub const VIRTIO_BLK_F_SIZE_MAX: u64 = 1 << vb::VIRTIO_BLK_F_SIZE_MAX;
+/// `VIRTIO_BLK_F_SEG_MAX`: `seg_max` is valid.
+pub const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << vb::VIRTIO_BLK_F_SEG_MAX;
+/// `VIRTIO_BLK_F_RO`: the device is read-only.
+pub const VIRTIO_BLK_F_RO: u64 = 1 << vb::VIRTIO_BLK_F_RO;
+/// `VIRTIO_BLK_F_BLK_SIZE`: `blk_size` is valid.
+pub const VIRTIO_BLK_F_BLK_SIZE: u64 = 1 << vb::VIRTIO_BLK_F_BLK_SIZE;
+/// `VIRTIO_BLK_F_FLUSH`: the device has a cache to flush.
+pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << vb::VIRTIO_BLK_F_FLUSH;
+/// `VIRTIO_BLK_F_MQ`: `num_queues` is valid.
+pub const VIRTIO_BLK_F_MQ: u64 = 1 << vb::VIRTIO_BLK_F_MQ;
+/// `VIRTIO_BLK_F_DISCARD`: the device supports discard.
+pub const VIRTIO_BLK_F_DISCARD: u64 = 1 << vb::VIRTIO_BLK_F_DISCARD;
+/// `VIRTIO_BLK_F_WRITE_ZEROES`: the device supports write-zeroes.
+pub const VIRTIO_BLK_F_WRITE_ZEROES: u64 = 1 << vb::VIRTIO_BLK_F_WRITE_ZEROES;
 
 /// Length of the layout written by [`BlkConfig::to_bytes`] (up to and
 /// including `write_zeroes_may_unmap` and its padding).

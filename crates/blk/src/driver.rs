@@ -26,34 +26,22 @@ use iopath_virtio::{Policy, PolicyError, PolicyOps, QueueFeatures, Seg, SplitQue
 
 /// Sector size of virtio-blk addressing (virtio 1.x, 5.2.6), whatever the
 /// device's logical block size.
-pub const SECTOR: u64 = 512;
+pub use crate::request::SECTOR_SIZE as SECTOR;
 
-/// virtio-blk feature bits (virtio 1.x, 5.2.3).
-pub mod features {
-    /// Maximum size of any single segment is in `size_max`.
-    pub const SIZE_MAX: u64 = crate::config::VIRTIO_BLK_F_SIZE_MAX;
-    /// Maximum number of segments in a request is in `seg_max`.
-    pub const SEG_MAX: u64 = crate::config::VIRTIO_BLK_F_SEG_MAX;
-    /// Device is read-only.
-    pub const RO: u64 = crate::config::VIRTIO_BLK_F_RO;
-    /// Block size of disk is in `blk_size`.
-    pub const BLK_SIZE: u64 = crate::config::VIRTIO_BLK_F_BLK_SIZE;
-    /// Cache flush command support.
-    pub const FLUSH: u64 = crate::config::VIRTIO_BLK_F_FLUSH;
-    /// Device supports multiqueue.
-    pub const MQ: u64 = crate::config::VIRTIO_BLK_F_MQ;
-    /// Device can support discard command.
-    pub const DISCARD: u64 = crate::config::VIRTIO_BLK_F_DISCARD;
-    /// Device can support write zeroes command.
-    pub const WRITE_ZEROES: u64 = crate::config::VIRTIO_BLK_F_WRITE_ZEROES;
-    /// Indirect descriptors (virtio 1.x, 6).
-    pub const INDIRECT_DESC: u64 = 1 << 28;
-    /// Used/avail event index notification suppression.
-    pub const EVENT_IDX: u64 = 1 << 29;
-    /// Modern (non-legacy) device.
-    pub const VERSION_1: u64 = 1 << 32;
-    /// Device accesses memory through the platform's IOMMU.
-    pub const ACCESS_PLATFORM: u64 = 1 << 33;
+/// The feature bits the driver uses: virtio-blk's from [`crate::config`],
+/// the transport's from `iopath_virtio::features` (both from
+/// `virtio-bindings`).
+mod features {
+    pub use crate::config::{
+        VIRTIO_BLK_F_BLK_SIZE as BLK_SIZE, VIRTIO_BLK_F_DISCARD as DISCARD,
+        VIRTIO_BLK_F_FLUSH as FLUSH, VIRTIO_BLK_F_MQ as MQ, VIRTIO_BLK_F_RO as RO,
+        VIRTIO_BLK_F_SEG_MAX as SEG_MAX, VIRTIO_BLK_F_SIZE_MAX as SIZE_MAX,
+        VIRTIO_BLK_F_WRITE_ZEROES as WRITE_ZEROES,
+    };
+    pub use iopath_virtio::features::{
+        VIRTIO_F_ACCESS_PLATFORM as ACCESS_PLATFORM, VIRTIO_F_EVENT_IDX as EVENT_IDX,
+        VIRTIO_F_INDIRECT_DESC as INDIRECT_DESC, VIRTIO_F_VERSION_1 as VERSION_1,
+    };
 }
 
 /// Request types (virtio 1.x, 5.2.6), shared with the back end's parser.
@@ -471,8 +459,8 @@ use crate::request::{
     VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK, VIRTIO_BLK_S_UNSUPP as S_UNSUPP,
 };
 
-/// Virtio device id of a block device.
-pub const DEVICE_ID_BLOCK: u32 = 2;
+/// Virtio device id of a block device (`VIRTIO_ID_BLOCK`).
+pub use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK as DEVICE_ID_BLOCK;
 
 /// A transfer (a [`Request`]) in flight: the virtio requests it was cut into.
 #[derive(Debug)]

@@ -14,28 +14,26 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
-/// Bytes in a virtio-blk sector.
+use virtio_bindings::virtio_blk as vb;
+
+/// Bytes in a virtio-blk sector (virtio 1.x, 5.2.6: `sector` counts
+/// 512-byte units whatever the device's block size).
 pub const SECTOR_SIZE: u64 = 512;
-/// `VIRTIO_BLK_T_IN`: read.
-pub const VIRTIO_BLK_T_IN: u32 = 0;
-/// `VIRTIO_BLK_T_OUT`: write.
-pub const VIRTIO_BLK_T_OUT: u32 = 1;
-/// `VIRTIO_BLK_T_FLUSH`.
-pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
-/// `VIRTIO_BLK_T_GET_ID`.
-pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
-/// `VIRTIO_BLK_T_DISCARD`.
-pub const VIRTIO_BLK_T_DISCARD: u32 = 11;
-/// `VIRTIO_BLK_T_WRITE_ZEROES`.
-pub const VIRTIO_BLK_T_WRITE_ZEROES: u32 = 13;
-/// Status: success.
-pub const VIRTIO_BLK_S_OK: u8 = 0;
+
+// Request types (virtio 1.x, 5.2.6), from `virtio-bindings`.
+pub use vb::{
+    VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
+    VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
+};
+
+/// Status: success (`VIRTIO_BLK_S_OK`, as the status byte it is written as).
+pub const VIRTIO_BLK_S_OK: u8 = vb::VIRTIO_BLK_S_OK as u8;
 /// Status: I/O error (also every malformed request).
-pub const VIRTIO_BLK_S_IOERR: u8 = 1;
+pub const VIRTIO_BLK_S_IOERR: u8 = vb::VIRTIO_BLK_S_IOERR as u8;
 /// Status: request type or flag not supported.
-pub const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+pub const VIRTIO_BLK_S_UNSUPP: u8 = vb::VIRTIO_BLK_S_UNSUPP as u8;
 /// Length of the `GET_ID` string.
-pub const VIRTIO_BLK_ID_BYTES: usize = 20;
+pub const VIRTIO_BLK_ID_BYTES: usize = vb::VIRTIO_BLK_ID_BYTES as usize;
 
 const HEADER_LEN: u64 = 16;
 const DISCARD_SEG_LEN: u64 = 16;

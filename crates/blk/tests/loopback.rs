@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::{alloc, driver, seq, Mode, MODES};
-use iopath_blk::driver::{features as f, CONFIG_LEN};
+use iopath_blk::config as c;
+use iopath_blk::driver::CONFIG_LEN;
 use iopath_blk::{BlkError, DriverOptions, Request};
+use iopath_virtio::features as vf;
 use iopath_virtio::transport::loopback::{Loopback, LoopbackDevice};
 use iopath_virtio::{BounceGeometry, Choice, Platform, Policy, Transport};
 
@@ -46,16 +48,16 @@ impl LoopbackDevice for RamDisk {
         2
     }
     fn features(&self) -> u64 {
-        f::VERSION_1
-            | f::SIZE_MAX
-            | f::SEG_MAX
-            | f::FLUSH
-            | f::MQ
-            | f::DISCARD
-            | f::WRITE_ZEROES
-            | f::EVENT_IDX
-            | f::INDIRECT_DESC
-            | f::ACCESS_PLATFORM
+        vf::VIRTIO_F_VERSION_1
+            | c::VIRTIO_BLK_F_SIZE_MAX
+            | c::VIRTIO_BLK_F_SEG_MAX
+            | c::VIRTIO_BLK_F_FLUSH
+            | c::VIRTIO_BLK_F_MQ
+            | c::VIRTIO_BLK_F_DISCARD
+            | c::VIRTIO_BLK_F_WRITE_ZEROES
+            | vf::VIRTIO_F_EVENT_IDX
+            | vf::VIRTIO_F_INDIRECT_DESC
+            | vf::VIRTIO_F_ACCESS_PLATFORM
     }
     fn num_queues(&self) -> u16 {
         2

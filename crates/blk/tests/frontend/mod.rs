@@ -19,28 +19,29 @@ use vm_memory::mmap::MmapRegion;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-pub const SECTOR: u64 = 512;
-pub const T_IN: u32 = 0;
-pub const T_OUT: u32 = 1;
-pub const T_FLUSH: u32 = 4;
-pub const T_GET_ID: u32 = 8;
-pub const T_DISCARD: u32 = 11;
-pub const T_WRITE_ZEROES: u32 = 13;
-pub const S_OK: u8 = 0;
-pub const S_IOERR: u8 = 1;
-pub const S_UNSUPP: u8 = 2;
-pub const F_NEXT: u16 = 1;
-pub const F_WRITE: u16 = 2;
-pub const F_INDIRECT: u16 = 4;
-
-pub const VERSION_1: u64 = 1 << 32;
-pub const ACCESS_PLATFORM: u64 = 1 << 33;
-pub const EVENT_IDX: u64 = 1 << 29;
-pub const INDIRECT_DESC: u64 = 1 << 28;
-pub const PROTOCOL_FEATURES: u64 = 1 << 30;
-pub const BLK_F_MQ: u64 = 1 << 12;
-pub const BLK_F_RO: u64 = 1 << 5;
-pub const BLK_F_FLUSH: u64 = 1 << 9;
+// Spec facts from where the crates define them (virtio-bindings beneath);
+// each test file uses some of them.
+#[allow(unused_imports)]
+pub use iopath_blk::config::{
+    VIRTIO_BLK_F_FLUSH as BLK_F_FLUSH, VIRTIO_BLK_F_MQ as BLK_F_MQ, VIRTIO_BLK_F_RO as BLK_F_RO,
+};
+#[allow(unused_imports)]
+pub use iopath_blk::request::{
+    SECTOR_SIZE as SECTOR, VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK,
+    VIRTIO_BLK_S_UNSUPP as S_UNSUPP, VIRTIO_BLK_T_DISCARD as T_DISCARD,
+    VIRTIO_BLK_T_FLUSH as T_FLUSH, VIRTIO_BLK_T_GET_ID as T_GET_ID, VIRTIO_BLK_T_IN as T_IN,
+    VIRTIO_BLK_T_OUT as T_OUT, VIRTIO_BLK_T_WRITE_ZEROES as T_WRITE_ZEROES,
+};
+#[allow(unused_imports)]
+pub use iopath_virtio::features::{
+    VHOST_USER_F_PROTOCOL_FEATURES as PROTOCOL_FEATURES,
+    VIRTIO_F_ACCESS_PLATFORM as ACCESS_PLATFORM, VIRTIO_F_EVENT_IDX as EVENT_IDX,
+    VIRTIO_F_INDIRECT_DESC as INDIRECT_DESC, VIRTIO_F_VERSION_1 as VERSION_1,
+};
+/// Descriptor flags (virtio 1.x, 2.7.5), from virtio-bindings.
+pub const F_NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+pub const F_WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
+pub const F_INDIRECT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT as u16;
 
 /// Shared memory size and the (made-up) front-end address it lives at.
 pub const MEM_SIZE: u64 = 8 << 20;
