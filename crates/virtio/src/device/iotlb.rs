@@ -200,7 +200,7 @@ impl IotlbMsg {
 /// fails.
 ///
 /// Each started queue translates through a view of its own
-/// ([`VhostIommu::queue_view`]): the same IOTLB, with the hook its device
+/// (`VhostIommu::queue_view`): the same IOTLB, with the hook its device
 /// set to run before a miss is waited for
 /// ([`QueueContext::set_before_miss_wait`](super::QueueContext::set_before_miss_wait)).
 #[derive(Default)]

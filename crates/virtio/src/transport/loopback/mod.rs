@@ -7,235 +7,44 @@
 //! user addresses when an IOTLB translates IOVAs to user addresses, as in
 //! vhost-user), so a wrong region list or a wrong address shows up as a
 //! failed request, not as luck.
+//!
+//! A product transport, not a test fake: it is how a program runs a virtio
+//! device model in its own process behind the same driver API ([`Transport`])
+//! and the same DMA ops (direct, IOMMU with an enforced IOTLB, bounce) as a
+//! device in another process, with no socket and no second process; the
+//! crate's example and its queue benchmarks use it, and it is the reference
+//! any other transport's behaviour is compared with. Its device models
+//! implement [`LoopbackDevice`]; [`Echo`] is the one shipped.
+//!
+//! ```text
+//!  driver ── Transport (status, features, queues, IOTLB records) ──► Loopback
+//!     kick eventfd ──► device thread: virtio-queue over its own mappings
+//!     call eventfd ◄── LoopbackDevice::handle(request, response)
+//! ```
+
+mod device;
+mod iotlb;
 
 use std::fmt;
 use std::fs::File;
-use std::ops::Deref;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use iopath_dma::{IotlbRecord, IotlbSink, Perm, SharedRegion};
+use iopath_dma::{IotlbSink, SharedRegion};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::iommu::{Iommu, IotlbIterator, IovaRange};
-use vm_memory::{
-    Bytes, FileOffset, GuestAddress, GuestMemory, GuestMemoryMmap, GuestRegionMmap, IommuMemory,
-    Iotlb, Permissions,
-};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, IommuMemory};
 
 use super::{QueueConfig, Transport};
-use crate::features::{status, VIRTIO_F_ACCESS_PLATFORM};
+use crate::features::status;
 use crate::{Error, Result};
 
-/// An eventfd(2) used as a kick or call line.
-#[derive(Debug)]
-struct EventFd(OwnedFd);
-
-impl EventFd {
-    fn new() -> Result<Self> {
-        rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
-        )
-        .map(EventFd)
-        .map_err(|e| Error::sys("eventfd", e))
-    }
-
-    fn try_clone(&self) -> Result<Self> {
-        self.0
-            .try_clone()
-            .map(EventFd)
-            .map_err(|e| Error::sys("dup(eventfd)", e))
-    }
-
-    /// Adds 1 to the counter.
-    fn write(&self, v: u64) -> std::io::Result<()> {
-        rustix::io::write(&self.0, &v.to_ne_bytes())?;
-        Ok(())
-    }
-
-    /// Reads and clears the counter (`WouldBlock` when zero).
-    fn read(&self) -> std::io::Result<u64> {
-        let mut b = [0u8; 8];
-        rustix::io::read(&self.0, &mut b)?;
-        Ok(u64::from_ne_bytes(b))
-    }
-}
-
-impl AsFd for EventFd {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
-    }
-}
-
-/// Largest request (readable or writable bytes) the loopback device handles.
-const MAX_REQUEST: usize = 64 << 20;
-
-/// The device behind a [`Loopback`] transport: gets each request's readable
-/// bytes and fills its writable ones.
-pub trait LoopbackDevice: Send + 'static {
-    /// Virtio device id.
-    fn device_id(&self) -> u32;
-    /// Device feature bits.
-    fn features(&self) -> u64;
-    /// Number of queues.
-    fn num_queues(&self) -> u16;
-    /// Largest queue size.
-    fn queue_max_size(&self) -> u16 {
-        256
-    }
-    /// Initial config space.
-    fn config(&self) -> Vec<u8> {
-        Vec::new()
-    }
-    /// Handles one request on `queue`: `request` is the gathered readable
-    /// bytes, `response` the writable space; returns bytes written.
-    fn handle(&mut self, queue: u16, request: &[u8], response: &mut [u8]) -> usize;
-}
-
-/// A device that copies each request's readable bytes into its writable
-/// ones (as many as fit). Offers `VERSION_1`, `EVENT_IDX`, `INDIRECT_DESC`
-/// and `ACCESS_PLATFORM`.
-#[derive(Debug, Clone)]
-pub struct Echo {
-    /// Number of queues.
-    pub queues: u16,
-    /// Feature bits to offer.
-    pub features: u64,
-}
-
-impl Default for Echo {
-    fn default() -> Self {
-        Echo {
-            queues: 1,
-            features: crate::features::VIRTIO_F_VERSION_1
-                | crate::features::VIRTIO_F_EVENT_IDX
-                | crate::features::VIRTIO_F_INDIRECT_DESC
-                | VIRTIO_F_ACCESS_PLATFORM,
-        }
-    }
-}
-
-impl LoopbackDevice for Echo {
-    fn device_id(&self) -> u32 {
-        // Not a registered virtio id: a test device.
-        0xffff
-    }
-    fn features(&self) -> u64 {
-        self.features
-    }
-    fn num_queues(&self) -> u16 {
-        self.queues
-    }
-    fn handle(&mut self, _queue: u16, request: &[u8], response: &mut [u8]) -> usize {
-        let n = request.len().min(response.len());
-        response[..n].copy_from_slice(&request[..n]);
-        n
-    }
-}
-
-/// The loopback's IOMMU: an IOTLB filled only by the driver's records;
-/// misses are refused, never resolved.
-#[derive(Debug, Default)]
-struct LoopIotlb {
-    tlb: RwLock<Iotlb>,
-}
-
-impl LoopIotlb {
-    fn read(&self) -> RwLockReadGuard<'_, Iotlb> {
-        self.tlb.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn clear(&self) {
-        self.tlb
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .invalidate_all();
-    }
-}
-
-/// [`Iommu`] over a shared [`LoopIotlb`] (IommuMemory owns its IOMMU; the
-/// sink must reach the same table).
-#[derive(Debug, Clone)]
-struct SharedIommu(Arc<LoopIotlb>);
-
-impl Iommu for SharedIommu {
-    type IotlbGuard<'a> = RwLockReadGuard<'a, Iotlb>;
-
-    fn translate(
-        &self,
-        iova: GuestAddress,
-        length: usize,
-        access: Permissions,
-    ) -> std::result::Result<IotlbIterator<Self::IotlbGuard<'_>>, vm_memory::iommu::Error> {
-        // The device's addresses are untrusted: reject wrapping ranges before
-        // the IOTLB does arithmetic on them.
-        if iova.0.checked_add(length as u64).is_none() {
-            return Err(vm_memory::iommu::Error::CannotResolve {
-                iova_range: IovaRange { base: iova, length },
-                reason: "range wraps the address space".into(),
-            });
-        }
-        Iotlb::lookup(self.0.read(), iova, length, access).map_err(|fails| {
-            vm_memory::iommu::Error::CannotResolve {
-                iova_range: IovaRange { base: iova, length },
-                reason: format!(
-                    "{} unmapped, {} without permission",
-                    fails.misses.len(),
-                    fails.access_fails.len()
-                ),
-            }
-        })
-    }
-}
-
-/// The sink the driver's IOMMU ops send records to.
-#[derive(Debug)]
-struct Sink {
-    iotlb: Arc<LoopIotlb>,
-    enabled: Arc<AtomicBool>,
-    records: AtomicU64,
-}
-
-impl IotlbSink for Sink {
-    fn send(
-        &self,
-        record: IotlbRecord,
-    ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let mut tlb = self.iotlb.tlb.write().unwrap_or_else(|e| e.into_inner());
-        match record {
-            IotlbRecord::Update {
-                iova,
-                size,
-                uaddr,
-                perm,
-            } => {
-                let perm = match perm {
-                    Perm::Read => Permissions::Read,
-                    Perm::Write => Permissions::Write,
-                    Perm::ReadWrite => Permissions::ReadWrite,
-                };
-                let size = usize::try_from(size)?;
-                if iova.checked_add(size as u64).is_none() {
-                    return Err("IOTLB update wraps the address space".into());
-                }
-                tlb.set_mapping(GuestAddress(iova), GuestAddress(uaddr), size, perm)?;
-            }
-            IotlbRecord::Invalidate { iova, size } => {
-                if iova.checked_add(size).is_none() {
-                    return Err("IOTLB invalidate wraps the address space".into());
-                }
-                tlb.invalidate_mapping(GuestAddress(iova), usize::try_from(size)?);
-            }
-        }
-        self.enabled.store(true, Ordering::Release);
-        self.records.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
+use device::{device_thread, EventFd};
+pub use device::{Echo, LoopbackDevice};
+use iotlb::{LoopIotlb, SharedIommu, Sink};
 
 enum DevMem {
     Plain(GuestMemoryMmap),
@@ -607,153 +416,4 @@ impl Transport for Loopback {
     fn interrupt_fd(&self, index: u16) -> Option<BorrowedFd<'_>> {
         self.calls.get(index as usize).map(|c| c.as_fd())
     }
-}
-
-fn device_thread(shared: &Shared, kicks: &[EventFd], calls: &[EventFd], stop: &EventFd) {
-    loop {
-        let mut fds: Vec<PollFd<'_>> = kicks
-            .iter()
-            .chain(std::iter::once(stop))
-            .map(|e| PollFd::new(e, PollFlags::IN))
-            .collect();
-        match poll(&mut fds, None) {
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => {
-                tracing::error!(error = %e, "loopback device: poll failed");
-                return;
-            }
-        }
-        let ready: Vec<bool> = fds
-            .iter()
-            .map(|f| f.revents().contains(PollFlags::IN))
-            .collect();
-        drop(fds);
-        if ready[kicks.len()] {
-            return;
-        }
-        for (q, kick) in kicks.iter().enumerate() {
-            if ready[q] {
-                let _ = kick.read();
-                serve_queue(shared, q as u16, &calls[q]);
-            }
-        }
-    }
-}
-
-fn serve_queue(shared: &Shared, qi: u16, call: &EventFd) {
-    let mut guard = shared.state();
-    let st = &mut *guard;
-    if st.status & status::DRIVER_OK == 0 {
-        return;
-    }
-    let queue = &mut st.queues[qi as usize];
-    if !queue.ready() {
-        return;
-    }
-    let dev = &mut *st.device;
-    let res = match &st.mem {
-        None => return,
-        Some(DevMem::Plain(m)) => run_queue(m, queue, dev, qi, shared),
-        Some(DevMem::Iommu(m)) => run_queue(m, queue, dev, qi, shared),
-    };
-    match res {
-        Ok(true) => {
-            if let Err(e) = call.write(1) {
-                tracing::error!(error = %e, "loopback device: call eventfd");
-            }
-        }
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(queue = qi, error = %e, "loopback device: queue error");
-            shared.device_errors.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Serves every available request; returns whether the driver must be
-/// interrupted.
-fn run_queue<M: GuestMemory>(
-    mem: &M,
-    queue: &mut Queue,
-    dev: &mut dyn LoopbackDevice,
-    qi: u16,
-    shared: &Shared,
-) -> std::result::Result<bool, virtio_queue::Error> {
-    let mut interrupt = false;
-    loop {
-        queue.disable_notification(mem)?;
-        while let Some(chain) = queue.pop_descriptor_chain(mem) {
-            let head = chain.head_index();
-            let written = match serve_chain(chain, dev, qi) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(queue = qi, error = %e, "loopback device: bad request");
-                    shared.device_errors.fetch_add(1, Ordering::Relaxed);
-                    0
-                }
-            };
-            queue.add_used(mem, head, written)?;
-            shared.requests.fetch_add(1, Ordering::Relaxed);
-        }
-        interrupt |= queue.needs_notification(mem)?;
-        if !queue.enable_notification(mem)? {
-            break;
-        }
-    }
-    Ok(interrupt)
-}
-
-/// Gathers a chain's readable bytes, runs the device, scatters the response.
-fn serve_chain<M>(
-    chain: virtio_queue::DescriptorChain<M>,
-    dev: &mut dyn LoopbackDevice,
-    qi: u16,
-) -> std::result::Result<u32, String>
-where
-    M: Deref + Clone,
-    M::Target: GuestMemory,
-{
-    let mem = chain.memory();
-    let mut request = Vec::new();
-    let mut writable = Vec::new();
-    let mut wlen = 0usize;
-    for desc in chain.clone() {
-        let len = desc.len() as usize;
-        if desc.is_write_only() {
-            wlen += len;
-            writable.push((desc.addr(), len));
-        } else {
-            let at = request.len();
-            if at + len > MAX_REQUEST {
-                return Err(format!("request larger than {MAX_REQUEST} bytes"));
-            }
-            request.resize(at + len, 0);
-            mem.read_slice(&mut request[at..], desc.addr())
-                .map_err(|e| format!("read {:#x}+{len}: {e}", desc.addr().0))?;
-        }
-        if wlen > MAX_REQUEST {
-            return Err(format!("response larger than {MAX_REQUEST} bytes"));
-        }
-    }
-    // Check the writable ranges before the device runs, so a bad address
-    // fails the whole request.
-    for &(addr, len) in &writable {
-        if !mem.check_range(addr, len, Permissions::Write) {
-            return Err(format!("cannot write {:#x}+{len}", addr.0));
-        }
-    }
-    let mut response = vec![0u8; wlen];
-    let n = dev.handle(qi, &request, &mut response).min(wlen);
-    let mut done = 0;
-    for (addr, len) in writable {
-        if done == n {
-            break;
-        }
-        let part = len.min(n - done);
-        mem.write_slice(&response[done..done + part], addr)
-            .map_err(|e| format!("write {:#x}+{part}: {e}", addr.0))?;
-        done += part;
-    }
-    Ok(n as u32)
 }

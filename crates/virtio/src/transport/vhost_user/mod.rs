@@ -26,28 +26,30 @@
 //! whatever order the driver called [`Transport::setup_queue`] and
 //! [`Transport::set_memory`] in.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+mod backend_channel;
+mod control;
+mod error;
+
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use iopath_dma::{IotlbRecord, IotlbSink, SharedRegion};
+use iopath_dma::{IotlbSink, SharedRegion};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend as _, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{QueueConfig, Transport};
-use crate::device::IotlbMsg;
 use crate::features::{status, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM};
-use crate::vhost_wire::{
-    self, Header, RawIotlb, BACKEND_CONFIG_CHANGE, BACKEND_IOTLB_MSG, FRONTEND_IOTLB_MSG,
-    HEADER_SIZE, MAX_PAYLOAD,
-};
+use backend_channel::BackendChannel;
+pub use control::VhostUserIotlb;
+use control::{lock, Control};
+use error::req;
+pub use error::{Result, VhostUserError};
 
 /// Largest region count `SET_MEM_TABLE` carries for every back end (the
 /// spec's baseline; libvhost-user refuses more). Further regions go through
@@ -56,97 +58,6 @@ const MEM_TABLE_BASELINE: usize = 8;
 /// Queue size assumed when the back end does not say (vhost-user has no
 /// message for it): libvhost-user's and QEMU's `VIRTQUEUE_MAX_SIZE`.
 pub const DEFAULT_QUEUE_MAX_SIZE: u16 = 1024;
-
-/// Errors of the vhost-user front end.
-#[derive(Debug, thiserror::Error)]
-pub enum VhostUserError {
-    /// The socket could not be connected.
-    #[error("Cannot connect to vhost-user socket {path}")]
-    Connect {
-        /// Socket path.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A vhost-user request failed or the back end refused it.
-    #[error("vhost-user {request} failed")]
-    Request {
-        /// Request name.
-        request: &'static str,
-        /// Cause.
-        #[source]
-        source: vhost::Error,
-    },
-    /// Socket or eventfd I/O failed.
-    #[error("{op} failed")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The back end lacks something the driver needs.
-    #[error("Back end does not support {what}")]
-    Unsupported {
-        /// The missing feature.
-        what: &'static str,
-    },
-    /// The back end answered with a malformed or negative reply.
-    #[error("Bad reply from the back end to {request}: {why}")]
-    BadReply {
-        /// Request name.
-        request: &'static str,
-        /// What was wrong.
-        why: &'static str,
-    },
-    /// A device address lies in no shared region.
-    #[error("Device address {addr:#x}+{len:#x} is not inside any shared region")]
-    NotShared {
-        /// Device address.
-        addr: u64,
-        /// Length.
-        len: u64,
-    },
-    /// Shared regions overlap in device address space or are empty.
-    #[error("Shared region at {addr:#x}+{len:#x} overlaps another or is empty")]
-    BadRegion {
-        /// Device address.
-        addr: u64,
-        /// Length.
-        len: u64,
-    },
-    /// More regions than the back end accepts.
-    #[error("Too many shared regions: {count} (back end accepts {max})")]
-    TooManyRegions {
-        /// Regions requested.
-        count: usize,
-        /// Back end's limit.
-        max: usize,
-    },
-    /// A queue index past the back end's queue count.
-    #[error("Queue {index} out of range (back end has {count})")]
-    BadQueue {
-        /// Index asked for.
-        index: u16,
-        /// Queues the back end has.
-        count: u16,
-    },
-    /// A queue was used before it was set up and the device started.
-    #[error("Queue {index} is not running (set it up, then DRIVER_OK)")]
-    QueueNotReady {
-        /// Queue index.
-        index: u16,
-    },
-}
-
-/// Result of the vhost-user front end.
-pub type Result<T, E = VhostUserError> = std::result::Result<T, E>;
-
-fn req(request: &'static str) -> impl FnOnce(vhost::Error) -> VhostUserError {
-    move |source| VhostUserError::Request { request, source }
-}
 
 fn region_info(r: &SharedRegion) -> VhostUserMemoryRegionInfo {
     VhostUserMemoryRegionInfo {
@@ -172,98 +83,6 @@ fn wanted_protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::BACKEND_REQ
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-}
-
-/// The control channel: the rust-vmm front end and a second handle on the
-/// same socket for the requests it cannot send (`IOTLB_MSG`). Both are used
-/// only with the mutex held, so replies never interleave.
-struct Control {
-    fe: Frontend,
-    raw: UnixStream,
-    reply_ack: bool,
-    /// `ACCESS_PLATFORM` was acknowledged.
-    iotlb: bool,
-}
-
-impl std::fmt::Debug for Control {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Control")
-            .field("socket", &self.raw)
-            .field("reply_ack", &self.reply_ack)
-            .field("iotlb", &self.iotlb)
-            .finish()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked mid-request; the
-    // socket state is then unknown, but using it yields errors, not UB.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Control {
-    // Hand-written: the vhost crate's Frontend has no IOTLB_MSG request.
-    fn send_iotlb(&self, iotlb: &IotlbMsg) -> Result<()> {
-        if !self.iotlb {
-            return Err(VhostUserError::Unsupported {
-                what: "IOTLB messages without ACCESS_PLATFORM",
-            });
-        }
-        let payload = iotlb.to_wire();
-        let header = Header::request(FRONTEND_IOTLB_MSG, payload.len(), self.reply_ack);
-        write_all(
-            &self.raw,
-            &vhost_wire::message(header, &payload),
-            "IOTLB_MSG send",
-        )?;
-        if self.reply_ack {
-            let mut reply = [0u8; vhost_wire::U64_REPLY_SIZE];
-            read_exact(&self.raw, &mut reply, "IOTLB_MSG reply")?;
-            let status = vhost_wire::parse_u64_reply(FRONTEND_IOTLB_MSG, &reply).map_err(|_| {
-                VhostUserError::BadReply {
-                    request: "IOTLB_MSG",
-                    why: "not a reply to IOTLB_MSG",
-                }
-            })?;
-            if status != 0 {
-                return Err(VhostUserError::BadReply {
-                    request: "IOTLB_MSG",
-                    why: "back end refused the entry",
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Forwards the IOMMU ops' IOTLB records to the back end as `IOTLB_MSG`.
-/// With REPLY_ACK, `send` returns only once the back end acknowledged the
-/// record, so an invalidated range is out of the device's reach by then.
-#[derive(Debug, Clone)]
-pub struct VhostUserIotlb {
-    ctl: Arc<Mutex<Control>>,
-}
-
-impl IotlbSink for VhostUserIotlb {
-    fn send(&self, record: IotlbRecord) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let ctl = lock(&self.ctl);
-        let msg = match record {
-            IotlbRecord::Update {
-                iova,
-                size,
-                uaddr,
-                perm,
-            } => IotlbMsg::Update {
-                iova,
-                size,
-                uaddr,
-                perm: perm.into(),
-            },
-            IotlbRecord::Invalidate { iova, size } => IotlbMsg::Invalidate { iova, size },
-        };
-        ctl.send_iotlb(&msg)?;
-        Ok(())
-    }
 }
 
 /// The kick and call eventfds of one queue (made at connect, for every
@@ -785,143 +604,6 @@ fn check_disjoint(regions: &[SharedRegion]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn write_all(sock: &UnixStream, mut buf: &[u8], op: &'static str) -> Result<()> {
-    while !buf.is_empty() {
-        match rustix::net::sendmsg(
-            sock,
-            &[IoSlice::new(buf)],
-            &mut rustix::net::SendAncillaryBuffer::default(),
-            rustix::net::SendFlags::NOSIGNAL,
-        ) {
-            Ok(n) => buf = &buf[n..],
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => {
-                return Err(VhostUserError::Io {
-                    op,
-                    source: e.into(),
-                })
-            }
-        }
-    }
-    Ok(())
-}
-
-fn read_exact(sock: &UnixStream, buf: &mut [u8], op: &'static str) -> Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        match rustix::net::recvmsg(
-            sock,
-            &mut [IoSliceMut::new(&mut buf[got..])],
-            &mut rustix::net::RecvAncillaryBuffer::default(),
-            rustix::net::RecvFlags::empty(),
-        ) {
-            Ok(r) if r.bytes == 0 => {
-                return Err(VhostUserError::Io {
-                    op,
-                    source: std::io::ErrorKind::UnexpectedEof.into(),
-                })
-            }
-            Ok(r) => got += r.bytes,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => {
-                return Err(VhostUserError::Io {
-                    op,
-                    source: e.into(),
-                })
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The back-end request channel (`SET_BACKEND_REQ_FD`), served by a thread.
-///
-/// iopath's IOMMU ops send every IOTLB entry before the device can need it,
-/// so a miss means the device touched an address the driver never mapped:
-/// it is logged and left unresolved (the back end fails that request).
-/// Config-change notices are logged. Replies, when asked for, say "not
-/// handled" (non-zero) for misses and "ok" for the rest.
-#[derive(Debug)]
-struct BackendChannel {
-    sock: Arc<UnixStream>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl BackendChannel {
-    fn spawn(sock: UnixStream) -> Result<Self> {
-        let sock = Arc::new(sock);
-        let s = Arc::clone(&sock);
-        let thread = std::thread::Builder::new()
-            .name("vhost-user-backend-req".into())
-            .spawn(move || serve_backend_channel(&s))
-            .map_err(|source| VhostUserError::Io {
-                op: "spawn of the back-end channel thread",
-                source,
-            })?;
-        Ok(BackendChannel {
-            sock,
-            thread: Some(thread),
-        })
-    }
-
-    fn stop(mut self) {
-        let _ = rustix::net::shutdown(self.sock.as_fd(), rustix::net::Shutdown::Both);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve_backend_channel(sock: &UnixStream) {
-    loop {
-        let mut hdr = [0u8; HEADER_SIZE];
-        if read_exact(sock, &mut hdr, "back-end channel read").is_err() {
-            return;
-        }
-        let hdr = Header::parse(&hdr);
-        // Refuse anything huge rather than allocate what a hostile peer
-        // asks for.
-        let size = match hdr.check(MAX_PAYLOAD) {
-            Ok(size) => size,
-            Err(e) => {
-                tracing::warn!("back-end channel: {e}; closing");
-                return;
-            }
-        };
-        let mut body = vec![0u8; size];
-        if read_exact(sock, &mut body, "back-end channel read").is_err() {
-            return;
-        }
-        // Any fds the back end attached were received into the default
-        // (empty) ancillary buffer and thus closed by the kernel.
-        let handled = match (hdr.request, RawIotlb::decode(&body)) {
-            (BACKEND_IOTLB_MSG, Some(miss)) => {
-                tracing::warn!(
-                    iova = format_args!("{:#x}", miss.iova),
-                    perm = miss.perm,
-                    kind = miss.kind,
-                    "back end reports an IOTLB miss for an address never mapped"
-                );
-                false
-            }
-            (BACKEND_CONFIG_CHANGE, _) => {
-                tracing::info!("back end reports a config change");
-                true
-            }
-            (other, _) => {
-                tracing::warn!(code = other, "back-end channel: unhandled request");
-                false
-            }
-        };
-        if hdr.need_reply() {
-            let reply = vhost_wire::u64_reply(hdr.request, u64::from(!handled));
-            if write_all(sock, &reply, "back-end channel reply").is_err() {
-                return;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
