@@ -1,23 +1,23 @@
 //! `iopath rpmsg remote|host|ping`: rpmsg over virtio rings in shared memory.
 
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use iopath_bench::rpmsg::RawPingPong;
 use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::{proto, CtrlClient, CtrlEndpoint, CtrlError, EptFd, EptInfo};
-use iopath_rpmsg::rsc_table::ShmLayout;
-use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::wire::{ADDR_ANY, MAX_PAYLOAD};
-use iopath_rpmsg::{
-    shm_path, Bus, CtrlOptions, CtrlServer, EndpointOptions, Event, NotifySpec, SharedMem, Stats,
-    HOST_FEATURES,
-};
+use iopath_rpmsg::{NotifySpec, Stats};
 
 mod ept;
 mod exec;
+mod host;
+mod remote;
+mod stop;
+
+pub use host::HostArgs;
+pub use remote::RemoteArgs;
 
 /// Service name of OpenAMP's echo demo.
 const OPENAMP_SERVICE: &str = "rpmsg-openamp-demo-channel";
@@ -67,88 +67,6 @@ pub enum RpmsgCmd {
     },
 }
 
-/// Options of `iopath rpmsg remote`.
-#[derive(Debug, clap::Args)]
-pub struct RemoteArgs {
-    /// Shared-memory file (a bare name means /dev/shm/NAME).
-    #[arg(long)]
-    shm: PathBuf,
-    /// Create the file with SIZE bytes (e.g. 0x80000, 512K, 2M) and write a
-    /// fresh resource table: OpenAMP demo layout (table at 0, vrings at
-    /// 0x4000 and 0x8000 aligned 0x1000, buffers from 0x10000).
-    #[arg(long, value_parser = parse_size)]
-    create: Option<u64>,
-    /// Entries per vring (with --create).
-    #[arg(long, default_value_t = 256)]
-    ring: u32,
-    /// Offer VIRTIO_RING_F_EVENT_IDX (with --create).
-    #[arg(long)]
-    event_idx: bool,
-    /// How to notify: eventfd:SOCK (eventfd pair passed over SOCK), unix:SOCK
-    /// (one byte per kick, OpenAMP demo), or poll. The remote listens.
-    #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
-    notify: NotifySpec,
-    /// Echo service to announce (repeatable).
-    #[arg(long, default_value = OPENAMP_SERVICE)]
-    echo: Vec<String>,
-    /// Behave like OpenAMP's rpmsg-echo demo: exit once the host destroys
-    /// the channel (or sends the shutdown word 0xEF56A55A).
-    #[arg(long)]
-    openamp: bool,
-    /// Exit once the host destroys the channel.
-    #[arg(long)]
-    exit_on_unbind: bool,
-    /// After echoing N messages, destroy the echo services (name-service
-    /// DESTROY) and exit.
-    #[arg(long)]
-    echo_limit: Option<u64>,
-    /// Give up if the host has not set DRIVER_OK within SECS.
-    #[arg(long)]
-    ready_timeout: Option<u64>,
-    /// Print the final counters as JSON.
-    #[arg(long)]
-    json: bool,
-}
-
-/// Options of `iopath rpmsg host`.
-#[derive(Debug, clap::Args)]
-pub struct HostArgs {
-    /// Shared-memory file written by the remote (a bare name means
-    /// /dev/shm/NAME).
-    #[arg(long)]
-    shm: PathBuf,
-    /// How to notify (see `remote --notify`); the host connects.
-    #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
-    notify: NotifySpec,
-    /// Serve local clients on this SOCK_SEQPACKET control socket: the
-    /// endpoint service (create endpoints as fds or legacy nodes, STATS)
-    /// and ATTACH. The peer's credentials are logged (IOPATH_LOG=info).
-    #[arg(long)]
-    ctrl: Option<PathBuf>,
-    /// Mode of the control socket and of the legacy nodes, octal (e.g.
-    /// 660 to let the group in).
-    #[arg(long, default_value = "600", value_parser = parse_mode)]
-    ctrl_mode: u32,
-    /// Directory for legacy nodes (rpmsgN); default: the control socket
-    /// path with ".d" appended.
-    #[arg(long)]
-    rundir: Option<PathBuf>,
-    /// Behave like OpenAMP's rpmsg-echo-ping demo: payloads {u64 num; u64
-    /// size; u8 data[size]} of sizes 1..480 filled with 0xA5, each echo
-    /// checked, then a name-service destroy; exit status 1 on any error.
-    #[arg(long, conflicts_with = "ctrl")]
-    openamp_ping: bool,
-    /// Do not accept VIRTIO_RING_F_EVENT_IDX even if offered.
-    #[arg(long)]
-    no_event_idx: bool,
-    /// Seconds to wait for the remote.
-    #[arg(long, default_value_t = 30)]
-    timeout: u64,
-    /// Print results as JSON.
-    #[arg(long)]
-    json: bool,
-}
-
 /// Options of `iopath rpmsg ping`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -169,7 +87,7 @@ pub struct PingArgs {
     #[arg(long)]
     attach: bool,
     /// Channel (service name the remote announced).
-    #[arg(long, default_value = OPENAMP_SERVICE)]
+    #[arg(long, default_value = OPENAMP_SERVICE, value_parser = parse_name)]
     name: String,
     /// Round trips.
     #[arg(long, default_value_t = 1000)]
@@ -197,6 +115,18 @@ pub struct PingArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+/// Checks an endpoint or channel name as rpmsg's 32-byte name field holds
+/// it (with its terminating NUL).
+fn parse_name(s: &str) -> Result<String, String> {
+    iopath_rpmsg::wire::check_name(s).map_err(|_| {
+        format!(
+            "{} bytes: a name is 1 to 31 bytes with no NUL (rpmsg's name field is 32 bytes, terminator included)",
+            s.len()
+        )
+    })?;
+    Ok(s.to_owned())
 }
 
 /// Parses an octal file mode: 600, 0660.
@@ -229,8 +159,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// Runs one `rpmsg` subcommand.
 pub fn run(cmd: RpmsgCmd) -> Result<()> {
     match cmd {
-        RpmsgCmd::Remote(a) => remote(a),
-        RpmsgCmd::Host(a) => host(a),
+        RpmsgCmd::Remote(a) => remote::run(a),
+        RpmsgCmd::Host(a) => host::run(a),
         RpmsgCmd::Ping(a) => ping(a),
         RpmsgCmd::Ept(c) => ept::run(c),
         RpmsgCmd::Exec(a) => exec::exec(a),
@@ -258,270 +188,6 @@ fn stats_line(s: &Stats) -> String {
         s.ns_create,
         s.ns_destroy
     )
-}
-
-enum Exit {
-    Unbound(String),
-    Limit,
-    Shutdown,
-}
-
-fn remote(a: RemoteArgs) -> Result<()> {
-    let path = shm_path(&a.shm);
-    let shm = match a.create {
-        Some(size) => {
-            let mut layout = if size == 0x80000 && a.ring == 256 {
-                ShmLayout::openamp_demo()
-            } else {
-                ShmLayout::for_size(size, a.ring).with_context(|| {
-                    format!("no layout for {size:#x} bytes and rings of {}", a.ring)
-                })?
-            };
-            if a.event_idx {
-                layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
-            }
-            SharedMem::create(&path, &layout)
-                .with_context(|| format!("creating {}", path.display()))?
-        }
-        None => {
-            ensure!(
-                !a.event_idx,
-                "--event-idx needs --create (the table is written then)"
-            );
-            let shm =
-                SharedMem::open(&path).with_context(|| format!("opening {}", path.display()))?;
-            shm.table(0)
-                .with_context(|| format!("resource table in {}", path.display()))?;
-            shm
-        }
-    };
-    let listener = a
-        .notify
-        .bind()
-        .with_context(|| format!("binding {}", a.notify))?;
-    eprintln!(
-        "remote: {} ({} bytes), waiting for the host on {}",
-        path.display(),
-        shm.len(),
-        a.notify
-    );
-    let notifier = listener.accept().context("waiting for the host")?;
-    let bus = Bus::remote(shm, notifier, a.ready_timeout.map(Duration::from_secs))
-        .context("waiting for DRIVER_OK")?;
-    let f = bus.features();
-    let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
-        .into_iter()
-        .filter(|(bit, _)| f & (1 << bit) != 0)
-        .map(|(_, n)| n)
-        .collect();
-    eprintln!(
-        "remote: host ready (features {}), announcing {:?}",
-        if names.is_empty() {
-            "none".into()
-        } else {
-            names.join(", ")
-        },
-        a.echo
-    );
-    let (exit_tx, exit_rx) = mpsc::channel::<Exit>();
-    let exit_on_unbind = a.exit_on_unbind || a.openamp;
-    let echoed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut eps = Vec::new();
-    for name in &a.echo {
-        let tx = exit_tx.clone();
-        let name2 = name.clone();
-        let echoed = std::sync::Arc::clone(&echoed);
-        let limit = a.echo_limit;
-        let openamp = a.openamp;
-        let ep = bus
-            .create_with_callback(EndpointOptions::new(name), move |ep, ev| match ev {
-                Event::Message(m) => {
-                    if openamp && m.data.len() == 4 && m.data[..4] == OPENAMP_SHUTDOWN.to_le_bytes()
-                    {
-                        let _ = tx.send(Exit::Shutdown);
-                        return;
-                    }
-                    let n = echoed.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                    if limit.is_some_and(|l| n > l) {
-                        return; // past the limit: about to destroy the service
-                    }
-                    if let Err(e) = ep.send_to(m.src, &m.data, Some(Duration::from_secs(5))) {
-                        tracing::warn!("echo to {} failed: {e}", m.src);
-                    }
-                    if limit == Some(n) {
-                        let _ = tx.send(Exit::Limit);
-                    }
-                }
-                Event::Unbound { addr } => {
-                    eprintln!("remote: host destroyed its endpoint {addr} on {name2:?}");
-                    if exit_on_unbind {
-                        let _ = tx.send(Exit::Unbound(name2.clone()));
-                    }
-                }
-                Event::LinkDown(_) => {}
-            })
-            .with_context(|| format!("announcing {name:?}"))?;
-        eps.push(ep);
-    }
-    let b2 = bus.clone();
-    let down_tx = exit_tx.clone();
-    std::thread::spawn(move || {
-        let r = b2.wait_down(None).unwrap_or_default();
-        let _ = down_tx.send(Exit::Unbound(format!("link down: {r}")));
-    });
-    drop(exit_tx);
-    let why = exit_rx.recv().unwrap_or(Exit::Shutdown);
-    let msg = match &why {
-        Exit::Unbound(r) => format!("channel closed ({r})"),
-        Exit::Limit => "echo limit reached, destroying the services".into(),
-        Exit::Shutdown => "shutdown word received".into(),
-    };
-    eprintln!("remote: {msg}");
-    // Dropping the endpoints sends the name-service DESTROY records.
-    drop(eps);
-    if matches!(why, Exit::Limit) {
-        // Give the host a moment to take the DESTROY before we go.
-        let _ = bus.wait_down(Some(Duration::from_millis(500)));
-    }
-    let s = bus.stats();
-    bus.shutdown();
-    if a.json {
-        let echoed = echoed.load(std::sync::atomic::Ordering::Relaxed);
-        println!(
-            "{}",
-            serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(&s) })
-        );
-    } else {
-        eprintln!("remote: {}", stats_line(&s));
-    }
-    Ok(())
-}
-
-/// Opens the remote's shared memory, retrying while it is being created.
-fn open_shm(path: &Path, timeout: Duration) -> Result<SharedMem> {
-    let start = Instant::now();
-    loop {
-        let r = SharedMem::open(path).and_then(|s| s.table(0).map(|_| s));
-        match r {
-            Ok(s) => return Ok(s),
-            Err(e) if start.elapsed() >= timeout => {
-                return Err(e).with_context(|| {
-                    format!(
-                        "the remote's shared memory (waited {} s)",
-                        timeout.as_secs()
-                    )
-                })
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
-fn host(a: HostArgs) -> Result<()> {
-    ensure!(
-        a.ctrl.is_some() || a.openamp_ping,
-        "nothing to do: give --ctrl SOCK (serve clients) or --openamp-ping"
-    );
-    let path = shm_path(&a.shm);
-    let timeout = Duration::from_secs(a.timeout);
-    let notifier = a
-        .notify
-        .connect(timeout)
-        .with_context(|| format!("connecting to the remote on {}", a.notify))?;
-    let shm = open_shm(&path, timeout)?;
-    let mut features = HOST_FEATURES;
-    if a.no_event_idx {
-        features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
-    }
-    let bus = Bus::host(shm, notifier, features).context("starting the host")?;
-    if a.openamp_ping {
-        return openamp_ping(&bus, timeout, a.json);
-    }
-    let ctrl = a.ctrl.as_deref().expect("checked above");
-    let opts = CtrlOptions {
-        mode: a.ctrl_mode,
-        rundir: a.rundir.clone(),
-    };
-    let server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
-        .with_context(|| format!("control socket {}", ctrl.display()))?;
-    eprintln!(
-        "host: {} via {}, control socket {} (mode {:o}), nodes in {}",
-        path.display(),
-        bus.notifier_kind(),
-        server.path().display(),
-        a.ctrl_mode,
-        server.rundir().display()
-    );
-    let reason = bus.wait_down(None).unwrap_or_default();
-    let s = bus.stats();
-    bus.shutdown();
-    let _ = std::fs::remove_file(ctrl);
-    let _ = std::fs::remove_dir(server.rundir());
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(&s) })
-        );
-    } else {
-        eprintln!("host: {reason}; {}", stats_line(&s));
-    }
-    Ok(())
-}
-
-/// OpenAMP's rpmsg-echo-ping, over iopath's bus.
-fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
-    let ep = bus
-        .create(EndpointOptions::new(OPENAMP_SERVICE))
-        .context("creating the demo endpoint")?;
-    let start = Instant::now();
-    while ep.dst() == ADDR_ANY {
-        ensure!(
-            start.elapsed() < timeout,
-            "the remote never announced {OPENAMP_SERVICE:?}"
-        );
-        if let Some(r) = bus.down_reason() {
-            bail!("link down: {r}");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut errors = 0u64;
-    let t0 = Instant::now();
-    for (num, size) in (1..=OPENAMP_MAX).enumerate() {
-        let mut p = Vec::with_capacity(16 + size);
-        p.extend_from_slice(&(num as u64).to_le_bytes());
-        p.extend_from_slice(&(size as u64).to_le_bytes());
-        p.resize(16 + size, 0xA5);
-        ep.send(&p)
-            .with_context(|| format!("sending payload {num}"))?;
-        let m = ep
-            .recv(Some(timeout))
-            .with_context(|| format!("waiting for echo {num}"))?;
-        let ok = m.data.len() == 16 + size
-            && m.data[..8] == (num as u64).to_le_bytes()
-            && m.data[8..16] == (size as u64).to_le_bytes()
-            && m.data[16..].iter().all(|&b| b == 0xA5);
-        if !ok {
-            errors += 1;
-            eprintln!("openamp-ping: payload {num} (size {size}) came back wrong");
-        }
-    }
-    let elapsed = t0.elapsed();
-    // End the session as the demo does: destroy the endpoint (name-service
-    // DESTROY), and let the remote take it before resetting the device.
-    drop(ep);
-    bus.flush(Duration::from_secs(2));
-    let s = bus.stats();
-    bus.shutdown();
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({ "payloads": OPENAMP_MAX, "errors": errors, "elapsed_us": elapsed.as_micros() as u64, "stats": stats_json(&s) })
-        );
-    } else {
-        println!("openamp-ping: {OPENAMP_MAX} payloads (sizes 1..{OPENAMP_MAX}) echoed, errors {errors}, {:.1} ms", elapsed.as_secs_f64() * 1e3);
-    }
-    ensure!(errors == 0, "{errors} payloads came back wrong");
-    Ok(())
 }
 
 fn fill(buf: &mut [u8], seq: u64) {
@@ -727,5 +393,14 @@ mod tests {
         assert_eq!(parse_size("2M"), Ok(2 << 20));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("0xzz").is_err());
+    }
+
+    #[test]
+    fn names_checked() {
+        assert_eq!(parse_name("echo").as_deref(), Ok("echo"));
+        assert!(parse_name(&"x".repeat(31)).is_ok());
+        let e = parse_name(&"x".repeat(40)).unwrap_err();
+        assert!(e.starts_with("40 bytes: a name is 1 to 31 bytes"), "{e}");
+        assert!(parse_name("").is_err());
     }
 }

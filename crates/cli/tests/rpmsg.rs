@@ -97,8 +97,14 @@ fn remote_destroy_tears_down_host_channel() {
         err.contains("not announced") || err.contains("refused") || err.contains("connect"),
         "{err}"
     );
-    // And the host ends once the remote has gone.
-    assert!(p.host.wait(Duration::from_secs(10)).success());
+    // And the host ends once the remote has gone, with a status a
+    // supervisor can tell from a requested stop.
+    assert_eq!(p.host.wait(Duration::from_secs(10)).code(), Some(1));
+    let host_err = p.host.stderr();
+    assert!(
+        host_err.contains("the link to the remote went down"),
+        "{host_err}"
+    );
 }
 
 #[test]
@@ -311,7 +317,7 @@ fn hostile_host_against_remote() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shm");
     let ev = format!("unix:{}/ev", s(dir.path()));
-    let mut remote = spawn_remote(dir.path(), s(&path), &ev, &["--echo", "echo"]);
+    let mut remote = spawn_remote(dir.path(), s(&path), &ev, &["--echo", "echo", "--once"]);
     let n = ev
         .parse::<NotifySpec>()
         .unwrap()
@@ -384,10 +390,12 @@ fn hostile_host_against_remote() {
     shm.store_u16(vq1.avail + 2, a1.wrapping_add(1000), Ordering::Release)
         .unwrap();
     n.kick().unwrap();
+    // Served one host (--once), which broke the rings: status 1.
     let st = remote.wait(Duration::from_secs(10));
-    assert!(st.success(), "{st:?}: {}", remote.stderr());
+    assert_eq!(st.code(), Some(1), "{st:?}: {}", remote.stderr());
     let err = remote.stderr();
     assert!(err.contains("moved by more than the ring size"), "{err}");
+    assert!(err.contains("the host went away"), "{err}");
     assert!(err.contains("malformed 1"), "{err}");
 }
 
@@ -491,8 +499,9 @@ fn hostile_remote_against_host(huge_len: bool) {
             .unwrap();
         let _ = n.kick();
     }
+    // The broken link ends the host with status 1, its counters printed.
     let st = host.wait(Duration::from_secs(10));
-    assert!(st.success(), "{st:?}: {}", host.stderr());
+    assert_eq!(st.code(), Some(1), "{st:?}: {}", host.stderr());
     let err = host.stderr();
     let reason = if huge_len {
         "used len 100000"

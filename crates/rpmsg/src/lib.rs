@@ -43,6 +43,7 @@
 //! ```
 
 mod bus;
+mod claim;
 pub mod ctrl;
 mod host;
 mod link;
@@ -64,4 +65,4 @@ pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;
 pub use rsc_table::{ResourceTable, ShmLayout};
 pub use service::{CtrlOptions, CtrlServer};
-pub use shm::{shm_path, SharedMem, ShmError};
+pub use shm::{shm_path, SharedMem, ShmError, ShmOptions};

@@ -55,6 +55,18 @@ pub enum NotifyError {
         /// Seconds waited.
         secs: u64,
     },
+    /// Another remote listens on the socket path.
+    #[error("{} is in use by another server", path.display())]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The socket path is taken by a file that is not a socket.
+    #[error("{} exists and is not a socket", path.display())]
+    NotSocket {
+        /// The path.
+        path: PathBuf,
+    },
     /// A `--notify` value that is not `eventfd:PATH`, `unix:PATH` or `poll`.
     #[error("Unknown notifier {0:?} (expected eventfd:PATH, unix:PATH or poll)")]
     Spec(String),
@@ -412,11 +424,18 @@ impl NotifySpec {
     /// Remote side, step 1: binds the socket (replacing a stale one).
     ///
     /// # Errors
+    /// [`NotifyError::InUse`] if another remote listens there,
+    /// [`NotifyError::NotSocket`] for another kind of file,
     /// [`NotifyError::Io`] if the socket cannot be bound.
     pub fn bind(&self) -> Result<NotifyListener, NotifyError> {
         let listener = match self {
             NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => {
-                let _ = std::fs::remove_file(p);
+                use crate::claim::{claim, Refusal};
+                claim(p, rustix::net::SocketType::STREAM).map_err(|r| match r {
+                    Refusal::InUse => NotifyError::InUse { path: p.clone() },
+                    Refusal::NotSocket => NotifyError::NotSocket { path: p.clone() },
+                    Refusal::Io(op, source) => NotifyError::Io { op, source },
+                })?;
                 Some(UnixListener::bind(p).map_err(io("bind"))?)
             }
             NotifySpec::Poll => None,
@@ -447,12 +466,23 @@ impl NotifySpec {
 }
 
 impl NotifyListener {
+    /// The socket path, if the notifier has one.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.spec {
+            NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => Some(p),
+            NotifySpec::Poll => None,
+        }
+    }
+
     /// Remote side, step 2: waits for the host to connect (no time limit).
+    /// The listener stays bound, so a host that comes later (after this
+    /// one went) can connect again, and a second remote is refused.
     ///
     /// # Errors
-    /// [`NotifyError::Io`] if `accept` fails.
-    pub fn accept(self) -> Result<Box<dyn Notifier>, NotifyError> {
-        let Some(l) = self.listener else {
+    /// [`NotifyError::Io`] if `accept` fails, a handshake error if the
+    /// connection is not a host (e.g. another server's probe).
+    pub fn accept(&self) -> Result<Box<dyn Notifier>, NotifyError> {
+        let Some(l) = &self.listener else {
             return Ok(Box::new(PollNotifier));
         };
         let (sock, _) = l.accept().map_err(io("accept"))?;

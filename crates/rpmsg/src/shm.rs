@@ -56,6 +56,67 @@ pub enum ShmError {
     /// The resource table is refused.
     #[error("Resource table refused")]
     Table(#[from] RscError),
+    /// A file whose size no shared memory has.
+    #[error("Shared memory {} is {len} bytes, not a non-zero multiple of the page size ({page})", path.display())]
+    Size {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        len: u64,
+        /// The page size.
+        page: usize,
+    },
+    /// A file users other than its owner (or an owner other than this user
+    /// or root) can write: whoever can write it can forge any message.
+    #[error("Shared memory {} (mode {mode:o}, owner uid {uid}) can be written by other users", path.display())]
+    Writable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        uid: u32,
+    },
+    /// Another remote holds the file.
+    #[error("Shared memory {} is in use by another remote", path.display())]
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// How a shared-memory file is created or opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmOptions {
+    /// Permission bits of a created file: 0600 by default (every message
+    /// that crosses the bus can be read from the file).
+    pub mode: u32,
+    /// Attach to a file that users other than its owner can write.
+    pub allow_others_write: bool,
+}
+
+impl Default for ShmOptions {
+    fn default() -> Self {
+        ShmOptions {
+            mode: 0o600,
+            allow_others_write: false,
+        }
+    }
+}
+
+/// Refuses a file others can write, unless `allow`.
+fn check_writers(path: &Path, meta: &std::fs::Metadata, allow: bool) -> Result<(), ShmError> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    let (mode, uid) = (meta.mode() & 0o7777, meta.uid());
+    if !allow && (mode & 0o022 != 0 || (uid != me && uid != 0)) {
+        return Err(ShmError::Writable {
+            path: path.to_owned(),
+            mode,
+            uid,
+        });
+    }
+    Ok(())
 }
 
 /// The shared-memory region of one rpmsg link.
@@ -67,12 +128,28 @@ pub struct SharedMem {
 }
 
 impl SharedMem {
-    /// Creates (or truncates) `path`, sizes it for `layout`, and writes the
-    /// resource table at offset 0 with status 0.
+    /// Creates (or truncates) `path` with mode 0600, sizes it for `layout`,
+    /// and writes the resource table at offset 0 with status 0.
     ///
     /// # Errors
-    /// [`ShmError::File`] or [`ShmError::Map`].
+    /// As [`SharedMem::create_with`].
     pub fn create(path: &Path, layout: &ShmLayout) -> Result<Self, ShmError> {
+        Self::create_with(path, layout, &ShmOptions::default())
+    }
+
+    /// As [`SharedMem::create`], with `opts.mode`. The file stays locked
+    /// (`flock`) while this memory (any clone) lives, so a second remote
+    /// cannot truncate it under a running one.
+    ///
+    /// # Errors
+    /// [`ShmError::InUse`] if another remote holds it, [`ShmError::File`]
+    /// or [`ShmError::Map`].
+    pub fn create_with(
+        path: &Path,
+        layout: &ShmLayout,
+        opts: &ShmOptions,
+    ) -> Result<Self, ShmError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let file = |op| {
             move |source| ShmError::File {
                 path: path.to_owned(),
@@ -84,20 +161,48 @@ impl SharedMem {
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
+            .mode(opts.mode & 0o777)
             .open(path)
             .map_err(file("create"))?;
+        // Locked before anything is changed: a running remote's file stays
+        // as it is.
+        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(ShmError::InUse {
+                    path: path.to_owned(),
+                })
+            }
+            Err(e) => return Err(file("flock")(e.into())),
+        }
+        // An existing file keeps its mode through open(2): set it.
+        rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(opts.mode & 0o777))
+            .map_err(|e| file("fchmod")(e.into()))?;
+        f.set_len(0).map_err(file("ftruncate"))?;
         f.set_len(layout.shm_size).map_err(file("ftruncate"))?;
         let shm = Self::from_fd(OwnedFd::from(f), layout.shm_size as usize)?;
         shm.write(0, &layout.table())?;
         Ok(shm)
     }
 
-    /// Opens an existing shared-memory file and maps all of it.
+    /// Opens an existing shared-memory file and maps all of it; refuses a
+    /// file other users can write.
     ///
     /// # Errors
-    /// [`ShmError::File`] or [`ShmError::Map`].
+    /// As [`SharedMem::open_with`].
     pub fn open(path: &Path) -> Result<Self, ShmError> {
+        Self::open_with(path, &ShmOptions::default())
+    }
+
+    /// As [`SharedMem::open`]; `opts.allow_others_write` lets a file others
+    /// can write in.
+    ///
+    /// # Errors
+    /// [`ShmError::Size`] for an empty file or one whose size is not a
+    /// multiple of the page size, [`ShmError::Writable`], [`ShmError::File`]
+    /// or [`ShmError::Map`].
+    pub fn open_with(path: &Path, opts: &ShmOptions) -> Result<Self, ShmError> {
         let file = |op| {
             move |source| ShmError::File {
                 path: path.to_owned(),
@@ -110,7 +215,17 @@ impl SharedMem {
             .write(true)
             .open(path)
             .map_err(file("open"))?;
-        let len = f.metadata().map_err(file("stat"))?.len();
+        let meta = f.metadata().map_err(file("stat"))?;
+        check_writers(path, &meta, opts.allow_others_write)?;
+        let len = meta.len();
+        let page = rustix::param::page_size();
+        if len == 0 || len % page as u64 != 0 || usize::try_from(len).is_err() {
+            return Err(ShmError::Size {
+                path: path.to_owned(),
+                len,
+                page,
+            });
+        }
         Self::from_fd(OwnedFd::from(f), len as usize)
     }
 
@@ -286,6 +401,54 @@ pub fn shm_path(arg: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn private_locked_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("shm");
+        // An old world-readable file is made private, not kept 0644.
+        std::fs::write(&p, b"old").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let shm = SharedMem::create(&p, &ShmLayout::openamp_demo()).unwrap();
+        assert_eq!(mode(&p), 0o600);
+        // A second remote cannot take (and truncate) a live remote's file.
+        let e = SharedMem::create(&p, &ShmLayout::openamp_demo()).unwrap_err();
+        assert!(matches!(e, ShmError::InUse { .. }), "{e}");
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 0x80000);
+        assert!(shm.table(0).is_ok());
+        drop(shm);
+        let opts = ShmOptions {
+            mode: 0o640,
+            ..ShmOptions::default()
+        };
+        let shm = SharedMem::create_with(&p, &ShmLayout::openamp_demo(), &opts).unwrap();
+        assert_eq!(mode(&p), 0o640);
+        drop(shm);
+        // Others may write it: refused unless allowed.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o662)).unwrap();
+        let e = SharedMem::open(&p).unwrap_err();
+        assert!(matches!(e, ShmError::Writable { mode: 0o662, .. }), "{e}");
+        let allow = ShmOptions {
+            allow_others_write: true,
+            ..ShmOptions::default()
+        };
+        assert_eq!(SharedMem::open_with(&p, &allow).unwrap().len(), 0x80000);
+        // Sizes no shared memory has.
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = SharedMem::open(&empty).unwrap_err();
+        assert!(matches!(e, ShmError::Size { len: 0, .. }), "{e}");
+        assert!(
+            e.to_string().contains("empty") || e.to_string().contains("0 bytes"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn create_open_and_bounds() {

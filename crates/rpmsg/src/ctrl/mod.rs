@@ -62,6 +62,34 @@ pub enum CtrlError {
     /// A bad name.
     #[error("Bad name")]
     Name(#[from] crate::wire::WireError),
+    /// Another server listens on the socket path.
+    #[error("{} is in use by another server", path.display())]
+    InUse {
+        /// The socket path.
+        path: std::path::PathBuf,
+    },
+    /// The socket path is taken by a file that is not a socket.
+    #[error("{} exists and is not a socket", path.display())]
+    NotSocket {
+        /// The path.
+        path: std::path::PathBuf,
+    },
+}
+
+impl CtrlError {
+    /// Maps a refused claim of `path`.
+    pub(crate) fn from_claim(path: &std::path::Path, r: crate::claim::Refusal) -> Self {
+        use crate::claim::Refusal;
+        match r {
+            Refusal::InUse => CtrlError::InUse {
+                path: path.to_owned(),
+            },
+            Refusal::NotSocket => CtrlError::NotSocket {
+                path: path.to_owned(),
+            },
+            Refusal::Io(op, source) => CtrlError::Io { op, source },
+        }
+    }
 }
 
 fn sys(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> CtrlError {

@@ -39,7 +39,8 @@ pub struct CtrlServer {
 }
 
 impl CtrlServer {
-    /// Binds `path` (replacing a stale socket; mode 0600) and serves clients
+    /// Binds `path` (replacing a stale socket, refusing a live one; mode
+    /// 0600) and serves clients
     /// of `bus` on background threads.
     ///
     /// # Errors
@@ -48,11 +49,26 @@ impl CtrlServer {
         Self::start_with(bus, path, &CtrlOptions::default())
     }
 
+    /// Whether `path` may be bound: free, or a stale socket (removed here).
+    /// Lets a bus owner refuse before it touches the device.
+    ///
+    /// # Errors
+    /// [`CtrlError::InUse`] if another server listens there,
+    /// [`CtrlError::NotSocket`] for another kind of file.
+    pub fn check_free(path: &Path) -> Result<(), CtrlError> {
+        crate::claim::claim(path, rustix::net::SocketType::SEQPACKET)
+            .map_err(|r| CtrlError::from_claim(path, r))
+    }
+
     /// As [`CtrlServer::start`], with a socket mode and runtime directory.
     ///
     /// # Errors
-    /// [`CtrlError::Io`] if the socket or the directory cannot be made.
+    /// [`CtrlError::InUse`] if another server listens on `path` (a stale
+    /// socket is replaced), [`CtrlError::Io`] if the socket or the
+    /// directory cannot be made.
     pub fn start_with(bus: Bus, path: &Path, opts: &CtrlOptions) -> Result<Self, CtrlError> {
+        // Before anything is made: a live server's socket stays its own.
+        Self::check_free(path)?;
         let rundir = opts.rundir.clone().unwrap_or_else(|| {
             let mut p = path.as_os_str().to_owned();
             p.push(".d");
@@ -60,7 +76,6 @@ impl CtrlServer {
         });
         let svc = EptService::start(bus.clone(), &rundir, opts.mode)?;
         let fd = seqpacket()?;
-        let _ = std::fs::remove_file(path);
         let addr = SocketAddrUnix::new(path).map_err(sys("socket path"))?;
         rustix::net::bind(&fd, &addr).map_err(sys("bind"))?;
         rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(opts.mode))

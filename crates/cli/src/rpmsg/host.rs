@@ -1,0 +1,215 @@
+//! `iopath rpmsg host`: the virtio driver side, owning the buffers and the
+//! bus, serving local clients on a control socket.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
+use iopath_rpmsg::wire::ADDR_ANY;
+use iopath_rpmsg::{
+    shm_path, Bus, CtrlOptions, CtrlServer, EndpointOptions, NotifySpec, SharedMem, ShmError,
+    ShmOptions, HOST_FEATURES,
+};
+
+use super::stop::Stop;
+use super::{stats_json, stats_line, OPENAMP_MAX, OPENAMP_SERVICE};
+
+/// Options of `iopath rpmsg host`.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// Shared-memory file written by the remote (a bare name means
+    /// /dev/shm/NAME).
+    #[arg(long)]
+    shm: PathBuf,
+    /// How to notify (see `remote --notify`); the host connects.
+    #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
+    notify: NotifySpec,
+    /// Serve local clients on this SOCK_SEQPACKET control socket: the
+    /// endpoint service (create endpoints as fds or legacy nodes, STATS)
+    /// and ATTACH. The peer's credentials are logged (IOPATH_LOG=info).
+    #[arg(long)]
+    ctrl: Option<PathBuf>,
+    /// Mode of the control socket and of the legacy nodes, octal (e.g.
+    /// 660 to let the group in).
+    #[arg(long, default_value = "600", value_parser = super::parse_mode)]
+    ctrl_mode: u32,
+    /// Directory for legacy nodes (rpmsgN); default: the control socket
+    /// path with ".d" appended.
+    #[arg(long)]
+    rundir: Option<PathBuf>,
+    /// Behave like OpenAMP's rpmsg-echo-ping demo: payloads {u64 num; u64
+    /// size; u8 data[size]} of sizes 1..480 filled with 0xA5, each echo
+    /// checked, then a name-service destroy; exit status 1 on any error.
+    #[arg(long, conflicts_with = "ctrl")]
+    openamp_ping: bool,
+    /// Attach to a shared-memory file that users other than its owner can
+    /// write (refused by default: whoever can write it can forge any
+    /// message).
+    #[arg(long)]
+    allow_writable_shm: bool,
+    /// Do not accept VIRTIO_RING_F_EVENT_IDX even if offered.
+    #[arg(long)]
+    no_event_idx: bool,
+    /// Seconds to wait for the remote.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Print results as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Opens the remote's shared memory, retrying while it is being created.
+fn open_shm(path: &Path, opts: &ShmOptions, timeout: Duration) -> Result<SharedMem> {
+    let start = Instant::now();
+    loop {
+        let r = SharedMem::open_with(path, opts).and_then(|s| s.table(0).map(|_| s));
+        match r {
+            Ok(s) => return Ok(s),
+            // Someone else's file stays someone else's: no point waiting.
+            Err(e @ ShmError::Writable { .. }) => {
+                return Err(e).context("--shm: refused (--allow-writable-shm attaches anyway)")
+            }
+            Err(e) if start.elapsed() >= timeout => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "--shm {}: no remote's shared memory there (waited {} s; \
+                         `iopath rpmsg remote --shm {} --create SIZE` makes one)",
+                        path.display(),
+                        timeout.as_secs(),
+                        path.display()
+                    )
+                })
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Runs `iopath rpmsg host` until the link goes down (an error: the
+/// remote went away or broke the rings) or a signal stops it (exit 0).
+pub fn run(a: HostArgs) -> Result<()> {
+    ensure!(
+        a.ctrl.is_some() || a.openamp_ping,
+        "nothing to do: give --ctrl SOCK (serve clients) or --openamp-ping"
+    );
+    let stop = Stop::install("host")?;
+    let r = serve(&a, &stop);
+    stop.run();
+    r
+}
+
+/// Connects to the remote, starts the bus and serves until it goes down.
+fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
+    // Refuse a live control socket before the device is touched: a second
+    // host would reset the running one's device.
+    if let Some(ctrl) = &a.ctrl {
+        CtrlServer::check_free(ctrl).with_context(|| format!("--ctrl {}", ctrl.display()))?;
+    }
+    let path = shm_path(&a.shm);
+    let timeout = Duration::from_secs(a.timeout);
+    let notifier = a
+        .notify
+        .connect(timeout)
+        .with_context(|| format!("connecting to the remote on {}", a.notify))?;
+    let opts = ShmOptions {
+        allow_others_write: a.allow_writable_shm,
+        ..ShmOptions::default()
+    };
+    let shm = open_shm(&path, &opts, timeout)?;
+    let mut features = HOST_FEATURES;
+    if a.no_event_idx {
+        features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
+    }
+    let bus = Bus::host(shm, notifier, features).context("starting the host")?;
+    stop.set_bus(Some(bus.clone()));
+    if a.openamp_ping {
+        return openamp_ping(&bus, timeout, a.json);
+    }
+    let ctrl = a.ctrl.as_deref().expect("checked above");
+    let opts = CtrlOptions {
+        mode: a.ctrl_mode,
+        rundir: a.rundir.clone(),
+    };
+    let server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
+        .with_context(|| format!("control socket {}", ctrl.display()))?;
+    stop.add_file(ctrl);
+    stop.set_rundir(server.rundir());
+    eprintln!(
+        "host: {} via {}, control socket {} (mode {:o}), nodes in {}",
+        path.display(),
+        bus.notifier_kind(),
+        server.path().display(),
+        a.ctrl_mode,
+        server.rundir().display()
+    );
+    let reason = bus.wait_down(None).unwrap_or_default();
+    let s = bus.stats();
+    stop.run();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(&s) })
+        );
+    } else {
+        eprintln!("host: {reason}; {}", stats_line(&s));
+    }
+    // Only a signal is a requested stop: a supervisor must see this one.
+    bail!("the link to the remote went down: {reason}")
+}
+
+/// OpenAMP's rpmsg-echo-ping, over iopath's bus.
+pub(super) fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
+    let ep = bus
+        .create(EndpointOptions::new(OPENAMP_SERVICE))
+        .context("creating the demo endpoint")?;
+    let start = Instant::now();
+    while ep.dst() == ADDR_ANY {
+        ensure!(
+            start.elapsed() < timeout,
+            "the remote never announced {OPENAMP_SERVICE:?}"
+        );
+        if let Some(r) = bus.down_reason() {
+            bail!("link down: {r}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut errors = 0u64;
+    let t0 = Instant::now();
+    for (num, size) in (1..=OPENAMP_MAX).enumerate() {
+        let mut p = Vec::with_capacity(16 + size);
+        p.extend_from_slice(&(num as u64).to_le_bytes());
+        p.extend_from_slice(&(size as u64).to_le_bytes());
+        p.resize(16 + size, 0xA5);
+        ep.send(&p)
+            .with_context(|| format!("sending payload {num}"))?;
+        let m = ep
+            .recv(Some(timeout))
+            .with_context(|| format!("waiting for echo {num}"))?;
+        let ok = m.data.len() == 16 + size
+            && m.data[..8] == (num as u64).to_le_bytes()
+            && m.data[8..16] == (size as u64).to_le_bytes()
+            && m.data[16..].iter().all(|&b| b == 0xA5);
+        if !ok {
+            errors += 1;
+            eprintln!("openamp-ping: payload {num} (size {size}) came back wrong");
+        }
+    }
+    let elapsed = t0.elapsed();
+    // End the session as the demo does: destroy the endpoint (name-service
+    // DESTROY), and let the remote take it before resetting the device.
+    drop(ep);
+    bus.flush(Duration::from_secs(2));
+    let s = bus.stats();
+    bus.shutdown();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "payloads": OPENAMP_MAX, "errors": errors, "elapsed_us": elapsed.as_micros() as u64, "stats": stats_json(&s) })
+        );
+    } else {
+        println!("openamp-ping: {OPENAMP_MAX} payloads (sizes 1..{OPENAMP_MAX}) echoed, errors {errors}, {:.1} ms", elapsed.as_secs_f64() * 1e3);
+    }
+    ensure!(errors == 0, "{errors} payloads came back wrong");
+    Ok(())
+}

@@ -1,0 +1,326 @@
+//! Faults and careless use of `iopath rpmsg host` / `remote`, with real
+//! processes: a second server on a live socket, signals, a peer killed,
+//! the shared-memory file's permissions, misleading messages.
+
+#[allow(dead_code)]
+mod common;
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{pair, s, spawn_host, spawn_remote, wait_path, Proc, BIN};
+use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
+use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
+use iopath_rpmsg::wire::ADDR_ANY;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::process::Signal;
+
+/// An endpoint bound to the remote's "echo" (retrying until announced).
+fn echo_ept(ctrl: &Path) -> EptFd {
+    let start = Instant::now();
+    loop {
+        if let Ok(c) = CtrlClient::connect(ctrl) {
+            if let Ok(ep) = c.create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC) {
+                if ep.info().dst != ADDR_ANY {
+                    return ep;
+                }
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "echo never announced through {}",
+            ctrl.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends a pattern through `ep`; the echo must come back byte for byte.
+fn round_trip(ep: &EptFd, seed: u8) {
+    let msg: Vec<u8> = (0..300u32)
+        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+        .collect();
+    ep.send(&msg).unwrap();
+    let mut back = [0u8; 600];
+    let n = ep.recv_timeout(&mut back, Duration::from_secs(10)).unwrap();
+    assert_eq!(n, Some(msg.len()));
+    assert_eq!(&back[..msg.len()], &msg[..]);
+}
+
+/// How long until `fd` reports a hang-up or an error (at most `limit`).
+fn time_to_hangup(fd: impl AsFd, limit: Duration) -> Duration {
+    let start = Instant::now();
+    let mut p = [PollFd::new(&fd, PollFlags::IN)];
+    let ts = Timespec {
+        tv_sec: limit.as_secs() as i64,
+        tv_nsec: i64::from(limit.subsec_nanos()),
+    };
+    loop {
+        p[0].clear_revents();
+        poll(&mut p, Some(&ts)).unwrap();
+        let r = p[0].revents();
+        if r.intersects(PollFlags::HUP | PollFlags::ERR) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no hang-up within {limit:?} (revents {r:?})"
+        );
+        if r.contains(PollFlags::IN) {
+            // Drain a stray message so poll can block again.
+            let mut b = [0u8; 600];
+            let _ = rustix::io::read(&fd, &mut b);
+        }
+    }
+}
+
+fn stderr_of(p: &Proc) -> String {
+    p.stderr()
+}
+
+#[test]
+fn second_servers_are_refused_and_stale_sockets_replaced() {
+    let mut p = pair("eventfd:DIR/ev", &[], &[]);
+    let ep = echo_ept(&p.ctrl);
+    round_trip(&ep, 1);
+    let shm = p.dir.path().join("shm");
+    let shm_len = std::fs::metadata(&shm).unwrap().len();
+    // A second host on the live control socket: refused before it touches
+    // the device; the first keeps serving the same endpoint.
+    let notify = format!("eventfd:{}/ev", s(p.dir.path()));
+    let o = Command::new(BIN)
+        .args(["rpmsg", "host", "--shm", s(&shm), "--notify", &notify])
+        .args(["--ctrl", s(&p.ctrl), "--timeout", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("is in use by another server"), "{err}");
+    assert!(err.contains(s(&p.ctrl)), "{err}");
+    round_trip(&ep, 2);
+    // A second remote on the live notify socket, asked to create the same
+    // file: refused before the file is touched.
+    let o = Command::new(BIN)
+        .args(["rpmsg", "remote", "--shm", s(&shm), "--create", "0x100000"])
+        .args(["--notify", &notify])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("is in use by another server"), "{err}");
+    // On another notify socket, the same file: the running remote holds it.
+    let o = Command::new(BIN)
+        .args(["rpmsg", "remote", "--shm", s(&shm), "--create", "0x100000"])
+        .args(["--notify", &format!("unix:{}/other", s(p.dir.path()))])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("in use by another remote"), "{err}");
+    assert_eq!(std::fs::metadata(&shm).unwrap().len(), shm_len);
+    round_trip(&ep, 3);
+    // Neither refused process removed the live sockets on its way out.
+    assert!(p.ctrl.exists());
+    assert!(p.dir.path().join("ev").exists());
+    drop(ep);
+    p.host.kill();
+    p.remote.kill();
+    // Stale sockets (their servers died) are replaced.
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("ev");
+    let ctrl = dir.path().join("ctrl");
+    drop(UnixListener::bind(&ev).unwrap());
+    drop(UnixListener::bind(&ctrl).unwrap());
+    let shm = dir.path().join("shm");
+    let ev = format!("unix:{}", s(&ev));
+    let _remote = spawn_remote(dir.path(), s(&shm), &ev, &["--echo", "echo"]);
+    let _host = spawn_host(dir.path(), s(&shm), &ev, &["--ctrl", s(&ctrl)]);
+    round_trip(&echo_ept(&ctrl), 4);
+}
+
+#[test]
+fn sigterm_cleans_up_and_exits_0() {
+    let mut p = pair("unix:DIR/ev", &[], &[]);
+    let ep = echo_ept(&p.ctrl);
+    round_trip(&ep, 1);
+    // A legacy node too, so the runtime directory is not empty.
+    let c = CtrlClient::connect(&p.ctrl).unwrap();
+    let (_, node) = c.create_ept(&EptInfo::new("echo")).unwrap();
+    assert!(node.exists());
+    let rundir = p.rundir();
+    p.host.signal(Signal::TERM);
+    assert_eq!(p.host.wait(Duration::from_secs(10)).code(), Some(0));
+    assert!(stderr_of(&p.host).contains("stopped by signal"));
+    assert!(!p.ctrl.exists(), "control socket left behind");
+    assert!(!rundir.exists(), "runtime directory left behind");
+    // The client's endpoint is gone with the host.
+    time_to_hangup(ep.fd(), Duration::from_secs(1));
+    // The remote outlives its host and waits for the next; SIGINT stops it.
+    let notify = p.dir.path().join("ev");
+    assert!(notify.exists());
+    p.remote.signal(Signal::INT);
+    assert_eq!(p.remote.wait(Duration::from_secs(10)).code(), Some(0));
+    assert!(!notify.exists(), "notify socket left behind");
+}
+
+#[test]
+fn remote_killed_then_host_killed() {
+    let mut p = pair("eventfd:DIR/ev", &[], &[]);
+    let eps: Vec<EptFd> = (0..3).map(|_| echo_ept(&p.ctrl)).collect();
+    for (i, ep) in eps.iter().enumerate() {
+        round_trip(ep, i as u8);
+    }
+    // The remote dies: every endpoint fd hangs up within a second, and the
+    // host ends with status 1 (not 0, which a supervisor reads as a stop).
+    p.remote.kill();
+    for ep in &eps {
+        let t = time_to_hangup(ep.fd(), Duration::from_secs(1));
+        assert!(t <= Duration::from_secs(1), "{t:?}");
+    }
+    assert_eq!(p.host.wait(Duration::from_secs(10)).code(), Some(1));
+    assert!(
+        stderr_of(&p.host).contains("the link to the remote went down"),
+        "{}",
+        stderr_of(&p.host)
+    );
+    drop(eps);
+    // A remote started again on the same shared memory and a new host serve
+    // new clients.
+    let dir = p.dir.path();
+    let shm = dir.join("shm");
+    let ev = format!("eventfd:{}/ev", s(dir));
+    let _remote = spawn_remote(dir, s(&shm), &ev, &["--echo", "echo"]);
+    let mut host = spawn_host(dir, s(&shm), &ev, &["--ctrl", s(&p.ctrl)]);
+    let ep = echo_ept(&p.ctrl);
+    round_trip(&ep, 7);
+    // The host dies: the client's endpoint hangs up at once; the remote
+    // waits for the next host, and a restarted host serves new clients.
+    host.kill();
+    let t = time_to_hangup(ep.fd(), Duration::from_secs(1));
+    assert!(t < Duration::from_millis(500), "{t:?}");
+    let _host = spawn_host(dir, s(&shm), &ev, &["--ctrl", s(&p.ctrl)]);
+    let ep = echo_ept(&p.ctrl);
+    for i in 0..10 {
+        round_trip(&ep, i);
+    }
+    // With --once the remote does not wait: its host's death is status 1.
+    let dir2 = tempfile::tempdir().unwrap();
+    let shm2 = dir2.path().join("shm");
+    let ev2 = format!("unix:{}/ev", s(dir2.path()));
+    let ctrl2 = dir2.path().join("ctrl");
+    let mut remote = spawn_remote(dir2.path(), s(&shm2), &ev2, &["--echo", "echo", "--once"]);
+    let mut host = spawn_host(dir2.path(), s(&shm2), &ev2, &["--ctrl", s(&ctrl2)]);
+    round_trip(&echo_ept(&ctrl2), 9);
+    host.kill();
+    assert_eq!(remote.wait(Duration::from_secs(10)).code(), Some(1));
+    assert!(
+        remote.stderr().contains("the host went away"),
+        "{}",
+        remote.stderr()
+    );
+}
+
+/// Runs `argv` as user nobody; returns whether it succeeded.
+fn as_nobody(argv: &[&str]) -> bool {
+    Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .args(argv)
+        .output()
+        .expect("runuser (util-linux) is needed")
+        .status
+        .success()
+}
+
+#[test]
+fn shared_memory_is_private_to_its_user() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: reading as another user needs root (runuser)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Let everyone through the directory: only the file's mode may stop
+    // another user.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shm = dir.path().join("shm");
+    let ev = format!("unix:{}/ev", s(dir.path()));
+    let mut remote = spawn_remote(dir.path(), s(&shm), &ev, &["--echo", "echo"]);
+    wait_path(&dir.path().join("ev"));
+    let mode = std::fs::metadata(&shm).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(!as_nobody(&["cat", s(&shm)]), "another user read the bus");
+    remote.kill();
+    // Widened on request (as --ctrl-mode does): then the same read works,
+    // so the refusal above was the mode's doing.
+    let mut remote = spawn_remote(
+        dir.path(),
+        s(&shm),
+        &ev,
+        &["--echo", "echo", "--shm-mode", "644"],
+    );
+    wait_path(&dir.path().join("ev"));
+    let start = Instant::now();
+    while std::fs::metadata(&shm).unwrap().permissions().mode() & 0o777 != 0o644 {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(as_nobody(&["cat", s(&shm)]));
+    // A file other users can write: the host refuses it, unless told.
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let ctrl = dir.path().join("ctrl");
+    let mut host = spawn_host(
+        dir.path(),
+        s(&shm),
+        &ev,
+        &["--ctrl", s(&ctrl), "--timeout", "5"],
+    );
+    assert_eq!(host.wait(Duration::from_secs(10)).code(), Some(1));
+    let err = host.stderr();
+    assert!(err.contains("can be written by other users"), "{err}");
+    assert!(err.contains("--allow-writable-shm"), "{err}");
+    // The refused host never reached the remote's device: it is still
+    // waiting for its first host, and one told to allow it works.
+    let _host = spawn_host(
+        dir.path(),
+        s(&shm),
+        &ev,
+        &["--ctrl", s(&ctrl), "--allow-writable-shm"],
+    );
+    round_trip(&echo_ept(&ctrl), 5);
+    remote.kill();
+}
+
+#[test]
+fn messages_name_the_input_at_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    // An empty file is no remote's shared memory.
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = Command::new(BIN)
+        .args(["rpmsg", "host", "--shm", s(&empty), "--notify", "poll"])
+        .args(["--ctrl", s(&dir.path().join("c")), "--timeout", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--shm"), "{err}");
+    assert!(err.contains("is 0 bytes"), "{err}");
+    assert!(err.contains("--create SIZE"), "{err}");
+    assert!(!err.contains("buffer size"), "{err}");
+    // A 40-byte endpoint name.
+    let name = "n".repeat(40);
+    let o = Command::new(BIN)
+        .args(["rpmsg", "ept", "create", "--ctrl", s(&dir.path().join("c"))])
+        .args(["--name", &name])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--name"), "{err}");
+    assert!(err.contains("40 bytes: a name is 1 to 31 bytes"), "{err}");
+    assert!(!err.contains("Invalid argument"), "{err}");
+}
