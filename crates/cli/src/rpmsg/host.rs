@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use iopath_rpmsg::ctrl::CtrlError;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::wire::ADDR_ANY;
 use iopath_rpmsg::{
@@ -131,10 +132,26 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
         mode: a.ctrl_mode,
         rundir: a.rundir.clone(),
     };
-    let server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
-        .with_context(|| format!("control socket {}", ctrl.display()))?;
+    // Registered before the socket appears: a signal that comes as soon as
+    // a client could connect still finds it to remove.
     stop.add_file(ctrl);
-    stop.set_rundir(server.rundir());
+    let rundir = a.rundir.clone().unwrap_or_else(|| {
+        let mut p = ctrl.as_os_str().to_owned();
+        p.push(".d");
+        PathBuf::from(p)
+    });
+    stop.set_rundir(Some(&rundir));
+    let server = match CtrlServer::start_with(bus.clone(), ctrl, &opts) {
+        Ok(server) => server,
+        Err(e) => {
+            if matches!(e, CtrlError::InUse { .. } | CtrlError::NotSocket { .. }) {
+                stop.forget_file(ctrl); // someone else's
+                stop.set_rundir(None);
+            }
+            return Err(e).with_context(|| format!("control socket {}", ctrl.display()));
+        }
+    };
+    stop.set_rundir(Some(server.rundir()));
     eprintln!(
         "host: {} via {}, control socket {} (mode {:o}), nodes in {}",
         path.display(),

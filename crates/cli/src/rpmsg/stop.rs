@@ -68,10 +68,15 @@ impl Stop {
         self.what().files.push(p.to_owned());
     }
 
+    /// Not ours after all (another server's socket).
+    pub fn forget_file(&self, p: &Path) {
+        self.what().files.retain(|f| f != p);
+    }
+
     /// The endpoint service's runtime directory: its nodes and then the
     /// directory are removed on the way out.
-    pub fn set_rundir(&self, p: &Path) {
-        self.what().rundir = Some(p.to_owned());
+    pub fn set_rundir(&self, p: Option<&Path>) {
+        self.what().rundir = p.map(Path::to_owned);
     }
 
     /// Stops the bus and removes what was made; safe to call twice. While a
