@@ -76,11 +76,27 @@ impl CtrlServer {
         });
         let svc = EptService::start(bus.clone(), &rundir, opts.mode)?;
         let fd = seqpacket()?;
-        let addr = SocketAddrUnix::new(path).map_err(sys("socket path"))?;
+        // Bound and listening under a temporary name, then renamed into
+        // place: once `path` exists, a client's connect succeeds.
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
+        let addr = SocketAddrUnix::new(&tmp).map_err(sys("socket path"))?;
         rustix::net::bind(&fd, &addr).map_err(sys("bind"))?;
-        rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(opts.mode))
-            .map_err(sys("chmod"))?;
-        rustix::net::listen(&fd, 64).map_err(sys("listen"))?;
+        let placed = rustix::fs::chmod(&tmp, rustix::fs::Mode::from_raw_mode(opts.mode))
+            .map_err(sys("chmod"))
+            .and_then(|()| rustix::net::listen(&fd, 64).map_err(sys("listen")))
+            .and_then(|()| {
+                std::fs::rename(&tmp, path).map_err(|source| CtrlError::Io {
+                    op: "rename",
+                    source,
+                })
+            });
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         let svc2 = svc.clone();
         std::thread::Builder::new()
             .name("rpmsg-ctrl".into())
