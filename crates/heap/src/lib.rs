@@ -60,7 +60,7 @@ pub use error::{Error, Result};
 pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
-pub use mmap::SharedMapping;
+pub use mmap::{SharedMapping, SigbusGuard};
 
 /// The system page size in bytes.
 pub fn page_size() -> usize {

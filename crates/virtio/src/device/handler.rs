@@ -293,6 +293,14 @@ impl<D: VirtioDevice> Handler<D> {
     }
 
     /// Drops everything the front end set up.
+    /// Whether the front end truncated memory it shares (a SIGBUS was
+    /// caught in one of its regions).
+    pub(super) fn memory_truncated(&self) -> bool {
+        self.regions
+            .iter()
+            .any(|r| r.watch.as_ref().is_some_and(|g| g.peer_truncated()))
+    }
+
     pub(super) fn shutdown(&mut self) {
         self.stop_all();
         for v in &mut self.vrings {

@@ -1,16 +1,19 @@
 //! The front end's memory as the device side maps it: one [`Region`] per
 //! entry of its table, sealed against shrinking where the file allows and
-//! watched for SIGBUS.
+//! guarded against SIGBUS by the heap's mapping guard
+//! ([`iopath_heap::SigbusGuard`]).
 
 use std::fs::File;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::Arc;
 
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vhost::vhost_user::{Error as VhostError, Result as VhostResult};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::FileOffset;
+
+use iopath_heap::SigbusGuard;
 
 /// Memory slots offered with `CONFIGURE_MEM_SLOTS` (`ADD_MEM_REG`), as
 /// QEMU's `VHOST_USER_MAX_RAM_SLOTS`.
@@ -69,12 +72,26 @@ pub(super) fn map_region(
         .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
     // Whether sealed or not: a SIGBUS in it drops this front end, not the
     // back end.
-    let watch = super::sigbus::watch(mapping.as_ptr(), size, conn);
-    if watch.is_none() {
-        tracing::info!("memory region {index}: not watched for SIGBUS");
+    // SAFETY: `mapping` is the live mapping of `size` bytes just made; it
+    // goes into the returned `Region` behind an `Arc`, and `Region` declares
+    // the guard first, so the guard is dropped before `Region`'s reference
+    // and the range stays mapped for as long as the guard lives.
+    let watch = unsafe { SigbusGuard::watch(mapping.as_ptr(), size) };
+    match &watch {
+        None => tracing::info!("memory region {index}: not guarded against SIGBUS"),
+        Some(g) if conn >= 0 => {
+            // SAFETY: `conn` is this front end's connection, open for as
+            // long as its handler (and so this call) runs; the guard keeps a
+            // duplicate of it, not the number.
+            let sock = unsafe { BorrowedFd::borrow_raw(conn) };
+            if let Err(e) = g.shutdown_on_fault(sock) {
+                tracing::info!("memory region {index}: a SIGBUS will not disconnect: {e}");
+            }
+        }
+        Some(_) => {}
     }
     Ok(Region {
-        _watch: watch,
+        watch,
         guest_phys: r.guest_phys_addr,
         user_addr: r.user_addr,
         size: r.memory_size,
@@ -85,7 +102,7 @@ pub(super) fn map_region(
 /// One region of the front end's memory table.
 pub(super) struct Region {
     /// Declared first, so dropped before the mapping goes.
-    _watch: Option<super::sigbus::Watch>,
+    pub(super) watch: Option<SigbusGuard>,
     /// Guest physical address of the region's first byte.
     pub(super) guest_phys: u64,
     /// The front end's user address of it (what IOTLB entries point at).

@@ -32,14 +32,13 @@
 //!
 //! One concern per file: `server` (the connection loop), `handler` (the
 //! requests and the queue workers), `memory` (mapping the front end's
-//! regions), `iotlb` (the IOMMU), `sigbus` (the guard for truncated
-//! memory); the message framing is [`crate::vhost_wire`].
+//! regions, guarded against SIGBUS by the heap's `SigbusGuard`), `iotlb`
+//! (the IOMMU); the message framing is [`crate::vhost_wire`].
 
 mod handler;
 mod iotlb;
 mod memory;
 mod server;
-mod sigbus;
 
 use std::fs::File;
 use std::io;

@@ -158,8 +158,13 @@ pub fn serve_connection<D: VirtioDevice>(
             Err(e) => break Err(ServerError::Protocol(e)),
         }
     };
-    lock(&handler).shutdown();
-    if super::sigbus::take_caught() {
+    let truncated = {
+        let mut h = lock(&handler);
+        let truncated = h.memory_truncated();
+        h.shutdown();
+        truncated
+    };
+    if truncated {
         tracing::warn!("front end truncated the memory it shares (SIGBUS caught): disconnected");
     }
     result
