@@ -1,6 +1,12 @@
-//! The virtio-blk configuration space (`struct virtio_blk_config`).
+//! The virtio-blk configuration space (`struct virtio_blk_config`): the
+//! feature masks, the wire layout a back end writes ([`BlkConfig`]) and the
+//! geometry and limits a driver reads from it ([`DeviceConfig`]).
+
+use std::fmt;
 
 use virtio_bindings::virtio_blk as vb;
+
+use crate::request::SECTOR_SIZE;
 
 // virtio-blk feature bits (virtio 1.x, 5.2.3) as masks, from the bit
 // numbers of `virtio-bindings` (the kernel's uAPI header); the driver, the
@@ -115,6 +121,112 @@ impl BlkConfig {
     }
 }
 
+/// The device's geometry and limits, from its config space and features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Capacity in 512-byte sectors.
+    pub capacity: u64,
+    /// Largest data segment in bytes (`None`: no limit given).
+    pub size_max: Option<u32>,
+    /// Most data segments in one request (`None`: no limit given).
+    pub seg_max: Option<u32>,
+    /// Logical block size in bytes (512 unless `BLK_SIZE`).
+    pub blk_size: u32,
+    /// Number of request queues (1 unless `MQ`).
+    pub num_queues: u16,
+    /// Discard limits, when `DISCARD` was offered.
+    pub discard: Option<RangeLimits>,
+    /// Write-zeroes limits, when `WRITE_ZEROES` was offered.
+    pub write_zeroes: Option<RangeLimits>,
+    /// Whether write-zeroes may deallocate (`write_zeroes_may_unmap`).
+    pub write_zeroes_may_unmap: bool,
+    /// Whether the device is read-only (`RO`).
+    pub read_only: bool,
+    /// Whether the device has a volatile cache that `FLUSH` drains.
+    pub flush: bool,
+}
+
+/// Limits of the range commands (discard, write-zeroes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeLimits {
+    /// Most sectors in one segment.
+    pub max_sectors: u32,
+    /// Most segments in one request.
+    pub max_segs: u32,
+    /// Required alignment of a discard segment, in sectors (1 for
+    /// write-zeroes).
+    pub alignment: u32,
+}
+
+impl DeviceConfig {
+    /// Reads the config space `raw` (the device's `virtio_blk_config`,
+    /// little-endian; its layout is [`BlkConfig`]) under the
+    /// negotiated `features`. Fields of features not negotiated are ignored;
+    /// zero limits mean "no limit" (some devices offer `SIZE_MAX` with
+    /// `size_max` 0) and zero range limits fall back to 1.
+    pub fn parse(raw: &[u8; CONFIG_LEN], features: u64) -> Self {
+        let w = BlkConfig::from_bytes(raw);
+        let nonzero = |v: u32| (v != 0).then_some(v);
+        let has = |f: u64| features & f != 0;
+        let range = |sectors: u32, segs: u32, align: u32| RangeLimits {
+            max_sectors: sectors.max(1),
+            max_segs: segs.max(1),
+            alignment: align.max(1),
+        };
+        // A block size that is not a power-of-two multiple of 512 is
+        // nonsense from the device; 512 then.
+        let blk_size =
+            if has(VIRTIO_BLK_F_BLK_SIZE) && w.blk_size >= 512 && w.blk_size.is_power_of_two() {
+                w.blk_size
+            } else {
+                512
+            };
+        DeviceConfig {
+            capacity: w.capacity,
+            size_max: nonzero(w.size_max).filter(|_| has(VIRTIO_BLK_F_SIZE_MAX)),
+            seg_max: nonzero(w.seg_max).filter(|_| has(VIRTIO_BLK_F_SEG_MAX)),
+            blk_size,
+            num_queues: if has(VIRTIO_BLK_F_MQ) {
+                w.num_queues.max(1)
+            } else {
+                1
+            },
+            discard: has(VIRTIO_BLK_F_DISCARD).then(|| {
+                range(
+                    w.max_discard_sectors,
+                    w.max_discard_seg,
+                    w.discard_sector_alignment,
+                )
+            }),
+            write_zeroes: has(VIRTIO_BLK_F_WRITE_ZEROES)
+                .then(|| range(w.max_write_zeroes_sectors, w.max_write_zeroes_seg, 1)),
+            write_zeroes_may_unmap: has(VIRTIO_BLK_F_WRITE_ZEROES) && w.write_zeroes_may_unmap,
+            read_only: has(VIRTIO_BLK_F_RO),
+            flush: has(VIRTIO_BLK_F_FLUSH),
+        }
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity.saturating_mul(SECTOR_SIZE)
+    }
+}
+
+impl fmt::Display for DeviceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} sectors ({} MiB), block {} B, {} queue(s), seg_max {}, size_max {}",
+            self.capacity,
+            self.capacity_bytes() >> 20,
+            self.blk_size,
+            self.num_queues,
+            self.seg_max.map_or("-".into(), |v| v.to_string()),
+            self.size_max.map_or("-".into(), |v| v.to_string()),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +255,46 @@ mod tests {
         assert_eq!(c.read(34, 4), vec![3, 0, 0, 0]);
         assert_eq!(c.read(58, 6), vec![0; 6]);
         assert_eq!(c.read(u32::MAX, 2), vec![0; 2]);
+    }
+
+    /// qemu-storage-daemon 10.0's config space, as read from a 24 MiB export
+    /// with two queues.
+    const QSD_CONFIG: [u8; CONFIG_LEN] = [
+        0x00, 0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x7e, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x80, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01,
+        0x00, 0x00, 0x00, 0x00, 0x80, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    ];
+    const QSD_FEATURES: u64 = 0x1_7500_7e46;
+
+    #[test]
+    fn parses_qemu_storage_daemon_config() {
+        let c = DeviceConfig::parse(&QSD_CONFIG, QSD_FEATURES);
+        assert_eq!(c.capacity, 49152);
+        assert_eq!(c.capacity_bytes(), 24 << 20);
+        assert_eq!(c.size_max, None, "size_max 0 means no limit");
+        assert_eq!(c.seg_max, Some(126));
+        assert_eq!(c.blk_size, 512);
+        assert_eq!(c.num_queues, 2);
+        assert_eq!(
+            c.discard,
+            Some(RangeLimits {
+                max_sectors: 32768,
+                max_segs: 1,
+                alignment: 1
+            })
+        );
+        assert_eq!(c.write_zeroes.map(|w| w.max_sectors), Some(32768));
+        assert!(c.flush);
+        assert!(!c.read_only);
+    }
+
+    #[test]
+    fn fields_of_unnegotiated_features_are_ignored() {
+        let c = DeviceConfig::parse(&QSD_CONFIG, iopath_virtio::features::VIRTIO_F_VERSION_1);
+        assert_eq!(c.seg_max, None);
+        assert_eq!(c.num_queues, 1);
+        assert_eq!(c.discard, None);
+        assert!(!c.flush);
     }
 }

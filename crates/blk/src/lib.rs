@@ -29,6 +29,8 @@
 pub mod backend;
 pub mod config;
 pub mod driver;
+mod plan;
+mod queue;
 pub mod request;
 pub mod workload;
 

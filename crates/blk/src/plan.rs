@@ -1,0 +1,207 @@
+//! Request planning for the driver: the wire form of a request's header
+//! and range segments, and how a transfer is cut into virtio requests that
+//! respect the device's `size_max`/`seg_max`, the DMA ops' largest mapping
+//! and the ring ([`plan`]). Pure code, apart from the queue that runs it.
+
+use crate::config::DeviceConfig;
+
+/// Size of the request header `{type u32, ioprio u32, sector u64}`.
+pub const HEADER_LEN: usize = 16;
+/// Size of a discard / write-zeroes segment `{sector u64, num_sectors u32,
+/// flags u32}`.
+pub const RANGE_LEN: usize = 16;
+
+/// Encodes a request header.
+pub(crate) fn header(kind: u32, sector: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(&kind.to_le_bytes());
+    // ioprio (4..8) stays 0.
+    h[8..16].copy_from_slice(&sector.to_le_bytes());
+    h
+}
+
+/// Encodes one discard / write-zeroes segment.
+pub(crate) fn range(sector: u64, sectors: u32, unmap: bool) -> [u8; RANGE_LEN] {
+    let mut r = [0u8; RANGE_LEN];
+    r[0..8].copy_from_slice(&sector.to_le_bytes());
+    r[8..12].copy_from_slice(&sectors.to_le_bytes());
+    r[12..16].copy_from_slice(&u32::from(unmap).to_le_bytes());
+    r
+}
+
+/// One virtio request's share of a larger transfer: `len` bytes at byte
+/// offset `offset` from the start of the transfer, sent as data segments of
+/// the given lengths (all contiguous in one mapping).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    pub offset: u64,
+    pub len: u64,
+    pub segs: Vec<u32>,
+}
+
+/// Cuts a transfer of `len` bytes into requests that respect the device's
+/// `size_max`/`seg_max`, the DMA ops' largest mapping `max_map` and the
+/// descriptors one request may use (`max_descs`, header and status
+/// included). Every chunk but the last is a multiple of `align` (the block
+/// size), so each request starts on a block boundary.
+pub(crate) fn plan(
+    len: u64,
+    cfg: &DeviceConfig,
+    max_map: u64,
+    max_descs: u32,
+    align: u64,
+) -> Option<Vec<Chunk>> {
+    let seg_size = u64::from(cfg.size_max.unwrap_or(u32::MAX))
+        .min(u64::from(u32::MAX))
+        .max(1);
+    // Data descriptors left once the header and status have theirs.
+    let seg_count = u64::from(
+        cfg.seg_max
+            .unwrap_or(u32::MAX)
+            .min(max_descs.saturating_sub(2)),
+    )
+    .max(1);
+    let mut per_req = seg_size.saturating_mul(seg_count).min(max_map);
+    // Every request must start on a block: a device (or DMA ops) whose
+    // limits cannot carry one block per request cannot be driven.
+    per_req -= per_req % align.max(1);
+    if per_req == 0 {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < len {
+        let n = per_req.min(len - off);
+        let mut segs = Vec::new();
+        let mut left = n;
+        while left > 0 {
+            let s = left.min(seg_size);
+            // `s <= seg_size <= u32::MAX`.
+            segs.push(s as u32);
+            left -= s;
+        }
+        out.push(Chunk {
+            offset: off,
+            len: n,
+            segs,
+        });
+        off += n;
+    }
+    Some(out)
+}
+
+/// One virtio request to build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PieceSpec {
+    Data {
+        sector: u64,
+        buf_offset: usize,
+        segs: Vec<u32>,
+    },
+    Flush,
+    Range {
+        kind: u32,
+        sector: u64,
+        sectors: u32,
+        unmap: bool,
+    },
+    GetId,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::VIRTIO_BLK_T_OUT;
+    use proptest::prelude::*;
+
+    /// The config of a device with two queues and the given limits.
+    fn cfg(size_max: Option<u32>, seg_max: Option<u32>) -> DeviceConfig {
+        DeviceConfig {
+            capacity: 49152,
+            size_max,
+            seg_max,
+            blk_size: 512,
+            num_queues: 2,
+            discard: None,
+            write_zeroes: None,
+            write_zeroes_may_unmap: false,
+            read_only: false,
+            flush: true,
+        }
+    }
+
+    #[test]
+    fn header_layout() {
+        assert_eq!(
+            header(VIRTIO_BLK_T_OUT, 0x0102_0304_0506_0708),
+            [1, 0, 0, 0, 0, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1]
+        );
+        assert_eq!(
+            range(2, 3, true),
+            [2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn plan_splits_by_size_and_segment_limits() {
+        // 8 MiB, 64 KiB segments, 4 segments per request: 32 requests of
+        // 256 KiB each, four segments apiece.
+        let p = plan(8 << 20, &cfg(Some(64 << 10), Some(4)), u64::MAX, 256, 512).unwrap();
+        assert_eq!(p.len(), 32);
+        assert!(p
+            .iter()
+            .all(|c| c.len == 256 << 10 && c.segs == vec![64 << 10; 4]));
+        assert_eq!(p[31].offset, 31 * (256 << 10));
+        // No limits: one request, one segment.
+        let p = plan(8 << 20, &cfg(None, None), u64::MAX, 256, 512).unwrap();
+        assert_eq!(
+            p,
+            vec![Chunk {
+                offset: 0,
+                len: 8 << 20,
+                segs: vec![8 << 20]
+            }]
+        );
+        // The DMA ops' largest mapping (a 1 MiB bounce window) bounds it too.
+        let p = plan(3 << 20, &cfg(None, Some(126)), 1 << 20, 256, 512).unwrap();
+        assert_eq!(p.len(), 3);
+        // Limits that cannot carry one 512-byte block: refused, not split
+        // at an unaligned offset.
+        assert_eq!(
+            plan(4096, &cfg(Some(100), Some(2)), u64::MAX, 256, 512),
+            None
+        );
+        assert_eq!(plan(4096, &cfg(None, None), 256, 256, 512), None);
+        // A 4 KiB block device with 3 KiB x 2 segments: 4 KiB requests.
+        let p = plan(16384, &cfg(Some(3072), Some(2)), u64::MAX, 256, 4096).unwrap();
+        assert!(p
+            .iter()
+            .all(|c| c.len == 4096 && c.segs == vec![3072, 1024]));
+    }
+
+    proptest! {
+        #[test]
+        fn plan_covers_the_transfer_within_limits(
+            len in 1u64..(64 << 20),
+            size_max in proptest::option::of(512u32..(4 << 20)),
+            seg_max in proptest::option::of(1u32..300),
+            max_map in 4096u64..(16 << 20),
+            max_descs in 3u32..1024,
+        ) {
+            let c = cfg(size_max, seg_max);
+            let p = plan(len, &c, max_map, max_descs, 512).unwrap();
+            let mut next = 0;
+            for (i, ch) in p.iter().enumerate() {
+                prop_assert_eq!(ch.offset, next);
+                prop_assert!(ch.len <= max_map);
+                prop_assert_eq!(ch.segs.iter().map(|&s| u64::from(s)).sum::<u64>(), ch.len);
+                prop_assert!(ch.segs.len() as u32 <= max_descs - 2);
+                if let Some(sm) = seg_max { prop_assert!(ch.segs.len() as u32 <= sm); }
+                if let Some(sz) = size_max { prop_assert!(ch.segs.iter().all(|&s| s <= sz)); }
+                if i + 1 < p.len() { prop_assert_eq!(ch.len % 512, 0); }
+                next += ch.len;
+            }
+            prop_assert_eq!(next, len);
+        }
+    }
+}

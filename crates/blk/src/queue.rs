@@ -1,0 +1,548 @@
+//! [`BlkQueue`]: one virtio-blk request queue of the driver. Requests are
+//! cut by [`crate::plan`], their header, range segment and status live in
+//! a coherent metadata slot per request in flight, and only the data goes
+//! through the DMA ops' `map`/`unmap`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use iopath_dma::{Coherent, DmaOps, MapWait};
+use iopath_virtio::queue::INDIRECT_MAX;
+use iopath_virtio::{Seg, SplitQueue, Transport};
+
+use crate::config::DeviceConfig;
+use crate::driver::{req_type, BlkError, Done, Request, Result, ID_LEN, SECTOR};
+use crate::plan::{header, plan, range, PieceSpec, HEADER_LEN, RANGE_LEN};
+
+/// Per-request metadata slot in coherent memory: header (16), range
+/// segment (16), `GET_ID` answer (20), status (1), padded to 64.
+pub(crate) const META_SLOT: usize = 64;
+const META_RANGE: usize = 16;
+const META_ID: usize = 32;
+const META_STATUS: usize = 56;
+/// Status byte written before submission; a device that completes without
+/// writing a status is caught by it.
+const STATUS_UNSET: u8 = 0xff;
+
+// `VIRTIO_BLK_S_*`, shared with the back end.
+use crate::request::{
+    VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK, VIRTIO_BLK_S_UNSUPP as S_UNSUPP,
+};
+
+/// A transfer (a [`Request`]) in flight: the virtio requests it was cut into.
+#[derive(Debug)]
+struct Transfer {
+    /// Pieces not yet completed.
+    pending: usize,
+    /// Pieces not yet submitted (the submit loop is still going).
+    submitting: bool,
+    error: Option<BlkError>,
+}
+
+/// One virtio request in flight, by metadata slot.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    tag: u64,
+    kind: u32,
+    sector: u64,
+}
+
+/// One virtio-blk request queue: submit [`Request`]s with tags, collect
+/// [`Done`]s. Many requests may be in flight; a request larger than the
+/// device's limits is cut into several virtio requests and completes once.
+#[derive(Debug)]
+pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
+    // The ring goes before the transport (drop order, as in `BlkDriver`).
+    vq: SplitQueue<O>,
+    meta: Option<Coherent>,
+    transport: Arc<dyn Transport>,
+    config: DeviceConfig,
+    free_slots: Vec<u16>,
+    pieces: Vec<Option<Piece>>,
+    transfers: HashMap<u64, Transfer>,
+    done: VecDeque<Done>,
+    timeout: Duration,
+    indirect: bool,
+}
+
+impl<O: DmaOps + ?Sized> BlkQueue<O> {
+    /// A queue on the ring `vq` (already given to the device), with `meta`
+    /// (coherent, [`META_SLOT`] bytes per ring entry) for the requests'
+    /// headers and statuses; `indirect` when indirect descriptors were
+    /// negotiated.
+    pub(crate) fn new(
+        transport: Arc<dyn Transport>,
+        config: DeviceConfig,
+        vq: SplitQueue<O>,
+        meta: Coherent,
+        timeout: Duration,
+        indirect: bool,
+    ) -> Self {
+        let size = vq.size();
+        BlkQueue {
+            transport,
+            config,
+            vq,
+            meta: Some(meta),
+            free_slots: (0..size).rev().collect(),
+            pieces: vec![None; usize::from(size)],
+            transfers: HashMap::new(),
+            done: VecDeque::new(),
+            timeout,
+            indirect,
+        }
+    }
+
+    fn meta(&self) -> &Coherent {
+        self.meta.as_ref().expect("meta lives until drop")
+    }
+
+    /// Queue index.
+    pub fn index(&self) -> u16 {
+        self.vq.index()
+    }
+
+    /// Requests submitted and not yet returned by [`BlkQueue::complete`].
+    pub fn in_flight(&self) -> usize {
+        self.transfers.len()
+    }
+
+    /// Submits `req` under `tag` (unique among this queue's requests in
+    /// flight). Returns once every piece is on the ring; when the ring or
+    /// the DMA ops' space is full it first waits for completions (kept for
+    /// [`BlkQueue::complete`]).
+    ///
+    /// # Errors
+    /// Argument errors ([`BlkError::Unaligned`], [`BlkError::OutOfRange`],
+    /// [`BlkError::Empty`], [`BlkError::NotSupported`],
+    /// [`BlkError::ReadOnly`], [`BlkError::DuplicateTag`], a buffer range
+    /// outside the buffer) before anything is queued; queue, DMA and
+    /// transport errors after (pieces already queued still complete under
+    /// `tag`, with the error).
+    pub fn submit(&mut self, req: Request<'_>, tag: u64) -> Result<()> {
+        if self.transfers.contains_key(&tag) {
+            return Err(BlkError::DuplicateTag { tag });
+        }
+        let pieces = self.cut(&req)?;
+        self.transfers.insert(
+            tag,
+            Transfer {
+                pending: 0,
+                submitting: true,
+                error: None,
+            },
+        );
+        let mut result = Ok(());
+        for p in pieces {
+            if let Err(e) = self.submit_piece(&req, &p, tag) {
+                result = Err(e);
+                break;
+            }
+            if let Some(t) = self.transfers.get_mut(&tag) {
+                t.pending += 1;
+            }
+        }
+        if self.vq.should_notify() {
+            if let Err(e) = self.transport.notify(self.vq.index()) {
+                result = result.and(Err(e.into()));
+            }
+        }
+        let t = self.transfers.get_mut(&tag).expect("inserted above");
+        t.submitting = false;
+        if let Err(e) = result {
+            if t.pending == 0 {
+                self.transfers.remove(&tag);
+                return Err(e);
+            }
+            t.error.get_or_insert(e);
+        } else if t.pending == 0 {
+            self.finish(tag);
+        }
+        Ok(())
+    }
+
+    /// Checks `req` and cuts it into virtio requests.
+    fn cut(&self, req: &Request<'_>) -> Result<Vec<PieceSpec>> {
+        let cap = self.config.capacity_bytes();
+        let check = |offset: u64, len: u64| -> Result<()> {
+            if len == 0 {
+                return Err(BlkError::Empty);
+            }
+            if offset % SECTOR != 0 || len % SECTOR != 0 {
+                return Err(BlkError::Unaligned { offset, len });
+            }
+            match offset.checked_add(len) {
+                Some(end) if end <= cap => Ok(()),
+                _ => Err(BlkError::OutOfRange {
+                    offset,
+                    len,
+                    capacity: cap,
+                }),
+            }
+        };
+        let max_descs = u32::from(self.vq.size()).min(if self.indirect {
+            INDIRECT_MAX as u32
+        } else {
+            u32::MAX
+        });
+        Ok(match *req {
+            Request::Read {
+                offset,
+                buf,
+                buf_offset,
+                len,
+            }
+            | Request::Write {
+                offset,
+                buf,
+                buf_offset,
+                len,
+            } => {
+                check(offset, len as u64)?;
+                buf.check_range(buf_offset, len)?;
+                if matches!(req, Request::Write { .. }) && self.config.read_only {
+                    return Err(BlkError::ReadOnly);
+                }
+                let max_map = self.vq.ops().max_mapping_size() as u64;
+                plan(
+                    len as u64,
+                    &self.config,
+                    max_map,
+                    max_descs,
+                    u64::from(self.config.blk_size),
+                )
+                .ok_or(BlkError::Limits {
+                    size_max: self.config.size_max,
+                    seg_max: self.config.seg_max,
+                    max_map,
+                })?
+                .into_iter()
+                .map(|c| PieceSpec::Data {
+                    sector: (offset + c.offset) / SECTOR,
+                    buf_offset: buf_offset + c.offset as usize,
+                    segs: c.segs,
+                })
+                .collect()
+            }
+            Request::Flush => {
+                if !self.config.flush {
+                    return Err(BlkError::NotSupported { what: "flush" });
+                }
+                vec![PieceSpec::Flush]
+            }
+            Request::Discard { offset, len } | Request::WriteZeroes { offset, len, .. } => {
+                let (limits, kind, unmap, what) = match *req {
+                    Request::Discard { .. } => {
+                        (self.config.discard, req_type::DISCARD, false, "discard")
+                    }
+                    Request::WriteZeroes { unmap, .. } => (
+                        self.config.write_zeroes,
+                        req_type::WRITE_ZEROES,
+                        unmap && self.config.write_zeroes_may_unmap,
+                        "write-zeroes",
+                    ),
+                    _ => unreachable!("matched above"),
+                };
+                let limits = limits.ok_or(BlkError::NotSupported { what })?;
+                if self.config.read_only {
+                    return Err(BlkError::ReadOnly);
+                }
+                check(offset, len)?;
+                let mut out = Vec::new();
+                let mut sector = offset / SECTOR;
+                let mut left = len / SECTOR;
+                while left > 0 {
+                    let n = left.min(u64::from(limits.max_sectors));
+                    out.push(PieceSpec::Range {
+                        kind,
+                        sector,
+                        // `n <= max_sectors`, a u32.
+                        sectors: n as u32,
+                        unmap,
+                    });
+                    sector += n;
+                    left -= n;
+                }
+                out
+            }
+        })
+    }
+
+    /// Puts one virtio request on the ring, waiting for room if needed.
+    fn submit_piece(&mut self, req: &Request<'_>, p: &PieceSpec, tag: u64) -> Result<()> {
+        loop {
+            if self.free_slots.is_empty() {
+                self.reap_blocking()?;
+                continue;
+            }
+            // With requests of ours in flight, fail fast and reap them to get
+            // room back; with none, the room (bounce slots, IOVAs) is held by
+            // other queues of the same ops: wait for them to free it.
+            let wait = if self.vq.in_flight() > 0 {
+                MapWait::Fail
+            } else {
+                MapWait::Timeout(self.timeout)
+            };
+            match self.try_add(req, p, tag, wait) {
+                Ok(()) => return Ok(()),
+                Err(BlkError::Virtio(iopath_virtio::Error::QueueFull { .. }))
+                | Err(BlkError::Virtio(iopath_virtio::Error::Dma(iopath_dma::Error::NoSpace {
+                    ..
+                })))
+                | Err(BlkError::Dma(iopath_dma::Error::NoSpace { .. }))
+                    if self.vq.in_flight() > 0 =>
+                {
+                    // Room comes back as requests complete.
+                    self.reap_blocking()?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn try_add(&mut self, req: &Request<'_>, p: &PieceSpec, tag: u64, wait: MapWait) -> Result<()> {
+        let slot = *self.free_slots.last().expect("checked by caller");
+        let base = usize::from(slot) * META_SLOT;
+        let meta = self.meta.as_ref().expect("meta lives until drop");
+        let (kind, sector) = match *p {
+            PieceSpec::Data { sector, .. } => (
+                if matches!(req, Request::Write { .. }) {
+                    req_type::OUT
+                } else {
+                    req_type::IN
+                },
+                sector,
+            ),
+            PieceSpec::Flush => (req_type::FLUSH, 0),
+            PieceSpec::Range {
+                kind,
+                sector,
+                sectors,
+                unmap,
+            } => {
+                meta.buffer()
+                    .write_at(base + META_RANGE, &range(sector, sectors, unmap))?;
+                (kind, sector)
+            }
+            PieceSpec::GetId => (req_type::GET_ID, 0),
+        };
+        meta.buffer().write_at(base, &header(kind, sector))?;
+        meta.buffer()
+            .write_at(base + META_STATUS, &[STATUS_UNSET])?;
+        let hdr = Seg::coherent(meta, base, HEADER_LEN);
+        let status = Seg::coherent(meta, base + META_STATUS, 1);
+        let mut data: Vec<Seg<'_>> = Vec::new();
+        if let PieceSpec::Data {
+            buf_offset, segs, ..
+        } = p
+        {
+            let buf = match req {
+                Request::Read { buf, .. } | Request::Write { buf, .. } => *buf,
+                _ => unreachable!("data pieces come from reads and writes"),
+            };
+            let mut at = *buf_offset;
+            for &s in segs {
+                data.push(Seg::buf(buf, at, s as usize));
+                at += s as usize;
+            }
+        }
+        let (out, inp): (Vec<Seg<'_>>, Vec<Seg<'_>>) = match (kind, p) {
+            (req_type::OUT, _) => (std::iter::once(hdr).chain(data).collect(), vec![status]),
+            (req_type::IN, _) => (vec![hdr], data.into_iter().chain([status]).collect()),
+            (_, PieceSpec::Range { .. }) => (
+                vec![hdr, Seg::coherent(meta, base + META_RANGE, RANGE_LEN)],
+                vec![status],
+            ),
+            (_, PieceSpec::GetId) => (
+                vec![hdr],
+                vec![Seg::coherent(meta, base + META_ID, ID_LEN), status],
+            ),
+            _ => (vec![hdr], vec![status]),
+        };
+        self.vq.add_wait(&out, &inp, u64::from(slot), wait)?;
+        self.free_slots.pop();
+        self.pieces[usize::from(slot)] = Some(Piece { tag, kind, sector });
+        Ok(())
+    }
+
+    /// Takes every completion the device has published. Returns how many.
+    fn reap(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(c) = self.vq.pop_used()? {
+            n += 1;
+            let slot = c.token as usize;
+            let Some(piece) = self.pieces.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            self.free_slots.push(slot as u16);
+            let mut st = [0u8; 1];
+            self.meta()
+                .buffer()
+                .read_at(slot * META_SLOT + META_STATUS, &mut st)?;
+            let outcome = match st[0] {
+                S_OK => Ok(()),
+                S_IOERR => Err(BlkError::IoError {
+                    sector: piece.sector,
+                }),
+                S_UNSUPP => Err(BlkError::Unsupported { kind: piece.kind }),
+                other => Err(BlkError::BadStatus {
+                    status: other,
+                    kind: piece.kind,
+                }),
+            };
+            let Some(t) = self.transfers.get_mut(&piece.tag) else {
+                continue;
+            };
+            t.pending -= 1;
+            if let Err(e) = outcome {
+                t.error.get_or_insert(e);
+            }
+            if t.pending == 0 && !t.submitting {
+                self.finish(piece.tag);
+            }
+        }
+        Ok(n)
+    }
+
+    fn finish(&mut self, tag: u64) {
+        if let Some(t) = self.transfers.remove(&tag) {
+            self.done.push_back(Done {
+                tag,
+                result: t.error.map_or(Ok(()), Err),
+            });
+        }
+    }
+
+    /// Waits (interrupt-driven, up to the timeout) until at least one
+    /// completion was taken.
+    fn reap_blocking(&mut self) -> Result<()> {
+        // Whatever was queued but not yet announced must be, or the wait
+        // below would be for requests the device never heard of.
+        if self.vq.should_notify() {
+            self.transport.notify(self.vq.index())?;
+        }
+        loop {
+            if self.reap()? > 0 {
+                return Ok(());
+            }
+            // §2.7.10: re-arm, then re-check before sleeping.
+            if !self.vq.enable_interrupts() {
+                continue;
+            }
+            if !self
+                .transport
+                .wait_interrupt(self.vq.index(), Some(self.timeout))?
+                && !self.vq.has_used()
+            {
+                return Err(BlkError::Timeout {
+                    queue: self.vq.index(),
+                    timeout: self.timeout,
+                });
+            }
+        }
+    }
+
+    /// Returns a finished request without waiting, if there is one.
+    ///
+    /// # Errors
+    /// Queue errors (a device breaking the ring).
+    pub fn try_complete(&mut self) -> Result<Option<Done>> {
+        if self.done.is_empty() {
+            self.reap()?;
+        }
+        Ok(self.done.pop_front())
+    }
+
+    /// Waits for the next finished request.
+    ///
+    /// # Errors
+    /// [`BlkError::Timeout`] if nothing completes in time (or nothing is in
+    /// flight), queue and transport errors.
+    pub fn complete(&mut self) -> Result<Done> {
+        loop {
+            if let Some(d) = self.try_complete()? {
+                return Ok(d);
+            }
+            if self.transfers.is_empty() {
+                return Err(BlkError::Timeout {
+                    queue: self.vq.index(),
+                    timeout: Duration::ZERO,
+                });
+            }
+            self.reap_blocking()?;
+        }
+    }
+
+    /// Submits `req` and waits for it (other requests' completions are kept).
+    ///
+    /// # Errors
+    /// As [`BlkQueue::submit`] and the request's outcome.
+    pub fn run(&mut self, req: Request<'_>) -> Result<()> {
+        let tag = u64::MAX - 1;
+        self.submit(req, tag)?;
+        self.wait_tag(tag)
+    }
+
+    fn wait_tag(&mut self, tag: u64) -> Result<()> {
+        loop {
+            if let Some(i) = self.done.iter().position(|d| d.tag == tag) {
+                return self.done.remove(i).expect("index from position").result;
+            }
+            self.reap_blocking()?;
+        }
+    }
+
+    /// `GET_ID` on this queue.
+    ///
+    /// # Errors
+    /// As [`BlkDriver::get_id`].
+    pub fn get_id(&mut self) -> Result<Vec<u8>> {
+        let tag = u64::MAX - 2;
+        if self.transfers.contains_key(&tag) {
+            return Err(BlkError::DuplicateTag { tag });
+        }
+        self.transfers.insert(
+            tag,
+            Transfer {
+                pending: 0,
+                submitting: true,
+                error: None,
+            },
+        );
+        if let Err(e) = self.submit_piece(&Request::Flush, &PieceSpec::GetId, tag) {
+            self.transfers.remove(&tag);
+            return Err(e);
+        }
+        // The slot used is the one whose piece carries `tag`.
+        let slot = self
+            .pieces
+            .iter()
+            .position(|p| p.is_some_and(|p| p.tag == tag))
+            .expect("piece just added");
+        if let Some(t) = self.transfers.get_mut(&tag) {
+            t.pending = 1;
+            t.submitting = false;
+        }
+        if self.vq.should_notify() {
+            self.transport.notify(self.vq.index())?;
+        }
+        self.wait_tag(tag)?;
+        let mut id = [0u8; ID_LEN];
+        self.meta()
+            .buffer()
+            .read_at(slot * META_SLOT + META_ID, &mut id)?;
+        let end = id.iter().position(|&b| b == 0).unwrap_or(ID_LEN);
+        Ok(id[..end].to_vec())
+    }
+}
+
+impl<O: DmaOps + ?Sized> Drop for BlkQueue<O> {
+    fn drop(&mut self) {
+        if let Some(meta) = self.meta.take() {
+            if let Err(e) = self.vq.ops().free_coherent(meta) {
+                tracing::warn!(error = %e, "virtio-blk: freeing request metadata failed");
+            }
+        }
+    }
+}
