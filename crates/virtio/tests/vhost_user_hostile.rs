@@ -1,12 +1,17 @@
 //! The vhost-user front end against hostile or broken back ends (a unix
 //! socket server in a thread that answers with garbage): every case is an
-//! error value from `connect`, never a panic or a hang.
+//! error value from `connect`, never a panic or a hang: a back end that
+//! never answers, announces a 4 GiB reply, or is busy with another front
+//! end fails the request it left unanswered within the reply timeout.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
+use std::sync::Arc;
 use std::time::Duration;
 
-use iopath_virtio::transport::vhost_user::{VhostUser, VhostUserError};
+use iopath_virtio::device::{QueueContext, VhostUserServer, VirtioDevice};
+use iopath_virtio::features;
+use iopath_virtio::transport::vhost_user::{Timeouts, VhostUser, VhostUserError};
 
 /// Serves one connection: reads `skip` request headers (with their
 /// bodies), then writes `reply` and closes.
@@ -101,5 +106,127 @@ fn truncated_reply() {
             }
         ),
         "{e:?}"
+    );
+}
+
+/// Runs `f` in a thread and fails the test (instead of hanging it) when it
+/// takes longer than `limit`.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("still waiting after {limit:?}: the front end hangs"))
+}
+
+/// A back end that accepts, reads the requests, writes `reply` (perhaps
+/// nothing) and then never answers again nor closes.
+fn silent(reply: Vec<u8>) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("silent.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut first = [0u8; 12];
+        if s.read_exact(&mut first).is_ok() {
+            let _ = s.write_all(&reply);
+        }
+        // Swallow whatever comes, answer nothing, keep the socket open.
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    (dir, path)
+}
+
+fn timeouts(reply: Duration) -> Timeouts {
+    Timeouts {
+        connect: Duration::from_secs(5),
+        reply,
+    }
+}
+
+fn assert_timeout(e: VhostUserError, want: &'static str) {
+    match e {
+        VhostUserError::Timeout { request, after, .. } => {
+            assert_eq!(request, want);
+            assert_eq!(after, Duration::from_millis(500));
+        }
+        other => panic!("expected a timeout of {want}, got {other:?}"),
+    }
+}
+
+#[test]
+fn back_end_that_never_answers_times_out_naming_the_request() {
+    let (_dir, path) = silent(Vec::new());
+    let started = std::time::Instant::now();
+    let e = within(Duration::from_secs(10), move || {
+        VhostUser::connect_with(&path, 2, timeouts(Duration::from_millis(500))).unwrap_err()
+    });
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert!(e.to_string().contains("GET_FEATURES"), "{e}");
+    assert_timeout(e, "GET_FEATURES");
+}
+
+#[test]
+fn header_announcing_four_gib_times_out_without_allocating_it() {
+    // GET_FEATURES' "reply" announces 0xfffffff0 bytes and sends none.
+    let (_dir, path) = silent(hdr(1, 0x5, 0xffff_fff0));
+    let e = within(Duration::from_secs(10), move || {
+        VhostUser::connect_with(&path, 2, timeouts(Duration::from_millis(500))).unwrap_err()
+    });
+    assert_timeout(e, "GET_FEATURES");
+}
+
+/// A device that does nothing: enough for a server to accept front ends.
+struct Idle;
+
+impl VirtioDevice for Idle {
+    fn features(&self) -> u64 {
+        features::VIRTIO_F_VERSION_1
+    }
+    fn num_queues(&self) -> usize {
+        1
+    }
+    fn max_queue_size(&self) -> u16 {
+        64
+    }
+    fn read_config(&self, _offset: u32, len: u32) -> Vec<u8> {
+        vec![0; len as usize]
+    }
+    fn run_queue(&self, ctx: QueueContext) -> virtio_queue::Queue {
+        while !ctx.wait(None).map(|w| w.stop).unwrap_or(true) {}
+        ctx.into_queue()
+    }
+}
+
+#[test]
+fn second_front_end_waits_for_its_turn_then_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("busy.sock");
+    let server = VhostUserServer::new(UnixListener::bind(&path).unwrap(), Arc::new(Idle));
+    std::thread::spawn(move || server.run());
+    // The first front end connects and then stays quiet (as one stopped
+    // with SIGSTOP would): the server keeps serving it.
+    let first = VhostUser::connect_with(&path, 2, timeouts(Duration::from_secs(5))).unwrap();
+    assert_eq!(
+        first.raw_device_features() & features::VIRTIO_F_VERSION_1,
+        features::VIRTIO_F_VERSION_1
+    );
+    let p = path.clone();
+    let e = within(Duration::from_secs(10), move || {
+        VhostUser::connect_with(&p, 2, timeouts(Duration::from_millis(500))).unwrap_err()
+    });
+    assert_timeout(e, "GET_FEATURES");
+    // Once the first goes, the next front end is served.
+    drop(first);
+    let p = path.clone();
+    let third = within(Duration::from_secs(10), move || {
+        VhostUser::connect_with(&p, 2, timeouts(Duration::from_secs(5)))
+    })
+    .unwrap();
+    assert_eq!(
+        third.raw_device_features() & features::VIRTIO_F_VERSION_1,
+        features::VIRTIO_F_VERSION_1
     );
 }

@@ -1,6 +1,7 @@
 //! Errors of the vhost-user front end.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Errors of the vhost-user front end.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +23,17 @@ pub enum VhostUserError {
         /// Cause.
         #[source]
         source: vhost::Error,
+    },
+    /// The back end did not answer a request in time; the connection was
+    /// shut down.
+    #[error("No answer from the vhost-user back end at {path} to {request} within {after:?} (the reply timeout)")]
+    Timeout {
+        /// The request left unanswered.
+        request: &'static str,
+        /// Socket path.
+        path: PathBuf,
+        /// The reply timeout.
+        after: Duration,
     },
     /// Socket or eventfd I/O failed.
     #[error("{op} failed")]
@@ -88,7 +100,3 @@ pub enum VhostUserError {
 
 /// Result of the vhost-user front end.
 pub type Result<T, E = VhostUserError> = std::result::Result<T, E>;
-
-pub(super) fn req(request: &'static str) -> impl FnOnce(vhost::Error) -> VhostUserError {
-    move |source| VhostUserError::Request { request, source }
-}

@@ -47,14 +47,40 @@ use super::{QueueConfig, Transport};
 use crate::features::{status, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM};
 use backend_channel::BackendChannel;
 pub use control::VhostUserIotlb;
-use control::{lock, Control};
-use error::req;
+use control::{lock, Control, Watchdog};
 pub use error::{Result, VhostUserError};
 
 /// Largest region count `SET_MEM_TABLE` carries for every back end (the
 /// spec's baseline; libvhost-user refuses more). Further regions go through
 /// `ADD_MEM_REG` when `CONFIGURE_MEM_SLOTS` is negotiated.
 const MEM_TABLE_BASELINE: usize = 8;
+/// How long the front end waits for any reply by default
+/// ([`Timeouts::reply`]).
+pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`VhostUser::connect_with`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// For the socket to exist and accept (default 0: one attempt).
+    pub connect: Duration,
+    /// For the back end's answer to each request, the life of the
+    /// connection long ([`DEFAULT_REPLY_TIMEOUT`]). A request left
+    /// unanswered fails with [`VhostUserError::Timeout`] and the connection
+    /// is shut down; after a second without an answer the front end logs,
+    /// once per connection, that it is waiting (a back end serves one front
+    /// end at a time, so it may be busy with another).
+    pub reply: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::ZERO,
+            reply: DEFAULT_REPLY_TIMEOUT,
+        }
+    }
+}
+
 /// Queue size assumed when the back end does not say (vhost-user has no
 /// message for it): libvhost-user's and QEMU's `VIRTQUEUE_MAX_SIZE`.
 pub const DEFAULT_QUEUE_MAX_SIZE: u16 = 1024;
@@ -140,8 +166,27 @@ impl VhostUser {
     /// [`VhostUserError::Request`] if a request fails,
     /// [`VhostUserError::Io`] if eventfds cannot be made.
     pub fn connect(path: impl AsRef<Path>, device_id: u32, timeout: Duration) -> Result<Self> {
+        Self::connect_with(
+            path,
+            device_id,
+            Timeouts {
+                connect: timeout,
+                ..Timeouts::default()
+            },
+        )
+    }
+
+    /// As [`connect`](Self::connect), with both timeouts given.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub fn connect_with(
+        path: impl AsRef<Path>,
+        device_id: u32,
+        timeouts: Timeouts,
+    ) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + timeouts.connect;
         let sock = loop {
             match UnixStream::connect(&path) {
                 Ok(s) => break s,
@@ -165,21 +210,30 @@ impl VhostUser {
             op: "dup of the vhost-user socket",
             source,
         })?;
+        let watched = sock.try_clone().map_err(|source| VhostUserError::Io {
+            op: "dup of the vhost-user socket",
+            source,
+        })?;
         // max_queue_num starts at 1 and is raised by GET_QUEUE_NUM under MQ.
-        let mut fe = Frontend::from_stream(sock, 1);
-        fe.set_owner().map_err(req("SET_OWNER"))?;
-        let device_features = fe.get_features().map_err(req("GET_FEATURES"))?;
+        let mut ctl = Control {
+            fe: Frontend::from_stream(sock, 1),
+            raw,
+            reply_ack: false,
+            iotlb: false,
+            watchdog: Watchdog::spawn(watched, &path, timeouts.reply)?,
+        };
+        ctl.call("SET_OWNER", |fe| fe.set_owner())?;
+        let device_features = ctl.call("GET_FEATURES", |fe| fe.get_features())?;
         let mut protocol = VhostUserProtocolFeatures::empty();
         let mut queues: u16 = 1;
         if device_features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-            let offered = fe
-                .get_protocol_features()
-                .map_err(req("GET_PROTOCOL_FEATURES"))?;
+            let offered = ctl.call("GET_PROTOCOL_FEATURES", |fe| fe.get_protocol_features())?;
             protocol = offered & wanted_protocol_features();
-            fe.set_protocol_features(protocol)
-                .map_err(req("SET_PROTOCOL_FEATURES"))?;
+            ctl.call("SET_PROTOCOL_FEATURES", |fe| {
+                fe.set_protocol_features(protocol)
+            })?;
             if protocol.contains(VhostUserProtocolFeatures::MQ) {
-                let n = fe.get_queue_num().map_err(req("GET_QUEUE_NUM"))?;
+                let n = ctl.call("GET_QUEUE_NUM", |fe| fe.get_queue_num())?;
                 queues = u16::try_from(n).unwrap_or(u16::MAX).max(1);
             }
         }
@@ -187,8 +241,9 @@ impl VhostUser {
         if reply_ack {
             // Every later request asks for an acknowledgement, so a refusal
             // shows up at the request that caused it.
-            fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+            ctl.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
         }
+        ctl.reply_ack = reply_ack;
         let io = |op| move |source| VhostUserError::Io { op, source };
         let events = (0..queues)
             .map(|_| {
@@ -200,12 +255,7 @@ impl VhostUser {
             })
             .collect::<Result<Vec<_>>>()?;
         let this = VhostUser {
-            ctl: Arc::new(Mutex::new(Control {
-                fe,
-                raw,
-                reply_ack,
-                iotlb: false,
-            })),
+            ctl: Arc::new(Mutex::new(ctl)),
             path,
             device_id,
             device_features,
@@ -231,10 +281,9 @@ impl VhostUser {
             op: "socketpair for the back-end channel",
             source,
         })?;
-        lock(&self.ctl)
-            .fe
-            .set_backend_request_fd(&theirs)
-            .map_err(req("SET_BACKEND_REQ_FD"))?;
+        lock(&self.ctl).call("SET_BACKEND_REQ_FD", |fe| {
+            fe.set_backend_request_fd(&theirs)
+        })?;
         drop(theirs);
         BackendChannel::spawn(ours)
     }
@@ -287,10 +336,7 @@ impl VhostUser {
             .contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
         let mut ctl = lock(&self.ctl);
         let max = if mem_slots {
-            let n = ctl
-                .fe
-                .get_max_mem_slots()
-                .map_err(req("GET_MAX_MEM_SLOTS"))?;
+            let n = ctl.call("GET_MAX_MEM_SLOTS", |fe| fe.get_max_mem_slots())?;
             usize::try_from(n).unwrap_or(usize::MAX)
         } else {
             MEM_TABLE_BASELINE
@@ -303,11 +349,9 @@ impl VhostUser {
         }
         let infos: Vec<_> = regions.iter().map(region_info).collect();
         let first = infos.len().min(MEM_TABLE_BASELINE);
-        ctl.fe
-            .set_mem_table(&infos[..first])
-            .map_err(req("SET_MEM_TABLE"))?;
+        ctl.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&infos[..first]))?;
         for info in &infos[first..] {
-            ctl.fe.add_mem_region(info).map_err(req("ADD_MEM_REG"))?;
+            ctl.call("ADD_MEM_REG", |fe| fe.add_mem_region(info))?;
         }
         st.regions = regions.to_vec();
         Ok(())
@@ -340,23 +384,13 @@ impl VhostUser {
         };
         let i = usize::from(index);
         let mut ctl = lock(&self.ctl);
-        ctl.fe
-            .set_vring_num(i, cfg.size)
-            .map_err(req("SET_VRING_NUM"))?;
-        ctl.fe.set_vring_base(i, 0).map_err(req("SET_VRING_BASE"))?;
-        ctl.fe
-            .set_vring_addr(i, &vring)
-            .map_err(req("SET_VRING_ADDR"))?;
-        ctl.fe
-            .set_vring_call(i, &ev.call)
-            .map_err(req("SET_VRING_CALL"))?;
-        ctl.fe
-            .set_vring_kick(i, &ev.kick)
-            .map_err(req("SET_VRING_KICK"))?;
+        ctl.call("SET_VRING_NUM", |fe| fe.set_vring_num(i, cfg.size))?;
+        ctl.call("SET_VRING_BASE", |fe| fe.set_vring_base(i, 0))?;
+        ctl.call("SET_VRING_ADDR", |fe| fe.set_vring_addr(i, &vring))?;
+        ctl.call("SET_VRING_CALL", |fe| fe.set_vring_call(i, &ev.call))?;
+        ctl.call("SET_VRING_KICK", |fe| fe.set_vring_kick(i, &ev.kick))?;
         if st.acked & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-            ctl.fe
-                .set_vring_enable(i, true)
-                .map_err(req("SET_VRING_ENABLE"))?;
+            ctl.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(i, true))?;
         }
         ev.running.store(true, Ordering::Release);
         Ok(())
@@ -367,10 +401,7 @@ impl VhostUser {
     fn reset(&self, st: &mut State) -> Result<()> {
         for (i, ev) in self.events.iter().enumerate() {
             if ev.running.swap(false, Ordering::AcqRel) {
-                lock(&self.ctl)
-                    .fe
-                    .get_vring_base(i)
-                    .map_err(req("GET_VRING_BASE"))?;
+                lock(&self.ctl).call("GET_VRING_BASE", |fe| fe.get_vring_base(i))?;
             }
         }
         st.configs.iter_mut().for_each(|c| *c = None);
@@ -423,7 +454,7 @@ impl Transport for VhostUser {
         }
         let mut st = lock(&self.state);
         let mut ctl = lock(&self.ctl);
-        ctl.fe.set_features(acked).map_err(req("SET_FEATURES"))?;
+        ctl.call("SET_FEATURES", |fe| fe.set_features(acked))?;
         ctl.iotlb = wants_iotlb;
         st.acked = acked;
         Ok(())
@@ -467,10 +498,9 @@ impl Transport for VhostUser {
                 why: "range too large",
             })?;
         let zeros = vec![0u8; total.0];
-        let (_, payload) = lock(&self.ctl)
-            .fe
-            .get_config(0, total.1, VhostUserConfigFlags::empty(), &zeros)
-            .map_err(req("GET_CONFIG"))?;
+        let (_, payload) = lock(&self.ctl).call("GET_CONFIG", |fe| {
+            fe.get_config(0, total.1, VhostUserConfigFlags::empty(), &zeros)
+        })?;
         if payload.len() != total.0 {
             return Err(VhostUserError::BadReply {
                 request: "GET_CONFIG",
@@ -483,10 +513,9 @@ impl Transport for VhostUser {
     }
 
     fn write_config(&self, offset: u32, data: &[u8]) -> crate::Result<()> {
-        lock(&self.ctl)
-            .fe
-            .set_config(offset, VhostUserConfigFlags::WRITABLE, data)
-            .map_err(req("SET_CONFIG"))?;
+        lock(&self.ctl).call("SET_CONFIG", |fe| {
+            fe.set_config(offset, VhostUserConfigFlags::WRITABLE, data)
+        })?;
         Ok(())
     }
 
