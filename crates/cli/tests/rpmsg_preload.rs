@@ -170,10 +170,14 @@ fn linux_uapi_program_runs_unmodified() {
         .output()
         .unwrap();
     let syms = String::from_utf8_lossy(&syms.stdout);
-    assert!(
-        syms.contains("__open_2") || syms.contains("__open64_2"),
-        "no fortified open in the build: {syms}"
-    );
+    for f in ["open", "read", "poll"] {
+        assert!(
+            syms.contains(&format!("__{f}_2"))
+                || syms.contains(&format!("__{f}64_2"))
+                || syms.contains(&format!("__{f}_chk")),
+            "no fortified {f} in the build: {syms}"
+        );
+    }
     let o = Command::new(&fortified)
         .env("LD_PRELOAD", &so)
         .env("IOPATH_RPMSG_CTRL", &st.ctrl)

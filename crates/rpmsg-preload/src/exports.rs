@@ -323,3 +323,69 @@ pub unsafe extern "C" fn ppoll(
     let r = unsafe { real::ppoll(fds_, n, ts, mask) };
     after_poll(fds_, n, r)
 }
+
+// The fortified variants glibc calls under _FORTIFY_SOURCE when a size is
+// known only at run time. A size over the buffer goes to libc's own check
+// (which aborts the program, as without the preload).
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if n <= buflen && fds::is_ours(fd) {
+        if let Some(r) = rpmsg_read(fd, buf, n, 0) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::read_chk(fd, buf, n, buflen) }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n <= buflen && fds::is_ours(fd) {
+        if let Some(r) = rpmsg_read(fd, buf, n, flags) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::recv_chk(fd, buf, n, buflen, flags) }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds_: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::poll_chk(fds_, n, timeout, fdslen) };
+    after_poll(fds_, n, r)
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds_: *mut pollfd,
+    n: nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::ppoll_chk(fds_, n, ts, mask, fdslen) };
+    after_poll(fds_, n, r)
+}

@@ -109,6 +109,14 @@ real!(/// `fcntl(2)`.
     fcntl = "fcntl": fn(fd: c_int, cmd: c_int) -> c_int, variadic arg: c_ulong);
 real!(/// `fcntl64` (what glibc's headers call for `fcntl` with 64-bit offsets).
     fcntl64 = "fcntl64": fn(fd: c_int, cmd: c_int) -> c_int, variadic arg: c_ulong);
+real!(/// `__read_chk` (`read` under `_FORTIFY_SOURCE` with a run-time size).
+    read_chk = "__read_chk": fn(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t);
+real!(/// `__recv_chk`.
+    recv_chk = "__recv_chk": fn(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t);
+real!(/// `__poll_chk`.
+    poll_chk = "__poll_chk": fn(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int);
+real!(/// `__ppoll_chk`.
+    ppoll_chk = "__ppoll_chk": fn(fds: *mut pollfd, n: nfds_t, ts: *const libc::timespec, mask: *const libc::sigset_t, fdslen: size_t) -> c_int);
 real!(/// `poll(2)`.
     poll = "poll": fn(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int);
 real!(/// `ppoll(2)`.
