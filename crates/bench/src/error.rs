@@ -62,6 +62,32 @@ pub enum Error {
     /// service kept endpoints, a peer did not come up in time).
     #[error("{0}")]
     Check(String),
+    /// A chart could not be drawn or written.
+    #[error("Cannot draw the chart {}: {reason}", path.display())]
+    Plot {
+        /// The SVG file.
+        path: PathBuf,
+        /// What plotters said.
+        reason: String,
+    },
+    /// A report file (JSON, Markdown) could not be written.
+    #[error("Cannot write {}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The virtio-blk driver, its transport, DMA ops or workload failed.
+    #[error("{context}")]
+    Driver {
+        /// What was being done.
+        context: String,
+        /// The lower layer's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A heap-layer operation failed.
     #[error("{context}")]
     Heap {

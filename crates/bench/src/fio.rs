@@ -1,8 +1,8 @@
 //! fio, the limit beside iopath's figures: runs `fio --output-format=json`
 //! and reads the bandwidth out of it.
 
-use std::path::Path;
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 use crate::{Error, Result};
 
@@ -29,63 +29,114 @@ pub const PROGRAM: &str = "fio";
 /// The Debian package that brings it.
 pub const PACKAGE: &str = "fio";
 
-/// Whether `fio` is on the `PATH`.
-pub fn available() -> bool {
-    Command::new(PROGRAM)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+/// Direction of a fio job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// Sequential read (`--rw=read --readonly`).
+    Read,
+    /// Sequential write (`--rw=write --end_fsync=0`).
+    Write,
 }
 
-/// [`Error::MissingPeer`] for fio.
-pub fn missing() -> Error {
-    Error::MissingPeer {
-        program: PROGRAM,
-        package: PACKAGE,
+/// One fio job: an O_DIRECT io_uring sequential pass over the first
+/// `bytes` of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Read or write.
+    pub dir: Dir,
+    /// The file.
+    pub path: PathBuf,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Block size.
+    pub bs: u64,
+    /// Requests in flight.
+    pub iodepth: u32,
+}
+
+impl Job {
+    /// The command line, for reports.
+    pub fn cmdline(&self) -> Vec<String> {
+        let mut v = vec!["fio".into(), "--name=limit".into()];
+        v.push(format!("--filename={}", self.path.display()));
+        match self.dir {
+            Dir::Read => v.extend(["--readonly".into(), "--rw=read".into()]),
+            Dir::Write => v.extend(["--rw=write".into(), "--end_fsync=0".into()]),
+        }
+        v.extend([
+            format!("--bs={}", self.bs),
+            format!("--iodepth={}", self.iodepth),
+            "--ioengine=io_uring".into(),
+            "--direct=1".into(),
+            format!("--size={}", self.bytes),
+            "--output-format=json".into(),
+        ]);
+        v
+    }
+
+    /// `bs=1M qd=16`, for tables.
+    pub fn config(&self) -> String {
+        format!("bs={} qd={}", crate::human_short(self.bs), self.iodepth)
+    }
+
+    /// Runs the job with fio pinned to `cpu` (`None`: anywhere).
+    ///
+    /// # Errors
+    /// [`Error::Spawn`] when fio cannot start, [`Error::Peer`] when it
+    /// fails or prints something that is not its JSON.
+    pub fn run(&self, cpu: Option<usize>) -> Result<FioResult> {
+        let cmd = self.cmdline();
+        let child = crate::place::spawn_on(
+            cpu,
+            Command::new(&cmd[0])
+                .args(&cmd[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        )?;
+        let out = child.wait_with_output().map_err(Error::spawn(PROGRAM))?;
+        if !out.status.success() {
+            return Err(failed(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+            )));
+        }
+        let dir = match self.dir {
+            Dir::Read => "read",
+            Dir::Write => "write",
+        };
+        parse(&String::from_utf8_lossy(&out.stdout), dir)
     }
 }
 
-/// The command line of [`seq_read`], for reports.
-pub fn seq_read_cmdline(path: &Path, bytes: u64, bs: &str, iodepth: u32) -> Vec<String> {
-    vec![
-        "fio".into(),
-        "--name=limit".into(),
-        format!("--filename={}", path.display()),
-        "--readonly".into(),
-        "--rw=read".into(),
-        format!("--bs={bs}"),
-        format!("--iodepth={iodepth}"),
-        "--ioengine=io_uring".into(),
-        "--direct=1".into(),
-        format!("--size={bytes}"),
-        "--output-format=json".into(),
-    ]
+/// The sweep of a limit: every block size of `bss` (deduplicated) at
+/// queue depths 4, 16 and 64, the rest as in `base`.
+pub fn sweep(base: &Job, bss: &[u64]) -> Vec<Job> {
+    let mut sizes: Vec<u64> = Vec::new();
+    for &b in bss {
+        if !sizes.contains(&b) {
+            sizes.push(b);
+        }
+    }
+    let mut jobs = Vec::new();
+    for &bs in &sizes {
+        for iodepth in SWEEP_DEPTHS {
+            jobs.push(Job {
+                bs,
+                iodepth,
+                ..base.clone()
+            });
+        }
+    }
+    jobs
 }
 
-/// fio's O_DIRECT io_uring sequential read of the first `bytes` of `path`.
-///
-/// # Errors
-/// [`Error::Spawn`] when fio cannot start, [`Error::Peer`] when it fails or
-/// prints something that is not its JSON.
-pub fn seq_read(path: &Path, bytes: u64, bs: &str, iodepth: u32) -> Result<FioResult> {
-    let cmd = seq_read_cmdline(path, bytes, bs, iodepth);
-    let out = Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .output()
-        .map_err(Error::spawn(PROGRAM))?;
-    if !out.status.success() {
-        return Err(failed(format!(
-            "{}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .next()
-                .unwrap_or("")
-        )));
-    }
-    parse(&String::from_utf8_lossy(&out.stdout), "read")
-}
+/// Queue depths of [`sweep`].
+pub const SWEEP_DEPTHS: [u32; 3] = [4, 16, 64];
 
 fn failed(reason: String) -> Error {
     Error::Peer {
@@ -124,6 +175,35 @@ pub fn parse(text: &str, dir: &str) -> Result<FioResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sweep_covers_sizes_and_depths_once() {
+        let base = Job {
+            dir: Dir::Read,
+            path: "/f".into(),
+            bytes: 1 << 30,
+            bs: 1 << 20,
+            iodepth: 16,
+        };
+        let jobs = sweep(&base, &[1 << 20, 8 << 20, 1 << 20]);
+        let got: Vec<String> = jobs.iter().map(Job::config).collect();
+        assert_eq!(
+            got,
+            [
+                "bs=1M qd=4",
+                "bs=1M qd=16",
+                "bs=1M qd=64",
+                "bs=8M qd=4",
+                "bs=8M qd=16",
+                "bs=8M qd=64"
+            ]
+        );
+        let cmd = jobs[4].cmdline().join(" ");
+        assert!(
+            cmd.contains("--readonly --rw=read --bs=8388608 --iodepth=16"),
+            "{cmd}"
+        );
+    }
 
     #[test]
     fn parses_fio_json() {

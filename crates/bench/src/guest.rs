@@ -8,21 +8,6 @@ use std::process::{Command, Stdio};
 
 use crate::{Error, Result};
 
-/// QEMU, which the guest needs.
-pub const QEMU: &str = "qemu-system-x86_64";
-/// The Debian package that brings it.
-pub const QEMU_PACKAGE: &str = "qemu-system-x86";
-
-/// Whether QEMU is on the `PATH`.
-pub fn qemu_available() -> bool {
-    Command::new(QEMU)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 fn failed(reason: String) -> Error {
     Error::Peer {
         program: "scripts/guest-dd".into(),
@@ -57,10 +42,10 @@ pub fn script() -> Result<PathBuf> {
 /// [`Error::MissingPeer`] without QEMU; the script is missing or fails; the
 /// error carries its last line.
 pub fn prepare() -> Result<PathBuf> {
-    if !qemu_available() {
+    if let Some(m) = crate::Missing::QEMU.check() {
         return Err(Error::MissingPeer {
-            program: QEMU,
-            package: QEMU_PACKAGE,
+            program: m.program,
+            package: m.package,
         });
     }
     let script = script()?;

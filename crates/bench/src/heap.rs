@@ -1,14 +1,20 @@
 //! `iopath bench heap`: the `DMA_BUF_IOCTL_RW_FILE` thread's experiment on
 //! this machine. N buffers of one size are filled from a cold file with every
-//! heap and method that works here; fio's O_DIRECT io_uring sequential read of
-//! the same file, run beside them, is the limit.
+//! heap and method that works here; the best of a small sweep of fio's
+//! O_DIRECT io_uring sequential read of the same file (block sizes 1 MiB and
+//! 8 MiB, queue depths 4, 16, 64), run beside them, is the limit. Without
+//! fio the limit is the bench's own plain O_DIRECT read of the file at the
+//! same queue depth, labelled so.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
 
+use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
+use crate::limit::Limit;
 use crate::{fio, human, scratch_dir, Error, Progress, Result, Summary};
 
 const HEAPS: [&str; 5] = ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"];
@@ -55,6 +61,32 @@ impl HeapConfig {
     }
 }
 
+impl HeapConfig {
+    /// The thread's sizes: a 1 GiB file into 32 x 32 MiB buffers, 3 runs.
+    pub fn full() -> HeapConfig {
+        HeapConfig {
+            size: Some(1 << 30),
+            buffers: Some(32),
+            ..HeapConfig::quick()
+        }
+    }
+
+    /// A rough duration, from nominal rates on a 2-vCPU VM: 0.7 GiB/s per
+    /// load, 10 heap x method rows, the limit's sweep (6 fio passes a run)
+    /// and the scratch file.
+    pub fn estimate(&self) -> Duration {
+        let bytes = self.buffers.unwrap_or(8) as f64 * self.buffer_size as f64;
+        let gib = bytes / f64::from(1u32 << 30);
+        let rows = if self.methods.is_empty() {
+            10
+        } else {
+            2 * self.methods.len()
+        };
+        let passes = self.runs * (rows + 2 + 6);
+        Duration::from_secs_f64(passes as f64 * gib / 0.7 + gib / 0.5 + 1.0)
+    }
+}
+
 /// Runs the experiment.
 ///
 /// # Errors
@@ -94,8 +126,7 @@ pub struct HeapReport {
     buffer_size: usize,
     runs: usize,
     rows: Vec<Row>,
-    limit: Option<Vec<fio::FioResult>>,
-    limit_cmd: String,
+    limit: Limit,
     skipped: Vec<(String, String)>,
     warm_warnings: u64,
 }
@@ -186,22 +217,33 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
             })
         })
         .collect();
-    let use_fio = fio::available();
-    let limit_cmd = fio::seq_read_cmdline(&path, bytes, "1M", 16).join(" ");
-    let steps = args.runs * (rows.len() + usize::from(use_fio));
-    let bar = Progress::new(args.progress, "bench heap", steps as u64);
-    let mut limit = use_fio.then(Vec::new);
+    let sweep_bs = [1 << 20, 8 << 20];
+    let base = fio::Job {
+        dir: fio::Dir::Read,
+        path: path.clone(),
+        bytes,
+        bs: 1 << 20,
+        iodepth: args.queue_depth,
+    };
+    let own = DirectJob {
+        write: false,
+        path: path.clone(),
+        bytes,
+        bs: 1 << 20,
+        depth: args.queue_depth,
+    };
+    let drop_cache = || {
+        file.drop_cache()
+            .map_err(Error::heap("dropping the file's cache"))
+    };
+    let mut limit = Limit::new(&base, &sweep_bs, own);
+    let steps = args.runs as u64 * (rows.len() as u64 + limit.steps());
+    let bar = Progress::new(args.progress, "bench heap", steps);
     let mut alloc_limit = Vec::new();
     let mut warm_warnings = 0;
     let load_before = loadavg();
     for run in 0..args.runs {
-        if let Some(l) = limit.as_mut() {
-            bar.set_message(format!("run {}/{}: fio", run + 1, args.runs));
-            file.drop_cache()
-                .map_err(Error::heap("dropping the file's cache"))?;
-            l.push(fio::seq_read(&path, bytes, "1M", 16)?);
-            bar.inc(1);
-        }
+        limit.measure(None, &mut || drop_cache(), &bar)?;
         // The other bound: allocating and faulting in the same buffers with
         // no I/O at all (first heap).
         {
@@ -288,7 +330,6 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
         runs: args.runs,
         rows,
         limit,
-        limit_cmd,
         skipped,
         warm_warnings,
     })
@@ -367,9 +408,7 @@ impl HeapReport {
     }
 
     fn limit_summary(&self) -> Option<Summary> {
-        self.limit
-            .as_ref()
-            .map(|l| Summary::of(&l.iter().map(fio::FioResult::gib_per_s).collect::<Vec<_>>()))
+        Some(self.limit.summary()).filter(|s| s.median > 0.0)
     }
 
     /// The table and its notes, as `iopath bench heap` prints them.
@@ -431,24 +470,27 @@ impl HeapReport {
                 );
             }
         }
-        match (&self.limit, limit) {
-            (Some(l), Some(s)) => outln!(
+        if let Some(s) = limit {
+            outln!(
                 out,
                 "{:<14} {:<16} {:>9} {:>9} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
-                "limit",
-                "fio",
+                if self.limit.is_fio() {
+                    "limit"
+                } else {
+                    "limit (own)"
+                },
+                self.limit
+                    .label()
+                    .replace(" bs=", " ")
+                    .replace(" qd=", " qd"),
                 "-",
                 "-",
-                Summary::of(&l.iter().map(|r| r.runtime_ms).collect::<Vec<_>>()).median,
+                self.bytes as f64 / f64::from(1u32 << 30) / s.median * 1e3,
                 s.median,
                 s.spread_pct(),
                 "100%",
                 "-"
-            ),
-            _ => outln!(
-                out,
-                "limit: fio is not installed (scripts/install-deps installs it)"
-            ),
+            );
         }
         let a = self.alloc_summary();
         outln!(
@@ -467,7 +509,9 @@ impl HeapReport {
             )),
             "-"
         );
-        outln!(out, "limit: {}", self.limit_cmd);
+        for n in self.limit.notes() {
+            outln!(out, "{n}");
+        }
         outln!(
             out,
             "alloc only: {} x {} {} buffers allocated and faulted in (MADV_POPULATE_WRITE), no I/O",
@@ -508,6 +552,143 @@ impl HeapReport {
         out
     }
 
+    /// The table as Markdown (as in BENCHMARKS.md), then its notes.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let limit = self.limit_summary();
+        let vs = |g: f64| {
+            limit.map_or("n/a".to_string(), |l| {
+                format!("{:.0}%", g / l.median * 100.0)
+            })
+        };
+        outln!(
+            out,
+            "{} x {} buffers from a {} file on {}, {} run(s), each from a cold page cache; medians, spread = (max-min)/median.",
+            self.buffers,
+            human(self.buffer_size as u64),
+            human(self.bytes),
+            self.fs,
+            self.runs
+        );
+        outln!(out);
+        outln!(out, "| heap | method | alloc ms | read ms | total ms | GiB/s | spread | vs limit | page cache growth |");
+        outln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &self.rows {
+            let g = Summary::of(&r.gib_per_s);
+            let method = if r.method == r.used {
+                r.method.to_string()
+            } else {
+                format!("{} ({})", r.method, r.used)
+            };
+            outln!(
+                out,
+                "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1}% | {} | {} |",
+                r.heap,
+                method,
+                Summary::of(&r.alloc_ms).median,
+                Summary::of(&r.read_ms).median,
+                Summary::of(&r.total_ms).median,
+                g.median,
+                g.spread_pct(),
+                vs(g.median),
+                human(r.cache_growth)
+            );
+        }
+        if let Some(l) = limit {
+            outln!(
+                out,
+                "| {} | {} | - | - | {:.1} | {:.3} | {:.1}% | 100% | - |",
+                if self.limit.is_fio() {
+                    "limit"
+                } else {
+                    "limit (own, no fio)"
+                },
+                self.limit.label(),
+                self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3,
+                l.median,
+                l.spread_pct()
+            );
+        }
+        let a = self.alloc_summary();
+        let alloc_ms = Summary::of(&self.alloc_limit).median * 1e3;
+        outln!(
+            out,
+            "| alloc only | {} | {alloc_ms:.1} | - | {alloc_ms:.1} | {:.3} | {:.1}% | {} | - |",
+            self.alloc_heap,
+            a.median,
+            a.spread_pct(),
+            vs(a.median)
+        );
+        outln!(out);
+        for n in self.limit.notes() {
+            outln!(out, "{n}");
+            outln!(out);
+        }
+        for (h, why) in &self.skipped {
+            outln!(out, "skipped heap {h}: {why}");
+            outln!(out);
+        }
+        out
+    }
+
+    /// Writes the chart: one bar per heap x method, allocation time with
+    /// read time stacked on it, the alloc-only bound, the limit's time as a
+    /// line.
+    ///
+    /// # Errors
+    /// [`Error::Plot`].
+    pub fn plot(&self, path: &Path) -> Result<()> {
+        use crate::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
+        let mut bars: Vec<Bar> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let a = Summary::of(&r.alloc_ms).median;
+                let rd = Summary::of(&r.read_ms).median;
+                Bar {
+                    label: format!("{} {}", r.heap.replace("memfd:", ""), r.method),
+                    segments: vec![(0.0, a, PRIMARY), (a, a + rd, SECONDARY)],
+                    whisker: None,
+                }
+            })
+            .collect();
+        let alloc_ms = Summary::of(&self.alloc_limit).median * 1e3;
+        bars.push(Bar {
+            label: "alloc only".into(),
+            segments: vec![(0.0, alloc_ms, OTHER)],
+            whisker: None,
+        });
+        let mut lines = Vec::new();
+        if let Some(l) = self.limit_summary() {
+            let ms = self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3;
+            lines.push(Line::across(
+                format!("limit: {} ({ms:.0} ms)", self.limit.label()),
+                bars.len(),
+                ms,
+            ));
+        }
+        let panel = Panel {
+            title: format!(
+                "{} x {} buffers from a cold {} file ({}), medians of {} runs",
+                self.buffers,
+                human(self.buffer_size as u64),
+                human(self.bytes),
+                self.fs,
+                self.runs
+            ),
+            y_desc: "ms (lower is faster)".into(),
+            log: false,
+            bars,
+            lines,
+            legend: vec![
+                ("allocation ms".into(), PRIMARY),
+                ("read ms".into(), SECONDARY),
+                ("alloc only".into(), OTHER),
+            ],
+        };
+        crate::plot::draw(path, "bench heap: fill buffers from a file", &[panel], 1)
+    }
+
     /// Every row, the limit and the bounds, for scripts.
     pub fn json(&self) -> serde_json::Value {
         let limit = self.limit_summary();
@@ -540,12 +721,12 @@ impl HeapReport {
             "buffer_size": self.buffer_size,
             "runs": self.runs,
             "rows": rows,
-            "limit": limit.map(|l| serde_json::json!({
-                "gib_per_s": l.median,
-                "gib_per_s_runs": l.json(),
-                "spread_pct": l.spread_pct(),
-                "command": self.limit_cmd,
-            })),
+            "limit": self.limit.json(),
+            "fio_limit": if self.limit.is_fio() { self.limit.json() } else { serde_json::Value::Null },
+            "missing": match &self.limit.source {
+                crate::limit::Source::Own { missing, .. } => vec![serde_json::json!({"row": "limit", "missing": missing.json()})],
+                crate::limit::Source::Fio { .. } => Vec::new(),
+            },
             "alloc_only": {
                 "heap": self.alloc_heap,
                 "gib_per_s": self.alloc_summary().median,

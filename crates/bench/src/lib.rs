@@ -33,17 +33,21 @@ macro_rules! outln {
     }};
 }
 
+pub mod blk;
 mod error;
 pub mod fio;
 pub mod guest;
 pub mod heap;
 mod latency;
 pub mod place;
+pub mod plot;
 pub mod progress;
 pub mod rpmsg;
 
 use std::path::PathBuf;
 
+pub mod direct;
+pub mod limit;
 pub use error::{Error, Result};
 pub use latency::{percentile, Latency};
 pub use place::{Cpus, Placement};
@@ -139,6 +143,73 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// Bytes as fio and dd write them: `512`, `4K`, `1M`, `8M`, `1G` (exact
+/// multiples only; otherwise bytes).
+pub fn human_short(bytes: u64) -> String {
+    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// A peer program a row needs and this machine lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Missing {
+    /// The program.
+    pub program: &'static str,
+    /// The Debian package that brings it.
+    pub package: &'static str,
+}
+
+impl Missing {
+    /// fio.
+    pub const FIO: Missing = Missing {
+        program: "fio",
+        package: "fio",
+    };
+    /// qemu-storage-daemon.
+    pub const QSD: Missing = Missing {
+        program: "qemu-storage-daemon",
+        package: "qemu-utils",
+    };
+    /// QEMU for the guest rows.
+    pub const QEMU: Missing = Missing {
+        program: "qemu-system-x86_64",
+        package: "qemu-system-x86",
+    };
+
+    /// Whether the program is on the `PATH` (runs `PROGRAM --version`).
+    pub fn installed(&self) -> bool {
+        std::process::Command::new(self.program)
+            .arg("--version")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }
+
+    /// `None` when installed, else itself.
+    pub fn check(self) -> Option<Missing> {
+        (!self.installed()).then_some(self)
+    }
+
+    /// The note printed in place of a row: what is missing, its package,
+    /// and that `scripts/test` installs it.
+    pub fn note(&self) -> String {
+        format!(
+            "{} is not installed (Debian package {}; scripts/test installs it)",
+            self.program, self.package
+        )
+    }
+
+    /// `{program, package, note}` for the `missing` field of a JSON row.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({"program": self.program, "package": self.package, "note": self.note()})
+    }
+}
+
 /// The `iopath` executable this process is (the bench's servers are its
 /// subcommands), for configs that do not name another.
 ///
@@ -158,6 +229,14 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
         assert_eq!(s.spread_pct(), 100.0);
         assert_eq!(Summary::of(&[1.0, 2.0, 4.0, 8.0]).median, 3.0);
+    }
+
+    #[test]
+    fn short_sizes() {
+        assert_eq!(human_short(8 << 20), "8M");
+        assert_eq!(human_short(4096), "4K");
+        assert_eq!(human_short(1 << 30), "1G");
+        assert_eq!(human_short(1000), "1000");
     }
 
     #[test]

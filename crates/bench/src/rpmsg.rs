@@ -72,6 +72,31 @@ impl RpmsgConfig {
     }
 }
 
+impl RpmsgConfig {
+    /// The thread's sizes: 1,000 / 10,000 / 100,000 loops, 3 runs, 10,000
+    /// echo round trips, placements one and split.
+    pub fn full(iopath: PathBuf) -> RpmsgConfig {
+        RpmsgConfig {
+            loops: vec![1000, 10_000, 100_000],
+            count: 10_000,
+            ..RpmsgConfig::quick(iopath)
+        }
+    }
+
+    /// A rough duration, from nominal rates on a 2-vCPU VM: 250 us for a
+    /// cycle of the four ways, 100 us per echo round trip and its limit's.
+    pub fn estimate(&self) -> Duration {
+        let cycles = self.loops.iter().sum::<u64>() as f64 * self.runs as f64;
+        let per_place = cycles * 250e-6 + self.count as f64 * 100e-6 + 1.0;
+        let poll = if self.poll {
+            self.count as f64 * 50e-6 + 1.0
+        } else {
+            0.0
+        };
+        Duration::from_secs_f64(per_place * self.placement.len() as f64 + poll)
+    }
+}
+
 /// Runs the experiment.
 ///
 /// # Errors
@@ -641,6 +666,9 @@ fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<(Latency, Latency)> {
 pub struct RpmsgReport {
     runs: usize,
     count: u64,
+    measured: Vec<Measured>,
+    /// Where each placement put the processes, in words.
+    wheres: Vec<String>,
     /// Echo with polling and its limit, and where they ran.
     poll: Option<(Latency, Latency, String)>,
     /// Each placement's table text and JSON, in order.
@@ -677,9 +705,18 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
     };
     pb.finish();
     let placements = all.iter().map(|m| report(a, m, &cpus)).collect();
+    let wheres = all
+        .iter()
+        .map(|m| {
+            m.placement
+                .describe(&cpus, "client", "host, remote and the limit's server")
+        })
+        .collect();
     Ok(RpmsgReport {
         runs: a.runs,
         count: a.count,
+        measured: all,
+        wheres,
         poll,
         placements,
     })
@@ -703,6 +740,121 @@ impl RpmsgReport {
             outln!(out, "  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
         }
         out
+    }
+
+    /// The tables as Markdown (as in BENCHMARKS.md): per placement the
+    /// create+destroy totals beside the limits, then the echo latency
+    /// beside the raw ping-pong.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let f = |s: &Summary| {
+            format!(
+                "{} ({}-{})",
+                thousands(s.median),
+                thousands(s.min),
+                thousands(s.max)
+            )
+        };
+        for (m, place) in self.measured.iter().zip(&self.wheres) {
+            outln!(
+                out,
+                "Placement `{}` ({place}), {} runs; totals in microseconds, median (min-max):",
+                m.placement.name(),
+                self.runs
+            );
+            outln!(out);
+            outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) |");
+            outln!(out, "|---:|---|---|---:|---|---|");
+            for r in &m.rows {
+                let (l, fd) = (Summary::of(&r.legacy), Summary::of(&r.fd));
+                outln!(
+                    out,
+                    "| {} | {} | {} | {:.2}x | {} | {} |",
+                    thousands(r.loops as f64),
+                    f(&l),
+                    f(&fd),
+                    l.median / fd.median,
+                    f(&Summary::of(&r.limit)),
+                    f(&Summary::of(&r.limit_socket))
+                );
+            }
+            outln!(out);
+            echo_table(
+                &mut out,
+                self.count,
+                &[("endpoint fd (eventfd notify)", &m.echo)],
+                &m.echo_limit,
+            );
+        }
+        if let Some((p, pl, place)) = &self.poll {
+            outln!(out, "Polling ({place}):");
+            outln!(out);
+            echo_table(
+                &mut out,
+                self.count,
+                &[("endpoint fd, busy-polled, host and remote polling", p)],
+                pl,
+            );
+        }
+        out
+    }
+
+    /// Writes the chart: per placement, legacy vs fd totals per loop count
+    /// (log scale, min-max whiskers) with the raw limit as a line, and the
+    /// echo round trip's p50/p99 beside the raw ping-pong's.
+    ///
+    /// # Errors
+    /// [`Error::Plot`].
+    pub fn plot(&self, path: &Path) -> Result<()> {
+        use crate::plot::{At, Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
+        let bar = |label: String, s: Summary, color| Bar {
+            label,
+            segments: vec![(0.0, s.median, color)],
+            whisker: Some((s.min, s.max)),
+        };
+        let mut panels = Vec::new();
+        for m in &self.measured {
+            let mut bars = Vec::new();
+            let mut limit = Vec::new();
+            for (k, r) in m.rows.iter().enumerate() {
+                let loops = short_count(r.loops);
+                bars.push(bar(
+                    format!("legacy {loops}"),
+                    Summary::of(&r.legacy),
+                    SECONDARY,
+                ));
+                bars.push(bar(format!("fd {loops}"), Summary::of(&r.fd), PRIMARY));
+                let lim = Summary::of(&r.limit).median;
+                limit.push((At::Edge(2 * k), lim));
+                limit.push((At::Edge(2 * k + 2), lim));
+            }
+            panels.push(Panel {
+                title: format!("create+destroy, placement {}: totals", m.placement.name()),
+                y_desc: "total us (log)".into(),
+                log: true,
+                bars,
+                lines: vec![Line {
+                    legend: "limit: raw SOCK_SEQPACKET + fd".into(),
+                    points: limit,
+                    color: LIMIT,
+                }],
+                legend: vec![("legacy".into(), SECONDARY), ("fd".into(), PRIMARY)],
+            });
+            panels.push(echo_panel(
+                format!("echo round trip, placement {}", m.placement.name()),
+                &m.echo,
+                &m.echo_limit,
+            ));
+        }
+        if let Some((p, pl, _)) = &self.poll {
+            panels.push(echo_panel("echo round trip, polling".into(), p, pl));
+        }
+        crate::plot::draw(
+            path,
+            "bench rpmsg: endpoints the legacy way vs as fds",
+            &panels,
+            2,
+        )
     }
 
     /// The first placement's `rows`, `limit` and `echo` at the top, every
@@ -847,4 +999,75 @@ fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, serde_json::Va
         },
     });
     (out, json)
+}
+
+/// 12,345 (integer part).
+fn thousands(v: f64) -> String {
+    let n = v.round() as u64;
+    let d = n.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// 1k, 10k, 100k, 1500.
+fn short_count(n: u64) -> String {
+    if n >= 1000 && n % 1000 == 0 {
+        format!("{}k", n / 1000)
+    } else {
+        n.to_string()
+    }
+}
+
+/// An echo latency table: each path, then the limit, with p50 / limit.
+fn echo_table(out: &mut String, count: u64, paths: &[(&str, &Latency)], limit: &Latency) {
+    outln!(out, "| echo round trip, 16 B, {count} round trips | p50 us | p99 us | max us | msgs/s | p50 / limit |");
+    outln!(out, "|---|---:|---:|---:|---:|---:|");
+    let row = |out: &mut String, name: &str, l: &Latency| {
+        outln!(
+            out,
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2} |",
+            l.p50_us,
+            l.p99_us,
+            l.max_us,
+            l.msgs_per_s,
+            l.p50_us / limit.p50_us
+        )
+    };
+    for (name, l) in paths {
+        row(out, name, l);
+    }
+    row(out, "limit: raw eventfd ping-pong, two processes", limit);
+    outln!(out);
+}
+
+/// Echo p50/p99 beside the raw ping-pong's (log scale).
+fn echo_panel(title: String, echo: &Latency, limit: &Latency) -> crate::plot::Panel {
+    use crate::plot::{Bar, Panel, LIMIT, PRIMARY};
+    let bar = |label: &str, v: f64, color| Bar {
+        label: label.into(),
+        segments: vec![(0.0, v, color)],
+        whisker: None,
+    };
+    Panel {
+        title,
+        y_desc: "us (log)".into(),
+        log: true,
+        bars: vec![
+            bar("echo p50", echo.p50_us, PRIMARY),
+            bar("raw p50", limit.p50_us, LIMIT),
+            bar("echo p99", echo.p99_us, PRIMARY),
+            bar("raw p99", limit.p99_us, LIMIT),
+        ],
+        lines: Vec::new(),
+        legend: vec![
+            ("endpoint fd echo".into(), PRIMARY),
+            ("limit: raw eventfd ping-pong".into(), LIMIT),
+        ],
+    }
 }

@@ -145,24 +145,6 @@ pub enum DmaMode {
 }
 
 impl DmaMode {
-    /// Every mode, in table order.
-    pub const ALL: [DmaMode; 4] = [
-        DmaMode::Direct,
-        DmaMode::DirectStatic,
-        DmaMode::Iommu,
-        DmaMode::Bounce,
-    ];
-
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            DmaMode::Direct => "direct",
-            DmaMode::DirectStatic => "direct-static",
-            DmaMode::Iommu => "iommu",
-            DmaMode::Bounce => "bounce",
-        }
-    }
-
     /// The ops the mode forces.
     pub fn choice(self) -> Choice {
         match self {

@@ -61,10 +61,26 @@ fn bench_heap_json_has_rows_and_limit() {
             );
         }
     }
+    // The limit is the best of the fio sweep (6 configurations, each
+    // measured every run), or the bench's own when fio is missing.
+    assert!(
+        v["limit"]["gib_per_s"].as_f64().unwrap() > 0.0,
+        "{}",
+        v["limit"]
+    );
     if iopath_testkit::have_peer("fio", "fio") {
-        assert!(v["limit"]["gib_per_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["limit"]["source"], "fio");
+        let sweep = v["limit"]["sweep"].as_array().unwrap();
+        assert_eq!(sweep.len(), 6);
+        let best = sweep
+            .iter()
+            .map(|c| c["gib_per_s"].as_f64().unwrap())
+            .fold(0.0, f64::max);
+        assert_eq!(v["limit"]["gib_per_s"].as_f64().unwrap(), best);
+        assert_eq!(v["fio_limit"], v["limit"]);
     } else {
-        assert!(v["limit"].is_null());
+        assert_eq!(v["limit"]["source"], "own");
+        assert!(v["fio_limit"].is_null());
     }
 }
 

@@ -2,13 +2,14 @@
 //! configs of `iopath-bench`, which runs them; their reports printed.
 //!
 //! `iopath bench` with no subcommand runs every experiment on small embedded
-//! defaults (the "main job", well under a minute).
+//! defaults (the "main job", well under two minutes), or with `--full` on
+//! the original sizes of the three threads.
 
-mod blk;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use std::path::PathBuf;
-
-use anyhow::Result;
+use anyhow::{Context, Result};
+use iopath_bench::blk::{BlkConfig, DmaMode};
 use iopath_bench::heap::HeapConfig;
 use iopath_bench::rpmsg::RpmsgConfig;
 use iopath_bench::Placement;
@@ -18,16 +19,41 @@ use crate::size::parse_size;
 /// Arguments of `iopath bench`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Without a subcommand, runs every experiment on small defaults (under a minute):
+Without a subcommand, runs every experiment on small defaults (under two
+minutes); a peer that is missing (fio, qemu-storage-daemon) drops its row,
+with a note, and the bench measures a limit of its own in fio's place:
   iopath bench
+  iopath bench --plot charts --markdown bench.md --json bench.json
+  iopath bench --full --plot docs/bench      # the threads' sizes; prints an estimate first
   iopath bench heap --size 1G --runs 3")]
 pub struct BenchArgs {
     /// One experiment; without it, all of them on small defaults.
     #[command(subcommand)]
     pub cmd: Option<BenchCmd>,
-    /// (Without a subcommand) print one JSON object, one key per experiment.
+    /// (Without a subcommand) the original sizes of the three threads: a
+    /// 1 GiB file into 32 x 32 MiB buffers; `dd bs=8M count=1024` x 10 runs
+    /// per DMA mode; 1,000 / 10,000 / 100,000 create+destroy loops.
     #[arg(long)]
-    pub json: bool,
+    pub full: bool,
+    /// (Without a subcommand) write one JSON object, one key per experiment
+    /// with every row, to FILE (`-` or no FILE: stdout, instead of the
+    /// tables).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: Outputs,
+}
+
+/// Files a bench writes when asked (never otherwise).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Outputs {
+    /// Write one SVG chart per experiment into DIR (created if needed):
+    /// heap.svg, blk.svg, rpmsg.svg.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    /// Write the tables as Markdown (as in BENCHMARKS.md) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
 }
 
 /// The experiments.
@@ -41,7 +67,7 @@ pub enum BenchCmd {
     /// iommu, bounce) via `iopath blk serve`, beside fio's O_DIRECT write of
     /// the same image and the same driver against qemu-storage-daemon;
     /// with --guest, a Linux guest's dd on both back ends too.
-    Blk(blk::BenchBlkArgs),
+    Blk(BenchBlkArgs),
     /// The 2025 RPMSG_CREATE_EPT_FD_IOCTL experiment: create+destroy an
     /// endpoint L times the legacy way (a node to open) and the fd way,
     /// beside a raw SOCK_SEQPACKET request/response passing an fd; echo
@@ -67,6 +93,95 @@ impl From<PlacementArg> for Placement {
             PlacementArg::Split => Placement::Split,
             PlacementArg::Free => Placement::Free,
         }
+    }
+}
+
+/// The DMA ops of a `bench blk` row (`iopath_bench::blk::DmaMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DmaModeArg {
+    /// Direct ops through `&dyn DmaOps`.
+    Direct,
+    /// Direct ops, the driver monomorphised over them.
+    DirectStatic,
+    /// IOMMU ops: IOVAs, IOTLB updates and invalidations.
+    Iommu,
+    /// Bounce ops: copies through a small shared window.
+    Bounce,
+}
+
+impl From<DmaModeArg> for DmaMode {
+    fn from(m: DmaModeArg) -> DmaMode {
+        match m {
+            DmaModeArg::Direct => DmaMode::Direct,
+            DmaModeArg::DirectStatic => DmaMode::DirectStatic,
+            DmaModeArg::Iommu => DmaMode::Iommu,
+            DmaModeArg::Bounce => DmaMode::Bounce,
+        }
+    }
+}
+
+/// Arguments of `iopath bench blk`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "\
+The limit is the best of a fio sweep of O_DIRECT writes of the same image
+(block sizes 1M, 8M and --bs; queue depths 4, 16, 64), measured in the same
+run; without fio, the bench's own O_DIRECT write of the image (labelled so).
+Without qemu-storage-daemon its row is a note and its ratio n/a.")]
+pub struct BenchBlkArgs {
+    /// Bytes written per run (the image is this large).
+    #[arg(long, default_value = "8G", value_parser = parse_size)]
+    pub size: usize,
+    /// Runs per row.
+    #[arg(long, default_value_t = 10)]
+    pub runs: usize,
+    /// Block size of every transfer.
+    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    pub bs: usize,
+    /// Blocks in flight.
+    #[arg(long, default_value_t = 4)]
+    pub queue_depth: usize,
+    /// Directory for the image file. Default: RAM (/dev/shm, a tmpfs that
+    /// takes O_DIRECT) when the image fits with room to spare, so that the
+    /// path's own cost shows instead of the disk's noise; else /var/tmp.
+    /// Give a directory on a disk (e.g. /var/tmp) to measure the disk.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// DMA modes to measure (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub modes: Vec<DmaModeArg>,
+    /// Where the processes run: split (the driver, this process, on one
+    /// CPU; the back end, qemu-storage-daemon and fio on another), one
+    /// (all on one CPU), free (no pinning; on this kind of VM a wake-up
+    /// across CPUs costs tens of microseconds and migrations make runs
+    /// scatter).
+    #[arg(long, value_enum, default_value = "split")]
+    pub placement: PlacementArg,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also a Linux guest's dd (QEMU with TCG, booted by scripts/guest-dd)
+    /// on each back end: `dd if=/dev/zero of=/dev/vda bs=BS count=SIZE/BS
+    /// oflag=direct`, as in the 2018 thread.
+    #[arg(long)]
+    pub guest: bool,
+    #[command(flatten)]
+    pub out: Outputs,
+}
+
+impl BenchBlkArgs {
+    fn config(&self) -> Result<BlkConfig> {
+        Ok(BlkConfig {
+            size: self.size,
+            runs: self.runs,
+            bs: self.bs,
+            queue_depth: self.queue_depth,
+            dir: self.dir.clone(),
+            modes: self.modes.iter().map(|&m| m.into()).collect(),
+            placement: self.placement.into(),
+            guest: self.guest,
+            iopath: iopath_bench::current_exe()?,
+            progress: !self.json,
+        })
     }
 }
 
@@ -111,6 +226,8 @@ pub struct HeapArgs {
     /// Print one JSON object with `rows` and `limit`.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub out: Outputs,
 }
 
 impl HeapArgs {
@@ -176,6 +293,8 @@ pub struct RpmsgArgs {
     /// placement, every placement under `placements`.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub out: Outputs,
 }
 
 impl RpmsgArgs {
@@ -192,70 +311,210 @@ impl RpmsgArgs {
     }
 }
 
+/// One experiment's report, as the CLI prints and writes it.
+struct Done {
+    name: &'static str,
+    text: String,
+    json: serde_json::Value,
+    markdown: String,
+    chart: Option<PathBuf>,
+}
+
+/// Draws `plot(path)` into `DIR/NAME.svg` when `--plot DIR` was given.
+fn chart(
+    out: &Outputs,
+    name: &str,
+    plot: impl FnOnce(&Path) -> iopath_bench::Result<()>,
+) -> Result<Option<PathBuf>> {
+    let Some(dir) = &out.plot else {
+        return Ok(None);
+    };
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--plot: cannot create {}", dir.display()))?;
+    let path = dir.join(format!("{name}.svg"));
+    plot(&path)?;
+    Ok(Some(path))
+}
+
+fn heap(cfg: &HeapConfig, out: &Outputs) -> Result<Done> {
+    let rep = iopath_bench::heap::run(cfg)?;
+    Ok(Done {
+        name: "heap",
+        text: rep.text(),
+        json: rep.json(),
+        markdown: rep.markdown(),
+        chart: chart(out, "heap", |p| rep.plot(p))?,
+    })
+}
+
+fn blk(cfg: &BlkConfig, out: &Outputs) -> Result<Done> {
+    let rep = iopath_bench::blk::run(cfg)?;
+    Ok(Done {
+        name: "blk",
+        text: rep.text(),
+        json: rep.json(),
+        markdown: rep.markdown(),
+        chart: chart(out, "blk", |p| rep.plot(p))?,
+    })
+}
+
+fn rpmsg(cfg: &RpmsgConfig, out: &Outputs) -> Result<Done> {
+    let rep = iopath_bench::rpmsg::run(cfg)?;
+    Ok(Done {
+        name: "rpmsg",
+        text: rep.text(),
+        json: rep.json(),
+        markdown: rep.markdown(),
+        chart: chart(out, "rpmsg", |p| rep.plot(p))?,
+    })
+}
+
+/// The command line, for the Markdown file.
+fn command_line() -> String {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(first) = args.first_mut() {
+        *first = "iopath".into();
+    }
+    args.join(" ")
+}
+
+/// Writes `--markdown`: one section per experiment, its chart linked.
+fn write_markdown(out: &Outputs, done: &[Done]) -> Result<()> {
+    let Some(file) = &out.markdown else {
+        return Ok(());
+    };
+    let mut md = format!("Command: `{}`\n\n", command_line());
+    let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    for d in done {
+        if done.len() > 1 {
+            md.push_str(&format!("### {}\n\n", d.name));
+        }
+        md.push_str(&d.markdown);
+        if let Some(c) = &d.chart {
+            let rel = relative(c, &base);
+            md.push_str(&format!("![{} chart]({})\n\n", d.name, rel.display()));
+        }
+    }
+    std::fs::write(file, md).with_context(|| format!("--markdown: cannot write {}", file.display()))
+}
+
+/// `path` relative to `base` when it lies under it (else as given).
+fn relative(path: &Path, base: &Path) -> PathBuf {
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let (p, b) = (abs(path), abs(base));
+    p.strip_prefix(&b).map(Path::to_path_buf).unwrap_or(p)
+}
+
+/// Writes what was asked (JSON to stdout with `-`) and, unless `quiet`,
+/// says where.
+fn finish(done: Vec<Done>, out: &Outputs, json: Option<&Path>, quiet: bool) -> Result<()> {
+    let json_value = if done.len() == 1 {
+        done[0].json.clone()
+    } else {
+        serde_json::Value::Object(
+            done.iter()
+                .map(|d| (d.name.to_string(), d.json.clone()))
+                .collect(),
+        )
+    };
+    write_markdown(out, &done)?;
+    match json {
+        Some(p) if p == Path::new("-") => println!("{json_value}"),
+        Some(p) => std::fs::write(p, format!("{json_value}\n"))
+            .with_context(|| format!("--json: cannot write {}", p.display()))?,
+        None => {}
+    }
+    if !quiet {
+        for d in &done {
+            if let Some(c) = &d.chart {
+                println!("chart: {}", c.display());
+            }
+        }
+        if let Some(m) = &out.markdown {
+            println!("markdown: {}", m.display());
+        }
+        if let Some(p) = json.filter(|p| *p != Path::new("-")) {
+            println!("json: {}", p.display());
+        }
+    }
+    Ok(())
+}
+
 /// Runs `iopath bench`.
 ///
 /// # Errors
 /// Whatever the experiment fails with.
 pub fn run(args: &BenchArgs) -> Result<()> {
+    let one = |d: Done, json: bool, out: &Outputs| {
+        if !json {
+            print!("{}", d.text);
+        }
+        finish(vec![d], out, json.then_some(Path::new("-")), json)
+    };
     match &args.cmd {
-        Some(BenchCmd::Heap(a)) => {
-            let rep = iopath_bench::heap::run(&a.config())?;
-            if a.json {
-                println!("{}", rep.json());
-            } else {
-                print!("{}", rep.text());
-            }
-            Ok(())
-        }
-        Some(BenchCmd::Blk(a)) => blk::run(a),
-        Some(BenchCmd::Rpmsg(a)) => {
-            let rep = iopath_bench::rpmsg::run(&a.config()?)?;
-            if a.json {
-                println!("{}", rep.json());
-            } else {
-                print!("{}", rep.text());
-            }
-            Ok(())
-        }
-        None => run_default(args.json),
+        Some(BenchCmd::Heap(a)) => one(heap(&a.config(), &a.out)?, a.json, &a.out),
+        Some(BenchCmd::Blk(a)) => one(blk(&a.config()?, &a.out)?, a.json, &a.out),
+        Some(BenchCmd::Rpmsg(a)) => one(rpmsg(&a.config()?, &a.out)?, a.json, &a.out),
+        None => run_all(args),
     }
 }
 
-/// Every experiment on embedded defaults.
-fn run_default(json: bool) -> Result<()> {
-    let mut all = serde_json::Map::new();
-    let head = |name: &str| {
-        if !json {
+fn minutes(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 60 {
+        format!("{} min {:02} s", s / 60, s % 60)
+    } else {
+        format!("{s} s")
+    }
+}
+
+/// Every experiment, on embedded defaults or (`--full`) the threads' sizes.
+fn run_all(args: &BenchArgs) -> Result<()> {
+    let exe = iopath_bench::current_exe()?;
+    let to_stdout = args.json.as_deref() == Some(Path::new("-"));
+    let (h, b, r) = if args.full {
+        (
+            HeapConfig::full(),
+            BlkConfig::full(exe.clone()),
+            RpmsgConfig::full(exe),
+        )
+    } else {
+        (
+            HeapConfig::quick(),
+            BlkConfig::quick(exe.clone()),
+            RpmsgConfig::quick(exe),
+        )
+    };
+    if args.full {
+        let (eh, eb, er) = (h.estimate(), b.estimate(), r.estimate());
+        let line = format!(
+            "bench --full: the threads' sizes; estimated duration {} (heap {}, blk {}, rpmsg {}; nominal rates of a 2-vCPU VM, a loaded machine takes longer)",
+            minutes(eh + eb + er),
+            minutes(eh),
+            minutes(eb),
+            minutes(er)
+        );
+        if to_stdout {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+    let mut done = Vec::new();
+    for name in ["heap", "blk", "rpmsg"] {
+        if !to_stdout {
             println!("== {name}");
         }
-    };
-    let tail = |text: String| {
-        if !json {
-            print!("{text}");
+        let d = match name {
+            "heap" => heap(&h, &args.out)?,
+            "blk" => blk(&b, &args.out)?,
+            _ => rpmsg(&r, &args.out)?,
+        };
+        if !to_stdout {
+            print!("{}", d.text);
             println!();
         }
-    };
-    head("heap");
-    let heap = iopath_bench::heap::run(&HeapConfig {
-        progress: !json,
-        ..HeapConfig::quick()
-    })?;
-    all.insert("heap".into(), heap.json());
-    tail(heap.text());
-    head("blk");
-    all.insert("blk".into(), blk::run_default(json)?);
-    if !json {
-        println!();
+        done.push(d);
     }
-    head("rpmsg");
-    let rpmsg = iopath_bench::rpmsg::run(&RpmsgConfig {
-        progress: !json,
-        ..RpmsgConfig::quick(iopath_bench::current_exe()?)
-    })?;
-    all.insert("rpmsg".into(), rpmsg.json());
-    tail(rpmsg.text());
-    if json {
-        println!("{}", serde_json::Value::Object(all));
-    }
-    Ok(())
+    finish(done, &args.out, args.json.as_deref(), to_stdout)
 }

@@ -1,0 +1,307 @@
+//! SVG charts of the reports, drawn with `plotters` (SVG backend): bar
+//! panels whose bars may be stacked and carry min-max whiskers, and lines
+//! for the limits.
+//!
+//! Every mark of a kind has its own colour (the constants below), so a
+//! reader, or a test parsing the SVG, can tell a row's bar from the limit's
+//! line: a bar is a filled `<rect>`, a limit a `<polyline>`, a whisker a
+//! `<polyline>` in [`WHISKER`].
+
+use std::path::Path;
+
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::prelude::*;
+
+pub use plotters::style::RGBColor;
+
+use crate::{Error, Result};
+
+/// Heap: allocation time; blk: iopath's back end; rpmsg: the fd way.
+pub const PRIMARY: RGBColor = RGBColor(0x4C, 0x72, 0xB0);
+/// Heap: read time stacked on the allocation; rpmsg: the legacy way.
+pub const SECONDARY: RGBColor = RGBColor(0xDD, 0x84, 0x52);
+/// A peer's bar (qemu-storage-daemon).
+pub const PEER: RGBColor = RGBColor(0x55, 0xA8, 0x68);
+/// Rows run by a guest, and bounds that are not the limit (alloc only).
+pub const OTHER: RGBColor = RGBColor(0x8C, 0x8C, 0x8C);
+/// The limit: its line, or its bar where the limit is a row of its own
+/// (the raw ping-pong beside the echo).
+pub const LIMIT: RGBColor = RGBColor(0xC4, 0x4E, 0x52);
+/// Min-max whiskers.
+pub const WHISKER: RGBColor = RGBColor(0x20, 0x20, 0x20);
+
+/// `#RRGGBB` as the SVG backend writes a colour.
+pub fn hex(c: RGBColor) -> String {
+    format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+}
+
+/// One bar: stacked segments (from, to, colour), an optional min-max
+/// whisker.
+#[derive(Debug, Clone)]
+pub(crate) struct Bar {
+    pub label: String,
+    pub segments: Vec<(f64, f64, RGBColor)>,
+    pub whisker: Option<(f64, f64)>,
+}
+
+/// Where a line's point sits along the bars: the left edge of bar `i`
+/// (`Edge(n)`: the right edge of the last).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum At {
+    Edge(usize),
+}
+
+/// A line over the bars (a limit), with its legend text.
+#[derive(Debug, Clone)]
+pub(crate) struct Line {
+    pub legend: String,
+    pub points: Vec<(At, f64)>,
+    pub color: RGBColor,
+}
+
+impl Line {
+    /// A horizontal line at `y` across `n` bars.
+    pub fn across(legend: String, n: usize, y: f64) -> Line {
+        Line {
+            legend,
+            points: vec![(At::Edge(0), y), (At::Edge(n), y)],
+            color: LIMIT,
+        }
+    }
+}
+
+/// One chart panel.
+#[derive(Debug, Clone)]
+pub(crate) struct Panel {
+    pub title: String,
+    pub y_desc: String,
+    pub log: bool,
+    pub bars: Vec<Bar>,
+    pub lines: Vec<Line>,
+    /// Legend entries for the bars' colours.
+    pub legend: Vec<(String, RGBColor)>,
+}
+
+fn plot_err(path: &Path) -> impl Fn(String) -> Error + '_ {
+    move |reason| Error::Plot {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// Draws `panels` in a grid of `cols` columns into the SVG file `path`.
+///
+/// # Errors
+/// [`Error::Plot`] when the file cannot be written or a panel cannot be
+/// laid out.
+pub(crate) fn draw(path: &Path, title: &str, panels: &[Panel], cols: usize) -> Result<()> {
+    let err = plot_err(path);
+    let cols = cols.max(1);
+    let rows = panels.len().div_ceil(cols).max(1);
+    let widest = panels.iter().map(|p| p.bars.len()).max().unwrap_or(1);
+    let w = (cols * (140 + 95 * widest).max(760)) as u32;
+    let h = (60 + rows * 420) as u32;
+    let root = SVGBackend::new(path, (w, h)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let root = root
+        .titled(title, ("sans-serif", 20))
+        .map_err(|e| err(e.to_string()))?;
+    let areas = root.split_evenly((rows, cols));
+    for (p, area) in panels.iter().zip(areas.iter()) {
+        panel(p, area).map_err(&err)?;
+    }
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+fn panel<DB: DrawingBackend>(
+    p: &Panel,
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+) -> std::result::Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let n = p.bars.len().max(1);
+    let mut hi = 0f64;
+    let mut lo = f64::INFINITY;
+    for b in &p.bars {
+        for &(a, z, _) in &b.segments {
+            hi = hi.max(a).max(z);
+            if z > 0.0 {
+                lo = lo.min(z);
+            }
+        }
+        if let Some((a, z)) = b.whisker {
+            hi = hi.max(a).max(z);
+        }
+    }
+    for l in &p.lines {
+        for &(_, y) in &l.points {
+            hi = hi.max(y);
+            if y > 0.0 {
+                lo = lo.min(y);
+            }
+        }
+    }
+    if !hi.is_finite() || hi <= 0.0 {
+        hi = 1.0;
+    }
+    let labels: Vec<String> = p.bars.iter().map(|b| b.label.clone()).collect();
+    let fmt = |v: &SegmentValue<usize>| match v {
+        SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+        _ => String::new(),
+    };
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let mut b = ChartBuilder::on(area);
+    b.caption(&p.title, ("sans-serif", 15))
+        .margin(12)
+        .margin_top(40)
+        .x_label_area_size(48)
+        .y_label_area_size(70);
+    // A segmented range covers its end too: 0..n-1 gives n segments.
+    let x = (0..n.saturating_sub(1)).into_segmented();
+    // Bars and lines as the two coordinate systems need them.
+    let at = |a: At| match a {
+        At::Edge(i) => SegmentValue::Exact(i),
+    };
+    if p.log {
+        let lo = if lo.is_finite() {
+            lo / 2.0
+        } else {
+            hi / 1000.0
+        };
+        let mut c = b
+            .build_cartesian_2d(x, (lo..hi * 2.0).log_scale())
+            .map_err(e)?;
+        c.configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&fmt)
+            .y_labels(8)
+            .y_label_formatter(&|v| short_num(*v))
+            .y_desc(&p.y_desc)
+            .label_style(("sans-serif", 11))
+            .draw()
+            .map_err(e)?;
+        for (i, bar) in p.bars.iter().enumerate() {
+            for &(a, z, color) in &bar.segments {
+                let mut r = Rectangle::new(
+                    [
+                        (SegmentValue::Exact(i), a.max(lo)),
+                        (SegmentValue::Exact(i + 1), z.max(lo)),
+                    ],
+                    color.filled(),
+                );
+                r.set_margin(0, 0, 8, 8);
+                c.draw_series(std::iter::once(r)).map_err(e)?;
+            }
+            if let Some((a, z)) = bar.whisker {
+                c.draw_series(std::iter::once(PathElement::new(
+                    vec![
+                        (SegmentValue::CenterOf(i), a.max(lo)),
+                        (SegmentValue::CenterOf(i), z.max(lo)),
+                    ],
+                    WHISKER.stroke_width(2),
+                )))
+                .map_err(e)?;
+            }
+        }
+        for l in &p.lines {
+            let pts: Vec<_> = l.points.iter().map(|&(a, y)| (at(a), y.max(lo))).collect();
+            c.draw_series(std::iter::once(PathElement::new(
+                pts,
+                l.color.stroke_width(2),
+            )))
+            .map_err(e)?;
+        }
+    } else {
+        let mut c = b.build_cartesian_2d(x, 0f64..hi * 1.15).map_err(e)?;
+        c.configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&fmt)
+            .y_labels(8)
+            .y_label_formatter(&|v| short_num(*v))
+            .y_desc(&p.y_desc)
+            .label_style(("sans-serif", 11))
+            .draw()
+            .map_err(e)?;
+        for (i, bar) in p.bars.iter().enumerate() {
+            for &(a, z, color) in &bar.segments {
+                let mut r = Rectangle::new(
+                    [(SegmentValue::Exact(i), a), (SegmentValue::Exact(i + 1), z)],
+                    color.filled(),
+                );
+                r.set_margin(0, 0, 8, 8);
+                c.draw_series(std::iter::once(r)).map_err(e)?;
+            }
+            if let Some((a, z)) = bar.whisker {
+                c.draw_series(std::iter::once(PathElement::new(
+                    vec![
+                        (SegmentValue::CenterOf(i), a),
+                        (SegmentValue::CenterOf(i), z),
+                    ],
+                    WHISKER.stroke_width(2),
+                )))
+                .map_err(e)?;
+            }
+        }
+        for l in &p.lines {
+            let pts: Vec<_> = l.points.iter().map(|&(a, y)| (at(a), y)).collect();
+            c.draw_series(std::iter::once(PathElement::new(
+                pts,
+                l.color.stroke_width(2),
+            )))
+            .map_err(e)?;
+        }
+    }
+    // The legend: coloured text, top left under the caption (no marks, so
+    // bars and lines stay one per row).
+    let mut x0 = 80;
+    let entries = p
+        .legend
+        .iter()
+        .map(|(t, c)| (format!("■ {t}"), *c))
+        .chain(p.lines.iter().map(|l| (format!("— {}", l.legend), l.color)));
+    for (text, color) in entries {
+        let style = TextStyle::from(("sans-serif", 12).into_font()).color(&color);
+        area.draw(&Text::new(text.clone(), (x0, 24), style))
+            .map_err(e)?;
+        x0 += 18 + 7 * text.chars().count() as i32;
+    }
+    Ok(())
+}
+
+/// An axis figure: 2.5M, 400k, 12, 0.75.
+fn short_num(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e4 {
+        format!("{}k", trim(v / 1e3))
+    } else if a >= 10.0 || a == 0.0 {
+        format!("{v:.0}")
+    } else {
+        trim(v)
+    }
+}
+
+fn trim(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_figures() {
+        assert_eq!(short_num(2_500_000.0), "2.5M");
+        assert_eq!(short_num(400_000.0), "400k");
+        assert_eq!(short_num(1500.0), "1500");
+        assert_eq!(short_num(0.75), "0.75");
+        assert_eq!(short_num(0.0), "0");
+        assert_eq!(hex(LIMIT), "#C44E52");
+    }
+}

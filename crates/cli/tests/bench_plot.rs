@@ -1,0 +1,149 @@
+//! `iopath bench ... --plot DIR` through the binary: each SVG parses as
+//! XML and holds one mark per table row and the limit's line.
+
+use std::path::Path;
+use std::process::Command;
+
+use iopath_bench::plot::{hex, RGBColor, LIMIT, OTHER, PEER, PRIMARY, SECONDARY, WHISKER};
+
+const BIN: &str = env!("CARGO_BIN_EXE_iopath");
+
+/// Runs `iopath ARGS --plot DIR --json` and returns its JSON.
+fn bench(args: &[&str], dir: &Path) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(args)
+        .arg("--plot")
+        .arg(dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The marks of one SVG: filled rectangles and polylines, by colour.
+struct Marks {
+    rects: Vec<String>,
+    polylines: Vec<String>,
+}
+
+impl Marks {
+    fn read(path: &Path) -> Marks {
+        let text = std::fs::read_to_string(path).unwrap();
+        let doc = roxmltree::Document::parse(&text).unwrap();
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let of = |tag: &str, attr: &str| -> Vec<String> {
+            doc.descendants()
+                .filter(|n| n.tag_name().name() == tag)
+                .filter_map(|n| n.attribute(attr).map(str::to_string))
+                .collect()
+        };
+        Marks {
+            rects: of("rect", "fill"),
+            polylines: of("polyline", "stroke"),
+        }
+    }
+
+    fn bars(&self, color: RGBColor) -> usize {
+        self.rects.iter().filter(|c| **c == hex(color)).count()
+    }
+
+    fn lines(&self, color: RGBColor) -> usize {
+        self.polylines.iter().filter(|c| **c == hex(color)).count()
+    }
+}
+
+#[test]
+fn heap_chart_has_a_split_bar_per_row_and_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench(
+        &[
+            "bench",
+            "heap",
+            "--size",
+            "8M",
+            "--buffer-size",
+            "1M",
+            "--runs",
+            "1",
+            "--heaps",
+            "memfd",
+            "--methods",
+            "auto,direct,buffered",
+        ],
+        dir.path(),
+    );
+    let rows = v["rows"].as_array().unwrap().len();
+    assert_eq!(rows, 3);
+    let m = Marks::read(&dir.path().join("heap.svg"));
+    // Each heap x method: allocation and read time, stacked.
+    assert_eq!(m.bars(PRIMARY), rows);
+    assert_eq!(m.bars(SECONDARY), rows);
+    // The alloc-only bound and the limit line.
+    assert_eq!(m.bars(OTHER), 1);
+    assert_eq!(m.lines(LIMIT), 1);
+}
+
+#[test]
+fn blk_chart_has_a_bar_and_whisker_per_row_and_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench(
+        &["bench", "blk", "--size", "16M", "--runs", "1"],
+        dir.path(),
+    );
+    let rows = v["rows"].as_array().unwrap();
+    let measured = |name: &str| {
+        rows.iter()
+            .any(|r| r["name"].as_str().unwrap().starts_with(name) && r["skipped"].is_null())
+    };
+    let modes = rows
+        .iter()
+        .filter(|r| r["name"].as_str().unwrap().starts_with("iopath blk serve"))
+        .count();
+    assert_eq!(modes, 4);
+    let m = Marks::read(&dir.path().join("blk.svg"));
+    assert_eq!(m.bars(PRIMARY), modes);
+    let peer = usize::from(measured("qemu-storage-daemon"));
+    if peer == 0 {
+        assert!(
+            !iopath_testkit::peers_required(),
+            "qemu-storage-daemon row skipped under CI"
+        );
+    }
+    assert_eq!(m.bars(PEER), peer);
+    assert_eq!(m.lines(WHISKER), modes + peer);
+    assert_eq!(m.lines(LIMIT), 1);
+}
+
+#[test]
+fn rpmsg_chart_has_both_ways_per_loop_count_the_limit_and_echo() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench(
+        &[
+            "bench",
+            "rpmsg",
+            "--loops",
+            "200,300",
+            "--runs",
+            "1",
+            "--count",
+            "200",
+            "--placement",
+            "one",
+        ],
+        dir.path(),
+    );
+    let rows = v["rows"].as_array().unwrap().len();
+    assert_eq!(rows, 2);
+    let m = Marks::read(&dir.path().join("rpmsg.svg"));
+    // legacy and fd per loop count, echo p50/p99 beside the raw ping-pong's.
+    assert_eq!(m.bars(SECONDARY), rows);
+    assert_eq!(m.bars(PRIMARY), rows + 2);
+    assert_eq!(m.bars(LIMIT), 2);
+    assert_eq!(m.lines(WHISKER), 2 * rows);
+    assert_eq!(m.lines(LIMIT), 1);
+}
