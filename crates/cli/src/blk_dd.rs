@@ -15,7 +15,7 @@ use iopath_blk::workload::{
 };
 use iopath_blk::{BlkDriver, DriverOptions};
 use iopath_dma::{Direct, DmaOps};
-use iopath_virtio::transport::vhost_user::VhostUser;
+use iopath_virtio::transport::vhost_user::{Timeouts, VhostUser, VhostUserError};
 use iopath_virtio::Transport;
 use iopath_virtio::{BounceGeometry, Choice, Platform, Policy};
 use serde::Serialize;
@@ -98,6 +98,24 @@ pub struct DdArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Seconds to wait for the back end's answer to each vhost-user
+    /// request before giving up (after 1 s without one, dd says once that
+    /// it is waiting: a back end serves one front end at a time).
+    #[arg(long, default_value = "10", value_parser = parse_timeout)]
+    pub timeout: Duration,
+}
+
+/// `--timeout`: seconds, more than 0 and at most a day.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds (e.g. 10 or 0.5)"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!(
+            "{s} s is out of range (more than 0, at most 86400)"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 impl DdArgs {
@@ -310,8 +328,25 @@ pub fn dd(args: &DdArgs, progress: bool) -> Result<DdReport> {
     let w = validate(args)?;
     let blocks = Blocks::new(&w).map_err(explain)?;
     let transport: Arc<dyn Transport> = Arc::new(
-        VhostUser::connect(&args.socket, DEVICE_ID_BLOCK, Duration::from_secs(10))
-            .with_context(|| format!("cannot reach the back end at {}", args.socket.display()))?,
+        VhostUser::connect_with(
+            &args.socket,
+            DEVICE_ID_BLOCK,
+            Timeouts {
+                connect: Duration::from_secs(10),
+                reply: args.timeout,
+            },
+        )
+        .map_err(|e| {
+            let hint = if matches!(e, VhostUserError::Timeout { .. }) {
+                " (is it serving another front end? --timeout sets the wait)"
+            } else {
+                ""
+            };
+            anyhow::Error::new(e).context(format!(
+                "cannot reach the back end at {}{hint}",
+                args.socket.display()
+            ))
+        })?,
     );
     let opts = DriverOptions {
         queues: args.queues.try_into().unwrap_or(u16::MAX),

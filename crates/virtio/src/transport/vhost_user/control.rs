@@ -155,7 +155,7 @@ fn watch(w: &WatchShared) {
         if waited >= w.timeout {
             st.armed = None;
             st.fired = Some(request);
-            tracing::warn!(
+            tracing::debug!(
                 "vhost-user back end at {} did not answer {request} within {:?}: giving up",
                 w.path.display(),
                 w.timeout
