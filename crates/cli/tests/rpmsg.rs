@@ -73,7 +73,7 @@ fn every_size_poll() {
 
 #[test]
 fn remote_destroy_tears_down_host_channel() {
-    let mut p = pair("eventfd:DIR/ev", &["--echo-limit", "10"], &[]);
+    let mut p = pair("eventfd:DIR/ev", &["--echo-limit", "10"], &["--once"]);
     let o = ping(
         &p.ctrl,
         &["--name", "echo", "--count", "50", "--timeout", "5"],
@@ -420,7 +420,7 @@ fn hostile_remote_against_host(huge_len: bool) {
     let shm = SharedMem::create(&path, &ShmLayout::openamp_demo()).unwrap();
     let listener = spec.bind().unwrap();
     let ctrl = dir.path().join("ctrl");
-    let mut host = spawn_host(dir.path(), s(&path), &ev, &["--ctrl", s(&ctrl)]);
+    let mut host = spawn_host(dir.path(), s(&path), &ev, &["--ctrl", s(&ctrl), "--once"]);
     let n = listener.accept().unwrap();
     let t = shm.table(0).unwrap();
     let start = Instant::now();

@@ -102,17 +102,17 @@ fn second_servers_are_refused_and_stale_sockets_replaced() {
     assert!(err.contains("is in use by another server"), "{err}");
     assert!(err.contains(s(&p.ctrl)), "{err}");
     round_trip(&ep, 2);
-    // A second remote on the live notify socket, asked to create the same
-    // file: refused before the file is touched.
+    // A second remote on the live notify socket (with a file of its own).
     let o = Command::new(BIN)
-        .args(["rpmsg", "remote", "--shm", s(&shm), "--create", "0x100000"])
-        .args(["--notify", &notify])
+        .args(["rpmsg", "remote", "--shm", s(&p.dir.path().join("shm2"))])
+        .args(["--create", "0x80000", "--notify", &notify])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("is in use by another server"), "{err}");
-    // On another notify socket, the same file: the running remote holds it.
+    // On another notify socket, the same file: the running remote holds it,
+    // so it is refused before the file is touched.
     let o = Command::new(BIN)
         .args(["rpmsg", "remote", "--shm", s(&shm), "--create", "0x100000"])
         .args(["--notify", &format!("unix:{}/other", s(p.dir.path()))])
@@ -174,32 +174,30 @@ fn remote_killed_then_host_killed() {
     for (i, ep) in eps.iter().enumerate() {
         round_trip(ep, i as u8);
     }
-    // The remote dies: every endpoint fd hangs up within a second, and the
-    // host ends with status 1 (not 0, which a supervisor reads as a stop).
+    // The remote dies: every endpoint fd hangs up within a second.
     p.remote.kill();
     for ep in &eps {
         let t = time_to_hangup(ep.fd(), Duration::from_secs(1));
         assert!(t <= Duration::from_secs(1), "{t:?}");
     }
-    assert_eq!(p.host.wait(Duration::from_secs(10)).code(), Some(1));
-    assert!(
-        stderr_of(&p.host).contains("the link to the remote went down"),
-        "{}",
-        stderr_of(&p.host)
-    );
     drop(eps);
-    // A remote started again on the same shared memory and a new host serve
-    // new clients.
+    // A remote started again on the same shared memory is picked up by the
+    // running host (reset, handshake, name service again): new endpoints
+    // through the same control socket work.
     let dir = p.dir.path();
     let shm = dir.join("shm");
     let ev = format!("eventfd:{}/ev", s(dir));
-    let _remote = spawn_remote(dir, s(&shm), &ev, &["--echo", "echo"]);
-    let mut host = spawn_host(dir, s(&shm), &ev, &["--ctrl", s(&p.ctrl)]);
+    let remote = spawn_remote(dir, s(&shm), &ev, &["--echo", "echo"]);
     let ep = echo_ept(&p.ctrl);
-    round_trip(&ep, 7);
+    for i in 0..10 {
+        round_trip(&ep, i);
+    }
+    let err = p.host.stderr();
+    assert!(err.contains("waiting for a remote"), "{err}");
+    assert!(err.contains("remote back"), "{err}");
     // The host dies: the client's endpoint hangs up at once; the remote
     // waits for the next host, and a restarted host serves new clients.
-    host.kill();
+    p.host.kill();
     let t = time_to_hangup(ep.fd(), Duration::from_secs(1));
     assert!(t < Duration::from_millis(500), "{t:?}");
     let _host = spawn_host(dir, s(&shm), &ev, &["--ctrl", s(&p.ctrl)]);
@@ -207,14 +205,28 @@ fn remote_killed_then_host_killed() {
     for i in 0..10 {
         round_trip(&ep, i);
     }
-    // With --once the remote does not wait: its host's death is status 1.
-    let dir2 = tempfile::tempdir().unwrap();
-    let shm2 = dir2.path().join("shm");
-    let ev2 = format!("unix:{}/ev", s(dir2.path()));
-    let ctrl2 = dir2.path().join("ctrl");
-    let mut remote = spawn_remote(dir2.path(), s(&shm2), &ev2, &["--echo", "echo", "--once"]);
-    let mut host = spawn_host(dir2.path(), s(&shm2), &ev2, &["--ctrl", s(&ctrl2)]);
-    round_trip(&echo_ept(&ctrl2), 9);
+    assert!(remote.stderr().contains("waiting for the next host"));
+}
+
+#[test]
+fn once_means_a_dead_peer_is_status_1() {
+    // --once host: the remote's death ends it with status 1 (not 0, which a
+    // supervisor reads as a requested stop).
+    let mut p = pair("unix:DIR/ev", &[], &["--once"]);
+    round_trip(&echo_ept(&p.ctrl), 1);
+    p.remote.kill();
+    assert_eq!(p.host.wait(Duration::from_secs(10)).code(), Some(1));
+    let err = p.host.stderr();
+    assert!(err.contains("the link to the remote went down"), "{err}");
+    assert!(!p.ctrl.exists(), "control socket left behind");
+    // --once remote: its host's death is status 1.
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    let ev = format!("unix:{}/ev", s(dir.path()));
+    let ctrl = dir.path().join("ctrl");
+    let mut remote = spawn_remote(dir.path(), s(&shm), &ev, &["--echo", "echo", "--once"]);
+    let mut host = spawn_host(dir.path(), s(&shm), &ev, &["--ctrl", s(&ctrl)]);
+    round_trip(&echo_ept(&ctrl), 9);
     host.kill();
     assert_eq!(remote.wait(Duration::from_secs(10)).code(), Some(1));
     assert!(
@@ -222,6 +234,7 @@ fn remote_killed_then_host_killed() {
         "{}",
         remote.stderr()
     );
+    assert!(!dir.path().join("ev").exists(), "notify socket left behind");
 }
 
 /// Runs `argv` as user nobody; returns whether it succeeded.

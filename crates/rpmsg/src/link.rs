@@ -76,6 +76,21 @@ pub struct Held {
     pub len: usize,
 }
 
+impl Held {
+    /// A held buffer, for a [`Link`] written outside this crate: `token` is
+    /// the link's own, `addr..addr + len` where the peer put the message.
+    /// The bus reads it only through the shared memory's bounds checks, so
+    /// a range that lies is an error, never a stray access.
+    pub fn new(token: u64, addr: u64, len: usize) -> Self {
+        Held { token, addr, len }
+    }
+
+    /// The link's bookkeeping token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+}
+
 /// A buffer free for sending, until [`Link::put_tx`] or [`Link::drop_tx`].
 #[derive(Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -85,6 +100,19 @@ pub struct Slot {
     pub addr: u64,
     /// Its size (header included); inside the shared memory.
     pub cap: usize,
+}
+
+impl Slot {
+    /// A free buffer, for a [`Link`] written outside this crate (see
+    /// [`Held::new`]).
+    pub fn new(token: u64, addr: u64, cap: usize) -> Self {
+        Slot { token, addr, cap }
+    }
+
+    /// The link's bookkeeping token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
 }
 
 /// One side of an rpmsg link over two vrings. Buffers are handed out and

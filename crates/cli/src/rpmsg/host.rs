@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use iopath_rpmsg::ctrl::CtrlError;
+use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::wire::ADDR_ANY;
 use iopath_rpmsg::{
@@ -49,6 +50,12 @@ pub struct HostArgs {
     /// message).
     #[arg(long)]
     allow_writable_shm: bool,
+    /// Serve one remote only: exit with status 1 when the link to it goes
+    /// down. By default the host waits for a remote to come back on the
+    /// same shared memory (its clients' endpoints hang up meanwhile, and the
+    /// control socket is away) and serves new clients then.
+    #[arg(long)]
+    once: bool,
     /// Do not accept VIRTIO_RING_F_EVENT_IDX even if offered.
     #[arg(long)]
     no_event_idx: bool,
@@ -87,8 +94,9 @@ fn open_shm(path: &Path, opts: &ShmOptions, timeout: Duration) -> Result<SharedM
     }
 }
 
-/// Runs `iopath rpmsg host` until the link goes down (an error: the
-/// remote went away or broke the rings) or a signal stops it (exit 0).
+/// Runs `iopath rpmsg host` until a signal stops it (exit 0), serving one
+/// remote after another; with `--once` until the link goes down (an error:
+/// the remote went away or broke the rings).
 pub fn run(a: HostArgs) -> Result<()> {
     ensure!(
         a.ctrl.is_some() || a.openamp_ping,
@@ -113,11 +121,11 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
         .notify
         .connect(timeout)
         .with_context(|| format!("connecting to the remote on {}", a.notify))?;
-    let opts = ShmOptions {
+    let shm_opts = ShmOptions {
         allow_others_write: a.allow_writable_shm,
         ..ShmOptions::default()
     };
-    let shm = open_shm(&path, &opts, timeout)?;
+    let shm = open_shm(&path, &shm_opts, timeout)?;
     let mut features = HOST_FEATURES;
     if a.no_event_idx {
         features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
@@ -160,19 +168,48 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
         a.ctrl_mode,
         server.rundir().display()
     );
-    let reason = bus.wait_down(None).unwrap_or_default();
-    let s = bus.stats();
-    stop.run();
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(&s) })
+    let (mut bus, mut server) = (bus, server);
+    loop {
+        let reason = bus.wait_down(None).unwrap_or_default();
+        let s = bus.stats();
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(&s) })
+            );
+        } else {
+            eprintln!("host: {reason}; {}", stats_line(&s));
+        }
+        if a.once {
+            // A supervisor must tell this from a requested stop (status 0).
+            bail!("the link to the remote went down: {reason}");
+        }
+        // The clients' endpoints died with the link: hang them up, take the
+        // control socket away until a remote is back, reset the device.
+        server.shutdown();
+        stop.set_bus(None);
+        bus.shutdown();
+        eprintln!(
+            "host: the link to the remote went down ({reason}); waiting for a remote on {}",
+            a.notify
         );
-    } else {
-        eprintln!("host: {reason}; {}", stats_line(&s));
+        let notifier = loop {
+            match a.notify.connect(timeout) {
+                Ok(n) => break n,
+                Err(NotifyError::Timeout { .. }) => continue,
+                Err(e) => return Err(e).with_context(|| format!("reconnecting to {}", a.notify)),
+            }
+        };
+        let shm = open_shm(&path, &shm_opts, timeout)?;
+        bus = Bus::host(shm, notifier, features).context("restarting the host")?;
+        stop.set_bus(Some(bus.clone()));
+        server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
+            .with_context(|| format!("control socket {}", ctrl.display()))?;
+        eprintln!(
+            "host: remote back, serving on {} again",
+            server.path().display()
+        );
     }
-    // Only a signal is a requested stop: a supervisor must see this one.
-    bail!("the link to the remote went down: {reason}")
 }
 
 /// OpenAMP's rpmsg-echo-ping, over iopath's bus.

@@ -98,15 +98,6 @@ pub fn run(a: RemoteArgs) -> Result<()> {
 /// Binds, opens the shared memory and serves one host after another.
 fn serve_hosts(a: &RemoteArgs, stop: &Stop) -> Result<()> {
     let path = shm_path(&a.shm);
-    // The notify socket first: a second remote on it is refused before it
-    // touches any shared memory.
-    let listener = a
-        .notify
-        .bind()
-        .with_context(|| format!("notify socket {}", a.notify))?;
-    if let Some(p) = listener.path() {
-        stop.add_file(p);
-    }
     let opts = ShmOptions {
         mode: a.shm_mode,
         allow_others_write: a.allow_writable_shm,
@@ -142,6 +133,15 @@ fn serve_hosts(a: &RemoteArgs, stop: &Stop) -> Result<()> {
             shm
         }
     };
+    // Bound once the table is written: a host that connects finds it (a
+    // second remote on the same file was refused by its lock above).
+    let listener = a
+        .notify
+        .bind()
+        .with_context(|| format!("notify socket {}", a.notify))?;
+    if let Some(p) = listener.path() {
+        stop.add_file(p);
+    }
     eprintln!(
         "remote: {} ({} bytes), waiting for the host on {}",
         path.display(),

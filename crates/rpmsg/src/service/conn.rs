@@ -185,7 +185,7 @@ impl EptService {
 
     /// A control connection went: its legacy endpoints go with it (their
     /// creator can no longer destroy them). Returns how many.
-    fn client_closed(&self, conn: u64, garbage: bool) -> usize {
+    pub(super) fn client_closed(&self, conn: u64, garbage: bool) -> usize {
         self.inner.n.clients.fetch_sub(1, Ordering::Relaxed);
         if garbage {
             self.inner.n.bad_clients.fetch_add(1, Ordering::Relaxed);

@@ -175,6 +175,8 @@ struct Inner {
     rundir: PathBuf,
     node_mode: u32,
     n: Counters,
+    /// [`EptService::stop`] was called: the pump ends.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// The endpoint service of one bus. Cheap to clone.
@@ -239,6 +241,7 @@ impl EptService {
             rundir: rundir.to_owned(),
             node_mode,
             n: Counters::default(),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         });
         let svc = EptService { inner };
         if svc.inner.bus.polls() {
@@ -450,9 +453,29 @@ impl EptService {
         drop(ept);
     }
 
+    /// Ends the service: every control connection hung up, every endpoint
+    /// destroyed, the pump thread gone.
+    pub(crate) fn stop(&self) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        let conns: Vec<(u64, Conn)> = lock(&self.inner.conns).drain().collect();
+        for (conn, c) in conns {
+            let _ = epoll::delete(&self.inner.epoll, &*c.fd);
+            let _ = rustix::net::shutdown(&*c.fd, Shutdown::Both);
+            self.client_closed(conn, false);
+        }
+        let ids: Vec<u64> = lock(&self.inner.table).epts.keys().copied().collect();
+        for id in ids {
+            self.destroy(id);
+        }
+        let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+    }
+
     fn pump(&self) {
         let mut buf = vec![0u8; MAX_PAYLOAD + 1];
         loop {
+            if self.inner.stopped.load(Ordering::SeqCst) {
+                return;
+            }
             let pass = lock(&self.inner.pass);
             let r = self.pump_once(true, &mut buf);
             drop(pass);
@@ -466,6 +489,9 @@ impl EptService {
     /// Handles what the epoll set reports, waiting for it if `block`;
     /// returns whether there was anything.
     fn pump_once(&self, block: bool, buf: &mut [u8]) -> Result<bool, rustix::io::Errno> {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
         let zero = rustix::event::Timespec::default();
         let retry = rustix::event::Timespec {

@@ -3,6 +3,8 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::net::{SocketAddrUnix, SocketFlags};
@@ -36,6 +38,8 @@ impl Default for CtrlOptions {
 pub struct CtrlServer {
     path: PathBuf,
     svc: EptService,
+    listener: Arc<OwnedFd>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl CtrlServer {
@@ -98,12 +102,19 @@ impl CtrlServer {
             return Err(e);
         }
         let svc2 = svc.clone();
+        let listener = Arc::new(fd);
+        let fd = Arc::clone(&listener);
+        let stopped = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stopped);
         std::thread::Builder::new()
             .name("rpmsg-ctrl".into())
             .spawn(move || {
                 let mut conn = 0u64;
                 loop {
-                    match rustix::net::accept_with(&fd, SocketFlags::CLOEXEC) {
+                    if stop2.load(Ordering::SeqCst) {
+                        return; // dropping `fd` closes the listener
+                    }
+                    match rustix::net::accept_with(&*fd, SocketFlags::CLOEXEC) {
                         Ok(c) => {
                             conn += 1;
                             let peer = who(&c);
@@ -129,7 +140,26 @@ impl CtrlServer {
         Ok(CtrlServer {
             path: path.to_owned(),
             svc,
+            listener,
+            stopped,
         })
+    }
+
+    /// Stops serving: the socket path is removed (new clients get ENOENT,
+    /// as with no `/dev/rpmsg_ctrlN`), every control connection is hung up
+    /// and every endpoint destroyed (their clients see the hang-up), the
+    /// runtime directory is emptied and removed. The bus stays as it is.
+    /// Lets a bus owner serve a new bus (a restarted remote) on the same
+    /// path. Idempotent.
+    pub fn shutdown(&self) {
+        if self.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = std::fs::remove_file(&self.path);
+        // Wakes the accept thread, which sees `stopped` and closes it.
+        let _ = rustix::net::shutdown(&*self.listener, rustix::net::Shutdown::Both);
+        self.svc.stop();
+        let _ = std::fs::remove_dir(self.svc.rundir());
     }
 
     /// The socket path.
