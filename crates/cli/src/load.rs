@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use iopath_heap::{load, EngineOptions, LoadOptions, Loaded, Method, Prefault};
+use iopath_heap::{
+    load, load_safetensors, EngineOptions, LoadOptions, Loaded, Method, Prefault, Tensors,
+};
 
 use crate::size::{human, parse_size};
 
@@ -16,7 +18,8 @@ use crate::size::{human, parse_size};
 Examples:
   iopath load model.bin                       # memfd buffers, fastest method
   iopath load model.bin --method buffered     # through the page cache
-  iopath load disk.img --buffer-size 4M --verify --json")]
+  iopath load disk.img --buffer-size 4M --verify --json
+  iopath load model.safetensors --format safetensors --verify")]
 pub struct LoadArgs {
     /// The file to load (all of it, unless --buffers says how much).
     pub file: PathBuf,
@@ -55,6 +58,11 @@ pub struct LoadArgs {
     /// Print one JSON object instead of the summary line.
     #[arg(long)]
     pub json: bool,
+    /// What the file is: raw (its bytes into equal buffers) or safetensors
+    /// (every tensor whole in one buffer, aligned for its dtype; the
+    /// header is checked, --verify compares every tensor with the file).
+    #[arg(long, default_value = "raw", value_parser = ["raw", "safetensors"])]
+    pub format: String,
 }
 
 /// Runs `iopath load`.
@@ -93,6 +101,17 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             bar.set_position(p.bytes);
         }
     };
+    if args.format == "safetensors" {
+        if args.buffers.is_some() {
+            bail!("--buffers: not with --format safetensors (the tensors decide the buffers)");
+        }
+        let t = load_safetensors(&args.file, heap.as_ref(), &opts, &mut on_progress)
+            .map_err(|e| at_fault(args, e))?;
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+        return report_tensors(args, method, heap.name(), &t);
+    }
     let loaded =
         load(&args.file, heap.as_ref(), &opts, &mut on_progress).map_err(|e| at_fault(args, e))?;
     if let Some(bar) = &bar {
@@ -139,6 +158,77 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             s.read_time.as_secs_f64() * 1e3,
             if verified.is_some() { "; verified" } else { "" },
         );
+    }
+    Ok(())
+}
+
+/// Verifies (if asked) and prints a safetensors load.
+fn report_tensors(args: &LoadArgs, method: Method, heap: String, t: &Tensors) -> Result<()> {
+    let verified = if args.verify {
+        verify_tensors(&args.file, t)?;
+        Some(true)
+    } else {
+        None
+    };
+    let s = &t.stats;
+    if args.json {
+        let v = serde_json::json!({
+            "file": args.file,
+            "format": "safetensors",
+            "tensors": t.tensors.len(),
+            "bytes": s.bytes,
+            "seconds": s.elapsed.as_secs_f64(),
+            "gib_per_s": s.gib_per_s(),
+            "method": s.method.name(),
+            "requested_method": method.name(),
+            "heap": heap,
+            "buffers": s.buffers,
+            "buffer_size": s.buffer_size,
+            "fallbacks": s.fallbacks,
+            "alloc_ms": s.alloc_time.as_secs_f64() * 1e3,
+            "read_ms": s.read_time.as_secs_f64() * 1e3,
+            "verified": verified,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "loaded {} tensors ({}, {} bytes) into {} {heap} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s){}",
+            t.tensors.len(),
+            human(s.bytes),
+            s.bytes,
+            s.buffers,
+            human(s.buffer_size as u64),
+            s.elapsed.as_secs_f64(),
+            s.gib_per_s(),
+            s.method,
+            if method == Method::Auto { " (auto)" } else { "" },
+            s.fallbacks,
+            if verified.is_some() { "; verified" } else { "" },
+        );
+    }
+    Ok(())
+}
+
+/// Compares every tensor with its bytes in the file, read again.
+fn verify_tensors(path: &Path, t: &Tensors) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f =
+        std::fs::File::open(path).with_context(|| format!("verify: reopen {}", path.display()))?;
+    for (name, x) in &t.tensors {
+        let mut want = vec![0u8; x.len];
+        f.read_exact_at(&mut want, x.file_offset)
+            .with_context(|| format!("verify: read {} at {}", path.display(), x.file_offset))?;
+        let mut got = vec![0u8; x.len];
+        x.buffer.read_at(x.offset, &mut got)?;
+        if let Some(k) = want.iter().zip(&got).position(|(a, b)| a != b) {
+            bail!(
+                "verify failed: tensor `{name}` byte {k} differs (file offset {}: file has {:#04x}, buffer {} has {:#04x})",
+                x.file_offset + k as u64,
+                want[k],
+                x.buffer_index,
+                got[k]
+            );
+        }
     }
     Ok(())
 }

@@ -305,3 +305,76 @@ fn too_many_buffers_for_the_open_file_limit_says_what_fits() {
     );
     assert_eq!(json(&out)["verified"], true);
 }
+
+/// A safetensors file written by hand: F32, U8 (odd length), I64 tensors.
+fn write_safetensors(path: &Path) -> usize {
+    let t: [(&str, &str, usize, usize); 4] = [
+        ("w.0", "F32", 4, 25_000),
+        ("b.0", "U8", 1, 333),
+        ("w.1", "I64", 8, 70_001),
+        ("w.2", "F32", 4, 10),
+    ];
+    let mut header = String::from("{");
+    let mut off = 0;
+    for (i, (name, dtype, size, n)) in t.iter().enumerate() {
+        let len = size * n;
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":[{n}],\"data_offsets\":[{off},{}]}}",
+            off + len
+        ));
+        off += len;
+    }
+    header.push('}');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&pattern(off));
+    std::fs::write(path, out).unwrap();
+    off
+}
+
+#[test]
+fn safetensors_loads_and_verifies_every_tensor() {
+    let Some(d) = disk_dir() else { return };
+    let path = d.path().join("m.safetensors");
+    let bytes = write_safetensors(&path);
+    let p = path.to_str().unwrap();
+    for m in METHODS {
+        let v = json(&iopath(&[
+            "load",
+            p,
+            "--format",
+            "safetensors",
+            "--method",
+            m,
+            "--buffer-size",
+            "256K",
+            "--verify",
+            "--json",
+        ]));
+        assert_eq!(v["tensors"], 4, "{m}");
+        assert_eq!(v["bytes"], bytes as u64, "{m}");
+        assert_eq!(v["verified"], true, "{m}");
+        assert!(
+            v["buffers"].as_u64().unwrap() >= 2,
+            "{m}: w.1 has its own buffer"
+        );
+    }
+    let out = iopath(&["load", p, "--format", "safetensors"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("loaded 4 tensors ("), "{stdout}");
+    assert!(stdout.contains(" GiB/s, method "), "{stdout}");
+
+    // A hostile header: one clear line.
+    let bad = d.path().join("bad.safetensors");
+    let mut b = 1u64.to_le_bytes().to_vec();
+    b[7] = 0x40;
+    b.extend_from_slice(b"{}");
+    std::fs::write(&bad, b).unwrap();
+    fails_with(
+        &["load", bad.to_str().unwrap(), "--format", "safetensors"],
+        "is not a safetensors file iopath accepts: header length 4611686018427387905 is over the limit",
+    );
+}

@@ -172,6 +172,14 @@ pub enum Error {
         /// The file.
         path: PathBuf,
     },
+    /// A safetensors file whose header is refused.
+    #[error("{path} is not a safetensors file iopath accepts: {reason}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The loader's allocator thread died (a bug; reported instead of a panic).
     #[error("allocator thread failed: {0}")]
     Loader(String),

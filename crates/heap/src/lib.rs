@@ -32,6 +32,11 @@
 //! # }
 //! ```
 //!
+//! [`load_safetensors`] lays a safetensors model file out tensor by tensor
+//! (each whole in one buffer, aligned for its dtype; header parsed and
+//! checked by the `safetensors` crate) and returns name → [`Tensor`]
+//! (buffer, offset, dtype, shape).
+//!
 //! A buffer that is mapped for a device (see the `iopath-dma` crate) is
 //! *busy*: CPU writes through [`Buffer::write_at`] and file transfers into it
 //! are refused with [`Error::Busy`] until the device mapping is gone.
@@ -48,6 +53,7 @@ mod loader;
 mod mmap;
 mod ring;
 mod sys;
+mod tensors;
 
 pub use align::DioAlign;
 pub use bounce::AlignedBuf;
@@ -61,6 +67,7 @@ pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 pub use mmap::{SharedMapping, SigbusGuard};
+pub use tensors::{dtype_align, load_safetensors, Dtype, Tensor, Tensors, MAX_HEADER};
 
 /// The system page size in bytes.
 pub fn page_size() -> usize {

@@ -226,8 +226,54 @@ pub fn load(
     }
     let (n, total, buffer_size) = plan(&file, size, heap, opts)?;
     let bs = buffer_size as u64;
+    let reads: Vec<Planned> = (0..n)
+        .map(|i| {
+            let off = i as u64 * bs;
+            Planned {
+                buf: i,
+                buf_off: 0,
+                file_off: off,
+                len: (total - off).min(bs) as usize,
+            }
+        })
+        .collect();
+    let lens = reads.iter().map(|r| r.len).collect();
+    let (buffers, mut stats) = fill(&file, heap, &vec![buffer_size; n], &reads, opts, progress)?;
+    stats.buffer_size = buffer_size;
+    stats.elapsed = start.elapsed();
+    Ok(Loaded {
+        buffers,
+        lens,
+        stats,
+    })
+}
+
+/// One read of a planned load: `len` bytes of the file at `file_off` into
+/// buffer number `buf` at `buf_off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Planned {
+    pub buf: usize,
+    pub buf_off: usize,
+    pub file_off: u64,
+    pub len: usize,
+}
+
+/// Allocates buffers of `sizes` from `heap` on allocator threads and runs
+/// `reads` (ordered by buffer) through the engine as the buffers arrive, so
+/// allocation overlaps the I/O. `stats.elapsed` and `stats.buffer_size` are
+/// left for the caller.
+pub(crate) fn fill(
+    file: &IoFile,
+    heap: &dyn Heap,
+    sizes: &[usize],
+    reads: &[Planned],
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<(Vec<Buffer>, LoadStats)> {
+    let n = sizes.len();
+    let total: u64 = reads.iter().map(|r| r.len as u64).sum();
     let engine = new_engine(opts.method, opts.engine)?;
-    let (tx, rx) = mpsc::channel::<Result<(Buffer, Duration)>>();
+    let (tx, rx) = mpsc::channel::<(usize, Result<(Buffer, Duration)>)>();
     let prefault = match opts.prefault {
         Prefault::Auto if engine.method() == Method::Uring => Prefault::Allocate,
         Prefault::Auto => Prefault::Map,
@@ -238,61 +284,65 @@ pub fn load(
         for _ in 0..opts.alloc_threads.max(1) {
             let tx = tx.clone();
             let claimed = &claimed;
-            s.spawn(move || {
-                while claimed.fetch_add(1, Ordering::Relaxed) < n {
-                    let t = Instant::now();
-                    let r = heap.alloc(buffer_size).map(|b| {
-                        let r = match prefault {
-                            Prefault::None | Prefault::Auto => Ok(()),
-                            Prefault::Allocate => b.allocate_pages(),
-                            Prefault::Map => b.populate(),
-                        };
-                        if let Err(e) = r {
-                            tracing::debug!("prefault failed ({e}); pages fault in during I/O");
-                        }
-                        (b, t.elapsed())
-                    });
-                    let stop = r.is_err();
-                    if tx.send(r).is_err() || stop {
-                        break;
+            s.spawn(move || loop {
+                let i = claimed.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let t = Instant::now();
+                let r = heap.alloc(sizes[i]).map(|b| {
+                    let r = match prefault {
+                        Prefault::None | Prefault::Auto => Ok(()),
+                        Prefault::Allocate => b.allocate_pages(),
+                        Prefault::Map => b.populate(),
+                    };
+                    if let Err(e) = r {
+                        tracing::debug!("prefault failed ({e}); pages fault in during I/O");
                     }
+                    (b, t.elapsed())
+                });
+                let stop = r.is_err();
+                if tx.send((i, r)).is_err() || stop {
+                    break;
                 }
             });
         }
         drop(tx);
-        let mut buffers = Vec::with_capacity(n);
-        let mut lens = Vec::with_capacity(n);
+        let mut arrived: Vec<Option<Buffer>> = vec![None; n];
         let mut alloc_time = Duration::ZERO;
         let mut waited = Duration::ZERO;
+        let mut next_read = 0;
         let mut next = |wait: bool| -> Result<Pull> {
-            let i = buffers.len();
-            if i == n {
+            let Some(r) = reads.get(next_read) else {
                 return Ok(Pull::End);
-            }
-            let got = if wait {
-                let t = Instant::now();
-                let got = rx.recv().ok();
-                waited += t.elapsed();
-                got
-            } else {
-                match rx.try_recv() {
-                    Ok(g) => Some(g),
-                    Err(mpsc::TryRecvError::Empty) => return Ok(Pull::Later),
-                    Err(mpsc::TryRecvError::Disconnected) => None,
-                }
             };
-            let (buf, t_alloc) =
-                got.ok_or_else(|| Error::Loader("allocator thread stopped early".into()))??;
-            alloc_time += t_alloc;
-            let off = i as u64 * bs;
-            let len = (total - off).min(bs) as usize;
-            buffers.push(buf.clone());
-            lens.push(len);
+            while arrived.get(r.buf).is_some_and(Option::is_none) {
+                if wait {
+                    let t = Instant::now();
+                    let got = rx.recv().ok();
+                    waited += t.elapsed();
+                    let got =
+                        got.ok_or_else(|| Error::Loader("allocator thread stopped early".into()))?;
+                    take(&mut arrived, &mut alloc_time, got)?;
+                } else {
+                    match rx.try_recv() {
+                        Ok(g) => take(&mut arrived, &mut alloc_time, g)?,
+                        Err(mpsc::TryRecvError::Empty) => return Ok(Pull::Later),
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            return Err(Error::Loader("allocator thread stopped early".into()))
+                        }
+                    }
+                }
+            }
+            let buf = arrived.get(r.buf).and_then(Option::clone).ok_or_else(|| {
+                Error::Loader(format!("read planned into buffer {} of {n}", r.buf))
+            })?;
+            next_read += 1;
             Ok(Pull::Req(ReadReq {
                 buf,
-                buf_off: 0,
-                file_off: off,
-                len,
+                buf_off: r.buf_off,
+                file_off: r.file_off,
+                len: r.len,
             }))
         };
         let mut bytes = 0;
@@ -304,27 +354,44 @@ pub fn load(
                 bytes,
                 total,
                 buffers: filled,
-                buffers_total: n,
+                buffers_total: reads.len(),
             });
         };
         let t = Instant::now();
-        let tr = engine.read_batch(&file, &mut next, &mut done)?;
+        let tr = engine.read_batch(file, &mut next, &mut done)?;
         let read_time = t.elapsed().saturating_sub(waited);
-        let mut stats = LoadStats {
+        // Buffers no read went into (none today) still arrive.
+        for got in rx.iter() {
+            take(&mut arrived, &mut alloc_time, got)?;
+        }
+        let buffers = arrived
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::Loader("a buffer was never allocated".into()))?;
+        let stats = LoadStats {
             bytes: tr.bytes,
             buffers: n,
-            buffer_size,
+            buffer_size: 0,
             alloc_time,
             read_time,
             elapsed: Duration::ZERO,
             method: engine.method(),
             fallbacks: u64::from(tr.fallbacks),
         };
-        stats.elapsed = start.elapsed();
-        Ok(Loaded {
-            buffers,
-            lens,
-            stats,
-        })
+        Ok((buffers, stats))
     })
+}
+
+/// Files an allocated buffer (or its allocation error) under its index.
+fn take(
+    arrived: &mut [Option<Buffer>],
+    alloc_time: &mut Duration,
+    (i, r): (usize, Result<(Buffer, Duration)>),
+) -> Result<()> {
+    let (buf, t_alloc) = r?;
+    *alloc_time += t_alloc;
+    if let Some(slot) = arrived.get_mut(i) {
+        *slot = Some(buf);
+    }
+    Ok(())
 }
