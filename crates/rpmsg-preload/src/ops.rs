@@ -180,7 +180,9 @@ fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_in
     match cmd {
         uapi::CREATE_EPT => {
             let (_, node) = client(fd).create_ept(&info).map_err(|e| errno_of(&e))?;
-            if let Some(dir) = node.parent() {
+            // (A service started with a relative --ctrl answers paths
+            // relative to its own directory: not ours to resolve.)
+            if let Some(dir) = node.parent().filter(|d| d.is_absolute()) {
                 *RUNDIR.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_owned());
             }
             c.legacy.fetch_add(1, Ordering::Relaxed);
