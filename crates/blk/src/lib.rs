@@ -29,6 +29,7 @@
 pub mod backend;
 pub mod config;
 pub mod driver;
+mod executor;
 mod plan;
 mod queue;
 pub mod request;

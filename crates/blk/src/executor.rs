@@ -1,0 +1,729 @@
+//! The request executor of one queue of the back end: takes chains off
+//! the available ring, parses them ([`Request::parse`]) and runs them on
+//! the image with its own io_uring, then writes the status byte and the
+//! used ring. Runs on the queue's worker thread, started by
+//! [`crate::backend::BlkBackend`].
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use io_uring::{opcode, types, IoUring};
+use iopath_heap::AlignedBuf;
+use iopath_virtio::device::{DeviceMemory, DeviceMemoryGuard, DmaTicket, QueueContext};
+use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+
+use crate::backend::Image;
+use crate::request::{
+    Rejected, Request, RequestKind, SectorRange, Segment, SECTOR_SIZE, VIRTIO_BLK_ID_BYTES,
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+};
+
+/// Alignment `O_DIRECT` needs on this machine's file systems (ext4 with
+/// 512-byte sectors); bounce buffers are page-aligned.
+pub(crate) const DIRECT_ALIGN: usize = 512;
+pub(crate) const BOUNCE_ALIGN: usize = 4096;
+/// `IOV_MAX`: more segments than this go through a bounce buffer.
+const IOV_MAX: usize = 1024;
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Op {
+    Read,
+    Write,
+    Flush,
+}
+
+/// A request handed to io_uring; everything its SQE points at lives here
+/// (and `mem` keeps the front end's memory mapped) until its CQE arrives.
+struct InFlight {
+    head: u16,
+    status: GuestAddress,
+    op: Op,
+    data: Vec<Segment>,
+    offset: u64,
+    total: usize,
+    iovecs: Box<[libc::iovec]>,
+    bounce: Option<AlignedBuf>,
+    _mem: DeviceMemoryGuard,
+    /// Held while the kernel may still access the front end's memory.
+    _dma: Option<DmaTicket>,
+}
+
+// SAFETY: the iovecs point into `bounce` (owned) or into the front end's
+// memory kept mapped by `_mem`; neither is tied to the creating thread.
+unsafe impl Send for InFlight {}
+
+/// What the kernel holds of one queue: the ring and the requests its
+/// entries point at. Shared with the queue thread's before-miss-wait hook
+/// (the same thread: the lock is never contended, and never held across a
+/// translation, which is where the hook runs).
+struct IoState {
+    ring: IoUring,
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    in_flight: usize,
+    /// Completions taken out of the ring, their tickets dropped, not yet
+    /// written to the used ring.
+    done: Vec<(InFlight, i32)>,
+}
+
+impl IoState {
+    /// Takes every completion the kernel has posted: out of its slot, its
+    /// ticket dropped (the kernel is done with the memory).
+    fn take_completions(&mut self) {
+        let posted: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (slot, res) in posted {
+            let Some(mut flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+                continue;
+            };
+            drop(flight._dma.take());
+            self.free.push(slot as usize);
+            self.in_flight -= 1;
+            self.done.push((flight, res));
+        }
+    }
+
+    /// Lets every request in flight finish (see
+    /// [`QueueContext::set_before_miss_wait`]).
+    fn finish_in_flight(&mut self) {
+        while self.in_flight > 0 {
+            let waited = self.ring.submit_and_wait(1);
+            // Whatever the wait says, what was posted is taken.
+            self.take_completions();
+            match waited {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => {
+                    tracing::warn!("io_uring wait: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for IoState {
+    /// The kernel may still read or write the memory of requests in
+    /// flight (bounce buffers owned here, the front end's memory these
+    /// requests' tickets hold): let them finish before any of it goes.
+    fn drop(&mut self) {
+        self.finish_in_flight();
+    }
+}
+
+/// One queue's executor.
+pub(crate) struct Executor {
+    image: Arc<Image>,
+    id: [u8; VIRTIO_BLK_ID_BYTES],
+    io: Arc<Mutex<IoState>>,
+    eventfd: OwnedFd,
+    /// Used entries written since the last notification.
+    pending_notify: bool,
+    /// The server asked the queue to stop: finish what is in flight only.
+    stopping: bool,
+    /// The driver's available index jumped by more than the queue holds:
+    /// nothing more is taken from this queue until it is set up again.
+    broken: bool,
+}
+
+impl Executor {
+    /// An executor with an io_uring sized for `queue_size` requests.
+    pub(crate) fn new(
+        image: Arc<Image>,
+        id: [u8; VIRTIO_BLK_ID_BYTES],
+        queue_size: u16,
+    ) -> io::Result<Self> {
+        let entries = u32::from(queue_size.max(8)).next_power_of_two();
+        let ring = IoUring::new(entries)?;
+        let eventfd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
+        let n = usize::from(queue_size.max(1));
+        Ok(Self {
+            image,
+            id,
+            io: Arc::new(Mutex::new(IoState {
+                ring,
+                slots: (0..n).map(|_| None).collect(),
+                free: (0..n).rev().collect(),
+                in_flight: 0,
+                done: Vec::new(),
+            })),
+            eventfd,
+            pending_notify: false,
+            stopping: false,
+            broken: false,
+        })
+    }
+
+    fn io(&self) -> std::sync::MutexGuard<'_, IoState> {
+        self.io.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serves the queue until the server asks it to stop and what is in
+    /// flight has finished.
+    pub(crate) fn run(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        // Before this thread waits for the front end to answer an IOTLB
+        // miss, its own I/O finishes: the front end may be waiting for an
+        // invalidation's acknowledgement, which waits for that I/O. (A lock
+        // held up the stack means nothing can be taken now; skip.)
+        let io = Arc::clone(&self.io);
+        ctx.set_before_miss_wait(move || {
+            let st = match io.try_lock() {
+                Ok(st) => Some(st),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            if let Some(mut st) = st {
+                st.finish_in_flight();
+            }
+        });
+        // Requests may already be waiting (a restarted ring).
+        self.process_avail(ctx)?;
+        loop {
+            if self.stopping {
+                let (in_flight, done) = {
+                    let st = self.io();
+                    (st.in_flight, st.done.len())
+                };
+                if in_flight == 0 && done == 0 {
+                    return Ok(());
+                }
+                if in_flight > 0 {
+                    let waited = self.io().ring.submit_and_wait(1);
+                    match waited {
+                        Ok(_) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                self.reap(ctx);
+                continue;
+            }
+            let wake = ctx.wait(Some(self.eventfd.as_fd()))?;
+            if wake.extra {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&self.eventfd, &mut b);
+            }
+            self.reap(ctx);
+            if wake.stop {
+                self.stopping = true;
+                continue;
+            }
+            let all_free = {
+                let st = self.io();
+                st.free.len() == st.slots.len()
+            };
+            if wake.kick || all_free {
+                self.process_avail(ctx)?;
+            }
+        }
+    }
+
+    /// Pops every available chain (re-checking after re-enabling
+    /// notifications, virtio 1.2, 2.7.10) and starts it.
+    fn process_avail(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        if self.broken {
+            return Ok(());
+        }
+        let _dma = ctx.dma_batch();
+        let mem = ctx.memory();
+        loop {
+            // An index that moved by more than the queue holds is no index
+            // at all (a hostile driver, or memory that was taken away):
+            // virtio-queue would refuse every chain while the re-check
+            // below kept finding "more", a busy loop.
+            let next = ctx.queue_mut().next_avail();
+            let size = ctx.queue_mut().size();
+            match ctx
+                .queue_mut()
+                .avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+            {
+                Ok(avail) if avail.0.wrapping_sub(next) <= size => {}
+                Ok(avail) => {
+                    tracing::warn!(
+                        "queue {}: the driver's available index jumped from {next} to {}; queue stopped",
+                        ctx.index(),
+                        avail.0
+                    );
+                    self.broken = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("queue {}: cannot read the ring: {e}", ctx.index());
+                    break;
+                }
+            }
+            let _ = ctx.queue_mut().disable_notification(&*mem);
+            while !self.io().free.is_empty() {
+                let Some(chain) = ctx.queue_mut().pop_descriptor_chain(mem.clone()) else {
+                    break;
+                };
+                let parsed = Request::parse(chain, &*mem, &self.image.limits);
+                self.start(ctx, &mem, parsed);
+            }
+            if self.io().free.is_empty() {
+                // Out of slots: completions will call us again.
+                break;
+            }
+            match ctx.queue_mut().enable_notification(&*mem) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::warn!("queue {}: cannot read the ring: {e}", ctx.index());
+                    break;
+                }
+            }
+        }
+        self.submit()?;
+        if self.pending_notify {
+            self.pending_notify = false;
+            ctx.notify(&mem);
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        loop {
+            let r = self.io().ring.submit();
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    // Completion queue full: reap first (the caller does).
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes the status byte and puts the chain on the used ring.
+    fn complete(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemory,
+        head: u16,
+        status_at: Option<GuestAddress>,
+        status: u8,
+        data_len: u32,
+    ) {
+        let len = match status_at {
+            Some(at) if mem.write_obj(status, at).is_ok() => data_len.saturating_add(1),
+            _ => 0,
+        };
+        if let Err(e) = ctx.queue_mut().add_used(mem, head, len) {
+            tracing::warn!("queue {}: cannot fill the used ring: {e}", ctx.index());
+        }
+        self.pending_notify = true;
+    }
+
+    fn start(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemoryGuard,
+        parsed: Result<Request, Rejected>,
+    ) {
+        let req = match parsed {
+            Ok(r) => r,
+            Err(rej) => {
+                tracing::debug!("queue {}: request refused: {}", ctx.index(), rej.error);
+                self.complete(ctx, mem, rej.head, rej.status, rej.error.status(), 0);
+                return;
+            }
+        };
+        let (head, status) = (req.head, req.status);
+        match req.kind {
+            RequestKind::Read { sector, data } => {
+                self.start_rw(ctx, mem, head, status, Op::Read, sector, data);
+            }
+            RequestKind::Write { sector, data } => {
+                self.start_rw(ctx, mem, head, status, Op::Write, sector, data);
+            }
+            RequestKind::Flush => {
+                let sqe = opcode::Fsync::new(types::Fd(self.image.file.as_raw_fd()))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build();
+                let flight = InFlight {
+                    head,
+                    status,
+                    op: Op::Flush,
+                    data: Vec::new(),
+                    offset: 0,
+                    total: 0,
+                    iovecs: Box::new([]),
+                    bounce: None,
+                    _mem: mem.clone(),
+                    _dma: None,
+                };
+                self.push(ctx, mem, flight, sqe);
+            }
+            RequestKind::GetId { data } => {
+                let mut off = 0usize;
+                let mut ok = true;
+                for s in &data {
+                    let n = s.len as usize;
+                    ok &= mem.write_slice(&self.id[off..off + n], s.addr).is_ok();
+                    off += n;
+                }
+                let (st, len) = if ok {
+                    (VIRTIO_BLK_S_OK, off as u32)
+                } else {
+                    (VIRTIO_BLK_S_IOERR, 0)
+                };
+                self.complete(ctx, mem, head, Some(status), st, len);
+            }
+            RequestKind::Discard(ranges) => {
+                let st = self.discard(&ranges, false);
+                self.complete(ctx, mem, head, Some(status), st, 0);
+            }
+            RequestKind::WriteZeroes(ranges) => {
+                let st = self.discard(&ranges, true);
+                self.complete(ctx, mem, head, Some(status), st, 0);
+            }
+        }
+    }
+
+    /// Discard (`zero == false`) or write zeroes over `ranges`,
+    /// synchronously: both are rare and metadata-only on the image.
+    fn discard(&self, ranges: &[SectorRange], zero: bool) -> u8 {
+        use rustix::fs::{fallocate, FallocateFlags};
+        let fd = &self.image.file;
+        for r in ranges {
+            let (off, len) = (r.sector * SECTOR_SIZE, u64::from(r.count) * SECTOR_SIZE);
+            if len == 0 {
+                continue;
+            }
+            let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            if !zero {
+                // Discard is a hint; a file system without holes keeps the
+                // data, which the specification allows.
+                let _ = fallocate(fd, punch, off, len);
+                continue;
+            }
+            let first = if r.unmap {
+                fallocate(fd, punch, off, len)
+            } else {
+                fallocate(
+                    fd,
+                    FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
+                    off,
+                    len,
+                )
+            };
+            if first.is_ok() {
+                continue;
+            }
+            // No ZERO_RANGE (e.g. tmpfs): a hole reads as zeroes too.
+            if fallocate(fd, punch, off, len).is_ok() {
+                continue;
+            }
+            if self.write_zero_bytes(off, len).is_err() {
+                return VIRTIO_BLK_S_IOERR;
+            }
+        }
+        VIRTIO_BLK_S_OK
+    }
+
+    fn write_zero_bytes(&self, mut off: u64, mut len: u64) -> io::Result<()> {
+        let chunk = AlignedBuf::new(1 << 20, BOUNCE_ALIGN).map_err(io::Error::other)?;
+        while len > 0 {
+            let n = len.min(chunk.len() as u64) as usize;
+            let done = rustix::io::pwrite(&self.image.file, &chunk.as_slice()[..n], off)?;
+            if done == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            off += done as u64;
+            len -= done as u64;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_rw(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemoryGuard,
+        head: u16,
+        status: GuestAddress,
+        op: Op,
+        sector: u64,
+        data: Vec<Segment>,
+    ) {
+        let total: usize = data.iter().map(|s| s.len as usize).sum();
+        if total == 0 {
+            self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_OK, 0);
+            return;
+        }
+        let access = if op == Op::Read {
+            Permissions::Write
+        } else {
+            Permissions::Read
+        };
+        let direct = match guest_iovecs(mem, &data, access) {
+            Ok(v) => v,
+            Err(()) => {
+                self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_IOERR, 0);
+                return;
+            }
+        };
+        let aligned = |v: &libc::iovec| {
+            (v.iov_base as usize) % DIRECT_ALIGN == 0 && v.iov_len % DIRECT_ALIGN == 0
+        };
+        let use_direct =
+            direct.len() <= IOV_MAX && (!self.image.direct || direct.iter().all(aligned));
+        let (iovecs, bounce) = if use_direct {
+            (direct.into_boxed_slice(), None)
+        } else {
+            let Ok(mut buf) = AlignedBuf::new(total, BOUNCE_ALIGN) else {
+                tracing::warn!("queue {}: no memory for a {total}-byte bounce", ctx.index());
+                self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_IOERR, 0);
+                return;
+            };
+            if op == Op::Write {
+                let mut off = 0usize;
+                for s in &data {
+                    let n = s.len as usize;
+                    if mem
+                        .read_slice(&mut buf.as_mut_slice()[off..off + n], s.addr)
+                        .is_err()
+                    {
+                        self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_IOERR, 0);
+                        return;
+                    }
+                    off += n;
+                }
+            }
+            // The iovec points at the buffer's heap memory, which stays put
+            // when `buf` moves into the request.
+            let iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            (vec![iov].into_boxed_slice(), Some(buf))
+        };
+        let fd = types::Fd(self.image.file.as_raw_fd());
+        let offset = sector * SECTOR_SIZE;
+        let n_iov = iovecs.len() as u32;
+        let sqe = match op {
+            Op::Read => opcode::Readv::new(fd, iovecs.as_ptr(), n_iov)
+                .offset(offset)
+                .build(),
+            _ => opcode::Writev::new(fd, iovecs.as_ptr(), n_iov)
+                .offset(offset)
+                .build(),
+        };
+        let flight = InFlight {
+            head,
+            status,
+            op,
+            data,
+            offset,
+            total,
+            iovecs,
+            // A bounced write has already read the front end's memory.
+            _dma: (op == Op::Read || bounce.is_none()).then(|| ctx.dma_ticket()),
+            bounce,
+            _mem: mem.clone(),
+        };
+        self.push(ctx, mem, flight, sqe);
+    }
+
+    fn push(
+        &mut self,
+        ctx: &mut QueueContext,
+        mem: &DeviceMemoryGuard,
+        flight: InFlight,
+        sqe: io_uring::squeue::Entry,
+    ) {
+        let popped = self.io().free.pop();
+        let Some(slot) = popped else {
+            // Cannot happen: callers check for a free slot first.
+            self.complete(
+                ctx,
+                mem,
+                flight.head,
+                Some(flight.status),
+                VIRTIO_BLK_S_IOERR,
+                0,
+            );
+            return;
+        };
+        let sqe = sqe.user_data(slot as u64);
+        loop {
+            let mut st = self.io();
+            // SAFETY: every pointer in `sqe` points at heap memory of
+            // `flight` (its boxed iovec array, its bounce buffer) or at the
+            // front end's memory it keeps mapped; `flight` goes into
+            // `slots[slot]` before the entry is submitted and stays there
+            // until its completion is taken.
+            if unsafe { st.ring.submission().push(&sqe) }.is_ok() {
+                st.slots[slot] = Some(flight);
+                st.in_flight += 1;
+                // Submitted at once: an entry left in the queue would hold
+                // its ticket while a later request's translation waits on
+                // the front end.
+                if let Err(e) = st.ring.submit() {
+                    tracing::debug!("io_uring submit: {e} (retried at the next submit)");
+                }
+                return;
+            }
+            let r = st.ring.submit();
+            drop(st);
+            if let Err(e) = r {
+                tracing::warn!("io_uring submit: {e}");
+                self.reap(ctx);
+            }
+        }
+    }
+
+    /// Completes every request io_uring has finished.
+    fn reap(&mut self, ctx: &mut QueueContext) {
+        // The kernel is done with these requests' memory: their hold on
+        // IOTLB invalidations ended when they were taken. The status and
+        // used-ring writes below run under this batch's ticket, which a
+        // miss wait parks (the front end may be waiting for an
+        // invalidation's ack before it can answer that miss).
+        let done = {
+            let mut st = self.io();
+            st.take_completions();
+            std::mem::take(&mut st.done)
+        };
+        if done.is_empty() {
+            return;
+        }
+        let _dma = ctx.dma_batch();
+        let mem = ctx.memory();
+        for (flight, res) in done {
+            let (status, len) = self.finish(&mem, &flight, res);
+            self.complete(ctx, &mem, flight.head, Some(flight.status), status, len);
+        }
+        if self.pending_notify {
+            self.pending_notify = false;
+            ctx.notify(&mem);
+        }
+        // Slots were freed: chains left waiting for one can start now
+        // (unless the queue is stopping: then nothing new starts).
+        if !self.stopping {
+            if let Err(e) = self.process_avail(ctx) {
+                tracing::warn!("queue {}: {e}", ctx.index());
+            }
+        }
+    }
+
+    /// Turns a completion into a status and the number of data bytes
+    /// written to the front end.
+    fn finish(&self, mem: &DeviceMemory, f: &InFlight, res: i32) -> (u8, u32) {
+        if res < 0 {
+            tracing::warn!(
+                "{:?} at {}: {}",
+                f.op,
+                f.offset,
+                io::Error::from_raw_os_error(-res)
+            );
+            return (VIRTIO_BLK_S_IOERR, 0);
+        }
+        if f.op == Op::Flush {
+            return (VIRTIO_BLK_S_OK, 0);
+        }
+        let done = res as usize;
+        if done < f.total {
+            if let Err(e) = self.finish_sync(f, done) {
+                tracing::warn!("{:?} at {} short and failed: {e}", f.op, f.offset);
+                return (VIRTIO_BLK_S_IOERR, 0);
+            }
+        }
+        if f.op == Op::Read {
+            if let Some(buf) = &f.bounce {
+                let mut off = 0usize;
+                for s in &f.data {
+                    let n = s.len as usize;
+                    if mem
+                        .write_slice(&buf.as_slice()[off..off + n], s.addr)
+                        .is_err()
+                    {
+                        return (VIRTIO_BLK_S_IOERR, 0);
+                    }
+                    off += n;
+                }
+            }
+            return (VIRTIO_BLK_S_OK, f.total as u32);
+        }
+        (VIRTIO_BLK_S_OK, 0)
+    }
+
+    /// Finishes a short read or write with plain `preadv`/`pwritev`.
+    fn finish_sync(&self, f: &InFlight, mut done: usize) -> io::Result<()> {
+        while done < f.total {
+            // Rebuild the iovecs past the first `done` bytes.
+            let mut skip = done;
+            let mut rest: Vec<libc::iovec> = Vec::with_capacity(f.iovecs.len());
+            for v in f.iovecs.iter() {
+                if skip >= v.iov_len {
+                    skip -= v.iov_len;
+                    continue;
+                }
+                rest.push(libc::iovec {
+                    // SAFETY: `skip < iov_len`, so the pointer stays inside
+                    // the same buffer.
+                    iov_base: unsafe { v.iov_base.cast::<u8>().add(skip) }.cast(),
+                    iov_len: v.iov_len - skip,
+                });
+                skip = 0;
+            }
+            let off = (f.offset + done as u64) as libc::off_t;
+            let fd = self.image.file.as_raw_fd();
+            let n_iov = rest.len().min(IOV_MAX) as libc::c_int;
+            // SAFETY: the iovecs point into memory kept alive by `f` (its
+            // bounce buffer or the front end's mapped memory).
+            let n = unsafe {
+                match f.op {
+                    Op::Read => libc::preadv(fd, rest.as_ptr(), n_iov, off),
+                    _ => libc::pwritev(fd, rest.as_ptr(), n_iov, off),
+                }
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
+
+/// The host addresses of `data`, checked for `access` (with an IOMMU, every
+/// piece is translated through the IOTLB).
+fn guest_iovecs(
+    mem: &DeviceMemory,
+    data: &[Segment],
+    access: Permissions,
+) -> Result<Vec<libc::iovec>, ()> {
+    let mut out = Vec::with_capacity(data.len());
+    for s in data {
+        let slices = mem
+            .get_slices(s.addr, s.len as usize, access)
+            .map_err(|_| ())?;
+        for slice in slices {
+            let slice = slice.map_err(|_| ())?;
+            out.push(libc::iovec {
+                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                iov_len: slice.len(),
+            });
+        }
+    }
+    Ok(out)
+}
