@@ -119,6 +119,8 @@ const FULL: &[&str] = &[
     "RPMSG_CREATE_EPT_FD_IOCTL",
     "fd: write",
     "fd: write 497 bytes is EMSGSIZE",
+    "fd: readv gets the one message back",
+    "fd: writev of 497 bytes is EMSGSIZE",
     "fd: RPMSG_DESTROY_EPT_IOCTL",
     "fd: read after destroy is EPIPE",
     "fd: close",

@@ -292,6 +292,54 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     unsafe { real::send(fd, buf, n, flags) }
 }
 
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    if fds::is_ours(fd) {
+        if let Some(r) = rpmsg_readv(fd, iov, n) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::readv(fd, iov, n) }
+}
+
+/// Interposed; see the module doc.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    if fds::is_ours(fd) {
+        if let Some(r) = rpmsg_writev(fd, iov, n) {
+            return r;
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::writev(fd, iov, n) }
+}
+
+#[cold]
+fn rpmsg_readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> {
+    match fds::get(fd)? {
+        // SAFETY: the program's iovecs, as it passed them to readv(2).
+        Kind::Ept(e) => Some(unsafe { ops::ept_readv(fd, &e, iov, n) }),
+        Kind::Ctrl(_) => {
+            crate::set_errno(libc::EINVAL);
+            Some(-1)
+        }
+    }
+}
+
+#[cold]
+fn rpmsg_writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> {
+    match fds::get(fd)? {
+        // SAFETY: the program's iovecs, as it passed them to writev(2).
+        Kind::Ept(e) => Some(unsafe { ops::ept_writev(fd, &e, iov, n) }),
+        Kind::Ctrl(_) => {
+            crate::set_errno(libc::EINVAL);
+            Some(-1)
+        }
+    }
+}
+
 /// `POLLERR` for endpoints that are gone, after a poll that returned `r`.
 #[inline(always)]
 fn after_poll(fds_: *mut pollfd, n: nfds_t, r: c_int) -> c_int {

@@ -22,7 +22,8 @@
 //! `__open_2`, `__open64_2`, `__openat_2`, `__openat64_2` (absolute paths
 //! under `/dev/rpmsg_ctrl*` and `/dev/rpmsg[0-9]*` only); `ioctl`,
 //! `close`, `close_range`, `dup`, `dup2`, `dup3`, `fcntl`/`fcntl64`
-//! (`F_DUPFD*`); and for endpoint fds `read`, `write`, `send`, `recv`,
+//! (`F_DUPFD*`); and for endpoint fds `read`, `write`, `readv`, `writev`,
+//! `send`, `recv`,
 //! `poll`, `ppoll` and the fortified `__read_chk`, `__recv_chk`,
 //! `__poll_chk`, `__ppoll_chk`.
 //! What this does not cover, and how it differs from the kernel, is in the

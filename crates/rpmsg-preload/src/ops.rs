@@ -352,6 +352,84 @@ pub(crate) unsafe fn ept_write(
     sent
 }
 
+/// `readv(2)` on endpoint fd `fd`: one message scattered over the
+/// buffers, as rpmsg_char's `read_iter` fills them.
+///
+/// # Safety
+/// `iov` points to `n` iovecs valid for writes, as for `readv(2)`.
+pub(crate) unsafe fn ept_readv(fd: c_int, e: &Ept, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    if e.accmode == libc::O_WRONLY {
+        return fail(libc::EBADF);
+    }
+    if e.destroyed.load(Ordering::Relaxed) {
+        return fail(libc::EPIPE);
+    }
+    // SAFETY: as the caller promises.
+    let got = unsafe { crate::real::readv(fd, iov, n) };
+    // SAFETY: as the caller promises (only the lengths are read).
+    let room = unsafe { iov_len(iov, n) };
+    if got == 0 && room.is_some_and(|r| r > 0) && hung_up(fd) {
+        return fail(libc::EPIPE);
+    }
+    if got < 0 && crate::errno() == libc::ECONNRESET {
+        return fail(libc::EPIPE);
+    }
+    got
+}
+
+/// `writev(2)` on endpoint fd `fd`: the buffers make one message, as
+/// rpmsg_char's `write_iter` sends them.
+///
+/// # Safety
+/// `iov` points to `n` iovecs valid for reads, as for `writev(2)`.
+pub(crate) unsafe fn ept_writev(fd: c_int, e: &Ept, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    if e.accmode == libc::O_RDONLY {
+        return fail(libc::EBADF);
+    }
+    if e.destroyed.load(Ordering::Relaxed) {
+        return fail(libc::EPIPE);
+    }
+    // SAFETY: as the caller promises (only the lengths are read).
+    let Some(len) = (unsafe { iov_len(iov, n) }) else {
+        return fail(libc::EINVAL);
+    };
+    if len > MAX_PAYLOAD {
+        return fail(if hung_up(fd) {
+            libc::EPIPE
+        } else {
+            libc::EMSGSIZE
+        });
+    }
+    // SAFETY: a zeroed msghdr is valid; it carries only the program's
+    // iovecs.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov as *mut libc::iovec;
+    msg.msg_iovlen = n as _;
+    // SAFETY: as the caller promises; MSG_NOSIGNAL as in `ept_write`.
+    let sent = unsafe { crate::real::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 && crate::errno() == libc::ECONNRESET {
+        return fail(libc::EPIPE);
+    }
+    sent
+}
+
+/// The total length of `n` iovecs; `None` if `n` is out of range or the
+/// sum overflows (the kernel's `EINVAL`).
+///
+/// # Safety
+/// `iov` points to `n` readable iovecs.
+unsafe fn iov_len(iov: *const libc::iovec, n: c_int) -> Option<usize> {
+    if !(0..=libc::UIO_MAXIOV).contains(&n) || (n > 0 && iov.is_null()) {
+        return None;
+    }
+    let mut total = 0usize;
+    for i in 0..n as usize {
+        // SAFETY: within the `n` iovecs the caller vouches for.
+        total = total.checked_add(unsafe { (*iov.add(i)).iov_len })?;
+    }
+    (total <= isize::MAX as usize).then_some(total)
+}
+
 /// After `poll`: endpoint fds that are gone report `POLLERR` with the
 /// hang-up (rpmsg_eptdev_poll answers `EPOLLERR` once the endpoint is
 /// gone; the socket alone reports only the hang-up).

@@ -95,6 +95,12 @@ real!(/// `read(2)`.
     read = "read": fn(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t);
 real!(/// `write(2)`.
     write = "write": fn(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t);
+real!(/// `readv(2)`.
+    readv = "readv": fn(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t);
+real!(/// `writev(2)`.
+    writev = "writev": fn(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t);
+real!(/// `sendmsg(2)`.
+    sendmsg = "sendmsg": fn(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t);
 real!(/// `send(2)`.
     send = "send": fn(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t);
 real!(/// `recv(2)`.

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <linux/rpmsg.h>
 
@@ -235,6 +236,17 @@ int main(int argc, char **argv)
 	      "fd: O_CLOEXEC honoured, blocking", errno);
 	echo(efd, 100, 3, "fd: write");
 	check_err(write(efd, big, sizeof(big)), EMSGSIZE, "fd: write 497 bytes is EMSGSIZE");
+	/* writev: the buffers make one message (read_iter/write_iter). */
+	struct iovec two[2] = { { "hello ", 6 }, { "vectors", 7 } };
+	check(writev(efd, two, 2) == 13, "fd: writev of two buffers", errno);
+	char h[6], v[16];
+	struct iovec back[2] = { { h, sizeof(h) }, { v, sizeof(v) } };
+	struct pollfd pv = { .fd = efd, .events = POLLIN };
+	check(poll(&pv, 1, 10000) == 1 && readv(efd, back, 2) == 13 &&
+		      memcmp(h, "hello ", 6) == 0 && memcmp(v, "vectors", 7) == 0,
+	      "fd: readv gets the one message back", errno);
+	struct iovec over[2] = { { big, 300 }, { big, 197 } };
+	check_err(writev(efd, over, 2), EMSGSIZE, "fd: writev of 497 bytes is EMSGSIZE");
 	check(ioctl(efd, RPMSG_DESTROY_EPT_IOCTL) == 0, "fd: RPMSG_DESTROY_EPT_IOCTL", errno);
 	after_destroy(efd, "fd");
 	check(close(efd) == 0, "fd: close", errno);
