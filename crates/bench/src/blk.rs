@@ -126,8 +126,8 @@ impl BlkConfig {
         }
     }
 
-    /// A rough duration, from nominal rates on a 2-vCPU VM (1.5 GiB/s per
-    /// dd or fio pass; 2 GiB/s for the image's first touch).
+    /// A rough duration, from nominal rates on a 2-vCPU VM (2 GiB/s per
+    /// dd or fio pass and for the image's first touch).
     pub fn estimate(&self) -> Duration {
         let gib = self.size as f64 / f64::from(1u32 << 30);
         let modes = if self.modes.is_empty() {
@@ -136,12 +136,14 @@ impl BlkConfig {
             self.modes.len()
         };
         // Every run: the modes, the peer, the limit; a warm-up round; the sweep.
-        // Every run: the modes, the peer, the limit's sweep (9 fio passes,
-        // 6 at the default bs); a warm-up round.
-        let passes = (self.runs + 1) * (modes + 2) + self.runs * 8;
+        // Every run: the modes and the peer; the limit's sweep (6 fio passes
+        // at the default bs) in the first runs, its best alone after; a
+        // warm-up round.
+        let swept = self.runs.min(crate::limit::SWEEP_RUNS);
+        let passes = (self.runs + 1) * (modes + 1) + swept * 6 + (self.runs - swept) + 1;
         let guest = if self.guest { self.runs * 2 } else { 0 };
         Duration::from_secs_f64(
-            passes as f64 * gib / 1.5 + guest as f64 * gib / 0.6 + gib / 2.0 + 3.0,
+            passes as f64 * gib / 2.0 + guest as f64 * gib / 0.6 + gib / 2.0 + 3.0,
         )
     }
 }
@@ -581,7 +583,8 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
         depth: cfg.queue_depth as u32,
     };
     let mut limit = Limit::new(&base, &sweep_bs, own.clone());
-    let total = cfg.runs as u64 * ((1 + rows.len() + guest_rows.len()) as u64 + limit.steps());
+    let total =
+        cfg.runs as u64 * (1 + rows.len() + guest_rows.len()) as u64 + limit.steps(cfg.runs);
     let bar = Progress::new(cfg.progress, "bench blk", total);
     // One warm-up round, not counted: the first write of each path pays
     // one-time costs (the back end's first request after start, the image's

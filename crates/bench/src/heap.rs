@@ -82,7 +82,8 @@ impl HeapConfig {
         } else {
             2 * self.methods.len()
         };
-        let passes = self.runs * (rows + 2 + 6);
+        let swept = self.runs.min(crate::limit::SWEEP_RUNS);
+        let passes = self.runs * (rows + 1) + swept * 6 + (self.runs - swept);
         Duration::from_secs_f64(passes as f64 * gib / 0.7 + gib / 0.5 + 1.0)
     }
 }
@@ -237,7 +238,7 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
             .map_err(Error::heap("dropping the file's cache"))
     };
     let mut limit = Limit::new(&base, &sweep_bs, own);
-    let steps = args.runs as u64 * (rows.len() as u64 + limit.steps());
+    let steps = args.runs as u64 * rows.len() as u64 + limit.steps(args.runs);
     let bar = Progress::new(args.progress, "bench heap", steps);
     let mut alloc_limit = Vec::new();
     let mut warm_warnings = 0;

@@ -2,19 +2,23 @@
 //! measured in the same run, and the writers of their reports.
 //!
 //! ```text
-//!   config (plain structs: sizes, runs, placements)
+//!   config (plain structs: sizes, runs, placements; quick() and full())
 //!      |
-//!   heap::run ---- iopath-heap loaders ------- fio read (limit)
-//!   blk::run  ---- iopath-blk driver --------- fio write, qemu-storage-daemon
-//!   rpmsg::run --- iopath-rpmsg ctrl client -- raw SOCK_SEQPACKET / eventfd
+//!   heap::run ---- iopath-heap loaders ------ limit: best of a fio read sweep
+//!   blk::run  ---- iopath-blk workload ------ limit: best of a fio write sweep;
+//!      |            (policy-chosen DMA ops)     qemu-storage-daemon, guest rows
+//!   rpmsg::run --- iopath-rpmsg ctrl client - raw SOCK_SEQPACKET / eventfd
 //!      |              (host, remote, back end: child processes)
-//!   report (rows, medians, ratios) -> table text, JSON
+//!   report (rows, medians, ratios) -> text(), json(), markdown(), plot() (SVG)
 //! ```
 //!
 //! Each experiment takes a config and returns a report; the caller prints
-//! it. Peers (fio, qemu-storage-daemon) are child processes found on the
-//! `PATH`; the bench's own servers are subcommands of the `iopath`
-//! executable named in each config.
+//! it. Peers (fio, qemu-storage-daemon, QEMU) are child processes found on
+//! the `PATH`: a missing one drops its row (a note with its Debian
+//! package, ratios n/a), never the run, and without fio the heap and blk
+//! limits are the bench's own plain O_DIRECT I/O ([`direct`]). The bench's
+//! own servers are subcommands of the `iopath` executable named in each
+//! config.
 //!
 //! ```
 //! use iopath_bench::Summary;

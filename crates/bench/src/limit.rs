@@ -10,10 +10,13 @@ use crate::{Missing, Progress, Result, Summary};
 #[derive(Debug, Clone)]
 pub enum Source {
     /// fio: every configuration of the sweep with its GiB/s per run; the
-    /// limit is the configuration with the best median.
+    /// limit is the configuration with the best median over the first
+    /// [`SWEEP_RUNS`] runs, measured alone in the runs after them.
     Fio {
         /// Each configuration and its runs.
         sweep: Vec<(Job, Vec<f64>)>,
+        /// The chosen configuration, once the sweep runs are done.
+        fixed: Option<usize>,
     },
     /// fio is missing: the bench's own direct I/O on the same file.
     Own {
@@ -25,6 +28,11 @@ pub enum Source {
         runs: Vec<f64>,
     },
 }
+
+/// Runs in which every configuration of the sweep is measured; later runs
+/// measure only the best of them (a 10-run `--full` blk bench would
+/// otherwise spend most of its time sweeping).
+pub const SWEEP_RUNS: usize = 3;
 
 /// A limit row: the best of a fio sweep, or the bench's own.
 #[derive(Debug, Clone)]
@@ -48,22 +56,26 @@ impl Limit {
                     .into_iter()
                     .map(|j| (j, Vec::new()))
                     .collect(),
+                fixed: None,
             },
         };
         Limit { source }
     }
 
-    /// Passes one run of the limit takes (for progress totals).
-    pub fn steps(&self) -> u64 {
+    /// Passes `runs` runs of the limit take (for progress totals).
+    pub fn steps(&self, runs: usize) -> u64 {
         match &self.source {
-            Source::Fio { sweep } => sweep.len() as u64,
-            Source::Own { .. } => 1,
+            Source::Fio { sweep, .. } => {
+                let swept = runs.min(SWEEP_RUNS);
+                (swept * sweep.len() + (runs - swept)) as u64
+            }
+            Source::Own { .. } => runs as u64,
         }
     }
 
-    /// One run: every configuration of the sweep once (`before` run before
-    /// each pass, fio pinned to `cpu`), or the own limit on the calling
-    /// thread.
+    /// One run: every configuration of the sweep once (in the first
+    /// [`SWEEP_RUNS`] runs; the chosen one after), `before` run before each
+    /// pass, fio pinned to `cpu`; or the own limit on the calling thread.
     ///
     /// # Errors
     /// When fio or the direct I/O fails, or `before` fails.
@@ -73,9 +85,18 @@ impl Limit {
         before: &mut dyn FnMut() -> Result<()>,
         bar: &Progress,
     ) -> Result<()> {
+        if let Source::Fio { sweep, fixed } = &mut self.source {
+            let done = sweep.first().map_or(0, |(_, r)| r.len());
+            if fixed.is_none() && done >= SWEEP_RUNS {
+                *fixed = best(sweep);
+            }
+        }
         match &mut self.source {
-            Source::Fio { sweep } => {
-                for (job, runs) in sweep {
+            Source::Fio { sweep, fixed } => {
+                for (i, (job, runs)) in sweep.iter_mut().enumerate() {
+                    if fixed.is_some_and(|f| f != i) {
+                        continue;
+                    }
                     bar.set_message(format!("limit: fio {}", job.config()));
                     before()?;
                     runs.push(job.run(cpu)?.gib_per_s());
@@ -95,13 +116,9 @@ impl Limit {
     /// The fio configuration with the best median (fio only).
     pub fn chosen(&self) -> Option<&Job> {
         match &self.source {
-            Source::Fio { sweep } => sweep
-                .iter()
-                .max_by(|a, b| {
-                    Summary::of(&a.1)
-                        .median
-                        .total_cmp(&Summary::of(&b.1).median)
-                })
+            Source::Fio { sweep, fixed } => fixed
+                .or_else(|| best(sweep))
+                .and_then(|i| sweep.get(i))
                 .map(|(j, _)| j),
             Source::Own { .. } => None,
         }
@@ -110,7 +127,7 @@ impl Limit {
     /// GiB/s of each run of the limit (the chosen configuration's).
     pub fn runs(&self) -> Vec<f64> {
         match &self.source {
-            Source::Fio { sweep } => {
+            Source::Fio { sweep, .. } => {
                 let chosen = self.chosen();
                 sweep
                     .iter()
@@ -151,11 +168,12 @@ impl Limit {
     /// was measured instead.
     pub fn notes(&self) -> Vec<String> {
         match &self.source {
-            Source::Fio { sweep } => {
+            Source::Fio { sweep, .. } => {
                 let chosen = self.chosen();
                 vec![
                     format!(
-                        "limit: the best median of a fio sweep measured in every run (GiB/s): {}; chosen {}",
+                        "limit: the best median of a fio sweep measured in the same run ({} runs of each, GiB/s): {}; chosen {}",
+                        sweep.iter().map(|(_, r)| r.len()).min().unwrap_or(0),
                         sweep
                             .iter()
                             .map(|(j, r)| format!("{} {:.3}", j.config(), Summary::of(r).median))
@@ -187,7 +205,7 @@ impl Limit {
             "spread_pct": s.spread_pct(),
         });
         match &self.source {
-            Source::Fio { sweep } => {
+            Source::Fio { sweep, .. } => {
                 v["source"] = "fio".into();
                 if let Some(c) = self.chosen() {
                     v["command"] = c.cmdline().join(" ").into();
@@ -210,5 +228,56 @@ impl Limit {
             }
         }
         v
+    }
+}
+
+/// The configuration with the best median.
+fn best(sweep: &[(Job, Vec<f64>)]) -> Option<usize> {
+    (0..sweep.len()).max_by(|&a, &b| {
+        Summary::of(&sweep[a].1)
+            .median
+            .total_cmp(&Summary::of(&sweep[b].1).median)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fio::Dir;
+
+    fn job(bs: u64, iodepth: u32) -> Job {
+        Job {
+            dir: Dir::Read,
+            path: "/f".into(),
+            bytes: 1 << 30,
+            bs,
+            iodepth,
+        }
+    }
+
+    #[test]
+    fn the_limit_is_the_best_median_of_the_sweep() {
+        let l = Limit {
+            source: Source::Fio {
+                sweep: vec![
+                    (job(1 << 20, 4), vec![1.0, 5.0, 1.2]),
+                    (job(1 << 20, 16), vec![2.0, 2.1, 1.9]),
+                    (job(8 << 20, 4), vec![1.5, 1.6, 1.4]),
+                ],
+                fixed: None,
+            },
+        };
+        // One outlier does not make a configuration the best: the median does.
+        assert_eq!(l.chosen(), Some(&job(1 << 20, 16)));
+        assert_eq!(l.runs(), vec![2.0, 2.1, 1.9]);
+        assert_eq!(l.summary().median, 2.0);
+        assert_eq!(l.label(), "fio bs=1M qd=16");
+        // 3 configurations in the first SWEEP_RUNS runs, then the best alone.
+        assert_eq!(l.steps(2), 6);
+        assert_eq!(l.steps(10), 3 * 3 + 7);
+        let j = l.json();
+        assert_eq!(j["source"], "fio");
+        assert_eq!(j["iodepth"], 16);
+        assert_eq!(j["sweep"].as_array().unwrap().len(), 3);
     }
 }
