@@ -19,7 +19,7 @@ struct Input {
 fuzz_target!(|i: Input| {
     let mut table = ShmLayout::openamp_demo().table();
     for (at, v) in i.words {
-        let at = usize::from(at) % table.len() & !3;
+        let at = (usize::from(at) % table.len()) & !3;
         table[at..at + 4].copy_from_slice(&v.to_le_bytes());
     }
     table.extend_from_slice(&i.tail);
