@@ -548,3 +548,93 @@ fn kick_fd_that_is_not_an_eventfd_is_refused() {
     }
     still_serves(&mut srv);
 }
+
+/// A hostile IOMMU front end mixes bad requests with good ones in one
+/// batch: reads into a read-only mapping, writes from unmapped IOVAs, and a
+/// read straddling the end of a mapping each fail alone (IOERR) while the
+/// good requests beside them complete with the right data; the canary
+/// pages around the mappings are never touched, nor is the image where a
+/// refused write aimed.
+#[test]
+fn hostile_iommu_requests_fail_alone_and_canaries_survive() {
+    let mut srv = Server::start(4 << 20, &[]);
+    let mut c = Client::negotiate(&srv.socket, VERSION_1 | ACCESS_PLATFORM | BLK_F_FLUSH);
+    assert_ne!(c.features & ACCESS_PLATFORM, 0);
+    // Rings, headers and statuses: RW. A: 16 KiB RW. B: 4 KiB RO. The
+    // pages around them (C0 before A, C1 after A, C2 after B) are canaries,
+    // never mapped.
+    const A: u64 = 0x60_0000;
+    const C0: u64 = A - 0x1000;
+    const C1: u64 = A + 0x4000;
+    const B: u64 = 0x61_0000;
+    const C2: u64 = B + 0x1000;
+    map(&c, 0, 0x40_0000, IotlbPerm::ReadWrite);
+    map(&c, A, 0x4000, IotlbPerm::ReadWrite);
+    map(&c, B, 0x1000, IotlbPerm::ReadOnly);
+    c.setup_queues(1);
+    for canary in [C0, C1, C2] {
+        c.fill(canary, 4096, 0xcc);
+    }
+    c.fill(A, 0x4000, 0xaa);
+    c.fill(B, 0x1000, 0xbb);
+    let good = pattern(100 * SECTOR, 4096, 5);
+    assert_eq!(c.write(0, 100, &good), S_OK);
+    let written = pattern(200 * SECTOR, 4096, 6);
+    vm_memory::Bytes::write_slice(&c.mem, &written, vm_memory::GuestAddress(A + 0x1000)).unwrap();
+
+    // (kind, sector, data IOVA, length, should succeed)
+    let reqs: [(u32, u64, u64, u32, bool); 6] = [
+        (T_IN, 100, A, 4096, true),              // good read into A
+        (T_IN, 100, B, 4096, false),             // into a read-only mapping
+        (T_OUT, 300, C1, 4096, false),           // from an unmapped IOVA
+        (T_IN, 100, A + 0x3000, 8192, false),    // across A's end into C1
+        (T_OUT, 200, A + 0x1000, 4096, true),    // good write from A
+        (T_OUT, 301, C0 + 0x800, 0x1000, false), // from C0 into A
+    ];
+    c.reset_alloc();
+    let mut heads = Vec::new();
+    let mut statuses = Vec::new();
+    for (i, &(kind, sector, data, len, _)) in reqs.iter().enumerate() {
+        let h = c.header(kind, sector);
+        let st = c.status_slot();
+        let d0 = (3 * i) as u16;
+        let data_flags = if kind == T_IN { F_WRITE } else { 0 };
+        c.set_desc(0, d0, c.dev(h), 16, F_NEXT, d0 + 1);
+        c.set_desc(0, d0 + 1, IOVA + data, len, data_flags | F_NEXT, d0 + 2);
+        c.set_desc(0, d0 + 2, c.dev(st), 1, F_WRITE, 0);
+        heads.push(d0);
+        statuses.push(st);
+    }
+    c.submit(0, &heads);
+    let used = c.wait_used(0, reqs.len());
+    let mut ids: Vec<u32> = used.iter().map(|u| u.0).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, heads.iter().map(|&h| u32::from(h)).collect::<Vec<_>>());
+    for (i, &(_, _, _, _, ok)) in reqs.iter().enumerate() {
+        let want = if ok { S_OK } else { S_IOERR };
+        assert_eq!(c.status(statuses[i]), want, "request {i}");
+    }
+    assert_eq!(c.flush(0), S_OK);
+
+    assert!(c.bytes(A, 4096) == good, "the good read's data");
+    assert_eq!(c.bytes(A + 0x3000, 0x1000), vec![0xaa; 0x1000], "A's tail");
+    assert_eq!(c.bytes(B, 0x1000), vec![0xbb; 0x1000], "read-only page");
+    for canary in [C0, C1, C2] {
+        assert_eq!(
+            c.bytes(canary, 4096),
+            vec![0xcc; 4096],
+            "canary {canary:#x}"
+        );
+    }
+    assert!(
+        srv.image_bytes(200 * SECTOR, 4096) == written,
+        "the good write"
+    );
+    assert_eq!(
+        srv.image_bytes(300 * SECTOR, 1024),
+        vec![0; 1024],
+        "refused writes"
+    );
+    drop(c);
+    still_serves(&mut srv);
+}
