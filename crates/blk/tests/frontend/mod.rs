@@ -104,11 +104,23 @@ impl Server {
 
     pub fn start_on(dir: tempfile::TempDir, image: PathBuf, extra: &[&str]) -> Server {
         let socket = dir.path().join("blk.sock");
+        let child = Self::spawn(&image, &socket, extra);
+        Server {
+            child,
+            dir,
+            image,
+            socket,
+        }
+    }
+
+    /// Starts `iopath blk serve` on `image` and `socket` and waits for its
+    /// banner (it listens then).
+    fn spawn(image: &Path, socket: &Path, extra: &[&str]) -> Child {
         let mut child = Command::new(iopath_bin())
             .args(["blk", "serve", "--image"])
-            .arg(&image)
+            .arg(image)
             .arg("--socket")
-            .arg(&socket)
+            .arg(socket)
             .args(extra)
             .stdout(Stdio::piped())
             .spawn()
@@ -118,12 +130,19 @@ impl Server {
             .read_line(&mut line)
             .unwrap();
         assert!(line.starts_with("serving "), "unexpected banner: {line:?}");
-        Server {
-            child,
-            dir,
-            image,
-            socket,
-        }
+        child
+    }
+
+    /// SIGKILL the server and reap it (its socket file stays behind).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same image and socket.
+    pub fn restart(&mut self, extra: &[&str]) {
+        self.kill();
+        self.child = Self::spawn(&self.image, &self.socket, extra);
     }
 
     pub fn image_bytes(&self, offset: u64, len: usize) -> Vec<u8> {
