@@ -8,8 +8,9 @@ use iopath_bench::rpmsg::RawPingPong;
 use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::{proto, CtrlClient, CtrlEndpoint, CtrlError, EptFd, EptInfo};
 use iopath_rpmsg::wire::{ADDR_ANY, MAX_PAYLOAD};
-use iopath_rpmsg::{NotifySpec, Stats};
+use iopath_rpmsg::NotifySpec;
 
+mod common;
 mod ept;
 mod exec;
 mod host;
@@ -19,12 +20,7 @@ mod stop;
 pub use host::HostArgs;
 pub use remote::RemoteArgs;
 
-/// Service name of OpenAMP's echo demo.
-const OPENAMP_SERVICE: &str = "rpmsg-openamp-demo-channel";
-/// OpenAMP echo demo's shutdown word.
-const OPENAMP_SHUTDOWN: u32 = 0xEF56_A55A;
-/// Largest OpenAMP demo payload: 496 minus `{u64 num; u64 size}`.
-const OPENAMP_MAX: usize = MAX_PAYLOAD - 16;
+use common::{parse_name, OPENAMP_MAX, OPENAMP_SERVICE};
 
 /// The `iopath rpmsg` subcommands (their help is in `main.rs`).
 #[derive(Debug, clap::Subcommand)]
@@ -117,45 +113,6 @@ pub struct PingArgs {
     json: bool,
 }
 
-/// Checks an endpoint or channel name as rpmsg's 32-byte name field holds
-/// it (with its terminating NUL).
-fn parse_name(s: &str) -> Result<String, String> {
-    iopath_rpmsg::wire::check_name(s).map_err(|_| {
-        format!(
-            "{} bytes: a name is 1 to 31 bytes with no NUL (rpmsg's name field is 32 bytes, terminator included)",
-            s.len()
-        )
-    })?;
-    Ok(s.to_owned())
-}
-
-/// Parses an octal file mode: 600, 0660.
-fn parse_mode(s: &str) -> Result<u32, String> {
-    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
-        Ok(m) if m <= 0o777 => Ok(m),
-        _ => Err(format!("not an octal mode: {s:?} (try 600 or 660)")),
-    }
-}
-
-/// Parses 0x80000, 524288, 512K, 2M, 1G.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    let v = if let Some(h) = num.strip_prefix("0x").or_else(|| num.strip_prefix("0X")) {
-        u64::from_str_radix(h, 16)
-    } else {
-        num.parse()
-    }
-    .map_err(|_| format!("not a size: {s:?} (try 0x80000, 524288, 512K)"))?;
-    v.checked_mul(mul)
-        .ok_or_else(|| format!("size too large: {s}"))
-}
-
 /// Runs one `rpmsg` subcommand.
 pub fn run(cmd: RpmsgCmd) -> Result<()> {
     match cmd {
@@ -167,27 +124,6 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
         RpmsgCmd::RawFdServer { sock } => Ok(iopath_bench::rpmsg::raw_fd_server(&sock)?),
     }
-}
-
-fn stats_json(s: &Stats) -> serde_json::Value {
-    serde_json::json!({
-        "rx_msgs": s.rx_msgs, "tx_msgs": s.tx_msgs, "rx_refused": s.rx_refused,
-        "rx_malformed": s.rx_malformed, "rx_unknown_dst": s.rx_unknown_dst,
-        "ns_create": s.ns_create, "ns_destroy": s.ns_destroy, "kicks": s.kicks,
-    })
-}
-
-fn stats_line(s: &Stats) -> String {
-    format!(
-        "rx {} tx {} refused {} malformed {} unknown-dst {} ns-create {} ns-destroy {}",
-        s.rx_msgs,
-        s.tx_msgs,
-        s.rx_refused,
-        s.rx_malformed,
-        s.rx_unknown_dst,
-        s.ns_create,
-        s.ns_destroy
-    )
 }
 
 fn fill(buf: &mut [u8], seq: u64) {
@@ -379,28 +315,4 @@ fn raw_echo(spec: &NotifySpec, count: u64) -> Result<()> {
         n.kick()?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("0x80000"), Ok(0x80000));
-        assert_eq!(parse_size("524288"), Ok(0x80000));
-        assert_eq!(parse_size("512K"), Ok(0x80000));
-        assert_eq!(parse_size("2M"), Ok(2 << 20));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("0xzz").is_err());
-    }
-
-    #[test]
-    fn names_checked() {
-        assert_eq!(parse_name("echo").as_deref(), Ok("echo"));
-        assert!(parse_name(&"x".repeat(31)).is_ok());
-        let e = parse_name(&"x".repeat(40)).unwrap_err();
-        assert!(e.starts_with("40 bytes: a name is 1 to 31 bytes"), "{e}");
-        assert!(parse_name("").is_err());
-    }
 }

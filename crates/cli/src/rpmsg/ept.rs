@@ -47,7 +47,7 @@ pub struct CreateArgs {
     ctrl: PathBuf,
     /// Endpoint name (at most 31 bytes); with --dst any, the endpoint binds
     /// to the remote's channel of that name.
-    #[arg(long, value_parser = super::parse_name)]
+    #[arg(long, value_parser = super::common::parse_name)]
     name: String,
     /// Local address, or "any" for the next free one from 1024.
     #[arg(long, default_value = "any", value_parser = parse_addr)]

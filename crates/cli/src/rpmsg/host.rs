@@ -14,8 +14,8 @@ use iopath_rpmsg::{
     ShmOptions, HOST_FEATURES,
 };
 
+use super::common::{stats_json, stats_line, OPENAMP_MAX, OPENAMP_SERVICE};
 use super::stop::Stop;
-use super::{stats_json, stats_line, OPENAMP_MAX, OPENAMP_SERVICE};
 
 /// Options of `iopath rpmsg host`.
 #[derive(Debug, clap::Args)]
@@ -34,7 +34,7 @@ pub struct HostArgs {
     ctrl: Option<PathBuf>,
     /// Mode of the control socket and of the legacy nodes, octal (e.g.
     /// 660 to let the group in).
-    #[arg(long, default_value = "600", value_parser = super::parse_mode)]
+    #[arg(long, default_value = "600", value_parser = super::common::parse_mode)]
     ctrl_mode: u32,
     /// Directory for legacy nodes (rpmsgN); default: the control socket
     /// path with ".d" appended.

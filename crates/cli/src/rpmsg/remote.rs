@@ -14,8 +14,8 @@ use iopath_rpmsg::{
     shm_path, Bus, BusError, EndpointOptions, Event, LinkError, NotifySpec, SharedMem, ShmOptions,
 };
 
+use super::common::{stats_json, stats_line, OPENAMP_SHUTDOWN};
 use super::stop::Stop;
-use super::{stats_json, stats_line, OPENAMP_SHUTDOWN};
 
 /// Options of `iopath rpmsg remote`.
 #[derive(Debug, clap::Args)]
@@ -26,7 +26,7 @@ pub struct RemoteArgs {
     /// Create the file with SIZE bytes (e.g. 0x80000, 512K, 2M) and write a
     /// fresh resource table: OpenAMP demo layout (table at 0, vrings at
     /// 0x4000 and 0x8000 aligned 0x1000, buffers from 0x10000).
-    #[arg(long, value_parser = super::parse_size)]
+    #[arg(long, value_parser = super::common::parse_size)]
     create: Option<u64>,
     /// Entries per vring (with --create).
     #[arg(long, default_value_t = 256)]
@@ -39,7 +39,7 @@ pub struct RemoteArgs {
     #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
     notify: NotifySpec,
     /// Echo service to announce (repeatable).
-    #[arg(long, default_value = super::OPENAMP_SERVICE, value_parser = super::parse_name)]
+    #[arg(long, default_value = super::common::OPENAMP_SERVICE, value_parser = super::common::parse_name)]
     echo: Vec<String>,
     /// Behave like OpenAMP's rpmsg-echo demo: exit once the host destroys
     /// the channel (or sends the shutdown word 0xEF56A55A).
@@ -63,7 +63,7 @@ pub struct RemoteArgs {
     /// Mode of the shared-memory file made by --create, octal. Whoever can
     /// read it reads every message on the bus; whoever can write it can
     /// forge any.
-    #[arg(long, default_value = "600", value_parser = super::parse_mode)]
+    #[arg(long, default_value = "600", value_parser = super::common::parse_mode)]
     shm_mode: u32,
     /// Attach to a shared-memory file that users other than its owner can
     /// write (refused by default).
