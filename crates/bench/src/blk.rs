@@ -705,12 +705,21 @@ impl BlkReport {
                 outln!(out)
             }
         };
-        for (what, v) in self.ratios() {
-            match v {
-                Some(v) => outln!(out, "{what}: {:.1}%", v * 100.0),
-                None => outln!(out, "{what}: n/a"),
+        let ratios: Vec<String> = self
+            .ratios()
+            .into_iter()
+            .map(|(what, v)| match v {
+                Some(v) => format!("{what}: {:.1}%", v * 100.0),
+                None => format!("{what}: n/a"),
+            })
+            .collect();
+        if md {
+            outln!(out, "Ratios of medians: {}.", ratios.join("; "));
+            outln!(out);
+        } else {
+            for r in ratios {
+                outln!(out, "{r}");
             }
-            sep(out);
         }
         if let Some(l) = &self.limit {
             for n in l.notes() {
