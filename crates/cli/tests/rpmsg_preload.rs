@@ -19,6 +19,12 @@ use common::{pair, s, BIN};
 
 const SO: &str = "libiopath_rpmsg_preload.so";
 
+/// The C compiler (and `nm`, to look into a build): skipped off CI when
+/// missing, a failure under CI (iopath-testkit).
+fn have_cc() -> bool {
+    iopath_testkit::have_peers(&[("cc", "gcc"), ("nm", "binutils")])
+}
+
 /// The preload library cargo built for this test (a dev-dependency: in
 /// `deps/` beside the test binary, or uplifted one level up).
 fn preload_so() -> PathBuf {
@@ -53,7 +59,7 @@ fn build_c_as(dir: &Path, name: &str, out: &str, extra: &[&str]) -> PathBuf {
         .arg(&src)
         .args(extra)
         .output()
-        .expect("cc (the system's C compiler) must be installed");
+        .unwrap();
     assert!(
         o.status.success(),
         "cc {}: {}",
@@ -133,6 +139,9 @@ const FULL: &[&str] = &[
 
 #[test]
 fn linux_uapi_program_runs_unmodified() {
+    if !have_cc() {
+        return;
+    }
     let st = pair("eventfd:DIR/ev", &[], &[]);
     let so = preload_so();
     let prog = build_c(st.dir.path(), "rpmsg_uapi", &[]);
@@ -206,6 +215,9 @@ fn linux_uapi_program_runs_unmodified() {
 
 #[test]
 fn without_the_service_nothing_changes() {
+    if !have_cc() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let so = preload_so();
     let prog = build_c(dir.path(), "rpmsg_uapi", &[]);
@@ -234,6 +246,9 @@ fn without_the_service_nothing_changes() {
 
 #[test]
 fn remote_gone_is_epipe_under_the_preload() {
+    if !have_cc() {
+        return;
+    }
     let mut st = pair("eventfd:DIR/ev", &[], &[]);
     let so = preload_so();
     let prog = build_c(st.dir.path(), "rpmsg_uapi", &[]);
@@ -284,6 +299,9 @@ fn remote_gone_is_epipe_under_the_preload() {
 
 #[test]
 fn exec_refuses_a_static_program_and_a_missing_library() {
+    if !have_cc() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("hello.c");
     std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
