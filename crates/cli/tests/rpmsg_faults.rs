@@ -337,3 +337,63 @@ fn messages_name_the_input_at_fault() {
     assert!(err.contains("40 bytes: a name is 1 to 31 bytes"), "{err}");
     assert!(!err.contains("Invalid argument"), "{err}");
 }
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+#[test]
+fn attach_waits_end_with_their_clients() {
+    use iopath_rpmsg::ctrl::AttachRequest;
+    use rustix::net::{AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
+    let p = pair("eventfd:DIR/ev", &[], &[]);
+    round_trip(&echo_ept(&p.ctrl), 1);
+    let pid = p.host.pid();
+    let base = threads_of(pid);
+    // 20 clients each ask to wait a minute for a channel nobody announces.
+    let req = AttachRequest {
+        name: "nobody-announces-this".into(),
+        src: ADDR_ANY,
+        dst: ADDR_ANY,
+        timeout_ms: 60_000,
+    }
+    .encode()
+    .unwrap();
+    let conns: Vec<_> = (0..20)
+        .map(|_| {
+            let c = rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::SEQPACKET,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+            .unwrap();
+            rustix::net::connect(&c, &SocketAddrUnix::new(&p.ctrl).unwrap()).unwrap();
+            rustix::net::send(&c, &req, SendFlags::NOSIGNAL).unwrap();
+            c
+        })
+        .collect();
+    let start = Instant::now();
+    while threads_of(pid) < base + 20 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no ATTACH threads"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // They hang up: their waits (and threads) end within a second, not a
+    // minute later.
+    drop(conns);
+    let start = Instant::now();
+    while threads_of(pid) > base {
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{} ATTACH threads outlive their clients",
+            threads_of(pid) - base
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    round_trip(&echo_ept(&p.ctrl), 2);
+}

@@ -72,6 +72,12 @@ impl Proc {
         rustix::process::kill_process(pid, sig).unwrap();
     }
 
+    /// The process id.
+    #[allow(dead_code)] // not every test binary looks into /proc
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the process and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

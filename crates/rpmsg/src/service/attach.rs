@@ -3,13 +3,13 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use tracing::{info, warn};
 
 use super::errno_of;
-use crate::bus::{Bus, EndpointOptions, Event};
+use crate::bus::{Bus, BusError, EndpointOptions, Event};
 use crate::ctrl::proto::{attach_reply, AttachRequest};
 use crate::wire::{ADDR_ANY, MAX_PAYLOAD};
 
@@ -28,8 +28,13 @@ pub(super) fn attach(bus: Bus, c: Arc<OwnedFd>, packet: &[u8], cred: &str) {
     let dst = if req.dst != ADDR_ANY {
         Ok(req.dst)
     } else {
-        bus.wait_channel(&req.name, Duration::from_millis(u64::from(req.timeout_ms)))
-            .map(|ch| ch.addr)
+        match wait_channel(&bus, &c, &req.name, req.timeout_ms) {
+            Some(r) => r,
+            None => {
+                info!(target: "iopath_rpmsg", "control client ({cred}): gone while waiting for {:?}", req.name);
+                return;
+            }
+        }
     };
     let ep = dst.and_then(|dst| {
         let w = Arc::clone(&c);
@@ -88,4 +93,39 @@ pub(super) fn attach(bus: Bus, c: Arc<OwnedFd>, packet: &[u8], cred: &str) {
             break;
         }
     }
+}
+
+/// Waits up to `timeout_ms` for the peer to announce `name`, in slices, so
+/// a client that hangs up meanwhile ends the wait (and this thread) at
+/// once instead of holding it for as long as it asked (up to 49 days).
+/// `None`: the client is gone.
+fn wait_channel(
+    bus: &Bus,
+    c: &OwnedFd,
+    name: &str,
+    timeout_ms: u32,
+) -> Option<Result<u32, BusError>> {
+    const SLICE: Duration = Duration::from_millis(100);
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match bus.wait_channel(name, left.min(SLICE)) {
+            Err(BusError::Timeout) if left > SLICE => {}
+            r => return Some(r.map(|ch| ch.addr)),
+        }
+        if hung_up(c) {
+            return None;
+        }
+    }
+}
+
+/// Whether the client closed (or shut down) its end.
+fn hung_up(c: &OwnedFd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut p = [PollFd::new(c, PollFlags::RDHUP)];
+    let zero = Timespec::default();
+    poll(&mut p, Some(&zero)).is_ok()
+        && p[0]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
