@@ -26,10 +26,14 @@ use common::{parse_name, OPENAMP_MAX, OPENAMP_SERVICE};
 #[derive(Debug, clap::Subcommand)]
 pub enum RpmsgCmd {
     /// Be the remote (virtio device): wait for the host, announce echo
-    /// services, echo every message back.
+    /// services, echo every message back; then wait for the next host
+    /// (--once: exit, status 1 if the host died). SIGINT/SIGTERM: clean
+    /// stop, status 0.
     Remote(RemoteArgs),
     /// Be the host (virtio driver): own the buffers and the bus, serve local
-    /// clients on a control socket.
+    /// clients on a control socket; if the remote dies, hang its clients up
+    /// and serve again once a remote is back (--once: exit, status 1).
+    /// SIGINT/SIGTERM: clean stop, status 0.
     Host(HostArgs),
     /// Echo round trips through an endpoint fd from the host's endpoint
     /// service (or an inherited one): every byte checked; p50/p99/max
