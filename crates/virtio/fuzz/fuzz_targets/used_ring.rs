@@ -20,7 +20,12 @@ const SIZE: u16 = 8;
 #[derive(Debug, Arbitrary)]
 enum Step {
     /// Write a used element and publish a used idx.
-    Used { slot: u8, id: u32, len: u32, idx: u16 },
+    Used {
+        slot: u8,
+        id: u32,
+        len: u32,
+        idx: u16,
+    },
     /// Complete the oldest request properly.
     Honest { len: u8 },
     /// Device-side suppression fields.
@@ -90,7 +95,11 @@ fuzz_target!(|input: Input| {
             Step::Add => {
                 while q.num_free() >= 2 && !q.is_broken() {
                     let head = q
-                        .add(&[Seg::buf(&out, 0, 5)], &[Seg::buf(&inb, 0, 16)], next_token)
+                        .add(
+                            &[Seg::buf(&out, 0, 5)],
+                            &[Seg::buf(&inb, 0, 16)],
+                            next_token,
+                        )
                         .unwrap();
                     inflight.push_back((head, next_token));
                     next_token += 1;

@@ -1,0 +1,489 @@
+//! A hostile front end's message stream into the device side's request
+//! handling (`serve_connection`) over a real unix socket pair: feature and
+//! protocol negotiation, `SET_MEM_TABLE`/`ADD_MEM_REG` with memfds this
+//! target creates (filled with fuzzer bytes, so rings and descriptors hold
+//! anything), vring setup and kicks (a device thread then walks the rings
+//! through the IOTLB), `IOTLB_MSG`, `SET_BACKEND_REQ_FD`, `GET_CONFIG`, and
+//! raw messages with any code, flags, payload and fds, in any order.
+//!
+//! The server must end every connection by itself once the front end
+//! closes (no hang), never panic (its thread's join would fail), and its
+//! device must only ever see memory the front end shared.
+#![no_main]
+
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Once};
+
+use arbitrary::Arbitrary;
+use iopath_virtio::device::{serve_connection, QueueContext, VirtioDevice};
+use iopath_virtio::features;
+use iopath_virtio::vhost_wire::{Header, RawIotlb, NEED_REPLY, VERSION};
+use libfuzzer_sys::fuzz_target;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::Bytes;
+
+const PAGE: u64 = 4096;
+/// Front-end user addresses of region pages start here.
+const UADDR_BASE: u64 = 0x7f00_0000_0000;
+
+/// A device that copies each chain's readable bytes into its writable ones
+/// (like a block device's data path, through every address check).
+struct Copier;
+
+impl VirtioDevice for Copier {
+    fn features(&self) -> u64 {
+        features::VIRTIO_F_VERSION_1
+            | features::VIRTIO_F_ACCESS_PLATFORM
+            | features::VIRTIO_F_EVENT_IDX
+            | features::VIRTIO_F_INDIRECT_DESC
+    }
+    fn num_queues(&self) -> usize {
+        2
+    }
+    fn max_queue_size(&self) -> u16 {
+        16
+    }
+    fn read_config(&self, offset: u32, len: u32) -> Vec<u8> {
+        (0..len).map(|i| (offset.wrapping_add(i)) as u8).collect()
+    }
+    fn run_queue(&self, mut ctx: QueueContext) -> Queue {
+        loop {
+            let wake = match ctx.wait(None) {
+                Ok(w) => w,
+                Err(_) => break,
+            };
+            if wake.stop {
+                break;
+            }
+            let _batch = ctx.dma_batch();
+            let mem = ctx.memory();
+            let mut chains = Vec::new();
+            let Ok(iter) = ctx.queue_mut().iter(&*mem) else {
+                continue;
+            };
+            // At most a queue's worth per kick: a hostile avail index must
+            // not make this loop forever.
+            for chain in iter.take(16) {
+                let head = chain.head_index();
+                let mut data = Vec::new();
+                let mut written = 0u32;
+                for d in chain.take(32) {
+                    let len = (d.len() as usize).min(4096);
+                    if d.is_write_only() {
+                        let n = data.len().min(len);
+                        if mem.write_slice(&data[..n], d.addr()).is_ok() {
+                            written += n as u32;
+                        }
+                    } else {
+                        let mut buf = vec![0u8; len];
+                        if mem.read_slice(&mut buf, d.addr()).is_ok() {
+                            data.extend_from_slice(&buf);
+                        }
+                    }
+                }
+                chains.push((head, written));
+            }
+            for (head, written) in chains {
+                let _ = ctx.queue_mut().add_used(&*mem, head, written);
+            }
+            ctx.notify(&mem);
+        }
+        ctx.into_queue()
+    }
+}
+
+/// An fd attached to a message.
+#[derive(Debug, Arbitrary, Clone, Copy)]
+enum Fd {
+    Event,
+    Memfd {
+        pages: u8,
+    },
+    /// One end of a unix stream socket pair (the other closed at once).
+    Socket,
+    /// A pipe's read end.
+    Pipe,
+}
+
+#[derive(Debug, Arbitrary, Clone, Copy)]
+struct Region {
+    gpa_page: u8,
+    pages: u8,
+    uaddr_page: u8,
+    /// Offset into the file, in pages (the file may be too short).
+    offset_page: u8,
+    /// Pages the memfd really has (may be fewer than the region).
+    file_pages: u8,
+    fill: u8,
+}
+
+#[derive(Debug, Arbitrary)]
+enum Msg {
+    GetFeatures,
+    SetFeatures {
+        bits: u8,
+    },
+    GetProtocolFeatures,
+    SetProtocolFeatures {
+        bits: u64,
+    },
+    SetOwner,
+    ResetOwner,
+    GetQueueNum,
+    MemTable {
+        regions: Vec<Region>,
+        missing_fds: u8,
+    },
+    AddRegion(Region),
+    RemoveRegion(Region),
+    VringNum {
+        idx: u8,
+        num: u16,
+    },
+    VringAddr {
+        idx: u8,
+        desc: u16,
+        used: u16,
+        avail: u16,
+        iova: bool,
+    },
+    VringBase {
+        idx: u8,
+        base: u16,
+        get: bool,
+    },
+    VringKick {
+        idx: u8,
+        fd: Option<Fd>,
+    },
+    VringCall {
+        idx: u8,
+        fd: Option<Fd>,
+    },
+    VringEnable {
+        idx: u8,
+        on: bool,
+    },
+    Kick {
+        idx: u8,
+    },
+    Iotlb {
+        iova: u16,
+        size: u16,
+        uaddr_page: u8,
+        perm: u8,
+        kind: u8,
+        len: u8,
+    },
+    BackendReqFd {
+        fd: Option<Fd>,
+        len: u8,
+    },
+    Config {
+        offset: u16,
+        size: u16,
+    },
+    /// Guest memory bytes written by the "driver" (rings, descriptors).
+    Poke {
+        region: u8,
+        at: u16,
+        bytes: Vec<u8>,
+    },
+    Raw {
+        request: u8,
+        flags: u8,
+        payload: Vec<u8>,
+        fds: Vec<Fd>,
+    },
+}
+
+#[derive(Debug, Arbitrary)]
+struct Input {
+    reply_ack: bool,
+    msgs: Vec<Msg>,
+}
+
+struct FrontEnd {
+    sock: UnixStream,
+    need_reply: bool,
+    /// Memfds shared so far (to poke), and kick eventfds per queue.
+    files: Vec<std::fs::File>,
+    kicks: Vec<Option<OwnedFd>>,
+}
+
+fn make_fd(fd: Fd, kicks: Option<&mut Option<OwnedFd>>) -> OwnedFd {
+    match fd {
+        Fd::Event => {
+            let e = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+            if let Some(k) = kicks {
+                *k = Some(e.try_clone().unwrap());
+            }
+            e
+        }
+        Fd::Memfd { pages } => memfd(u64::from(pages % 8), 0).into(),
+        Fd::Socket => {
+            let (a, _b) = UnixStream::pair().unwrap();
+            a.into()
+        }
+        Fd::Pipe => rustix::pipe::pipe().unwrap().0,
+    }
+}
+
+fn memfd(pages: u64, fill: u8) -> std::fs::File {
+    let fd = rustix::fs::memfd_create(
+        "fuzz",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .unwrap();
+    let mut f = std::fs::File::from(fd);
+    f.set_len(pages * PAGE).unwrap();
+    if fill != 0 {
+        let _ = f.write_all(&vec![fill; (pages * PAGE) as usize]);
+    }
+    f
+}
+
+impl FrontEnd {
+    fn send(&mut self, request: u32, payload: &[u8], fds: &[OwnedFd]) {
+        let hdr = Header::request(request, payload.len(), self.need_reply);
+        self.send_raw(&hdr.to_bytes(), payload, fds);
+    }
+
+    fn send_raw(&mut self, hdr: &[u8], payload: &[u8], fds: &[OwnedFd]) {
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        let mut space =
+            vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(32))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        if !borrowed.is_empty() {
+            control.push(rustix::net::SendAncillaryMessage::ScmRights(
+                &borrowed[..borrowed.len().min(32)],
+            ));
+        }
+        let _ = rustix::net::sendmsg(
+            &self.sock,
+            &[IoSlice::new(hdr), IoSlice::new(payload)],
+            &mut control,
+            rustix::net::SendFlags::NOSIGNAL,
+        );
+    }
+
+    fn region_payload(&mut self, r: &Region) -> ([u8; 32], OwnedFd) {
+        let pages = u64::from(r.pages % 4) + 1;
+        let file = memfd(u64::from(r.file_pages % 6), r.fill);
+        let fd = OwnedFd::from(file.try_clone().unwrap());
+        self.files.push(file);
+        let mut p = [0u8; 32];
+        p[0..8].copy_from_slice(&(u64::from(r.gpa_page) * PAGE).to_le_bytes());
+        p[8..16].copy_from_slice(&(pages * PAGE).to_le_bytes());
+        p[16..24].copy_from_slice(&(UADDR_BASE + u64::from(r.uaddr_page) * PAGE).to_le_bytes());
+        p[24..32].copy_from_slice(&(u64::from(r.offset_page % 4) * PAGE).to_le_bytes());
+        (p, fd)
+    }
+
+    fn vring_state(&mut self, request: u32, idx: u8, num: u32) {
+        let mut p = [0u8; 8];
+        p[0..4].copy_from_slice(&u32::from(idx % 3).to_le_bytes());
+        p[4..8].copy_from_slice(&num.to_le_bytes());
+        self.send(request, &p, &[]);
+    }
+
+    fn vring_fd(&mut self, request: u32, idx: u8, fd: Option<Fd>) {
+        let i = usize::from(idx % 3);
+        let mut fds = Vec::new();
+        let mut value = i as u64;
+        match fd {
+            Some(f) => {
+                let slot = if request == 12 {
+                    self.kicks.get_mut(i)
+                } else {
+                    None
+                };
+                fds.push(make_fd(f, slot));
+            }
+            None => value |= 0x100,
+        }
+        self.send(request, &value.to_le_bytes(), &fds);
+    }
+
+    fn step(&mut self, m: Msg) {
+        match m {
+            Msg::GetFeatures => self.send(1, &[], &[]),
+            Msg::SetFeatures { bits } => {
+                let mut f = 0u64;
+                for (i, bit) in [32u64, 33, 28, 29, 30, 0, 63].iter().enumerate() {
+                    if bits & (1 << i) != 0 {
+                        f |= 1 << bit;
+                    }
+                }
+                self.send(2, &f.to_le_bytes(), &[]);
+            }
+            Msg::GetProtocolFeatures => self.send(15, &[], &[]),
+            Msg::SetProtocolFeatures { bits } => self.send(16, &bits.to_le_bytes(), &[]),
+            Msg::SetOwner => self.send(3, &[], &[]),
+            Msg::ResetOwner => self.send(4, &[], &[]),
+            Msg::GetQueueNum => self.send(17, &[], &[]),
+            Msg::MemTable {
+                regions,
+                missing_fds,
+            } => {
+                let regions: Vec<_> = regions.into_iter().take(8).collect();
+                let mut p = Vec::with_capacity(8 + 32 * regions.len());
+                p.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+                p.extend_from_slice(&0u32.to_le_bytes());
+                let mut fds = Vec::new();
+                for r in &regions {
+                    let (rp, fd) = self.region_payload(r);
+                    p.extend_from_slice(&rp);
+                    fds.push(fd);
+                }
+                fds.truncate(fds.len().saturating_sub(usize::from(missing_fds % 2)));
+                self.send(5, &p, &fds);
+            }
+            Msg::AddRegion(r) | Msg::RemoveRegion(r) => {
+                let add = matches!(m, Msg::AddRegion(_));
+                let (rp, fd) = self.region_payload(&r);
+                let mut p = vec![0u8; 8];
+                p.extend_from_slice(&rp);
+                if add {
+                    self.send(37, &p, &[fd]);
+                } else {
+                    self.send(38, &p, &[]);
+                }
+            }
+            Msg::VringNum { idx, num } => self.vring_state(8, idx, u32::from(num)),
+            Msg::VringAddr {
+                idx,
+                desc,
+                used,
+                avail,
+                iova,
+            } => {
+                let addr = |a: u16| {
+                    let off = u64::from(a) * 16;
+                    if iova {
+                        off
+                    } else {
+                        UADDR_BASE + off
+                    }
+                };
+                let mut p = [0u8; 40];
+                p[0..4].copy_from_slice(&u32::from(idx % 3).to_le_bytes());
+                p[8..16].copy_from_slice(&addr(desc).to_le_bytes());
+                p[16..24].copy_from_slice(&addr(used).to_le_bytes());
+                p[24..32].copy_from_slice(&addr(avail).to_le_bytes());
+                self.send(9, &p, &[]);
+            }
+            Msg::VringBase { idx, base, get } => {
+                self.vring_state(if get { 11 } else { 10 }, idx, u32::from(base))
+            }
+            Msg::VringKick { idx, fd } => self.vring_fd(12, idx, fd),
+            Msg::VringCall { idx, fd } => self.vring_fd(13, idx, fd),
+            Msg::VringEnable { idx, on } => self.vring_state(18, idx, u32::from(on)),
+            Msg::Kick { idx } => {
+                if let Some(Some(k)) = self.kicks.get(usize::from(idx % 3)) {
+                    let _ = rustix::io::write(k, &1u64.to_ne_bytes());
+                }
+            }
+            Msg::Iotlb {
+                iova,
+                size,
+                uaddr_page,
+                perm,
+                kind,
+                len,
+            } => {
+                let raw = RawIotlb {
+                    iova: u64::from(iova) * 16,
+                    size: u64::from(size) * 16,
+                    uaddr: UADDR_BASE + u64::from(uaddr_page) * PAGE,
+                    perm,
+                    kind,
+                };
+                let w = raw.encode();
+                let n = if len % 4 == 0 {
+                    usize::from(len) % 40
+                } else {
+                    w.len()
+                };
+                let mut payload = w.to_vec();
+                payload.resize(n, 0);
+                self.send(22, &payload, &[]);
+            }
+            Msg::BackendReqFd { fd, len } => {
+                let fds: Vec<_> = fd.map(|f| make_fd(f, None)).into_iter().collect();
+                self.send(21, &vec![0u8; usize::from(len % 16)], &fds);
+            }
+            Msg::Config { offset, size } => {
+                let size = u32::from(size % 300);
+                let mut p = Vec::new();
+                p.extend_from_slice(&u32::from(offset).to_le_bytes());
+                p.extend_from_slice(&size.to_le_bytes());
+                p.extend_from_slice(&0u32.to_le_bytes());
+                p.resize(12 + size as usize, 0);
+                self.send(24, &p, &[]);
+            }
+            Msg::Poke { region, at, bytes } => {
+                if self.files.is_empty() {
+                    return;
+                }
+                let f = &self.files[usize::from(region) % self.files.len()];
+                let _ = rustix::io::pwrite(f, &bytes[..bytes.len().min(256)], u64::from(at));
+            }
+            Msg::Raw {
+                request,
+                flags,
+                payload,
+                fds,
+            } => {
+                let request = u32::from(request % 48);
+                let flags = match flags % 4 {
+                    0 => VERSION,
+                    1 => VERSION | NEED_REPLY,
+                    _ => u32::from(flags),
+                };
+                let payload = &payload[..payload.len().min(512)];
+                let hdr = Header {
+                    request,
+                    flags,
+                    size: payload.len() as u32,
+                };
+                let fds: Vec<_> = fds.into_iter().take(4).map(|f| make_fd(f, None)).collect();
+                self.send_raw(&hdr.to_bytes(), payload, &fds);
+            }
+        }
+    }
+}
+
+fuzz_target!(|input: Input| {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        // As in the iopath binary (Rust's runtime does this for `main`): a
+        // write to a closed socket is an error, not a signal.
+        // SAFETY: setting a signal's disposition to SIG_IGN at start-up.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    });
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || serve_connection(theirs, Arc::new(Copier)));
+    // Drain every reply so that the server never blocks writing one.
+    let mut drain = ours.try_clone().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while matches!(drain.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let mut fe = FrontEnd {
+        sock: ours,
+        need_reply: input.reply_ack,
+        files: Vec::new(),
+        kicks: vec![None, None, None],
+    };
+    for m in input.msgs.into_iter().take(48) {
+        fe.step(m);
+    }
+    let _ = rustix::net::shutdown(&fe.sock, rustix::net::Shutdown::Both);
+    // The server must end the connection by itself, without panicking
+    // (a malformed stream is an error value, not a crash).
+    let _result = server.join().expect("the server panicked");
+    reader.join().unwrap();
+});
