@@ -397,3 +397,35 @@ fn attach_waits_end_with_their_clients() {
     }
     round_trip(&echo_ept(&p.ctrl), 2);
 }
+
+#[test]
+fn a_shared_runtime_directory_keeps_each_hosts_nodes() {
+    let a = pair("eventfd:DIR/ev", &[], &[]);
+    let rundir = a.rundir();
+    let ca = CtrlClient::connect(&a.ctrl).unwrap();
+    echo_ept(&a.ctrl);
+    let (_, node_a) = ca.create_ept(&EptInfo::new("echo")).unwrap();
+    assert_eq!(node_a, rundir.join("rpmsg0"));
+    // A second host with its own remote and control socket, told to put its
+    // nodes in the same directory: it must not take over rpmsg0.
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    let ev = format!("unix:{}/ev", s(dir.path()));
+    let ctrl_b = dir.path().join("ctrl");
+    let _remote = spawn_remote(dir.path(), s(&shm), &ev, &["--echo", "echo"]);
+    let _host = spawn_host(
+        dir.path(),
+        s(&shm),
+        &ev,
+        &["--ctrl", s(&ctrl_b), "--rundir", s(&rundir)],
+    );
+    echo_ept(&ctrl_b);
+    let cb = CtrlClient::connect(&ctrl_b).unwrap();
+    let (_, node_b) = cb.create_ept(&EptInfo::new("echo")).unwrap();
+    assert_eq!(node_b, rundir.join("rpmsg1"));
+    // Each node still reaches its own host's remote.
+    for node in [&node_a, &node_b] {
+        let ep = EptFd::open_node(node, O_RDWR | O_CLOEXEC).unwrap();
+        round_trip(&ep, 3);
+    }
+}

@@ -28,26 +28,38 @@ pub(super) fn handle_create(svc: &EptService, conn: u64, c: &OwnedFd, info: EptI
     super::conn::answer(c, &reply);
 }
 
+/// Nodes of other servers skipped before giving up (EADDRINUSE).
+const MAX_FOREIGN_NODES: usize = 64;
+
 fn create(svc: &EptService, conn: u64, info: &EptInfo) -> Result<(EptInfo, PathBuf), i32> {
-    let index = {
-        let mut t = lock(&svc.inner.table);
-        let mut i = 0;
-        while t.node_indices.contains(&i) {
-            i += 1;
+    // The lowest free N, as Linux numbers rpmsg_char nodes; a node another
+    // server listens on (a runtime directory shared by two hosts) is not
+    // free, and is left alone.
+    let mut taken = Vec::new();
+    let (index, path, listener) = loop {
+        let index = {
+            let mut t = lock(&svc.inner.table);
+            let mut i = 0;
+            while t.node_indices.contains(&i) || taken.contains(&i) {
+                i += 1;
+            }
+            t.node_indices.insert(i);
+            i
+        };
+        let path = svc.inner.rundir.join(format!("rpmsg{index}"));
+        match bind(&path, svc.inner.node_mode) {
+            Ok(l) => break (index, path, l),
+            Err(e) => {
+                lock(&svc.inner.table).node_indices.remove(&index);
+                if e != libc::EADDRINUSE || taken.len() >= MAX_FOREIGN_NODES {
+                    return Err(e);
+                }
+                taken.push(index);
+            }
         }
-        t.node_indices.insert(i);
-        i
     };
     let release_index = || {
         lock(&svc.inner.table).node_indices.remove(&index);
-    };
-    let path = svc.inner.rundir.join(format!("rpmsg{index}"));
-    let listener = match bind(&path, svc.inner.node_mode) {
-        Ok(l) => l,
-        Err(e) => {
-            release_index();
-            return Err(e);
-        }
     };
     let sink = Arc::new(Sink::default());
     let id = svc.next_id();
@@ -93,7 +105,11 @@ fn bind(path: &std::path::Path, mode: u32) -> Result<OwnedFd, i32> {
         None,
     )
     .map_err(|e| e.raw_os_error())?;
-    let _ = std::fs::remove_file(path);
+    // A stale node (its server died) is replaced; a live one is not ours.
+    crate::claim::claim(path, SocketType::SEQPACKET).map_err(|r| match r {
+        crate::claim::Refusal::InUse | crate::claim::Refusal::NotSocket => libc::EADDRINUSE,
+        crate::claim::Refusal::Io(_, e) => e.raw_os_error().unwrap_or(libc::EIO),
+    })?;
     let addr = SocketAddrUnix::new(path).map_err(|e| e.raw_os_error())?;
     rustix::net::bind(&fd, &addr).map_err(|e| e.raw_os_error())?;
     let done = rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(mode))
