@@ -59,8 +59,8 @@ pub use align::DioAlign;
 pub use bounce::AlignedBuf;
 pub use buffer::{Buffer, DevicePin};
 pub use engine::{
-    new_engine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq, Pull,
-    ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine,
+    new_engine, AutoEngine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq,
+    Probe, Pull, ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine, PROBE_BYTES,
 };
 pub use error::{Error, Result};
 pub use file::IoFile;

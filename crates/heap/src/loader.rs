@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::engine::{new_engine, EngineOptions, Method, Pull, ReadReq, Transfer};
+use crate::engine::{new_engine, EngineOptions, Method, Probe, Pull, ReadReq, Transfer};
 use crate::file::IoFile;
 use crate::{Buffer, Error, Heap, Result};
 
@@ -58,8 +58,8 @@ impl Default for LoadOptions {
 pub enum Prefault {
     /// [`Prefault::Allocate`] for io_uring, whose buffer registration maps
     /// the pages on the reading thread while earlier requests are in flight;
-    /// [`Prefault::Map`] for the other methods, which would map them between
-    /// requests. The default.
+    /// [`Prefault::Map`] for the other methods (and `auto`, which may choose
+    /// either), which would map them between requests. The default.
     Auto,
     /// Nothing: pages are allocated when the transfer first touches them.
     None,
@@ -108,6 +108,9 @@ pub struct LoadStats {
     pub method: Method,
     /// Requests that fell back to buffered I/O.
     pub fallbacks: u64,
+    /// What `auto` measured to choose its engine (`None` for the other
+    /// methods).
+    pub probe: Option<Probe>,
 }
 
 impl LoadStats {
@@ -275,6 +278,9 @@ pub(crate) fn fill(
     let engine = new_engine(opts.method, opts.engine)?;
     let (tx, rx) = mpsc::channel::<(usize, Result<(Buffer, Duration)>)>();
     let prefault = match opts.prefault {
+        // `auto` may choose either engine: map on the allocator thread,
+        // which serves both (registration then only pins mapped pages).
+        Prefault::Auto if opts.method == Method::Auto => Prefault::Map,
         Prefault::Auto if engine.method() == Method::Uring => Prefault::Allocate,
         Prefault::Auto => Prefault::Map,
         p => p,
@@ -377,6 +383,7 @@ pub(crate) fn fill(
             elapsed: Duration::ZERO,
             method: engine.method(),
             fallbacks: u64::from(tr.fallbacks),
+            probe: engine.probe(),
         };
         Ok((buffers, stats))
     })

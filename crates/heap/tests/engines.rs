@@ -358,3 +358,42 @@ fn sendfile_splices_for_non_memfd_buffers() {
     assert!(written[..11].iter().all(|&b| b == 0));
     assert!(written[11..] == data[3..], "written bytes differ");
 }
+
+/// `auto` measures both engines on the first requests, then runs the rest
+/// through the faster; every byte lands either way.
+#[test]
+fn auto_measures_uring_and_direct_then_chooses() {
+    let Some(dir) = common::disk_dir() else {
+        return;
+    };
+    let size = 2 * iopath_heap::PROBE_BYTES as usize + (24 << 20) + 4095;
+    let data = common::pattern(size, 11);
+    let path = dir.path().join("auto.bin");
+    std::fs::write(&path, &data).unwrap();
+    let opts = iopath_heap::LoadOptions {
+        buffer_size: 8 << 20,
+        method: Method::Auto,
+        ..iopath_heap::LoadOptions::default()
+    };
+    let heap = MemfdHeap::new(HugePages::None);
+    let loaded = iopath_heap::load(&path, &heap, &opts, &mut |_| {}).unwrap();
+    let p = loaded.stats.probe.expect("auto reports its probe");
+    if iopath_heap::UringEngine::new(EngineOptions::default()).is_ok() {
+        assert!(p.uring.0 >= iopath_heap::PROBE_BYTES, "{p:?}");
+        assert!(p.direct.0 >= iopath_heap::PROBE_BYTES, "{p:?}");
+        assert_eq!(p.chosen, Some(loaded.stats.method), "{p:?}");
+        assert!(matches!(
+            loaded.stats.method,
+            Method::Uring | Method::Direct
+        ));
+    }
+    assert_eq!(loaded.stats.bytes, size as u64);
+    let mut off = 0;
+    for (b, &len) in loaded.buffers.iter().zip(&loaded.lens) {
+        let mut got = vec![0u8; len];
+        b.read_at(0, &mut got).unwrap();
+        assert!(got == data[off..off + len], "bytes differ at {off}");
+        off += len;
+    }
+    assert_eq!(off, size);
+}

@@ -6,12 +6,13 @@
 //! | `direct` | `O_DIRECT` `pread`/`pwrite` straight into the buffer's mapping; unaligned heads and tails through an aligned bounce | bypassed |
 //! | `sendfile` | file → memfd: `sendfile(2)` into the memfd; other buffers: `splice(2)` into a pipe, `read(2)` out of it. buffer → file: `vmsplice(2)` into a pipe, `splice(2)` to the file | fills it |
 //! | `uring` | io_uring `READ_FIXED`/`WRITE_FIXED` on `O_DIRECT`, the buffer registered as a fixed buffer, many requests in flight | bypassed |
-//! | `auto` | `uring` when io_uring works here, else `direct` | bypassed |
+//! | `auto` | `uring` or `direct`, whichever the first requests measure faster ([`AutoEngine`]); `direct` when io_uring does not work here | bypassed |
 //!
 //! Every direct engine falls back to buffered I/O for a request when the file
 //! system refuses `O_DIRECT` (`EINVAL`), and counts it in
 //! [`Transfer::fallbacks`].
 
+mod auto;
 mod buffered;
 mod direct;
 mod sendfile;
@@ -20,6 +21,7 @@ mod uring;
 use std::fmt;
 use std::str::FromStr;
 
+pub use auto::{AutoEngine, Probe, PROBE_BYTES};
 pub use buffered::BufferedEngine;
 pub use direct::DirectEngine;
 pub use sendfile::SendfileEngine;
@@ -179,6 +181,12 @@ pub trait Engine: Send + Sync + fmt::Debug {
     /// The method that really moves the bytes (`auto` reports what it chose).
     fn method(&self) -> Method;
 
+    /// What `auto` measured on the last batch to choose its engine; `None`
+    /// for the other methods.
+    fn probe(&self) -> Option<Probe> {
+        None
+    }
+
     /// Copies `len` bytes of `file` at `file_off` into `buf` at `buf_off`.
     ///
     /// # Errors
@@ -241,8 +249,9 @@ pub trait Engine: Send + Sync + fmt::Debug {
     ) -> Result<Transfer>;
 }
 
-/// Makes the engine for `method`. `auto` is io_uring when a ring can be set
-/// up here (it keeps the device queue full with the least CPU), else direct.
+/// Makes the engine for `method`. `auto` is an [`AutoEngine`] (io_uring or
+/// direct, chosen by measuring both on the first requests of each batch)
+/// when a ring can be set up here, else direct.
 ///
 /// # Errors
 /// [`Error::Sys`] when `uring` is asked for explicitly and io_uring cannot be
@@ -257,7 +266,7 @@ pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>
         Method::Direct => Box::new(DirectEngine),
         Method::Sendfile => Box::new(SendfileEngine),
         Method::Uring => Box::new(UringEngine::new(opts)?),
-        Method::Auto => match UringEngine::new(opts) {
+        Method::Auto => match AutoEngine::new(opts) {
             Ok(u) => Box::new(u),
             Err(e) => {
                 tracing::info!("io_uring unavailable ({e}); auto uses direct");

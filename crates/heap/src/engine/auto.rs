@@ -1,0 +1,198 @@
+//! `auto`: io_uring or direct, whichever this load measures faster.
+//!
+//! Which of the two is faster depends on the device, the request size the
+//! device likes, what else the CPUs are doing and how page allocation on the
+//! allocator thread interleaves with the reads; on one VM `direct` beat
+//! `uring` cold while on NVMe the opposite is the rule. So `auto` does not
+//! guess: the first [`PROBE_BYTES`] of a batch's requests go through
+//! io_uring, the next [`PROBE_BYTES`] through direct `pread`, and the rest
+//! of the batch through the one that moved bytes faster. The figures are kept
+//! ([`Engine::probe`]) and logged.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{
+    DirectEngine, Engine, EngineOptions, Method, NextReq, Pull, ReqDone, Transfer, UringEngine,
+};
+use crate::file::IoFile;
+use crate::{Buffer, Result};
+
+/// Bytes each engine moves before `auto` chooses.
+pub const PROBE_BYTES: u64 = 48 << 20;
+
+/// What the probe measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Probe {
+    /// Bytes and time through io_uring.
+    pub uring: (u64, Duration),
+    /// Bytes and time through direct `pread`.
+    pub direct: (u64, Duration),
+    /// The engine chosen.
+    pub chosen: Option<Method>,
+}
+
+impl Probe {
+    fn rate((bytes, t): (u64, Duration)) -> f64 {
+        bytes as f64 / t.as_secs_f64().max(1e-9)
+    }
+
+    /// io_uring's rate in GiB/s (0 if it moved nothing).
+    pub fn uring_gib_per_s(&self) -> f64 {
+        Self::rate(self.uring) / f64::from(1u32 << 30)
+    }
+
+    /// Direct's rate in GiB/s (0 if it moved nothing).
+    pub fn direct_gib_per_s(&self) -> f64 {
+        Self::rate(self.direct) / f64::from(1u32 << 30)
+    }
+
+    fn choose(&mut self) -> Method {
+        let m = if Self::rate(self.uring) >= Self::rate(self.direct) {
+            Method::Uring
+        } else {
+            Method::Direct
+        };
+        self.chosen = Some(m);
+        m
+    }
+}
+
+/// io_uring or direct, chosen per batch by measurement (see the module
+/// docs).
+#[derive(Debug)]
+pub struct AutoEngine {
+    uring: UringEngine,
+    direct: DirectEngine,
+    probe: Mutex<Probe>,
+}
+
+impl AutoEngine {
+    /// Sets up the io_uring side.
+    ///
+    /// # Errors
+    /// As [`UringEngine::new`].
+    pub fn new(opts: EngineOptions) -> Result<Self> {
+        Ok(AutoEngine {
+            uring: UringEngine::new(opts)?,
+            direct: DirectEngine,
+            probe: Mutex::new(Probe::default()),
+        })
+    }
+
+    fn last(&self) -> Probe {
+        *self.probe.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn chosen(&self) -> &dyn Engine {
+        match self.last().chosen {
+            Some(Method::Direct) => &self.direct,
+            _ => &self.uring,
+        }
+    }
+}
+
+impl Engine for AutoEngine {
+    /// What moved the bytes: the chosen engine, io_uring before any batch
+    /// chose.
+    fn method(&self) -> Method {
+        self.last().chosen.unwrap_or(Method::Uring)
+    }
+
+    fn probe(&self) -> Option<Probe> {
+        Some(self.last())
+    }
+
+    fn read(
+        &self,
+        file: &IoFile,
+        file_off: u64,
+        buf: &Buffer,
+        buf_off: usize,
+        len: usize,
+    ) -> Result<Transfer> {
+        self.chosen().read(file, file_off, buf, buf_off, len)
+    }
+
+    fn read_batch(
+        &self,
+        file: &IoFile,
+        next: &mut NextReq<'_>,
+        done: &mut ReqDone<'_>,
+    ) -> Result<Transfer> {
+        let mut probe = Probe::default();
+        let mut total = Transfer::default();
+        let mut base = 0;
+        let mut ended = false;
+        // The probe: the first PROBE_BYTES of requests through io_uring (as
+        // a batch, requests overlapping as they will after the choice), the
+        // next PROBE_BYTES through direct.
+        for engine in [Method::Uring, Method::Direct] {
+            if ended {
+                break;
+            }
+            let mut asked = 0u64;
+            let mut count = 0;
+            // Time spent waiting for the source (the loader's allocator) is
+            // not the engine's: it is taken out of the phase's time, or the
+            // first phase would pay for the first buffers' allocation.
+            let mut waited = Duration::ZERO;
+            let mut limited = |wait: bool| -> Result<Pull> {
+                if asked >= PROBE_BYTES {
+                    return Ok(Pull::End);
+                }
+                let t = Instant::now();
+                let p = next(wait)?;
+                waited += t.elapsed();
+                match &p {
+                    Pull::Req(r) => {
+                        asked += r.len as u64;
+                        count += 1;
+                    }
+                    Pull::End => ended = true,
+                    Pull::Later => {}
+                }
+                Ok(p)
+            };
+            let mut phase_done = |j: usize, t: Transfer| done(base + j, t);
+            let t = Instant::now();
+            let tr = match engine {
+                Method::Uring => self.uring.read_batch(file, &mut limited, &mut phase_done),
+                _ => self.direct.read_batch(file, &mut limited, &mut phase_done),
+            }?;
+            let slot = match engine {
+                Method::Uring => &mut probe.uring,
+                _ => &mut probe.direct,
+            };
+            *slot = (tr.bytes, t.elapsed().saturating_sub(waited));
+            total += tr;
+            base += count;
+        }
+        let chosen = probe.choose();
+        tracing::info!(
+            "auto: uring {:.2} GiB/s over {} bytes, direct {:.2} GiB/s over {} bytes: {chosen}",
+            probe.uring_gib_per_s(),
+            probe.uring.0,
+            probe.direct_gib_per_s(),
+            probe.direct.0,
+        );
+        *self.probe.lock().unwrap_or_else(|p| p.into_inner()) = probe;
+        if ended {
+            return Ok(total);
+        }
+        let mut rest_done = |j: usize, t: Transfer| done(base + j, t);
+        total += self.chosen().read_batch(file, next, &mut rest_done)?;
+        Ok(total)
+    }
+
+    fn write(
+        &self,
+        buf: &Buffer,
+        buf_off: usize,
+        len: usize,
+        file: &IoFile,
+        file_off: u64,
+    ) -> Result<Transfer> {
+        self.chosen().write(buf, buf_off, len, file, file_off)
+    }
+}
