@@ -74,6 +74,10 @@ struct WatchState {
     fired: Option<&'static str>,
     /// The "still waiting" notice was given on this connection.
     noticed: bool,
+    /// The watchdog waits with no deadline: arming must wake it. (While
+    /// it waits with one, it rereads the state when that passes, so the
+    /// data path's `IOTLB_MSG`s do not wake it each time.)
+    idle: bool,
     quit: bool,
 }
 
@@ -108,12 +112,15 @@ impl Watchdog {
         request: &'static str,
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        {
+        let idle = {
             let mut st = lock(&self.shared.state);
             st.armed = Some((request, Instant::now()));
             st.fired = None;
+            st.idle
+        };
+        if idle {
+            self.shared.wake.notify_all();
         }
-        self.shared.wake.notify_all();
         let res = f();
         let fired = {
             let mut st = lock(&self.shared.state);
@@ -148,7 +155,9 @@ fn watch(w: &WatchShared) {
             return;
         }
         let Some((request, since)) = st.armed else {
+            st.idle = true;
             st = w.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.idle = false;
             continue;
         };
         let waited = since.elapsed();
