@@ -199,9 +199,20 @@ enum Msg {
     },
 }
 
+/// A well-formed set-up sent before the fuzzed messages, so that they
+/// start from a running queue (memory shared, vring 0 started, with the
+/// IOTLB mapping the region when `iommu`) and a valid request posted.
+#[derive(Debug, Arbitrary)]
+struct Prelude {
+    iommu: bool,
+    event_idx: bool,
+    fill: u8,
+}
+
 #[derive(Debug, Arbitrary)]
 struct Input {
     reply_ack: bool,
+    prelude: Option<Prelude>,
     msgs: Vec<Msg>,
 }
 
@@ -246,6 +257,66 @@ fn memfd(pages: u64, fill: u8) -> std::fs::File {
 }
 
 impl FrontEnd {
+    fn prelude(&mut self, p: &Prelude) {
+        const REGION_PAGES: u64 = 4;
+        self.send(3, &[], &[]);
+        self.send(1, &[], &[]);
+        // MQ, REPLY_ACK, BACKEND_REQ, CONFIG, CONFIGURE_MEM_SLOTS.
+        let protocol: u64 = 1 | (1 << 3) | (1 << 5) | (1 << 9) | (1 << 15);
+        self.send(16, &protocol.to_le_bytes(), &[]);
+        let mut f = features::VIRTIO_F_VERSION_1 | features::VHOST_USER_F_PROTOCOL_FEATURES;
+        if p.iommu {
+            f |= features::VIRTIO_F_ACCESS_PLATFORM;
+        }
+        if p.event_idx {
+            f |= features::VIRTIO_F_EVENT_IDX;
+        }
+        self.send(2, &f.to_le_bytes(), &[]);
+        let file = memfd(REGION_PAGES, p.fill);
+        // A request: a 64-byte readable descriptor chained to a 64-byte
+        // writable one, posted in the available ring.
+        let mut desc = [0u8; 32];
+        desc[0..8].copy_from_slice(&0x3000u64.to_le_bytes());
+        desc[8..12].copy_from_slice(&64u32.to_le_bytes());
+        desc[12..14].copy_from_slice(&1u16.to_le_bytes());
+        desc[14..16].copy_from_slice(&1u16.to_le_bytes());
+        desc[16..24].copy_from_slice(&0x3100u64.to_le_bytes());
+        desc[24..28].copy_from_slice(&64u32.to_le_bytes());
+        desc[28..30].copy_from_slice(&2u16.to_le_bytes());
+        let _ = rustix::io::pwrite(&file, &desc, 0);
+        let _ = rustix::io::pwrite(&file, &[0, 0, 1, 0, 0, 0], 0x1000);
+        let _ = rustix::io::pwrite(&file, &[0u8; 8], 0x2000);
+        let fd = OwnedFd::from(file.try_clone().unwrap());
+        self.files.push(file);
+        let mut table = vec![0u8; 8 + 32];
+        table[0..4].copy_from_slice(&1u32.to_le_bytes());
+        table[16..24].copy_from_slice(&(REGION_PAGES * PAGE).to_le_bytes());
+        table[24..32].copy_from_slice(&UADDR_BASE.to_le_bytes());
+        self.send(5, &table, &[fd]);
+        if p.iommu {
+            let map = RawIotlb {
+                iova: 0,
+                size: REGION_PAGES * PAGE,
+                uaddr: UADDR_BASE,
+                perm: 3,
+                kind: 2,
+            };
+            self.send(22, &map.encode(), &[]);
+        }
+        self.vring_state(8, 0, 8);
+        let ring = |off: u64| if p.iommu { off } else { UADDR_BASE + off };
+        let mut addr = [0u8; 40];
+        addr[8..16].copy_from_slice(&ring(0).to_le_bytes());
+        addr[16..24].copy_from_slice(&ring(0x2000).to_le_bytes());
+        addr[24..32].copy_from_slice(&ring(0x1000).to_le_bytes());
+        self.send(9, &addr, &[]);
+        self.vring_state(10, 0, 0);
+        self.vring_fd(12, 0, Some(Fd::Event));
+        self.vring_fd(13, 0, Some(Fd::Event));
+        self.vring_state(18, 0, 1);
+        self.step(Msg::Kick { idx: 0 });
+    }
+
     fn send(&mut self, request: u32, payload: &[u8], fds: &[OwnedFd]) {
         let hdr = Header::request(request, payload.len(), self.need_reply);
         self.send_raw(&hdr.to_bytes(), payload, fds);
@@ -478,6 +549,9 @@ fuzz_target!(|input: Input| {
         files: Vec::new(),
         kicks: vec![None, None, None],
     };
+    if let Some(p) = &input.prelude {
+        fe.prelude(p);
+    }
     for m in input.msgs.into_iter().take(48) {
         fe.step(m);
     }
