@@ -1,0 +1,211 @@
+//! Python bindings of iopath-heap (module `iopath._iopath`; the `iopath`
+//! package wraps it): buffers with the buffer protocol and their fds, the
+//! loader and the safetensors loader. Loading releases the GIL.
+
+use std::os::fd::AsRawFd;
+use std::os::raw::c_int;
+use std::path::PathBuf;
+
+use iopath_heap::{open_heap, LoadOptions, Method};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// An fd-backed shareable buffer. Supports the buffer protocol (a zero-copy,
+/// writable `memoryview`; `numpy.frombuffer` works on it) and `fileno()`,
+/// whose fd can be sent to another process (`socket.send_fds`) and mapped
+/// there.
+#[pyclass(module = "iopath", name = "Buffer", frozen)]
+struct PyBuffer {
+    buf: iopath_heap::Buffer,
+    /// Bytes of the file in it.
+    filled: usize,
+}
+
+#[pymethods]
+impl PyBuffer {
+    /// The buffer's file descriptor (owned by the buffer: dup it to keep it).
+    fn fileno(&self) -> i32 {
+        self.buf.fd().as_raw_fd()
+    }
+
+    /// Length in bytes of the mapping.
+    fn __len__(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Bytes of the file loaded into it.
+    #[getter]
+    fn filled(&self) -> usize {
+        self.filled
+    }
+
+    /// The heap it came from.
+    #[getter]
+    fn kind(&self) -> String {
+        self.buf.kind().to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<iopath.Buffer {} bytes ({} filled), {}, fd {}>",
+            self.buf.len(),
+            self.filled,
+            self.buf.kind(),
+            self.fileno()
+        )
+    }
+
+    /// # Safety
+    /// Called by Python with a valid `Py_buffer` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = {
+            let me = slf.get();
+            (me.buf.as_ptr(), me.buf.len())
+        };
+        // SAFETY: `ptr..ptr+len` is the buffer's live shared mapping; the
+        // view holds a reference to `slf` (PyBuffer_FillInfo sets
+        // `view.obj`), which owns the mapping, so it outlives the view.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr.cast(),
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// Called by Python when a view made by `__getbuffer__` goes.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+fn options(method: &str, buffer_size: usize) -> PyResult<LoadOptions> {
+    let method: Method = method
+        .parse()
+        .map_err(|e: iopath_heap::Error| PyValueError::new_err(e.to_string()))?;
+    Ok(LoadOptions {
+        buffer_size,
+        method,
+        ..LoadOptions::default()
+    })
+}
+
+/// The Rust error as a Python exception: input errors as `ValueError`,
+/// the rest as `OSError`, with the whole error chain as the message.
+fn to_py(e: iopath_heap::Error) -> PyErr {
+    use iopath_heap::Error as E;
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    match e {
+        E::Safetensors { .. }
+        | E::BadSize { .. }
+        | E::UnknownHeap(_)
+        | E::UnknownMethod(_)
+        | E::EmptyFile { .. }
+        | E::ShortFile { .. }
+        | E::NotAFile { .. }
+        | E::UnknownSize { .. }
+        | E::NoBuffers
+        | E::BadQueueDepth { .. }
+        | E::BadChunk { .. }
+        | E::TooManyBuffers { .. }
+        | E::OutOfMemory { .. } => PyValueError::new_err(msg),
+        _ => PyOSError::new_err(msg),
+    }
+}
+
+/// Loads `path` into buffers (see `iopath.load`).
+#[pyfunction]
+#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20))]
+fn load(
+    py: Python<'_>,
+    path: PathBuf,
+    heap: &str,
+    method: &str,
+    buffer_size: usize,
+) -> PyResult<Vec<PyBuffer>> {
+    let opts = options(method, buffer_size)?;
+    let heap = open_heap(heap).map_err(to_py)?;
+    let loaded = py
+        .allow_threads(|| iopath_heap::load(&path, heap.as_ref(), &opts, &mut |_| {}))
+        .map_err(to_py)?;
+    Ok(loaded
+        .buffers
+        .into_iter()
+        .zip(loaded.lens)
+        .map(|(buf, filled)| PyBuffer { buf, filled })
+        .collect())
+}
+
+/// Loads a safetensors file: returns (buffers, {name: (buffer index, offset,
+/// dtype, shape)}, stats dict). `iopath.load_safetensors` turns it into
+/// numpy views.
+#[pyfunction]
+#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20))]
+fn load_safetensors_raw<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    heap: &str,
+    method: &str,
+    buffer_size: usize,
+) -> PyResult<(Vec<PyBuffer>, Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let opts = options(method, buffer_size)?;
+    let heap = open_heap(heap).map_err(to_py)?;
+    let t = py
+        .allow_threads(|| iopath_heap::load_safetensors(&path, heap.as_ref(), &opts, &mut |_| {}))
+        .map_err(to_py)?;
+    let tensors = PyDict::new(py);
+    for (name, x) in &t.tensors {
+        tensors.set_item(
+            name,
+            (
+                x.buffer_index,
+                x.offset,
+                x.len,
+                x.dtype.to_string(),
+                x.shape.clone(),
+            ),
+        )?;
+    }
+    let stats = PyDict::new(py);
+    stats.set_item("bytes", t.stats.bytes)?;
+    stats.set_item("seconds", t.stats.elapsed.as_secs_f64())?;
+    stats.set_item("gib_per_s", t.stats.gib_per_s())?;
+    stats.set_item("method", t.stats.method.name())?;
+    let buffers = t
+        .buffers
+        .into_iter()
+        .map(|buf| PyBuffer {
+            filled: buf.len(),
+            buf,
+        })
+        .collect();
+    Ok((buffers, tensors, stats))
+}
+
+/// The native module.
+#[pymodule]
+fn _iopath(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBuffer>()?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(load_safetensors_raw, m)?)?;
+    Ok(())
+}
