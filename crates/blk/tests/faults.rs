@@ -126,3 +126,119 @@ fn back_end_killed_mid_write_fails_fast_and_flushed_writes_survive() {
     assert!(got == block_data(last), "a write after the restart");
     assert!(srv.image_bytes(last * BLOCK as u64, BLOCK) == block_data(last));
 }
+
+/// A size-limited tmpfs mounted for one test; unmounted on drop.
+struct Mount {
+    dir: tempfile::TempDir,
+}
+
+impl Mount {
+    /// Mounts a tmpfs of `size` bytes, or says why it cannot (not root, no
+    /// mount in this container): skipped, or a failure when peers are
+    /// required (CI).
+    fn tmpfs(size: u64) -> Option<Mount> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size}"))
+            .arg("tmpfs")
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Mount { dir }),
+            other => {
+                let why = format!("cannot mount a tmpfs (needs root): {other:?}");
+                assert!(!iopath_testkit::peers_required(), "{why}");
+                println!("skipped: {why}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+#[test]
+fn image_on_a_full_file_system_gets_ioerr_and_keeps_what_was_written() {
+    const MIB: usize = 1 << 20;
+    let Some(fs) = Mount::tmpfs(4 * MIB as u64) else {
+        return;
+    };
+    // A sparse 16 MiB image on a 4 MiB file system: writes fill it up.
+    let image = fs.dir.path().join("disk.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 * MIB as u64)
+        .unwrap();
+    let sock_dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start_on(sock_dir, image, &[]);
+    let buf = alloc(MIB);
+    let back = alloc(MIB);
+    let mut drv = driver(
+        Mode::Direct,
+        connect(&srv.socket),
+        &[buf.clone(), back.clone()],
+        &DriverOptions::default(),
+    )
+    .unwrap();
+    let data = |b: usize| common::seq((b * MIB) as u64, MIB);
+
+    // Block after block until the file system is full.
+    let mut written = 0;
+    let first_err = loop {
+        assert!(written < 16, "a 4 MiB file system took 16 MiB");
+        buf.write_at(0, &data(written)).unwrap();
+        match drv.write((written * MIB) as u64, &buf, 0, MIB) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(first_err, BlkError::IoError { .. }),
+        "a write past full: {first_err:?}"
+    );
+    assert!((2..=4).contains(&written), "{written} MiB fit in 4 MiB");
+    drv.flush().unwrap();
+    // Past full again, on the same connection: IOERR again, not a hang.
+    buf.write_at(0, &data(8)).unwrap();
+    assert!(matches!(
+        drv.write((8 * MIB) as u64, &buf, 0, MIB),
+        Err(BlkError::IoError { .. })
+    ));
+    // What was written before reads back intact, through the driver and
+    // in the file.
+    let mut got = vec![0u8; MIB];
+    for b in 0..written {
+        back.fill(0, MIB, 0x5a).unwrap();
+        drv.read((b * MIB) as u64, &back, 0, MIB).unwrap();
+        back.read_at(0, &mut got).unwrap();
+        assert!(got == data(b), "block {b} read back");
+        assert!(
+            srv.image_bytes((b * MIB) as u64, MIB) == data(b),
+            "block {b} in the image"
+        );
+    }
+    drop(drv);
+    // The back end is still up and serves a new connection.
+    assert!(srv.alive(), "the back end died on a full file system");
+    let mut drv = driver(
+        Mode::Direct,
+        connect(&srv.socket),
+        std::slice::from_ref(&back),
+        &DriverOptions::default(),
+    )
+    .unwrap();
+    back.fill(0, MIB, 0).unwrap();
+    drv.read(0, &back, 0, MIB).unwrap();
+    back.read_at(0, &mut got).unwrap();
+    assert!(got == data(0), "block 0 on a new connection");
+    drop(drv);
+    srv.kill();
+}
