@@ -3,6 +3,10 @@
 //! the image with its own io_uring, then writes the status byte and the
 //! used ring. Runs on the queue's worker thread, started by
 //! [`crate::backend::BlkBackend`].
+//!
+//! (About 730 lines: one type, the life cycle of a request on io_uring from
+//! the available ring to the used ring, bounces and short I/O included;
+//! splitting it would only scatter that state machine.)
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

@@ -1,6 +1,9 @@
 //! A dd-like workload on a [`BlkDriver`]: many blocks in flight on every
 //! queue, sequential or random offsets, a data pattern and its check.
 //!
+//! (Over 700 lines with its tests and its error enum; the engine proper,
+//! `drive` / `pass` / `queue_pass`, is about 200.)
+//!
 //! ```text
 //!  Workload ─► Blocks (one buffer slot per block in flight)
 //!      └─► drive: runs × pass ─► queue_pass per queue (its own thread)
