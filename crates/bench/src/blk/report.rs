@@ -1,0 +1,240 @@
+//! The report writers of `iopath bench blk`: the text table, JSON,
+//! Markdown and the chart, from the measured rows in the parent module.
+
+use super::*;
+
+impl BlkReport {
+    fn header(&self) -> String {
+        format!(
+            "bench blk: {} MiB per run in {} KiB blocks, queue depth {}, {} runs per row; image in {} ({}); {}",
+            self.bytes >> 20,
+            self.bs >> 10,
+            self.queue_depth,
+            self.runs,
+            self.image.parent().unwrap_or(&self.image).display(),
+            self.image_on,
+            self.placement
+        )
+    }
+
+    fn table(&self, out: &mut String) {
+        outln!(
+            out,
+            "| row | median GiB/s | min | max | spread | of limit |"
+        );
+        outln!(out, "|---|---:|---:|---:|---:|---:|");
+        for r in &self.rows {
+            match &r.skipped {
+                Some(why) => outln!(out, "| {} | skipped: {} | | | | |", r.name, why),
+                None => outln!(
+                    out,
+                    "| {} | {:.3} | {:.3} | {:.3} | {:.1}% | {} |",
+                    r.name,
+                    r.stats.median,
+                    r.stats.min,
+                    r.stats.max,
+                    r.stats.spread * 100.0,
+                    r.of_limit
+                        .map_or("n/a".to_string(), |v| format!("{:.1}%", v * 100.0))
+                ),
+            }
+        }
+    }
+
+    fn notes(&self, out: &mut String, md: bool) {
+        let sep = |out: &mut String| {
+            if md {
+                outln!(out)
+            }
+        };
+        let ratios: Vec<String> = self
+            .ratios()
+            .into_iter()
+            .map(|(what, v)| match v {
+                Some(v) => format!("{what}: {:.1}%", v * 100.0),
+                None => format!("{what}: n/a"),
+            })
+            .collect();
+        if md {
+            outln!(out, "Ratios of medians: {}.", ratios.join("; "));
+            outln!(out);
+        } else {
+            for r in ratios {
+                outln!(out, "{r}");
+            }
+        }
+        if let Some(l) = &self.limit {
+            for n in l.notes() {
+                outln!(out, "{n}");
+                sep(out);
+            }
+        }
+        for r in &self.rows {
+            if let Some(m) = &r.missing {
+                outln!(out, "note: row \"{}\" is missing: {}", r.name, m.note());
+                sep(out);
+            }
+        }
+    }
+
+    /// The table (Markdown, as `iopath bench blk` prints it), the ratios
+    /// and the notes.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        outln!(out, "{}", self.header());
+        self.table(&mut out);
+        self.notes(&mut out, false);
+        out
+    }
+
+    /// The same for BENCHMARKS.md (paragraphs between the notes).
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        outln!(out, "{}.", self.header().trim_start_matches("bench blk: "));
+        outln!(out);
+        self.table(&mut out);
+        outln!(out);
+        self.notes(&mut out, true);
+        out
+    }
+
+    /// The median of the measured row `name`.
+    fn median(&self, name: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.name == name && r.measured())
+            .map(|r| r.stats.median)
+    }
+
+    /// The ratios the experiment is about, from the medians: direct / the
+    /// fio limit (n/a without fio; then direct / the own limit as well),
+    /// direct-static / direct, iommu / direct, bounce / direct, iopath's
+    /// back end / qemu-storage-daemon (both with direct ops; n/a without
+    /// it); with the guest rows, the guest's dd on iopath's back end / on
+    /// qemu-storage-daemon.
+    pub fn ratios(&self) -> Vec<(&'static str, Option<f64>)> {
+        let direct = self.median(&mode_row(DmaMode::Direct));
+        let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        let mut v = vec![("direct / fio limit", div(direct, self.median(FIO_LIMIT)))];
+        if self.median(OWN_LIMIT).is_some() {
+            v.push(("direct / own limit", div(direct, self.median(OWN_LIMIT))));
+        }
+        v.extend([
+            (
+                "direct-static / direct",
+                div(self.median(&mode_row(DmaMode::DirectStatic)), direct),
+            ),
+            (
+                "iommu / direct",
+                div(self.median(&mode_row(DmaMode::Iommu)), direct),
+            ),
+            (
+                "bounce / direct",
+                div(self.median(&mode_row(DmaMode::Bounce)), direct),
+            ),
+            (
+                "iopath blk serve / qemu-storage-daemon (dma direct)",
+                div(direct, self.median(PEER)),
+            ),
+        ]);
+        if self.rows.iter().any(|r| r.name == GUEST_OURS) {
+            v.push((
+                "guest dd: iopath blk serve / qemu-storage-daemon",
+                div(self.median(GUEST_OURS), self.median(GUEST_PEER)),
+            ));
+        }
+        v
+    }
+
+    /// The report as JSON: every row (a skipped row has null figures and,
+    /// when a peer is missing, `missing`), the ratios (null: n/a), the
+    /// limit's source and sweep.
+    pub fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        let r: serde_json::Map<String, serde_json::Value> = self
+            .ratios()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+            .collect();
+        v["ratios"] = serde_json::Value::Object(r);
+        if let Some(l) = &self.limit {
+            v["limit"] = l.json();
+        }
+        v
+    }
+
+    /// Writes the chart: GiB/s per row with min-max whiskers, iopath's
+    /// modes, qemu-storage-daemon's bar beside them, the limit as a line.
+    ///
+    /// # Errors
+    /// [`Error::Plot`].
+    pub fn plot(&self, path: &Path) -> Result<()> {
+        use crate::plot::{Bar, Line, Panel, OTHER, PEER as PEER_COLOR, PRIMARY};
+        let bars: Vec<Bar> = self.rows[1..]
+            .iter()
+            .map(|r| {
+                let color = if r.name == PEER {
+                    PEER_COLOR
+                } else if r.name.starts_with("guest") {
+                    OTHER
+                } else {
+                    PRIMARY
+                };
+                let label = r
+                    .name
+                    .replace("iopath blk serve, dma ", "")
+                    .replace("qemu-storage-daemon (peer), dma direct", "qsd (direct)")
+                    .replace("guest dd (Linux, TCG) on iopath blk serve", "guest/iopath")
+                    .replace("guest dd (Linux, TCG) on qemu-storage-daemon", "guest/qsd");
+                if r.measured() {
+                    Bar {
+                        label,
+                        segments: vec![(0.0, r.stats.median, color)],
+                        whisker: Some((r.stats.min, r.stats.max)),
+                    }
+                } else {
+                    Bar {
+                        label: format!("{label} (not run)"),
+                        segments: Vec::new(),
+                        whisker: None,
+                    }
+                }
+            })
+            .collect();
+        let mut lines = Vec::new();
+        if let (Some(l), Some(row)) = (&self.limit, self.rows.first()) {
+            lines.push(Line::across(
+                format!("{} ({:.2} GiB/s)", l.label(), row.stats.median),
+                bars.len(),
+                row.stats.median,
+            ));
+        }
+        let panel = Panel {
+            title: format!(
+                "{} MiB per run, bs {} KiB, queue depth {}, {} runs; image in {}",
+                self.bytes >> 20,
+                self.bs >> 10,
+                self.queue_depth,
+                self.runs,
+                self.image_on
+            ),
+            y_desc: "GiB/s, median (min-max)".into(),
+            log: false,
+            bars,
+            lines,
+            legend: vec![
+                ("iopath blk serve, per DMA mode".into(), PRIMARY),
+                ("qemu-storage-daemon".into(), PEER_COLOR),
+            ],
+        };
+        crate::plot::draw(
+            path,
+            "bench blk: the 2018 dd through each DMA mode",
+            &[panel],
+            1,
+        )
+    }
+}
