@@ -296,3 +296,56 @@ fn endpoint_service_answers_after_a_polling_link_goes_down() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+extern "C" fn on_sigusr1(_: libc::c_int) {}
+
+/// Control requests survive signals: a handler installed without
+/// `SA_RESTART` (libFuzzer's timer, a program's own) makes a blocking
+/// recv fail with EINTR, which the client must retry, not report. Found
+/// by the `ctrl` fuzz target: "the service answers another client: recv:
+/// Interrupted system call".
+#[test]
+fn control_requests_survive_a_signal_storm() {
+    use iopath_rpmsg::ctrl::CtrlClient;
+    use iopath_rpmsg::CtrlServer;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (host, _remote, _unbound, dir) = pair(NotifySpec::Poll, false);
+    let ctrl = dir.path().join("ctrl");
+    let _server = CtrlServer::start(host.clone(), &ctrl).unwrap();
+    // SAFETY: a zeroed sigaction is valid; the handler does nothing, so it
+    // is async-signal-safe; no SA_RESTART, so blocking calls see EINTR.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigusr1 as *const () as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() };
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: `me` is the test thread, alive until `stop` is
+                // set and this thread joined.
+                unsafe { libc::pthread_kill(me, libc::SIGUSR1) };
+                sent += 1;
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            sent
+        })
+    };
+    let mut answered = 0;
+    for _ in 0..2000 {
+        let c = CtrlClient::connect(&ctrl).expect("connect under signals");
+        let st = c.stats().expect("stats under signals");
+        assert_eq!(st.endpoints(), 0);
+        answered += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent = storm.join().unwrap();
+    assert_eq!(answered, 2000);
+    assert!(sent > 100, "only {sent} signals were sent");
+}

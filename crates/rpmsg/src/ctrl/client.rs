@@ -110,7 +110,7 @@ impl CtrlClient {
         let b = req.encode().ok_or(CtrlError::Refused {
             errno: libc::EINVAL,
         })?;
-        rustix::net::send(&self.fd, &b, SendFlags::NOSIGNAL).map_err(sys("send"))?;
+        retry_intr(|| rustix::net::send(&self.fd, &b, SendFlags::NOSIGNAL)).map_err(sys("send"))?;
         Ok(())
     }
 
@@ -127,7 +127,7 @@ impl CtrlClient {
         };
         let n = match fds {
             None => {
-                rustix::net::recv(&self.fd, buf, RecvFlags::empty())
+                retry_intr(|| rustix::net::recv(&self.fd, &mut *buf, RecvFlags::empty()))
                     .map_err(sys("recv"))
                     .map_err(no_answer)?
                     .0
@@ -135,10 +135,18 @@ impl CtrlClient {
             Some((out, flags)) => {
                 let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
                 let mut anc = RecvAncillaryBuffer::new(&mut space);
-                let got =
-                    rustix::net::recvmsg(&self.fd, &mut [IoSliceMut::new(buf)], &mut anc, flags)
-                        .map_err(sys("recvmsg"))
-                        .map_err(no_answer)?;
+                // An interrupted recvmsg took nothing, fds included: the
+                // same buffers serve the retry.
+                let got = retry_intr(|| {
+                    rustix::net::recvmsg(
+                        &self.fd,
+                        &mut [IoSliceMut::new(&mut *buf)],
+                        &mut anc,
+                        flags,
+                    )
+                })
+                .map_err(sys("recvmsg"))
+                .map_err(no_answer)?;
                 for m in anc.drain() {
                     if let RecvAncillaryMessage::ScmRights(r) = m {
                         out.extend(r);
@@ -272,7 +280,8 @@ impl EptFd {
             return Err(CtrlError::Protocol("no greeting from the node"));
         }
         let mut b = [0u8; OPEN_REPLY_LEN + 8];
-        let (n, _) = rustix::net::recv(&fd, &mut b, RecvFlags::empty()).map_err(sys("recv"))?;
+        let (n, _) = retry_intr(|| rustix::net::recv(&fd, &mut b, RecvFlags::empty()))
+            .map_err(sys("recv"))?;
         let (st, _) =
             proto::parse_reply(&b[..n], OP_OPEN, OPEN_REPLY_LEN).map_err(CtrlError::Protocol)?;
         if st != 0 {
@@ -513,5 +522,17 @@ impl EptFd {
 impl AsFd for EptFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// Runs a system call again while a signal interrupts it (`EINTR`): a
+/// program's signal handler, or a profiler's or fuzzer's timer, must not
+/// turn into a failed control request.
+fn retry_intr<T>(mut call: impl FnMut() -> rustix::io::Result<T>) -> rustix::io::Result<T> {
+    loop {
+        match call() {
+            Err(rustix::io::Errno::INTR) => {}
+            r => return r,
+        }
     }
 }
