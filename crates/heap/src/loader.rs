@@ -39,6 +39,21 @@ pub struct LoadOptions {
     pub alloc_threads: usize,
 }
 
+impl LoadOptions {
+    /// The page size, once `buffer_size` is checked to be a non-zero
+    /// multiple of it (both loaders start here).
+    pub(crate) fn checked_page(&self) -> Result<usize> {
+        let page = crate::page_size();
+        if self.buffer_size == 0 || self.buffer_size % page != 0 {
+            return Err(Error::BadSize {
+                size: self.buffer_size,
+                page,
+            });
+        }
+        Ok(page)
+    }
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
@@ -207,13 +222,7 @@ pub fn load(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<Loaded> {
     let start = Instant::now();
-    let page = crate::page_size();
-    if opts.buffer_size == 0 || opts.buffer_size % page != 0 {
-        return Err(Error::BadSize {
-            size: opts.buffer_size,
-            page,
-        });
-    }
+    opts.checked_page()?;
     let file = IoFile::open(path)?;
     let size = file.size()?;
     if size == 0 {

@@ -312,13 +312,7 @@ pub fn load_safetensors(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<Tensors> {
     let start = Instant::now();
-    let page = crate::page_size();
-    if opts.buffer_size == 0 || opts.buffer_size % page != 0 {
-        return Err(Error::BadSize {
-            size: opts.buffer_size,
-            page,
-        });
-    }
+    let page = opts.checked_page()?;
     let file = IoFile::open(path)?;
     let size = file.size()?;
     let header = {
