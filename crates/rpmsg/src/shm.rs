@@ -138,8 +138,9 @@ impl SharedMem {
     }
 
     /// As [`SharedMem::create`], with `opts.mode`. The file stays locked
-    /// (`flock`) while this memory (any clone) lives, so a second remote
-    /// cannot truncate it under a running one.
+    /// (an open file description lock, `F_OFD_SETLK`) while this memory
+    /// (any clone) lives, so a second remote cannot truncate it under a
+    /// running one.
     ///
     /// # Errors
     /// [`ShmError::InUse`] if another remote holds it, [`ShmError::File`]
@@ -167,14 +168,14 @@ impl SharedMem {
             .map_err(file("create"))?;
         // Locked before anything is changed: a running remote's file stays
         // as it is.
-        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        match lock_exclusive(&f) {
             Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
                 return Err(ShmError::InUse {
                     path: path.to_owned(),
                 })
             }
-            Err(e) => return Err(file("flock")(e.into())),
+            Err(e) => return Err(file("fcntl(F_OFD_SETLK)")(e)),
         }
         // An existing file keeps its mode through open(2): set it.
         rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(opts.mode & 0o777))
@@ -398,6 +399,33 @@ pub fn shm_path(arg: &Path) -> PathBuf {
     }
 }
 
+/// Takes a non-blocking exclusive lock on all of `f` that lives as long as
+/// its open file description: `fcntl(F_OFD_SETLK)` ([fcntl(2)]). Not
+/// `flock(2)`: OpenAMP's libmetal takes a blocking `flock(LOCK_EX)` on the
+/// shared file whenever it maps it, and would wait forever behind a remote
+/// holding one; on Linux OFD locks and `flock` locks do not see each other,
+/// while two OFD locks (two remotes, even in one process) conflict.
+///
+/// [fcntl(2)]: https://man7.org/linux/man-pages/man2/fcntl.2.html
+fn lock_exclusive(f: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let lock = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0, // to the end, however long the file grows
+        l_pid: 0, // required by F_OFD_SETLK
+    };
+    // SAFETY: `f` is an open file for the duration of the call, and
+    // F_OFD_SETLK reads one `struct flock` through the pointer, which points
+    // at `lock`, a live and initialised one.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    if r == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +433,29 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn lock_leaves_libmetal_flock_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("shm");
+        let shm = SharedMem::create(&p, &ShmLayout::openamp_demo()).unwrap();
+        // OpenAMP's driver maps the remote's file under flock(LOCK_EX): it
+        // must get it while the remote lives (non-blocking here, so that a
+        // regression fails instead of hanging).
+        let other = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        rustix::fs::flock(&other, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .expect("a remote's lock blocks libmetal's flock");
+        // A second remote is still refused while the flock is held.
+        let e = SharedMem::create(&p, &ShmLayout::openamp_demo()).unwrap_err();
+        assert!(matches!(e, ShmError::InUse { .. }), "{e}");
+        drop(other);
+        drop(shm);
+        assert!(SharedMem::create(&p, &ShmLayout::openamp_demo()).is_ok());
     }
 
     #[test]
