@@ -49,11 +49,7 @@ pub fn prepare() -> Result<PathBuf> {
         });
     }
     let script = script()?;
-    let out = Command::new(&script)
-        .arg("--prepare")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(Error::spawn(script.display().to_string()))?;
+    let out = run_script(Command::new(&script).arg("--prepare"), &script)?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(failed(format!(
@@ -73,8 +69,8 @@ pub fn prepare() -> Result<PathBuf> {
 pub fn dd_once(script: &Path, socket: &Path, bs: u64, count: u64) -> Result<f64> {
     // The pattern check that follows dd goes at the start of the device.
     let pattern = (bs * count).min(4 << 20) / 4096 * 4096;
-    let out = Command::new(script)
-        .arg("--socket")
+    let mut cmd = Command::new(script);
+    cmd.arg("--socket")
         .arg(socket)
         .args(["--bs", &bs.to_string(), "--count", &count.to_string()])
         .args([
@@ -83,10 +79,8 @@ pub fn dd_once(script: &Path, socket: &Path, bs: u64, count: u64) -> Result<f64>
             "--pattern-size",
             &pattern.to_string(),
         ])
-        .args(["--timeout", "1200", "--json"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(Error::spawn(script.display().to_string()))?;
+        .args(["--timeout", "1200", "--json"]);
+    let out = run_script(&mut cmd, script)?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     if !out.status.success() || v["result"] != "pass" {
         let reason = v["reason"].as_str().map(str::to_string).unwrap_or_else(|| {
@@ -105,4 +99,22 @@ pub fn dd_once(script: &Path, socket: &Path, bs: u64, count: u64) -> Result<f64>
         return Err(failed(format!("guest dd reported {secs} s")));
     }
     Ok(bytes / secs / f64::from(1u32 << 30))
+}
+
+/// Runs the guest script to its end, collecting its output. It leads a
+/// process group of its own, recorded for [`crate::cleanup`]: a signal to
+/// the bench then stops QEMU with it, not only the shell.
+fn run_script(cmd: &mut Command, script: &Path) -> Result<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(Error::spawn(script.display().to_string()))?;
+    crate::cleanup::child(child.id(), true);
+    child
+        .wait_with_output()
+        .map_err(Error::spawn(script.display().to_string()))
 }

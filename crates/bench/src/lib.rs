@@ -38,6 +38,7 @@ macro_rules! outln {
 }
 
 pub mod blk;
+pub mod cleanup;
 mod error;
 pub mod fio;
 pub mod guest;

@@ -126,7 +126,9 @@ pub fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
     let child = cmd.spawn();
     rustix::thread::sched_setaffinity(None, &mine)
         .map_err(Error::sys("restoring the CPU affinity"))?;
-    child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))
+    let child = child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))?;
+    crate::cleanup::child(child.id(), false);
+    Ok(child)
 }
 
 /// Runs `f` with the calling thread (and the threads it starts) pinned to

@@ -535,6 +535,7 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
         .prefix("iopath-bench-blk.")
         .tempdir_in(&dir)
         .map_err(Error::io(&dir))?;
+    crate::cleanup::path(work.path());
     let image = work.path().join("disk.img");
     make_image(&image, cfg.size as u64)?;
     let ours_sock = work.path().join("iopath.sock");

@@ -356,6 +356,7 @@ fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
         .suffix(".bin")
         .tempfile_in(&dir)
         .map_err(Error::io(&dir))?;
+    crate::cleanup::path(t.path());
     if talk && std::io::stderr().is_terminal() {
         eprintln!(
             "writing {} scratch file {}",

@@ -144,6 +144,7 @@ impl Pair {
             .prefix("iopath-bench-rpmsg-")
             .tempdir_in(shm_dir())
             .map_err(Error::io(shm_dir()))?;
+        crate::cleanup::path(dir.path());
         let shm = dir.path().join("shm");
         let notify = if notify_poll {
             "poll".to_owned()

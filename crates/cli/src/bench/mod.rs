@@ -25,7 +25,11 @@ with a note, and the bench measures a limit of its own in fio's place:
   iopath bench
   iopath bench --plot charts --markdown bench.md --json bench.json
   iopath bench --full --plot docs/bench      # the threads' sizes; prints an estimate first
-  iopath bench heap --size 1G --runs 3")]
+  iopath bench heap --size 1G --runs 3
+
+Exit status: 0 when every experiment ran (missing peers included), 1 on an
+error, 2 on a usage error. SIGINT or SIGTERM stops the child processes, removes the scratch
+files and exits 130 or 143.")]
 pub struct BenchArgs {
     /// One experiment; without it, all of them on small defaults.
     #[command(subcommand)]
@@ -445,6 +449,9 @@ fn finish(done: Vec<Done>, out: &Outputs, json: Option<&Path>, quiet: bool) -> R
 /// # Errors
 /// Whatever the experiment fails with.
 pub fn run(args: &BenchArgs) -> Result<()> {
+    // SIGINT/SIGTERM: stop the children, remove the scratch files, exit
+    // 130/143.
+    iopath_bench::cleanup::on_signals()?;
     let one = |d: Done, json: bool, out: &Outputs| {
         if !json {
             print!("{}", d.text);

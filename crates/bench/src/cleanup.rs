@@ -1,0 +1,187 @@
+//! What an interrupted bench leaves behind, and removing it.
+//!
+//! A bench makes scratch files (a cold file in `/var/tmp` of up to 1 GiB,
+//! shared memory in `/dev/shm` of up to 8 GiB with `--full`) and starts
+//! child processes (fio, `iopath blk serve`, qemu-storage-daemon, the
+//! rpmsg host and remote, the guest script). Their owners remove and stop
+//! them on drop, but a signal ends the process without unwinding. So every
+//! scratch path and every child is also recorded here, and
+//! [`on_signals`] starts a thread that, on SIGINT or SIGTERM, stops the
+//! children, removes the paths and exits with 128 + the signal's number.
+//!
+//! Children are held as pidfds, so a child that has exited and been
+//! reaped (its pid free for reuse) is never signalled by mistake.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, PidfdFlags, Signal};
+
+#[derive(Default)]
+struct Tracked {
+    /// Pidfds of children, and the process group of each child that
+    /// leads one of its own (then the whole group is signalled: the guest
+    /// script's QEMU).
+    children: Vec<(OwnedFd, Option<Pid>)>,
+    paths: Vec<PathBuf>,
+}
+
+static TRACKED: Mutex<Tracked> = Mutex::new(Tracked {
+    children: Vec::new(),
+    paths: Vec::new(),
+});
+
+fn tracked() -> std::sync::MutexGuard<'static, Tracked> {
+    TRACKED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd is readable).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    matches!(
+        rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())),
+        Ok(n) if n > 0
+    )
+}
+
+impl Tracked {
+    fn child(&mut self, pid: u32, group: bool) {
+        let Some(pid) = Pid::from_raw(pid as i32) else {
+            return;
+        };
+        let Ok(fd) = rustix::process::pidfd_open(pid, PidfdFlags::empty()) else {
+            return;
+        };
+        // Forget the children that are gone, so a long bench holds few fds.
+        self.children.retain(|(fd, _)| !exited(fd));
+        self.children.push((fd, group.then_some(pid)));
+    }
+
+    /// Stops the children (SIGTERM, then SIGKILL after `grace`) and
+    /// removes the paths. Returns (children stopped, paths removed).
+    fn clean_up(&mut self, grace: Duration) -> (usize, usize) {
+        let live: Vec<_> = self
+            .children
+            .drain(..)
+            .filter(|(fd, _)| !exited(fd))
+            .collect();
+        let signal = |s: Signal| {
+            for (fd, group) in &live {
+                let _ = match group {
+                    Some(pgid) => rustix::process::kill_process_group(*pgid, s),
+                    None => rustix::process::pidfd_send_signal(fd, s),
+                };
+            }
+        };
+        signal(Signal::TERM);
+        let deadline = Instant::now() + grace;
+        while live.iter().any(|(fd, _)| !exited(fd)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if live.iter().any(|(fd, _)| !exited(fd)) {
+            signal(Signal::KILL);
+        }
+        let mut removed = 0;
+        for p in self.paths.drain(..) {
+            let gone = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            removed += usize::from(gone.is_ok());
+        }
+        (live.len(), removed)
+    }
+}
+
+/// Records a child to stop on a signal; `group`: it was spawned as the
+/// leader of a process group of its own, which is signalled whole.
+/// A child that cannot be opened as a pidfd (a kernel before 5.3) is not
+/// recorded: its owner still stops it on drop.
+pub(crate) fn child(pid: u32, group: bool) {
+    tracked().child(pid, group);
+}
+
+/// Records a scratch file or directory to remove on a signal. Its name is
+/// unique (a temporary name), so removing it after its owner already did
+/// touches nothing else.
+pub fn path(p: &Path) {
+    tracked().paths.push(p.to_path_buf());
+}
+
+/// Starts the thread that cleans up and exits on SIGINT or SIGTERM
+/// (status 130 or 143, as a shell reports a process the signal ended).
+///
+/// # Errors
+/// [`crate::Error::Sys`] when the handlers cannot be installed.
+pub fn on_signals() -> crate::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(
+        crate::Error::sys("installing the SIGINT and SIGTERM handlers"),
+    )?;
+    std::thread::Builder::new()
+        .name("bench-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+                let (children, paths) = tracked().clean_up(Duration::from_secs(3));
+                eprintln!(
+                    "\ninterrupted by {name}: stopped {children} child process{}, removed {paths} scratch path{}",
+                    if children == 1 { "" } else { "es" },
+                    if paths == 1 { "" } else { "s" }
+                );
+                std::process::exit(128 + sig);
+            }
+        })
+        .map_err(crate::Error::sys("starting the signal thread"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn clean_up_stops_children_and_removes_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("scratch");
+        std::fs::write(&file, b"x").unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("f"), b"y").unwrap();
+        let mut t = Tracked::default();
+        t.paths.push(file.clone());
+        t.paths.push(sub.clone());
+        // One child ends on SIGTERM; one ignores it and needs SIGKILL;
+        // one has exited and been reaped already, and is left alone.
+        let mut polite = Command::new("sleep").arg("60").spawn().unwrap();
+        let mut stubborn = Command::new("sh")
+            .args(["-c", "trap '' TERM; while :; do sleep 1; done"])
+            .spawn()
+            .unwrap();
+        let mut done = Command::new("true").spawn().unwrap();
+        t.child(polite.id(), false);
+        t.child(stubborn.id(), false);
+        t.child(done.id(), false);
+        assert!(done.wait().unwrap().success());
+        // Let the shell install its trap before it is signalled.
+        std::thread::sleep(Duration::from_millis(200));
+        let start = Instant::now();
+        let (children, paths) = t.clean_up(Duration::from_millis(300));
+        assert_eq!((children, paths), (2, 2));
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert!(!file.exists() && !sub.exists());
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(polite.wait().unwrap().signal(), Some(15));
+        assert_eq!(stubborn.wait().unwrap().signal(), Some(9));
+        assert!(t.children.is_empty() && t.paths.is_empty());
+    }
+}
