@@ -56,8 +56,8 @@ pub mod vring;
 pub mod wire;
 
 pub use bus::{
-    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, Message, RxBuffer,
-    Stats, TxBuffer, ZeroCopyEndpoint,
+    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, HookRun, Message,
+    RxBuffer, ServiceHook, Stats, TxBuffer, ZeroCopyEndpoint,
 };
 pub use host::{HostLink, HOST_FEATURES};
 pub use link::{Held, Link, LinkError, Role, Rx, Slot};

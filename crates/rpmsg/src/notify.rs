@@ -114,6 +114,15 @@ pub trait Notifier: Send + Sync + fmt::Debug {
         false
     }
 
+    /// The fds that turn readable when the peer kicks or goes away, for a
+    /// caller that waits on them among fds of its own (an epoll set, so
+    /// one thread serves the rings and its other sources alike). Once one
+    /// is readable, [`Notifier::wait`] with a zero timeout consumes what is
+    /// pending and reports a peer gone. Empty for a notifier that polls.
+    fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
+    }
+
     /// Short name for logs and reports.
     fn kind(&self) -> &'static str;
 }
@@ -208,6 +217,10 @@ impl Notifier for UnixByteNotifier {
             }
         }
         Ok(if got { Wake::Kicked } else { Wake::Timeout })
+    }
+
+    fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.sock.as_fd()]
     }
 
     fn kind(&self) -> &'static str {
@@ -339,6 +352,10 @@ impl Notifier for EventfdNotifier {
             }
         }
         Ok(Wake::Timeout)
+    }
+
+    fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.wait_fd.as_fd(), self.sock.as_fd()]
     }
 
     fn kind(&self) -> &'static str {

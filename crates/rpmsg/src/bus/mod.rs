@@ -16,17 +16,20 @@
 //! endpoint created with `announce` sends CREATE, and DESTROY when it goes.
 //!
 //! This file is the [`Bus`] API (start, create, send, flush, shutdown);
+//! `hook` the bus owner's sources the service thread serves too,
 //! `endpoint` the endpoints, `zero_copy` the in-place buffers, `service` the
 //! service thread, `name_service` what address 53 means, and `state` what
 //! they share behind the bus lock.
 
 mod endpoint;
+mod hook;
 mod name_service;
 mod service;
 mod state;
 mod zero_copy;
 
 pub use endpoint::{Endpoint, EndpointOptions, EndpointRef};
+pub use hook::{HookRun, ServiceHook};
 pub use zero_copy::{RxBuffer, TxBuffer, ZeroCopyEndpoint};
 
 use std::collections::HashMap;
@@ -225,7 +228,7 @@ impl Bus {
             events: Condvar::new(),
             notifier,
             thread: Mutex::new(None),
-            poll_hook: Mutex::new(None),
+            hook: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
         let h = std::thread::Builder::new()
@@ -256,13 +259,23 @@ impl Bus {
         self.shared.notifier.is_polling()
     }
 
-    /// On a polling bus, runs `hook` on the service thread on every pass,
-    /// outside the bus lock (it may send); it returns whether it found work,
-    /// which keeps the thread spinning. Lets a user of the bus poll its own
-    /// sources (e.g. client sockets) on the already spinning thread instead
-    /// of a thread woken per event. Ignored on a bus that sleeps.
-    pub fn set_poll_hook(&self, hook: impl FnMut() -> bool + Send + 'static) {
-        *lock(&self.shared.poll_hook) = Some(Box::new(hook));
+    /// Hands `hook` (the bus owner's own sources, e.g. client sockets) to
+    /// the service thread, which then serves them beside the rings: on a
+    /// bus that sleeps it waits on the hook's fds and the notifier's in one
+    /// call ([`ServiceHook::run`]), on a polling bus it runs the hook on
+    /// every pass. A message between a hook's source and the rings then
+    /// crosses no thread hand-off. Replaces (and detaches) any hook set
+    /// before.
+    ///
+    /// # Errors
+    /// What [`ServiceHook::attach`] returns; the hook is not set then.
+    pub fn set_hook(&self, mut hook: Box<dyn ServiceHook>) -> std::io::Result<()> {
+        hook.attach(&self.shared.notifier.wait_fds())?;
+        let old = lock(&self.shared.hook).replace(hook);
+        if let Some(mut old) = old {
+            old.detach(&self.shared.notifier.wait_fds());
+        }
+        Ok(())
     }
 
     /// The notifier kind ("eventfd", "unix", "poll").

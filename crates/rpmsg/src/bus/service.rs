@@ -1,6 +1,8 @@
 //! The service thread: takes what the peer filled off the link, dispatches
 //! it (name service, endpoints, zero-copy holders), returns buffers, kicks
-//! the peer, and tells every endpoint when the link goes down.
+//! the peer, serves the bus owner's hook (its own sources, waited for in
+//! the same call as the notifier), and tells every endpoint when the link
+//! goes down.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use tracing::{debug, warn};
 
 use super::name_service::handle_ns;
 use super::state::{lock, mark_down, notify_down, Delivery, Held, Shared, Sink, State};
-use super::{Bus, EndpointRef, Event, Message, RxBuffer};
+use super::{Bus, EndpointRef, Event, HookRun, Message, RxBuffer};
 use crate::link;
 use crate::notify::NotifyError;
 use crate::wire::{self, NsMsg, WireError, ADDR_ANY, HDR_LEN, NS_ADDR};
@@ -157,6 +159,26 @@ fn handle_held(
     }
 }
 
+/// Runs the hook, if there is one, waiting up to `timeout`; a hook that
+/// says it is done is detached. No hook: `done`, so the caller waits on the
+/// notifier itself.
+fn run_hook(shared: &Shared, timeout: Duration) -> HookRun {
+    let mut slot = lock(&shared.hook);
+    let Some(h) = slot.as_mut() else {
+        return HookRun {
+            done: true,
+            ..HookRun::default()
+        };
+    };
+    let r = h.run(timeout);
+    if r.done {
+        if let Some(mut h) = slot.take() {
+            h.detach(&shared.notifier.wait_fds());
+        }
+    }
+    r
+}
+
 pub(super) fn release(st: &mut State, h: link::Held) {
     if let Err(e) = st.link.release_rx(h) {
         st.down.get_or_insert(e.to_string());
@@ -238,11 +260,20 @@ pub(super) fn run(shared: Arc<Shared>) {
             mark_down(&shared, reason);
             break;
         }
-        // The hook runs on every pass, busy or not: a peer that keeps the
-        // rings busy must not starve the hook's own sources.
-        let hooked = polling && lock(&shared.poll_hook).as_mut().is_some_and(|h| h());
-        if n > 0 || hooked {
-            idle_since = Instant::now();
+        if polling {
+            // The hook runs on every pass, busy or not: a peer that keeps
+            // the rings busy must not starve the hook's own sources.
+            let hooked = run_hook(&shared, Duration::ZERO).worked;
+            if n > 0 || hooked {
+                idle_since = Instant::now();
+                continue;
+            }
+        } else if n > 0 {
+            // Still busy: the hook's sources get a look every full batch,
+            // so a peer that keeps the rings busy cannot starve them.
+            if n == BATCH {
+                run_hook(&shared, Duration::ZERO);
+            }
             continue;
         }
         // A polling bus never sleeps on a kick, so it asks for none:
@@ -272,7 +303,18 @@ pub(super) fn run(shared: Arc<Shared>) {
         } else {
             IDLE_WAIT
         };
-        match shared.notifier.wait(timeout) {
+        // With a hook, one wait covers its sources and the notifier's fds;
+        // the notifier then only takes the kicks it reported.
+        let wait = if polling {
+            timeout
+        } else {
+            match run_hook(&shared, timeout) {
+                HookRun { kicked: true, .. } => Duration::ZERO,
+                HookRun { done: true, .. } => timeout,
+                _ => continue,
+            }
+        };
+        match shared.notifier.wait(wait) {
             Ok(_) => {}
             Err(e) => {
                 let reason = match e {
@@ -284,6 +326,11 @@ pub(super) fn run(shared: Arc<Shared>) {
                 break;
             }
         }
+    }
+    // Whoever serves the hook's sources from now on must not see the
+    // notifier's fds.
+    if let Some(mut h) = lock(&shared.hook).take() {
+        h.detach(&shared.notifier.wait_fds());
     }
     // Tell every endpoint, outside the lock (callbacks may call back in).
     let (reason, sinks): (String, Vec<(u32, Sink)>) = {

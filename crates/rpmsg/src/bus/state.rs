@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{Channel, EndpointRef, Event, RxBuffer, Stats};
+use super::{Channel, EndpointRef, Event, RxBuffer, ServiceHook, Stats};
 use crate::link::{Link, Role};
 use crate::notify::Notifier;
 use crate::shm::SharedMem;
@@ -74,11 +74,10 @@ pub(super) struct Shared {
     /// The link's shared memory (zero-copy buffers read and write it).
     pub(super) shm: SharedMem,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,
-    /// Extra work for a polling service thread (see [`Bus::set_poll_hook`](super::Bus::set_poll_hook)).
-    pub(super) poll_hook: Mutex<Option<PollHook>>,
+    /// The bus owner's sources the service thread serves too (see
+    /// [`Bus::set_hook`](super::Bus::set_hook)).
+    pub(super) hook: Mutex<Option<Box<dyn ServiceHook>>>,
 }
-
-pub(super) type PollHook = Box<dyn FnMut() -> bool + Send>;
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

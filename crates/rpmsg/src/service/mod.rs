@@ -4,7 +4,8 @@
 //! ```text
 //!  accept thread: accept ─► add_client (into the event loop's epoll set)
 //!
-//!  event loop (one thread, epoll)
+//!  event loop (epoll), run by the bus's service thread (a bus hook)
+//!    the bus notifier's fds readable ─► the bus takes the kicks, passes the rings
 //!    control connection readable ─► CREATE_EPT ─► legacy::create
 //!                                   CREATE_EPT_FD ─► fdept::create
 //!                                   STATS, garbage (closed), ATTACH (own thread)
@@ -13,14 +14,20 @@
 //!        the message waits, its socket out of the set, retried every 1 ms
 //!    EOF: destroy (fd: last close or shutdown; node: shutdown)
 //!    doomed (remote gone) ─► destroy
-//!  bus thread: message ─► send on the endpoint's socket; unbound/link down ─► doom
+//!  same thread, ring pass: message ─► send on the endpoint's socket;
+//!      unbound/link down ─► doom
+//!  pump thread: only once the link is down (the bus thread is gone)
 //! ```
 //!
-//! One thread reads the requests and the endpoints' hang-ups alike: a
-//! client that creates an endpoint and closes it again wakes the service
-//! once per cycle, and the close is usually seen in the same pass as the
-//! next request. Answers are sent without waiting, so a client that does
-//! not read them cannot stall the loop.
+//! One thread reads the requests, the endpoints' messages and hang-ups and
+//! the rings alike: a message from a client's socket to the ring, and one
+//! from the ring to a client's socket, crosses no thread hand-off, and the
+//! thread waits for all of it in one `epoll_wait` (the bus's notifier fds
+//! are in the same set, see [`Bus::set_hook`]). A client that creates an
+//! endpoint and closes it again wakes the service once per cycle, and the
+//! close is usually seen in the same pass as the next request. Answers are
+//! sent without waiting, so a client that does not read them cannot stall
+//! the loop.
 //!
 //! Every endpoint is one bus endpoint (not announced, as rpmsg_char's are
 //! not) plus one socket the service owns: for the fd way, its end of the
@@ -29,9 +36,8 @@
 //! connection. Destroying removes all of it; the table and the runtime
 //! directory go back to empty.
 //!
-//! On a polling bus there is no pump thread: the bus's spinning service
-//! thread takes the epoll work on every pass ([`Bus::set_poll_hook`]), so a
-//! client's message reaches the ring without any wake-up.
+//! On a polling bus the spinning service thread takes the epoll work on
+//! every pass, so a client's message reaches the ring without any wake-up.
 //!
 //! Message size: a write over 496 bytes cannot fail in the writer's
 //! `write(2)` by anything the service does after the fact. The client's
@@ -54,10 +60,10 @@ mod server;
 pub use server::{CtrlOptions, CtrlServer};
 
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use rustix::event::epoll;
@@ -65,13 +71,17 @@ use rustix::event::{eventfd, EventfdFlags};
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use tracing::{debug, warn};
 
-use crate::bus::{Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event};
+use crate::bus::{
+    Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event, HookRun, ServiceHook,
+};
 use crate::ctrl::proto::{EptInfo, Request, ServiceStats};
 use crate::ctrl::CtrlError;
 use crate::wire::MAX_PAYLOAD;
 
 /// Token of the wake-up eventfd in the epoll set.
 const WAKE: u64 = u64::MAX;
+/// Token of the bus notifier's fds (while the bus thread runs the [`Hook`]).
+const NOTIFIER: u64 = u64::MAX - 1;
 /// Token tag: the endpoint's data socket.
 const TAG_SOCK: u64 = 0;
 /// Token tag: a legacy node's listening socket.
@@ -244,49 +254,46 @@ impl EptService {
             stopped: std::sync::atomic::AtomicBool::new(false),
         });
         let svc = EptService { inner };
-        if svc.inner.bus.polls() {
-            // The bus thread spins anyway: it takes the pump's work too, so
-            // a client's message reaches the ring with no wake-up at all.
-            let weak = Arc::downgrade(&svc.inner);
-            let mut buf = vec![0u8; MAX_PAYLOAD + 1];
-            // (An idle pass ends in the bus's own yield, which lets a woken
-            // client run first.)
-            svc.inner.bus.set_poll_hook(move || {
-                weak.upgrade().is_some_and(|inner| {
-                    let Ok(_pass) = inner.pass.try_lock() else {
-                        return false;
-                    };
-                    EptService {
-                        inner: Arc::clone(&inner),
+        // The bus's service thread takes the event loop's work too: a
+        // client's message reaches the ring, and the remote's answer the
+        // client's socket, on one thread with no hand-off (with polling,
+        // with no wake-up at all).
+        svc.inner
+            .bus
+            .set_hook(Box::new(Hook {
+                inner: Arc::downgrade(&svc.inner),
+                buf: vec![0u8; MAX_PAYLOAD + 1],
+            }))
+            .map_err(|source| CtrlError::Io {
+                op: "epoll_ctl",
+                source,
+            })?;
+        // Once the link is down the bus thread stops and the hook with it:
+        // a pump thread keeps serving the control connections (their
+        // requests now fail with EPIPE) and the endpoints' hang-ups.
+        let s2 = svc.clone();
+        std::thread::Builder::new()
+            .name("rpmsg-ept-pump".into())
+            .spawn(move || {
+                loop {
+                    if s2.inner.stopped.load(Ordering::SeqCst) {
+                        return;
                     }
-                    .pump_once(false, &mut buf)
-                    .unwrap_or(false)
-                })
-            });
-            // Once the link is down the bus thread stops and the hook with
-            // it: a pump thread keeps serving the control connections (their
-            // requests now fail with EPIPE) and the endpoints' hang-ups.
-            let s2 = svc.clone();
-            std::thread::Builder::new()
-                .name("rpmsg-ept-pump".into())
-                .spawn(move || {
-                    while s2.inner.bus.wait_down(None).is_none() {}
-                    s2.pump();
-                })
-                .map_err(|source| CtrlError::Io {
-                    op: "spawn",
-                    source,
-                })?;
-        } else {
-            let s2 = svc.clone();
-            std::thread::Builder::new()
-                .name("rpmsg-ept-pump".into())
-                .spawn(move || s2.pump())
-                .map_err(|source| CtrlError::Io {
-                    op: "spawn",
-                    source,
-                })?;
-        }
+                    if s2
+                        .inner
+                        .bus
+                        .wait_down(Some(Duration::from_secs(1)))
+                        .is_some()
+                    {
+                        break;
+                    }
+                }
+                s2.pump();
+            })
+            .map_err(|source| CtrlError::Io {
+                op: "spawn",
+                source,
+            })?;
         Ok(svc)
     }
 
@@ -477,7 +484,7 @@ impl EptService {
                 return;
             }
             let pass = lock(&self.inner.pass);
-            let r = self.pump_once(true, &mut buf);
+            let r = self.pump_once(None, &mut buf);
             drop(pass);
             if let Err(e) = r {
                 warn!(target: "iopath_rpmsg", "endpoint service: epoll failed: {e}");
@@ -486,31 +493,42 @@ impl EptService {
         }
     }
 
-    /// Handles what the epoll set reports, waiting for it if `block`;
-    /// returns whether there was anything.
-    fn pump_once(&self, block: bool, buf: &mut [u8]) -> Result<bool, rustix::io::Errno> {
+    /// Handles what the epoll set reports, waiting for it up to `timeout`
+    /// (`None`: until something comes; messages waiting for a bus buffer
+    /// cut any wait to [`RETRY_EVERY`]); returns whether there was
+    /// anything, and whether the bus notifier's fds (attached by the
+    /// [`Hook`]) were among it.
+    fn pump_once(
+        &self,
+        timeout: Option<Duration>,
+        buf: &mut [u8],
+    ) -> Result<(bool, bool), rustix::io::Errno> {
         if self.inner.stopped.load(Ordering::SeqCst) {
-            return Ok(false);
+            return Ok((false, false));
         }
         let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
-        let zero = rustix::event::Timespec::default();
-        let retry = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: RETRY_EVERY.as_nanos() as i64,
-        };
         let stalled = !lock(&self.inner.stalled).is_empty();
-        let timeout = match (block, stalled) {
-            (false, _) => Some(&zero),
-            (true, true) => Some(&retry),
-            (true, false) => None,
+        let timeout = match (timeout, stalled) {
+            (Some(t), true) => Some(t.min(RETRY_EVERY)),
+            (None, true) => Some(RETRY_EVERY),
+            (t, false) => t,
         };
-        let events = match epoll::wait(&self.inner.epoll, &mut space[..], timeout) {
+        let ts = timeout.map(|t| rustix::event::Timespec {
+            tv_sec: t.as_secs() as i64,
+            tv_nsec: i64::from(t.subsec_nanos()),
+        });
+        let events = match epoll::wait(&self.inner.epoll, &mut space[..], ts.as_ref()) {
             Ok((events, _)) => events,
-            Err(rustix::io::Errno::INTR) => return Ok(false),
+            Err(rustix::io::Errno::INTR) => return Ok((false, false)),
             Err(e) => return Err(e),
         };
+        let mut kicked = false;
         for ev in events.iter() {
             let token = ev.data.u64();
+            if token == NOTIFIER {
+                kicked = true;
+                continue;
+            }
             if token == WAKE {
                 let mut b = [0u8; 8];
                 let _ = rustix::io::read(&self.inner.wake, &mut b);
@@ -528,7 +546,7 @@ impl EptService {
             }
         }
         let retried = stalled && self.retry_stalled();
-        Ok(!events.is_empty() || retried)
+        Ok((!events.is_empty() || retried, kicked))
     }
 
     /// Tries again every message waiting for a bus buffer; an endpoint
@@ -658,6 +676,75 @@ impl EptService {
             legacy::release(self, id, sock);
         } else {
             self.destroy_as(id, closed && !legacy);
+        }
+    }
+}
+
+/// The event loop, run by the bus's service thread (see [`Bus::set_hook`]).
+struct Hook {
+    inner: Weak<Inner>,
+    buf: Vec<u8>,
+}
+
+impl ServiceHook for Hook {
+    fn attach(&mut self, notifier: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+        let Some(inner) = self.inner.upgrade() else {
+            return Ok(());
+        };
+        for fd in notifier {
+            epoll::add(
+                &inner.epoll,
+                fd,
+                epoll::EventData::new_u64(NOTIFIER),
+                epoll::EventFlags::IN,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, timeout: Duration) -> HookRun {
+        let Some(inner) = self.inner.upgrade() else {
+            return HookRun {
+                done: true,
+                ..HookRun::default()
+            };
+        };
+        if inner.stopped.load(Ordering::SeqCst) {
+            return HookRun {
+                done: true,
+                ..HookRun::default()
+            };
+        }
+        // Held by the fallback pump once the link is down: the bus thread
+        // is on its way out then.
+        let Ok(_pass) = inner.pass.try_lock() else {
+            return HookRun::default();
+        };
+        match (EptService {
+            inner: Arc::clone(&inner),
+        })
+        .pump_once(Some(timeout), &mut self.buf)
+        {
+            Ok((worked, kicked)) => HookRun {
+                worked,
+                kicked,
+                done: false,
+            },
+            Err(e) => {
+                warn!(target: "iopath_rpmsg", "endpoint service: epoll failed: {e}");
+                HookRun {
+                    done: true,
+                    ..HookRun::default()
+                }
+            }
+        }
+    }
+
+    fn detach(&mut self, notifier: &[BorrowedFd<'_>]) {
+        if let Some(inner) = self.inner.upgrade() {
+            for fd in notifier {
+                let _ = epoll::delete(&inner.epoll, fd);
+            }
         }
     }
 }
