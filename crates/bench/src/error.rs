@@ -106,6 +106,15 @@ pub enum Error {
         #[source]
         source: iopath_rpmsg::ctrl::CtrlError,
     },
+    /// The in-process rpmsg bus or its shared memory failed.
+    #[error("{context}")]
+    Bus {
+        /// What was being done.
+        context: String,
+        /// The bus layer's error (`BusError`, `ShmError`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A notifier (eventfd pair) failed.
     #[error("{context}")]
     Notify {
@@ -121,6 +130,18 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The error and its sources on one line.
+    pub fn chain(&self) -> String {
+        let mut s = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(c) = src {
+            s.push_str(": ");
+            s.push_str(&c.to_string());
+            src = c.source();
+        }
+        s
+    }
+
     /// `Error::Io` for `path`.
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
@@ -153,6 +174,17 @@ impl Error {
     ) -> impl FnOnce(iopath_rpmsg::ctrl::CtrlError) -> Error {
         let context = context.into();
         move |source| Error::Ctrl { context, source }
+    }
+
+    /// `Error::Bus` with `context`.
+    pub(crate) fn bus<E: std::error::Error + Send + Sync + 'static>(
+        context: impl Into<String>,
+    ) -> impl FnOnce(E) -> Error {
+        let context = context.into();
+        move |e| Error::Bus {
+            context,
+            source: Box::new(e),
+        }
     }
 
     /// `Error::Notify` with `context`.

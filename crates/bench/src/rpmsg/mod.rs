@@ -6,6 +6,10 @@
 //! processes with an fd passed, per cycle. Then echo round trips through
 //! the remote (host and remote are separate processes on a temporary shared
 //! memory file) beside a raw eventfd ping-pong between two processes.
+//! With OpenAMP's demo built (`--openamp DIR`), the peer rows: OpenAMP's
+//! driver and iopath's endpoint fd and `Bus` API against OpenAMP's echo and
+//! iopath's remote ([`peers`]). The report ends with issue 16's goals, each
+//! ratio measured in this run beside its target.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -49,6 +53,15 @@ pub struct RpmsgConfig {
     /// Where the processes run; the first one fills the main table and
     /// JSON `rows`.
     pub placement: Vec<Placement>,
+    /// OpenAMP's demo, built by `scripts/openamp-demo build SRC DIR`: the
+    /// peer rows run when given, else they are noted as missing.
+    pub openamp: Option<PathBuf>,
+    /// Where the peer rows' processes run (driver side, remote).
+    pub peer_placement: Vec<Placement>,
+    /// Longest a peer row's measured round trips may take per run (OpenAMP's
+    /// driver spins: with its remote on the same CPU it manages a few
+    /// hundred round trips a second).
+    pub peer_budget: Duration,
     /// The `iopath` executable whose `rpmsg host|remote|raw-fd-server|raw-echo`
     /// subcommands the experiment starts.
     pub iopath: PathBuf,
@@ -66,6 +79,9 @@ impl RpmsgConfig {
             count: 5000,
             poll: false,
             placement: vec![Placement::One, Placement::Split],
+            openamp: None,
+            peer_placement: vec![Placement::Split, Placement::One],
+            peer_budget: Duration::from_secs(2),
             iopath,
             progress: true,
         }
@@ -93,7 +109,15 @@ impl RpmsgConfig {
         } else {
             0.0
         };
-        Duration::from_secs_f64(per_place * self.placement.len() as f64 + poll)
+        // Per peer row and run: start-up, warm-up, and the round trips at
+        // about 15,000/s or the budget.
+        let peers = if self.openamp.is_some() {
+            let row = 1.0 + (self.count as f64 / 15_000.0).min(self.peer_budget.as_secs_f64());
+            row * (peers::PAIRS.len() * self.runs * self.peer_placement.len()) as f64
+        } else {
+            0.0
+        };
+        Duration::from_secs_f64(per_place * self.placement.len() as f64 + poll + peers)
     }
 }
 
@@ -211,23 +235,28 @@ impl Pair {
 
     /// A control connection, once the remote has announced "echo".
     fn client(&self) -> Result<(CtrlClient, EptFd)> {
-        let c = CtrlClient::connect(&self.ctrl)
-            .map_err(Error::ctrl("connecting to the endpoint service"))?;
-        let start = Instant::now();
-        loop {
-            let ep = c
-                .create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC)
-                .map_err(Error::ctrl("CREATE_EPT_FD for \"echo\""))?;
-            if ep.info().dst != ADDR_ANY {
-                return Ok((c, ep));
-            }
-            drop(ep);
-            check!(
-                start.elapsed() < Duration::from_secs(30),
-                "the remote never announced \"echo\""
-            );
-            std::thread::sleep(Duration::from_millis(10));
+        bound_ept(&self.ctrl, "echo")
+    }
+}
+
+/// A connection to the endpoint service on `ctrl` and an endpoint fd for
+/// `name`, once the remote has announced it (the fd bound to its address).
+fn bound_ept(ctrl: &Path, name: &str) -> Result<(CtrlClient, EptFd)> {
+    let c = CtrlClient::connect(ctrl).map_err(Error::ctrl("connecting to the endpoint service"))?;
+    let start = Instant::now();
+    loop {
+        let ep = c
+            .create_ept_fd(&EptInfo::new(name), O_RDWR | O_CLOEXEC)
+            .map_err(Error::ctrl(format!("CREATE_EPT_FD for {name:?}")))?;
+        if ep.info().dst != ADDR_ANY {
+            return Ok((c, ep));
         }
+        drop(ep);
+        check!(
+            start.elapsed() < Duration::from_secs(30),
+            "the remote never announced {name:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -674,6 +703,13 @@ pub struct RpmsgReport {
     poll: Option<(Latency, Latency, String)>,
     /// Each placement's table text and JSON, in order.
     placements: Vec<(String, serde_json::Value)>,
+    /// The peer rows per placement (`None`: no `--openamp`).
+    peers: Option<Vec<peers::PeerPlacement>>,
+    /// What the peer rows were given: `--openamp`, round trips, budget.
+    openamp: Option<PathBuf>,
+    peer_budget: Duration,
+    /// Where each peer placement put the processes, in words.
+    peer_wheres: Vec<String>,
 }
 
 fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
@@ -685,6 +721,15 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
     }
     if a.placement.is_empty() {
         invalid!("--placement", "give at least one of one, split, free");
+    }
+    if let Some(dir) = &a.openamp {
+        peers::check_dir(dir)?;
+        if a.peer_placement.is_empty() {
+            invalid!("--peer-placement", "give at least one of one, split, free");
+        }
+        if a.peer_budget.is_zero() {
+            invalid!("--peer-seconds", "give at least 1");
+        }
     }
     let cpus = Cpus::get()?;
     let total: u64 =
@@ -704,7 +749,18 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
     } else {
         None
     };
+    let peers = a.openamp.as_ref().map(|_| {
+        a.peer_placement
+            .iter()
+            .map(|&p| peers::measure(a, p, &cpus, &pb))
+            .collect::<Vec<_>>()
+    });
     pb.finish();
+    let peer_wheres = a
+        .peer_placement
+        .iter()
+        .map(|p| p.describe(&cpus, "driver side", "remote"))
+        .collect();
     let placements = all.iter().map(|m| report::report(a, m, &cpus)).collect();
     let wheres = all
         .iter()
@@ -720,7 +776,12 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
         wheres,
         poll,
         placements,
+        peers,
+        openamp: a.openamp.clone(),
+        peer_budget: a.peer_budget,
+        peer_wheres,
     })
 }
 
+pub mod peers;
 mod report;

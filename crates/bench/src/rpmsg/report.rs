@@ -4,7 +4,8 @@
 use super::*;
 
 impl RpmsgReport {
-    /// Each placement's tables, then the polling echo (with `poll`).
+    /// Each placement's tables, the polling echo (with `poll`), the peer
+    /// rows (or a note that they are missing) and issue 16's goals.
     pub fn text(&self) -> String {
         let mut out = String::new();
         for (t, _) in &self.placements {
@@ -20,6 +21,7 @@ impl RpmsgReport {
             );
             outln!(out, "  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
         }
+        self.peers_text(&mut out);
         out
     }
 
@@ -77,6 +79,7 @@ impl RpmsgReport {
                 pl,
             );
         }
+        self.peers_markdown(&mut out);
         out
     }
 
@@ -130,6 +133,7 @@ impl RpmsgReport {
         if let Some((p, pl, _)) = &self.poll {
             panels.push(echo_panel("echo round trip, polling".into(), p, pl));
         }
+        panels.extend(self.peers_panels());
         crate::plot::draw(
             path,
             "bench rpmsg: endpoints the legacy way vs as fds",
@@ -139,7 +143,8 @@ impl RpmsgReport {
     }
 
     /// The first placement's `rows`, `limit` and `echo` at the top, every
-    /// placement under `placements`.
+    /// placement under `placements`, the peer rows under `peers` (or
+    /// `peers.missing`), issue 16's goals under `goals`.
     pub fn json(&self) -> serde_json::Value {
         let placements: Vec<serde_json::Value> =
             self.placements.iter().map(|(_, j)| j.clone()).collect();
@@ -151,6 +156,7 @@ impl RpmsgReport {
             echo_json["fd_poll_over_limit_p50"] = serde_json::json!(p.p50_us / pl.p50_us);
             echo_json["poll_placement"] = serde_json::json!(place);
         }
+        let (peers, goals) = self.peers_json();
         serde_json::json!({
             "runs": self.runs,
             "count": self.count,
@@ -162,6 +168,8 @@ impl RpmsgReport {
             "fd_over_limit_socket": main["fd_over_limit_socket"],
             "echo": echo_json,
             "placements": placements,
+            "peers": peers,
+            "goals": goals,
         })
     }
 }
@@ -351,4 +359,434 @@ fn echo_panel(title: String, echo: &Latency, limit: &Latency) -> crate::plot::Pa
             ("limit: raw eventfd ping-pong".into(), LIMIT),
         ],
     }
+}
+
+/// Targets of issue 16 ("Done when"), each measured in this run.
+#[derive(Debug)]
+struct Goal {
+    what: String,
+    /// The measured ratio (or microseconds), its spread over runs.
+    value: Option<(f64, Option<(f64, f64)>)>,
+    /// Why there is no value.
+    na: Option<String>,
+    target: f64,
+    /// `>=` (true) or `<=`.
+    at_least: bool,
+    /// "x" (a ratio) or " us".
+    unit: &'static str,
+}
+
+impl Goal {
+    fn met(&self) -> Option<bool> {
+        let (v, _) = self.value?;
+        Some(if self.at_least {
+            v >= self.target
+        } else {
+            v <= self.target
+        })
+    }
+
+    fn target_text(&self) -> String {
+        let op = if self.at_least { ">=" } else { "<=" };
+        format!("{op} {:.2}{}", self.target, self.unit)
+    }
+
+    fn value_text(&self) -> String {
+        match (&self.value, &self.na) {
+            (Some((v, Some((lo, hi)))), _) => {
+                format!("{v:.2}{u} ({lo:.2}-{hi:.2})", u = self.unit)
+            }
+            (Some((v, None)), _) => format!("{v:.2}{}", self.unit),
+            (None, Some(why)) => format!("n/a ({why})"),
+            (None, None) => "n/a".into(),
+        }
+    }
+
+    fn met_text(&self) -> &'static str {
+        match self.met() {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "n/a",
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "what": self.what,
+            "value": self.value.map(|(v, _)| v),
+            "spread": self.value.and_then(|(_, s)| s).map(|(lo, hi)| [lo, hi]),
+            "target": self.target,
+            "op": if self.at_least { ">=" } else { "<=" },
+            "unit": self.unit.trim(),
+            "met": self.met(),
+            "na": self.na,
+        })
+    }
+}
+
+/// A peer row's round trips/s over its runs.
+fn rate(r: &peers::PeerRow) -> Summary {
+    let v: Vec<f64> = r.runs.iter().map(|l| l.msgs_per_s).collect();
+    Summary::of(&v)
+}
+
+/// Median over runs of one latency figure.
+fn median_of(r: &peers::PeerRow, f: impl Fn(&Latency) -> f64) -> f64 {
+    let v: Vec<f64> = r.runs.iter().map(f).collect();
+    Summary::of(&v).median
+}
+
+/// `a`'s round trips/s over `b`'s: the ratio of the medians, and the
+/// spread of the per-run ratios (run i of one against run i of the other:
+/// they ran side by side).
+fn rate_ratio(a: &peers::PeerRow, b: &peers::PeerRow) -> Option<(f64, Option<(f64, f64)>)> {
+    let (ra, rb) = (rate(a), rate(b));
+    if a.runs.is_empty() || b.runs.is_empty() || rb.median <= 0.0 {
+        return None;
+    }
+    let per: Vec<f64> = a
+        .runs
+        .iter()
+        .zip(&b.runs)
+        .map(|(x, y)| x.msgs_per_s / y.msgs_per_s)
+        .collect();
+    let s = Summary::of(&per);
+    Some((ra.median / rb.median, Some((s.min, s.max))))
+}
+
+/// The note in place of the peer rows without `--openamp`.
+const PEERS_MISSING: &str =
+    "the OpenAMP peer rows (OpenAMP's driver and iopath's endpoint fd and Bus \
+API, each against OpenAMP's rpmsg-echo and iopath's remote) are missing: no --openamp DIR \
+(build DIR with `scripts/openamp-demo build SRC DIR`)";
+
+impl RpmsgReport {
+    /// The peer placement `p`, if measured.
+    fn peer_placement(&self, p: Placement) -> Option<&peers::PeerPlacement> {
+        self.peers.as_ref()?.iter().find(|m| m.placement == p)
+    }
+
+    /// Issue 16's goals from this run's figures.
+    fn goals(&self) -> Vec<Goal> {
+        use peers::{Driver, Remote};
+        let mut goals = Vec::new();
+        let split = self.peer_placement(Placement::Split);
+        let na_peers = match (&self.peers, split) {
+            (None, _) => Some("no --openamp".to_string()),
+            (Some(_), None) => Some("no split peer placement".to_string()),
+            _ => None,
+        };
+        for (driver, target, label) in [
+            (Driver::EptFd, 1.0, "endpoint fd"),
+            (Driver::Bus, 1.2, "Bus API"),
+        ] {
+            for remote in [Remote::OpenAmp, Remote::Iopath] {
+                let value = split.and_then(|m| {
+                    rate_ratio(
+                        m.row(driver, remote),
+                        m.row(Driver::OpenAmp, Remote::OpenAmp),
+                    )
+                });
+                goals.push(Goal {
+                    what: format!(
+                        "{label} <-> {} round trips/s / OpenAMP driver <-> rpmsg-echo, remote on its own CPU",
+                        remote.name()
+                    ),
+                    na: value
+                        .is_none()
+                        .then(|| na_peers.clone().unwrap_or_else(|| "a row failed".into())),
+                    value,
+                    target,
+                    at_least: true,
+                    unit: "x",
+                });
+            }
+        }
+        let one = self.measured.iter().find(|m| m.placement == Placement::One);
+        let no_one = || Some("placement one not measured".to_string());
+        let echo = one.map(|m| (m.echo.p50_us / m.echo_limit.p50_us, None));
+        goals.push(Goal {
+            what: "one CPU: endpoint-fd echo p50 / raw eventfd ping-pong p50".into(),
+            na: echo.is_none().then(no_one).flatten(),
+            value: echo,
+            target: 2.5,
+            at_least: false,
+            unit: "x",
+        });
+        let cd = one.map(|m| {
+            let all = |w: usize| {
+                let v: Vec<f64> = m
+                    .rows
+                    .iter()
+                    .flat_map(|r| r.chunks[w].iter().copied())
+                    .collect();
+                Summary::of(&v)
+            };
+            (all(1).median / all(3).median, None)
+        });
+        goals.push(Goal {
+            what: "one CPU: fd create+destroy / raw fd hand-off (request, fresh socketpair, SCM_RIGHTS, close)".into(),
+            na: cd.is_none().then(no_one).flatten(),
+            value: cd,
+            target: 1.1,
+            at_least: false,
+            unit: "x",
+        });
+        let poll = self.poll.as_ref().map(|(p, _, _)| (p.p50_us, None));
+        goals.push(Goal {
+            what: "--poll echo p50".into(),
+            na: poll.is_none().then(|| "run with --poll".to_string()),
+            value: poll,
+            target: 6.0,
+            at_least: false,
+            unit: " us",
+        });
+        goals
+    }
+
+    /// The peer tables and the goals, as text.
+    pub(super) fn peers_text(&self, out: &mut String) {
+        match &self.peers {
+            None => outln!(out, "note: {PEERS_MISSING}"),
+            Some(all) => {
+                for (m, place) in all.iter().zip(&self.peer_wheres) {
+                    outln!(out, "{}", self.peers_heading(m, place));
+                    outln!(
+                        out,
+                        "  {:<42} {:<20} {:>32} {:>8} {:>8} {:>10}",
+                        "driver",
+                        "remote",
+                        "round trips/s median (min-max)",
+                        "p50 us",
+                        "p99 us",
+                        "/ OpenAMP"
+                    );
+                    for r in &m.rows {
+                        let c = peer_cells(m, r);
+                        outln!(
+                            out,
+                            "  {:<42} {:<20} {:>32} {:>8} {:>8} {:>10}",
+                            r.driver.name(),
+                            r.remote.name(),
+                            c[0],
+                            c[1],
+                            c[2],
+                            c[3]
+                        );
+                    }
+                    for r in &m.rows {
+                        for f in &r.failures {
+                            outln!(
+                                out,
+                                "  note: a run of {} <-> {} failed: {f}",
+                                r.driver.name(),
+                                r.remote.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        outln!(out, "issue 16 goals, from this run:");
+        for g in self.goals() {
+            outln!(
+                out,
+                "  {}: {}, goal {}: {}",
+                g.what,
+                g.value_text(),
+                g.target_text(),
+                g.met_text()
+            );
+        }
+    }
+
+    fn peers_heading(&self, m: &peers::PeerPlacement, place: &str) -> String {
+        format!(
+            "rpmsg peers, placement {} ({place}): {} runs, up to {} strict {}-byte round trips per row \
+             (at most {} s) after {} unmeasured, the pairs taking turns; OpenAMP's demo platform \
+             ({}, a byte per kick on unix:{}); OpenAMP from {}",
+            m.placement.name(),
+            self.runs,
+            self.count,
+            peers::SIZE,
+            self.peer_budget.as_secs(),
+            peers::PEER_WARM,
+            peers::OPENAMP_SHM,
+            peers::OPENAMP_EVENT,
+            self.openamp
+                .as_deref()
+                .map_or_else(|| "-".into(), |d| d.display().to_string())
+        )
+    }
+
+    /// The peer tables and the goals, as Markdown.
+    pub(super) fn peers_markdown(&self, out: &mut String) {
+        match &self.peers {
+            None => {
+                outln!(out, "Note: {PEERS_MISSING}.");
+                outln!(out);
+            }
+            Some(all) => {
+                for (m, place) in all.iter().zip(&self.peer_wheres) {
+                    outln!(out, "{}:", self.peers_heading(m, place));
+                    outln!(out);
+                    outln!(out, "| driver side | remote | round trips/s, median (min-max) | p50 us | p99 us | / OpenAMP pair |");
+                    outln!(out, "|---|---|---|---:|---:|---:|");
+                    for r in &m.rows {
+                        let c = peer_cells(m, r);
+                        outln!(
+                            out,
+                            "| {} | {} | {} | {} | {} | {} |",
+                            r.driver.name(),
+                            r.remote.name(),
+                            c[0],
+                            c[1],
+                            c[2],
+                            c[3]
+                        );
+                    }
+                    outln!(out);
+                    for r in &m.rows {
+                        for f in &r.failures {
+                            outln!(
+                                out,
+                                "Note: a run of {} <-> {} failed: {f}",
+                                r.driver.name(),
+                                r.remote.name()
+                            );
+                            outln!(out);
+                        }
+                    }
+                }
+            }
+        }
+        outln!(out, "Issue 16's goals, from this run:");
+        outln!(out);
+        outln!(out, "| goal | this run (spread over runs) | target | |");
+        outln!(out, "|---|---|---|---|");
+        for g in self.goals() {
+            outln!(
+                out,
+                "| {} | {} | {} | {} |",
+                g.what,
+                g.value_text(),
+                g.target_text(),
+                g.met_text()
+            );
+        }
+        outln!(out);
+    }
+
+    /// `peers` and `goals` for the JSON report.
+    pub(super) fn peers_json(&self) -> (serde_json::Value, serde_json::Value) {
+        let peers = match &self.peers {
+            None => serde_json::json!({ "missing": PEERS_MISSING }),
+            Some(all) => {
+                let placements: Vec<serde_json::Value> = all
+                    .iter()
+                    .zip(&self.peer_wheres)
+                    .map(|(m, place)| {
+                        let pair = m.row(peers::Driver::OpenAmp, peers::Remote::OpenAmp);
+                        let rows: Vec<serde_json::Value> = m
+                            .rows
+                            .iter()
+                            .map(|r| {
+                                serde_json::json!({
+                                    "driver": r.driver.key(),
+                                    "remote": r.remote.key(),
+                                    "driver_name": r.driver.name(),
+                                    "remote_name": r.remote.name(),
+                                    "runs": r.runs,
+                                    "round_trips_per_s": rate(r).json(),
+                                    "p50_us": median_of(r, |l| l.p50_us),
+                                    "p99_us": median_of(r, |l| l.p99_us),
+                                    "over_openamp_pair": rate_ratio(r, pair).map(|(v, _)| v),
+                                    "failures": r.failures,
+                                })
+                            })
+                            .collect();
+                        serde_json::json!({
+                            "placement": m.placement.name(),
+                            "where": place,
+                            "rows": rows,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "openamp": self.openamp,
+                    "size": peers::SIZE,
+                    "warm": peers::PEER_WARM,
+                    "count": self.count,
+                    "budget_s": self.peer_budget.as_secs(),
+                    "notify": format!("unix:{}", peers::OPENAMP_EVENT),
+                    "shm": peers::OPENAMP_SHM,
+                    "placements": placements,
+                })
+            }
+        };
+        let goals: Vec<serde_json::Value> = self.goals().iter().map(Goal::json).collect();
+        (peers, serde_json::Value::Array(goals))
+    }
+
+    /// A chart panel per peer placement: round trips/s per pair.
+    pub(super) fn peers_panels(&self) -> Vec<crate::plot::Panel> {
+        use crate::plot::{Bar, Panel, PEER, PRIMARY, SECONDARY};
+        let Some(all) = &self.peers else {
+            return Vec::new();
+        };
+        all.iter()
+            .map(|m| Panel {
+                title: format!("peers, placement {}: round trips/s", m.placement.name()),
+                y_desc: "round trips/s".into(),
+                log: false,
+                bars: m
+                    .rows
+                    .iter()
+                    .map(|r| {
+                        let s = rate(r);
+                        let color = match r.driver {
+                            peers::Driver::OpenAmp => PEER,
+                            peers::Driver::EptFd => PRIMARY,
+                            peers::Driver::Bus => SECONDARY,
+                        };
+                        Bar {
+                            label: format!("{}/{}", r.driver.key(), r.remote.key()),
+                            segments: vec![(
+                                0.0,
+                                if s.median.is_nan() { 0.0 } else { s.median },
+                                color,
+                            )],
+                            whisker: (!s.median.is_nan()).then_some((s.min, s.max)),
+                        }
+                    })
+                    .collect(),
+                lines: Vec::new(),
+                legend: vec![
+                    ("OpenAMP driver".into(), PEER),
+                    ("endpoint fd".into(), PRIMARY),
+                    ("Bus API".into(), SECONDARY),
+                ],
+            })
+            .collect()
+    }
+}
+
+/// A peer row's cells: round trips/s, p50, p99, over the OpenAMP pair.
+fn peer_cells(m: &peers::PeerPlacement, r: &peers::PeerRow) -> [String; 4] {
+    if r.runs.is_empty() {
+        return ["failed".into(), "-".into(), "-".into(), "n/a".into()];
+    }
+    let s = rate(r);
+    let pair = m.row(peers::Driver::OpenAmp, peers::Remote::OpenAmp);
+    [
+        format!(
+            "{} ({}-{})",
+            thousands(s.median),
+            thousands(s.min),
+            thousands(s.max)
+        ),
+        format!("{:.1}", median_of(r, |l| l.p50_us)),
+        format!("{:.1}", median_of(r, |l| l.p99_us)),
+        rate_ratio(r, pair).map_or_else(|| "n/a".into(), |(v, _)| format!("{v:.2}x")),
+    ]
 }

@@ -268,7 +268,17 @@ placement pins every process, the limit's included, the same way:
   one    every process on the first CPU
   split  client on the first CPU; host, remote, raw server on the second
   free   no pinning
-Example: iopath bench rpmsg --loops 1000,10000,100000 --poll")]
+
+With --openamp DIR (OpenAMP's rpmsg-echo and iopath's rpmsg-ping-timed on
+OpenAMP's API, built by `scripts/openamp-demo build SRC DIR`), the peer
+rows: strict 16-byte ping-pong between each driver side (OpenAMP's driver;
+`iopath rpmsg host` + a client's endpoint fd; the in-process Bus API) and
+each remote (OpenAMP's rpmsg-echo; `iopath rpmsg remote`), all on OpenAMP's
+demo platform (/dev/shm/openamp.shm, unix:/tmp/openamp.event.0: run no other
+OpenAMP demo meanwhile), per --peer-placement, the pairs taking turns, --runs
+times. Without it those rows are a note. The report ends with issue 16's
+goals: each ratio from this run beside its target.
+Example: iopath bench rpmsg --loops 1000,10000,100000 --poll --openamp DIR")]
 pub struct RpmsgArgs {
     /// Create+destroy cycles per row, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
@@ -293,8 +303,23 @@ pub struct RpmsgArgs {
         default_value = "one,split,free"
     )]
     pub placement: Vec<PlacementArg>,
+    /// OpenAMP's demo binaries (rpmsg-echo, rpmsg-ping-timed), built by
+    /// `scripts/openamp-demo build SRC DIR`: adds the peer rows.
+    #[arg(long, value_name = "DIR")]
+    pub openamp: Option<PathBuf>,
+    /// Where the peer rows' processes run, comma-separated: split (driver
+    /// side on one CPU, the remote on another, as a co-processor), one
+    /// (all on one CPU), free (no pinning).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "split,one")]
+    pub peer_placement: Vec<PlacementArg>,
+    /// Longest a peer row's measured round trips may take per run, seconds
+    /// (OpenAMP's driver spins: sharing a CPU with its remote it manages a
+    /// few hundred round trips a second).
+    #[arg(long, default_value_t = 2)]
+    pub peer_seconds: u64,
     /// Print one JSON object: `rows`, `limit` and `echo` of the first
-    /// placement, every placement under `placements`.
+    /// placement, every placement under `placements`, the peer rows under
+    /// `peers`, issue 16's goals under `goals`.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -309,6 +334,9 @@ impl RpmsgArgs {
             count: self.count,
             poll: self.poll,
             placement: self.placement.iter().map(|&p| p.into()).collect(),
+            openamp: self.openamp.clone(),
+            peer_placement: self.peer_placement.iter().map(|&p| p.into()).collect(),
+            peer_budget: Duration::from_secs(self.peer_seconds),
             iopath: iopath_bench::current_exe()?,
             progress: !self.json,
         })

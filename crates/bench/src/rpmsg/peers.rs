@@ -1,0 +1,512 @@
+//! The OpenAMP peer rows of `iopath bench rpmsg --openamp DIR`: strict
+//! ping-pong of 16-byte messages between each driver side and each remote,
+//! in the same run, pinned per placement, the pairs taking turns:
+//!
+//! ```text
+//!   driver side (first CPU)                     remote (second CPU, or the same)
+//!   OpenAMP: DIR/rpmsg-ping-timed        <->    OpenAMP: DIR/rpmsg-echo
+//!   iopath endpoint fd: `iopath rpmsg    <->    iopath: `iopath rpmsg remote`
+//!     host --ctrl` + this process as
+//!     the client of its control socket
+//!   iopath Bus API: this process as the
+//!     host, in-process endpoints
+//! ```
+//!
+//! OpenAMP's Linux demo platform fixes its shared memory and its
+//! notification socket ([`OPENAMP_SHM`], [`OPENAMP_EVENT`]: one byte per
+//! kick on a unix stream socket, the remote listening), so every pair runs
+//! there, one pair at a time, and no other OpenAMP demo may run meanwhile.
+//! `DIR` holds what `scripts/openamp-demo build SRC DIR` builds.
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use iopath_rpmsg::wire::ADDR_ANY;
+use iopath_rpmsg::{Bus, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
+
+use super::{bound_ept, RpmsgConfig};
+use crate::error::{check, check_failed, invalid};
+use crate::place::{on_cpu, spawn_on, Cpus, Placement};
+use crate::{Error, Latency, Progress as ProgressBar, Result};
+
+/// The service OpenAMP's echo demo announces.
+pub const SERVICE: &str = "rpmsg-openamp-demo-channel";
+/// The shared memory of OpenAMP's Linux demo platform (`platform_info.c`).
+pub const OPENAMP_SHM: &str = "/dev/shm/openamp.shm";
+/// Its notification socket (the remote binds it).
+pub const OPENAMP_EVENT: &str = "/tmp/openamp.event.0";
+/// The programs `--openamp DIR` must hold.
+pub const OPENAMP_PROGRAMS: [&str; 2] = ["rpmsg-echo", "rpmsg-ping-timed"];
+/// Unmeasured round trips before each row's measured ones.
+pub(super) const PEER_WARM: u64 = 100;
+/// Bytes per message.
+pub(super) const SIZE: usize = 16;
+
+/// Who drives (the virtio driver side, owning the buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Driver {
+    /// iopath's timed driver on OpenAMP's API, `rpmsg-ping-timed`.
+    OpenAmp,
+    /// `iopath rpmsg host --ctrl` with this process as its client: an
+    /// endpoint fd.
+    EptFd,
+    /// This process as the host: iopath's in-process `Bus` API.
+    Bus,
+}
+
+/// Who echoes (the virtio device side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Remote {
+    /// OpenAMP's `rpmsg-echo`.
+    OpenAmp,
+    /// `iopath rpmsg remote`.
+    Iopath,
+}
+
+/// Every pair, in the order of the tables.
+pub(super) const PAIRS: [(Driver, Remote); 6] = [
+    (Driver::OpenAmp, Remote::OpenAmp),
+    (Driver::OpenAmp, Remote::Iopath),
+    (Driver::EptFd, Remote::Iopath),
+    (Driver::EptFd, Remote::OpenAmp),
+    (Driver::Bus, Remote::Iopath),
+    (Driver::Bus, Remote::OpenAmp),
+];
+
+impl Driver {
+    /// In the tables.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Driver::OpenAmp => "OpenAMP driver (rpmsg-ping-timed)",
+            Driver::EptFd => "iopath endpoint fd (rpmsg host + client)",
+            Driver::Bus => "iopath Bus API (in-process host)",
+        }
+    }
+
+    /// In JSON.
+    pub(super) fn key(self) -> &'static str {
+        match self {
+            Driver::OpenAmp => "openamp",
+            Driver::EptFd => "ept_fd",
+            Driver::Bus => "bus",
+        }
+    }
+}
+
+impl Remote {
+    /// In the tables.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Remote::OpenAmp => "OpenAMP rpmsg-echo",
+            Remote::Iopath => "iopath rpmsg remote",
+        }
+    }
+
+    /// In JSON.
+    pub(super) fn key(self) -> &'static str {
+        match self {
+            Remote::OpenAmp => "openamp",
+            Remote::Iopath => "iopath",
+        }
+    }
+}
+
+/// One pair's runs in one placement.
+#[derive(Debug)]
+pub(super) struct PeerRow {
+    pub(super) driver: Driver,
+    pub(super) remote: Remote,
+    /// Each run that completed.
+    pub(super) runs: Vec<Latency>,
+    /// Why the others did not.
+    pub(super) failures: Vec<String>,
+}
+
+/// Every pair in one placement.
+#[derive(Debug)]
+pub(super) struct PeerPlacement {
+    pub(super) placement: Placement,
+    pub(super) rows: Vec<PeerRow>,
+}
+
+impl PeerPlacement {
+    /// The row of a pair.
+    pub(super) fn row(&self, driver: Driver, remote: Remote) -> &PeerRow {
+        self.rows
+            .iter()
+            .find(|r| r.driver == driver && r.remote == remote)
+            .expect("every pair has a row")
+    }
+}
+
+/// Refuses a `--openamp DIR` without the programs.
+///
+/// # Errors
+/// [`Error::Invalid`] naming `--openamp` and what is missing.
+pub(super) fn check_dir(dir: &Path) -> Result<()> {
+    let missing: Vec<&str> = OPENAMP_PROGRAMS
+        .iter()
+        .copied()
+        .filter(|p| !dir.join(p).is_file())
+        .collect();
+    if !missing.is_empty() {
+        invalid!(
+            "--openamp",
+            "{} has no {} (build them with `scripts/openamp-demo build SRC {}`)",
+            dir.display(),
+            missing.join(", "),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// A child killed (and reaped) when dropped.
+struct Kid {
+    child: Child,
+    name: &'static str,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Kid {
+    /// Its last lines of output, for an error message.
+    fn last_words(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+        format!("{}: {}", self.name, tail.trim())
+    }
+
+    /// Waits for it to exit, at most until `deadline`.
+    fn wait_until(&mut self, deadline: Instant) -> Result<ExitStatus> {
+        loop {
+            if let Some(st) = self
+                .child
+                .try_wait()
+                .map_err(Error::sys("waiting for a child"))?
+            {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                check_failed!(
+                    "{} did not finish in time ({})",
+                    self.name,
+                    self.last_words()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Spawns `cmd` on `cpu`, its stdout and stderr into `dir/name.log`.
+fn spawn_logged(
+    dir: &Path,
+    name: &'static str,
+    cpu: Option<usize>,
+    cmd: &mut Command,
+) -> Result<Kid> {
+    let log = dir.join(format!("{name}.log"));
+    let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
+    let f2 = f.try_clone().map_err(Error::io(&log))?;
+    let child = spawn_on(cpu, cmd.stdin(Stdio::null()).stdout(f).stderr(f2))?;
+    Ok(Kid { child, name, log })
+}
+
+/// Waits until `path` exists while `kid` lives.
+fn wait_for(path: &Path, kid: &mut Kid, what: &str) -> Result<()> {
+    let start = Instant::now();
+    while !path.exists() {
+        if let Ok(Some(st)) = kid.child.try_wait() {
+            check_failed!(
+                "{} exited ({st}) before {what} ({})",
+                kid.name,
+                kid.last_words()
+            );
+        }
+        check!(
+            start.elapsed() < Duration::from_secs(20),
+            "no {what} within 20 s ({})",
+            kid.last_words()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// Starts `remote` on `cpu` and waits until it listens.
+fn start_remote(cfg: &RpmsgConfig, dir: &Path, remote: Remote, cpu: Option<usize>) -> Result<Kid> {
+    // Each remote binds the socket and writes the table afresh; what an
+    // earlier pair left would let a driver connect to nothing.
+    let _ = std::fs::remove_file(OPENAMP_EVENT);
+    let _ = std::fs::remove_file(OPENAMP_SHM);
+    let mut kid = match remote {
+        Remote::OpenAmp => {
+            let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
+            spawn_logged(
+                dir,
+                "rpmsg-echo",
+                cpu,
+                &mut Command::new(exe.join("rpmsg-echo")),
+            )?
+        }
+        Remote::Iopath => spawn_logged(
+            dir,
+            "iopath rpmsg remote",
+            cpu,
+            Command::new(&cfg.iopath)
+                .args([
+                    "rpmsg",
+                    "remote",
+                    "--shm",
+                    OPENAMP_SHM,
+                    "--create",
+                    "0x80000",
+                ])
+                .args(["--notify", &format!("unix:{OPENAMP_EVENT}")])
+                .args(["--echo", SERVICE, "--once"]),
+        )?,
+    };
+    wait_for(Path::new(OPENAMP_EVENT), &mut kid, "notification socket")?;
+    Ok(kid)
+}
+
+/// Up to `count` strict round trips within `budget`, each one `rt(seq)`;
+/// their latencies.
+fn timed(count: u64, budget: Duration, mut rt: impl FnMut(u64) -> Result<()>) -> Result<Latency> {
+    let mut lat = Vec::with_capacity(count as usize);
+    let t0 = Instant::now();
+    let mut seq = PEER_WARM;
+    while (lat.len() as u64) < count && t0.elapsed() < budget {
+        let t = Instant::now();
+        rt(seq)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+        seq += 1;
+    }
+    Ok(Latency::from(lat, t0.elapsed()))
+}
+
+/// The message numbered `seq`.
+fn message(seq: u64) -> [u8; SIZE] {
+    u128::from(seq).to_le_bytes()
+}
+
+/// The OpenAMP driver: runs `rpmsg-ping-timed` and reads its JSON line.
+fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
+    let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
+    let secs = cfg.peer_budget.as_secs().max(1);
+    let mut kid = spawn_logged(
+        dir,
+        "rpmsg-ping-timed",
+        cpu,
+        Command::new(exe.join("rpmsg-ping-timed")).args([
+            "-n",
+            &cfg.count.to_string(),
+            "-w",
+            &PEER_WARM.to_string(),
+            "-s",
+            &SIZE.to_string(),
+            "-t",
+            &secs.to_string(),
+        ]),
+    )?;
+    let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
+    let out = std::fs::read_to_string(&kid.log).map_err(Error::io(&kid.log))?;
+    let parsed = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    let Some(v) = parsed.filter(|_| st.success()) else {
+        return Err(Error::Peer {
+            program: "rpmsg-ping-timed".into(),
+            reason: format!("{st}; {}", kid.last_words()),
+        });
+    };
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    check!(
+        n("errors") == 0 && n("count") > 0 && n("size") == SIZE as u64,
+        "rpmsg-ping-timed reported {v}"
+    );
+    Ok(Latency {
+        count: n("count"),
+        p50_us: n("p50_ns") as f64 / 1e3,
+        p99_us: n("p99_ns") as f64 / 1e3,
+        max_us: n("max_ns") as f64 / 1e3,
+        msgs_per_s: n("count") as f64 / (n("total_ns") as f64 / 1e9).max(1e-9),
+    })
+}
+
+/// The endpoint-fd driver: `iopath rpmsg host` on `cpu`, this thread (on
+/// `cpu` too) its client.
+fn ept_fd_driver(
+    cfg: &RpmsgConfig,
+    dir: &Path,
+    cpu: Option<usize>,
+    cpus: &Cpus,
+) -> Result<Latency> {
+    let ctrl = dir.join("ctrl");
+    let mut host = spawn_logged(
+        dir,
+        "iopath rpmsg host",
+        cpu,
+        Command::new(&cfg.iopath)
+            .args(["rpmsg", "host", "--shm", OPENAMP_SHM])
+            .args(["--notify", &format!("unix:{OPENAMP_EVENT}")])
+            .arg("--ctrl")
+            .arg(&ctrl)
+            .args(["--once", "--timeout", "20"]),
+    )?;
+    wait_for(&ctrl, &mut host, "control socket")?;
+    on_cpu(cpu, cpus, || {
+        let (_c, ep) = bound_ept(&ctrl, SERVICE)?;
+        let mut back = [0u8; 512];
+        let mut rt = |seq: u64| -> Result<()> {
+            let msg = message(seq);
+            ep.send(&msg).map_err(Error::ctrl("sending an echo"))?;
+            let n = ep
+                .recv_timeout(&mut back, Duration::from_secs(10))
+                .map_err(Error::ctrl("receiving an echo"))?
+                .ok_or_else(|| Error::Check(format!("no echo {seq} within 10 s")))?;
+            check!(
+                n == SIZE && back[..SIZE] == msg,
+                "echo {seq} came back wrong"
+            );
+            Ok(())
+        };
+        for seq in 0..PEER_WARM {
+            rt(seq)?;
+        }
+        timed(cfg.count, cfg.peer_budget, rt)
+    })
+}
+
+/// The `Bus` driver: this thread (on `cpu`) the host.
+fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Latency> {
+    on_cpu(cpu, cpus, || {
+        let wait = Duration::from_secs(20);
+        let notifier = NotifySpec::Unix(OPENAMP_EVENT.into())
+            .connect(wait)
+            .map_err(Error::notify(format!(
+                "connecting to the remote on unix:{OPENAMP_EVENT}"
+            )))?;
+        let shm = SharedMem::open(Path::new(OPENAMP_SHM))
+            .map_err(Error::bus(format!("opening {OPENAMP_SHM}")))?;
+        let bus = Bus::host(shm, notifier, HOST_FEATURES)
+            .map_err(Error::bus("starting the in-process host"))?;
+        let r = bus_echo(cfg, &bus, wait);
+        bus.shutdown();
+        r
+    })
+}
+
+fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, wait: Duration) -> Result<Latency> {
+    let ep = bus
+        .create(EndpointOptions::new(SERVICE))
+        .map_err(Error::bus(format!("creating the endpoint {SERVICE:?}")))?;
+    let start = Instant::now();
+    while ep.dst() == ADDR_ANY {
+        if let Some(r) = bus.down_reason() {
+            check_failed!("the link to the remote went down: {r}");
+        }
+        check!(
+            start.elapsed() < wait,
+            "the remote never announced {SERVICE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let rt = |seq: u64| -> Result<()> {
+        let msg = message(seq);
+        ep.send(&msg).map_err(Error::bus("sending an echo"))?;
+        let m = ep
+            .recv(Some(Duration::from_secs(10)))
+            .map_err(Error::bus("receiving an echo"))?;
+        check!(m.data == msg, "echo {seq} came back wrong");
+        Ok(())
+    };
+    for seq in 0..PEER_WARM {
+        rt(seq)?;
+    }
+    let lat = timed(cfg.count, cfg.peer_budget, rt)?;
+    // Destroy the endpoint (name-service DESTROY) as the demo's driver does,
+    // and let the remote take it before the bus goes.
+    drop(ep);
+    bus.flush(Duration::from_secs(2));
+    Ok(lat)
+}
+
+/// One run of one pair.
+fn one(
+    cfg: &RpmsgConfig,
+    (driver, remote): (Driver, Remote),
+    (driver_cpu, remote_cpu): (Option<usize>, Option<usize>),
+    cpus: &Cpus,
+) -> Result<Latency> {
+    let dir = tempfile::Builder::new()
+        .prefix("iopath-bench-peer-")
+        .tempdir()
+        .map_err(Error::io(std::env::temp_dir()))?;
+    let mut remote_kid = start_remote(cfg, dir.path(), remote, remote_cpu)?;
+    let r = match driver {
+        Driver::OpenAmp => openamp_driver(cfg, dir.path(), driver_cpu),
+        Driver::EptFd => ept_fd_driver(cfg, dir.path(), driver_cpu, cpus),
+        Driver::Bus => bus_driver(cfg, driver_cpu, cpus),
+    };
+    let r = r.map_err(|e| match remote_kid.child.try_wait() {
+        Ok(Some(st)) => Error::Check(format!(
+            "{e} (the remote exited: {st}; {})",
+            remote_kid.last_words()
+        )),
+        _ => e,
+    });
+    drop(remote_kid);
+    let _ = std::fs::remove_file(OPENAMP_EVENT);
+    let _ = std::fs::remove_file(OPENAMP_SHM);
+    r
+}
+
+/// Every pair in `placement`, `cfg.runs` times, the pairs taking turns
+/// (the first pair rotating from run to run). A run that fails is noted
+/// in its row; the others go on.
+pub(super) fn measure(
+    cfg: &RpmsgConfig,
+    placement: Placement,
+    cpus: &Cpus,
+    pb: &ProgressBar,
+) -> PeerPlacement {
+    let place = placement.cpus(cpus);
+    let mut rows: Vec<PeerRow> = PAIRS
+        .iter()
+        .map(|&(driver, remote)| PeerRow {
+            driver,
+            remote,
+            runs: Vec::new(),
+            failures: Vec::new(),
+        })
+        .collect();
+    for run in 0..cfg.runs {
+        for k in 0..PAIRS.len() {
+            let i = (k + run) % PAIRS.len();
+            let row = &mut rows[i];
+            pb.set_message(format!(
+                "peers {}: {} <-> {}",
+                placement.name(),
+                row.driver.key(),
+                row.remote.key()
+            ));
+            match one(cfg, PAIRS[i], place, cpus) {
+                Ok(l) => row.runs.push(l),
+                Err(e) => row.failures.push(e.chain()),
+            }
+        }
+    }
+    PeerPlacement { placement, rows }
+}
