@@ -454,6 +454,7 @@ fn one(
         .prefix("iopath-bench-peer-")
         .tempdir()
         .map_err(Error::io(std::env::temp_dir()))?;
+    crate::cleanup::path(dir.path());
     let mut remote_kid = start_remote(cfg, dir.path(), remote, remote_cpu)?;
     let r = match driver {
         Driver::OpenAmp => openamp_driver(cfg, dir.path(), driver_cpu),
@@ -483,6 +484,9 @@ pub(super) fn measure(
     pb: &ProgressBar,
 ) -> PeerPlacement {
     let place = placement.cpus(cpus);
+    // The demo platform's fixed files go too if a signal ends the run.
+    crate::cleanup::path(Path::new(OPENAMP_SHM));
+    crate::cleanup::path(Path::new(OPENAMP_EVENT));
     let mut rows: Vec<PeerRow> = PAIRS
         .iter()
         .map(|&(driver, remote)| PeerRow {
