@@ -65,6 +65,14 @@ pub enum RpmsgCmd {
         #[arg(long)]
         sock: PathBuf,
     },
+    /// (internal) The far end of `bench rpmsg --scale`'s stream limit:
+    /// count and drop packets, answer "SYNC" with the count.
+    #[command(hide = true)]
+    RawSink {
+        /// Socket to listen on.
+        #[arg(long)]
+        sock: PathBuf,
+    },
 }
 
 /// Options of `iopath rpmsg ping`.
@@ -127,6 +135,7 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::Exec(a) => exec::exec(a),
         RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
         RpmsgCmd::RawFdServer { sock } => Ok(iopath_bench::rpmsg::raw_fd_server(&sock)?),
+        RpmsgCmd::RawSink { sock } => Ok(iopath_bench::rpmsg::scale::raw_sink(&sock)?),
     }
 }
 

@@ -702,3 +702,42 @@ fn ept_create_cli_both_ways() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs a command"));
 }
+
+#[test]
+fn sink_counts_a_stream_and_answers_sync() {
+    let p = pair("eventfd:DIR/ev", &["--sink", "sink", "--event-idx"], &[]);
+    let c = CtrlClient::connect(&p.ctrl).unwrap();
+    let start = Instant::now();
+    let ep = loop {
+        let ep = c.create_ept_fd(&EptInfo::new("sink"), O_RDWR).unwrap();
+        if ep.info().dst != ADDR_ANY {
+            break ep;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "sink never announced"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut back = [0u8; 64];
+    // More messages than the ring has buffers: some wait for the remote.
+    for round in 1..=2u64 {
+        for i in 0..1000usize {
+            ep.send(&pattern(1 + i % 496, i as u8)).unwrap();
+        }
+        ep.send(b"SYNC").unwrap();
+        let n = ep
+            .recv_timeout(&mut back, Duration::from_secs(20))
+            .unwrap()
+            .expect("the sink answers SYNC");
+        assert_eq!(n, 8);
+        assert_eq!(back[..8], (round * 1001).to_le_bytes());
+    }
+    // Anything but SYNC gets no answer.
+    ep.send(b"SYNX").unwrap();
+    assert_eq!(
+        ep.recv_timeout(&mut back, Duration::from_millis(300))
+            .unwrap(),
+        None
+    );
+}

@@ -785,3 +785,4 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
 
 pub mod peers;
 mod report;
+pub mod scale;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use iopath_bench::blk::{BlkConfig, DmaMode};
 use iopath_bench::heap::HeapConfig;
+use iopath_bench::rpmsg::scale::ScaleConfig;
 use iopath_bench::rpmsg::RpmsgConfig;
 use iopath_bench::Placement;
 
@@ -293,6 +294,13 @@ pub struct RpmsgArgs {
     /// the client busy-polling its fd (no notifications; spins two cores).
     #[arg(long)]
     pub poll: bool,
+    /// Also measure cost as work grows (about half a minute), every process
+    /// on one CPU: 1, 16 and 256 endpoints echoing at once (aggregate round
+    /// trips/s, per-endpoint p99), a one-way stream beside a raw
+    /// SOCK_SEQPACKET stream, 10,000 endpoints created and held (JSON
+    /// `scale`).
+    #[arg(long)]
+    pub scale: bool,
     /// Where the processes run, comma-separated; the first one fills the
     /// main table and JSON `rows`: one (all on one CPU), split (client on
     /// one CPU, servers on another), free (no pinning).
@@ -390,15 +398,24 @@ fn blk(cfg: &BlkConfig, out: &Outputs) -> Result<Done> {
     })
 }
 
-fn rpmsg(cfg: &RpmsgConfig, out: &Outputs) -> Result<Done> {
+fn rpmsg(cfg: &RpmsgConfig, scale: bool, out: &Outputs) -> Result<Done> {
     let rep = iopath_bench::rpmsg::run(cfg)?;
-    Ok(Done {
+    let mut done = Done {
         name: "rpmsg",
         text: rep.text(),
         json: rep.json(),
         markdown: rep.markdown(),
         chart: chart(out, "rpmsg", |p| rep.plot(p))?,
-    })
+    };
+    if scale {
+        let sc = iopath_bench::rpmsg::scale::run(&ScaleConfig::new(cfg.iopath.clone()))?;
+        done.text.push('\n');
+        done.text.push_str(&sc.text());
+        done.markdown.push('\n');
+        done.markdown.push_str(&sc.markdown());
+        done.json["scale"] = sc.json();
+    }
+    Ok(done)
 }
 
 /// The command line, for the Markdown file.
@@ -489,7 +506,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     match &args.cmd {
         Some(BenchCmd::Heap(a)) => one(heap(&a.config(), &a.out)?, a.json, &a.out),
         Some(BenchCmd::Blk(a)) => one(blk(&a.config()?, &a.out)?, a.json, &a.out),
-        Some(BenchCmd::Rpmsg(a)) => one(rpmsg(&a.config()?, &a.out)?, a.json, &a.out),
+        Some(BenchCmd::Rpmsg(a)) => one(rpmsg(&a.config()?, a.scale, &a.out)?, a.json, &a.out),
         None => run_all(args),
     }
 }
@@ -543,7 +560,7 @@ fn run_all(args: &BenchArgs) -> Result<()> {
         let d = match name {
             "heap" => heap(&h, &args.out)?,
             "blk" => blk(&b, &args.out)?,
-            _ => rpmsg(&r, &args.out)?,
+            _ => rpmsg(&r, false, &args.out)?,
         };
         if !to_stdout {
             print!("{}", d.text);

@@ -14,6 +14,8 @@ use iopath_rpmsg::{
     shm_path, Bus, BusError, EndpointOptions, Event, LinkError, NotifySpec, SharedMem, ShmOptions,
 };
 
+use iopath_bench::rpmsg::scale::SINK_SYNC;
+
 use super::common::{stats_json, stats_line, OPENAMP_SHUTDOWN};
 use super::stop::Stop;
 
@@ -41,6 +43,12 @@ pub struct RemoteArgs {
     /// Echo service to announce (repeatable).
     #[arg(long, default_value = super::common::OPENAMP_SERVICE, value_parser = super::common::parse_name)]
     echo: Vec<String>,
+    /// Sink service to announce (repeatable): messages are counted and
+    /// dropped, except the 4 bytes "SYNC", answered with the count so far
+    /// (u64, little-endian; the SYNC included), so a sender can tell when
+    /// a stream has arrived.
+    #[arg(long, value_parser = super::common::parse_name)]
+    sink: Vec<String>,
     /// Behave like OpenAMP's rpmsg-echo demo: exit once the host destroys
     /// the channel (or sends the shutdown word 0xEF56A55A).
     #[arg(long)]
@@ -255,6 +263,25 @@ fn serve(a: &RemoteArgs, bus: &Bus) -> Result<(Exit, u64)> {
                     }
                 }
                 Event::LinkDown(_) => {}
+            })
+            .with_context(|| format!("announcing {name:?}"))?;
+        eps.push(ep);
+    }
+    for name in &a.sink {
+        let mut count = 0u64;
+        let ep = bus
+            .create_with_callback(EndpointOptions::new(name), move |ep, ev| {
+                if let Event::Message(m) = ev {
+                    count += 1;
+                    let n = count;
+                    if m.data == SINK_SYNC {
+                        if let Err(e) =
+                            ep.send_to(m.src, &n.to_le_bytes(), Some(Duration::from_secs(5)))
+                        {
+                            tracing::warn!("sink answer to {} failed: {e}", m.src);
+                        }
+                    }
+                }
             })
             .with_context(|| format!("announcing {name:?}"))?;
         eps.push(ep);
