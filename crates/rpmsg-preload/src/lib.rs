@@ -9,7 +9,7 @@
 //!          ── open("/dev/rpmsgN") ───────► the node: connect + greeting
 //!          ── ioctl(CREATE_EPT_FD) ──────► CREATE_EPT_FD (fd over SCM_RIGHTS)
 //!          ── read/write/poll/ioctl ─────► rpmsg_char's errnos over the socket
-//!  every other path and fd ─────────────► libc, after one bitmap check
+//!  every other path and fd ─────────────► libc (a prefix compare, an atomic load)
 //! ```
 //!
 //! Configured by `IOPATH_RPMSG_CTRL=<control socket>` (and
@@ -29,10 +29,13 @@
 //! What this does not cover, and how it differs from the kernel, is in the
 //! README ("rpmsg for unmodified programs").
 //!
-//! Every other fd costs one relaxed atomic load (a bit per fd, [`fds`]);
-//! the interposed hot paths take no lock and allocate nothing for them.
-//! Calls made for the program go to libc's definitions through [`real`]
-//! or to the kernel through rustix, never back into the interposer.
+//! In a process with no rpmsg fd open, an interposed call on any fd costs
+//! one relaxed atomic load and a jump to libc's definition, looked up once
+//! by the library's constructor ([`real`]); with some open, a load of the
+//! fd's bit too ([`fds`]). The hot paths take no lock, touch no
+//! thread-local and allocate nothing. Calls made for the program go to
+//! libc's definitions through [`real`] or to the kernel through rustix,
+//! never back into the interposer.
 
 // The exports' safety contracts are libc's.
 #![allow(clippy::missing_safety_doc)]

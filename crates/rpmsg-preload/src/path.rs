@@ -38,21 +38,34 @@ pub(crate) fn classify(path: &[u8]) -> Option<Dev> {
     None
 }
 
-/// Classifies a C path, reading it only as far as it matches the prefix.
+/// Whether a C path starts with `/dev/rpmsg`, reading it only as far as
+/// it matches (for most paths one or two bytes).
 ///
 /// # Safety
 /// `path` is null or points to a NUL-terminated string.
 #[inline(always)]
-pub(crate) unsafe fn classify_c(path: *const c_char) -> Option<Dev> {
+pub(crate) unsafe fn has_prefix(path: *const c_char) -> bool {
     if path.is_null() {
-        return None;
+        return false;
     }
     for (i, &want) in PREFIX.iter().enumerate() {
         // SAFETY: the string is NUL-terminated and every byte before index
         // `i` matched a non-NUL prefix byte, so `i` is within it.
         if unsafe { *path.add(i) } as u8 != want {
-            return None;
+            return false;
         }
+    }
+    true
+}
+
+/// Classifies a C path, reading it only as far as it matches the prefix.
+///
+/// # Safety
+/// `path` is null or points to a NUL-terminated string.
+pub(crate) unsafe fn classify_c(path: *const c_char) -> Option<Dev> {
+    // SAFETY: as the caller promises.
+    if !unsafe { has_prefix(path) } {
+        return None;
     }
     // SAFETY: as the caller promises.
     classify(unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes())
