@@ -15,9 +15,10 @@ use crate::fds::{self, Kind};
 use crate::{ops, path, real};
 
 /// The library's constructor (run by the dynamic loader before `main`):
-/// looks up libc's definitions.
+/// looks up libc's definitions and registers the fork handlers.
 extern "C" fn init() {
     real::resolve_all();
+    crate::fork::register();
 }
 
 #[used]

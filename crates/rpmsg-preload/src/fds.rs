@@ -6,6 +6,10 @@
 //! A bit is set only while its entry exists (both change under the lock),
 //! so a clear bit means "not ours" without taking it. Several fd numbers
 //! share one state when the program dups an rpmsg fd.
+//!
+//! fork(2) copies the locks as they are: the fork handlers ([`fork`])
+//! take them before and release them after, in parent and child, so a
+//! child never inherits one held by a thread it does not have.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -49,13 +53,13 @@ fn set_bit(fd: usize, on: bool) {
 pub(crate) struct Ctrl {
     /// Held for the whole of one request and its answer (the kernel's
     /// `ctrl_lock`): two threads' requests on one fd never interleave.
+    /// Not taken by the fork handlers (a request waits for the service):
+    /// a child whose fork found it held gets a fresh state instead.
     pub(crate) lock: Mutex<()>,
     /// Legacy endpoints created through it: the connection is kept past
     /// the program's close, so their nodes stay (as `/dev/rpmsgN` outlives
     /// the control fd on Linux).
     pub(crate) legacy: AtomicU32,
-    /// Channels made with `RPMSG_CREATE_DEV_IOCTL`: `(name, src, dst)`.
-    pub(crate) channels: Mutex<Vec<([u8; 32], u32, u32)>>,
 }
 
 /// An endpoint fd: an opened node or an fd from `RPMSG_CREATE_EPT_FD_IOCTL`.
@@ -177,6 +181,68 @@ pub(crate) fn copy(old: c_int, new: c_int) -> bool {
     match get(old) {
         Some(k) => insert(new, k),
         None => true,
+    }
+}
+
+/// The fork handlers for this module's locks (see [`crate::fork`]).
+pub(crate) mod fork {
+    use super::*;
+    use crate::fork::Held;
+
+    type Guards = (
+        MutexGuard<'static, BTreeMap<c_int, Kind>>,
+        MutexGuard<'static, Vec<OwnedFd>>,
+    );
+
+    static HELD: Held<Guards> = Held::new();
+
+    /// Before fork: takes the table and the kept connections (each is held
+    /// only briefly, never while waiting for another lock or the service).
+    pub(crate) fn prepare() {
+        let t = table();
+        let k = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: called only from the prepare handler.
+        unsafe { HELD.hold((t, k)) };
+    }
+
+    /// After fork, in the parent: releases them.
+    pub(crate) fn parent() {
+        // SAFETY: called only from the parent handler.
+        drop(unsafe { HELD.take() });
+    }
+
+    /// After fork, in the child (its only thread): a control fd whose
+    /// request lock a thread of the parent held gets a fresh state (that
+    /// thread is not here to release it), then the locks are released.
+    pub(crate) fn child() {
+        // SAFETY: called only from the child handler.
+        let Some((mut t, k)) = (unsafe { HELD.take() }) else {
+            return;
+        };
+        // (old, new): every fd number sharing a state gets the same new one.
+        let mut fresh: Vec<(Arc<Ctrl>, Arc<Ctrl>)> = Vec::new();
+        for kind in t.values_mut() {
+            let Kind::Ctrl(c) = kind else { continue };
+            if !matches!(c.lock.try_lock(), Err(std::sync::TryLockError::WouldBlock)) {
+                continue;
+            }
+            let new = match fresh.iter().find(|(old, _)| Arc::ptr_eq(old, c)) {
+                Some((_, new)) => new.clone(),
+                None => {
+                    let new = Arc::new(Ctrl {
+                        lock: Mutex::new(()),
+                        legacy: AtomicU32::new(c.legacy.load(Ordering::Relaxed)),
+                    });
+                    fresh.push((c.clone(), new.clone()));
+                    new
+                }
+            };
+            // (The old state is still counted by the parent's thread that
+            // held it, so it is never freed here with its lock taken.)
+            *c = new;
+        }
+        drop(fresh);
+        drop((t, k));
     }
 }
 

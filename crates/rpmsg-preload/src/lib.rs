@@ -35,7 +35,8 @@
 //! fd's bit too ([`fds`]). The hot paths take no lock, touch no
 //! thread-local and allocate nothing. Calls made for the program go to
 //! libc's definitions through [`real`] or to the kernel through rustix,
-//! never back into the interposer.
+//! never back into the interposer. fork(2) is safe at any moment: the
+//! library's locks are taken around it ([`fork`]).
 
 // The exports' safety contracts are libc's.
 #![allow(clippy::missing_safety_doc)]
@@ -44,6 +45,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod fds;
+mod fork;
 mod ops;
 mod path;
 mod real;

@@ -25,7 +25,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, EptFd, EptInfo};
 use iopath_rpmsg::wire::MAX_PAYLOAD;
@@ -44,6 +44,50 @@ pub(crate) fn ctrl_path() -> Option<PathBuf> {
 
 /// Where the service's nodes are, as its last CREATE_EPT answer said.
 static RUNDIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// A channel made with `RPMSG_CREATE_DEV_IOCTL`: `(name, src, dst)`.
+type Channel = ([u8; 32], u32, u32);
+
+/// The channels made with `RPMSG_CREATE_DEV_IOCTL` and not released, in
+/// this process: one list for every control fd, as the kernel's are the
+/// bus's, not the fd's.
+static CHANNELS: Mutex<Vec<Channel>> = Mutex::new(Vec::new());
+
+fn channels() -> MutexGuard<'static, Vec<Channel>> {
+    CHANNELS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The fork handlers for this module's locks (see [`crate::fork`]).
+pub(crate) mod fork {
+    use super::*;
+    use crate::fork::Held;
+
+    type Guards = (
+        MutexGuard<'static, Option<PathBuf>>,
+        MutexGuard<'static, Vec<Channel>>,
+    );
+
+    static HELD: Held<Guards> = Held::new();
+
+    /// Before fork: takes the node directory and the channel list.
+    pub(crate) fn prepare() {
+        let r = RUNDIR.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: called only from the prepare handler.
+        unsafe { HELD.hold((r, channels())) };
+    }
+
+    /// After fork, in the parent: releases them.
+    pub(crate) fn parent() {
+        // SAFETY: called only from the parent handler.
+        drop(unsafe { HELD.take() });
+    }
+
+    /// After fork, in the child: releases them.
+    pub(crate) fn child() {
+        // SAFETY: called only from the child handler.
+        drop(unsafe { HELD.take() });
+    }
+}
 
 /// The service's node directory: `IOPATH_RPMSG_RUNDIR`, else where its
 /// answers put nodes, else its default (the socket path and `.d`).
@@ -214,7 +258,7 @@ fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_in
             Ok(0)
         }
         uapi::CREATE_DEV => {
-            let mut ch = c.channels.lock().unwrap_or_else(|e| e.into_inner());
+            let mut ch = channels();
             if ch.iter().any(|d| matches(d, &name, info.src, info.dst)) {
                 return Err(libc::ENXIO);
             }
@@ -222,7 +266,7 @@ fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_in
             Ok(0)
         }
         uapi::RELEASE_DEV => {
-            let mut ch = c.channels.lock().unwrap_or_else(|e| e.into_inner());
+            let mut ch = channels();
             let i = ch
                 .iter()
                 .position(|d| matches(d, &name, info.src, info.dst))
@@ -235,7 +279,7 @@ fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_in
 }
 
 /// `rpmsg_device_match` (rpmsg_core.c): any address matches `ADDR_ANY`.
-fn matches(dev: &([u8; 32], u32, u32), name: &[u8; 32], src: u32, dst: u32) -> bool {
+fn matches(dev: &Channel, name: &[u8; 32], src: u32, dst: u32) -> bool {
     let any = iopath_rpmsg::wire::ADDR_ANY;
     (src == any || src == dev.1) && (dst == any || dst == dev.2) && dev.0 == *name
 }
