@@ -12,7 +12,8 @@
 //!   read and write `EPIPE` once the endpoint is gone; poll `EPOLLERR`;
 //!   `rpmsg_eptdev_ioctl` answers the flow-control requests and destroy,
 //!   anything else `EINVAL` (not `ENOTTY`: the driver has an ioctl
-//!   handler, and that is its default).
+//!   handler, and that is its default). Before either driver, `fs/ioctl.c`
+//!   answers a few requests itself ([`uapi::vfs`]).
 //! - `drivers/rpmsg/virtio_rpmsg_bus.c`: over 496 bytes `EMSGSIZE`
 //!   (`rpmsg_send_offchannel_raw`); no `set_flow_control` op, so
 //!   `rpmsg_set_flow_control` (rpmsg_core.c) answers `EOPNOTSUPP`, and the
@@ -205,10 +206,11 @@ pub(crate) fn ctrl_ioctl(
     cmd: u32,
     arg: usize,
 ) -> Option<Result<c_int, c_int>> {
-    if uapi::vfs_generic(cmd) {
-        return None;
+    match uapi::vfs(cmd, arg) {
+        uapi::Vfs::PassOn => None,
+        uapi::Vfs::Answer(r) => Some(r),
+        uapi::Vfs::Driver => Some(ctrl_request(fd, c, cmd, arg)),
     }
-    Some(ctrl_request(fd, c, cmd, arg))
 }
 
 fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_int> {
@@ -304,8 +306,10 @@ fn gone(fd: c_int, e: &Ept) -> bool {
 
 /// An ioctl on endpoint fd `fd`; `None`: the real ioctl answers it.
 pub(crate) fn ept_ioctl(fd: c_int, e: &Ept, cmd: u32, arg: usize) -> Option<Result<c_int, c_int>> {
-    if uapi::vfs_generic(cmd) {
-        return None;
+    match uapi::vfs(cmd, arg) {
+        uapi::Vfs::PassOn => return None,
+        uapi::Vfs::Answer(r) => return Some(r),
+        uapi::Vfs::Driver => {}
     }
     Some(match cmd {
         uapi::DESTROY_EPT => {

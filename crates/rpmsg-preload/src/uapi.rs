@@ -34,14 +34,46 @@ pub(crate) const SET_INCOMING_FLOWCONTROL: u32 = ioc(READ, 0xb5, 6, 4);
 /// `_IOWR(0xb5, 0x7, struct rpmsg_endpoint_fd_info)`.
 pub(crate) const CREATE_EPT_FD: u32 = ioc(READ | WRITE, 0xb5, 7, EPT_FD_INFO_LEN);
 
-/// The ioctls `fs/ioctl.c` (`do_vfs_ioctl`) answers for any file before
-/// the driver sees the request; they go to the real `ioctl` (a socket
-/// answers them as a device file would).
-pub(crate) fn vfs_generic(cmd: u32) -> bool {
-    matches!(
-        cmd as libc::c_ulong,
-        libc::FIOCLEX | libc::FIONCLEX | libc::FIONBIO | libc::FIOASYNC
-    )
+/// What `fs/ioctl.c` (`do_vfs_ioctl`) does with a request on an rpmsg fd
+/// before the driver sees it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Vfs {
+    /// Answered for any file, the same for the socket under the fd: the
+    /// real `ioctl` answers it (`FIOCLEX`, `FIONCLEX`, `FIONBIO`).
+    PassOn,
+    /// Answered by the VFS, here (the socket would answer otherwise).
+    Answer(Result<c_int, c_int>),
+    /// Passed to the driver: rpmsg_ctrl's or rpmsg_char's `ioctl`.
+    Driver,
+}
+
+/// How `do_vfs_ioctl` treats `cmd` (argument `arg`) on an rpmsg fd, whose
+/// inode is a character device or an anonymous inode:
+///
+/// - `FIOASYNC`: `ioctl_fioasync` reads the flag (`EFAULT`), and turning
+///   it on is `ENOTTY`: rpmsg's files have no `fasync` (so `FASYNC` is
+///   never set on them; a socket would accept it).
+/// - `FIOQSIZE`: only directories, regular files and links have a size
+///   to report; anything else is `ENOTTY`.
+///
+/// Every other request (`TCGETS` from `isatty`, `FIONREAD`, ...) goes to
+/// the driver, which answers `EINVAL` for what it does not know.
+pub(crate) fn vfs(cmd: u32, arg: usize) -> Vfs {
+    match cmd as libc::c_ulong {
+        libc::FIOCLEX | libc::FIONCLEX | libc::FIONBIO => Vfs::PassOn,
+        libc::FIOASYNC => {
+            let mut on = [0u8; 4];
+            Vfs::Answer(copy_in(arg, &mut on).and_then(|()| {
+                if i32::from_ne_bytes(on) != 0 {
+                    Err(libc::ENOTTY)
+                } else {
+                    Ok(0)
+                }
+            }))
+        }
+        libc::FIOQSIZE => Vfs::Answer(Err(libc::ENOTTY)),
+        _ => Vfs::Driver,
+    }
 }
 
 /// Reads `out.len()` bytes of the program's memory at `addr`: `EFAULT` if
@@ -123,6 +155,31 @@ mod tests {
         assert_eq!(GET_OUTGOING_FLOWCONTROL, 0x8004_B505);
         assert_eq!(SET_INCOMING_FLOWCONTROL, 0x8004_B506);
         assert_eq!(CREATE_EPT_FD, 0xC030_B507);
+    }
+
+    #[test]
+    fn the_vfs_answers_before_the_driver() {
+        let (on, off) = (1i32, 0i32);
+        assert_eq!(vfs(libc::FIOCLEX as u32, 0), Vfs::PassOn);
+        assert_eq!(vfs(libc::FIONBIO as u32, 0), Vfs::PassOn);
+        let fioasync = libc::FIOASYNC as u32;
+        assert_eq!(
+            vfs(fioasync, &on as *const i32 as usize),
+            Vfs::Answer(Err(libc::ENOTTY))
+        );
+        assert_eq!(
+            vfs(fioasync, &off as *const i32 as usize),
+            Vfs::Answer(Ok(0))
+        );
+        assert_eq!(vfs(fioasync, 0), Vfs::Answer(Err(libc::EFAULT)));
+        assert_eq!(
+            vfs(libc::FIOQSIZE as u32, 0),
+            Vfs::Answer(Err(libc::ENOTTY))
+        );
+        for driver in [libc::TCGETS, libc::FIONREAD, 0xb542] {
+            assert_eq!(vfs(driver as u32, 0), Vfs::Driver);
+        }
+        assert_eq!(vfs(CREATE_EPT, 0), Vfs::Driver);
     }
 
     #[test]

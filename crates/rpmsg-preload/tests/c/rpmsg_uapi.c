@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
+#include <termios.h>
 #include <unistd.h>
 #include <linux/rpmsg.h>
 
@@ -191,6 +192,16 @@ int main(int argc, char **argv)
 	check(ioctl(ctrl, RPMSG_CREATE_EPT_IOCTL, &info) == 0, "RPMSG_CREATE_EPT_IOCTL", errno);
 	check_err(ioctl(ctrl, RPMSG_CREATE_EPT_IOCTL, NULL), EFAULT, "RPMSG_CREATE_EPT_IOCTL with NULL is EFAULT");
 	check_err(ioctl(ctrl, _IO(0xb5, 0x42), &info), EINVAL, "unknown ioctl on the control fd is EINVAL");
+	/* What fs/ioctl.c answers before the driver: a terminal request is
+	 * the driver's (EINVAL); FIOQSIZE and turning FIOASYNC on are ENOTTY
+	 * (a character device, no fasync). */
+	struct termios tio;
+	check_err(ioctl(ctrl, TCGETS, &tio), EINVAL, "TCGETS on the control fd is EINVAL");
+	long long qsize;
+	check_err(ioctl(ctrl, FIOQSIZE, &qsize), ENOTTY, "FIOQSIZE on the control fd is ENOTTY");
+	int async_on = 1, async_off = 0;
+	check_err(ioctl(ctrl, FIOASYNC, &async_on), ENOTTY, "FIOASYNC on the control fd is ENOTTY");
+	check(ioctl(ctrl, FIOASYNC, &async_off) == 0, "FIOASYNC off on the control fd", errno);
 	int ep = open("/dev/rpmsg0", O_RDWR);
 	check(ep >= 0, "open /dev/rpmsg0", errno);
 	check_err(open("/dev/rpmsg0", O_RDWR), EBUSY, "second open of /dev/rpmsg0 is EBUSY");
@@ -209,6 +220,9 @@ int main(int argc, char **argv)
 	check_err(ioctl(ep, RPMSG_SET_INCOMING_FLOWCONTROL, 2), EINVAL,
 		  "RPMSG_SET_INCOMING_FLOWCONTROL 2 is EINVAL");
 	check_err(ioctl(ep, _IO(0xb5, 0x42)), EINVAL, "unknown ioctl on an endpoint is EINVAL");
+	check_err(ioctl(ep, TCGETS, &tio), EINVAL, "TCGETS on an endpoint is EINVAL");
+	check_err(ioctl(ep, FIOQSIZE, &qsize), ENOTTY, "FIOQSIZE on an endpoint is ENOTTY");
+	check_err(ioctl(ep, FIOASYNC, &async_on), ENOTTY, "FIOASYNC on an endpoint is ENOTTY");
 	int copy = dup(ep);
 	check(copy >= 0, "dup of the endpoint", errno);
 	check(ioctl(ep, RPMSG_DESTROY_EPT_IOCTL) == 0, "legacy: RPMSG_DESTROY_EPT_IOCTL", errno);
