@@ -154,6 +154,12 @@ fn bench_rpmsg_openamp_peer_rows() {
             let ratio = r["over_openamp_pair"].as_f64().unwrap();
             let pair = rows[0]["round_trips_per_s"]["median"].as_f64().unwrap();
             assert!((ratio - median / pair).abs() < 1e-9, "{r}");
+            let by_p50 = r["over_openamp_pair_by_p50"].as_f64().unwrap();
+            let pair_p50 = rows[0]["p50_us"].as_f64().unwrap();
+            assert!(
+                (by_p50 - pair_p50 / r["p50_us"].as_f64().unwrap()).abs() < 1e-9,
+                "{r}"
+            );
         }
     }
     let goals = v["goals"].as_array().unwrap();
@@ -165,6 +171,7 @@ fn bench_rpmsg_openamp_peer_rows() {
             "{g}"
         );
         assert!(g["met"].is_boolean(), "{g}");
+        assert_eq!(g["by_p50"], split[row]["over_openamp_pair_by_p50"], "{g}");
     }
 }
 
