@@ -45,12 +45,16 @@ pub struct LoadArgs {
     /// io_uring requests kept in flight (uring and auto), 1 to 4096.
     #[arg(long, default_value_t = 16)]
     pub queue_depth: u32,
+    /// io_uring bytes per request (uring and auto), a multiple of 4096 up
+    /// to 1G, e.g. 1M, 4M.
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub request_size: usize,
     /// Threads allocating buffers (and their pages) while the reads run.
     #[arg(long, default_value_t = 1)]
     pub alloc_threads: usize,
     /// What the allocator thread does to new buffers' pages: allocate
     /// (fallocate; the reads map them), map (MADV_POPULATE_WRITE), none, or
-    /// auto (allocate for io_uring, map otherwise).
+    /// auto (map, measured the fastest for every method).
     #[arg(long, default_value = "auto", value_parser = parse_prefault)]
     pub prefault: Prefault,
     /// Read the file again afterwards and compare every byte; exit non-zero
@@ -81,7 +85,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         method,
         engine: EngineOptions {
             queue_depth: args.queue_depth,
-            ..EngineOptions::default()
+            chunk: args.request_size,
         },
         alloc_threads: args.alloc_threads,
         prefault: args.prefault,
@@ -275,6 +279,7 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
         }),
         E::NoBuffers => Some("--buffers 0".to_string()),
         E::BadQueueDepth { depth } => Some(format!("--queue-depth {depth}")),
+        E::BadChunk { chunk } => Some(format!("--request-size {chunk}")),
         E::UnknownMethod(_) => Some("--method".to_string()),
         E::UnknownHeap(_) | E::Unavailable { .. } => Some("--heap".to_string()),
         _ => None,

@@ -71,17 +71,19 @@ impl Default for LoadOptions {
 /// reading thread does not pay for them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prefault {
-    /// [`Prefault::Allocate`] for io_uring, whose buffer registration maps
-    /// the pages on the reading thread while earlier requests are in flight;
-    /// [`Prefault::Map`] for the other methods (and `auto`, which may choose
-    /// either), which would map them between requests. The default.
+    /// [`Prefault::Map`] for every method. The default. (`Allocate` for
+    /// io_uring was measured slower: see [`Prefault::Allocate`].)
     Auto,
     /// Nothing: pages are allocated when the transfer first touches them.
     None,
     /// Allocate (and zero) the pages up front with `fallocate(2)`; mapping
     /// them into page tables is left to the transfer (io_uring's buffer
-    /// registration does it on the reading thread, overlapped with the
-    /// requests in flight). Splits the page work across two threads.
+    /// registration does it on the reading thread). Splits the page work
+    /// across two threads, but the reading thread then faults in every
+    /// page of a buffer before its first request can go: cold 1 GiB
+    /// safetensors loads with `uring` ran 0.41-0.66 GiB/s this way against
+    /// 0.61-1.06 with [`Prefault::Map`], lower in each of 6 alternating
+    /// rounds.
     Allocate,
     /// Allocate and map every page up front (`MADV_POPULATE_WRITE`).
     Map,
@@ -286,11 +288,9 @@ pub(crate) fn fill(
     let total: u64 = reads.iter().map(|r| r.len as u64).sum();
     let engine = new_engine(opts.method, opts.engine)?;
     let (tx, rx) = mpsc::channel::<(usize, Result<(Buffer, Duration)>)>();
+    // Every engine does best with pages mapped by the allocator thread
+    // (io_uring registration then only pins them).
     let prefault = match opts.prefault {
-        // `auto` may choose either engine: map on the allocator thread,
-        // which serves both (registration then only pins mapped pages).
-        Prefault::Auto if opts.method == Method::Auto => Prefault::Map,
-        Prefault::Auto if engine.method() == Method::Uring => Prefault::Allocate,
         Prefault::Auto => Prefault::Map,
         p => p,
     };
