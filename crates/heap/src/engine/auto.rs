@@ -4,11 +4,17 @@
 //! device likes, what else the CPUs are doing and how page allocation on the
 //! allocator thread interleaves with the reads; on one VM `direct` beat
 //! `uring` cold while on NVMe the opposite is the rule. So `auto` does not
-//! guess: the first [`PROBE_BYTES`] of a batch's requests go through
-//! io_uring, the next [`PROBE_BYTES`] through direct `pread`, and the rest
-//! of the batch through the one that moved bytes faster. The figures are kept
-//! ([`Engine::probe`]) and logged.
+//! guess: the first requests of a batch alternate between the two in
+//! [`PROBE_SLICES`] slices (io_uring, direct, io_uring, direct), each about
+//! [`PROBE_BYTES`] / 2 bytes, and the rest of the batch goes through the one
+//! that moved bytes faster over its slices, io_uring on a tie. Alternating
+//! keeps a drift of the disk's speed (a VM's disk is shared) from deciding
+//! for one engine. A slice's time leaves out waits for the request source
+//! (the loader's allocator) only while the engine has nothing in flight: a
+//! wait while io_uring's requests run is time the device was working. The
+//! figures are kept ([`Engine::probe`]) and logged.
 
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,8 +24,11 @@ use super::{
 use crate::file::IoFile;
 use crate::{Buffer, Result};
 
-/// Bytes each engine moves before `auto` chooses.
+/// Bytes each engine moves (over its slices) before `auto` chooses.
 pub const PROBE_BYTES: u64 = 48 << 20;
+
+/// Probe slices, alternating io_uring and direct.
+pub const PROBE_SLICES: usize = 4;
 
 /// What the probe measured.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -124,49 +133,61 @@ impl Engine for AutoEngine {
         let mut total = Transfer::default();
         let mut base = 0;
         let mut ended = false;
-        // The probe: the first PROBE_BYTES of requests through io_uring (as
-        // a batch, requests overlapping as they will after the choice), the
-        // next PROBE_BYTES through direct.
-        for engine in [Method::Uring, Method::Direct] {
+        let slice = PROBE_BYTES / (PROBE_SLICES as u64 / 2);
+        for k in 0..PROBE_SLICES {
             if ended {
                 break;
             }
+            let engine = if k % 2 == 0 {
+                Method::Uring
+            } else {
+                Method::Direct
+            };
             let mut asked = 0u64;
-            let mut count = 0;
-            // Time spent waiting for the source (the loader's allocator) is
-            // not the engine's: it is taken out of the phase's time, or the
-            // first phase would pay for the first buffers' allocation.
-            let mut waited = Duration::ZERO;
+            // Requests handed to the engine and requests it finished.
+            let pulled = Cell::new(0usize);
+            let finished = Cell::new(0usize);
+            // Waits for the source while the engine had nothing in flight
+            // are not the engine's time: the first slice would otherwise pay
+            // for the first buffers' allocation.
+            let mut idle = Duration::ZERO;
             let mut limited = |wait: bool| -> Result<Pull> {
-                if asked >= PROBE_BYTES {
+                if asked >= slice {
                     return Ok(Pull::End);
                 }
                 let t = Instant::now();
                 let p = next(wait)?;
-                waited += t.elapsed();
+                if pulled.get() == finished.get() {
+                    idle += t.elapsed();
+                }
                 match &p {
                     Pull::Req(r) => {
                         asked += r.len as u64;
-                        count += 1;
+                        pulled.set(pulled.get() + 1);
                     }
                     Pull::End => ended = true,
                     Pull::Later => {}
                 }
                 Ok(p)
             };
-            let mut phase_done = |j: usize, t: Transfer| done(base + j, t);
+            let mut slice_done = |j: usize, t: Transfer| {
+                finished.set(finished.get() + 1);
+                done(base + j, t);
+            };
             let t = Instant::now();
             let tr = match engine {
-                Method::Uring => self.uring.read_batch(file, &mut limited, &mut phase_done),
-                _ => self.direct.read_batch(file, &mut limited, &mut phase_done),
+                Method::Uring => self.uring.read_batch(file, &mut limited, &mut slice_done),
+                _ => self.direct.read_batch(file, &mut limited, &mut slice_done),
             }?;
+            let took = t.elapsed().saturating_sub(idle);
             let slot = match engine {
                 Method::Uring => &mut probe.uring,
                 _ => &mut probe.direct,
             };
-            *slot = (tr.bytes, t.elapsed().saturating_sub(waited));
+            slot.0 += tr.bytes;
+            slot.1 += took;
             total += tr;
-            base += count;
+            base += pulled.get();
         }
         let chosen = probe.choose();
         tracing::info!(
