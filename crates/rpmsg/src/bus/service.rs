@@ -159,6 +159,16 @@ fn handle_held(
     }
 }
 
+/// How long a sleeping bus keeps passing after it sent something
+/// (`IOPATH_RPMSG_SPIN_US`, default 50 us; 0: sleep at once).
+fn spin_window() -> Duration {
+    let us = std::env::var("IOPATH_RPMSG_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    Duration::from_micros(us)
+}
+
 /// Runs the hook, if there is one, waiting up to `timeout`; a hook that
 /// says it is done is detached. No hook: `done`, so the caller waits on the
 /// notifier itself.
@@ -195,8 +205,12 @@ pub(super) fn run(shared: Arc<Shared>) {
     let mut idle_since = Instant::now();
     let mut last_check = Instant::now();
     let mut out = Vec::new();
+    let spin = spin_window();
+    let mut last_tx = 0;
+    let mut spin_until: Option<Instant> = None;
     loop {
         let mut n = 0;
+        let tx_now;
         let kick;
         let mut down = None;
         let ns_changed;
@@ -238,6 +252,7 @@ pub(super) fn run(shared: Arc<Shared>) {
                 st.stats.kicks += 1;
             }
             ns_changed = st.stats.ns_create + st.stats.ns_destroy != ns_before;
+            tx_now = st.stats.tx_msgs;
         }
         if kick {
             if let Err(e) = shared.notifier.kick() {
@@ -275,6 +290,28 @@ pub(super) fn run(shared: Arc<Shared>) {
                 run_hook(&shared, Duration::ZERO);
             }
             continue;
+        }
+        if !polling && !spin.is_zero() {
+            // Something went to the peer: its answer is likely on its way.
+            // Pass over the rings a while longer (giving the CPU away
+            // between passes) before sleeping, so that an answer that
+            // comes meanwhile needs no wake-up of this thread; on a CPU of
+            // its own the peer then needs no kick either (none is asked).
+            if tx_now != last_tx {
+                last_tx = tx_now;
+                spin_until = Some(Instant::now() + spin);
+            }
+            if spin_until.is_some_and(|t| Instant::now() < t) {
+                if run_hook(&shared, Duration::ZERO).kicked {
+                    if let Err(e) = shared.notifier.wait(Duration::ZERO) {
+                        mark_down(&shared, format!("notify: {e}"));
+                        break;
+                    }
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            spin_until = None;
         }
         // A polling bus never sleeps on a kick, so it asks for none:
         // re-arming on every spin would write the rings' suppression
