@@ -57,7 +57,7 @@ fn bench_rpmsg_json() {
     let missing = v["peers"]["missing"].as_str().unwrap();
     assert!(missing.contains("--openamp DIR"), "{missing}");
     let goals = v["goals"].as_array().unwrap();
-    assert_eq!(goals.len(), 7, "{goals:?}");
+    assert_eq!(goals.len(), 9, "{goals:?}");
     for g in &goals[..4] {
         assert!(g["value"].is_null() && g["met"].is_null(), "{g}");
         assert_eq!(g["na"], "no --openamp", "{g}");
@@ -73,11 +73,15 @@ fn bench_rpmsg_json() {
         goals[6]["value"].as_f64(),
         v["echo"]["fd_poll"]["p50_us"].as_f64()
     );
+    for g in &goals[7..] {
+        assert_eq!(g["na"], "run with --scale", "{g}");
+    }
 }
 
 /// `--openamp DIR` of OpenAMP's demo (`scripts/openamp-demo build SRC DIR`):
 /// every pair in both placements, each run complete, each echo checked by
-/// its driver; the peer goals computed from the rows.
+/// its driver; the peer goals computed from the rows; with `--scale`, the
+/// 256-endpoint goals from its rows.
 #[test]
 #[ignore = "needs OpenAMP's demo: IOPATH_OPENAMP_BIN=DIR cargo test -p iopath --test bench_rpmsg -- --ignored openamp"]
 fn bench_rpmsg_openamp_peer_rows() {
@@ -99,6 +103,7 @@ fn bench_rpmsg_openamp_peer_rows() {
             "5",
             "--openamp",
             &bin,
+            "--scale",
             "--json",
         ])
         .output()
@@ -173,6 +178,27 @@ fn bench_rpmsg_openamp_peer_rows() {
         assert!(g["met"].is_boolean(), "{g}");
         assert_eq!(g["by_p50"], split[row]["over_openamp_pair_by_p50"], "{g}");
     }
+    let e256 = v["scale"]["echo"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["endpoints"] == 256)
+        .unwrap();
+    assert_eq!(goals[7]["value"], e256["vs_one"], "{}", goals[7]);
+    let starve = goals[8]["value"].as_f64().unwrap();
+    let worst = e256["p99_us_worst_endpoint"].as_array().unwrap();
+    let median = e256["p99_us_median_endpoint"].as_array().unwrap();
+    assert!(starve >= 1.0, "{}", goals[8]);
+    let per: Vec<f64> = worst
+        .iter()
+        .zip(median)
+        .map(|(w, m)| w.as_f64().unwrap() / m.as_f64().unwrap())
+        .collect();
+    // The median of the per-run ratios, with their range as its spread.
+    let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = per.iter().copied().fold(0.0, f64::max);
+    assert!(lo <= starve && starve <= hi, "{per:?} vs {starve}");
+    assert_eq!(goals[8]["spread"], serde_json::json!([lo, hi]));
 }
 
 #[test]

@@ -710,6 +710,9 @@ pub struct RpmsgReport {
     peer_budget: Duration,
     /// Where each peer placement put the processes, in words.
     peer_wheres: Vec<String>,
+    /// The scale experiments' text, Markdown and JSON, when added
+    /// ([`RpmsgReport::add_scale`]).
+    scale: Option<(String, String, serde_json::Value)>,
 }
 
 fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
@@ -780,6 +783,7 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
         openamp: a.openamp.clone(),
         peer_budget: a.peer_budget,
         peer_wheres,
+        scale: None,
     })
 }
 

@@ -21,6 +21,9 @@ impl RpmsgReport {
             );
             outln!(out, "  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
         }
+        if let Some((text, _, _)) = &self.scale {
+            out.push_str(text);
+        }
         self.peers_text(&mut out);
         out
     }
@@ -78,6 +81,10 @@ impl RpmsgReport {
                 &[("endpoint fd, busy-polled, host and remote polling", p)],
                 pl,
             );
+        }
+        if let Some((_, md, _)) = &self.scale {
+            out.push_str(md);
+            outln!(out);
         }
         self.peers_markdown(&mut out);
         out
@@ -170,6 +177,7 @@ impl RpmsgReport {
             "placements": placements,
             "peers": peers,
             "goals": goals,
+            "scale": self.scale.as_ref().map(|(_, _, j)| j),
         })
     }
 }
@@ -468,6 +476,70 @@ API, each against OpenAMP's rpmsg-echo and iopath's remote) are missing: no --op
 (build DIR with `scripts/openamp-demo build SRC DIR`)";
 
 impl RpmsgReport {
+    /// Adds the scale experiments' tables (before the peer rows and the
+    /// goals), their JSON (`scale`) and their goals (256 endpoints against
+    /// one, no endpoint starved).
+    pub fn add_scale(&mut self, sc: &super::scale::ScaleReport) {
+        self.scale = Some((sc.text(), sc.markdown(), sc.json()));
+    }
+
+    /// The 256-endpoint goals, from the scale experiments' JSON.
+    fn scale_goals(&self, goals: &mut Vec<Goal>) {
+        let row = self.scale.as_ref().and_then(|(_, _, j)| {
+            j["echo"]
+                .as_array()?
+                .iter()
+                .find(|r| r["endpoints"] == 256)
+                .cloned()
+        });
+        let na = || {
+            Some(if self.scale.is_none() {
+                "run with --scale".to_string()
+            } else {
+                "no 256-endpoint row".to_string()
+            })
+        };
+        let runs = |k: &str| -> Vec<f64> {
+            row.as_ref()
+                .and_then(|r| r[k].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(serde_json::Value::as_f64)
+                .collect()
+        };
+        let vs_one = row
+            .as_ref()
+            .and_then(|r| r["vs_one"].as_f64())
+            .map(|v| (v, None));
+        goals.push(Goal {
+            what: "one CPU: aggregate round trips/s, 256 endpoints / 1 endpoint".into(),
+            na: vs_one.is_none().then(na).flatten(),
+            value: vs_one,
+            target: 0.9,
+            at_least: true,
+            unit: "x",
+            by_p50: None,
+        });
+        let (worst, median) = (
+            runs("p99_us_worst_endpoint"),
+            runs("p99_us_median_endpoint"),
+        );
+        let per: Vec<f64> = worst.iter().zip(&median).map(|(w, m)| w / m).collect();
+        let starve = (!per.is_empty()).then(|| {
+            let s = Summary::of(&per);
+            (s.median, Some((s.min, s.max)))
+        });
+        goals.push(Goal {
+            what: "one CPU, 256 endpoints: worst endpoint's p99 / median endpoint's p99".into(),
+            na: starve.is_none().then(na).flatten(),
+            value: starve,
+            target: 3.0,
+            at_least: false,
+            unit: "x",
+            by_p50: None,
+        });
+    }
+
     /// The peer placement `p`, if measured.
     fn peer_placement(&self, p: Placement) -> Option<&peers::PeerPlacement> {
         self.peers.as_ref()?.iter().find(|m| m.placement == p)
@@ -554,6 +626,7 @@ impl RpmsgReport {
             unit: " us",
             by_p50: None,
         });
+        self.scale_goals(&mut goals);
         goals
     }
 

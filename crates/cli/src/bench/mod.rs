@@ -399,23 +399,18 @@ fn blk(cfg: &BlkConfig, out: &Outputs) -> Result<Done> {
 }
 
 fn rpmsg(cfg: &RpmsgConfig, scale: bool, out: &Outputs) -> Result<Done> {
-    let rep = iopath_bench::rpmsg::run(cfg)?;
-    let mut done = Done {
+    let mut rep = iopath_bench::rpmsg::run(cfg)?;
+    if scale {
+        let sc = iopath_bench::rpmsg::scale::run(&ScaleConfig::new(cfg.iopath.clone()))?;
+        rep.add_scale(&sc);
+    }
+    Ok(Done {
         name: "rpmsg",
         text: rep.text(),
         json: rep.json(),
         markdown: rep.markdown(),
         chart: chart(out, "rpmsg", |p| rep.plot(p))?,
-    };
-    if scale {
-        let sc = iopath_bench::rpmsg::scale::run(&ScaleConfig::new(cfg.iopath.clone()))?;
-        done.text.push('\n');
-        done.text.push_str(&sc.text());
-        done.markdown.push('\n');
-        done.markdown.push_str(&sc.markdown());
-        done.json["scale"] = sc.json();
-    }
-    Ok(done)
+    })
 }
 
 /// The command line, for the Markdown file.
