@@ -32,16 +32,19 @@ DTYPES = {
 }
 
 
-def load_safetensors(path, heap="memfd", method="auto", buffer_size=32 << 20, with_stats=False):
+def load_safetensors(
+    path, heap="memfd", method="auto", buffer_size=32 << 20, with_stats=False, progress=False
+):
     """Loads a safetensors file into heap buffers and returns {name: ndarray}.
 
     Every array is a view (no copy) over the buffer that holds its tensor,
     aligned for its dtype. Dtypes numpy lacks (BF16, F8_*, F4, F6_*) come
     back as raw ``uint8`` arrays of their bytes. With ``with_stats`` the
-    result is ``(tensors, stats)``. Errors are raised as ``ValueError``
+    result is ``(tensors, stats)``. The GIL is released while loading;
+    ``progress=True`` shows progress on stderr. Errors are raised as ``ValueError``
     (bad input, a refused header) or ``OSError`` with the Rust message.
     """
-    buffers, table, stats = load_safetensors_raw(str(path), heap, method, buffer_size)
+    buffers, table, stats = load_safetensors_raw(str(path), heap, method, buffer_size, progress)
     views = [memoryview(b) for b in buffers]
     out = {}
     for name, (index, offset, length, dtype, shape) in table.items():

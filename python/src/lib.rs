@@ -103,6 +103,27 @@ fn options(method: &str, buffer_size: usize) -> PyResult<LoadOptions> {
     })
 }
 
+/// A progress callback: with `show`, one line on stderr rewritten after
+/// every read (no GIL needed), ended when the last one is done.
+fn progress_printer(show: bool) -> impl FnMut(&iopath_heap::Progress) {
+    move |p| {
+        if show {
+            use std::io::Write;
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\riopath: {} / {} MiB ({:.0}%)",
+                p.bytes >> 20,
+                p.total >> 20,
+                p.bytes as f64 * 100.0 / p.total.max(1) as f64
+            );
+            if p.buffers == p.buffers_total {
+                let _ = writeln!(err);
+            }
+        }
+    }
+}
+
 /// The Rust error as a Python exception: input errors as `ValueError`,
 /// the rest as `OSError`, with the whole error chain as the message.
 fn to_py(e: iopath_heap::Error) -> PyErr {
@@ -132,20 +153,24 @@ fn to_py(e: iopath_heap::Error) -> PyErr {
     }
 }
 
-/// Loads `path` into buffers (see `iopath.load`).
+/// Loads `path` into buffers: a list of `Buffer`s in file order, each with
+/// `filled` bytes of the file. The GIL is released while loading;
+/// `progress=True` shows progress on stderr.
 #[pyfunction]
-#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20))]
+#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20, progress = false))]
 fn load(
     py: Python<'_>,
     path: PathBuf,
     heap: &str,
     method: &str,
     buffer_size: usize,
+    progress: bool,
 ) -> PyResult<Vec<PyBuffer>> {
     let opts = options(method, buffer_size)?;
     let heap = open_heap(heap).map_err(to_py)?;
+    let mut show = progress_printer(progress);
     let loaded = py
-        .allow_threads(|| iopath_heap::load(&path, heap.as_ref(), &opts, &mut |_| {}))
+        .allow_threads(|| iopath_heap::load(&path, heap.as_ref(), &opts, &mut show))
         .map_err(to_py)?;
     Ok(loaded
         .buffers
@@ -159,18 +184,20 @@ fn load(
 /// dtype, shape)}, stats dict). `iopath.load_safetensors` turns it into
 /// numpy views.
 #[pyfunction]
-#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20))]
+#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20, progress = false))]
 fn load_safetensors_raw<'py>(
     py: Python<'py>,
     path: PathBuf,
     heap: &str,
     method: &str,
     buffer_size: usize,
+    progress: bool,
 ) -> PyResult<(Vec<PyBuffer>, Bound<'py, PyDict>, Bound<'py, PyDict>)> {
     let opts = options(method, buffer_size)?;
     let heap = open_heap(heap).map_err(to_py)?;
+    let mut show = progress_printer(progress);
     let t = py
-        .allow_threads(|| iopath_heap::load_safetensors(&path, heap.as_ref(), &opts, &mut |_| {}))
+        .allow_threads(|| iopath_heap::load_safetensors(&path, heap.as_ref(), &opts, &mut show))
         .map_err(to_py)?;
     let tensors = PyDict::new(py);
     for (name, x) in &t.tensors {

@@ -131,3 +131,16 @@ def test_truncated_file_and_hostile_header_raise(model, tmp_path):
         iopath.load_safetensors(model, method="teleport")
     with pytest.raises(OSError, match="No such file"):
         iopath.load(os.path.join(d, "missing.bin"))
+
+
+def test_progress_only_when_asked(model, capfd):
+    got = iopath.load_safetensors(model, buffer_size=256 << 10)
+    assert capfd.readouterr().err == ""
+    iopath.load_safetensors(model, buffer_size=256 << 10, progress=True)
+    err = capfd.readouterr().err
+    total = sum(a.nbytes for a in got.values()) >> 20
+    lines = err.split("\n")
+    assert len(lines) == 2 and lines[1] == "", repr(err)
+    steps = lines[0].split("\r")
+    assert steps[0] == "" and len(steps) > 2, repr(err)
+    assert steps[-1] == f"iopath: {total} / {total} MiB (100%)", repr(err)

@@ -96,9 +96,10 @@ pub struct Progress {
     pub bytes: u64,
     /// Bytes to load in all.
     pub total: u64,
-    /// Buffers filled so far.
+    /// Reads done so far: one per buffer for [`load`]; a safetensors load
+    /// may fill a buffer with several.
     pub buffers: usize,
-    /// Buffers in all.
+    /// Reads in all.
     pub buffers_total: usize,
 }
 
