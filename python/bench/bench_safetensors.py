@@ -215,7 +215,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the scratch file")
     ap.add_argument("--method", default="auto", help="iopath transfer method [auto]")
     ap.add_argument("--buffer-size", type=int, default=32 << 20, help="iopath buffer size in bytes [32 MiB]")
-    ap.add_argument("--fio-bs", type=int, default=1 << 20, help="fio block size (iopath's request size) [1 MiB]")
+    ap.add_argument("--fio-bs", type=int, default=4 << 20, help="fio block size (iopath's request size) [4 MiB]")
     ap.add_argument("--fio-depth", type=int, default=16, help="fio queue depth (iopath's) [16]")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"rows to run [{','.join(ROWS)}]")
     ap.add_argument("--json", action="store_true", help="print one JSON object, not the table")
