@@ -3,6 +3,34 @@
 
 use super::*;
 
+/// The table's columns: (text heading, Markdown heading).
+const COLUMNS: [(&str, &str); 9] = [
+    ("heap", "heap"),
+    ("method", "method"),
+    ("alloc ms", "alloc ms"),
+    ("read ms", "read ms"),
+    ("total ms", "total ms"),
+    ("GiB/s", "GiB/s"),
+    ("spread", "spread"),
+    ("vs limit", "vs limit"),
+    ("cache growth", "page cache growth"),
+];
+
+/// Where a table goes: the few cells that differ between the two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Text,
+    Markdown,
+}
+
+/// One row of the table, its cells already formatted.
+#[derive(Debug)]
+struct TableRow {
+    cells: [String; 9],
+    /// Requests that fell back to buffered I/O (a note under the text row).
+    fallbacks: u64,
+}
+
 impl HeapReport {
     fn alloc_summary(&self) -> Summary {
         let gib = self.bytes as f64 / (1u64 << 30) as f64;
@@ -11,6 +39,86 @@ impl HeapReport {
 
     fn limit_summary(&self) -> Option<Summary> {
         Some(self.limit.summary()).filter(|s| s.median > 0.0)
+    }
+
+    /// The table's rows, one cell per column (see [`COLUMNS`]): every heap
+    /// x method, the limit, the alloc-only bound. The few cells the text
+    /// and Markdown tables write differently follow `style`.
+    fn table(&self, style: Style) -> Vec<TableRow> {
+        let limit = self.limit_summary();
+        let vs = |g: f64| match limit {
+            Some(l) => format!("{:.0}%", g / l.median * 100.0),
+            None if style == Style::Text => "-".to_string(),
+            None => "n/a".to_string(),
+        };
+        let mut rows = Vec::new();
+        for r in &self.rows {
+            let g = Summary::of(&r.gib_per_s);
+            let method = if r.method == r.used {
+                r.method.to_string()
+            } else {
+                format!("{} ({})", r.method, r.used)
+            };
+            rows.push(TableRow {
+                cells: [
+                    r.heap.clone(),
+                    method,
+                    format!("{:.1}", Summary::of(&r.alloc_ms).median),
+                    format!("{:.1}", Summary::of(&r.read_ms).median),
+                    format!("{:.1}", Summary::of(&r.total_ms).median),
+                    format!("{:.3}", g.median),
+                    format!("{:.1}%", g.spread_pct()),
+                    vs(g.median),
+                    human(r.cache_growth),
+                ],
+                fallbacks: r.fallbacks,
+            });
+        }
+        if let Some(l) = limit {
+            let (name, label) = match (self.limit.is_fio(), style) {
+                (true, _) => ("limit", self.limit.label()),
+                (false, Style::Text) => ("limit (own)", self.limit.label()),
+                (false, Style::Markdown) => ("limit (own, no fio)", self.limit.label()),
+            };
+            let label = match style {
+                Style::Text => label.replace(" bs=", " ").replace(" qd=", " qd"),
+                Style::Markdown => label,
+            };
+            rows.push(TableRow {
+                cells: [
+                    name.to_string(),
+                    label,
+                    "-".into(),
+                    "-".into(),
+                    format!(
+                        "{:.1}",
+                        self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3
+                    ),
+                    format!("{:.3}", l.median),
+                    format!("{:.1}%", l.spread_pct()),
+                    "100%".into(),
+                    "-".into(),
+                ],
+                fallbacks: 0,
+            });
+        }
+        let a = self.alloc_summary();
+        let alloc_ms = format!("{:.1}", Summary::of(&self.alloc_limit).median * 1e3);
+        rows.push(TableRow {
+            cells: [
+                "alloc only".into(),
+                self.alloc_heap.clone(),
+                alloc_ms.clone(),
+                "-".into(),
+                alloc_ms,
+                format!("{:.3}", a.median),
+                format!("{:.1}%", a.spread_pct()),
+                vs(a.median),
+                "-".into(),
+            ],
+            fallbacks: 0,
+        });
+        rows
     }
 
     /// The table and its notes, as `iopath bench heap` prints them.
@@ -26,43 +134,15 @@ impl HeapReport {
             self.fs,
             self.runs
         );
-        let limit = self.limit_summary();
-        outln!(
-            out,
-            "{:<14} {:<16} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>13}",
-            "heap",
-            "method",
-            "alloc ms",
-            "read ms",
-            "total ms",
-            "GiB/s",
-            "spread",
-            "vs limit",
-            "cache growth"
-        );
-        for r in &self.rows {
-            let g = Summary::of(&r.gib_per_s);
-            let method = if r.method == r.used {
-                r.method.to_string()
-            } else {
-                format!("{} ({})", r.method, r.used)
-            };
-            outln!(
-                out,
-                "{:<14} {:<16} {:>9.1} {:>9.1} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
-                r.heap,
-                method,
-                Summary::of(&r.alloc_ms).median,
-                Summary::of(&r.read_ms).median,
-                Summary::of(&r.total_ms).median,
-                g.median,
-                g.spread_pct(),
-                limit.map_or("-".to_string(), |l| format!(
-                    "{:.0}%",
-                    g.median / l.median * 100.0
-                )),
-                human(r.cache_growth),
-            );
+        let line = |c: &[String; 9]| {
+            format!(
+                "{:<14} {:<16} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>13}",
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
+            )
+        };
+        outln!(out, "{}", line(&COLUMNS.map(|(text, _)| text.to_string())));
+        for r in self.table(Style::Text) {
+            outln!(out, "{}", line(&r.cells));
             if r.fallbacks > 0 {
                 outln!(
                     out,
@@ -72,45 +152,6 @@ impl HeapReport {
                 );
             }
         }
-        if let Some(s) = limit {
-            outln!(
-                out,
-                "{:<14} {:<16} {:>9} {:>9} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
-                if self.limit.is_fio() {
-                    "limit"
-                } else {
-                    "limit (own)"
-                },
-                self.limit
-                    .label()
-                    .replace(" bs=", " ")
-                    .replace(" qd=", " qd"),
-                "-",
-                "-",
-                self.bytes as f64 / f64::from(1u32 << 30) / s.median * 1e3,
-                s.median,
-                s.spread_pct(),
-                "100%",
-                "-"
-            );
-        }
-        let a = self.alloc_summary();
-        outln!(
-            out,
-            "{:<14} {:<16} {:>9.1} {:>9} {:>9.1} {:>7.3} {:>6.1}% {:>9} {:>13}",
-            "alloc only",
-            self.alloc_heap,
-            Summary::of(&self.alloc_limit).median * 1e3,
-            "-",
-            Summary::of(&self.alloc_limit).median * 1e3,
-            a.median,
-            a.spread_pct(),
-            limit.map_or("-".to_string(), |l| format!(
-                "{:.0}%",
-                a.median / l.median * 100.0
-            )),
-            "-"
-        );
         for n in self.limit.notes() {
             outln!(out, "{n}");
         }
@@ -157,12 +198,6 @@ impl HeapReport {
     /// The table as Markdown (as in BENCHMARKS.md), then its notes.
     pub fn markdown(&self) -> String {
         let mut out = String::new();
-        let limit = self.limit_summary();
-        let vs = |g: f64| {
-            limit.map_or("n/a".to_string(), |l| {
-                format!("{:.0}%", g / l.median * 100.0)
-            })
-        };
         outln!(
             out,
             "{} x {} buffers from a {} file on {}, {} run(s), each from a cold page cache; medians, spread = (max-min)/median.",
@@ -173,54 +208,12 @@ impl HeapReport {
             self.runs
         );
         outln!(out);
-        outln!(out, "| heap | method | alloc ms | read ms | total ms | GiB/s | spread | vs limit | page cache growth |");
+        let row = |c: &[String]| format!("| {} |", c.join(" | "));
+        outln!(out, "{}", row(&COLUMNS.map(|(_, md)| md.to_string())));
         outln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
-        for r in &self.rows {
-            let g = Summary::of(&r.gib_per_s);
-            let method = if r.method == r.used {
-                r.method.to_string()
-            } else {
-                format!("{} ({})", r.method, r.used)
-            };
-            outln!(
-                out,
-                "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1}% | {} | {} |",
-                r.heap,
-                method,
-                Summary::of(&r.alloc_ms).median,
-                Summary::of(&r.read_ms).median,
-                Summary::of(&r.total_ms).median,
-                g.median,
-                g.spread_pct(),
-                vs(g.median),
-                human(r.cache_growth)
-            );
+        for r in self.table(Style::Markdown) {
+            outln!(out, "{}", row(&r.cells));
         }
-        if let Some(l) = limit {
-            outln!(
-                out,
-                "| {} | {} | - | - | {:.1} | {:.3} | {:.1}% | 100% | - |",
-                if self.limit.is_fio() {
-                    "limit"
-                } else {
-                    "limit (own, no fio)"
-                },
-                self.limit.label(),
-                self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3,
-                l.median,
-                l.spread_pct()
-            );
-        }
-        let a = self.alloc_summary();
-        let alloc_ms = Summary::of(&self.alloc_limit).median * 1e3;
-        outln!(
-            out,
-            "| alloc only | {} | {alloc_ms:.1} | - | {alloc_ms:.1} | {:.3} | {:.1}% | {} | - |",
-            self.alloc_heap,
-            a.median,
-            a.spread_pct(),
-            vs(a.median)
-        );
         outln!(out);
         for n in self.limit.notes() {
             outln!(out, "{n}");
