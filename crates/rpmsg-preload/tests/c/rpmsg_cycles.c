@@ -6,7 +6,10 @@
  *   fd:     RPMSG_CREATE_EPT_FD_IOCTL, close
  *
  * after 100 cycles of warm-up. Prints one line:
- *   mode=MODE loops=N total_us=T per_cycle_us=P
+ *   mode=MODE loops=N total_us=T per_cycle_us=P [create_us= open_us= destroy_us= close_us=]
+ * the legacy steps' means (each step timed alone) in the brackets.
+ * crates/rpmsg-preload/examples/rpmsg_cycles.rs is the same experiment
+ * through iopath's client library, with the same output.
  *
  *   rpmsg_cycles legacy|fd LOOPS [NODE]    (NODE: default /dev/rpmsg0, the
  *                                           lowest free number on an idle bus)
@@ -39,6 +42,16 @@ static void die(const char *what)
 	exit(1);
 }
 
+static double now_us(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* Time spent in each legacy step, summed. */
+static double steps[4];
+
 static void legacy(int ctrl, const char *node)
 {
 	struct rpmsg_endpoint_info info;
@@ -46,15 +59,24 @@ static void legacy(int ctrl, const char *node)
 	strcpy(info.name, "echo");
 	info.src = RPMSG_ADDR_ANY;
 	info.dst = RPMSG_ADDR_ANY;
+	double a = now_us();
 	if (ioctl(ctrl, RPMSG_CREATE_EPT_IOCTL, &info))
 		die("RPMSG_CREATE_EPT_IOCTL");
+	double b = now_us();
 	int ep = open(node, O_RDWR | O_CLOEXEC);
 	if (ep < 0)
 		die(node);
+	double c = now_us();
 	if (ioctl(ep, RPMSG_DESTROY_EPT_IOCTL))
 		die("RPMSG_DESTROY_EPT_IOCTL");
+	double d = now_us();
 	if (close(ep))
 		die("close");
+	double e = now_us();
+	steps[0] += b - a;
+	steps[1] += c - b;
+	steps[2] += d - c;
+	steps[3] += e - d;
 }
 
 static void fdway(int ctrl)
@@ -89,14 +111,17 @@ int main(int argc, char **argv)
 		die("/dev/rpmsg_ctrl0");
 	for (int i = 0; i < 100; i++)
 		is_fd ? fdway(ctrl) : legacy(ctrl, node);
-	struct timespec a, b;
-	clock_gettime(CLOCK_MONOTONIC, &a);
+	memset(steps, 0, sizeof(steps));
+	double a = now_us();
 	for (long i = 0; i < loops; i++)
 		is_fd ? fdway(ctrl) : legacy(ctrl, node);
-	clock_gettime(CLOCK_MONOTONIC, &b);
-	double us = (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
-	printf("mode=%s loops=%ld total_us=%.0f per_cycle_us=%.2f\n", argv[1], loops, us,
+	double us = now_us() - a;
+	printf("mode=%s loops=%ld total_us=%.0f per_cycle_us=%.2f", argv[1], loops, us,
 	       us / (double)loops);
+	if (!is_fd)
+		printf(" create_us=%.2f open_us=%.2f destroy_us=%.2f close_us=%.2f", steps[0] / loops,
+		       steps[1] / loops, steps[2] / loops, steps[3] / loops);
+	printf("\n");
 	close(ctrl);
 	return 0;
 }
