@@ -134,6 +134,7 @@ const FULL: &[&str] = &[
     "fd: RPMSG_DESTROY_EPT_IOCTL",
     "fd: read after destroy is EPIPE",
     "fd: close",
+    "200 legacy endpoints on fresh control fds leave no fd open",
     "RPMSG_GET_OUTGOING_FLOWCONTROL answers 0 (virtio)",
     "RPMSG_SET_INCOMING_FLOWCONTROL is EOPNOTSUPP (virtio)",
     "unknown ioctl on an endpoint is EINVAL",

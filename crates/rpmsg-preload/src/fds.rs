@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use libc::c_int;
@@ -49,24 +49,33 @@ fn set_bit(fd: usize, on: bool) {
 }
 
 /// An open `/dev/rpmsg_ctrl0`: a connection to the endpoint service.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Ctrl {
     /// Held for the whole of one request and its answer (the kernel's
     /// `ctrl_lock`): two threads' requests on one fd never interleave.
     /// Not taken by the fork handlers (a request waits for the service):
     /// a child whose fork found it held gets a fresh state instead.
     pub(crate) lock: Mutex<()>,
-    /// Legacy endpoints created through it: the connection is kept past
-    /// the program's close, so their nodes stay (as `/dev/rpmsgN` outlives
-    /// the control fd on Linux).
-    pub(crate) legacy: AtomicU32,
+    /// The connection's number in [`LEGACY`] and [`KEPT`].
+    pub(crate) id: u64,
+}
+
+impl Default for Ctrl {
+    fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Ctrl {
+            lock: Mutex::new(()),
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
 }
 
 /// An endpoint fd: an opened node or an fd from `RPMSG_CREATE_EPT_FD_IOCTL`.
 #[derive(Debug)]
 pub(crate) struct Ept {
-    /// An opened legacy node (its destroy is the node's).
-    pub(crate) node: bool,
+    /// An opened legacy node, `/dev/rpmsgN`: `Some(N)` (its destroy is
+    /// the node's).
+    pub(crate) node: Option<u32>,
     /// `O_RDONLY`, `O_WRONLY` or `O_RDWR`, as opened.
     pub(crate) accmode: c_int,
     /// `RPMSG_DESTROY_EPT_IOCTL` was issued on it (or a copy).
@@ -87,8 +96,71 @@ static TABLE: Mutex<BTreeMap<c_int, Kind>> = Mutex::new(BTreeMap::new());
 /// How many entries the table holds.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Control connections kept after their program closed them.
-static KEPT: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
+/// The legacy endpoints alive: `(N of /dev/rpmsgN, id of the connection
+/// that created it)`. The service ends a legacy endpoint with the
+/// connection that created it; Linux keeps `/dev/rpmsgN` until destroyed.
+static LEGACY: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
+
+/// Control connections the program closed while legacy endpoints created
+/// through them were alive: `(id, a copy of the fd)`, each closed once the
+/// last of its endpoints is destroyed.
+static KEPT: Mutex<Vec<(u64, OwnedFd)>> = Mutex::new(Vec::new());
+
+fn legacy() -> MutexGuard<'static, Vec<(u32, u64)>> {
+    LEGACY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn kept() -> MutexGuard<'static, Vec<(u64, OwnedFd)>> {
+    KEPT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Forgets the legacy endpoint of `/dev/rpmsg<node>`, and returns the
+/// kept connections left with no legacy endpoint, to be closed (after the
+/// locks are released). Lock order: `LEGACY`, then `KEPT`.
+fn drop_legacy(l: &mut Vec<(u32, u64)>, node: u32) -> Vec<OwnedFd> {
+    let mut ids = Vec::new();
+    l.retain(|&(n, id)| {
+        if n == node {
+            ids.push(id);
+        }
+        n != node
+    });
+    ids.retain(|id| !l.iter().any(|&(_, x)| x == *id));
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let mut k = kept();
+    let mut done = Vec::new();
+    let mut i = 0;
+    while i < k.len() {
+        if ids.contains(&k[i].0) {
+            done.push(k.swap_remove(i).1);
+        } else {
+            i += 1;
+        }
+    }
+    done
+}
+
+/// `RPMSG_CREATE_EPT_IOCTL` on `c` made `/dev/rpmsg<node>`. An entry left
+/// for the same number is stale (that endpoint went with its remote, its
+/// number is free again): it is dropped first.
+pub(crate) fn legacy_created(c: &Ctrl, node: u32) {
+    let mut l = legacy();
+    let stale = drop_legacy(&mut l, node);
+    l.push((node, c.id));
+    drop(l);
+    drop(stale);
+}
+
+/// The legacy endpoint of `/dev/rpmsg<node>` was destroyed: a kept
+/// connection it was the last of is closed.
+pub(crate) fn legacy_destroyed(node: u32) {
+    let mut l = legacy();
+    let done = drop_legacy(&mut l, node);
+    drop(l);
+    drop(done);
+}
 
 fn table() -> MutexGuard<'static, BTreeMap<c_int, Kind>> {
     TABLE.lock().unwrap_or_else(|e| e.into_inner())
@@ -118,8 +190,9 @@ pub(crate) fn get(fd: c_int) -> Option<Kind> {
     table().get(&fd).cloned()
 }
 
-/// Forgets `fd` (it is being closed); a control connection that created
-/// legacy endpoints and has no other fd is kept open (a copy of it).
+/// Forgets `fd` (it is being closed); a control connection with legacy
+/// endpoints alive and no other fd is kept open (a copy of it) until they
+/// are destroyed.
 pub(crate) fn forget(fd: c_int) {
     if !is_ours(fd) {
         return;
@@ -134,14 +207,20 @@ pub(crate) fn forget(fd: c_int) {
         gone
     };
     if let Some(Kind::Ctrl(c)) = gone {
-        if Arc::strong_count(&c) == 1 && c.legacy.load(Ordering::Relaxed) > 0 {
+        if Arc::strong_count(&c) > 1 {
+            return;
+        }
+        let l = legacy();
+        if l.iter().any(|&(_, id)| id == c.id) {
             // SAFETY: `fd` is the program's open control fd (it is closing
             // it right after this); the copy is ours.
             let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             if let Ok(copy) = rustix::io::fcntl_dupfd_cloexec(b, 0) {
-                KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(copy);
+                // (LEGACY, then KEPT: the order `drop_legacy` takes them.)
+                kept().push((c.id, copy));
             }
         }
+        drop(l);
     }
 }
 
@@ -191,18 +270,21 @@ pub(crate) mod fork {
 
     type Guards = (
         MutexGuard<'static, BTreeMap<c_int, Kind>>,
-        MutexGuard<'static, Vec<OwnedFd>>,
+        MutexGuard<'static, Vec<(u32, u64)>>,
+        MutexGuard<'static, Vec<(u64, OwnedFd)>>,
     );
 
     static HELD: Held<Guards> = Held::new();
 
-    /// Before fork: takes the table and the kept connections (each is held
-    /// only briefly, never while waiting for another lock or the service).
+    /// Before fork: takes the table, the legacy endpoints and the kept
+    /// connections, in the order the rest of the module takes them (each
+    /// is held only briefly, never while waiting for the service).
     pub(crate) fn prepare() {
         let t = table();
-        let k = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        let l = legacy();
+        let k = kept();
         // SAFETY: called only from the prepare handler.
-        unsafe { HELD.hold((t, k)) };
+        unsafe { HELD.hold((t, l, k)) };
     }
 
     /// After fork, in the parent: releases them.
@@ -216,7 +298,7 @@ pub(crate) mod fork {
     /// thread is not here to release it), then the locks are released.
     pub(crate) fn child() {
         // SAFETY: called only from the child handler.
-        let Some((mut t, k)) = (unsafe { HELD.take() }) else {
+        let Some((mut t, l, k)) = (unsafe { HELD.take() }) else {
             return;
         };
         // (old, new): every fd number sharing a state gets the same new one.
@@ -231,7 +313,7 @@ pub(crate) mod fork {
                 None => {
                     let new = Arc::new(Ctrl {
                         lock: Mutex::new(()),
-                        legacy: AtomicU32::new(c.legacy.load(Ordering::Relaxed)),
+                        id: c.id,
                     });
                     fresh.push((c.clone(), new.clone()));
                     new
@@ -242,7 +324,7 @@ pub(crate) mod fork {
             *c = new;
         }
         drop(fresh);
-        drop((t, k));
+        drop((t, l, k));
     }
 }
 
@@ -252,7 +334,7 @@ mod tests {
 
     fn ept() -> Kind {
         Kind::Ept(Arc::new(Ept {
-            node: false,
+            node: None,
             accmode: libc::O_RDWR,
             destroyed: false.into(),
         }))
@@ -281,5 +363,38 @@ mod tests {
         assert!(!insert(-3, ept()));
         // Not ours: a copy of it is nothing to record.
         assert!(copy(a, b) && !is_ours(b));
+    }
+
+    #[test]
+    fn a_closed_control_fd_is_kept_while_its_legacy_endpoints_live() {
+        let kept_of = |id: u64| kept().iter().filter(|(x, _)| *x == id).count();
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&r);
+        let c = Arc::new(Ctrl::default());
+        // Two endpoints, nodes 60001 and 60002 (numbers no other test uses).
+        assert!(insert(fd, Kind::Ctrl(c.clone())));
+        legacy_created(&c, 60_001);
+        legacy_created(&c, 60_002);
+        let id = c.id;
+        drop(c);
+        forget(fd);
+        assert_eq!(kept_of(id), 1, "closed with endpoints alive: kept");
+        legacy_destroyed(60_001);
+        assert_eq!(kept_of(id), 1, "one endpoint still alive");
+        // Node 60002 made anew by another connection: the old entry was
+        // stale (its endpoint went with the remote), so nothing keeps the
+        // first connection any more.
+        let other = Ctrl::default();
+        legacy_created(&other, 60_002);
+        assert_eq!(kept_of(id), 0);
+        legacy_destroyed(60_002);
+        assert!(legacy().iter().all(|&(n, _)| n != 60_002));
+        // A control fd closed with no endpoint alive is not kept.
+        let c = Arc::new(Ctrl::default());
+        assert!(insert(fd, Kind::Ctrl(c.clone())));
+        let id = c.id;
+        drop(c);
+        forget(fd);
+        assert_eq!(kept_of(id), 0);
     }
 }

@@ -152,7 +152,7 @@ pub(crate) fn open(dev: Dev, flags: c_int, ctrl: &std::path::Path) -> Result<c_i
             adopt(
                 ep.into_fd(),
                 Kind::Ept(Arc::new(Ept {
-                    node: true,
+                    node: Some(n),
                     accmode: flags & libc::O_ACCMODE,
                     destroyed: false.into(),
                 })),
@@ -231,7 +231,15 @@ fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_in
             if let Some(dir) = node.parent().filter(|d| d.is_absolute()) {
                 *RUNDIR.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_owned());
             }
-            c.legacy.fetch_add(1, Ordering::Relaxed);
+            // The node's N, to close a kept connection once its last
+            // endpoint is destroyed (one named otherwise is kept for good).
+            let n = node
+                .file_name()
+                .and_then(|f| f.to_str())
+                .and_then(|f| f.strip_prefix("rpmsg"))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(u32::MAX);
+            fds::legacy_created(c, n);
             Ok(0)
         }
         uapi::CREATE_EPT_FD => {
@@ -246,7 +254,7 @@ fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_in
             let new = adopt(
                 ep.into_fd(),
                 Kind::Ept(Arc::new(Ept {
-                    node: false,
+                    node: None,
                     accmode: flags as c_int & libc::O_ACCMODE,
                     destroyed: false.into(),
                 })),
@@ -316,7 +324,10 @@ pub(crate) fn ept_ioctl(fd: c_int, e: &Ept, cmd: u32, arg: usize) -> Option<Resu
             // Destroying an endpoint already gone answers 0, as
             // rpmsg_chrdev_eptdev_destroy does.
             if !e.destroyed.swap(true, Ordering::Relaxed) {
-                let _ = ept(fd, e.node).shut();
+                let _ = ept(fd, e.node.is_some()).shut();
+                if let Some(n) = e.node {
+                    fds::legacy_destroyed(n);
+                }
             }
             Ok(0)
         }

@@ -4,8 +4,11 @@
  * /dev/rpmsg_ctrl0, creating and destroying endpoints both ways
  * (RPMSG_CREATE_EPT_IOCTL + /dev/rpmsg0, RPMSG_CREATE_EPT_FD_IOCTL) and
  * closing the control fd; meanwhile the main thread forks FORKS children.
- * Each child closes the control fd it inherited, opens its own, creates an
- * fd endpoint on "echo", checks one echo byte for byte, closes both and
+ * Each child makes and releases a local channel (RPMSG_CREATE_DEV_IOCTL,
+ * no round trip to the service) on the thread's control fd if one was
+ * open at the fork (the thread is then most likely inside a request on
+ * it), closes the control fd it inherited, opens its own, creates an fd
+ * endpoint on "echo", checks one echo byte for byte, closes both and
  * exits. A child that has not exited within 10 s is killed and counted as
  * hung. Prints "ok ..." / "FAIL ..." lines; the exit status is the number
  * of failures.
@@ -40,6 +43,8 @@ struct rpmsg_endpoint_fd_info {
 #endif
 
 static atomic_int stop;
+/* The thread's control fd while it is open, else -1. */
+static atomic_int thread_ctrl = -1;
 static atomic_long cycles;
 static atomic_int thread_failed;
 
@@ -63,6 +68,7 @@ static void *churn(void *arg)
 			atomic_store(&thread_failed, 1);
 			return NULL;
 		}
+		atomic_store(&thread_ctrl, ctrl);
 		for (int i = 0; i < 8 && !atomic_load(&stop); i++) {
 			if (i % 2) {
 				struct rpmsg_endpoint_fd_info info;
@@ -93,6 +99,7 @@ static void *churn(void *arg)
 			}
 			atomic_fetch_add(&cycles, 1);
 		}
+		atomic_store(&thread_ctrl, -1);
 		close(ctrl);
 	}
 	return NULL;
@@ -101,6 +108,18 @@ static void *churn(void *arg)
 /* A child: its own endpoint, one echo, then out. */
 static int child(int inherited)
 {
+	int tc = atomic_load(&thread_ctrl);
+	if (tc >= 0) {
+		struct rpmsg_endpoint_info ch;
+		memset(&ch, 0, sizeof(ch));
+		snprintf(ch.name, sizeof(ch.name), "fork-%d", (int)getpid());
+		ch.src = RPMSG_ADDR_ANY;
+		ch.dst = RPMSG_ADDR_ANY;
+		if (ioctl(tc, RPMSG_CREATE_DEV_IOCTL, &ch))
+			return 20;
+		if (ioctl(tc, RPMSG_RELEASE_DEV_IOCTL, &ch))
+			return 21;
+	}
 	if (close(inherited))
 		return 10;
 	int ctrl = open("/dev/rpmsg_ctrl0", O_RDWR | O_CLOEXEC);

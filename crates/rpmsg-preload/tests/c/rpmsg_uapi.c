@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <termios.h>
 #include <unistd.h>
@@ -102,6 +104,51 @@ static void after_destroy(int fd, const char *way)
 	int n = poll(&p, one, 1000);
 	snprintf(what, sizeof(what), "%s: poll after destroy reports POLLHUP|POLLERR", way);
 	check(n == 1 && (p.revents & (POLLHUP | POLLERR)) == (POLLHUP | POLLERR), what, errno);
+}
+
+/* How many fds the process has open (what /proc/self/fd lists, less the
+ * directory's own). */
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	int n = 0;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n - 3; /* ".", "..", the directory's fd */
+}
+
+/* A legacy endpoint through a control fd opened for it, closed early or
+ * late: its node outlives the control fd (as /dev/rpmsgN outlives
+ * /dev/rpmsg_ctrl0), and once destroyed nothing of it stays open. */
+static int legacy_on_fresh_ctrl(int close_early)
+{
+	int ctrl = open("/dev/rpmsg_ctrl0", O_RDWR | O_CLOEXEC);
+	struct rpmsg_endpoint_info info;
+	memset(&info, 0, sizeof(info));
+	strcpy(info.name, "echo");
+	info.src = RPMSG_ADDR_ANY;
+	info.dst = RPMSG_ADDR_ANY;
+	if (ctrl < 0 || ioctl(ctrl, RPMSG_CREATE_EPT_IOCTL, &info)) {
+		check(0, "fresh control fd: RPMSG_CREATE_EPT_IOCTL", errno);
+		return 0;
+	}
+	if (close_early && close(ctrl)) {
+		check(0, "fresh control fd: close before the node is opened", errno);
+		return 0;
+	}
+	int ep = open("/dev/rpmsg0", O_RDWR | O_CLOEXEC);
+	if (ep < 0 || ioctl(ep, RPMSG_DESTROY_EPT_IOCTL) || close(ep)) {
+		check(0, close_early ? "the node outlives its closed control fd" : "fresh control fd: node", errno);
+		return 0;
+	}
+	if (!close_early && close(ctrl)) {
+		check(0, "fresh control fd: close", errno);
+		return 0;
+	}
+	return 1;
 }
 
 static int absent(void)
@@ -272,6 +319,22 @@ int main(int argc, char **argv)
 	check_err(read(fdinfo.fd, &b, 1), EAGAIN, "fd: non-blocking read with nothing queued is EAGAIN");
 	check_err(write(fdinfo.fd, "x", 1), EBADF, "fd: write on a read-only endpoint is EBADF");
 	check(close(fdinfo.fd) == 0, "fd: close the read-only endpoint", errno);
+
+	/* Legacy endpoints through control fds opened and closed for each,
+	 * 200 times, under a limit of 64 open fds: nothing stays open once
+	 * they are destroyed. */
+	struct rlimit old_lim, lim;
+	getrlimit(RLIMIT_NOFILE, &old_lim);
+	lim = old_lim;
+	lim.rlim_cur = 64;
+	int fds_before = open_fds();
+	int limited = setrlimit(RLIMIT_NOFILE, &lim) == 0;
+	int cycled = 1;
+	for (int i = 0; i < 200 && cycled; i++)
+		cycled = legacy_on_fresh_ctrl(i % 2);
+	check(cycled && limited && open_fds() == fds_before,
+	      "200 legacy endpoints on fresh control fds leave no fd open", errno);
+	setrlimit(RLIMIT_NOFILE, &old_lim);
 
 	/* Local channels, as the virtio bus answers them. */
 	struct rpmsg_endpoint_info ch;
