@@ -56,18 +56,38 @@ pub(crate) struct Ctrl {
     /// Not taken by the fork handlers (a request waits for the service):
     /// a child whose fork found it held gets a fresh state instead.
     pub(crate) lock: Mutex<()>,
-    /// The connection's number in [`LEGACY`] and [`KEPT`].
-    pub(crate) id: u64,
+    /// The connection's number in [`LEGACY`] and [`KEPT`] (a new one when
+    /// a forked child makes its own connection).
+    pub(crate) id: AtomicU64,
+    /// Inherited through fork(2): the connection is the parent's too, and
+    /// their answers could cross, so the child's first request makes one
+    /// of its own (`ops::reconnect`).
+    pub(crate) inherited: AtomicBool,
+}
+
+/// A connection number never used before.
+pub(crate) fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Default for Ctrl {
     fn default() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
         Ctrl {
             lock: Mutex::new(()),
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            id: AtomicU64::new(next_id()),
+            inherited: AtomicBool::new(false),
         }
     }
+}
+
+/// The fd numbers that are control fd `c` (the program's dups of it).
+pub(crate) fn numbers_of(c: &Arc<Ctrl>) -> Vec<c_int> {
+    table()
+        .iter()
+        .filter(|(_, k)| matches!(k, Kind::Ctrl(x) if Arc::ptr_eq(x, c)))
+        .map(|(&fd, _)| fd)
+        .collect()
 }
 
 /// An endpoint fd: an opened node or an fd from `RPMSG_CREATE_EPT_FD_IOCTL`.
@@ -148,7 +168,7 @@ fn drop_legacy(l: &mut Vec<(u32, u64)>, node: u32) -> Vec<OwnedFd> {
 pub(crate) fn legacy_created(c: &Ctrl, node: u32) {
     let mut l = legacy();
     let stale = drop_legacy(&mut l, node);
-    l.push((node, c.id));
+    l.push((node, c.id.load(Ordering::Relaxed)));
     drop(l);
     drop(stale);
 }
@@ -211,13 +231,14 @@ pub(crate) fn forget(fd: c_int) {
             return;
         }
         let l = legacy();
-        if l.iter().any(|&(_, id)| id == c.id) {
+        let id = c.id.load(Ordering::Relaxed);
+        if l.iter().any(|&(_, x)| x == id) {
             // SAFETY: `fd` is the program's open control fd (it is closing
             // it right after this); the copy is ours.
             let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             if let Ok(copy) = rustix::io::fcntl_dupfd_cloexec(b, 0) {
                 // (LEGACY, then KEPT: the order `drop_legacy` takes them.)
-                kept().push((c.id, copy));
+                kept().push((id, copy));
             }
         }
         drop(l);
@@ -293,9 +314,10 @@ pub(crate) mod fork {
         drop(unsafe { HELD.take() });
     }
 
-    /// After fork, in the child (its only thread): a control fd whose
-    /// request lock a thread of the parent held gets a fresh state (that
-    /// thread is not here to release it), then the locks are released.
+    /// After fork, in the child (its only thread): every control fd is
+    /// marked inherited; one whose request lock a thread of the parent
+    /// held gets a fresh state (that thread is not here to release it);
+    /// then the locks are released.
     pub(crate) fn child() {
         // SAFETY: called only from the child handler.
         let Some((mut t, l, k)) = (unsafe { HELD.take() }) else {
@@ -305,6 +327,7 @@ pub(crate) mod fork {
         let mut fresh: Vec<(Arc<Ctrl>, Arc<Ctrl>)> = Vec::new();
         for kind in t.values_mut() {
             let Kind::Ctrl(c) = kind else { continue };
+            c.inherited.store(true, Ordering::Relaxed);
             if !matches!(c.lock.try_lock(), Err(std::sync::TryLockError::WouldBlock)) {
                 continue;
             }
@@ -313,7 +336,8 @@ pub(crate) mod fork {
                 None => {
                     let new = Arc::new(Ctrl {
                         lock: Mutex::new(()),
-                        id: c.id,
+                        id: AtomicU64::new(c.id.load(Ordering::Relaxed)),
+                        inherited: AtomicBool::new(true),
                     });
                     fresh.push((c.clone(), new.clone()));
                     new
@@ -375,7 +399,7 @@ mod tests {
         assert!(insert(fd, Kind::Ctrl(c.clone())));
         legacy_created(&c, 60_001);
         legacy_created(&c, 60_002);
-        let id = c.id;
+        let id = c.id.load(Ordering::Relaxed);
         drop(c);
         forget(fd);
         assert_eq!(kept_of(id), 1, "closed with endpoints alive: kept");
@@ -392,7 +416,8 @@ mod tests {
         // A control fd closed with no endpoint alive is not kept.
         let c = Arc::new(Ctrl::default());
         assert!(insert(fd, Kind::Ctrl(c.clone())));
-        let id = c.id;
+        assert_eq!(numbers_of(&c), vec![fd]);
+        let id = c.id.load(Ordering::Relaxed);
         drop(c);
         forget(fd);
         assert_eq!(kept_of(id), 0);

@@ -202,7 +202,7 @@ fn ept_info(raw: &[u8]) -> Result<(EptInfo, [u8; 32]), c_int> {
 /// An ioctl on control fd `fd`; `None`: the real ioctl answers it.
 pub(crate) fn ctrl_ioctl(
     fd: c_int,
-    c: &Ctrl,
+    c: &Arc<Ctrl>,
     cmd: u32,
     arg: usize,
 ) -> Option<Result<c_int, c_int>> {
@@ -213,7 +213,40 @@ pub(crate) fn ctrl_ioctl(
     }
 }
 
-fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_int> {
+/// A forked child's first request on a control fd it inherited: that
+/// connection is its parent's too, and two processes' requests on one
+/// connection could read each other's answers (fds included), so the child
+/// connects anew and puts its connection in place of every fd number of
+/// this control fd (with each one's close-on-exec flag). Without the
+/// service's path (the child unset it) the shared connection stays.
+fn reconnect(c: &Arc<Ctrl>) -> Result<(), c_int> {
+    let Some(path) = ctrl_path() else {
+        c.inherited.store(false, Ordering::Relaxed);
+        return Ok(());
+    };
+    let new = CtrlClient::connect(&path)
+        .map_err(|e| errno_of(&e))?
+        .into_fd();
+    for n in fds::numbers_of(c) {
+        // SAFETY: `n` is one of the program's open control fds (the table
+        // says so); ManuallyDrop never closes it, dup3 replaces it.
+        let mut old = ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(n) });
+        let cloexec = rustix::io::fcntl_getfd(&*old)
+            .map_or(true, |f| f.contains(rustix::io::FdFlags::CLOEXEC));
+        let flags = if cloexec {
+            rustix::io::DupFlags::CLOEXEC
+        } else {
+            rustix::io::DupFlags::empty()
+        };
+        // (rustix's system call, not the interposed dup3.)
+        rustix::io::dup3(&new, &mut old, flags).map_err(|e| e.raw_os_error())?;
+    }
+    c.id.store(fds::next_id(), Ordering::Relaxed);
+    c.inherited.store(false, Ordering::Relaxed);
+    Ok(())
+}
+
+fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int, c_int> {
     let mut raw = [0u8; uapi::EPT_FD_INFO_LEN];
     let len = if cmd == uapi::CREATE_EPT_FD {
         uapi::EPT_FD_INFO_LEN
@@ -223,6 +256,9 @@ fn ctrl_request(fd: c_int, c: &Ctrl, cmd: u32, arg: usize) -> Result<c_int, c_in
     uapi::copy_in(arg, &mut raw[..len])?;
     let (info, name) = ept_info(&raw)?;
     let _one_at_a_time = c.lock.lock().unwrap_or_else(|e| e.into_inner());
+    if c.inherited.load(Ordering::Relaxed) {
+        reconnect(c)?;
+    }
     match cmd {
         uapi::CREATE_EPT => {
             let (_, node) = client(fd).create_ept(&info).map_err(|e| errno_of(&e))?;

@@ -4,12 +4,13 @@
  * /dev/rpmsg_ctrl0, creating and destroying endpoints both ways
  * (RPMSG_CREATE_EPT_IOCTL + /dev/rpmsg0, RPMSG_CREATE_EPT_FD_IOCTL) and
  * closing the control fd; meanwhile the main thread forks FORKS children.
- * Each child makes and releases a local channel (RPMSG_CREATE_DEV_IOCTL,
- * no round trip to the service) on the thread's control fd if one was
- * open at the fork (the thread is then most likely inside a request on
- * it), closes the control fd it inherited, opens its own, creates an fd
- * endpoint on "echo", checks one echo byte for byte, closes both and
- * exits. A child that has not exited within 10 s is killed and counted as
+ * Each child, on the thread's control fd if one was open at the fork (the
+ * thread is then most likely inside a request on it, and keeps using it
+ * in the parent), makes and releases a local channel
+ * (RPMSG_CREATE_DEV_IOCTL, no round trip to the service) and an fd
+ * endpoint with one echo; then it closes the control fd it inherited from
+ * the main thread, opens its own, creates an fd endpoint on "echo",
+ * checks one echo byte for byte, closes both and exits. A child that has not exited within 10 s is killed and counted as
  * hung. Prints "ok ..." / "FAIL ..." lines; the exit status is the number
  * of failures.
  *
@@ -105,7 +106,29 @@ static void *churn(void *arg)
 	return NULL;
 }
 
-/* A child: its own endpoint, one echo, then out. */
+/* One fd endpoint on control fd `ctrl`, one echo through it. */
+static int fd_echo(int ctrl, int base)
+{
+	struct rpmsg_endpoint_fd_info info;
+	fd_info(&info);
+	if (ioctl(ctrl, RPMSG_CREATE_EPT_FD_IOCTL, &info))
+		return base;
+	char msg[16], back[32];
+	snprintf(msg, sizeof(msg), "child %d", (int)getpid());
+	size_t len = strlen(msg);
+	if (write(info.fd, msg, len) != (ssize_t)len)
+		return base + 1;
+	struct pollfd p = { .fd = info.fd, .events = POLLIN };
+	if (poll(&p, 1, 5000) != 1)
+		return base + 2;
+	if (read(info.fd, back, sizeof(back)) != (ssize_t)len || memcmp(msg, back, len))
+		return base + 3;
+	if (close(info.fd))
+		return base + 4;
+	return 0;
+}
+
+/* A child: the thread's control fd, then its own, then out. */
 static int child(int inherited)
 {
 	int tc = atomic_load(&thread_ctrl);
@@ -119,28 +142,20 @@ static int child(int inherited)
 			return 20;
 		if (ioctl(tc, RPMSG_RELEASE_DEV_IOCTL, &ch))
 			return 21;
+		int r = fd_echo(tc, 30);
+		if (r)
+			return r;
 	}
 	if (close(inherited))
 		return 10;
 	int ctrl = open("/dev/rpmsg_ctrl0", O_RDWR | O_CLOEXEC);
 	if (ctrl < 0)
 		return 11;
-	struct rpmsg_endpoint_fd_info info;
-	fd_info(&info);
-	if (ioctl(ctrl, RPMSG_CREATE_EPT_FD_IOCTL, &info))
-		return 12;
-	char msg[16], back[32];
-	snprintf(msg, sizeof(msg), "child %d", (int)getpid());
-	size_t len = strlen(msg);
-	if (write(info.fd, msg, len) != (ssize_t)len)
-		return 13;
-	struct pollfd p = { .fd = info.fd, .events = POLLIN };
-	if (poll(&p, 1, 5000) != 1)
-		return 14;
-	if (read(info.fd, back, sizeof(back)) != (ssize_t)len || memcmp(msg, back, len))
-		return 15;
-	if (close(info.fd) || close(ctrl))
-		return 16;
+	int r = fd_echo(ctrl, 12);
+	if (r)
+		return r;
+	if (close(ctrl))
+		return 17;
 	return 0;
 }
 
