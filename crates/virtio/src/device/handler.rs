@@ -22,6 +22,7 @@ use vm_memory::{
     GuestRegionMmap, IommuMemory,
 };
 
+use super::inflight::InflightRegion;
 use super::memory::{map_region, Region, MAX_MEM_SLOTS};
 use super::{
     CallFd, DeviceMemory, DmaFence, QueueContext, VhostIommu, VirtioDevice,
@@ -73,6 +74,8 @@ pub(super) struct Handler<D: VirtioDevice> {
     queue_mem: Vec<GuestMemoryAtomic<DeviceMemory>>,
     vrings: Vec<Vring>,
     pub(super) fence: Arc<DmaFence>,
+    /// The inflight record (`GET_INFLIGHT_FD` / `SET_INFLIGHT_FD`).
+    inflight: Option<Arc<InflightRegion>>,
 }
 
 fn invalid(reason: &'static str) -> VhostError {
@@ -101,7 +104,27 @@ impl<D: VirtioDevice> Handler<D> {
             queue_mem,
             vrings,
             fence,
+            inflight: None,
         }
+    }
+
+    /// The limits an inflight region must fit in: this device's queues.
+    fn inflight_limits(&self) -> (u16, u16) {
+        (
+            u16::try_from(self.device.num_queues()).unwrap_or(u16::MAX),
+            self.device.max_queue_size(),
+        )
+    }
+
+    fn install_inflight(&mut self, region: InflightRegion) {
+        if self.conn >= 0 {
+            // SAFETY: `conn` is this front end's connection, open for as
+            // long as its handler (and so this call) runs; the guard keeps
+            // a duplicate of it, not the number.
+            let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.conn) };
+            region.shutdown_on_fault(sock);
+        }
+        self.inflight = Some(Arc::new(region));
     }
 
     fn iommu_on(&self) -> bool {
@@ -231,11 +254,24 @@ impl<D: VirtioDevice> Handler<D> {
             call: Arc::clone(&v.call),
             fence: Arc::clone(&self.fence),
             acked_features: self.acked_features,
+            inflight: self.inflight.as_ref().and_then(|r| {
+                let q = r.queue(index, v.size);
+                if q.is_none() {
+                    tracing::warn!(
+                        "vring {index}: the inflight region has no room for it; \
+                         its requests are not tracked"
+                    );
+                }
+                q
+            }),
+            resubmit: Vec::new(),
         };
         let device = Arc::clone(&self.device);
         let spawned = std::thread::Builder::new()
             .name(format!("vq{index}"))
             .spawn(move || {
+                let mut ctx = ctx;
+                ctx.recover_inflight();
                 let queue = device.run_queue(ctx);
                 // The hook belongs to this run of the queue.
                 mem.memory().iommu().set_before_miss_wait(None);
@@ -299,6 +335,7 @@ impl<D: VirtioDevice> Handler<D> {
         self.regions
             .iter()
             .any(|r| r.watch.as_ref().is_some_and(|g| g.peer_truncated()))
+            || self.inflight.as_ref().is_some_and(|r| r.truncated())
     }
 
     pub(super) fn shutdown(&mut self) {
@@ -309,6 +346,7 @@ impl<D: VirtioDevice> Handler<D> {
         self.iommu().clear();
         self.iommu().set_miss_channel(None, false);
         self.regions.clear();
+        self.inflight = None;
     }
 }
 
@@ -456,7 +494,8 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::BACKEND_REQ
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
@@ -464,6 +503,7 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
         if features & !offered != 0 {
             return Err(VhostError::InvalidParam);
         }
+        tracing::debug!("protocol features acked: {features:#x}");
         self.acked_protocol = features;
         Ok(())
     }
@@ -515,13 +555,32 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
 
     fn get_inflight_fd(
         &mut self,
-        _inflight: &VhostUserInflight,
+        inflight: &VhostUserInflight,
     ) -> VhostResult<(VhostUserInflight, File)> {
-        Err(invalid("no inflight tracking"))
+        let (max_queues, max_size) = self.inflight_limits();
+        let (region, file, reply) = InflightRegion::create(
+            inflight.num_queues,
+            inflight.queue_size,
+            max_queues,
+            max_size,
+        )
+        .map_err(|e| {
+            tracing::warn!("GET_INFLIGHT_FD refused: {e}");
+            VhostError::InvalidParam
+        })?;
+        // Tracking starts now (a front end may never send the fd back).
+        self.install_inflight(region);
+        Ok((reply, file))
     }
 
-    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VhostResult<()> {
-        Err(invalid("no inflight tracking"))
+    fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> VhostResult<()> {
+        let (max_queues, max_size) = self.inflight_limits();
+        let region = InflightRegion::open(inflight, file, max_queues, max_size).map_err(|e| {
+            tracing::warn!("SET_INFLIGHT_FD refused: {e}");
+            VhostError::InvalidParam
+        })?;
+        self.install_inflight(region);
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> VhostResult<u64> {

@@ -33,9 +33,20 @@
 //! One concern per file: `server` (the connection loop), `handler` (the
 //! requests and the queue workers), `memory` (mapping the front end's
 //! regions, guarded against SIGBUS by the heap's `SigbusGuard`), `iotlb`
-//! (the IOMMU); the message framing is [`crate::vhost_wire`].
+//! (the IOMMU), `inflight` (the record of requests in flight that the
+//! front end keeps across a back-end restart, `INFLIGHT_SHMFD`) and `chain`
+//! (the descriptor chain at a head that record names); the message framing
+//! is [`crate::vhost_wire`].
+//!
+//! With an inflight record, a device pops chains with
+//! [`QueueContext::pop_chain`] and puts them with
+//! [`QueueContext::add_used`] (which keep the record), and runs
+//! [`QueueContext::take_resubmits`] first: the heads a killed predecessor
+//! left in flight.
 
+mod chain;
 mod handler;
+mod inflight;
 mod iotlb;
 mod memory;
 mod server;
@@ -46,11 +57,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{
     GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap, IommuMemory,
 };
 
+pub use chain::HeadChain;
+pub use inflight::InflightError;
 pub use iotlb::{IotlbMsg, IotlbMsgError, IotlbPerm, VhostIommu, IOTLB_MSG_SIZE};
 pub use server::{serve_connection, ServerError, VhostUserServer};
 
@@ -270,9 +283,110 @@ pub struct QueueContext {
     call: Arc<CallFd>,
     fence: Arc<DmaFence>,
     acked_features: u64,
+    /// The queue's inflight record, when the front end shares one.
+    inflight: Option<inflight::InflightQueue>,
+    /// Heads the previous back end left in flight, oldest first.
+    resubmit: Vec<u16>,
 }
 
 impl QueueContext {
+    /// Restores the ring from the inflight record, if there is one (run on
+    /// the queue's thread before the device sees the queue: the used ring
+    /// is read through the IOTLB, whose misses the connection answers).
+    pub(super) fn recover_inflight(&mut self) {
+        let Some(tracker) = self.inflight.as_mut() else {
+            return;
+        };
+        let mem = self.mem.memory();
+        let used = match self
+            .queue
+            .used_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+        {
+            Ok(u) => u.0,
+            Err(e) => {
+                tracing::warn!(
+                    "queue {}: cannot read the used index ({e}); in-flight requests not tracked",
+                    self.index
+                );
+                self.inflight = None;
+                return;
+            }
+        };
+        let r = tracker.recover(used);
+        if r.fresh {
+            tracing::debug!("queue {}: inflight region initialised", self.index);
+            return;
+        }
+        // A record with heads in flight means the last back end did not
+        // stop cleanly (a clean stop finishes them): worth a warning.
+        if r.next_avail != self.queue.next_avail() || !r.resubmit.is_empty() {
+            tracing::warn!(
+                "queue {}: {} request(s) were in flight when the last back end stopped \
+                 (used index {}, next available {}); resubmitting heads {:?}",
+                self.index,
+                r.resubmit.len(),
+                r.next_used,
+                r.next_avail,
+                r.resubmit
+            );
+        }
+        self.queue.set_next_avail(r.next_avail);
+        self.queue.set_next_used(r.next_used);
+        self.resubmit = r.resubmit;
+    }
+
+    /// Takes the heads that were in flight when the previous back end
+    /// stopped (oldest first): run them, through [`Self::chain_at`], before
+    /// any new available entry; they are still recorded as in flight.
+    pub fn take_resubmits(&mut self) -> Vec<u16> {
+        std::mem::take(&mut self.resubmit)
+    }
+
+    /// The descriptor chain at `head` of this queue's descriptor table.
+    pub fn chain_at<'m>(&self, mem: &'m DeviceMemory, head: u16) -> HeadChain<'m> {
+        HeadChain::new(
+            mem,
+            vm_memory::GuestAddress(self.queue.desc_table()),
+            self.queue.size(),
+            head,
+        )
+    }
+
+    /// Pops the next available chain and, with an inflight record, marks
+    /// its head as in flight before anything is done with it.
+    pub fn pop_chain(
+        &mut self,
+        mem: &DeviceMemoryGuard,
+    ) -> Option<DescriptorChain<DeviceMemoryGuard>> {
+        let chain = self.queue.pop_descriptor_chain(mem.clone())?;
+        if let Some(t) = self.inflight.as_mut() {
+            t.pop(chain.head_index());
+        }
+        Some(chain)
+    }
+
+    /// Puts `head` on the used ring with `len` bytes written; with an
+    /// inflight record, in the specification's order (`last_batch_head`,
+    /// the used ring, the head cleared, the recorded used index).
+    ///
+    /// # Errors
+    /// `virtio-queue`'s, when the used ring cannot be written.
+    pub fn add_used(
+        &mut self,
+        mem: &DeviceMemory,
+        head: u16,
+        len: u32,
+    ) -> Result<(), virtio_queue::Error> {
+        if let Some(t) = &self.inflight {
+            t.pre_put(head);
+        }
+        self.queue.add_used(mem, head, len)?;
+        if let Some(t) = &self.inflight {
+            t.post_put(head, self.queue.next_used());
+        }
+        Ok(())
+    }
+
     /// A ticket to hold while I/O into front-end memory is in flight:
     /// IOTLB invalidations are acknowledged only once the accesses begun
     /// before them are over.

@@ -1,0 +1,637 @@
+//! In-flight I/O tracking in shared memory
+//! (`VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD`, the vhost-user specification's
+//! "Inflight I/O tracking" for split virtqueues), so that a back end can be
+//! killed and started again under a running guest without losing requests.
+//!
+//! ```text
+//!  GET_INFLIGHT_FD: the back end makes a memfd, one region per queue:
+//!    QueueRegionSplit { features u64, version u16, desc_num u16,
+//!                       last_batch_head u16, used_idx u16 }    16 bytes
+//!    DescStateSplit   { inflight u8, padding [u8; 5], next u16,
+//!                       counter u64 } x queue size             16 bytes each
+//!    (each region padded to 64 bytes, as QEMU and DPDK lay it out)
+//!  the front end keeps the fd; after a reconnect SET_INFLIGHT_FD gives it
+//!  to the new back end, which resubmits what was in flight.
+//! ```
+//!
+//! The order of writes is the one libvhost-user uses, so that a crash
+//! between any two of them is recoverable:
+//!
+//! - pop: `desc[head].counter = counter++`, then `desc[head].inflight = 1`
+//!   (a head popped but not yet marked is not counted, and is popped again
+//!   from the available ring, since the new available index is the used
+//!   index plus the heads marked);
+//! - put: `last_batch_head = head`; the used element and the used index
+//!   (virtio-queue's `add_used`); `desc[head].inflight = 0`;
+//!   `used_idx = the new used index`;
+//! - recovery: when the region's `used_idx` differs from the used ring's,
+//!   the crash came after the used index moved: `last_batch_head` is
+//!   cleared and `used_idx` brought up to date; every head still marked is
+//!   resubmitted, lowest counter first, and the next available index is the
+//!   used index plus their number.
+//!
+//! The region is the front end's memory as much as the back end's: every
+//! field is read with bounds checks and atomics, a head out of range is
+//! ignored, and the mapping is guarded against a front end that truncates
+//! the file (the heap's `SigbusGuard`).
+
+use std::fs::File;
+use std::io;
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use iopath_heap::SigbusGuard;
+use vhost::vhost_user::message::{DescStateSplit, QueueRegionSplit, VhostUserInflight};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{Bytes, FileOffset, VolatileMemory};
+
+/// Each queue's region starts at a multiple of this (QEMU's and DPDK's
+/// `INFLIGHT_ALIGNMENT`).
+const ALIGN: u64 = 64;
+/// Bytes of one descriptor's state.
+const DESC_BYTES: u64 = size_of::<DescStateSplit>() as u64;
+/// Bytes of a queue region's header: the states start where the `vhost`
+/// crate's struct puts its `desc` placeholder.
+const HEADER_BYTES: u64 = offset_of!(QueueRegionSplit, desc) as u64;
+/// The region's layout version; 0 means "fresh" (a new region, or one the
+/// front end cleared when the guest reset the device).
+const VERSION: u16 = 1;
+/// Largest split queue (virtio 1.2, 2.7).
+const MAX_QUEUE_SIZE: u16 = 32768;
+
+const OFF_VERSION: usize = offset_of!(QueueRegionSplit, version);
+const OFF_DESC_NUM: usize = offset_of!(QueueRegionSplit, desc_num);
+const OFF_LAST_BATCH_HEAD: usize = offset_of!(QueueRegionSplit, last_batch_head);
+const OFF_USED_IDX: usize = offset_of!(QueueRegionSplit, used_idx);
+const OFF_INFLIGHT: usize = offset_of!(DescStateSplit, inflight);
+const OFF_COUNTER: usize = offset_of!(DescStateSplit, counter);
+
+/// Bytes of one queue's region for a queue of `queue_size` descriptors.
+pub(crate) fn queue_region_size(queue_size: u16) -> u64 {
+    (HEADER_BYTES + DESC_BYTES * u64::from(queue_size)).next_multiple_of(ALIGN)
+}
+
+/// Errors of the inflight region.
+#[derive(Debug, thiserror::Error)]
+pub enum InflightError {
+    /// The queue count or size is out of range for this device.
+    #[error(
+        "Inflight region for {num_queues} queues of {queue_size} descriptors refused \
+         (accepted: 1..={max_queues} queues of 1..={max_queue_size})"
+    )]
+    Shape {
+        /// Queues asked for.
+        num_queues: u16,
+        /// Descriptors per queue asked for.
+        queue_size: u16,
+        /// Most queues accepted.
+        max_queues: u16,
+        /// Largest queue accepted.
+        max_queue_size: u16,
+    },
+    /// The fd given back does not hold the region its message describes.
+    #[error(
+        "Inflight fd of {file_len} bytes cannot hold {needed} bytes at offset {mmap_offset} \
+         (mmap_size {mmap_size})"
+    )]
+    TooSmall {
+        /// Bytes the layout needs.
+        needed: u64,
+        /// `mmap_offset` of the message.
+        mmap_offset: u64,
+        /// `mmap_size` of the message.
+        mmap_size: u64,
+        /// Length of the file.
+        file_len: u64,
+    },
+    /// Creating, sizing, sealing or mapping the memory failed.
+    #[error("Inflight memory: {what} failed")]
+    Sys {
+        /// The operation.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn sys(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> InflightError {
+    move |e| InflightError::Sys {
+        what,
+        source: e.into(),
+    }
+}
+
+/// The inflight memory one front end shares: one region per queue.
+pub(crate) struct InflightRegion {
+    /// Declared first, so dropped before the mapping goes.
+    watch: Option<SigbusGuard>,
+    mapping: MmapRegion<()>,
+    num_queues: u16,
+    queue_size: u16,
+}
+
+impl std::fmt::Debug for InflightRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InflightRegion")
+            .field("num_queues", &self.num_queues)
+            .field("queue_size", &self.queue_size)
+            .field("guarded", &self.watch.is_some())
+            .finish()
+    }
+}
+
+impl InflightRegion {
+    fn check_shape(
+        num_queues: u16,
+        queue_size: u16,
+        max_queues: u16,
+        max_queue_size: u16,
+    ) -> Result<u64, InflightError> {
+        let max_queue_size = max_queue_size.min(MAX_QUEUE_SIZE);
+        if num_queues == 0 || num_queues > max_queues || queue_size == 0 {
+            return Err(InflightError::Shape {
+                num_queues,
+                queue_size,
+                max_queues,
+                max_queue_size,
+            });
+        }
+        if queue_size > max_queue_size {
+            return Err(InflightError::Shape {
+                num_queues,
+                queue_size,
+                max_queues,
+                max_queue_size,
+            });
+        }
+        Ok(u64::from(num_queues) * queue_region_size(queue_size))
+    }
+
+    /// Makes a zeroed region for `num_queues` queues of `queue_size`
+    /// descriptors in a new memfd, sealed against resizing; returns it and
+    /// the reply to `GET_INFLIGHT_FD` (the fd to send is the region's file).
+    pub(crate) fn create(
+        num_queues: u16,
+        queue_size: u16,
+        max_queues: u16,
+        max_queue_size: u16,
+    ) -> Result<(Self, File, VhostUserInflight), InflightError> {
+        use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+        let size = Self::check_shape(num_queues, queue_size, max_queues, max_queue_size)?;
+        let fd = memfd_create(
+            "iopath-inflight",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(sys("memfd_create"))?;
+        ftruncate(&fd, size).map_err(sys("ftruncate"))?;
+        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(sys("F_ADD_SEALS"))?;
+        let file = File::from(fd);
+        let send = file.try_clone().map_err(|source| InflightError::Sys {
+            what: "dup",
+            source,
+        })?;
+        let region = Self::map(file, 0, size, num_queues, queue_size)?;
+        let reply = VhostUserInflight::new(size, 0, num_queues, queue_size);
+        Ok((region, send, reply))
+    }
+
+    /// Maps the region a front end gives back (`SET_INFLIGHT_FD`), after
+    /// checking that the file holds what the message describes.
+    pub(crate) fn open(
+        msg: &VhostUserInflight,
+        file: File,
+        max_queues: u16,
+        max_queue_size: u16,
+    ) -> Result<Self, InflightError> {
+        let (num_queues, queue_size) = (msg.num_queues, msg.queue_size);
+        let needed = Self::check_shape(num_queues, queue_size, max_queues, max_queue_size)?;
+        // Sealed (where the file allows) before its size is checked; a
+        // file that cannot be sealed is still guarded against SIGBUS.
+        let _ = rustix::fs::fcntl_add_seals(&file, rustix::fs::SealFlags::SHRINK);
+        let file_len = file
+            .metadata()
+            .map_err(|source| InflightError::Sys {
+                what: "fstat",
+                source,
+            })?
+            .len();
+        let too_small = InflightError::TooSmall {
+            needed,
+            mmap_offset: msg.mmap_offset,
+            mmap_size: msg.mmap_size,
+            file_len,
+        };
+        match msg.mmap_offset.checked_add(needed) {
+            Some(end) if end <= file_len && needed <= msg.mmap_size => {}
+            _ => return Err(too_small),
+        }
+        Self::map(file, msg.mmap_offset, needed, num_queues, queue_size)
+    }
+
+    fn map(
+        file: File,
+        offset: u64,
+        size: u64,
+        num_queues: u16,
+        queue_size: u16,
+    ) -> Result<Self, InflightError> {
+        let len = usize::try_from(size).map_err(|_| InflightError::Sys {
+            what: "mmap",
+            source: io::Error::from(io::ErrorKind::InvalidInput),
+        })?;
+        let mapping = MmapRegion::from_file(FileOffset::new(file, offset), len).map_err(|e| {
+            InflightError::Sys {
+                what: "mmap",
+                source: io::Error::other(e),
+            }
+        })?;
+        // SAFETY: `mapping` is the live mapping of `len` bytes just made; it
+        // goes into the returned region, which declares the guard first, so
+        // the guard is dropped before the mapping is.
+        let watch = unsafe { SigbusGuard::watch(mapping.as_ptr(), len) };
+        Ok(Self {
+            watch,
+            mapping,
+            num_queues,
+            queue_size,
+        })
+    }
+
+    /// Whether the front end truncated the file under the mapping.
+    pub(crate) fn truncated(&self) -> bool {
+        self.watch.as_ref().is_some_and(SigbusGuard::peer_truncated)
+    }
+
+    /// On a SIGBUS in the region, also shut the front end's connection
+    /// `conn` down (as for its memory regions).
+    pub(crate) fn shutdown_on_fault(&self, conn: std::os::fd::BorrowedFd<'_>) {
+        match &self.watch {
+            None => tracing::info!("inflight region: not guarded against SIGBUS"),
+            Some(g) => {
+                if let Err(e) = g.shutdown_on_fault(conn) {
+                    tracing::info!("inflight region: a SIGBUS will not disconnect: {e}");
+                }
+            }
+        }
+    }
+
+    /// The tracker of queue `index` for a ring of `ring_size` descriptors;
+    /// `None` when the region has no such queue or its queues are smaller.
+    pub(crate) fn queue(self: &Arc<Self>, index: usize, ring_size: u16) -> Option<InflightQueue> {
+        if index >= usize::from(self.num_queues) || ring_size > self.queue_size || ring_size == 0 {
+            return None;
+        }
+        let base = usize::try_from(index as u64 * queue_region_size(self.queue_size)).ok()?;
+        Some(InflightQueue {
+            region: Arc::clone(self),
+            base,
+            ring_size,
+            counter: 0,
+        })
+    }
+}
+
+/// What [`InflightQueue::recover`] found.
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub(crate) struct Recovery {
+    /// The region was fresh (nothing to recover): the ring indices from
+    /// `SET_VRING_BASE` stand.
+    pub fresh: bool,
+    /// Next available index: the used index plus the heads in flight.
+    pub next_avail: u16,
+    /// Next used index (the used ring's).
+    pub next_used: u16,
+    /// Heads to run again before any new available entry, oldest first.
+    pub resubmit: Vec<u16>,
+}
+
+/// The inflight record of one queue.
+#[derive(Debug)]
+pub(crate) struct InflightQueue {
+    region: Arc<InflightRegion>,
+    /// Offset of the queue's region in the mapping.
+    base: usize,
+    /// Descriptors of the ring: heads at or past it are not this ring's.
+    ring_size: u16,
+    /// Counter for the next pop.
+    counter: u64,
+}
+
+impl InflightQueue {
+    fn desc(&self, head: u16, field: usize) -> usize {
+        self.base + HEADER_BYTES as usize + usize::from(head) * DESC_BYTES as usize + field
+    }
+
+    fn store<T: vm_memory::AtomicAccess>(&self, at: usize, value: T) {
+        // Offsets are inside the mapping and naturally aligned by
+        // construction (`queue` and the layout constants); a failure would
+        // only lose tracking, never touch other memory.
+        if let Err(e) = self
+            .region
+            .mapping
+            .as_volatile_slice()
+            .store(value, at, Ordering::Release)
+        {
+            tracing::warn!("inflight region store at {at}: {e}");
+        }
+    }
+
+    fn load<T: vm_memory::AtomicAccess + Default>(&self, at: usize) -> T {
+        self.region
+            .mapping
+            .as_volatile_slice()
+            .load(at, Ordering::Acquire)
+            .unwrap_or_default()
+    }
+
+    /// Restores the ring from the region after a (re)start, given the used
+    /// ring's index. A fresh region (version 0) is initialised instead.
+    pub(crate) fn recover(&mut self, ring_used: u16) -> Recovery {
+        let version: u16 = self.load(self.base + OFF_VERSION);
+        if version == 0 {
+            // A new region, or one cleared at a device reset: no head is in
+            // flight (a cleared region is all zeros).
+            self.store(self.base + OFF_DESC_NUM, self.region.queue_size);
+            self.store(self.base + OFF_USED_IDX, ring_used);
+            self.store(self.base + OFF_VERSION, VERSION);
+            self.counter = 0;
+            return Recovery {
+                fresh: true,
+                next_avail: ring_used,
+                next_used: ring_used,
+                resubmit: Vec::new(),
+            };
+        }
+        let recorded: u16 = self.load(self.base + OFF_USED_IDX);
+        if recorded != ring_used {
+            // The crash came after the used index moved and before the
+            // record caught up: the last head put is done.
+            let last: u16 = self.load(self.base + OFF_LAST_BATCH_HEAD);
+            if last < self.region.queue_size {
+                self.store(self.desc(last, OFF_INFLIGHT), 0u8);
+            }
+            self.store(self.base + OFF_USED_IDX, ring_used);
+        }
+        let mut heads: Vec<(u64, u16)> = (0..self.ring_size)
+            .filter(|&h| self.load::<u8>(self.desc(h, OFF_INFLIGHT)) == 1)
+            .map(|h| (self.load::<u64>(self.desc(h, OFF_COUNTER)), h))
+            .collect();
+        heads.sort_unstable();
+        self.counter = heads.last().map_or(0, |&(c, _)| c.wrapping_add(1));
+        // At most `ring_size` (<= 32768) heads: the count fits in u16.
+        let n = heads.len() as u16;
+        Recovery {
+            fresh: false,
+            next_avail: ring_used.wrapping_add(n),
+            next_used: ring_used,
+            resubmit: heads.into_iter().map(|(_, h)| h).collect(),
+        }
+    }
+
+    /// Records `head` as popped (in flight).
+    pub(crate) fn pop(&mut self, head: u16) {
+        if head >= self.ring_size {
+            return;
+        }
+        let c = self.counter;
+        self.counter = c.wrapping_add(1);
+        self.store(self.desc(head, OFF_COUNTER), c);
+        self.store(self.desc(head, OFF_INFLIGHT), 1u8);
+    }
+
+    /// Before `head` goes on the used ring.
+    pub(crate) fn pre_put(&self, head: u16) {
+        if head < self.ring_size {
+            self.store(self.base + OFF_LAST_BATCH_HEAD, head);
+        }
+    }
+
+    /// After `head` went on the used ring, whose index is now `used`.
+    pub(crate) fn post_put(&self, head: u16, used: u16) {
+        if head < self.ring_size {
+            self.store(self.desc(head, OFF_INFLIGHT), 0u8);
+        }
+        self.store(self.base + OFF_USED_IDX, used);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    const SIZE: u16 = 8;
+
+    /// A back end's first start: a region in a new memfd, queue 0 tracked.
+    fn first_start() -> (InflightQueue, File, VhostUserInflight) {
+        let (region, file, reply) = InflightRegion::create(1, SIZE, 4, 256).unwrap();
+        let mut q = Arc::new(region).queue(0, SIZE).unwrap();
+        assert!(q.recover(0).fresh);
+        (q, file, reply)
+    }
+
+    /// What a restarted back end finds: the same fd mapped afresh.
+    fn restart(
+        file: &File,
+        reply: &VhostUserInflight,
+        ring_used: u16,
+    ) -> (InflightQueue, Recovery) {
+        let region = InflightRegion::open(reply, file.try_clone().unwrap(), 4, 256).unwrap();
+        let mut q = Arc::new(region).queue(0, SIZE).unwrap();
+        let r = q.recover(ring_used);
+        (q, r)
+    }
+
+    /// The put sequence of `QueueContext::add_used`, stopped after `steps`
+    /// of its four writes; `used` is the used ring's index.
+    fn put(q: &InflightQueue, head: u16, used: &mut u16, steps: usize) {
+        if steps >= 1 {
+            q.pre_put(head);
+        }
+        if steps >= 2 {
+            *used = used.wrapping_add(1);
+        }
+        if steps >= 3 {
+            q.store(q.desc(head, OFF_INFLIGHT), 0u8);
+        }
+        if steps >= 4 {
+            q.store(q.base + OFF_USED_IDX, *used);
+        }
+    }
+
+    #[test]
+    fn a_crash_at_each_step_of_a_put_resubmits_exactly_the_unfinished_heads() {
+        for steps in 0..=4 {
+            let (mut q, file, reply) = first_start();
+            let mut used = 0u16;
+            // Popped in this order: counters 0, 1, 2.
+            for head in [3, 5, 1] {
+                q.pop(head);
+            }
+            put(&q, 5, &mut used, 4);
+            // The crash: head 3's put stops after `steps` writes.
+            put(&q, 3, &mut used, steps);
+            drop(q);
+            let (_, r) = restart(&file, &reply, used);
+            let want: &[u16] = if steps < 2 { &[3, 1] } else { &[1] };
+            assert!(!r.fresh);
+            assert_eq!(r.resubmit, want, "crash after {steps} step(s) of the put");
+            assert_eq!(r.next_used, used);
+            assert_eq!(
+                r.next_avail,
+                used + want.len() as u16,
+                "after {steps} step(s)"
+            );
+            // The record was repaired: a second restart finds the same.
+            let (_, again) = restart(&file, &reply, used);
+            assert_eq!(again, r, "recovery is not idempotent after {steps} step(s)");
+        }
+    }
+
+    #[test]
+    fn a_crash_inside_a_pop_leaves_the_head_to_the_available_ring() {
+        let (mut q, file, reply) = first_start();
+        q.pop(2);
+        // Head 6 popped from the ring, its counter written, not yet marked.
+        q.store(q.desc(6, OFF_COUNTER), 1u64);
+        drop(q);
+        let (_, r) = restart(&file, &reply, 0);
+        // Two entries were taken from the available ring; only one counts,
+        // so the second (head 6) is taken again.
+        assert_eq!(r.resubmit, [2]);
+        assert_eq!(r.next_avail, 1);
+    }
+
+    #[test]
+    fn out_of_order_completions_and_a_second_crash_keep_the_pop_order() {
+        let (mut q, file, reply) = first_start();
+        let mut used = 0u16;
+        for head in 0..5 {
+            q.pop(head);
+        }
+        put(&q, 2, &mut used, 4);
+        put(&q, 0, &mut used, 4);
+        drop(q);
+        let (mut q, r) = restart(&file, &reply, used);
+        assert_eq!(r.resubmit, [1, 3, 4]);
+        assert_eq!((r.next_used, r.next_avail), (2, 5));
+        // The restarted back end finishes 3, pops head 0 again (newer than
+        // every resubmitted head) and crashes too.
+        put(&q, 3, &mut used, 4);
+        q.pop(0);
+        drop(q);
+        let (_, r) = restart(&file, &reply, used);
+        assert_eq!(r.resubmit, [1, 4, 0]);
+        assert_eq!((r.next_used, r.next_avail), (3, 6));
+    }
+
+    #[test]
+    fn indices_wrap_around() {
+        let (mut q, file, reply) = first_start();
+        // The used index about to wrap, as after 65535 requests.
+        let mut used = u16::MAX;
+        q.store(q.base + OFF_USED_IDX, used);
+        q.pop(4);
+        q.pop(7);
+        put(&q, 4, &mut used, 2);
+        drop(q);
+        let (_, r) = restart(&file, &reply, used);
+        assert_eq!(r.resubmit, [7]);
+        assert_eq!((r.next_used, r.next_avail), (0, 1));
+    }
+
+    #[test]
+    fn a_region_cleared_by_the_front_end_is_fresh_again() {
+        let (mut q, file, reply) = first_start();
+        q.pop(1);
+        drop(q);
+        // QEMU zeroes the region when the guest resets the device.
+        file.write_all_at(&vec![0u8; reply.mmap_size as usize], 0)
+            .unwrap();
+        let (_, r) = restart(&file, &reply, 9);
+        assert!(r.fresh);
+        assert_eq!((r.next_used, r.next_avail, r.resubmit.len()), (9, 9, 0));
+        let (_, r) = restart(&file, &reply, 9);
+        assert!(!r.fresh);
+        assert!(r.resubmit.is_empty());
+    }
+
+    #[test]
+    fn hostile_region_contents_yield_only_heads_of_the_ring() {
+        let (q, file, reply) = first_start();
+        drop(q);
+        let len = reply.mmap_size as usize;
+        for fill in [0xffu8, 0x01, 0x80] {
+            let mut bytes = vec![fill; len];
+            // Keep the version non-zero so the record is read.
+            bytes[OFF_VERSION] = 1;
+            file.write_all_at(&bytes, 0).unwrap();
+            // A ring smaller than the region's queues: heads past it are
+            // not this ring's.
+            let region = InflightRegion::open(&reply, file.try_clone().unwrap(), 4, 256).unwrap();
+            let mut q = Arc::new(region).queue(0, 4).unwrap();
+            let r = q.recover(3);
+            let want: Vec<u16> = if fill == 1 { vec![0, 1, 2, 3] } else { vec![] };
+            assert_eq!(r.resubmit, want, "fill {fill:#x}");
+            assert_eq!(r.next_avail, 3 + want.len() as u16);
+        }
+    }
+
+    #[test]
+    fn set_inflight_fd_checks_the_message_against_the_file() {
+        let (q, file, reply) = first_start();
+        drop(q);
+        let open =
+            |m: VhostUserInflight| InflightRegion::open(&m, file.try_clone().unwrap(), 4, 256);
+        let needed = queue_region_size(SIZE);
+        assert_eq!(reply.mmap_size, needed);
+        assert!(open(reply).is_ok());
+        // Past the end of the file, or a size smaller than the layout.
+        for (size, offset) in [(needed, 4096), (needed - 1, 0), (needed, u64::MAX)] {
+            let m = VhostUserInflight::new(size, offset, 1, SIZE);
+            assert!(
+                matches!(open(m), Err(InflightError::TooSmall { needed: n, .. }) if n == needed),
+                "size {size} offset {offset}"
+            );
+        }
+        // More queues than the file holds.
+        let m = VhostUserInflight::new(needed, 0, 2, SIZE);
+        assert!(matches!(open(m), Err(InflightError::TooSmall { .. })));
+        // Shapes this device never has.
+        for (nq, qs) in [(0, SIZE), (5, SIZE), (1, 0), (1, 512)] {
+            let m = VhostUserInflight::new(needed, 0, nq, qs);
+            assert!(
+                matches!(
+                    open(m),
+                    Err(InflightError::Shape {
+                        max_queues: 4,
+                        max_queue_size: 256,
+                        ..
+                    })
+                ),
+                "{nq} queues of {qs}"
+            );
+        }
+        // The memfd this side made cannot be resized by the front end.
+        assert!(file.set_len(0).is_err());
+    }
+
+    #[test]
+    fn queues_outside_the_region_are_not_tracked() {
+        let (region, _file, _) = InflightRegion::create(2, SIZE, 4, 256).unwrap();
+        let region = Arc::new(region);
+        assert!(region.queue(1, SIZE).is_some());
+        assert!(region.queue(2, SIZE).is_none());
+        assert!(region.queue(0, SIZE * 2).is_none());
+        // Queue 1 starts after queue 0's padded region.
+        assert_eq!(
+            region.queue(1, SIZE).unwrap().base as u64,
+            queue_region_size(SIZE)
+        );
+        assert_eq!(queue_region_size(SIZE), 192);
+        assert_eq!(queue_region_size(128), 16 + 16 * 128 + 48);
+    }
+}
