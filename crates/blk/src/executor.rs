@@ -189,7 +189,9 @@ impl Executor {
                 st.finish_in_flight();
             }
         });
-        // Requests may already be waiting (a restarted ring).
+        // What the previous back end left in flight runs first, then what
+        // may already be waiting (a restarted ring).
+        self.resubmit(ctx)?;
         self.process_avail(ctx)?;
         loop {
             if self.stopping {
@@ -231,6 +233,39 @@ impl Executor {
         }
     }
 
+    /// Starts the heads the previous back end left in flight (its inflight
+    /// record), oldest first; they are within the queue size, so each has
+    /// a slot.
+    fn resubmit(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
+        let heads = ctx.take_resubmits();
+        if heads.is_empty() {
+            return Ok(());
+        }
+        let _dma = ctx.dma_batch();
+        let mem = ctx.memory();
+        for head in heads {
+            if self.io().free.is_empty() {
+                // Cannot happen (heads are distinct and below the queue
+                // size); a request never started is one the guest waits on.
+                tracing::warn!("queue {}: no slot to resubmit head {head}", ctx.index());
+                break;
+            }
+            let parsed = Request::parse_descriptors(
+                head,
+                ctx.chain_at(&mem, head),
+                &*mem,
+                &self.image.limits,
+            );
+            self.start(ctx, &mem, parsed);
+        }
+        self.submit()?;
+        if self.pending_notify {
+            self.pending_notify = false;
+            ctx.notify(&mem);
+        }
+        Ok(())
+    }
+
     /// Pops every available chain (re-checking after re-enabling
     /// notifications, virtio 1.2, 2.7.10) and starts it.
     fn process_avail(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
@@ -267,7 +302,7 @@ impl Executor {
             }
             let _ = ctx.queue_mut().disable_notification(&*mem);
             while !self.io().free.is_empty() {
-                let Some(chain) = ctx.queue_mut().pop_descriptor_chain(mem.clone()) else {
+                let Some(chain) = ctx.pop_chain(&mem) else {
                     break;
                 };
                 let parsed = Request::parse(chain, &*mem, &self.image.limits);
@@ -323,7 +358,7 @@ impl Executor {
             Some(at) if mem.write_obj(status, at).is_ok() => data_len.saturating_add(1),
             _ => 0,
         };
-        if let Err(e) = ctx.queue_mut().add_used(mem, head, len) {
+        if let Err(e) = ctx.add_used(mem, head, len) {
             tracing::warn!("queue {}: cannot fill the used ring: {e}", ctx.index());
         }
         self.pending_notify = true;

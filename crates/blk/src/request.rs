@@ -342,6 +342,21 @@ impl Request {
         M::Target: GuestMemory,
     {
         let head = chain.head_index();
+        Self::parse_descriptors(head, chain, mem, limits)
+    }
+
+    /// [`Request::parse`] for the descriptors of the chain at `head`
+    /// however they were walked (e.g. a head resubmitted from an inflight
+    /// record, whose chain is not on the available ring any more).
+    ///
+    /// # Errors
+    /// As [`Request::parse`].
+    pub fn parse_descriptors<M: GuestMemory + ?Sized>(
+        head: u16,
+        chain: impl IntoIterator<Item = Descriptor>,
+        mem: &M,
+        limits: &Limits,
+    ) -> Result<Request, Rejected> {
         let mut readable: Vec<Segment> = Vec::new();
         let mut writable: Vec<Segment> = Vec::new();
         let mut structure: Result<(), ParseError> = Ok(());
