@@ -34,6 +34,13 @@ Examples:
     /// otherwise); with VIRTIO_F_ACCESS_PLATFORM every address is an IOVA
     /// checked against the front end's IOTLB. Runs until SIGINT or SIGTERM,
     /// then removes SOCKET.
+    ///
+    /// Requests in flight are recorded in a memfd the front end keeps
+    /// (vhost-user INFLIGHT_SHMFD): a back end killed under a running guest
+    /// and started again on the same image and socket is handed that
+    /// record by a reconnecting front end (QEMU: -chardev
+    /// socket,...,reconnect-ms=N) and runs what was in flight first, so the
+    /// guest sees no I/O error.
     #[command(after_help = "\
 Examples:
   iopath blk serve --image disk.img --socket /tmp/blk.sock
