@@ -3,8 +3,11 @@
 //! protocol negotiation, `SET_MEM_TABLE`/`ADD_MEM_REG` with memfds this
 //! target creates (filled with fuzzer bytes, so rings and descriptors hold
 //! anything), vring setup and kicks (a device thread then walks the rings
-//! through the IOTLB), `IOTLB_MSG`, `SET_BACKEND_REQ_FD`, `GET_CONFIG`, and
-//! raw messages with any code, flags, payload and fds, in any order.
+//! through the IOTLB), `IOTLB_MSG`, `SET_BACKEND_REQ_FD`, `GET_CONFIG`,
+//! `GET_INFLIGHT_FD`/`SET_INFLIGHT_FD` (the inflight record given back in
+//! a memfd of fuzzer bytes, which the device's recovery then reads and its
+//! pops and puts keep), and raw messages with any code, flags, payload and
+//! fds, in any order.
 //!
 //! The server must end every connection by itself once the front end
 //! closes (no hang), never panic (its thread's join would fail), and its
@@ -21,7 +24,7 @@ use iopath_virtio::device::{serve_connection, QueueContext, VirtioDevice};
 use iopath_virtio::features;
 use iopath_virtio::vhost_wire::{Header, RawIotlb, NEED_REPLY, VERSION};
 use libfuzzer_sys::fuzz_target;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::Queue;
 use vm_memory::Bytes;
 
 const PAGE: u64 = 4096;
@@ -49,6 +52,14 @@ impl VirtioDevice for Copier {
         (0..len).map(|i| (offset.wrapping_add(i)) as u8).collect()
     }
     fn run_queue(&self, mut ctx: QueueContext) -> Queue {
+        // Heads a hostile inflight record names: walked like any chain.
+        {
+            let mem = ctx.memory();
+            for head in ctx.take_resubmits() {
+                let n = ctx.chain_at(&mem, head).take(32).count() as u32;
+                let _ = ctx.add_used(&mem, head, n);
+            }
+        }
         loop {
             let wake = match ctx.wait(None) {
                 Ok(w) => w,
@@ -60,12 +71,12 @@ impl VirtioDevice for Copier {
             let _batch = ctx.dma_batch();
             let mem = ctx.memory();
             let mut chains = Vec::new();
-            let Ok(iter) = ctx.queue_mut().iter(&*mem) else {
-                continue;
-            };
             // At most a queue's worth per kick: a hostile avail index must
             // not make this loop forever.
-            for chain in iter.take(16) {
+            for _ in 0..16 {
+                let Some(chain) = ctx.pop_chain(&mem) else {
+                    break;
+                };
                 let head = chain.head_index();
                 let mut data = Vec::new();
                 let mut written = 0u32;
@@ -86,7 +97,7 @@ impl VirtioDevice for Copier {
                 chains.push((head, written));
             }
             for (head, written) in chains {
-                let _ = ctx.queue_mut().add_used(&*mem, head, written);
+                let _ = ctx.add_used(&mem, head, written);
             }
             ctx.notify(&mem);
         }
@@ -185,6 +196,21 @@ enum Msg {
         offset: u16,
         size: u16,
     },
+    GetInflight {
+        num_queues: u8,
+        queue_size: u16,
+    },
+    /// `SET_INFLIGHT_FD` with a memfd of `pages` pages of `bytes` (which
+    /// `Poke` may change later, while the device runs).
+    SetInflight {
+        mmap_size: u16,
+        offset_page: u8,
+        num_queues: u8,
+        queue_size: u16,
+        pages: u8,
+        bytes: Vec<u8>,
+        fd: Option<Fd>,
+    },
     /// Guest memory bytes written by the "driver" (rings, descriptors).
     Poke {
         region: u8,
@@ -207,6 +233,9 @@ struct Prelude {
     iommu: bool,
     event_idx: bool,
     fill: u8,
+    /// Negotiate `INFLIGHT_SHMFD` and give back an inflight record of
+    /// these bytes before the queue starts.
+    inflight: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -242,6 +271,17 @@ fn make_fd(fd: Fd, kicks: Option<&mut Option<OwnedFd>>) -> OwnedFd {
     }
 }
 
+/// `VhostUserInflight`: mmap_size, mmap_offset, num_queues, queue_size
+/// (24 bytes with its padding).
+fn inflight_payload(size: u64, offset: u64, num_queues: u8, queue_size: u16) -> [u8; 24] {
+    let mut p = [0u8; 24];
+    p[0..8].copy_from_slice(&size.to_le_bytes());
+    p[8..16].copy_from_slice(&offset.to_le_bytes());
+    p[16..18].copy_from_slice(&u16::from(num_queues % 4).to_le_bytes());
+    p[18..20].copy_from_slice(&(queue_size % 40).to_le_bytes());
+    p
+}
+
 fn memfd(pages: u64, fill: u8) -> std::fs::File {
     let fd = rustix::fs::memfd_create(
         "fuzz",
@@ -262,8 +302,27 @@ impl FrontEnd {
         self.send(3, &[], &[]);
         self.send(1, &[], &[]);
         // MQ, REPLY_ACK, BACKEND_REQ, CONFIG, CONFIGURE_MEM_SLOTS.
-        let protocol: u64 = 1 | (1 << 3) | (1 << 5) | (1 << 9) | (1 << 15);
+        let mut protocol: u64 = 1 | (1 << 3) | (1 << 5) | (1 << 9) | (1 << 15);
+        if p.inflight.is_some() {
+            protocol |= 1 << 12;
+        }
         self.send(16, &protocol.to_le_bytes(), &[]);
+        if let Some(bytes) = &p.inflight {
+            // Two queues of 8 (the ring below): 2 x 192 bytes.
+            self.step(Msg::GetInflight {
+                num_queues: 2,
+                queue_size: 8,
+            });
+            self.step(Msg::SetInflight {
+                mmap_size: 384,
+                offset_page: 0,
+                num_queues: 2,
+                queue_size: 8,
+                pages: 1,
+                bytes: bytes.clone(),
+                fd: None,
+            });
+        }
         let mut f = features::VIRTIO_F_VERSION_1 | features::VHOST_USER_F_PROTOCOL_FEATURES;
         if p.iommu {
             f |= features::VIRTIO_F_ACCESS_PLATFORM;
@@ -494,6 +553,39 @@ impl FrontEnd {
                 p.extend_from_slice(&0u32.to_le_bytes());
                 p.resize(12 + size as usize, 0);
                 self.send(24, &p, &[]);
+            }
+            Msg::GetInflight {
+                num_queues,
+                queue_size,
+            } => {
+                self.send(31, &inflight_payload(0, 0, num_queues, queue_size), &[]);
+            }
+            Msg::SetInflight {
+                mmap_size,
+                offset_page,
+                num_queues,
+                queue_size,
+                pages,
+                bytes,
+                fd,
+            } => {
+                let fd = match fd {
+                    Some(f) => make_fd(f, None),
+                    None => {
+                        let file = memfd(u64::from(pages % 4), 0);
+                        let _ = rustix::io::pwrite(&file, &bytes[..bytes.len().min(4096)], 0);
+                        let fd = OwnedFd::from(file.try_clone().unwrap());
+                        self.files.push(file);
+                        fd
+                    }
+                };
+                let p = inflight_payload(
+                    u64::from(mmap_size),
+                    u64::from(offset_page % 3) * PAGE,
+                    num_queues,
+                    queue_size,
+                );
+                self.send(32, &p, &[fd]);
             }
             Msg::Poke { region, at, bytes } => {
                 if self.files.is_empty() {
