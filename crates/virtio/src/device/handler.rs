@@ -265,6 +265,7 @@ impl<D: VirtioDevice> Handler<D> {
                 q
             }),
             resubmit: Vec::new(),
+            force_notify: false,
         };
         let device = Arc::clone(&self.device);
         let spawned = std::thread::Builder::new()

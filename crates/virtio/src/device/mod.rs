@@ -287,6 +287,9 @@ pub struct QueueContext {
     inflight: Option<inflight::InflightQueue>,
     /// Heads the previous back end left in flight, oldest first.
     resubmit: Vec<u16>,
+    /// Signal the driver at the next [`QueueContext::notify`] whatever
+    /// `EVENT_IDX` says (set after a restart).
+    force_notify: bool,
 }
 
 impl QueueContext {
@@ -333,6 +336,14 @@ impl QueueContext {
         self.queue.set_next_avail(r.next_avail);
         self.queue.set_next_used(r.next_used);
         self.resubmit = r.resubmit;
+        // The last back end may have died between used-ring updates and
+        // the interrupt for them: with EVENT_IDX the driver would then
+        // wait for an interrupt that this back end's index arithmetic
+        // (which starts afresh) never sends. Signal now, and at the next
+        // notification whatever the driver asked for (as libvhost-user's
+        // `signalled_used_valid = false` after a reconnect).
+        self.call.signal();
+        self.force_notify = true;
     }
 
     /// Takes the heads that were in flight when the previous back end
@@ -448,6 +459,12 @@ impl QueueContext {
     /// `EVENT_IDX`, it asked to be told); `mem` must be the snapshot the
     /// used entries were written through.
     pub fn notify(&mut self, mem: &DeviceMemory) {
+        if std::mem::take(&mut self.force_notify) {
+            // Still asked, to keep virtio-queue's count of what was added.
+            let _ = self.queue.needs_notification(mem);
+            self.call.signal();
+            return;
+        }
         match self.queue.needs_notification(mem) {
             Ok(false) => {}
             // If the ring cannot even be read, wake the driver anyway.
