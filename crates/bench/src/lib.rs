@@ -215,6 +215,17 @@ impl Missing {
     }
 }
 
+/// The 1-minute load average (`/proc/loadavg`), to report beside figures
+/// that other work on the machine moves.
+pub fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The `iopath` executable this process is (the bench's servers are its
 /// subcommands), for configs that do not name another.
 ///

@@ -713,6 +713,8 @@ pub struct RpmsgReport {
     /// The scale experiments' text, Markdown and JSON, when added
     /// ([`RpmsgReport::add_scale`]).
     scale: Option<(String, String, serde_json::Value)>,
+    /// The 1-minute load average before and after the run.
+    loadavg: (Option<f64>, Option<f64>),
 }
 
 fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
@@ -735,6 +737,7 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
         }
     }
     let cpus = Cpus::get()?;
+    let load_before = crate::loadavg();
     let total: u64 =
         a.loops.iter().sum::<u64>() * WAYS as u64 * a.runs as u64 * a.placement.len() as u64;
     let pb = ProgressBar::new(a.progress, "bench rpmsg", total);
@@ -784,6 +787,7 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
         peer_budget: a.peer_budget,
         peer_wheres,
         scale: None,
+        loadavg: (load_before, crate::loadavg()),
     })
 }
 

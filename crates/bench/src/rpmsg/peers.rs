@@ -23,7 +23,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::wire::ADDR_ANY;
-use iopath_rpmsg::{Bus, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
+use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 
 use super::{bound_ept, RpmsgConfig};
 use crate::error::{check, check_failed, invalid};
@@ -402,16 +402,18 @@ fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Late
             .map_err(Error::bus(format!("opening {OPENAMP_SHM}")))?;
         let bus = Bus::host(shm, notifier, HOST_FEATURES)
             .map_err(Error::bus("starting the in-process host"))?;
-        let r = bus_echo(cfg, &bus, wait);
+        let ep = bus
+            .create(EndpointOptions::new(SERVICE))
+            .map_err(Error::bus(format!("creating the endpoint {SERVICE:?}")));
+        let r = ep.and_then(|ep| bus_echo(cfg, &bus, &ep, wait));
+        // Down before the endpoint goes: a name-service DESTROY would end
+        // OpenAMP's echo, and the bus would log the link going down.
         bus.shutdown();
         r
     })
 }
 
-fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, wait: Duration) -> Result<Latency> {
-    let ep = bus
-        .create(EndpointOptions::new(SERVICE))
-        .map_err(Error::bus(format!("creating the endpoint {SERVICE:?}")))?;
+fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, ep: &Endpoint, wait: Duration) -> Result<Latency> {
     let start = Instant::now();
     while ep.dst() == ADDR_ANY {
         if let Some(r) = bus.down_reason() {
@@ -435,12 +437,7 @@ fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, wait: Duration) -> Result<Latency> {
     for seq in 0..PEER_WARM {
         rt(seq)?;
     }
-    let lat = timed(cfg.count, cfg.peer_budget, rt)?;
-    // Destroy the endpoint (name-service DESTROY) as the demo's driver does,
-    // and let the remote take it before the bus goes.
-    drop(ep);
-    bus.flush(Duration::from_secs(2));
-    Ok(lat)
+    timed(cfg.count, cfg.peer_budget, rt)
 }
 
 /// One run of one pair.

@@ -178,6 +178,7 @@ impl RpmsgReport {
             "peers": peers,
             "goals": goals,
             "scale": self.scale.as_ref().map(|(_, _, j)| j),
+            "loadavg": [self.loadavg.0, self.loadavg.1],
         })
     }
 }
@@ -540,6 +541,17 @@ impl RpmsgReport {
         });
     }
 
+    /// The load average in words (other work moves every figure, the
+    /// spinning OpenAMP pair's most).
+    fn load_text(&self) -> String {
+        let f = |v: Option<f64>| v.map_or_else(|| "?".into(), |v| format!("{v:.2}"));
+        format!(
+            "1-minute load average {} before, {} after",
+            f(self.loadavg.0),
+            f(self.loadavg.1)
+        )
+    }
+
     /// The peer placement `p`, if measured.
     fn peer_placement(&self, p: Placement) -> Option<&peers::PeerPlacement> {
         self.peers.as_ref()?.iter().find(|m| m.placement == p)
@@ -675,7 +687,7 @@ impl RpmsgReport {
                 }
             }
         }
-        outln!(out, "issue 16 goals, from this run:");
+        outln!(out, "issue 16 goals, from this run ({}):", self.load_text());
         for g in self.goals() {
             outln!(
                 out,
@@ -749,7 +761,11 @@ impl RpmsgReport {
                 }
             }
         }
-        outln!(out, "Issue 16's goals, from this run:");
+        outln!(
+            out,
+            "Issue 16's goals, from this run ({}):",
+            self.load_text()
+        );
         outln!(out);
         outln!(out, "| goal | this run (spread over runs) | target | |");
         outln!(out, "|---|---|---|---|");
