@@ -37,7 +37,8 @@ pub struct LoadArgs {
     #[arg(long)]
     pub buffers: Option<usize>,
     /// How to move the bytes: auto (uring or direct, whichever measures
-    /// faster over 48 MiB each, in alternating slices), buffered (pread),
+    /// faster over 48 MiB each, in alternating slices; direct only when
+    /// more than 10% faster), buffered (pread),
     /// direct (O_DIRECT), sendfile (sendfile/splice), uring (io_uring,
     /// fixed buffers, O_DIRECT).
     #[arg(long, default_value = "auto")]

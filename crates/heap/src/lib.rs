@@ -60,8 +60,8 @@ pub use bounce::AlignedBuf;
 pub use buffer::{Buffer, DevicePin};
 pub use engine::{
     new_engine, AutoEngine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq,
-    Probe, Pull, ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine, PROBE_BYTES,
-    PROBE_SLICES,
+    Probe, Pull, ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine, DIRECT_MARGIN,
+    PROBE_BYTES, PROBE_SLICES,
 };
 pub use error::{Error, Result};
 pub use file::IoFile;

@@ -21,7 +21,7 @@ mod uring;
 use std::fmt;
 use std::str::FromStr;
 
-pub use auto::{AutoEngine, Probe, PROBE_BYTES, PROBE_SLICES};
+pub use auto::{AutoEngine, Probe, DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES};
 pub use buffered::BufferedEngine;
 pub use direct::DirectEngine;
 pub use sendfile::SendfileEngine;
