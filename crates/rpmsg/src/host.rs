@@ -232,6 +232,11 @@ impl Link for HostLink {
         Ok(!self.rx.enable_interrupts())
     }
 
+    fn disarm(&mut self) -> Result<(), LinkError> {
+        self.rx.disable_interrupts();
+        Ok(())
+    }
+
     fn check(&mut self) -> Result<(), LinkError> {
         let st = self.shm.load_u8(self.table.vdev.status_offset() as u64)?;
         if st & (status::DEVICE_NEEDS_RESET | status::FAILED) != 0 || st & status::DRIVER_OK == 0 {

@@ -212,6 +212,15 @@ pub trait Link: Send + fmt::Debug {
     /// [`LinkError`] when the ring is broken.
     fn arm(&mut self) -> Result<bool, LinkError>;
 
+    /// Tells the peer it need not notify for now: the caller keeps passing
+    /// over the rings (it calls [`Link::arm`] again before it sleeps).
+    ///
+    /// # Errors
+    /// [`LinkError`] when the ring is broken.
+    fn disarm(&mut self) -> Result<(), LinkError> {
+        Ok(())
+    }
+
     /// Checks that the link is still up (the status byte).
     ///
     /// # Errors

@@ -342,6 +342,13 @@ impl Link for RemoteLink {
             .map_err(|e| Self::broken("vq1", e))
     }
 
+    fn disarm(&mut self) -> Result<(), LinkError> {
+        let mem = self.shm.mem();
+        self.rxq
+            .disable_notification(mem)
+            .map_err(|e| Self::broken("vq1", e))
+    }
+
     fn check(&mut self) -> Result<(), LinkError> {
         let st = self.shm.load_u8(self.table.vdev.status_offset() as u64)?;
         if st & status::DRIVER_OK == 0 || st & (status::FAILED | status::DEVICE_NEEDS_RESET) != 0 {

@@ -253,6 +253,13 @@ pub(super) fn run(shared: Arc<Shared>) {
             }
             ns_changed = st.stats.ns_create + st.stats.ns_destroy != ns_before;
             tx_now = st.stats.tx_msgs;
+            // About to spin (see below): the peer need not notify meanwhile;
+            // `arm` asks again before the thread sleeps.
+            if !polling && !spin.is_zero() && tx_now != last_tx && down.is_none() {
+                if let Err(e) = st.link.disarm() {
+                    down = Some(e.to_string());
+                }
+            }
         }
         if kick {
             if let Err(e) = shared.notifier.kick() {
@@ -296,7 +303,8 @@ pub(super) fn run(shared: Arc<Shared>) {
             // Pass over the rings a while longer (giving the CPU away
             // between passes) before sleeping, so that an answer that
             // comes meanwhile needs no wake-up of this thread; on a CPU of
-            // its own the peer then needs no kick either (none is asked).
+            // its own the peer then needs no kick either (none is asked:
+            // the rings were disarmed above).
             if tx_now != last_tx {
                 last_tx = tx_now;
                 spin_until = Some(Instant::now() + spin);
