@@ -157,6 +157,10 @@ def one(row, path, method, buffer_size):
         secs = time.perf_counter() - t
         out["tensors"] = len(r)
         out["method"] = stats["method"]
+        # Allocation (on the loader's allocator thread, overlapped) and
+        # transfer time: which of the two bounds the load.
+        out["alloc_seconds"] = stats["alloc_seconds"]
+        out["read_seconds"] = stats["read_seconds"]
     else:
         raise SystemExit(f"--one: unknown row {row!r}; one of {ROWS[:-1]}")
     out["seconds"] = secs
@@ -247,7 +251,7 @@ def main():
     try:
         size = os.path.getsize(path)
         load_before = loadavg()
-        results = {r: {"gib_per_s": [], "growth": []} for r in rows}
+        results = {r: {"gib_per_s": [], "growth": [], "alloc_s": [], "read_s": []} for r in rows}
         fio_cmd = None
         for rnd in range(args.rounds):
             order = rows[rnd % len(rows) :] + rows[: rnd % len(rows)]
@@ -264,6 +268,8 @@ def main():
                     gib = size / GIB / got["seconds"]
                     if "method" in got:
                         results[row]["method"] = got["method"]
+                        results[row]["alloc_s"].append(got["alloc_seconds"])
+                        results[row]["read_s"].append(got["read_seconds"])
                     if got.get("tensors") is not None:
                         results[row]["tensors"] = got["tensors"]
                 growth = max(0, resident_bytes(path) - before)
@@ -300,6 +306,8 @@ def main():
         }
         if "method" in results[r]:
             row["method"] = results[r]["method"]
+            row["alloc_ms"] = summary([x * 1e3 for x in results[r]["alloc_s"]])
+            row["read_ms"] = summary([x * 1e3 for x in results[r]["read_s"]])
         report["rows"].append(row)
     if "iopath" in results and "load_file" in results:
         a = statistics.median(results["iopath"]["gib_per_s"])
@@ -326,6 +334,13 @@ def main():
             f"| {label} | {s['median']:.3f} | {s['min']:.3f}-{s['max']:.3f} | {vs} | "
             f"{g / (1 << 20):.1f} MiB ({row['page_cache_growth_of_file'] * 100:.1f}%) |"
         )
+    for row in report["rows"]:
+        if "alloc_ms" in row:
+            print()
+            print(
+                f"{row['label']}: allocation {row['alloc_ms']['median']:.0f} ms median "
+                f"(allocator thread, overlapped), transfers {row['read_ms']['median']:.0f} ms"
+            )
     if "iopath_vs_load_file" in report:
         print()
         print(f"iopath.load_safetensors / safetensors.numpy.load_file: {report['iopath_vs_load_file']:.2f}x")

@@ -181,7 +181,8 @@ fn load(
 }
 
 /// Loads a safetensors file: returns (buffers, {name: (buffer index, offset,
-/// dtype, shape)}, stats dict). `iopath.load_safetensors` turns it into
+/// dtype, shape)}, stats dict: bytes, seconds, gib_per_s, method, and
+/// alloc_seconds / read_seconds as `iopath load` reports them). `iopath.load_safetensors` turns it into
 /// numpy views.
 #[pyfunction]
 #[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20, progress = false))]
@@ -217,6 +218,8 @@ fn load_safetensors_raw<'py>(
     stats.set_item("seconds", t.stats.elapsed.as_secs_f64())?;
     stats.set_item("gib_per_s", t.stats.gib_per_s())?;
     stats.set_item("method", t.stats.method.name())?;
+    stats.set_item("alloc_seconds", t.stats.alloc_time.as_secs_f64())?;
+    stats.set_item("read_seconds", t.stats.read_time.as_secs_f64())?;
     let buffers = t
         .buffers
         .into_iter()

@@ -52,6 +52,8 @@ def test_every_tensor_matches_safetensors_numpy(model, method):
         assert a.ctypes.data % a.dtype.itemsize == 0, f"{name} misaligned"
     assert stats["bytes"] == sum(r.nbytes for r in want.values())
     assert stats["method"] in ("uring", "direct", "buffered")
+    assert stats["alloc_seconds"] > 0 and stats["read_seconds"] > 0
+    assert stats["seconds"] >= stats["read_seconds"]
 
 
 def test_arrays_are_views_that_keep_their_buffers_alive(model):
