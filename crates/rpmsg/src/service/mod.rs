@@ -10,8 +10,9 @@
 //!                                   CREATE_EPT_FD ─► fdept::create
 //!                                   STATS, garbage (closed), ATTACH (own thread)
 //!    listener readable ─► accept, greet (0 | -EBUSY)
-//!    endpoint socket readable ─► Endpoint::try_send (bus); no free buffer:
-//!        the message waits, its socket out of the set, retried every 1 ms
+//!    endpoint socket readable ─► one message, then up to 16 per recvmmsg ─►
+//!        Endpoint::try_send (bus) each; no free buffer: the message and the
+//!        rest of its batch wait, the socket out of the set, retried every 1 ms
 //!    EOF: destroy (fd: last close or shutdown; node: shutdown)
 //!    doomed (remote gone) ─► destroy
 //!  same thread, ring pass: message ─► send on the endpoint's socket;
@@ -52,6 +53,7 @@
 //! error, instead of a message that vanished.
 
 mod attach;
+mod batch;
 mod conn;
 mod fdept;
 mod legacy;
@@ -59,8 +61,10 @@ mod server;
 
 pub use server::{CtrlOptions, CtrlServer};
 
+use batch::{RecvBatch, BATCH};
+
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -68,7 +72,7 @@ use std::time::Duration;
 
 use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
-use rustix::net::{RecvFlags, SendFlags, Shutdown};
+use rustix::net::{SendFlags, Shutdown};
 use tracing::{debug, warn};
 
 use crate::bus::{
@@ -154,9 +158,13 @@ struct Counters {
     clients: AtomicU32,
 }
 
-/// A message taken from an endpoint's socket, waiting for a bus buffer.
+/// Messages taken from an endpoint's socket (in one batch), waiting for a
+/// bus buffer, oldest first.
 struct Stalled {
-    msg: Vec<u8>,
+    msgs: std::collections::VecDeque<Vec<u8>>,
+    /// An oversized message came after them: the endpoint ends once they
+    /// went.
+    then_end: bool,
     since: std::time::Instant,
 }
 
@@ -262,7 +270,7 @@ impl EptService {
             .bus
             .set_hook(Box::new(Hook {
                 inner: Arc::downgrade(&svc.inner),
-                buf: vec![0u8; MAX_PAYLOAD + 1],
+                batch: RecvBatch::new(),
             }))
             .map_err(|source| CtrlError::Io {
                 op: "epoll_ctl",
@@ -443,8 +451,11 @@ impl EptService {
             }
             ept
         };
-        if lock(&self.inner.stalled).remove(&id).is_some() {
-            self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
+        if let Some(w) = lock(&self.inner.stalled).remove(&id) {
+            self.inner
+                .n
+                .dropped
+                .fetch_add(w.msgs.len() as u64, Ordering::Relaxed);
         }
         if let Kind::Legacy { path, listener, .. } = &ept.kind {
             let _ = epoll::delete(&self.inner.epoll, listener);
@@ -478,7 +489,7 @@ impl EptService {
     }
 
     fn pump(&self) {
-        let mut buf = vec![0u8; MAX_PAYLOAD + 1];
+        let mut buf = RecvBatch::new();
         loop {
             if self.inner.stopped.load(Ordering::SeqCst) {
                 return;
@@ -501,7 +512,7 @@ impl EptService {
     fn pump_once(
         &self,
         timeout: Option<Duration>,
-        buf: &mut [u8],
+        buf: &mut RecvBatch,
     ) -> Result<(bool, bool), rustix::io::Errno> {
         if self.inner.stopped.load(Ordering::SeqCst) {
             return Ok((false, false));
@@ -541,7 +552,7 @@ impl EptService {
             let (id, tag) = (token >> 2, token & 3);
             match tag {
                 TAG_LISTENER => legacy::accept(self, id),
-                TAG_CTRL => self.ctrl_readable(id, buf),
+                TAG_CTRL => self.ctrl_readable(id, buf.scratch()),
                 _ => self.forward(id, ev.flags, buf),
             }
         }
@@ -566,29 +577,46 @@ impl EptService {
                 continue;
             };
             let mut st = lock(&self.inner.stalled);
-            let Some(waiting) = st.get(&id) else { continue };
-            let outcome = ep.try_send(&waiting.msg);
+            let Some(waiting) = st.get_mut(&id) else {
+                continue;
+            };
             let gave_up = waiting.since.elapsed() >= SEND_WAIT;
-            match outcome {
-                Err(BusError::WouldBlock) if !gave_up => continue,
-                Ok(()) => {
-                    self.inner.n.msgs.fetch_add(1, Ordering::Relaxed);
-                    any = true;
+            let mut link_down = false;
+            while let Some(msg) = waiting.msgs.front() {
+                match ep.try_send(msg) {
+                    Err(BusError::WouldBlock) if !gave_up => break,
+                    Ok(()) => {
+                        self.inner.n.msgs.fetch_add(1, Ordering::Relaxed);
+                        any = true;
+                    }
+                    Err(BusError::LinkDown(_)) => {
+                        link_down = true;
+                        break;
+                    }
+                    Err(e) => {
+                        self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
+                        debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
+                    }
                 }
-                Err(BusError::LinkDown(_)) => {
-                    st.remove(&id);
-                    drop(st);
-                    lock(&self.inner.doomed).push(id);
-                    let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
-                    continue;
-                }
-                Err(e) => {
-                    self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
-                    debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
-                }
+                waiting.msgs.pop_front();
             }
+            if link_down {
+                st.remove(&id);
+                drop(st);
+                lock(&self.inner.doomed).push(id);
+                let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+                continue;
+            }
+            if !waiting.msgs.is_empty() {
+                continue;
+            }
+            let then_end = waiting.then_end;
             st.remove(&id);
             drop(st);
+            if then_end {
+                self.destroy(id);
+                continue;
+            }
             // Reading resumes: what the client wrote meanwhile (or its
             // close) is reported again.
             if let Some(sock) = sock {
@@ -599,7 +627,7 @@ impl EptService {
     }
 
     /// Takes what the client wrote on endpoint `id`'s socket to the bus.
-    fn forward(&self, id: u64, flags: epoll::EventFlags, buf: &mut [u8]) {
+    fn forward(&self, id: u64, flags: epoll::EventFlags, batch: &mut RecvBatch) {
         let (sock, ep, legacy) = {
             let t = lock(&self.inner.table);
             let Some(e) = t.epts.get(&id) else { return };
@@ -612,25 +640,77 @@ impl EptService {
             return;
         }
         let hup = flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::RDHUP);
-        for _ in 0..DRAIN {
-            match rustix::net::recv(&*sock, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
-                Ok((0, 0)) if hup => return self.end_of_file(id, legacy, &sock, flags),
-                Ok((_, full)) if full > MAX_PAYLOAD => {
+        // One message first: a lone message (a ping-pong) is taken as
+        // cheaply as by recv(2), and only a socket that had one has more
+        // asked for, up to a batch at a time.
+        let mut max = 1;
+        let mut taken = 0;
+        while taken < DRAIN {
+            let k = match batch.recv(sock.as_fd(), max) {
+                Ok(k) => k,
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return self.end_of_file(id, legacy, &sock, flags),
+            };
+            for i in 0..k {
+                let (data, full) = batch.get(i);
+                if full == 0 && hup {
+                    return self.end_of_file(id, legacy, &sock, flags);
+                }
+                if full > MAX_PAYLOAD {
                     // Not dropped silently: the endpoint ends, so the
                     // writer's next call fails (see the module doc).
-                    self.inner.n.oversize.fetch_add(1, Ordering::Relaxed);
-                    warn!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message (max {MAX_PAYLOAD}): endpoint hung up", ep.addr());
+                    self.oversize(&ep, full);
                     return self.destroy(id);
                 }
-                Ok((n, _)) => {
-                    if !self.to_bus(id, &ep, &sock, &buf[..n]) {
-                        return;
-                    }
+                if !self.to_bus(id, &ep, &sock, data) {
+                    // The rest of the batch, already off the socket,
+                    // waits behind it.
+                    self.stall_rest(id, &ep, batch, i + 1..k, hup);
+                    return;
                 }
-                Err(rustix::io::Errno::AGAIN) => return,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(_) => return self.end_of_file(id, legacy, &sock, flags),
             }
+            if k < max {
+                return; // the socket is empty
+            }
+            taken += k;
+            max = BATCH;
+        }
+    }
+
+    /// One oversized message on `ep`: counted and logged.
+    fn oversize(&self, ep: &EndpointRef, full: usize) {
+        self.inner.n.oversize.fetch_add(1, Ordering::Relaxed);
+        warn!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message (max {MAX_PAYLOAD}): endpoint hung up", ep.addr());
+    }
+
+    /// Queues messages `rest` of `batch` behind endpoint `id`'s stalled
+    /// one, up to an end of file (reported again once the socket is
+    /// watched again) or an oversized message (the endpoint then ends
+    /// once the queue went).
+    fn stall_rest(
+        &self,
+        id: u64,
+        ep: &EndpointRef,
+        batch: &RecvBatch,
+        rest: std::ops::Range<usize>,
+        hup: bool,
+    ) {
+        let mut st = lock(&self.inner.stalled);
+        let Some(waiting) = st.get_mut(&id) else {
+            return;
+        };
+        for i in rest {
+            let (data, full) = batch.get(i);
+            if full == 0 && hup {
+                return;
+            }
+            if full > MAX_PAYLOAD {
+                self.oversize(ep, full);
+                waiting.then_end = true;
+                return;
+            }
+            waiting.msgs.push_back(data.to_vec());
         }
     }
 
@@ -647,7 +727,8 @@ impl EptService {
                 lock(&self.inner.stalled).insert(
                     id,
                     Stalled {
-                        msg: data.to_vec(),
+                        msgs: std::collections::VecDeque::from([data.to_vec()]),
+                        then_end: false,
                         since: std::time::Instant::now(),
                     },
                 );
@@ -683,7 +764,7 @@ impl EptService {
 /// The event loop, run by the bus's service thread (see [`Bus::set_hook`]).
 struct Hook {
     inner: Weak<Inner>,
-    buf: Vec<u8>,
+    batch: RecvBatch,
 }
 
 impl ServiceHook for Hook {
@@ -723,7 +804,7 @@ impl ServiceHook for Hook {
         match (EptService {
             inner: Arc::clone(&inner),
         })
-        .pump_once(Some(timeout), &mut self.buf)
+        .pump_once(Some(timeout), &mut self.batch)
         {
             Ok((worked, kicked)) => HookRun {
                 worked,

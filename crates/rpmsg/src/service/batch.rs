@@ -1,0 +1,134 @@
+//! Several messages off an endpoint's socket in one `recvmmsg(2)`: a
+//! client's burst costs one system call, and a lone message no second
+//! call that finds nothing (the call stops at the first `EAGAIN`).
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use crate::wire::MAX_PAYLOAD;
+
+/// Messages per call.
+pub(super) const BATCH: usize = 16;
+/// One slot: the largest payload and one byte more (anything longer is
+/// cut, and its full length reported).
+const SLOT: usize = MAX_PAYLOAD + 1;
+
+/// Buffers for [`BATCH`] messages, reused call after call.
+pub(super) struct RecvBatch {
+    bufs: Box<[[u8; SLOT]; BATCH]>,
+    /// Full length of each message of the last call (`MSG_TRUNC`).
+    lens: [usize; BATCH],
+}
+
+impl RecvBatch {
+    pub(super) fn new() -> Self {
+        RecvBatch {
+            bufs: Box::new([[0u8; SLOT]; BATCH]),
+            lens: [0; BATCH],
+        }
+    }
+
+    /// A buffer for one packet of another kind (a control request).
+    pub(super) fn scratch(&mut self) -> &mut [u8] {
+        &mut self.bufs[0][..]
+    }
+
+    /// Takes up to `max` (at most [`BATCH`]) messages from `fd` without waiting
+    /// ([recvmmsg(2)](https://man7.org/linux/man-pages/man2/recvmmsg.2.html)
+    /// with `MSG_DONTWAIT | MSG_TRUNC`); returns how many. Fewer than
+    /// `max` means the socket had no more (or an error is pending,
+    /// reported by the next call).
+    ///
+    /// # Errors
+    /// The call's errno when it took nothing (`EAGAIN`: none queued).
+    pub(super) fn recv(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        max: usize,
+    ) -> Result<usize, rustix::io::Errno> {
+        let max = max.clamp(1, BATCH);
+        // SAFETY: iovec and mmsghdr are plain C structs for which all
+        // zero bytes is a valid value (null pointers, zero lengths).
+        let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        for (i, (v, h)) in iov.iter_mut().zip(hdrs.iter_mut()).enumerate() {
+            v.iov_base = self.bufs[i].as_mut_ptr().cast();
+            v.iov_len = SLOT;
+            h.msg_hdr.msg_iov = v;
+            h.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: `hdrs` holds BATCH headers, each naming one iovec of
+        // `iov` over one SLOT-byte buffer of `self.bufs`, all alive and
+        // exclusively borrowed for the call; no address, no control
+        // buffer; the kernel writes at most SLOT bytes per buffer and the
+        // headers' lengths and flags; a null timeout is allowed.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                max as libc::c_uint,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(rustix::io::Errno::from_raw_os_error(
+                e.raw_os_error().unwrap_or(libc::EIO),
+            ));
+        }
+        let n = (n as usize).min(max);
+        for (l, h) in self.lens.iter_mut().zip(&hdrs).take(n) {
+            *l = h.msg_len as usize;
+        }
+        Ok(n)
+    }
+
+    /// Message `i` of the last call: its bytes (cut to the slot) and its
+    /// full length.
+    pub(super) fn get(&self, i: usize) -> (&[u8], usize) {
+        let full = self.lens[i];
+        (&self.bufs[i][..full.min(SLOT)], full)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::net::{AddressFamily, SendFlags, SocketFlags, SocketType};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn takes_a_burst_in_one_call_and_reports_lengths() {
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let mut batch = RecvBatch::new();
+        assert_eq!(batch.recv(b.as_fd(), BATCH), Err(rustix::io::Errno::AGAIN));
+        let big = vec![7u8; 600];
+        for m in [&b"one"[..], &b""[..], &[9u8; 496][..], &big[..]] {
+            rustix::net::send(&a, m, SendFlags::empty()).unwrap();
+        }
+        assert_eq!(batch.recv(b.as_fd(), BATCH), Ok(4));
+        assert_eq!(batch.get(0), (&b"one"[..], 3));
+        assert_eq!(batch.get(1), (&b""[..], 0));
+        assert_eq!(batch.get(2), (&[9u8; 496][..], 496));
+        let (cut, full) = batch.get(3);
+        assert_eq!((cut.len(), full), (497, 600));
+        assert!(cut.iter().all(|&x| x == 7));
+        assert_eq!(batch.recv(b.as_fd(), BATCH), Err(rustix::io::Errno::AGAIN));
+        for i in 0..(BATCH + 3) {
+            rustix::net::send(&a, &[i as u8], SendFlags::empty()).unwrap();
+        }
+        assert_eq!(batch.recv(b.as_fd(), BATCH), Ok(BATCH));
+        assert_eq!(batch.get(BATCH - 1), (&[(BATCH - 1) as u8][..], 1));
+        assert_eq!(batch.recv(b.as_fd(), 1), Ok(1));
+        assert_eq!(batch.get(0), (&[BATCH as u8][..], 1));
+        assert_eq!(batch.recv(b.as_fd(), BATCH), Ok(2));
+        assert_eq!(batch.get(1), (&[(BATCH + 2) as u8][..], 1));
+    }
+}
