@@ -277,13 +277,18 @@ impl EventfdNotifier {
         let mut msg = [0u8; 4];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
-        let got = recvmsg(
+        let got = match recvmsg(
             &sock,
             &mut [IoSliceMut::new(&mut msg)],
             &mut anc,
             RecvFlags::CMSG_CLOEXEC,
-        )
-        .map_err(errno("recvmsg(SCM_RIGHTS)"))?;
+        ) {
+            // The listener closed before it offered: a remote that was
+            // dying when it was connected to (see NotifySpec::connect).
+            Ok(r) if r.bytes == 0 => return Err(NotifyError::PeerGone),
+            Err(rustix::io::Errno::CONNRESET) => return Err(NotifyError::PeerGone),
+            r => r.map_err(errno("recvmsg(SCM_RIGHTS)"))?,
+        };
         let mut fds = Vec::new();
         for m in anc.drain() {
             if let RecvAncillaryMessage::ScmRights(r) = m {
@@ -474,11 +479,25 @@ impl NotifySpec {
             NotifySpec::Poll => return Ok(Box::new(PollNotifier)),
             NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => p,
         };
-        let sock = connect_retry(path, timeout)?;
-        Ok(match self {
-            NotifySpec::Eventfd(_) => Box::new(EventfdNotifier::accept(sock)?),
-            _ => Box::new(UnixByteNotifier::new(sock)?),
-        })
+        let start = Instant::now();
+        loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            let sock = connect_retry(path, left)?;
+            return Ok(match self {
+                NotifySpec::Eventfd(_) => match EventfdNotifier::accept(sock) {
+                    Ok(n) => Box::new(n),
+                    // A remote killed a moment ago closes its listener
+                    // last: a connect in between is queued, then reset.
+                    // The next remote is on its way; retry.
+                    Err(NotifyError::PeerGone) if !left.is_zero() => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
+                _ => Box::new(UnixByteNotifier::new(sock)?),
+            });
+        }
     }
 }
 
@@ -621,6 +640,26 @@ mod tests {
             EventfdNotifier::accept(b),
             Err(NotifyError::Handshake(_))
         ));
+    }
+
+    #[test]
+    fn connect_retries_a_listener_that_closes_before_offering() {
+        // The first connection is dropped unanswered, as by a remote that
+        // was killed with the host's connect queued; the second is offered
+        // a pair. The host must end up with the second, not an error.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ev");
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            drop(l.accept().unwrap());
+            let (s, _) = l.accept().unwrap();
+            EventfdNotifier::offer(s).unwrap()
+        });
+        let host = NotifySpec::Eventfd(path)
+            .connect(Duration::from_secs(5))
+            .unwrap();
+        let remote = t.join().unwrap();
+        exercise(host.as_ref(), &remote);
     }
 
     #[test]
