@@ -30,11 +30,17 @@ fn echo_ept(ctrl: &Path) -> EptFd {
                 }
             }
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "echo never announced through {}",
-            ctrl.display()
-        );
+        if start.elapsed() > Duration::from_secs(20) {
+            // The processes' logs sit beside the control socket.
+            let dir = ctrl.parent().unwrap();
+            let log = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap_or_default();
+            panic!(
+                "echo never announced through {}\nhost:\n{}\nremote:\n{}",
+                ctrl.display(),
+                log("host.err"),
+                log("remote.err")
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -192,9 +198,10 @@ fn remote_killed_then_host_killed() {
     for i in 0..10 {
         round_trip(&ep, i);
     }
-    let err = p.host.stderr();
+    // The host says so after the socket is back: a fast client can be
+    // done before the line is written.
+    let err = wait_for_line(&p.host, "remote back");
     assert!(err.contains("waiting for a remote"), "{err}");
-    assert!(err.contains("remote back"), "{err}");
     // The host dies: the client's endpoint hangs up at once; the remote
     // waits for the next host, and a restarted host serves new clients.
     p.host.kill();
@@ -205,7 +212,24 @@ fn remote_killed_then_host_killed() {
     for i in 0..10 {
         round_trip(&ep, i);
     }
-    assert!(remote.stderr().contains("waiting for the next host"));
+    wait_for_line(&remote, "waiting for the next host");
+}
+
+/// Waits (at most 10 s) for `p`'s stderr to hold `line`; returns it all.
+fn wait_for_line(p: &Proc, line: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let err = p.stderr();
+        if err.contains(line) {
+            return err;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} never said {line:?}:\n{err}",
+            p.name
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]

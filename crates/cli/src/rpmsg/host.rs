@@ -171,6 +171,10 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
     let (mut bus, mut server) = (bus, server);
     loop {
         let reason = bus.wait_down(None).unwrap_or_default();
+        if stop.stopping() {
+            // The signal's thread stopped the bus; it exits the process.
+            stop.run();
+        }
         let s = bus.stats();
         if a.json {
             println!(
@@ -200,11 +204,15 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
                 Err(e) => return Err(e).with_context(|| format!("reconnecting to {}", a.notify)),
             }
         };
-        let shm = open_shm(&path, &shm_opts, timeout)?;
-        bus = Bus::host(shm, notifier, features).context("restarting the host")?;
-        stop.set_bus(Some(bus.clone()));
-        server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
-            .with_context(|| format!("control socket {}", ctrl.display()))?;
+        // A signal may have come meanwhile: then its thread removes the
+        // control socket and exits, and nothing is placed again.
+        (bus, server) = stop.restart(|| {
+            let shm = open_shm(&path, &shm_opts, timeout)?;
+            let bus = Bus::host(shm, notifier, features).context("restarting the host")?;
+            let server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
+                .with_context(|| format!("control socket {}", ctrl.display()))?;
+            Ok((bus, server))
+        })?;
         eprintln!(
             "host: remote back, serving on {} again",
             server.path().display()

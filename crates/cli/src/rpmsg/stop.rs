@@ -79,6 +79,33 @@ impl Stop {
         self.what().rundir = p.map(Path::to_owned);
     }
 
+    /// Whether a signal's stop has begun (its thread exits the process).
+    pub fn stopping(&self) -> bool {
+        self.requested.load(Ordering::SeqCst)
+    }
+
+    /// Runs `make`, which starts a bus again (and what serves it, such as
+    /// the control socket placed again), unless a signal's stop has begun:
+    /// then it never returns, leaving the exit to that thread. It holds
+    /// the lock the cleanup takes, so the two exclude each other: what
+    /// `make` creates is removed by a stop that comes later, or never made.
+    /// The bus is registered to be stopped on the way out.
+    ///
+    /// # Errors
+    /// What `make` returns.
+    pub fn restart<T>(&self, make: impl FnOnce() -> Result<(Bus, T)>) -> Result<(Bus, T)> {
+        let mut w = self.what();
+        if self.requested.load(Ordering::SeqCst) {
+            drop(w);
+            loop {
+                std::thread::park();
+            }
+        }
+        let (bus, t) = make()?;
+        w.bus = Some(bus.clone());
+        Ok((bus, t))
+    }
+
     /// Stops the bus and removes what was made; safe to call twice. While a
     /// signal's stop is under way (the bus it stops ends the main loop too)
     /// this waits for that thread to exit the process with status 0.

@@ -126,6 +126,8 @@ impl CtrlServer {
                             }
                         }
                         Err(rustix::io::Errno::INTR) => {}
+                        // shutdown() woke the accept: not a failure.
+                        Err(_) if stop2.load(Ordering::SeqCst) => return,
                         Err(e) => {
                             warn!(target: "iopath_rpmsg", "control socket accept failed: {e}");
                             std::thread::sleep(Duration::from_millis(10));
