@@ -88,9 +88,10 @@ fn sealed_memfd_buffers_need_no_guard() {
 /// Run in a child: a SIGBUS outside any guarded mapping still kills.
 #[test]
 fn sigbus_elsewhere_keeps_its_old_disposition() {
-    if std::env::var_os("IOPATH_SIGBUS_CHILD").is_some() {
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let (path, fd) = shared_file(dir.path());
+    if let Some(dir) = std::env::var_os("IOPATH_SIGBUS_CHILD") {
+        // The parent's directory: this child dies of SIGBUS and could
+        // not remove one of its own.
+        let (path, fd) = shared_file(Path::new(&dir));
         // Install the guard with one guarded mapping ...
         let _guarded = SharedMapping::new(fd.as_fd(), 0, 4096).unwrap();
         // ... then fault in a mapping nobody guards.
@@ -112,13 +113,14 @@ fn sigbus_elsewhere_keeps_its_old_disposition() {
         println!("survived, read {b}");
         std::process::exit(0);
     }
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "sigbus_elsewhere_keeps_its_old_disposition",
             "--nocapture",
         ])
-        .env("IOPATH_SIGBUS_CHILD", "1")
+        .env("IOPATH_SIGBUS_CHILD", dir.path())
         .output()
         .unwrap();
     assert_eq!(
