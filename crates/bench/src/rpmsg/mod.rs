@@ -291,15 +291,14 @@ fn fd_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> 
     Ok(t.elapsed())
 }
 
-/// The limit's server: answers every packet on one connection with a packet
-/// of CREATE_EPT_FD answer size and an fd: always the same eventfd, or, for
-/// a packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
-/// socketpair (the other end closed at once). Returns when the client
-/// hangs up.
+/// The far end of a raw limit: listens on the `SOCK_SEQPACKET` socket
+/// `sock` and takes its one client; with the error mapper for `sock`.
 ///
 /// # Errors
 /// [`Error::Io`] (the socket) when a socket call fails.
-pub fn raw_fd_server(sock: &Path) -> Result<()> {
+pub(crate) fn accept_one(
+    sock: &Path,
+) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Error + Copy + '_)> {
     let io = |e: rustix::io::Errno| Error::Io {
         path: sock.to_path_buf(),
         source: e.into(),
@@ -314,6 +313,19 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
     rustix::net::bind(&l, &SocketAddrUnix::new(sock).map_err(io)?).map_err(io)?;
     rustix::net::listen(&l, 1).map_err(io)?;
     let c = rustix::net::accept_with(&l, SocketFlags::CLOEXEC).map_err(io)?;
+    Ok((c, io))
+}
+
+/// The limit's server: answers every packet on one connection with a packet
+/// of CREATE_EPT_FD answer size and an fd: always the same eventfd, or, for
+/// a packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
+/// socketpair (the other end closed at once). Returns when the client
+/// hangs up.
+///
+/// # Errors
+/// [`Error::Io`] (the socket) when a socket call fails.
+pub fn raw_fd_server(sock: &Path) -> Result<()> {
+    let (c, io) = accept_one(sock)?;
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
     let answer = [0u8; 12 + 48];
     let mut req = [0u8; 128];

@@ -317,20 +317,7 @@ struct StreamRow {
 /// # Errors
 /// [`Error::Io`] (the socket) when a socket call fails.
 pub fn raw_sink(sock: &Path) -> Result<()> {
-    let io = |e: rustix::io::Errno| Error::Io {
-        path: sock.to_path_buf(),
-        source: e.into(),
-    };
-    let l = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(io)?;
-    rustix::net::bind(&l, &SocketAddrUnix::new(sock).map_err(io)?).map_err(io)?;
-    rustix::net::listen(&l, 1).map_err(io)?;
-    let c = rustix::net::accept_with(&l, SocketFlags::CLOEXEC).map_err(io)?;
+    let (c, io) = super::accept_one(sock)?;
     let mut buf = [0u8; 512];
     let mut count = 0u64;
     loop {
