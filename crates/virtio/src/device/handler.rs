@@ -658,3 +658,6 @@ fn is_eventfd(f: &File) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
         .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
 }
+
+#[cfg(test)]
+mod tests;
