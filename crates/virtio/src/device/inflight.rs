@@ -620,6 +620,46 @@ mod tests {
     }
 
     #[test]
+    fn a_two_queue_record_at_an_offset_is_read_per_queue_region() {
+        // What a front end may hand back: the record 4096 bytes into its
+        // file, written by hand in the spec's layout.
+        let region = queue_region_size(SIZE);
+        let fd = rustix::fs::memfd_create("record", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let file = File::from(fd);
+        file.set_len(4096 + 2 * region).unwrap();
+        let header = |q: u64, used: u16| {
+            let at = 4096 + q * region;
+            file.write_all_at(&VERSION.to_le_bytes(), at + OFF_VERSION as u64)
+                .unwrap();
+            file.write_all_at(&used.to_le_bytes(), at + OFF_USED_IDX as u64)
+                .unwrap();
+        };
+        let inflight = |q: u64, head: u64, counter: u64| {
+            let at = 4096 + q * region + HEADER_BYTES + head * DESC_BYTES;
+            file.write_all_at(&[1], at + OFF_INFLIGHT as u64).unwrap();
+            file.write_all_at(&counter.to_le_bytes(), at + OFF_COUNTER as u64)
+                .unwrap();
+        };
+        header(0, 7);
+        inflight(0, 5, 0);
+        header(1, 3);
+        inflight(1, 5, 9);
+        inflight(1, 2, 4);
+        let msg = VhostUserInflight::new(2 * region, 4096, 2, SIZE);
+        let region = Arc::new(InflightRegion::open(&msg, file, 4, 256).unwrap());
+        let (mut q0, mut q1) = (
+            region.queue(0, SIZE).unwrap(),
+            region.queue(1, SIZE).unwrap(),
+        );
+        let r1 = q1.recover(3);
+        assert_eq!((r1.resubmit, r1.next_avail), (vec![2, 5], 5));
+        let r0 = q0.recover(7);
+        assert_eq!((r0.resubmit, r0.next_avail), (vec![5], 8));
+        // The next pops go on from each queue's own newest counter.
+        assert_eq!((q0.counter, q1.counter), (1, 10));
+    }
+
+    #[test]
     fn queues_outside_the_region_are_not_tracked() {
         let (region, _file, _) = InflightRegion::create(2, SIZE, 4, 256).unwrap();
         let region = Arc::new(region);

@@ -196,10 +196,21 @@ fn memfd(len: u64) -> File {
 
 impl Driver {
     fn new() -> Self {
-        Self {
+        let drv = Self {
             mem: memfd(MEM_SIZE),
             calls: [eventfd(), eventfd()],
+        };
+        // Every reply buffer dirty, so that a request never run (or never
+        // posted) reads as such.
+        for q in 0..2 {
+            for h in 0..4 {
+                drv.put(
+                    q * QUEUE_SPAN + DATA + h * 0x100 + 0x80,
+                    [0xeeu8; REPLY_LEN as usize],
+                );
+            }
         }
+        drv
     }
 
     fn put<const N: usize>(&self, at: u64, bytes: [u8; N]) {
@@ -242,8 +253,6 @@ impl Driver {
             desc(h, data, 8, 1, h + 4);
             desc(h + 4, data + 0x80, REPLY_LEN, 2, 0);
             self.put(data, Self::payload(queue, h));
-            // Dirty, so that a request never run reads as such.
-            self.put(data + 0x80, [0xeeu8; REPLY_LEN as usize]);
         }
         for (i, &h) in heads.iter().enumerate() {
             self.put(base + AVAIL + 4 + 2 * i as u64, h.to_le_bytes());
@@ -438,4 +447,112 @@ fn a_queue_restarted_from_a_record_signals_the_driver() {
     assert_eq!(record_byte(&record, 0, 1), 0);
     assert_eq!(record_used_idx(&record, 0), 2);
     drop(h);
+}
+
+#[test]
+fn two_queues_restart_each_from_its_own_region() {
+    let drv = Driver::new();
+    // The same head numbers on both queues, in flight on one and done on
+    // the other, so a region read for the wrong queue shows.
+    drv.post(0, &[2, 0, 3, 1]);
+    drv.post(1, &[1, 3, 0]);
+    let (first, reports, _) = Tagger::new(
+        1,
+        Life::First {
+            finish: [vec![0], vec![3]],
+        },
+    );
+    let (h, msg, record, kicks) = connect(first, &drv, None, 2, [0, 0]);
+    assert_eq!(msg.num_queues, 2);
+    assert_eq!(msg.mmap_size, 2 * queue_region_size(QSIZE));
+    kick(&kicks[0]);
+    kick(&kicks[1]);
+    let mut popped = [next(&reports), next(&reports)];
+    popped.sort_by_key(|r| matches!(r, Report::Popped(1, _)));
+    assert_eq!(
+        popped,
+        [
+            Report::Popped(0, vec![2, 0, 3, 1]),
+            Report::Popped(1, vec![1, 3, 0])
+        ]
+    );
+    drop(h);
+    // Each queue's heads in its own QueueRegionSplit.
+    let flags = |q| {
+        (0..4)
+            .map(|h| record_byte(&record, q, h))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(flags(0), [0, 1, 1, 1]);
+    assert_eq!(flags(1), [1, 1, 0, 0]);
+    assert_eq!(
+        (record_used_idx(&record, 0), record_used_idx(&record, 1)),
+        (1, 1)
+    );
+    assert_eq!((drv.signals(0), drv.signals(1)), (0, 0));
+
+    let (second, reports, go) = Tagger::new(2, Life::Second);
+    let (h, _, _, _kicks) = connect(second, &drv, Some((&msg, &record)), 2, [1, 1]);
+    let mut resubmits = [next(&reports), next(&reports)];
+    resubmits.sort_by_key(|r| matches!(r, Report::Resubmits(1, _)));
+    // Oldest first: the pop order of each queue, less what it finished.
+    assert_eq!(
+        resubmits,
+        [
+            Report::Resubmits(0, vec![2, 3, 1]),
+            Report::Resubmits(1, vec![1, 0])
+        ]
+    );
+    assert_eq!((drv.signals(0), drv.signals(1)), (1, 1));
+    for g in &go {
+        g.send(()).unwrap();
+    }
+    let mut done = [next(&reports), next(&reports)];
+    done.sort_by_key(|r| matches!(r, Report::Done(1)));
+    assert_eq!(done, [Report::Done(0), Report::Done(1)]);
+    assert_eq!((drv.used_idx(0), drv.used_idx(1)), (4, 3));
+    let l = REPLY_LEN;
+    assert_eq!(drv.used(0, 4), [(0, l), (2, l), (3, l), (1, l)]);
+    assert_eq!(drv.used(1, 3), [(3, l), (1, l), (0, l)]);
+    // Every head ran once, each from its own queue's descriptors (the
+    // reply holds that queue's payload for the head).
+    let replies = |q| (0..4).map(|h| drv.reply(q, h)).collect::<Vec<_>>();
+    assert_eq!(replies(0), [Some(1), Some(2), Some(2), Some(2)]);
+    assert_eq!(replies(1), [Some(2), Some(2), None, Some(1)]);
+    assert_eq!((drv.signals(0), drv.signals(1)), (1, 1));
+    assert_eq!(flags(0), [0; 4]);
+    assert_eq!(flags(1), [0; 4]);
+    assert_eq!(
+        (record_used_idx(&record, 0), record_used_idx(&record, 1)),
+        (4, 3)
+    );
+    drop(h);
+}
+
+#[test]
+fn a_record_too_small_for_two_queues_is_refused() {
+    let needed = 2 * queue_region_size(QSIZE);
+    let (device, _, _) = Tagger::new(1, Life::Second);
+    let mut h = Handler::new(Arc::new(device));
+    h.set_features(FEATURES).unwrap();
+    h.set_protocol_features(VhostUserProtocolFeatures::INFLIGHT_SHMFD.bits())
+        .unwrap();
+    // (file length, mmap_size, mmap_offset) of a two-queue record: one
+    // byte short in the file, in the size, or past the end by the offset.
+    for (len, size, offset) in [
+        (needed - 1, needed, 0),
+        (needed, needed - 1, 0),
+        (4096 + needed - 1, needed, 4096),
+        (needed, needed, u64::MAX - 8),
+    ] {
+        let msg = VhostUserInflight::new(size, offset, 2, QSIZE);
+        assert!(
+            h.set_inflight_fd(&msg, memfd(len)).is_err(),
+            "file {len}, mmap_size {size}, mmap_offset {offset}"
+        );
+        assert!(h.inflight.is_none());
+    }
+    let msg = VhostUserInflight::new(needed, 4096, 2, QSIZE);
+    h.set_inflight_fd(&msg, memfd(4096 + needed)).unwrap();
+    assert!(h.inflight.is_some());
 }
