@@ -397,6 +397,69 @@ impl Notifier for PollNotifier {
     }
 }
 
+/// Busy-polling that shares its core well: spin, then yield, then spin.
+///
+/// A poll that finds nothing right after work yields at once: the answer
+/// to what was just sent may need this core (a peer polling beside us).
+/// Once the yield returns, the others have had their turn and the answer
+/// is likely on its way from another core, so the poller spins without
+/// yielding for up to its window before yielding again. Yielding on every
+/// empty poll instead makes two pollers on one core alternate every
+/// 1.5 us (one context switch each way), and a message that lands just
+/// after its poller gave the core away waits out a whole alternation.
+#[derive(Debug)]
+pub struct PollSpin {
+    window: Duration,
+    until: Option<Instant>,
+}
+
+impl PollSpin {
+    /// The window from `IOPATH_RPMSG_POLL_SPIN_US` (default 10 us; 0:
+    /// yield on every empty poll).
+    pub fn new() -> PollSpin {
+        // Read once: a poller is made per busy receive.
+        static WINDOW: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+        let window = *WINDOW.get_or_init(|| {
+            let us = std::env::var("IOPATH_RPMSG_POLL_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(10);
+            Duration::from_micros(us)
+        });
+        PollSpin::with_window(window)
+    }
+
+    /// A poller that spins up to `window` between yields.
+    pub fn with_window(window: Duration) -> PollSpin {
+        PollSpin {
+            window,
+            until: None,
+        }
+    }
+
+    /// The last poll found work: the next empty one yields at once.
+    pub fn worked(&mut self) {
+        self.until = None;
+    }
+
+    /// The last poll found nothing: yields the core, or goes on spinning
+    /// while the window since the last yield lasts.
+    pub fn idle(&mut self) {
+        if self.until.is_some_and(|t| Instant::now() < t) {
+            std::hint::spin_loop();
+            return;
+        }
+        std::thread::yield_now();
+        self.until = Some(Instant::now() + self.window);
+    }
+}
+
+impl Default for PollSpin {
+    fn default() -> PollSpin {
+        PollSpin::new()
+    }
+}
+
 /// How host and remote notify each other, as given on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotifySpec {
@@ -559,6 +622,30 @@ fn connect_retry(path: &Path, timeout: Duration) -> Result<UnixStream, NotifyErr
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_poller_yields_after_work_and_spins_its_window_after_a_yield() {
+        let mut p = PollSpin::with_window(Duration::from_secs(3600));
+        // Nothing yet: the first empty poll yields and opens the window.
+        assert!(p.until.is_none());
+        p.idle();
+        let opened = p.until.expect("a yield opens the window");
+        assert!(opened > Instant::now() + Duration::from_secs(3500));
+        // Within the window empty polls spin: the window stays as it was.
+        p.idle();
+        assert_eq!(p.until, Some(opened));
+        // Work closes it: the next empty poll yields again, a new window.
+        p.worked();
+        assert!(p.until.is_none());
+        p.idle();
+        assert!(p.until.is_some_and(|t| t > opened));
+        // A zero window yields on every empty poll.
+        let mut z = PollSpin::with_window(Duration::ZERO);
+        z.idle();
+        let t = z.until.unwrap();
+        z.idle();
+        assert!(z.until.unwrap() > t);
+    }
 
     /// Runs the shared behaviour checks against a connected pair.
     fn exercise(a: &dyn Notifier, b: &dyn Notifier) {

@@ -14,7 +14,7 @@ use super::name_service::handle_ns;
 use super::state::{lock, mark_down, notify_down, Delivery, Held, Shared, Sink, State};
 use super::{Bus, EndpointRef, Event, HookRun, Message, RxBuffer};
 use crate::link;
-use crate::notify::NotifyError;
+use crate::notify::{NotifyError, PollSpin};
 use crate::wire::{self, NsMsg, WireError, ADDR_ANY, HDR_LEN, NS_ADDR};
 
 /// Messages handled per service pass before notifications are sent.
@@ -280,6 +280,7 @@ pub(super) fn run(shared: Arc<Shared>) {
     let mut spin = Spin::new(spin_window());
     let mut last_tx = 0;
     let mut spin_until: Option<Instant> = None;
+    let mut poll_spin = PollSpin::new();
     loop {
         let mut n = 0;
         let tx_now;
@@ -360,6 +361,7 @@ pub(super) fn run(shared: Arc<Shared>) {
             let hooked = run_hook(&shared, Duration::ZERO).worked;
             if n > 0 || hooked {
                 idle_since = Instant::now();
+                poll_spin.worked();
                 continue;
             }
         } else if n > 0 {
@@ -427,6 +429,10 @@ pub(super) fn run(shared: Arc<Shared>) {
         // With a hook, one wait covers its sources and the notifier's fds;
         // the notifier then only takes the kicks it reported.
         let wait = if polling {
+            if timeout.is_zero() {
+                poll_spin.idle();
+                continue;
+            }
             timeout
         } else {
             match run_hook(&shared, timeout) {

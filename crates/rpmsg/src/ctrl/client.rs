@@ -395,6 +395,7 @@ impl EptFd {
     pub fn recv_busy(&self, buf: &mut [u8], timeout: Duration) -> Result<Option<usize>, CtrlError> {
         let start = Instant::now();
         let mut tries = 0u32;
+        let mut spin = crate::notify::PollSpin::new();
         loop {
             match rustix::net::recv(&self.fd, &mut *buf, RecvFlags::DONTWAIT) {
                 Ok((0, _)) if self.hung_up() => {
@@ -409,7 +410,7 @@ impl EptFd {
             if tries % 64 == 0 && start.elapsed() >= timeout {
                 return Ok(None);
             }
-            std::thread::yield_now();
+            spin.idle();
         }
     }
 
