@@ -65,6 +65,31 @@ pub enum RpmsgCmd {
         #[arg(long)]
         sock: PathBuf,
     },
+    /// (internal) The `--poll` echo floor's host stand-in: forward each
+    /// packet on the socket to the echo through the shared page, and back.
+    #[command(hide = true)]
+    RawPollForward {
+        /// Socket to listen on.
+        #[arg(long)]
+        sock: PathBuf,
+        /// The shared page.
+        #[arg(long)]
+        shm: PathBuf,
+        /// Packets to forward.
+        #[arg(long)]
+        count: u64,
+    },
+    /// (internal) The `--poll` echo floor's remote stand-in: answer each
+    /// flag raised in the shared page.
+    #[command(hide = true)]
+    RawPollEcho {
+        /// The shared page.
+        #[arg(long)]
+        shm: PathBuf,
+        /// Flags to answer.
+        #[arg(long)]
+        count: u64,
+    },
     /// (internal) The far end of `bench rpmsg --scale`'s stream limit:
     /// count and drop packets, answer "SYNC" with the count.
     #[command(hide = true)]
@@ -135,6 +160,12 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::Exec(a) => exec::exec(a),
         RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
         RpmsgCmd::RawFdServer { sock } => Ok(iopath_bench::rpmsg::raw_fd_server(&sock)?),
+        RpmsgCmd::RawPollForward { sock, shm, count } => Ok(
+            iopath_bench::rpmsg::pollfloor::raw_poll_forward(&sock, &shm, count)?,
+        ),
+        RpmsgCmd::RawPollEcho { shm, count } => {
+            Ok(iopath_bench::rpmsg::pollfloor::raw_poll_echo(&shm, count)?)
+        }
         RpmsgCmd::RawSink { sock } => Ok(iopath_bench::rpmsg::scale::raw_sink(&sock)?),
     }
 }

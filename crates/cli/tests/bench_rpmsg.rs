@@ -46,7 +46,14 @@ fn bench_rpmsg_json() {
         assert!(p["limit"]["rtt_us"].as_f64().unwrap() > 0.0, "{p}");
         assert!(p["echo"]["fd"]["p50_us"].as_f64().unwrap() > 0.0, "{p}");
     }
-    for k in ["fd", "fd_poll", "limit_eventfd_pingpong"] {
+    let ratio = v["echo"]["fd_poll"]["p50_us"].as_f64().unwrap()
+        / v["echo"]["poll_floor"]["p50_us"].as_f64().unwrap();
+    assert!(
+        (v["echo"]["fd_poll_over_floor_p50"].as_f64().unwrap() - ratio).abs() < 1e-9,
+        "{}",
+        v["echo"]
+    );
+    for k in ["fd", "fd_poll", "poll_floor", "limit_eventfd_pingpong"] {
         let e = &v["echo"][k];
         assert_eq!(e["count"], 300, "{k}: {e}");
         assert!(e["p50_us"].as_f64().unwrap() > 0.0, "{k}: {e}");

@@ -316,6 +316,36 @@ pub(crate) fn accept_one(
     Ok((c, io))
 }
 
+/// A `SOCK_SEQPACKET` connection to `sock`, retrying for 10 s while its
+/// server starts.
+///
+/// # Errors
+/// [`Error::Io`] (the socket) when it still refuses after 10 s.
+pub(crate) fn connect_retry(sock: &Path) -> Result<OwnedFd> {
+    let io = |e: rustix::io::Errno| Error::Io {
+        path: sock.to_path_buf(),
+        source: e.into(),
+    };
+    let addr = SocketAddrUnix::new(sock).map_err(io)?;
+    let start = Instant::now();
+    loop {
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(Error::sys("creating a socket"))?;
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => return Ok(fd),
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => return Err(io(e)),
+        }
+    }
+}
+
 /// The limit's server: answers every packet on one connection with a packet
 /// of CREATE_EPT_FD answer size and an fd: always the same eventfd, or, for
 /// a packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
@@ -422,32 +452,7 @@ fn raw_server(exe: &Path, cpu: Option<usize>) -> Result<RawServer> {
             .arg(&sock)
             .stdin(Stdio::null()),
     )?;
-    let start = Instant::now();
-    let conn = loop {
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(Error::sys("creating a socket"))?;
-        let addr = SocketAddrUnix::new(&sock).map_err(|e| Error::Io {
-            path: sock.clone(),
-            source: e.into(),
-        })?;
-        match rustix::net::connect(&fd, &addr) {
-            Ok(()) => break fd,
-            Err(_) if start.elapsed() < Duration::from_secs(10) => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            Err(e) => {
-                return Err(Error::Io {
-                    path: sock,
-                    source: e.into(),
-                })
-            }
-        }
-    };
+    let conn = connect_retry(&sock)?;
     Ok(RawServer {
         child,
         conn,
@@ -562,6 +567,36 @@ impl RawPingPong {
     }
 }
 
+/// A way of doing round trips: `n` of them, latencies appended to the
+/// vector, the time taken returned.
+type Way<'a> = &'a mut dyn FnMut(u64, &mut Vec<f64>) -> Result<Duration>;
+
+/// `count` round trips of every way after [`ECHO_WARM`] each unmeasured,
+/// in [`ECHO_TURNS`] turns whose order rotates, so that each sees the same
+/// machine and none always runs first.
+fn alternate(count: u64, ways: &mut [Way<'_>]) -> Result<Vec<Latency>> {
+    let mut scratch = Vec::new();
+    for w in ways.iter_mut() {
+        w(ECHO_WARM, &mut scratch)?;
+    }
+    let mut lat = vec![Vec::new(); ways.len()];
+    let mut time = vec![Duration::ZERO; ways.len()];
+    let mut done = 0;
+    for turn in 0..ECHO_TURNS {
+        let n = (count - done) / (ECHO_TURNS - turn);
+        for k in 0..ways.len() {
+            let i = (k + turn as usize) % ways.len();
+            time[i] += ways[i](n, &mut lat[i])?;
+        }
+        done += n;
+    }
+    Ok(lat
+        .into_iter()
+        .zip(time)
+        .map(|(l, t)| Latency::from(l, t))
+        .collect())
+}
+
 /// Echo through `ep` (busy-polling its fd if `busy`) and the raw
 /// ping-pong (its child on `raw_cpu`), `count` round trips each, in
 /// alternating turns.
@@ -574,24 +609,13 @@ fn echo_vs_limit(
 ) -> Result<(Latency, Latency)> {
     let raw = RawPingPong::start(exe, ECHO_WARM + count, raw_cpu)?;
     let mut seq = 0;
-    let mut scratch = Vec::new();
-    echo(ep, ECHO_WARM, busy, &mut seq, &mut scratch)?;
-    raw.round_trips(ECHO_WARM, &mut scratch)?;
-    let (mut e_lat, mut r_lat) = (Vec::new(), Vec::new());
-    let (mut e_time, mut r_time) = (Duration::ZERO, Duration::ZERO);
-    let mut done = 0;
-    for turn in 0..ECHO_TURNS {
-        let n = (count - done) / (ECHO_TURNS - turn);
-        if turn % 2 == 0 {
-            e_time += echo(ep, n, busy, &mut seq, &mut e_lat)?;
-            r_time += raw.round_trips(n, &mut r_lat)?;
-        } else {
-            r_time += raw.round_trips(n, &mut r_lat)?;
-            e_time += echo(ep, n, busy, &mut seq, &mut e_lat)?;
-        }
-        done += n;
+    let mut e = |n, lat: &mut Vec<f64>| echo(ep, n, busy, &mut seq, lat);
+    let mut r = |n, lat: &mut Vec<f64>| raw.round_trips(n, lat);
+    let mut l = alternate(count, &mut [&mut e, &mut r])?.into_iter();
+    match (l.next(), l.next()) {
+        (Some(e), Some(r)) => Ok((e, r)),
+        _ => check_failed!("alternate returned fewer rows than ways"),
     }
-    Ok((Latency::from(e_lat, e_time), Latency::from(r_lat, r_time)))
 }
 
 /// One loop count's create+destroy figures.
@@ -689,16 +713,48 @@ fn measure(
     })
 }
 
+/// What the polling echo measured, beside its two limits.
+#[derive(Debug)]
+struct PollMeasured {
+    echo: Latency,
+    /// The raw eventfd ping-pong, both on the client's CPU.
+    eventfd: Latency,
+    /// The same three hops with no rpmsg ([`pollfloor`]).
+    floor: Latency,
+    /// Where they ran, in words.
+    place: String,
+}
+
 /// Echo with host and remote polling the rings and the client busy-polling
 /// its fd: the host spins on the second CPU, the remote on the client's
-/// (where it gives way to the client whenever the client runs); the limit
-/// is the raw ping-pong in its fastest placement, both on the client's CPU.
-fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<(Latency, Latency)> {
+/// (where it gives way to the client whenever the client runs). Beside it
+/// the poll floor in the same places, and the raw eventfd ping-pong in its
+/// fastest placement, both on the client's CPU.
+fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<PollMeasured> {
     let (ca, cb) = cpus.pair();
     let pair = Pair::start(&a.iopath, true, Some(ca), Some(cb))?;
-    on_cpu(Some(ca), cpus, || {
+    let floor = pollfloor::RawPollPath::start(&a.iopath, ECHO_WARM + a.count, Some(cb), Some(ca))?;
+    let raw = RawPingPong::start(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
+    let l = on_cpu(Some(ca), cpus, || {
         let (_c, ep) = pair.client()?;
-        echo_vs_limit(&a.iopath, &ep, a.count, true, Some(ca))
+        let mut seq = 0;
+        let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, true, &mut seq, lat);
+        let mut f = |n, lat: &mut Vec<f64>| floor.round_trips(n, lat);
+        let mut r = |n, lat: &mut Vec<f64>| raw.round_trips(n, lat);
+        alternate(a.count, &mut [&mut e, &mut f, &mut r])
+    })?;
+    let mut l = l.into_iter();
+    let (Some(echo), Some(floor), Some(eventfd)) = (l.next(), l.next(), l.next()) else {
+        check_failed!("alternate returned fewer rows than ways");
+    };
+    Ok(PollMeasured {
+        echo,
+        eventfd,
+        floor,
+        place: format!(
+            "host and the floor's forwarder on CPU {cb}; remote, the floor's echo and the \
+             busy-polling client on CPU {ca}; eventfd pair on CPU {ca}"
+        ),
     })
 }
 
@@ -711,8 +767,8 @@ pub struct RpmsgReport {
     measured: Vec<Measured>,
     /// Where each placement put the processes, in words.
     wheres: Vec<String>,
-    /// Echo with polling and its limit, and where they ran.
-    poll: Option<(Latency, Latency, String)>,
+    /// Echo with polling, its limits, and where they ran.
+    poll: Option<PollMeasured>,
     /// Each placement's table text and JSON, in order.
     placements: Vec<(String, serde_json::Value)>,
     /// The peer rows per placement (`None`: no `--openamp`).
@@ -759,11 +815,7 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
     }
     let poll = if a.poll {
         pb.set_message("poll echo");
-        let (ca, cb) = cpus.pair();
-        let (p, pl) = measure_poll(a, &cpus)?;
-        Some((p, pl, format!(
-            "host on CPU {cb}; remote and the busy-polling client on CPU {ca}; limit pair on CPU {ca}"
-        )))
+        Some(measure_poll(a, &cpus)?)
     } else {
         None
     };
@@ -804,5 +856,6 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
 }
 
 pub mod peers;
+pub mod pollfloor;
 mod report;
 pub mod scale;

@@ -11,15 +11,25 @@ impl RpmsgReport {
         for (t, _) in &self.placements {
             out.push_str(t);
         }
-        if let Some((p, pl, place)) = &self.poll {
-            outln!(out, "echo, polling ({place}):");
-            outln!(out, "  endpoint fd (--poll): {}", p.line());
+        if let Some(pm) = &self.poll {
+            outln!(out, "echo, polling ({}):", pm.place);
+            outln!(out, "  endpoint fd (--poll): {}", pm.echo.line());
+            outln!(
+                out,
+                "  floor (the same hops and places, no rpmsg): {}",
+                pm.floor.line()
+            );
             outln!(
                 out,
                 "  limit (raw eventfd ping-pong, two processes): {}",
-                pl.line()
+                pm.eventfd.line()
             );
-            outln!(out, "  poll/limit p50: {:.2}x", p.p50_us / pl.p50_us);
+            outln!(
+                out,
+                "  poll/floor p50: {:.2}x; poll/eventfd limit p50: {:.2}x",
+                pm.echo.p50_us / pm.floor.p50_us,
+                pm.echo.p50_us / pm.eventfd.p50_us
+            );
         }
         if let Some((text, _, _)) = &self.scale {
             out.push_str(text);
@@ -72,14 +82,20 @@ impl RpmsgReport {
                 &m.echo_limit,
             );
         }
-        if let Some((p, pl, place)) = &self.poll {
-            outln!(out, "Polling ({place}):");
+        if let Some(pm) = &self.poll {
+            outln!(out, "Polling ({}):", pm.place);
             outln!(out);
             echo_table(
                 &mut out,
                 self.count,
-                &[("endpoint fd, busy-polled, host and remote polling", p)],
-                pl,
+                &[
+                    (
+                        "endpoint fd, busy-polled, host and remote polling",
+                        &pm.echo,
+                    ),
+                    ("floor: the same hops and places, no rpmsg", &pm.floor),
+                ],
+                &pm.eventfd,
             );
         }
         if let Some((_, md, _)) = &self.scale {
@@ -135,10 +151,16 @@ impl RpmsgReport {
                 format!("echo round trip, placement {}", m.placement.name()),
                 &m.echo,
                 &m.echo_limit,
+                "raw eventfd ping-pong",
             ));
         }
-        if let Some((p, pl, _)) = &self.poll {
-            panels.push(echo_panel("echo round trip, polling".into(), p, pl));
+        if let Some(pm) = &self.poll {
+            panels.push(echo_panel(
+                "echo round trip, polling (limit: the poll floor)".into(),
+                &pm.echo,
+                &pm.floor,
+                "the same hops, no rpmsg",
+            ));
         }
         panels.extend(self.peers_panels());
         crate::plot::draw(
@@ -157,11 +179,15 @@ impl RpmsgReport {
             self.placements.iter().map(|(_, j)| j.clone()).collect();
         let main = &placements[0];
         let mut echo_json = main["echo"].clone();
-        if let Some((p, pl, place)) = &self.poll {
-            echo_json["fd_poll"] = serde_json::json!(p);
-            echo_json["limit_eventfd_pingpong_poll_phase"] = serde_json::json!(pl);
-            echo_json["fd_poll_over_limit_p50"] = serde_json::json!(p.p50_us / pl.p50_us);
-            echo_json["poll_placement"] = serde_json::json!(place);
+        if let Some(pm) = &self.poll {
+            echo_json["fd_poll"] = serde_json::json!(pm.echo);
+            echo_json["poll_floor"] = serde_json::json!(pm.floor);
+            echo_json["limit_eventfd_pingpong_poll_phase"] = serde_json::json!(pm.eventfd);
+            echo_json["fd_poll_over_floor_p50"] =
+                serde_json::json!(pm.echo.p50_us / pm.floor.p50_us);
+            echo_json["fd_poll_over_limit_p50"] =
+                serde_json::json!(pm.echo.p50_us / pm.eventfd.p50_us);
+            echo_json["poll_placement"] = serde_json::json!(pm.place);
         }
         let (peers, goals) = self.peers_json();
         serde_json::json!({
@@ -345,7 +371,12 @@ fn echo_table(out: &mut String, count: u64, paths: &[(&str, &Latency)], limit: &
 }
 
 /// Echo p50/p99 beside the raw ping-pong's (log scale).
-fn echo_panel(title: String, echo: &Latency, limit: &Latency) -> crate::plot::Panel {
+fn echo_panel(
+    title: String,
+    echo: &Latency,
+    limit: &Latency,
+    limit_name: &str,
+) -> crate::plot::Panel {
     use crate::plot::{Bar, Panel, LIMIT, PRIMARY};
     let bar = |label: &str, v: f64, color| Bar {
         label: label.into(),
@@ -365,7 +396,7 @@ fn echo_panel(title: String, echo: &Latency, limit: &Latency) -> crate::plot::Pa
         lines: Vec::new(),
         legend: vec![
             ("endpoint fd echo".into(), PRIMARY),
-            ("limit: raw eventfd ping-pong".into(), LIMIT),
+            (format!("limit: {limit_name}"), LIMIT),
         ],
     }
 }
@@ -628,7 +659,7 @@ impl RpmsgReport {
             unit: "x",
             by_p50: None,
         });
-        let poll = self.poll.as_ref().map(|(p, _, _)| (p.p50_us, None));
+        let poll = self.poll.as_ref().map(|pm| (pm.echo.p50_us, None));
         goals.push(Goal {
             what: "--poll echo p50".into(),
             na: poll.is_none().then(|| "run with --poll".to_string()),

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::wire::ADDR_ANY;
-use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::{RecvFlags, SendFlags};
 use serde_json::json;
 
 use crate::error::{check, check_failed, invalid};
@@ -360,32 +360,7 @@ impl RawSink {
                 .arg(&sock)
                 .stdin(Stdio::null()),
         )?;
-        let start = Instant::now();
-        let addr = SocketAddrUnix::new(&sock).map_err(|e| Error::Io {
-            path: sock.clone(),
-            source: e.into(),
-        })?;
-        let conn = loop {
-            let fd = rustix::net::socket_with(
-                AddressFamily::UNIX,
-                SocketType::SEQPACKET,
-                SocketFlags::CLOEXEC,
-                None,
-            )
-            .map_err(Error::sys("creating a socket"))?;
-            match rustix::net::connect(&fd, &addr) {
-                Ok(()) => break fd,
-                Err(_) if start.elapsed() < Duration::from_secs(10) => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Err(e) => {
-                    return Err(Error::Io {
-                        path: sock,
-                        source: e.into(),
-                    })
-                }
-            }
-        };
+        let conn = super::connect_retry(&sock)?;
         Ok(RawSink {
             child,
             conn,

@@ -1,0 +1,228 @@
+//! The `--poll` echo's limit: the same three hops in the same places, with
+//! no rpmsg in them.
+//!
+//! The polled echo goes client → (socket) → host → (shared memory) →
+//! remote → (shared memory) → host → (socket) → client, with host and
+//! remote polling and the client busy-polling its fd. On two cores one of
+//! the three shares a core, so its floor is not the eventfd ping-pong's:
+//! here a forwarder process stands for the host (a `SOCK_SEQPACKET`
+//! connection to the client, polled without blocking) and an echo process
+//! for the remote (one flag word in a shared page), each polling with the
+//! same [`PollSpin`] the bus and the endpoint fd use, and nothing else:
+//! no rings, no headers, no bookkeeping.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use iopath_rpmsg::notify::PollSpin;
+use iopath_rpmsg::SharedMem;
+use rustix::net::{RecvFlags, SendFlags};
+
+use super::{accept_one, connect_retry};
+use crate::error::{check, check_failed};
+use crate::place::spawn_on;
+use crate::{Error, Result};
+
+/// The flag word's states: the forwarder asks, the echo answers.
+const IDLE: u16 = 0;
+const ASKED: u16 = 1;
+const ANSWERED: u16 = 2;
+/// How long any side waits for the next step before giving up.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Polls `ready` with `spin` until it says yes; `false` after [`PATIENCE`].
+/// Idle for 2 ms (the other rows' turn), it naps between polls as the
+/// polling bus does, so that it does not take the CPU from them.
+fn poll_until(spin: &mut PollSpin, mut ready: impl FnMut() -> Result<bool>) -> Result<bool> {
+    let start = Instant::now();
+    let mut tries = 0u32;
+    let mut napping = false;
+    loop {
+        if ready()? {
+            spin.worked();
+            return Ok(true);
+        }
+        tries = tries.wrapping_add(1);
+        // The clock is read every 64 tries only: it costs as much as a try.
+        if napping || tries % 64 == 0 {
+            let idle = start.elapsed();
+            if idle >= PATIENCE {
+                return Ok(false);
+            }
+            napping = idle >= Duration::from_millis(2);
+            if napping {
+                std::thread::sleep((idle / 16).min(Duration::from_millis(1)));
+                continue;
+            }
+        }
+        spin.idle();
+    }
+}
+
+fn flag(shm: &SharedMem) -> Result<u16> {
+    shm.load_u16(0, Ordering::Acquire)
+        .map_err(|e| Error::Check(format!("the poll floor's flag: {e}")))
+}
+
+fn set_flag(shm: &SharedMem, v: u16) -> Result<()> {
+    shm.store_u16(0, v, Ordering::Release)
+        .map_err(|e| Error::Check(format!("the poll floor's flag: {e}")))
+}
+
+/// A nonblocking receive: `Some(len)` of a packet, `None` when none waits.
+fn try_recv(c: &OwnedFd, buf: &mut [u8], what: &str) -> Result<Option<usize>> {
+    match rustix::net::recv(c, buf, RecvFlags::DONTWAIT) {
+        Ok((0, _)) => Err(Error::Check(format!("{what}: the other end hung up"))),
+        Ok((n, _)) => Ok(Some(n)),
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Ok(None),
+        Err(e) => Err(Error::sys("recv on the poll floor's socket")(e)),
+    }
+}
+
+/// The host's stand-in (`iopath rpmsg raw-poll-forward`): takes each packet
+/// from the one client on `sock`, raises the flag in `shm`, waits for the
+/// echo's answer and sends the packet back; `count` times.
+///
+/// # Errors
+/// When a socket call fails, `shm` does not map, or a step waits longer
+/// than 10 s.
+pub fn raw_poll_forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
+    let shm = SharedMem::open(shm)
+        .map_err(|e| Error::Check(format!("the poll floor's page {}: {e}", shm.display())))?;
+    let (c, io) = accept_one(sock)?;
+    let mut spin = PollSpin::new();
+    let mut buf = [0u8; 512];
+    for i in 0..count {
+        let mut n = 0;
+        if !poll_until(&mut spin, || {
+            Ok(try_recv(&c, &mut buf, "forwarder")?
+                .map(|got| n = got)
+                .is_some())
+        })? {
+            check_failed!("the poll floor's forwarder got no packet {i} within 10 s");
+        }
+        set_flag(&shm, ASKED)?;
+        if !poll_until(&mut spin, || Ok(flag(&shm)? == ANSWERED))? {
+            check_failed!("the poll floor's echo never answered {i}");
+        }
+        set_flag(&shm, IDLE)?;
+        rustix::net::send(&c, &buf[..n], SendFlags::NOSIGNAL).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// The remote's stand-in (`iopath rpmsg raw-poll-echo`): answers each
+/// raised flag in `shm`, `count` times.
+///
+/// # Errors
+/// When `shm` does not map or no flag is raised for 10 s.
+pub fn raw_poll_echo(shm: &Path, count: u64) -> Result<()> {
+    let shm = SharedMem::open(shm)
+        .map_err(|e| Error::Check(format!("the poll floor's page {}: {e}", shm.display())))?;
+    let mut spin = PollSpin::new();
+    for i in 0..count {
+        if !poll_until(&mut spin, || Ok(flag(&shm)? == ASKED))? {
+            check_failed!("the poll floor's echo was asked nothing ({i}) within 10 s");
+        }
+        set_flag(&shm, ANSWERED)?;
+    }
+    Ok(())
+}
+
+/// The floor running: its two processes and the client's connection.
+#[derive(Debug)]
+pub struct RawPollPath {
+    children: Vec<Child>,
+    conn: OwnedFd,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RawPollPath {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl RawPollPath {
+    /// The forwarder on `forward_cpu` and the echo on `echo_cpu` (children
+    /// of the executable `iopath`), good for `count` round trips.
+    ///
+    /// # Errors
+    /// When a child cannot be started or does not answer the connection.
+    pub fn start(
+        iopath: &Path,
+        count: u64,
+        forward_cpu: Option<usize>,
+        echo_cpu: Option<usize>,
+    ) -> Result<RawPollPath> {
+        let dir = tempfile::Builder::new()
+            .prefix("iopath-bench-pollfloor-")
+            .tempdir_in(super::shm_dir())
+            .map_err(Error::io(super::shm_dir()))?;
+        crate::cleanup::path(dir.path());
+        let page = dir.path().join("page");
+        let f = std::fs::File::create(&page).map_err(Error::io(&page))?;
+        f.set_len(rustix::param::page_size() as u64)
+            .map_err(Error::io(&page))?;
+        let sock = dir.path().join("sock");
+        let mut children = Vec::new();
+        let mut spawn = |cpu, args: &[&str], with_sock: bool| -> Result<()> {
+            let mut cmd = Command::new(iopath);
+            cmd.args(["rpmsg"]).args(args).arg("--shm").arg(&page);
+            if with_sock {
+                cmd.arg("--sock").arg(&sock);
+            }
+            cmd.arg("--count")
+                .arg(count.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+            children.push(spawn_on(cpu, &mut cmd)?);
+            Ok(())
+        };
+        spawn(echo_cpu, &["raw-poll-echo"], false)?;
+        spawn(forward_cpu, &["raw-poll-forward"], true)?;
+        let conn = connect_retry(&sock)?;
+        Ok(RawPollPath {
+            children,
+            conn,
+            _dir: dir,
+        })
+    }
+
+    /// `count` round trips of a 16-byte packet, busy-polled; latencies
+    /// appended to `lat`; the time taken.
+    ///
+    /// # Errors
+    /// When a socket call fails, an answer is wrong, or none comes in 10 s.
+    pub fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
+        let mut back = [0u8; 512];
+        let t0 = Instant::now();
+        for seq in 0..count {
+            let msg = u128::from(seq).to_le_bytes();
+            let t = Instant::now();
+            rustix::net::send(&self.conn, &msg, SendFlags::NOSIGNAL)
+                .map_err(Error::sys("send on the poll floor's socket"))?;
+            let mut spin = PollSpin::new();
+            let mut n = 0;
+            if !poll_until(&mut spin, || {
+                Ok(try_recv(&self.conn, &mut back, "poll floor client")?
+                    .map(|got| n = got)
+                    .is_some())
+            })? {
+                check_failed!("the poll floor answered nothing within 10 s");
+            }
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+            check!(
+                n == 16 && back[..16] == msg,
+                "the poll floor's answer {seq} came back wrong"
+            );
+        }
+        Ok(t0.elapsed())
+    }
+}
