@@ -128,13 +128,7 @@ fn progress_printer(show: bool) -> impl FnMut(&iopath_heap::Progress) {
 /// the rest as `OSError`, with the whole error chain as the message.
 fn to_py(e: iopath_heap::Error) -> PyErr {
     use iopath_heap::Error as E;
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(&e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
+    let msg = iopath_heap::error_chain(&e);
     match e {
         E::Safetensors { .. }
         | E::BadSize { .. }

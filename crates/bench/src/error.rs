@@ -132,14 +132,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// The error and its sources on one line.
     pub fn chain(&self) -> String {
-        let mut s = self.to_string();
-        let mut src = std::error::Error::source(self);
-        while let Some(c) = src {
-            s.push_str(": ");
-            s.push_str(&c.to_string());
-            src = c.source();
-        }
-        s
+        iopath_heap::error_chain(self)
     }
 
     /// `Error::Io` for `path`.

@@ -63,7 +63,7 @@ pub use engine::{
     Probe, Pull, ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine, DIRECT_MARGIN,
     PROBE_BYTES, PROBE_SLICES,
 };
-pub use error::{Error, Result};
+pub use error::{error_chain, Error, Result};
 pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};

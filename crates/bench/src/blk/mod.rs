@@ -19,6 +19,7 @@ use iopath_blk::driver::DEVICE_ID_BLOCK;
 use iopath_blk::workload::{self, Access, Blocks, Op, Pattern, Stats, Workload};
 use iopath_blk::{BlkDriver, DriverOptions};
 use iopath_dma::{Direct, DmaOps};
+use iopath_heap::error_chain;
 use iopath_virtio::transport::vhost_user::VhostUser;
 use iopath_virtio::{Choice, Platform, Policy, Transport};
 use serde::Serialize;
@@ -471,18 +472,6 @@ impl Series {
             }
         }
     }
-}
-
-/// An error and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 /// Row names.

@@ -10,12 +10,12 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
+use iopath_heap::{error_chain, load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
 
 use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
-use crate::{fio, human, scratch_dir, Error, Progress, Result, Summary};
+use crate::{fio, human, loadavg, scratch_dir, Error, Progress, Result, Summary};
 
 const HEAPS: [&str; 5] = ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"];
 
@@ -336,18 +336,6 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
     })
 }
 
-/// An error and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
-}
-
 /// Writes `size` pseudo-random bytes to a new file on a disk file system.
 fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
     let dir = scratch_dir()?;
@@ -391,16 +379,6 @@ fn fs_name(path: &Path) -> &'static str {
         Ok(0x9123_683E) => "btrfs",
         _ => "other fs",
     }
-}
-
-/// The 1-minute load average.
-fn loadavg() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 mod report;

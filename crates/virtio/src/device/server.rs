@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use iopath_heap::error_chain;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 
@@ -99,17 +100,6 @@ impl<D: VirtioDevice> VhostUserServer<D> {
             }
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 /// Serves one front end on `stream` until it disconnects or misbehaves.
