@@ -4,6 +4,8 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use rustix::net::RecvFlags;
+
 use crate::wire::MAX_PAYLOAD;
 
 /// Messages per call.
@@ -34,9 +36,11 @@ impl RecvBatch {
 
     /// Takes up to `max` (at most [`BATCH`]) messages from `fd` without waiting
     /// ([recvmmsg(2)](https://man7.org/linux/man-pages/man2/recvmmsg.2.html)
-    /// with `MSG_DONTWAIT | MSG_TRUNC`); returns how many. Fewer than
-    /// `max` means the socket had no more (or an error is pending,
-    /// reported by the next call).
+    /// with `MSG_DONTWAIT | MSG_TRUNC`; one message with
+    /// [recv(2)](https://man7.org/linux/man-pages/man2/recv.2.html), which
+    /// costs the kernel less); returns how many. Fewer than `max` means
+    /// the socket had no more (or an error is pending, reported by the
+    /// next call). End of file reads as one empty message.
     ///
     /// # Errors
     /// The call's errno when it took nothing (`EAGAIN`: none queued).
@@ -46,6 +50,15 @@ impl RecvBatch {
         max: usize,
     ) -> Result<usize, rustix::io::Errno> {
         let max = max.clamp(1, BATCH);
+        if max == 1 {
+            let (_, full) = rustix::net::recv(
+                fd,
+                &mut self.bufs[0][..],
+                RecvFlags::DONTWAIT | RecvFlags::TRUNC,
+            )?;
+            self.lens[0] = full;
+            return Ok(1);
+        }
         // SAFETY: iovec and mmsghdr are plain C structs for which all
         // zero bytes is a valid value (null pointers, zero lengths).
         let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
@@ -130,5 +143,21 @@ mod tests {
         assert_eq!(batch.get(0), (&[BATCH as u8][..], 1));
         assert_eq!(batch.recv(b.as_fd(), BATCH), Ok(2));
         assert_eq!(batch.get(1), (&[(BATCH + 2) as u8][..], 1));
+        // One at a time: the same cut, lengths and end of file.
+        assert_eq!(batch.recv(b.as_fd(), 1), Err(rustix::io::Errno::AGAIN));
+        for m in [&big[..], &b""[..], &b"two"[..]] {
+            rustix::net::send(&a, m, SendFlags::empty()).unwrap();
+        }
+        assert_eq!(batch.recv(b.as_fd(), 1), Ok(1));
+        let (cut, full) = batch.get(0);
+        assert_eq!((cut.len(), full), (497, 600));
+        assert!(cut.iter().all(|&x| x == 7));
+        assert_eq!(batch.recv(b.as_fd(), 1), Ok(1));
+        assert_eq!(batch.get(0), (&b""[..], 0));
+        drop(a);
+        assert_eq!(batch.recv(b.as_fd(), 1), Ok(1));
+        assert_eq!(batch.get(0), (&b"two"[..], 3));
+        assert_eq!(batch.recv(b.as_fd(), 1), Ok(1));
+        assert_eq!(batch.get(0), (&b""[..], 0));
     }
 }
