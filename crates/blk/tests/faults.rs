@@ -1,7 +1,8 @@
 //! Faults with real processes and real files (issue 12): `iopath blk
 //! serve` killed with SIGKILL in the middle of a stream of writes and
-//! started again on the same image and socket; an image on a file system
-//! that fills up.
+//! started again on the same image and socket; started again from the
+//! inflight record a kill leaves (`INFLIGHT_SHMFD`); an image on a file
+//! system that fills up.
 
 mod common;
 mod frontend;
@@ -240,5 +241,145 @@ fn image_on_a_full_file_system_gets_ioerr_and_keeps_what_was_written() {
     back.read_at(0, &mut got).unwrap();
     assert!(got == data(0), "block 0 on a new connection");
     drop(drv);
+    srv.kill();
+}
+
+/// Bytes of a split-ring inflight record's queue header and of one
+/// descriptor's state (the vhost-user spec's `QueueRegionSplit` and
+/// `DescStateSplit`): `inflight` is a descriptor state's first byte,
+/// `counter` its u64 at 8; `used_idx` is the header's u16 at 14.
+const RECORD_HEADER: u64 = 16;
+const RECORD_DESC: u64 = 16;
+
+/// The real back end restarted from an inflight record (what a SIGKILL
+/// between a pop and its put leaves): `iopath blk serve` must run the
+/// recorded heads again, against the image, and signal the driver
+/// although its `used_event` (EVENT_IDX) asks for nothing.
+#[test]
+fn restarted_serve_resubmits_the_recorded_heads_and_signals_the_driver() {
+    use frontend::{
+        pattern, Client, EVENT_IDX, F_NEXT, F_WRITE, QUEUE_SIZE, SECTOR, S_OK, T_IN, T_OUT,
+        VERSION_1,
+    };
+    use std::os::unix::fs::FileExt;
+    use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
+    use vhost::vhost_user::VhostUserFrontend;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const LEN: u32 = 4096;
+    let inflight = VhostUserProtocolFeatures::INFLIGHT_SHMFD;
+    let mut srv = Server::start(1 << 20, &[]);
+    let mut c = Client::negotiate_with(&srv.socket, VERSION_1 | EVENT_IDX, inflight);
+    assert_ne!(c.features & EVENT_IDX, 0);
+    let (msg, record) =
+        c.fe.get_inflight_fd(&VhostUserInflight::new(0, 0, 1, QUEUE_SIZE))
+            .unwrap();
+    c.setup_queues(1);
+
+    // The first back end serves head 0: a write of `a` to sector 0.
+    let a = pattern(0, LEN as usize, 0xa);
+    assert_eq!(c.write(0, 0, &a), S_OK);
+    let field = |at: u64, n: usize| {
+        let mut b = vec![0u8; n];
+        record.read_exact_at(&mut b, at).unwrap();
+        b
+    };
+    assert_eq!(field(14, 2), [1, 0], "the record's used index");
+    while c.queues[0].call.read().is_ok() {}
+
+    // Killed after popping heads 20 (a read of sector 0) and 10 (a write
+    // of `b` to sector 16), in that order: the record marks both (pop
+    // writes the counter, then the flag), the used ring still holds 1.
+    srv.kill();
+    let b = pattern(16 * SECTOR, LEN as usize, 0xb);
+    let (header_at, data_at, status_at) = (0x20_0000u64, 0x21_0000u64, 0x23_0000u64);
+    let chain = |head: u16, kind: u32, sector: u64, flags: u16| {
+        let h = header_at + u64::from(head) * 16;
+        let mut hdr = [0u8; 16];
+        hdr[0..4].copy_from_slice(&kind.to_le_bytes());
+        hdr[8..16].copy_from_slice(&sector.to_le_bytes());
+        c.mem.write_slice(&hdr, GuestAddress(h)).unwrap();
+        let data = data_at + u64::from(head) * u64::from(LEN);
+        let status = status_at + u64::from(head);
+        c.mem.write_obj(0xffu8, GuestAddress(status)).unwrap();
+        c.set_desc(0, head, c.dev(h), 16, F_NEXT, head + 1);
+        c.set_desc(0, head + 1, c.dev(data), LEN, flags | F_NEXT, head + 2);
+        c.set_desc(0, head + 2, c.dev(status), 1, F_WRITE, 0);
+        data
+    };
+    let read_at = chain(20, T_IN, 0, F_WRITE);
+    c.fill(read_at, LEN as usize, 0xee);
+    let write_at = chain(10, T_OUT, 16, 0);
+    c.mem.write_slice(&b, GuestAddress(write_at)).unwrap();
+    let avail = c.queues[0].avail;
+    for (slot, head) in [(1u64, 20u16), (2, 10)] {
+        c.mem
+            .write_obj(head, GuestAddress(avail + 4 + 2 * slot))
+            .unwrap();
+    }
+    c.mem.write_obj(3u16, GuestAddress(avail + 2)).unwrap();
+    // used_event: "signal me when entry 0 is used", long behind.
+    let used_event = avail + 4 + 2 * u64::from(QUEUE_SIZE);
+    c.mem.write_obj(0u16, GuestAddress(used_event)).unwrap();
+    for (head, counter) in [(20u64, 1u64), (10, 2)] {
+        let at = RECORD_HEADER + head * RECORD_DESC;
+        record.write_all_at(&counter.to_le_bytes(), at + 8).unwrap();
+        record.write_all_at(&[1], at).unwrap();
+    }
+    c.queues[0].avail_idx = 3;
+
+    srv.restart(&[]);
+    c.reconnect(&srv.socket, inflight, Some((&msg, &record)));
+    // Both heads come back on the used ring (in the order their I/O ends).
+    let used = c.queues[0].used;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap() != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the recorded heads never came back"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let entry = |i: u64| {
+        let at = used + 4 + 8 * i;
+        let id: u32 = c.mem.read_obj(GuestAddress(at)).unwrap();
+        let len: u32 = c.mem.read_obj(GuestAddress(at + 4)).unwrap();
+        (id, len)
+    };
+    let mut back = [entry(1), entry(2)];
+    back.sort_unstable();
+    assert_eq!(back, [(10, 1), (20, LEN + 1)]);
+    assert_eq!(entry(0).0, 0, "the first back end's entry was kept");
+    assert_eq!(c.status(status_at + 10), S_OK);
+    assert_eq!(c.status(status_at + 20), S_OK);
+    assert!(c.bytes(read_at, LEN as usize) == a, "the resubmitted read");
+    assert!(
+        srv.image_bytes(16 * SECTOR, LEN as usize) == b,
+        "the resubmitted write"
+    );
+    // Two signals: one when the queue restarted, one once the heads were
+    // used (whatever used_event said).
+    let mut signals = 0;
+    while signals < 2 && Instant::now() < deadline {
+        if let Ok(n) = c.queues[0].call.read() {
+            signals += n;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(signals, 2, "call eventfd signals after the restart");
+    for head in [10, 20] {
+        assert_eq!(
+            field(RECORD_HEADER + head * RECORD_DESC, 1),
+            [0],
+            "head {head}"
+        );
+    }
+    assert_eq!(field(14, 2), [3, 0], "the record's used index");
+
+    // And the queue goes on from there.
+    c.queues[0].used_seen = 3;
+    let (st, got) = c.read(0, 16, LEN);
+    assert_eq!(st, S_OK);
+    assert!(got == b);
     srv.kill();
 }

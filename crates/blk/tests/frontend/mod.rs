@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserInflight, VhostUserProtocolFeatures,
+};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::mmap::MmapRegion;
@@ -232,8 +234,9 @@ impl Client {
         Self::negotiate_with(sock, want, VhostUserProtocolFeatures::empty())
     }
 
-    /// Negotiation asking for `extra` protocol features too.
-    pub fn negotiate_with(sock: &Path, want: u64, extra: VhostUserProtocolFeatures) -> Client {
+    /// Connects, negotiates `want` (with what is offered) and the protocol
+    /// features (`extra` too); returns the front end and the features.
+    fn handshake(sock: &Path, want: u64, extra: VhostUserProtocolFeatures) -> (Frontend, u64) {
         let mut fe = connect(sock);
         fe.set_owner().unwrap();
         let offered = fe.get_features().unwrap();
@@ -245,6 +248,23 @@ impl Client {
             | VhostUserProtocolFeatures::REPLY_ACK
             | extra;
         fe.set_protocol_features(pf & pwant).unwrap();
+        (fe, features)
+    }
+
+    fn share_memory(fe: &mut Frontend, memfd: &std::fs::File) {
+        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: MEM_SIZE,
+            userspace_addr: UADDR,
+            mmap_offset: 0,
+            mmap_handle: memfd.as_raw_fd(),
+        }])
+        .unwrap();
+    }
+
+    /// Negotiation asking for `extra` protocol features too.
+    pub fn negotiate_with(sock: &Path, want: u64, extra: VhostUserProtocolFeatures) -> Client {
+        let (mut fe, features) = Self::handshake(sock, want, extra);
         let memfd = memfd(MEM_SIZE);
         let region = MmapRegion::from_file(
             FileOffset::new(memfd.try_clone().unwrap(), 0),
@@ -256,14 +276,7 @@ impl Client {
                 GuestRegionMmap::new(region, GuestAddress(0)).unwrap()
             ])
             .unwrap();
-        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
-            guest_phys_addr: 0,
-            memory_size: MEM_SIZE,
-            userspace_addr: UADDR,
-            mmap_offset: 0,
-            mmap_handle: memfd.as_raw_fd(),
-        }])
-        .unwrap();
+        Self::share_memory(&mut fe, &memfd);
         let dev_offset = if features & ACCESS_PLATFORM != 0 {
             IOVA
         } else {
@@ -311,31 +324,63 @@ impl Client {
         v
     }
 
+    /// Connects again, as QEMU does to a back end restarted on the same
+    /// socket: the same features asked for, the same memory, `inflight`
+    /// (a record from `GET_INFLIGHT_FD`) given back with `SET_INFLIGHT_FD`,
+    /// and every queue started again at the used index its ring holds,
+    /// with new kick eventfds and the same call eventfds.
+    pub fn reconnect(
+        &mut self,
+        sock: &Path,
+        extra: VhostUserProtocolFeatures,
+        inflight: Option<(&VhostUserInflight, &std::fs::File)>,
+    ) {
+        let (mut fe, features) = Self::handshake(sock, self.features, extra);
+        assert_eq!(features, self.features, "features after the reconnect");
+        if let Some((msg, file)) = inflight {
+            fe.set_inflight_fd(msg, file.as_raw_fd()).unwrap();
+        }
+        Self::share_memory(&mut fe, &self.memfd);
+        self.fe = fe;
+        for q in 0..self.queues.len() {
+            let used: u16 = self
+                .mem
+                .read_obj(GuestAddress(self.queues[q].used + 2))
+                .unwrap();
+            self.queues[q].kick = EventFd::new(0).unwrap();
+            self.start_queue(q, used);
+        }
+    }
+
+    /// Tells the back end about queue `q`'s rings and eventfds and enables
+    /// it at index `base`.
+    fn start_queue(&mut self, q: usize, base: u16) {
+        let tq = &self.queues[q];
+        self.fe.set_vring_num(q, QUEUE_SIZE).unwrap();
+        self.fe
+            .set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: QUEUE_SIZE,
+                    queue_size: QUEUE_SIZE,
+                    flags: 0,
+                    desc_table_addr: self.ring_addr(tq.desc),
+                    used_ring_addr: self.ring_addr(tq.used),
+                    avail_ring_addr: self.ring_addr(tq.avail),
+                    log_addr: None,
+                },
+            )
+            .unwrap();
+        self.fe.set_vring_base(q, base).unwrap();
+        self.fe.set_vring_call(q, &tq.call).unwrap();
+        self.fe.set_vring_kick(q, &tq.kick).unwrap();
+        self.fe.set_vring_enable(q, true).unwrap();
+    }
+
     pub fn setup_queues(&mut self, nq: usize) {
         for q in 0..nq {
             let base = q as u64 * RING_STRIDE;
             let (desc, avail, used) = (base, base + 0x1000, base + 0x2000);
-            let kick = EventFd::new(0).unwrap();
-            let call = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-            self.fe.set_vring_num(q, QUEUE_SIZE).unwrap();
-            self.fe
-                .set_vring_addr(
-                    q,
-                    &VringConfigData {
-                        queue_max_size: QUEUE_SIZE,
-                        queue_size: QUEUE_SIZE,
-                        flags: 0,
-                        desc_table_addr: self.ring_addr(desc),
-                        used_ring_addr: self.ring_addr(used),
-                        avail_ring_addr: self.ring_addr(avail),
-                        log_addr: None,
-                    },
-                )
-                .unwrap();
-            self.fe.set_vring_base(q, 0).unwrap();
-            self.fe.set_vring_call(q, &call).unwrap();
-            self.fe.set_vring_kick(q, &kick).unwrap();
-            self.fe.set_vring_enable(q, true).unwrap();
             self.queues.push(TestQueue {
                 index: q,
                 desc,
@@ -343,9 +388,10 @@ impl Client {
                 used,
                 avail_idx: 0,
                 used_seen: 0,
-                kick,
-                call,
+                kick: EventFd::new(0).unwrap(),
+                call: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
             });
+            self.start_queue(q, 0);
         }
     }
 
