@@ -34,9 +34,10 @@ use crate::{Error, Latency, Progress as ProgressBar, Result, Summary};
 
 /// Cycles per turn: the ways alternate in chunks of this many.
 const CHUNK: u64 = 500;
-/// legacy, fd, limit (an eventfd passed), limit (a fresh socket passed).
-const WAYS: usize = 4;
-const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s"];
+/// legacy, fd, limit (an eventfd passed), limit (a fresh socket passed),
+/// limit (a fresh socket passed and watched until its close).
+const WAYS: usize = 5;
+const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w"];
 
 /// What `iopath bench rpmsg` measures.
 #[derive(Debug, Clone)]
@@ -99,11 +100,11 @@ impl RpmsgConfig {
         }
     }
 
-    /// A rough duration, from nominal rates on a 2-vCPU VM: 250 us for a
-    /// cycle of the four ways, 100 us per echo round trip and its limit's.
+    /// A rough duration, from nominal rates on a 2-vCPU VM: 280 us for a
+    /// cycle of the five ways, 100 us per echo round trip and its limit's.
     pub fn estimate(&self) -> Duration {
         let cycles = self.loops.iter().sum::<u64>() as f64 * self.runs as f64;
-        let per_place = cycles * 250e-6 + self.count as f64 * 100e-6 + 1.0;
+        let per_place = cycles * 280e-6 + self.count as f64 * 100e-6 + 1.0;
         let poll = if self.poll {
             self.count as f64 * 50e-6 + 1.0
         } else {
@@ -346,17 +347,119 @@ pub(crate) fn connect_retry(sock: &Path) -> Result<OwnedFd> {
     }
 }
 
+/// What the raw fd server passes for a request, by the request's first
+/// byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Always the same eventfd.
+    Eventfd,
+    /// One end of a fresh `SOCK_SEQPACKET` socketpair, the other end
+    /// closed at once (cue `S`).
+    Socket,
+    /// One end of a fresh socketpair with the smallest send buffer, the
+    /// other end watched until the client closes its own (cue `W`).
+    Watched,
+}
+
+impl Pass {
+    fn of(cue: u8) -> Pass {
+        match cue {
+            b'S' => Pass::Socket,
+            b'W' => Pass::Watched,
+            _ => Pass::Eventfd,
+        }
+    }
+}
+
+/// Watched sockets passed between two looks at their hang-ups: the
+/// endpoint service looks once per drain of 16 requests too.
+const WATCH_DRAIN: usize = 16;
+
+/// The ends of the sockets passed with [`Pass::Watched`], in an epoll set
+/// of their own, each closed once its client's end is (after the read
+/// that finds the end of file): the kernel work the endpoint service
+/// cannot skip per endpoint, without anything else the service does.
+struct Watched {
+    epoll: OwnedFd,
+    ends: std::collections::HashMap<u64, OwnedFd>,
+    next_key: u64,
+    since_look: usize,
+}
+
+impl Watched {
+    fn new() -> rustix::io::Result<Watched> {
+        Ok(Watched {
+            epoll: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?,
+            ends: std::collections::HashMap::new(),
+            next_key: 0,
+            since_look: 0,
+        })
+    }
+
+    /// Watches `end` (its peer was just passed) as the service watches an
+    /// endpoint's socket; every [`WATCH_DRAIN`] of them, closes the ends
+    /// whose peer went.
+    fn add(&mut self, end: OwnedFd) -> rustix::io::Result<()> {
+        use rustix::event::epoll;
+        let key = self.next_key;
+        self.next_key += 1;
+        epoll::add(
+            &self.epoll,
+            &end,
+            epoll::EventData::new_u64(key),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )?;
+        self.ends.insert(key, end);
+        self.since_look += 1;
+        if self.since_look >= WATCH_DRAIN {
+            self.since_look = 0;
+            self.look()?;
+        }
+        Ok(())
+    }
+
+    /// Closes every end whose peer closed (without waiting).
+    fn look(&mut self) -> rustix::io::Result<()> {
+        use rustix::event::epoll;
+        let mut space = [MaybeUninit::<epoll::Event>::uninit(); 64];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let (events, _) = epoll::wait(&self.epoll, &mut space[..], Some(&zero))?;
+        let mut b = [0u8; 512];
+        for ev in events.iter() {
+            let key = ev.data.u64();
+            let Some(end) = self.ends.get(&key) else {
+                continue;
+            };
+            match rustix::net::recv(end, &mut b, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
+                Ok((_, 0)) => {
+                    self.ends.remove(&key);
+                }
+                Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The limit's server: answers every packet on one connection with a packet
-/// of CREATE_EPT_FD answer size and an fd: always the same eventfd, or, for
-/// a packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
-/// socketpair (the other end closed at once). Returns when the client
-/// hangs up.
+/// of CREATE_EPT_FD answer size and an fd: always the same eventfd; for a
+/// packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
+/// socketpair (the other end closed at once); for one starting with `W`,
+/// the same with what the endpoint service must add per endpoint: the
+/// passed end's send buffer set to the smallest, the other end watched
+/// with epoll until the client closes its own, then read (end of file)
+/// and closed. Returns when the client hangs up.
 ///
 /// # Errors
 /// [`Error::Io`] (the socket) when a socket call fails.
 pub fn raw_fd_server(sock: &Path) -> Result<()> {
     let (c, io) = accept_one(sock)?;
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
+    let mut watched = Watched::new().map_err(io)?;
     let answer = [0u8; 12 + 48];
     let mut req = [0u8; 128];
     loop {
@@ -364,35 +467,49 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let pair;
-        let fds = if req[0] == b'S' {
-            pair = rustix::net::socketpair(
-                AddressFamily::UNIX,
-                SocketType::SEQPACKET,
-                SocketFlags::CLOEXEC,
-                None,
-            )
-            .map_err(io)?;
-            [pair.1.as_fd()]
-        } else {
-            [ev.as_fd()]
+        let pass = Pass::of(req[0]);
+        let pair = match pass {
+            Pass::Eventfd => None,
+            Pass::Socket | Pass::Watched => Some(
+                rustix::net::socketpair(
+                    AddressFamily::UNIX,
+                    SocketType::SEQPACKET,
+                    SocketFlags::CLOEXEC,
+                    None,
+                )
+                .map_err(io)?,
+            ),
         };
+        let fds = match &pair {
+            None => [ev.as_fd()],
+            Some((_, theirs)) => [theirs.as_fd()],
+        };
+        if let (Pass::Watched, Some((_, theirs))) = (pass, &pair) {
+            rustix::net::sockopt::set_socket_send_buffer_size(theirs, 0).map_err(io)?;
+        }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut anc = SendAncillaryBuffer::new(&mut space);
         anc.push(SendAncillaryMessage::ScmRights(&fds));
         rustix::net::sendmsg(&c, &[IoSlice::new(&answer)], &mut anc, SendFlags::NOSIGNAL)
             .map_err(io)?;
+        if let (Pass::Watched, Some((ours, theirs))) = (pass, pair) {
+            drop(theirs);
+            watched.add(ours).map_err(io)?;
+        }
     }
 }
 
 /// The client side of the limit: `loops` request/response cycles, each
-/// receiving an fd (a fresh socket if `socket`) and closing it.
-fn limit_cycles(c: &OwnedFd, loops: u64, socket: bool, bar: &ProgressBar) -> Result<Duration> {
+/// receiving an fd (as `pass` asks) and closing it.
+fn limit_cycles(c: &OwnedFd, loops: u64, pass: Pass, bar: &ProgressBar) -> Result<Duration> {
     let mut req = Request::CreateEptFd(EptInfo::new("bench"), O_RDWR | O_CLOEXEC)
         .encode()
         .ok_or_else(|| Error::Check("the bench's CREATE_EPT_FD request does not encode".into()))?;
-    if socket {
-        req[0] = b'S'; // the raw server's cue: pass a fresh socket
+    // The raw server's cue (the request's magic starts with neither).
+    match pass {
+        Pass::Eventfd => {}
+        Pass::Socket => req[0] = b'S',
+        Pass::Watched => req[0] = b'W',
     }
     let mut b = [0u8; 128];
     let t = Instant::now();
@@ -627,6 +744,7 @@ struct Row {
     fd: Vec<f64>,
     limit: Vec<f64>,
     limit_socket: Vec<f64>,
+    limit_watched: Vec<f64>,
     /// Per-cycle microseconds of every chunk of every run, per way.
     chunks: [Vec<f64>; WAYS],
 }
@@ -662,6 +780,7 @@ fn measure(
                 fd: Vec::new(),
                 limit: Vec::new(),
                 limit_socket: Vec::new(),
+                limit_watched: Vec::new(),
                 chunks: Default::default(),
             })
             .collect();
@@ -682,8 +801,9 @@ fn measure(
                         let t = us(match way {
                             0 => legacy_cycles(&c, n, pb)?,
                             1 => fd_cycles(&c, n, pb)?,
-                            2 => limit_cycles(&raw.conn, n, false, pb)?,
-                            _ => limit_cycles(&raw.conn, n, true, pb)?,
+                            2 => limit_cycles(&raw.conn, n, Pass::Eventfd, pb)?,
+                            3 => limit_cycles(&raw.conn, n, Pass::Socket, pb)?,
+                            _ => limit_cycles(&raw.conn, n, Pass::Watched, pb)?,
                         });
                         tot[way] += t;
                         row.chunks[way].push(t / n as f64);
@@ -695,6 +815,7 @@ fn measure(
                 row.fd.push(tot[1]);
                 row.limit.push(tot[2]);
                 row.limit_socket.push(tot[3]);
+                row.limit_watched.push(tot[4]);
             }
         }
         let st = c.stats().map_err(Error::ctrl("STATS"))?;
@@ -859,3 +980,95 @@ pub mod peers;
 pub mod pollfloor;
 mod report;
 pub mod scale;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One request with cue `cue` to the raw fd server on `c`: the fd.
+    fn ask(c: &OwnedFd, cue: u8) -> OwnedFd {
+        let mut req = [0u8; 56];
+        req[0] = cue;
+        rustix::net::send(c, &req, SendFlags::NOSIGNAL).unwrap();
+        let mut b = [0u8; 128];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut anc = RecvAncillaryBuffer::new(&mut space);
+        let got = rustix::net::recvmsg(
+            c,
+            &mut [IoSliceMut::new(&mut b)],
+            &mut anc,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .unwrap();
+        assert_eq!(got.bytes, 60);
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for m in anc.drain() {
+            if let RecvAncillaryMessage::ScmRights(r) = m {
+                fds.extend(r);
+            }
+        }
+        assert_eq!(fds.len(), 1);
+        fds.pop().unwrap()
+    }
+
+    #[test]
+    fn the_raw_fd_server_passes_what_each_cue_asks_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("sock");
+        let s2 = sock.clone();
+        let server = std::thread::spawn(move || raw_fd_server(&s2));
+        let c = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let addr = SocketAddrUnix::new(&sock).unwrap();
+        let start = Instant::now();
+        while rustix::net::connect(&c, &addr).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no raw fd server"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let big = [5u8; 5000];
+        // An eventfd: 8-byte counter writes.
+        let ev = ask(&c, 0);
+        assert_eq!(rustix::io::write(&ev, &1u64.to_ne_bytes()), Ok(8));
+        // A fresh socket with the default send buffer: a 5000-byte packet
+        // is not refused for its size (it goes, or finds the far end
+        // closed already).
+        let s = ask(&c, b'S');
+        let sent = rustix::net::send(&s, &big, SendFlags::NOSIGNAL | SendFlags::DONTWAIT);
+        assert!(
+            matches!(sent, Ok(5000) | Err(rustix::io::Errno::PIPE)),
+            "{sent:?}"
+        );
+        // A watched socket: the far end is alive and reads nothing, the
+        // send buffer is at the smallest, so the kernel refuses 5000 bytes
+        // and takes 16.
+        let mut watched = Vec::new();
+        for _ in 0..2 * WATCH_DRAIN {
+            let w = ask(&c, b'W');
+            assert_eq!(
+                rustix::net::send(&w, &big, SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
+                Err(rustix::io::Errno::MSGSIZE)
+            );
+            assert_eq!(
+                rustix::net::send(&w, &[1u8; 16], SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
+                Ok(16)
+            );
+            watched.push(w);
+        }
+        // Closing them all and asking for more: the server closes its ends
+        // of the closed ones as it goes, and keeps answering.
+        drop(watched);
+        for _ in 0..2 * WATCH_DRAIN {
+            drop(ask(&c, b'W'));
+        }
+        drop(c);
+        server.join().unwrap().unwrap();
+    }
+}

@@ -199,6 +199,7 @@ impl RpmsgReport {
             "per_cycle_us": main["per_cycle_us"],
             "fd_over_limit": main["fd_over_limit"],
             "fd_over_limit_socket": main["fd_over_limit_socket"],
+            "fd_over_limit_watched": main["fd_over_limit_watched"],
             "echo": echo_json,
             "placements": placements,
             "peers": peers,
@@ -223,13 +224,13 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         );
         outln!(
             out,
-            "{:>7} | {:>25} | {:>23} | {:>9} | {:>23} | {:>33}",
+            "{:>7} | {:>25} | {:>23} | {:>9} | {:>23} | {:>43}",
             "loops",
             "legacy total us",
             "fd total us",
             "legacy/fd",
             "limit total us",
-            "per cycle us: fd / limit / limit-s"
+            "per cycle us: fd / limit / limit-s / limit-w"
         );
     }
     for r in rows {
@@ -239,7 +240,7 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         {
             outln!(
                 out,
-                "{:>7} | {:>25} | {:>23} | {:>8.2}x | {:>23} | {:>9.1} / {:>5.1} / {:>7.1}",
+                "{:>7} | {:>25} | {:>23} | {:>8.2}x | {:>23} | {:>9.1} / {:>5.1} / {:>7.1} / {:>7.1}",
                 r.loops,
                 fmt(&l),
                 fmt(&f),
@@ -248,17 +249,20 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
                 pc[1].median,
                 pc[2].median,
                 pc[3].median,
+                pc[4].median,
             );
         }
         jrows.push(serde_json::json!({
             "loops": r.loops,
             "legacy_us": l.median, "fd_us": f.median, "limit_us": lim.median,
             "limit_socket_us": sum(&r.limit_socket).median,
+            "limit_watched_us": sum(&r.limit_watched).median,
             "legacy_us_spread": l.json(), "fd_us_spread": f.json(), "limit_us_spread": lim.json(),
             "legacy_over_fd": l.median / f.median,
             "per_cycle_us": {
                 "legacy": pc[0].json(), "fd": pc[1].json(),
                 "limit": pc[2].json(), "limit_socket": pc[3].json(),
+                "limit_watched": pc[4].json(),
             },
         }));
     }
@@ -270,7 +274,7 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             .collect();
         sum(&v)
     };
-    let (legacy_pc, fd_pc, rtt, rtt_s) = (all(0), all(1), all(2), all(3));
+    let (legacy_pc, fd_pc, rtt, rtt_s, rtt_w) = (all(0), all(1), all(2), all(3), all(4));
     let (echo, lim) = (&m.echo, &m.echo_limit);
     let spread = |s: &Summary| format!("{:.1} us per cycle ({:.1}-{:.1})", s.median, s.min, s.max);
     {
@@ -284,13 +288,19 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             "  limit-s: the same, a fresh SOCK_SEQPACKET socket passed (created, closed): {}",
             spread(&rtt_s)
         );
+        outln!(
+            out,
+            "  limit-w: limit-s plus what the service must do per endpoint (the passed end's send buffer at the smallest; the kept end watched by epoll until the client's close, read, closed): {}",
+            spread(&rtt_w)
+        );
         outln!(out, "  legacy create+open+destroy: {}", spread(&legacy_pc));
         outln!(
             out,
-            "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s",
+            "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s, {:.2}x limit-w",
             spread(&fd_pc),
             fd_pc.median / rtt.median,
-            fd_pc.median / rtt_s.median
+            fd_pc.median / rtt_s.median,
+            fd_pc.median / rtt_w.median
         );
         outln!(
             out,
@@ -313,10 +323,12 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             "what": "raw SOCK_SEQPACKET request/response with an fd (an eventfd) passed, two processes",
             "rtt_us": rtt.median, "rtt_us_spread": rtt.json(),
             "socket_rtt_us": rtt_s.median, "socket_rtt_us_spread": rtt_s.json(),
+            "watched_socket_rtt_us": rtt_w.median, "watched_socket_rtt_us_spread": rtt_w.json(),
         },
         "per_cycle_us": { "legacy": legacy_pc.json(), "fd": fd_pc.json() },
         "fd_over_limit": fd_pc.median / rtt.median,
         "fd_over_limit_socket": fd_pc.median / rtt_s.median,
+        "fd_over_limit_watched": fd_pc.median / rtt_w.median,
         "echo": {
             "size": 16, "fd": echo, "limit_eventfd_pingpong": lim,
             "fd_over_limit_p50": echo.p50_us / lim.p50_us,

@@ -259,7 +259,10 @@ through it (shutdown + the service's hang-up), close; fd = CREATE_EPT_FD
 (the endpoint comes back over SCM_RIGHTS), close (the service notices and
 frees it; the row's time includes waiting until it has freed them all).
 limit = the same request size answered with an fd by a bare server process
-(an eventfd; limit-s: a fresh SOCK_SEQPACKET socket, as an endpoint is).
+(an eventfd; limit-s: a fresh SOCK_SEQPACKET socket, as an endpoint is;
+limit-w: that socket with the kernel work the service cannot skip per
+endpoint: the passed end's send buffer at the smallest, the kept end
+watched by epoll until the client's close, then read and closed).
 The ways take turns in chunks of 500 cycles (rotating which goes first), so
 that load from elsewhere hits them alike; medians with (min-max) over --runs.
 
