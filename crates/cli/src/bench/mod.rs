@@ -294,7 +294,9 @@ pub struct RpmsgArgs {
     #[arg(long, default_value_t = 10_000)]
     pub count: u64,
     /// Also measure echo latency with host and remote polling the rings and
-    /// the client busy-polling its fd (no notifications; spins two cores).
+    /// the client busy-polling its fd (no notifications; spins two cores),
+    /// beside its floor: the same hops in the same places with no rpmsg
+    /// (a forwarder process and a flag word in a shared page).
     #[arg(long)]
     pub poll: bool,
     /// Also measure cost as work grows (about half a minute), every process
