@@ -297,6 +297,48 @@ fn endpoint_service_answers_after_a_polling_link_goes_down() {
     }
 }
 
+/// A client that closes its endpoint fds and then asks STATS finds them
+/// freed in that very answer (as a kernel endpoint is gone once its last
+/// close returns): the service looks at the hang-ups before it answers,
+/// one close or a burst of them, interleaved with other requests.
+#[test]
+fn stats_after_closing_endpoint_fds_counts_them_freed() {
+    use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
+    use iopath_rpmsg::ctrl::{CtrlClient, EptInfo};
+    use iopath_rpmsg::CtrlServer;
+    let nd = tempfile::tempdir().unwrap();
+    let (host, _remote, _unbound, dir) = pair(NotifySpec::Eventfd(nd.path().join("n")), false);
+    let ctrl = dir.path().join("ctrl");
+    let _server = CtrlServer::start(host.clone(), &ctrl).unwrap();
+    let c = CtrlClient::connect(&ctrl).unwrap();
+    host.wait_channel("echo", T).unwrap();
+    assert_eq!(c.stats().unwrap().endpoints(), 0);
+    let mut created = 0;
+    for burst in [1u32, 40, 200] {
+        let eps: Vec<_> = (0..burst)
+            .map(|_| {
+                c.create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC)
+                    .unwrap()
+            })
+            .collect();
+        created += u64::from(burst);
+        let st = c.stats().unwrap();
+        assert_eq!((st.fd_endpoints, st.created), (burst, created), "{st:?}");
+        drop(eps);
+        let st = c.stats().unwrap();
+        assert_eq!((st.fd_endpoints, st.destroyed), (0, created), "{st:?}");
+    }
+    for _ in 0..100 {
+        drop(
+            c.create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC)
+                .unwrap(),
+        );
+        created += 1;
+        let st = c.stats().unwrap();
+        assert_eq!((st.endpoints(), st.destroyed), (0, created), "{st:?}");
+    }
+}
+
 extern "C" fn on_sigusr1(_: libc::c_int) {}
 
 /// Control requests survive signals: a handler installed without

@@ -24,6 +24,10 @@ pub(crate) enum Next {
     Garbage(i32),
     /// ATTACH: the connection now belongs to its endpoint's own thread.
     Attached,
+    /// STATS: answered at the end of the pass (see
+    /// [`EptService::defer_stats`]); the connection's next request waits
+    /// for the next pass, so the answers keep their order.
+    Deferred,
 }
 
 /// Serves one packet of control connection `conn` (socket `c`, peer
@@ -59,6 +63,10 @@ pub(crate) fn on_packet(
         return Next::Attached;
     }
     match proto::Request::parse(packet) {
+        Ok(proto::Request::Stats) => {
+            svc.defer_stats(c);
+            Next::Deferred
+        }
         Ok(req) => {
             svc.handle(conn, c, req);
             Next::Keep
@@ -160,6 +168,8 @@ impl EptService {
                 };
             match on_packet(self, conn, &fd, &peer, &buf[..n]) {
                 Next::Keep => {}
+                // Still readable: the level-triggered set reports it again.
+                Next::Deferred => return,
                 Next::Garbage(errno) => return self.client_gone(conn, &peer, Some((full, errno))),
                 Next::Attached => {
                     // The attach thread owns the connection now; it holds

@@ -8,7 +8,9 @@
 //!    the bus notifier's fds readable ─► the bus takes the kicks, passes the rings
 //!    control connection readable ─► CREATE_EPT ─► legacy::create
 //!                                   CREATE_EPT_FD ─► fdept::create
-//!                                   STATS, garbage (closed), ATTACH (own thread)
+//!                                   STATS (answered at the end of the pass,
+//!                                     after a look at the hang-ups),
+//!                                   garbage (closed), ATTACH (own thread)
 //!    listener readable ─► accept, greet (0 | -EBUSY)
 //!    endpoint socket readable ─► one message, then up to 16 per recvmmsg ─►
 //!        Endpoint::try_send (bus) each; no free buffer: the message and the
@@ -100,6 +102,10 @@ const DRAIN: usize = 64;
 const SEND_WAIT: Duration = Duration::from_secs(5);
 /// How often the event loop retries messages waiting for a buffer.
 const RETRY_EVERY: Duration = Duration::from_millis(1);
+/// Full `epoll_wait`s taken before a deferred STATS answer at most, and
+/// the events each takes.
+const SETTLE_WAITS: usize = 16;
+const SETTLE_EVENTS: usize = 64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -189,6 +195,8 @@ struct Inner {
     wake: OwnedFd,
     table: Mutex<Table>,
     doomed: Mutex<Vec<u64>>,
+    /// Control connections whose STATS is answered at the end of the pass.
+    stats_due: Mutex<Vec<Arc<OwnedFd>>>,
     spares: Mutex<Vec<fdept::Spare>>,
     rundir: PathBuf,
     node_mode: u32,
@@ -255,6 +263,7 @@ impl EptService {
             wake,
             table: Mutex::new(Table::default()),
             doomed: Mutex::new(Vec::new()),
+            stats_due: Mutex::new(Vec::new()),
             spares: Mutex::new(Vec::new()),
             rundir: rundir.to_owned(),
             node_mode,
@@ -322,6 +331,17 @@ impl EptService {
             Request::CreateEptFd(info, flags) => fdept::handle_create(self, c, info, flags),
             Request::Stats => conn::answer(c, &self.stats().encode()),
         }
+    }
+
+    /// A STATS request on `c`: answered at the end of the event loop's
+    /// pass, after one more look at the epoll set without waiting. A
+    /// client's close of its endpoint fd queues the hang-up at once, so the
+    /// answer counts every endpoint whose last fd was closed before the
+    /// request was sent (a kernel endpoint is gone when its last close
+    /// returns), where answering in turn would count them only after the
+    /// rest of the connection's drain.
+    pub(crate) fn defer_stats(&self, c: &Arc<OwnedFd>) {
+        lock(&self.inner.stats_due).push(Arc::clone(c));
     }
 
     /// The counters and what is held right now.
@@ -533,8 +553,26 @@ impl EptService {
             Err(rustix::io::Errno::INTR) => return Ok((false, false)),
             Err(e) => return Err(e),
         };
+        let worked = !events.is_empty();
+        let mut kicked = self.dispatch(events, buf, true);
+        if !lock(&self.inner.stats_due).is_empty() {
+            kicked |= self.settle(buf)?;
+            let due = std::mem::take(&mut *lock(&self.inner.stats_due));
+            let answer = self.stats().encode();
+            for c in due {
+                conn::answer(&c, &answer);
+            }
+        }
+        let retried = stalled && self.retry_stalled();
+        Ok((worked || retried, kicked))
+    }
+
+    /// Handles one `epoll_wait`'s events (the control connections and
+    /// legacy listeners only if `ctrl`); returns whether the bus notifier's
+    /// fds were among them.
+    fn dispatch(&self, events: &[epoll::Event], buf: &mut RecvBatch, ctrl: bool) -> bool {
         let mut kicked = false;
-        for ev in events.iter() {
+        for ev in events {
             let token = ev.data.u64();
             if token == NOTIFIER {
                 kicked = true;
@@ -551,13 +589,41 @@ impl EptService {
             }
             let (id, tag) = (token >> 2, token & 3);
             match tag {
-                TAG_LISTENER => legacy::accept(self, id),
-                TAG_CTRL => self.ctrl_readable(id, buf.scratch()),
+                TAG_LISTENER if ctrl => legacy::accept(self, id),
+                TAG_CTRL if ctrl => self.ctrl_readable(id, buf.scratch()),
+                // Level-triggered: reported again by the next wait.
+                TAG_LISTENER | TAG_CTRL => {}
                 _ => self.forward(id, ev.flags, buf),
             }
         }
-        let retried = stalled && self.retry_stalled();
-        Ok((!events.is_empty() || retried, kicked))
+        kicked
+    }
+
+    /// Takes what the epoll set has ready, without waiting, up to
+    /// [`SETTLE_WAITS`] full waits: the endpoints' messages and hang-ups
+    /// (a deferred STATS answer then counts them); control connections
+    /// wait for the next pass, so no answer overtakes the deferred ones.
+    /// Returns whether the bus notifier's fds were among it.
+    fn settle(&self, buf: &mut RecvBatch) -> Result<bool, rustix::io::Errno> {
+        let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); SETTLE_EVENTS];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut kicked = false;
+        for _ in 0..SETTLE_WAITS {
+            let events = match epoll::wait(&self.inner.epoll, &mut space[..], Some(&zero)) {
+                Ok((events, _)) => events,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            };
+            let full = events.len() == SETTLE_EVENTS;
+            kicked |= self.dispatch(events, buf, false);
+            if !full {
+                break;
+            }
+        }
+        Ok(kicked)
     }
 
     /// Tries again every message waiting for a bus buffer; an endpoint
