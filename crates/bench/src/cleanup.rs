@@ -14,6 +14,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -26,11 +27,15 @@ struct Tracked {
     /// script's QEMU).
     children: Vec<(OwnedFd, Option<Pid>)>,
     paths: Vec<PathBuf>,
+    /// The signal thread cleaned up: the process is about to exit, so
+    /// nothing new may start and a new path goes at once.
+    cleaned: bool,
 }
 
 static TRACKED: Mutex<Tracked> = Mutex::new(Tracked {
     children: Vec::new(),
     paths: Vec::new(),
+    cleaned: false,
 });
 
 fn tracked() -> std::sync::MutexGuard<'static, Tracked> {
@@ -52,6 +57,29 @@ fn exited(pidfd: &OwnedFd) -> bool {
 }
 
 impl Tracked {
+    fn spawn(&mut self, cmd: &mut Command, group: bool) -> std::io::Result<Child> {
+        if self.cleaned {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "interrupted: the bench is stopping",
+            ));
+        }
+        if group {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let child = cmd.spawn()?;
+        self.child(child.id(), group);
+        Ok(child)
+    }
+
+    fn path(&mut self, p: &Path) {
+        self.paths.push(p.to_path_buf());
+        if self.cleaned {
+            self.clean_up(Duration::ZERO);
+        }
+    }
+
     fn child(&mut self, pid: u32, group: bool) {
         let Some(pid) = Pid::from_raw(pid as i32) else {
             return;
@@ -101,19 +129,44 @@ impl Tracked {
     }
 }
 
-/// Records a child to stop on a signal; `group`: it was spawned as the
-/// leader of a process group of its own, which is signalled whole.
-/// A child that cannot be opened as a pidfd (a kernel before 5.3) is not
-/// recorded: its owner still stops it on drop.
-pub(crate) fn child(pid: u32, group: bool) {
-    tracked().child(pid, group);
+/// Spawns `cmd` and records the child to stop on a signal; `group`: it is
+/// spawned as the leader of a process group of its own, which is signalled
+/// whole. The record is held across the spawn, so a signal's cleanup sees
+/// the child or runs before it: once cleaned up, nothing more starts (the
+/// spawn fails with [`std::io::ErrorKind::Interrupted`]). A child that
+/// cannot be opened as a pidfd (a kernel before 5.3) is not recorded: its
+/// owner still stops it on drop.
+///
+/// # Errors
+/// What [`Command::spawn`] returns.
+pub(crate) fn spawn(cmd: &mut Command, group: bool) -> std::io::Result<Child> {
+    tracked().spawn(cmd, group)
 }
 
 /// Records a scratch file or directory to remove on a signal. Its name is
 /// unique (a temporary name), so removing it after its owner already did
-/// touches nothing else.
+/// touches nothing else. Once a signal's cleanup ran, `p` goes at once.
 pub fn path(p: &Path) {
-    tracked().paths.push(p.to_path_buf());
+    tracked().path(p);
+}
+
+/// Set by the signal thread before it stops anything.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether SIGINT or SIGTERM arrived (see [`on_signals`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Call before failing: when a signal arrived, the experiment's error is
+/// likely the cleanup's doing (its children stopped under it), and the
+/// signal thread is about to exit with 128 + the signal; so wait for it
+/// (at most 30 s) rather than exit 1 first with that error.
+pub fn wait_if_interrupted() {
+    let start = Instant::now();
+    while interrupted() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Starts the thread that cleans up and exits on SIGINT or SIGTERM
@@ -130,8 +183,13 @@ pub fn on_signals() -> crate::Result<()> {
         .name("bench-signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
+                INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
                 let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
-                let (children, paths) = tracked().clean_up(Duration::from_secs(3));
+                let (children, paths) = {
+                    let mut t = tracked();
+                    t.cleaned = true;
+                    t.clean_up(Duration::from_secs(3))
+                };
                 eprintln!(
                     "\ninterrupted by {name}: stopped {children} child process{}, removed {paths} scratch path{}",
                     if children == 1 { "" } else { "es" },
@@ -183,5 +241,25 @@ mod tests {
         assert_eq!(polite.wait().unwrap().signal(), Some(15));
         assert_eq!(stubborn.wait().unwrap().signal(), Some(9));
         assert!(t.children.is_empty() && t.paths.is_empty());
+    }
+
+    #[test]
+    fn after_the_cleanup_nothing_starts_and_a_new_path_goes_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = Tracked::default();
+        let mut before = t.spawn(Command::new("sleep").arg("60"), false).unwrap();
+        t.cleaned = true;
+        assert_eq!(t.clean_up(Duration::from_millis(300)), (1, 0));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(before.wait().unwrap().signal(), Some(15));
+        // A spawn that lost the race to the signal does not happen.
+        let e = t.spawn(Command::new("sleep").arg("60"), false).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::Interrupted);
+        assert!(t.children.is_empty());
+        // A path recorded after the cleanup is removed as it is recorded.
+        let late = dir.path().join("late");
+        std::fs::write(&late, b"x").unwrap();
+        t.path(&late);
+        assert!(!late.exists() && t.paths.is_empty());
     }
 }

@@ -105,15 +105,13 @@ pub fn dd_once(script: &Path, socket: &Path, bs: u64, count: u64) -> Result<f64>
 /// process group of its own, recorded for [`crate::cleanup`]: a signal to
 /// the bench then stops QEMU with it, not only the shell.
 fn run_script(cmd: &mut Command, script: &Path) -> Result<std::process::Output> {
-    use std::os::unix::process::CommandExt;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(Error::spawn(script.display().to_string()))?;
-    crate::cleanup::child(child.id(), true);
+    let child = crate::cleanup::spawn(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        true,
+    )
+    .map_err(Error::spawn(script.display().to_string()))?;
     child
         .wait_with_output()
         .map_err(Error::spawn(script.display().to_string()))

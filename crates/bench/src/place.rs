@@ -123,12 +123,10 @@ pub fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
         rustix::thread::sched_getaffinity(None).map_err(Error::sys("reading the CPU affinity"))?;
     let all = ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine);
     pin(cpu, &all)?;
-    let child = cmd.spawn();
+    let child = crate::cleanup::spawn(cmd, false);
     rustix::thread::sched_setaffinity(None, &mine)
         .map_err(Error::sys("restoring the CPU affinity"))?;
-    let child = child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))?;
-    crate::cleanup::child(child.id(), false);
-    Ok(child)
+    child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))
 }
 
 /// Runs `f` with the calling thread (and the threads it starts) pinned to

@@ -503,12 +503,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         finish(vec![d], out, json.then_some(Path::new("-")), json)
     };
-    match &args.cmd {
-        Some(BenchCmd::Heap(a)) => one(heap(&a.config(), &a.out)?, a.json, &a.out),
-        Some(BenchCmd::Blk(a)) => one(blk(&a.config()?, &a.out)?, a.json, &a.out),
-        Some(BenchCmd::Rpmsg(a)) => one(rpmsg(&a.config()?, a.scale, &a.out)?, a.json, &a.out),
+    let r = match &args.cmd {
+        Some(BenchCmd::Heap(a)) => heap(&a.config(), &a.out).and_then(|d| one(d, a.json, &a.out)),
+        Some(BenchCmd::Blk(a)) => a
+            .config()
+            .and_then(|c| blk(&c, &a.out))
+            .and_then(|d| one(d, a.json, &a.out)),
+        Some(BenchCmd::Rpmsg(a)) => a
+            .config()
+            .and_then(|c| rpmsg(&c, a.scale, &a.out))
+            .and_then(|d| one(d, a.json, &a.out)),
         None => run_all(args),
+    };
+    if r.is_err() {
+        // Interrupted: the signal thread exits 130/143 once it has cleaned
+        // up; an error its stopping caused must not exit 1 before it.
+        iopath_bench::cleanup::wait_if_interrupted();
     }
+    r
 }
 
 fn minutes(d: Duration) -> String {
