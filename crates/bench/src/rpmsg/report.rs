@@ -59,19 +59,23 @@ impl RpmsgReport {
                 self.runs
             );
             outln!(out);
-            outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) |");
-            outln!(out, "|---:|---|---|---:|---|---|");
+            outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) | limit-w total us (socket, watched) | fd / limit-s | fd / limit-w |");
+            outln!(out, "|---:|---|---|---:|---|---|---|---:|---:|");
             for r in &m.rows {
                 let (l, fd) = (Summary::of(&r.legacy), Summary::of(&r.fd));
+                let (ls, lw) = (Summary::of(&r.limit_socket), Summary::of(&r.limit_watched));
                 outln!(
                     out,
-                    "| {} | {} | {} | {:.2}x | {} | {} |",
+                    "| {} | {} | {} | {:.2}x | {} | {} | {} | {:.2}x | {:.2}x |",
                     thousands(r.loops as f64),
                     f(&l),
                     f(&fd),
                     l.median / fd.median,
                     f(&Summary::of(&r.limit)),
-                    f(&Summary::of(&r.limit_socket))
+                    f(&ls),
+                    f(&lw),
+                    fd.median / ls.median,
+                    fd.median / lw.median
                 );
             }
             outln!(out);
