@@ -68,6 +68,8 @@ pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 pub use mmap::{SharedMapping, SigbusGuard};
+#[doc(hidden)]
+pub use tensors::fuzz_safetensors;
 pub use tensors::{dtype_align, load_safetensors, Dtype, Tensor, Tensors, MAX_HEADER};
 
 /// The system page size in bytes.

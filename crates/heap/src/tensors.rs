@@ -91,6 +91,16 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 
 /// Reads and validates the header of `file` (`size` bytes).
 fn read_header(file: &std::fs::File, path: &Path, size: u64) -> Result<Header> {
+    parse_header(|buf, off| file.read_exact_at(buf, off), path, size)
+}
+
+/// Validates the header of a `size`-byte file at `path` whose bytes
+/// `read(buf, offset)` fills `buf` with.
+fn parse_header(
+    mut read: impl FnMut(&mut [u8], u64) -> std::io::Result<()>,
+    path: &Path,
+    size: u64,
+) -> Result<Header> {
     let io = |op, offset, len, source| Error::FileIo {
         op,
         path: path.to_path_buf(),
@@ -105,8 +115,7 @@ fn read_header(file: &std::fs::File, path: &Path, size: u64) -> Result<Header> {
         ));
     }
     let mut n = [0u8; 8];
-    file.read_exact_at(&mut n, 0)
-        .map_err(|e| io("pread", 0, 8, e))?;
+    read(&mut n, 0).map_err(|e| io("pread", 0, 8, e))?;
     let n = u64::from_le_bytes(n);
     if n > MAX_HEADER {
         return Err(bad(
@@ -121,8 +130,7 @@ fn read_header(file: &std::fs::File, path: &Path, size: u64) -> Result<Header> {
         ));
     }
     let mut json = vec![0u8; n as usize];
-    file.read_exact_at(&mut json, 8)
-        .map_err(|e| io("pread", 8, n as usize, e))?;
+    read(&mut json, 8).map_err(|e| io("pread", 8, n as usize, e))?;
     let meta: safetensors::tensor::Metadata =
         serde_json::from_slice(&json).map_err(|e| bad(path, format!("header refused: {e}")))?;
     let data_start = 8 + n;
@@ -290,6 +298,115 @@ fn plan(tensors: &[(u64, usize, usize)], cap: usize, page: usize, granule: usize
     p
 }
 
+/// What is wrong with plan `p` of `list` (cap `cap`, page `page`), if
+/// anything: every tensor whole in its buffer at its alignment, no buffer
+/// over the cap unless one tensor alone needs more, exactly one read
+/// bringing each tensor to its place, no two reads overlapping.
+fn plan_violation(
+    list: &[(u64, usize, usize)],
+    cap: usize,
+    page: usize,
+    p: &Plan,
+) -> std::result::Result<(), String> {
+    if p.places.len() != list.len() {
+        return Err(format!(
+            "{} places for {} tensors",
+            p.places.len(),
+            list.len()
+        ));
+    }
+    for (i, (&(f, len, align), &(b, off))) in list.iter().zip(&p.places).enumerate() {
+        let Some(&size) = p.sizes.get(b) else {
+            return Err(format!("tensor {i} in buffer {b} of {}", p.sizes.len()));
+        };
+        if off % align != 0 {
+            return Err(format!(
+                "tensor {i} misaligned: offset {off}, align {align}"
+            ));
+        }
+        if off + len > size {
+            return Err(format!("tensor {i} outside its buffer"));
+        }
+        if len + (f as usize % page) <= cap && size > cap {
+            return Err(format!("buffer {b} over the cap"));
+        }
+        // Exactly one read covers the tensor, at the matching place.
+        if len > 0 {
+            let covering: Vec<_> = p
+                .reads
+                .iter()
+                .filter(|r| r.file_off <= f && f + len as u64 <= r.file_off + r.len as u64)
+                .collect();
+            let [r] = covering[..] else {
+                return Err(format!("tensor {i}: reads {covering:?}"));
+            };
+            if r.buf != b || r.buf_off + (f - r.file_off) as usize != off {
+                return Err(format!("tensor {i} at ({b}, {off}) but read by {r:?}"));
+            }
+        }
+    }
+    // No two reads overlap in a buffer, nor run past it.
+    for (i, a) in p.reads.iter().enumerate() {
+        if p.sizes.get(a.buf).is_none_or(|&s| a.buf_off + a.len > s) {
+            return Err(format!("{a:?} outside its buffer"));
+        }
+        for c in &p.reads[i + 1..] {
+            if a.buf == c.buf && a.buf_off + a.len > c.buf_off && c.buf_off + c.len > a.buf_off {
+                return Err(format!("{a:?} overlaps {c:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For the `safetensors_header` fuzz target (`crates/heap/fuzz`): takes
+/// `file` as a whole safetensors file, validates its header as the loader
+/// does and plans it into buffers of `cap_pages` 4 KiB pages (at least
+/// one); returns the tensor count, or the header's refusal. Panics if an
+/// accepted header yields a tensor outside the data, tensors sharing
+/// bytes, or a plan that breaks its invariants.
+#[doc(hidden)]
+pub fn fuzz_safetensors(file: &[u8], cap_pages: usize) -> Result<usize> {
+    const PAGE: usize = 4096;
+    let size = file.len() as u64;
+    let header = parse_header(
+        |buf, off| {
+            let at = usize::try_from(off).unwrap_or(usize::MAX);
+            let src = at
+                .checked_add(buf.len())
+                .and_then(|end| file.get(at..end))
+                .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+            buf.copy_from_slice(src);
+            Ok(())
+        },
+        Path::new("fuzz-input.safetensors"),
+        size,
+    )?;
+    let list: Vec<(u64, usize, usize)> = header
+        .tensors
+        .iter()
+        .map(|(_, i)| {
+            let (s, e) = i.data_offsets;
+            (header.data_start + s as u64, e - s, dtype_align(i.dtype))
+        })
+        .collect();
+    let mut end = header.data_start;
+    for (i, &(f, len, _)) in list.iter().enumerate() {
+        assert!(
+            f >= end,
+            "tensor {i} overlaps the one before it or the header"
+        );
+        end = f + len as u64;
+        assert!(end <= size, "tensor {i} runs past the file");
+    }
+    let cap = cap_pages.max(1) * PAGE;
+    let p = plan(&list, cap, PAGE, PAGE);
+    if let Err(e) = plan_violation(&list, cap, PAGE, &p) {
+        panic!("plan of an accepted header: {e}");
+    }
+    Ok(list.len())
+}
+
 /// Loads the safetensors file at `path` into buffers from `heap`: every
 /// tensor whole in one buffer at its dtype's alignment (when its offset in
 /// the file allows one read for a run of tensors; otherwise it is still
@@ -390,37 +507,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn check(list: &[(u64, usize, usize)], cap: usize, p: &Plan) {
-        const PAGE: usize = 4096;
-        assert_eq!(p.places.len(), list.len());
-        for (i, (&(f, len, align), &(b, off))) in list.iter().zip(&p.places).enumerate() {
-            assert_eq!(off % align, 0, "tensor {i} misaligned");
-            assert!(off + len <= p.sizes[b], "tensor {i} outside its buffer");
-            if len + (f as usize % PAGE) <= cap {
-                assert!(p.sizes[b] <= cap, "buffer {b} over the cap");
-            }
-            // Exactly one read covers the tensor, at the matching place.
-            if len > 0 {
-                let covering: Vec<_> = p
-                    .reads
-                    .iter()
-                    .filter(|r| r.file_off <= f && f + len as u64 <= r.file_off + r.len as u64)
-                    .collect();
-                assert_eq!(covering.len(), 1, "tensor {i}: {covering:?}");
-                let r = covering[0];
-                assert_eq!(r.buf, b);
-                assert_eq!(r.buf_off + (f - r.file_off) as usize, off);
-            }
-        }
-        // No two reads overlap in a buffer.
-        for (i, a) in p.reads.iter().enumerate() {
-            for c in &p.reads[i + 1..] {
-                if a.buf == c.buf {
-                    assert!(
-                        a.buf_off + a.len <= c.buf_off || c.buf_off + c.len <= a.buf_off,
-                        "{a:?} overlaps {c:?}"
-                    );
-                }
-            }
+        if let Err(e) = plan_violation(list, cap, 4096, p) {
+            panic!("{e}");
         }
     }
 
@@ -445,6 +533,37 @@ mod tests {
                 .collect();
             let p = plan(&list, cap, 4096, 4096);
             check(&list, cap, &p);
+        }
+    }
+
+    #[test]
+    fn the_fuzz_seeds_are_what_their_names_say() {
+        // crates/heap/fuzz/seeds.py writes them: one byte of buffer pages,
+        // then a whole file, as the fuzz target reads them.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/safetensors_header");
+        let verdict = |name: &str| {
+            let b = std::fs::read(dir.join(name)).unwrap();
+            fuzz_safetensors(&b[1..], usize::from(b[0] % 64) + 1)
+        };
+        for (name, tensors) in [
+            ("mixed", 4),
+            ("aligned-header", 2),
+            ("big-over-cap", 3),
+            ("empty", 0),
+            ("zero-size", 2),
+        ] {
+            assert_eq!(verdict(name).unwrap(), tensors, "{name}");
+        }
+        for name in [
+            "overlap",
+            "past-end",
+            "huge-length",
+            "shape-mismatch",
+            "unknown-dtype",
+            "short",
+        ] {
+            let r = verdict(name);
+            assert!(matches!(r, Err(Error::Safetensors { .. })), "{name}: {r:?}");
         }
     }
 
