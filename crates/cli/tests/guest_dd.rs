@@ -511,10 +511,10 @@ const RESTART: Layout = Layout {
 const RECONNECT_MS: u64 = 100;
 
 /// The inflight record (`VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD`) of a
-/// stopped back end, read from the memfd it holds: how many descriptor
-/// heads of queue 0 are marked in flight. `None` when the back end holds
+/// stopped back end, read from the memfd it holds: per queue, how many
+/// descriptor heads are marked in flight. `None` when the back end holds
 /// no inflight memfd.
-fn inflight_heads(pid: u32) -> Option<usize> {
+fn inflight_heads(pid: u32) -> Option<Vec<usize>> {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
     for fd in fds.flatten() {
         let target = std::fs::read_link(fd.path()).unwrap_or_default();
@@ -522,14 +522,22 @@ fn inflight_heads(pid: u32) -> Option<usize> {
             continue;
         }
         let bytes = std::fs::read(fd.path()).ok()?;
-        // One queue: a 16-byte header, then 16 bytes per descriptor whose
-        // first byte is 1 while the head is in flight.
+        // Per queue, the spec's split-ring region: a 16-byte header (its
+        // desc_num, a u16, at byte 10), then 16 bytes per descriptor whose
+        // first byte is 1 while the head is in flight; regions follow each
+        // other at 64-byte alignment.
+        let desc_num = usize::from(u16::from_le_bytes(bytes.get(10..12)?.try_into().ok()?));
+        let region = (16 + 16 * desc_num).next_multiple_of(64);
         return Some(
             bytes
-                .get(16..)?
-                .chunks_exact(16)
-                .filter(|d| d[0] == 1)
-                .count(),
+                .chunks_exact(region)
+                .map(|q| {
+                    q[16..16 + 16 * desc_num]
+                        .chunks_exact(16)
+                        .filter(|d| d[0] == 1)
+                        .count()
+                })
+                .collect(),
         );
     }
     None
@@ -540,8 +548,9 @@ fn inflight_heads(pid: u32) -> Option<usize> {
 struct Kill {
     /// What the guest was doing.
     during: &'static str,
-    /// Heads the inflight record held at the kill (`None`: no record).
-    inflight: Option<usize>,
+    /// Heads the inflight record held at the kill, per queue (`None`: no
+    /// record).
+    inflight: Option<Vec<usize>>,
     /// From the kill until the new back end had the guest's memory mapped
     /// again (QEMU reconnected and restarted the device).
     reconnect: Duration,
@@ -615,7 +624,10 @@ fn kill_and_restart(
             std::thread::sleep(Duration::from_micros(100));
         }
         inflight = inflight_heads(pid);
-        if inflight != Some(0) {
+        if inflight
+            .as_ref()
+            .is_none_or(|q| q.iter().sum::<usize>() > 0)
+        {
             break;
         }
         signal(pid, Signal::CONT);
@@ -656,11 +668,14 @@ struct RestartRun {
 }
 
 /// Runs the guest's dd and pattern against back ends made by `start`
-/// (generation 0, 1, 2 on the same image and socket), killing the back end
-/// once during dd's write and once during the pattern's write.
+/// (generation 0, 1, 2 on the same image and socket) with `queues`
+/// virtqueues (and as many guest CPUs, the pattern written from each),
+/// killing the back end once during dd's write and once during the
+/// pattern's write.
 fn guest_through_restarts(
     dir: &Path,
     seed: u64,
+    queues: u32,
     start: &dyn Fn(&Path, &Path, u32, PathBuf) -> Backend,
 ) -> RestartRun {
     let image = dir.join("disk-restart.img");
@@ -668,7 +683,7 @@ fn guest_through_restarts(
     make_image(&image, &RESTART);
     let restart = |generation: u32| {
         let log = dir.join(format!("backend-restart-{generation}.log"));
-        let mut b = start(&image, &sock, 1, log);
+        let mut b = start(&image, &sock, queues, log);
         if generation == 0 {
             wait_for_socket(&mut b, &sock);
         }
@@ -682,6 +697,7 @@ fn guest_through_restarts(
         .arg(&sock)
         .args(["--count", &RESTART.count.to_string(), "--bs", "8M"])
         .args(["--reconnect-ms", &RECONNECT_MS.to_string()])
+        .args(["--queues", &queues.to_string()])
         .args(["--timeout", "100", "--json"])
         .args(["--pattern-offset", &RESTART.pat_off.to_string()])
         .args(["--pattern-size", &RESTART.pat_size.to_string()])
@@ -767,9 +783,9 @@ fn describe(run: &RestartRun) -> String {
             format!(
                 "killed during {}: {}, reconnected in {} ms",
                 k.during,
-                k.inflight.map_or_else(
+                k.inflight.as_ref().map_or_else(
                     || "no inflight record".into(),
-                    |n| format!("{n} request(s) in flight")
+                    |q| format!("{q:?} request(s) in flight per queue")
                 ),
                 k.reconnect.as_millis()
             )
@@ -798,15 +814,18 @@ fn describe(run: &RestartRun) -> String {
 /// and once during its pattern write, and started again on the same image
 /// and socket; QEMU reconnects (`reconnect-ms`), hands the new back end
 /// the inflight record (`SET_INFLIGHT_FD`), and the back end resubmits the
-/// heads it holds. The guest's dd and pattern check must pass without an
-/// I/O error and the image must hold exactly what the guest wrote.
+/// heads it holds. Two virtqueues (the guest has two CPUs and writes half
+/// the pattern from each), so each queue's region of the record must be
+/// kept and replayed apart. The guest's dd and pattern check must pass
+/// without an I/O error and the image must hold exactly what the guest
+/// wrote.
 #[test]
 fn guest_dd_survives_iopath_blk_serve_restarts() {
     let Some((_guard, dir)) = guest_ready() else {
         return;
     };
     let seed = 0x7e57_a27e_d0d0_cafeu64;
-    let run = guest_through_restarts(dir.path(), seed, &start_iopath);
+    let run = guest_through_restarts(dir.path(), seed, 2, &start_iopath);
     println!("restart: {}", describe(&run));
     assert_eq!(run.kills.len(), 2, "both kills landed: {}", describe(&run));
     if let Err(e) = &run.guest {
@@ -833,23 +852,24 @@ fn guest_dd_survives_iopath_blk_serve_restarts() {
     );
     let mut total = 0;
     for k in &run.kills {
-        let held = k.inflight.unwrap_or(0);
         let log = std::fs::read_to_string(&k.log).unwrap_or_default();
-        let resubmitted = log
-            .lines()
-            .find_map(|l| {
-                let (_, rest) = l.split_once("queue 0: ")?;
-                let (n, _) = rest.split_once(" request(s) were in flight")?;
-                n.parse::<usize>().ok()
-            })
-            .unwrap_or(0);
-        assert!(
-            resubmitted == held || resubmitted + 1 == held,
-            "killed during {}: the record held {held} heads, the new back end resubmitted \
-             {resubmitted}\n{log}",
-            k.during
-        );
-        total += resubmitted;
+        for (q, &held) in k.inflight.iter().flatten().enumerate() {
+            let resubmitted = log
+                .lines()
+                .find_map(|l| {
+                    let (_, rest) = l.split_once(&format!("queue {q}: "))?;
+                    let (n, _) = rest.split_once(" request(s) were in flight")?;
+                    n.parse::<usize>().ok()
+                })
+                .unwrap_or(0);
+            assert!(
+                resubmitted == held || resubmitted + 1 == held,
+                "killed during {}: queue {q}'s record held {held} heads, the new back end \
+                 resubmitted {resubmitted}\n{log}",
+                k.during
+            );
+            total += resubmitted;
+        }
     }
     assert!(
         total > 0,
@@ -870,7 +890,7 @@ fn guest_dd_restart_qemu_storage_daemon_recorded() {
         return;
     };
     let seed = 0x0a5d_0a5d_0a5d_0a5du64;
-    let run = guest_through_restarts(dir.path(), seed, &start_qsd);
+    let run = guest_through_restarts(dir.path(), seed, 2, &start_qsd);
     println!("restart: {}", describe(&run));
     // The second kill waits for the pattern, which a guest stuck after the
     // first never writes: only the first must have landed.
