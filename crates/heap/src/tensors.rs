@@ -164,6 +164,19 @@ fn parse_header(
     })
 }
 
+impl Header {
+    /// Each tensor's (file offset, length, alignment), in file order.
+    fn spans(&self) -> Vec<(u64, usize, usize)> {
+        self.tensors
+            .iter()
+            .map(|(_, i)| {
+                let (s, e) = i.data_offsets;
+                (self.data_start + s as u64, e - s, dtype_align(i.dtype))
+            })
+            .collect()
+    }
+}
+
 /// The plan: buffer sizes, the reads, and each tensor's place.
 #[derive(Debug, Default)]
 struct Plan {
@@ -382,14 +395,7 @@ pub fn fuzz_safetensors(file: &[u8], cap_pages: usize) -> Result<usize> {
         Path::new("fuzz-input.safetensors"),
         size,
     )?;
-    let list: Vec<(u64, usize, usize)> = header
-        .tensors
-        .iter()
-        .map(|(_, i)| {
-            let (s, e) = i.data_offsets;
-            (header.data_start + s as u64, e - s, dtype_align(i.dtype))
-        })
-        .collect();
+    let list = header.spans();
     let mut end = header.data_start;
     for (i, &(f, len, _)) in list.iter().enumerate() {
         assert!(
@@ -442,14 +448,7 @@ pub fn load_safetensors(
     };
     let granule = heap.granule().max(page);
     let cap = round_up(opts.buffer_size, granule);
-    let list: Vec<(u64, usize, usize)> = header
-        .tensors
-        .iter()
-        .map(|(_, i)| {
-            let (s, e) = i.data_offsets;
-            (header.data_start + s as u64, e - s, dtype_align(i.dtype))
-        })
-        .collect();
+    let list = header.spans();
     let p = plan(&list, cap, page, granule);
     let needed: u64 = p.sizes.iter().map(|&s| s as u64).sum();
     if let Some((available, what)) = heap.available() {

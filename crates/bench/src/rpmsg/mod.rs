@@ -1017,22 +1017,7 @@ mod tests {
         let sock = dir.path().join("sock");
         let s2 = sock.clone();
         let server = std::thread::spawn(move || raw_fd_server(&s2));
-        let c = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
-        let addr = SocketAddrUnix::new(&sock).unwrap();
-        let start = Instant::now();
-        while rustix::net::connect(&c, &addr).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "no raw fd server"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let c = connect_retry(&sock).expect("no raw fd server");
         let big = [5u8; 5000];
         // An eventfd: 8-byte counter writes.
         let ev = ask(&c, 0);
