@@ -902,6 +902,8 @@ pub struct RpmsgReport {
     /// The scale experiments' text, Markdown and JSON, when added
     /// ([`RpmsgReport::add_scale`]).
     scale: Option<(String, String, serde_json::Value)>,
+    /// The scale experiments' chart panels, when added.
+    scale_panels: Vec<crate::plot::Panel>,
     /// The 1-minute load average before and after the run.
     loadavg: (Option<f64>, Option<f64>),
 }
@@ -972,6 +974,7 @@ fn experiment(a: &RpmsgConfig) -> Result<RpmsgReport> {
         peer_budget: a.peer_budget,
         peer_wheres,
         scale: None,
+        scale_panels: Vec::new(),
         loadavg: (load_before, crate::loadavg()),
     })
 }

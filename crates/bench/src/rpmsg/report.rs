@@ -166,6 +166,7 @@ impl RpmsgReport {
                 "the same hops, no rpmsg",
             ));
         }
+        panels.extend(self.scale_panels.iter().cloned());
         panels.extend(self.peers_panels());
         crate::plot::draw(
             path,
@@ -529,6 +530,7 @@ impl RpmsgReport {
     /// one, no endpoint starved).
     pub fn add_scale(&mut self, sc: &super::scale::ScaleReport) {
         self.scale = Some((sc.text(), sc.markdown(), sc.json()));
+        self.scale_panels = sc.panels();
     }
 
     /// The 256-endpoint goals, from the scale experiments' JSON.
