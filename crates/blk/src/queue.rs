@@ -496,7 +496,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// `GET_ID` on this queue.
     ///
     /// # Errors
-    /// As [`BlkDriver::get_id`].
+    /// As [`crate::BlkDriver::get_id`].
     pub fn get_id(&mut self) -> Result<Vec<u8>> {
         let tag = u64::MAX - 2;
         if self.transfers.contains_key(&tag) {

@@ -31,12 +31,12 @@
 //!
 //! In a process with no rpmsg fd open, an interposed call on any fd costs
 //! one relaxed atomic load and a jump to libc's definition, looked up once
-//! by the library's constructor ([`real`]); with some open, a load of the
-//! fd's bit too ([`fds`]). The hot paths take no lock, touch no
+//! by the library's constructor (`real`); with some open, a load of the
+//! fd's bit too (`fds`). The hot paths take no lock, touch no
 //! thread-local and allocate nothing. Calls made for the program go to
-//! libc's definitions through [`real`] or to the kernel through rustix,
+//! libc's definitions through `real` or to the kernel through rustix,
 //! never back into the interposer. fork(2) is safe at any moment: the
-//! library's locks are taken around it ([`fork`]).
+//! library's locks are taken around it (`fork`).
 
 // The exports' safety contracts are libc's.
 #![allow(clippy::missing_safety_doc)]
