@@ -129,6 +129,34 @@ pub fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
     child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))
 }
 
+/// Child processes killed (SIGKILL) and reaped when dropped, in the order
+/// they were started: the servers an experiment runs beside it. Declare it
+/// before any scratch directory they use, so they are gone before it is.
+#[derive(Debug, Default)]
+pub(crate) struct Children(Vec<Child>);
+
+impl Children {
+    /// Starts `cmd` on `cpu` as [`spawn_on`] does; returns its pid.
+    ///
+    /// # Errors
+    /// As [`spawn_on`].
+    pub fn spawn_on(&mut self, cpu: Option<usize>, cmd: &mut Command) -> Result<u32> {
+        let c = spawn_on(cpu, cmd)?;
+        let pid = c.id();
+        self.0.push(c);
+        Ok(pid)
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Runs `f` with the calling thread (and the threads it starts) pinned to
 /// `cpu`, then unpins it.
 ///

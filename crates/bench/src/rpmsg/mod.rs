@@ -29,7 +29,7 @@ use rustix::net::{
 };
 
 use crate::error::{check, check_failed, invalid};
-use crate::place::{on_cpu, spawn_on, Cpus, Placement};
+use crate::place::{on_cpu, spawn_on, Children, Cpus, Placement};
 use crate::{Error, Latency, Progress as ProgressBar, Result, Summary};
 
 /// Cycles per turn: the ways alternate in chunks of this many.
@@ -134,18 +134,9 @@ pub fn run(cfg: &RpmsgConfig) -> Result<RpmsgReport> {
 /// An `iopath rpmsg remote` (echo "echo") and `iopath rpmsg host --ctrl`
 /// on a temporary shared-memory file; killed when dropped.
 struct Pair {
+    children: Children,
     dir: tempfile::TempDir,
-    children: Vec<Child>,
     ctrl: PathBuf,
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 fn shm_dir() -> PathBuf {
@@ -157,6 +148,20 @@ fn shm_dir() -> PathBuf {
     }
 }
 
+/// A scratch directory in [`shm_dir`] named `prefix…`, removed on drop and
+/// by the signal cleanup.
+///
+/// # Errors
+/// [`Error::Io`] when it cannot be made.
+fn shm_scratch(prefix: &str) -> Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(shm_dir())
+        .map_err(Error::io(shm_dir()))?;
+    crate::cleanup::path(dir.path());
+    Ok(dir)
+}
+
 impl Pair {
     /// Remote and host on `remote_cpu` and `host_cpu` (`None`: anywhere).
     fn start(
@@ -165,11 +170,7 @@ impl Pair {
         remote_cpu: Option<usize>,
         host_cpu: Option<usize>,
     ) -> Result<Pair> {
-        let dir = tempfile::Builder::new()
-            .prefix("iopath-bench-rpmsg-")
-            .tempdir_in(shm_dir())
-            .map_err(Error::io(shm_dir()))?;
-        crate::cleanup::path(dir.path());
+        let dir = shm_scratch("iopath-bench-rpmsg-")?;
         let shm = dir.path().join("shm");
         let notify = if notify_poll {
             "poll".to_owned()
@@ -183,11 +184,11 @@ impl Pair {
         };
         let (rlog, hlog) = (log("remote.err")?, log("host.err")?);
         let mut pair = Pair {
-            children: Vec::new(),
-            ctrl,
+            children: Children::default(),
             dir,
+            ctrl,
         };
-        let remote = spawn_on(
+        pair.children.spawn_on(
             remote_cpu,
             Command::new(exe)
                 .args(["rpmsg", "remote", "--shm"])
@@ -197,7 +198,6 @@ impl Pair {
                 .stdout(Stdio::null())
                 .stderr(rlog),
         )?;
-        pair.children.push(remote);
         if notify_poll {
             // With no notifier to connect through, the host must find the
             // table already written.
@@ -210,7 +210,7 @@ impl Pair {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        let host = spawn_on(
+        pair.children.spawn_on(
             host_cpu,
             Command::new(exe)
                 .args(["rpmsg", "host", "--shm"])
@@ -221,7 +221,6 @@ impl Pair {
                 .stdout(Stdio::null())
                 .stderr(hlog),
         )?;
-        pair.children.push(host);
         let start = Instant::now();
         while !pair.ctrl.exists() {
             if start.elapsed() > Duration::from_secs(30) {
@@ -514,33 +513,42 @@ fn limit_cycles(c: &OwnedFd, loops: u64, pass: Pass, bar: &ProgressBar) -> Resul
     let mut b = [0u8; 128];
     let t = Instant::now();
     for _ in 0..loops {
-        rustix::net::send(c, &req, SendFlags::NOSIGNAL)
-            .map_err(Error::sys("sending to the raw fd server"))?;
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut anc = RecvAncillaryBuffer::new(&mut space);
-        let got = rustix::net::recvmsg(
-            c,
-            &mut [IoSliceMut::new(&mut b)],
-            &mut anc,
-            RecvFlags::CMSG_CLOEXEC,
-        )
-        .map_err(Error::sys("receiving from the raw fd server"))?;
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        for m in anc.drain() {
-            if let RecvAncillaryMessage::ScmRights(r) = m {
-                fds.extend(r);
-            }
-        }
+        let (bytes, fds) = ask_raw_fd_server(c, &req, &mut b)?;
         check!(
-            got.bytes == 60 && fds.len() == 1,
-            "the raw fd server answered {} bytes and {} fds, not 60 and 1",
-            got.bytes,
+            bytes == 60 && fds.len() == 1,
+            "the raw fd server answered {bytes} bytes and {} fds, not 60 and 1",
             fds.len()
         );
         drop(fds);
         bar.inc(1);
     }
     Ok(t.elapsed())
+}
+
+/// Sends `req` to the raw fd server on `c` and takes its answer into `b`:
+/// the answer's length and the fds that rode along.
+///
+/// # Errors
+/// [`Error::Sys`] when the send or the receive fails.
+fn ask_raw_fd_server(c: &OwnedFd, req: &[u8], b: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+    rustix::net::send(c, req, SendFlags::NOSIGNAL)
+        .map_err(Error::sys("sending to the raw fd server"))?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        c,
+        &mut [IoSliceMut::new(b)],
+        &mut anc,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(Error::sys("receiving from the raw fd server"))?;
+    let mut fds = Vec::new();
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(r) = m {
+            fds.extend(r);
+        }
+    }
+    Ok((got.bytes, fds))
 }
 
 struct RawServer {
@@ -992,24 +1000,8 @@ mod tests {
     fn ask(c: &OwnedFd, cue: u8) -> OwnedFd {
         let mut req = [0u8; 56];
         req[0] = cue;
-        rustix::net::send(c, &req, SendFlags::NOSIGNAL).unwrap();
-        let mut b = [0u8; 128];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut anc = RecvAncillaryBuffer::new(&mut space);
-        let got = rustix::net::recvmsg(
-            c,
-            &mut [IoSliceMut::new(&mut b)],
-            &mut anc,
-            RecvFlags::CMSG_CLOEXEC,
-        )
-        .unwrap();
-        assert_eq!(got.bytes, 60);
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        for m in anc.drain() {
-            if let RecvAncillaryMessage::ScmRights(r) = m {
-                fds.extend(r);
-            }
-        }
+        let (bytes, mut fds) = ask_raw_fd_server(c, &req, &mut [0u8; 128]).unwrap();
+        assert_eq!(bytes, 60);
         assert_eq!(fds.len(), 1);
         fds.pop().unwrap()
     }

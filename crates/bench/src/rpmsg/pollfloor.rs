@@ -13,7 +13,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ use rustix::net::{RecvFlags, SendFlags};
 
 use super::{accept_one, connect_retry};
 use crate::error::{check, check_failed};
-use crate::place::spawn_on;
+use crate::place::Children;
 use crate::{Error, Result};
 
 /// The flag word's states: the forwarder asks, the echo answers.
@@ -135,18 +135,9 @@ pub fn raw_poll_echo(shm: &Path, count: u64) -> Result<()> {
 /// The floor running: its two processes and the client's connection.
 #[derive(Debug)]
 pub struct RawPollPath {
-    children: Vec<Child>,
+    _children: Children,
     conn: OwnedFd,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for RawPollPath {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 impl RawPollPath {
@@ -161,17 +152,13 @@ impl RawPollPath {
         forward_cpu: Option<usize>,
         echo_cpu: Option<usize>,
     ) -> Result<RawPollPath> {
-        let dir = tempfile::Builder::new()
-            .prefix("iopath-bench-pollfloor-")
-            .tempdir_in(super::shm_dir())
-            .map_err(Error::io(super::shm_dir()))?;
-        crate::cleanup::path(dir.path());
+        let dir = super::shm_scratch("iopath-bench-pollfloor-")?;
         let page = dir.path().join("page");
         let f = std::fs::File::create(&page).map_err(Error::io(&page))?;
         f.set_len(rustix::param::page_size() as u64)
             .map_err(Error::io(&page))?;
         let sock = dir.path().join("sock");
-        let mut children = Vec::new();
+        let mut children = Children::default();
         let mut spawn = |cpu, args: &[&str], with_sock: bool| -> Result<()> {
             let mut cmd = Command::new(iopath);
             cmd.args(["rpmsg"]).args(args).arg("--shm").arg(&page);
@@ -182,14 +169,14 @@ impl RawPollPath {
                 .arg(count.to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null());
-            children.push(spawn_on(cpu, &mut cmd)?);
+            children.spawn_on(cpu, &mut cmd)?;
             Ok(())
         };
         spawn(echo_cpu, &["raw-poll-echo"], false)?;
         spawn(forward_cpu, &["raw-poll-forward"], true)?;
         let conn = connect_retry(&sock)?;
         Ok(RawPollPath {
-            children,
+            _children: children,
             conn,
             _dir: dir,
         })

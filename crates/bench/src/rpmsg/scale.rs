@@ -32,7 +32,7 @@ use rustix::net::{RecvFlags, SendFlags};
 use serde_json::json;
 
 use crate::error::{check, check_failed, invalid};
-use crate::place::{on_cpu, spawn_on, Cpus, Placement};
+use crate::place::{on_cpu, spawn_on, Children, Cpus, Placement};
 use crate::{percentile, Error, Result, Summary};
 
 /// The message a sink answers with its count (u64, little-endian) of
@@ -83,19 +83,10 @@ impl ScaleConfig {
 /// Host and remote (echo "echo", sink "sink") on a temporary shared-memory
 /// file; killed when dropped.
 struct Servers {
+    children: Children,
     dir: tempfile::TempDir,
-    children: Vec<Child>,
     ctrl: PathBuf,
     host_pid: u32,
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 impl Servers {
@@ -113,12 +104,12 @@ impl Servers {
         };
         let (rlog, hlog) = (log("remote.err")?, log("host.err")?);
         let mut s = Servers {
-            children: Vec::new(),
+            children: Children::default(),
+            dir,
             ctrl,
             host_pid: 0,
-            dir,
         };
-        let remote = spawn_on(
+        s.children.spawn_on(
             cpu,
             Command::new(exe)
                 .args(["rpmsg", "remote", "--shm"])
@@ -129,8 +120,7 @@ impl Servers {
                 .stdout(Stdio::null())
                 .stderr(rlog),
         )?;
-        s.children.push(remote);
-        let host = spawn_on(
+        s.host_pid = s.children.spawn_on(
             cpu,
             Command::new(exe)
                 .args(["rpmsg", "host", "--shm"])
@@ -141,8 +131,6 @@ impl Servers {
                 .stdout(Stdio::null())
                 .stderr(hlog),
         )?;
-        s.host_pid = host.id();
-        s.children.push(host);
         let start = Instant::now();
         while !s.ctrl.exists() {
             if start.elapsed() > Duration::from_secs(30) {
