@@ -150,6 +150,22 @@ pub fn path(p: &Path) {
     tracked().path(p);
 }
 
+/// A scratch directory `prefix…` in `parent`, removed when dropped and,
+/// recorded here, by a signal's cleanup: every temporary directory of the
+/// bench's experiments is made by this, so none outlives an interrupted
+/// run.
+///
+/// # Errors
+/// [`crate::Error::Io`] (`parent`) when it cannot be made.
+pub(crate) fn temp_dir(prefix: &str, parent: &Path) -> crate::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(parent)
+        .map_err(crate::Error::io(parent))?;
+    path(dir.path());
+    Ok(dir)
+}
+
 /// Set by the signal thread before it stops anything.
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

@@ -120,8 +120,25 @@ fn sigterm_mid_heap_bench_removes_the_scratch_file() {
     assert!(!scratch.exists(), "{} left behind", scratch.display());
 }
 
+/// The bench's scratch directories now in the temporary directory.
+fn temp_scratch() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("iopath-bench-"))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 #[test]
 fn sigint_mid_rpmsg_bench_stops_host_and_remote_and_removes_shm() {
+    let before = temp_scratch();
     let child = bench(&[
         "rpmsg",
         "--loops",
@@ -132,11 +149,16 @@ fn sigint_mid_rpmsg_bench_stops_host_and_remote_and_removes_shm() {
         "free",
     ]);
     let pid = child.id();
-    // The host and the remote, and the shared memory the bench made.
-    let kids = wait_until("the host and the remote", Duration::from_secs(60), || {
-        let k = children(pid);
-        (k.len() >= 2).then_some(k)
-    });
+    // The host, the remote and the raw limit's server, and the shared
+    // memory the bench made.
+    let kids = wait_until(
+        "the host, the remote and the raw server",
+        Duration::from_secs(60),
+        || {
+            let k = children(pid);
+            (k.len() >= 3).then_some(k)
+        },
+    );
     let shm_dir = wait_until("the shared memory", Duration::from_secs(30), || {
         kids.iter()
             .flat_map(|&k| open_files(k, "/dev/shm/iopath-bench-rpmsg-"))
@@ -151,4 +173,11 @@ fn sigint_mid_rpmsg_bench_stops_host_and_remote_and_removes_shm() {
         (!kids.iter().any(|&k| running(k))).then_some(())
     });
     assert!(!shm_dir.exists(), "{} left behind", shm_dir.display());
+    // Nor a scratch directory in the temporary directory (the raw server's
+    // socket lives in one).
+    let left: Vec<_> = temp_scratch()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -520,11 +520,7 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
             None => crate::scratch_dir()?,
         },
     };
-    let work = tempfile::Builder::new()
-        .prefix("iopath-bench-blk.")
-        .tempdir_in(&dir)
-        .map_err(Error::io(&dir))?;
-    crate::cleanup::path(work.path());
+    let work = crate::cleanup::temp_dir("iopath-bench-blk.", &dir)?;
     let image = work.path().join("disk.img");
     make_image(&image, cfg.size as u64)?;
     let ours_sock = work.path().join("iopath.sock");

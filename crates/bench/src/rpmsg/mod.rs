@@ -148,20 +148,6 @@ fn shm_dir() -> PathBuf {
     }
 }
 
-/// A scratch directory in [`shm_dir`] named `prefix…`, removed on drop and
-/// by the signal cleanup.
-///
-/// # Errors
-/// [`Error::Io`] when it cannot be made.
-fn shm_scratch(prefix: &str) -> Result<tempfile::TempDir> {
-    let dir = tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in(shm_dir())
-        .map_err(Error::io(shm_dir()))?;
-    crate::cleanup::path(dir.path());
-    Ok(dir)
-}
-
 impl Pair {
     /// Remote and host on `remote_cpu` and `host_cpu` (`None`: anywhere).
     fn start(
@@ -170,7 +156,7 @@ impl Pair {
         remote_cpu: Option<usize>,
         host_cpu: Option<usize>,
     ) -> Result<Pair> {
-        let dir = shm_scratch("iopath-bench-rpmsg-")?;
+        let dir = crate::cleanup::temp_dir("iopath-bench-rpmsg-", &shm_dir())?;
         let shm = dir.path().join("shm");
         let notify = if notify_poll {
             "poll".to_owned()
@@ -565,10 +551,7 @@ impl Drop for RawServer {
 }
 
 fn raw_server(exe: &Path, cpu: Option<usize>) -> Result<RawServer> {
-    let dir = tempfile::Builder::new()
-        .prefix("iopath-bench-raw-")
-        .tempdir()
-        .map_err(Error::io(std::env::temp_dir()))?;
+    let dir = crate::cleanup::temp_dir("iopath-bench-raw-", &std::env::temp_dir())?;
     let sock = dir.path().join("sock");
     let child = spawn_on(
         cpu,
@@ -638,10 +621,7 @@ impl RawPingPong {
     /// # Errors
     /// When the child cannot be started or does not connect.
     pub fn start(iopath: &Path, kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
-        let dir = tempfile::Builder::new()
-            .prefix("iopath-bench-rawpp-")
-            .tempdir()
-            .map_err(Error::io(std::env::temp_dir()))?;
+        let dir = crate::cleanup::temp_dir("iopath-bench-rawpp-", &std::env::temp_dir())?;
         let spec = NotifySpec::Eventfd(dir.path().join("ev"));
         let listener = spec
             .bind()

@@ -447,11 +447,7 @@ fn one(
     (driver_cpu, remote_cpu): (Option<usize>, Option<usize>),
     cpus: &Cpus,
 ) -> Result<Latency> {
-    let dir = tempfile::Builder::new()
-        .prefix("iopath-bench-peer-")
-        .tempdir()
-        .map_err(Error::io(std::env::temp_dir()))?;
-    crate::cleanup::path(dir.path());
+    let dir = crate::cleanup::temp_dir("iopath-bench-peer-", &std::env::temp_dir())?;
     let mut remote_kid = start_remote(cfg, dir.path(), remote, remote_cpu)?;
     let r = match driver {
         Driver::OpenAmp => openamp_driver(cfg, dir.path(), driver_cpu),

@@ -152,7 +152,7 @@ impl RawPollPath {
         forward_cpu: Option<usize>,
         echo_cpu: Option<usize>,
     ) -> Result<RawPollPath> {
-        let dir = super::shm_scratch("iopath-bench-pollfloor-")?;
+        let dir = crate::cleanup::temp_dir("iopath-bench-pollfloor-", &super::shm_dir())?;
         let page = dir.path().join("page");
         let f = std::fs::File::create(&page).map_err(Error::io(&page))?;
         f.set_len(rustix::param::page_size() as u64)

@@ -91,10 +91,7 @@ struct Servers {
 
 impl Servers {
     fn start(exe: &Path, cpu: Option<usize>) -> Result<Servers> {
-        let dir = tempfile::Builder::new()
-            .prefix("iopath-bench-scale-")
-            .tempdir()
-            .map_err(Error::io(std::env::temp_dir()))?;
+        let dir = crate::cleanup::temp_dir("iopath-bench-scale-", &std::env::temp_dir())?;
         let shm = dir.path().join("shm");
         let notify = format!("eventfd:{}", dir.path().join("ev").display());
         let ctrl = dir.path().join("ctrl");
@@ -336,10 +333,7 @@ impl Drop for RawSink {
 
 impl RawSink {
     fn start(exe: &Path, cpu: Option<usize>) -> Result<RawSink> {
-        let dir = tempfile::Builder::new()
-            .prefix("iopath-bench-sink-")
-            .tempdir()
-            .map_err(Error::io(std::env::temp_dir()))?;
+        let dir = crate::cleanup::temp_dir("iopath-bench-sink-", &std::env::temp_dir())?;
         let sock = dir.path().join("sock");
         let child = spawn_on(
             cpu,
