@@ -170,7 +170,7 @@ pub(crate) fn temp_dir(prefix: &str, parent: &Path) -> crate::Result<tempfile::T
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether SIGINT or SIGTERM arrived (see [`on_signals`]).
-pub fn interrupted() -> bool {
+fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 

@@ -679,27 +679,25 @@ type Way<'a> = &'a mut dyn FnMut(u64, &mut Vec<f64>) -> Result<Duration>;
 /// `count` round trips of every way after [`ECHO_WARM`] each unmeasured,
 /// in [`ECHO_TURNS`] turns whose order rotates, so that each sees the same
 /// machine and none always runs first.
-fn alternate(count: u64, ways: &mut [Way<'_>]) -> Result<Vec<Latency>> {
+fn alternate<const N: usize>(count: u64, mut ways: [Way<'_>; N]) -> Result<[Latency; N]> {
     let mut scratch = Vec::new();
-    for w in ways.iter_mut() {
+    for w in &mut ways {
         w(ECHO_WARM, &mut scratch)?;
     }
-    let mut lat = vec![Vec::new(); ways.len()];
-    let mut time = vec![Duration::ZERO; ways.len()];
+    let mut lat: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    let mut time = [Duration::ZERO; N];
     let mut done = 0;
     for turn in 0..ECHO_TURNS {
         let n = (count - done) / (ECHO_TURNS - turn);
-        for k in 0..ways.len() {
-            let i = (k + turn as usize) % ways.len();
+        for k in 0..N {
+            let i = (k + turn as usize) % N;
             time[i] += ways[i](n, &mut lat[i])?;
         }
         done += n;
     }
-    Ok(lat
-        .into_iter()
-        .zip(time)
-        .map(|(l, t)| Latency::from(l, t))
-        .collect())
+    Ok(std::array::from_fn(|i| {
+        Latency::from(std::mem::take(&mut lat[i]), time[i])
+    }))
 }
 
 /// Echo through `ep` (busy-polling its fd if `busy`) and the raw
@@ -716,11 +714,8 @@ fn echo_vs_limit(
     let mut seq = 0;
     let mut e = |n, lat: &mut Vec<f64>| echo(ep, n, busy, &mut seq, lat);
     let mut r = |n, lat: &mut Vec<f64>| raw.round_trips(n, lat);
-    let mut l = alternate(count, &mut [&mut e, &mut r])?.into_iter();
-    match (l.next(), l.next()) {
-        (Some(e), Some(r)) => Ok((e, r)),
-        _ => check_failed!("alternate returned fewer rows than ways"),
-    }
+    let [e, r] = alternate(count, [&mut e, &mut r])?;
+    Ok((e, r))
 }
 
 /// One loop count's create+destroy figures.
@@ -844,18 +839,14 @@ fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<PollMeasured> {
     let pair = Pair::start(&a.iopath, true, Some(ca), Some(cb))?;
     let floor = pollfloor::RawPollPath::start(&a.iopath, ECHO_WARM + a.count, Some(cb), Some(ca))?;
     let raw = RawPingPong::start(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
-    let l = on_cpu(Some(ca), cpus, || {
+    let [echo, floor, eventfd] = on_cpu(Some(ca), cpus, || {
         let (_c, ep) = pair.client()?;
         let mut seq = 0;
         let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, true, &mut seq, lat);
         let mut f = |n, lat: &mut Vec<f64>| floor.round_trips(n, lat);
         let mut r = |n, lat: &mut Vec<f64>| raw.round_trips(n, lat);
-        alternate(a.count, &mut [&mut e, &mut f, &mut r])
+        alternate(a.count, [&mut e, &mut f, &mut r])
     })?;
-    let mut l = l.into_iter();
-    let (Some(echo), Some(floor), Some(eventfd)) = (l.next(), l.next(), l.next()) else {
-        check_failed!("alternate returned fewer rows than ways");
-    };
     Ok(PollMeasured {
         echo,
         eventfd,
