@@ -33,9 +33,12 @@ fn bench_rpmsg_json() {
     assert!(v["limit"]["rtt_us"].as_f64().unwrap() > 0.0);
     assert!(v["limit"]["socket_rtt_us"].as_f64().unwrap() > 0.0);
     assert!(v["limit"]["watched_socket_rtt_us"].as_f64().unwrap() > 0.0);
+    assert!(v["limit"]["uring_socket_rtt_us"].as_f64().unwrap() > 0.0);
     assert!(v["fd_over_limit_watched"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["fd_over_limit_uring"].as_f64().unwrap() > 0.0, "{v}");
     for r in rows {
         assert!(r["limit_watched_us"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["limit_uring_us"].as_f64().unwrap() > 0.0, "{r}");
     }
     // Every placement measured, each with its own rows and limit; the
     // first fills the top-level rows.

@@ -35,9 +35,10 @@ use crate::{Error, Latency, Progress as ProgressBar, Result, Summary};
 /// Cycles per turn: the ways alternate in chunks of this many.
 const CHUNK: u64 = 500;
 /// legacy, fd, limit (an eventfd passed), limit (a fresh socket passed),
-/// limit (a fresh socket passed and watched until its close).
-const WAYS: usize = 5;
-const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w"];
+/// limit (a fresh socket passed and watched until its close with epoll),
+/// limit (the same watch through an io_uring).
+const WAYS: usize = 6;
+const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w", "limit-u"];
 
 /// What `iopath bench rpmsg` measures.
 #[derive(Debug, Clone)]
@@ -100,11 +101,11 @@ impl RpmsgConfig {
         }
     }
 
-    /// A rough duration, from nominal rates on a 2-vCPU VM: 280 us for a
-    /// cycle of the five ways, 100 us per echo round trip and its limit's.
+    /// A rough duration, from nominal rates on a 2-vCPU VM: 310 us for a
+    /// cycle of the six ways, 100 us per echo round trip and its limit's.
     pub fn estimate(&self) -> Duration {
         let cycles = self.loops.iter().sum::<u64>() as f64 * self.runs as f64;
-        let per_place = cycles * 280e-6 + self.count as f64 * 100e-6 + 1.0;
+        let per_place = cycles * 310e-6 + self.count as f64 * 100e-6 + 1.0;
         let poll = if self.poll {
             self.count as f64 * 50e-6 + 1.0
         } else {
@@ -342,8 +343,12 @@ enum Pass {
     /// closed at once (cue `S`).
     Socket,
     /// One end of a fresh socketpair with the smallest send buffer, the
-    /// other end watched until the client closes its own (cue `W`).
+    /// other end watched with epoll until the client closes its own (cue
+    /// `W`).
     Watched,
+    /// As [`Pass::Watched`], the other end watched, read and closed
+    /// through an io_uring ([`uring`]; cue `U`).
+    Uring,
 }
 
 impl Pass {
@@ -351,6 +356,7 @@ impl Pass {
         match cue {
             b'S' => Pass::Socket,
             b'W' => Pass::Watched,
+            b'U' => Pass::Uring,
             _ => Pass::Eventfd,
         }
     }
@@ -369,6 +375,8 @@ struct Watched {
     ends: std::collections::HashMap<u64, OwnedFd>,
     next_key: u64,
     since_look: usize,
+    /// Reads of an end that brought data rather than the end of file.
+    messages: u64,
 }
 
 impl Watched {
@@ -378,6 +386,7 @@ impl Watched {
             ends: std::collections::HashMap::new(),
             next_key: 0,
             since_look: 0,
+            messages: 0,
         })
     }
 
@@ -422,7 +431,8 @@ impl Watched {
                 Ok((_, 0)) => {
                     self.ends.remove(&key);
                 }
-                Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
+                Ok(_) => self.messages += 1,
+                Err(rustix::io::Errno::AGAIN) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -437,25 +447,47 @@ impl Watched {
 /// the same with what the endpoint service must add per endpoint: the
 /// passed end's send buffer set to the smallest, the other end watched
 /// with epoll until the client closes its own, then read (end of file)
-/// and closed. Returns when the client hangs up.
+/// and closed; for one starting with `U`, the same watch, read and close
+/// through an io_uring (module `uring`), and the next request awaited through
+/// it too when none is there already. The answer's first 8 bytes (little
+/// endian) count the kept ends still open, the next 8 the reads of a kept
+/// end that brought data, the rest are zero. Returns when the client
+/// hangs up.
 ///
 /// # Errors
-/// [`Error::Io`] (the socket) when a socket call fails.
+/// [`Error::Io`] (the socket) when a socket call fails; [`Error::Sys`]
+/// when the io_uring fails.
 pub fn raw_fd_server(sock: &Path) -> Result<()> {
     let (c, io) = accept_one(sock)?;
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
     let mut watched = Watched::new().map_err(io)?;
-    let answer = [0u8; 12 + 48];
-    let mut req = [0u8; 128];
+    let mut ring = uring::UringWatch::new()?;
+    let mut answer = [0u8; 12 + 48];
+    let mut req = [0u8; uring::REQ];
+    let mut last = Pass::Eventfd;
     loop {
-        let (n, _) = rustix::net::recv(&c, &mut req, RecvFlags::empty()).map_err(io)?;
+        // After a `U` request the next is awaited the io_uring way; the
+        // other ways keep the plain blocking recv (the ring's queue
+        // submitted first, so nothing waits on it meanwhile).
+        let n = if last == Pass::Uring {
+            ring.next_request(&c, &mut req)?
+        } else {
+            ring.flush()?;
+            rustix::net::recv(&c, &mut req, RecvFlags::empty())
+                .map_err(io)?
+                .0
+        };
         if n == 0 {
             return Ok(());
         }
         let pass = Pass::of(req[0]);
+        last = pass;
+        let held = (watched.ends.len() + ring.held()) as u64;
+        answer[..8].copy_from_slice(&held.to_le_bytes());
+        answer[8..16].copy_from_slice(&(watched.messages + ring.messages()).to_le_bytes());
         let pair = match pass {
             Pass::Eventfd => None,
-            Pass::Socket | Pass::Watched => Some(
+            Pass::Socket | Pass::Watched | Pass::Uring => Some(
                 rustix::net::socketpair(
                     AddressFamily::UNIX,
                     SocketType::SEQPACKET,
@@ -469,7 +501,7 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
             None => [ev.as_fd()],
             Some((_, theirs)) => [theirs.as_fd()],
         };
-        if let (Pass::Watched, Some((_, theirs))) = (pass, &pair) {
+        if let (Pass::Watched | Pass::Uring, Some((_, theirs))) = (pass, &pair) {
             rustix::net::sockopt::set_socket_send_buffer_size(theirs, 0).map_err(io)?;
         }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -477,9 +509,16 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
         anc.push(SendAncillaryMessage::ScmRights(&fds));
         rustix::net::sendmsg(&c, &[IoSlice::new(&answer)], &mut anc, SendFlags::NOSIGNAL)
             .map_err(io)?;
-        if let (Pass::Watched, Some((ours, theirs))) = (pass, pair) {
-            drop(theirs);
-            watched.add(ours).map_err(io)?;
+        match (pass, pair) {
+            (Pass::Watched, Some((ours, theirs))) => {
+                drop(theirs);
+                watched.add(ours).map_err(io)?;
+            }
+            (Pass::Uring, Some((ours, theirs))) => {
+                drop(theirs);
+                ring.add(ours)?;
+            }
+            _ => {}
         }
     }
 }
@@ -495,6 +534,7 @@ fn limit_cycles(c: &OwnedFd, loops: u64, pass: Pass, bar: &ProgressBar) -> Resul
         Pass::Eventfd => {}
         Pass::Socket => req[0] = b'S',
         Pass::Watched => req[0] = b'W',
+        Pass::Uring => req[0] = b'U',
     }
     let mut b = [0u8; 128];
     let t = Instant::now();
@@ -728,6 +768,7 @@ struct Row {
     limit: Vec<f64>,
     limit_socket: Vec<f64>,
     limit_watched: Vec<f64>,
+    limit_uring: Vec<f64>,
     /// Per-cycle microseconds of every chunk of every run, per way.
     chunks: [Vec<f64>; WAYS],
 }
@@ -764,6 +805,7 @@ fn measure(
                 limit: Vec::new(),
                 limit_socket: Vec::new(),
                 limit_watched: Vec::new(),
+                limit_uring: Vec::new(),
                 chunks: Default::default(),
             })
             .collect();
@@ -786,7 +828,8 @@ fn measure(
                             1 => fd_cycles(&c, n, pb)?,
                             2 => limit_cycles(&raw.conn, n, Pass::Eventfd, pb)?,
                             3 => limit_cycles(&raw.conn, n, Pass::Socket, pb)?,
-                            _ => limit_cycles(&raw.conn, n, Pass::Watched, pb)?,
+                            4 => limit_cycles(&raw.conn, n, Pass::Watched, pb)?,
+                            _ => limit_cycles(&raw.conn, n, Pass::Uring, pb)?,
                         });
                         tot[way] += t;
                         row.chunks[way].push(t / n as f64);
@@ -799,6 +842,7 @@ fn measure(
                 row.limit.push(tot[2]);
                 row.limit_socket.push(tot[3]);
                 row.limit_watched.push(tot[4]);
+                row.limit_uring.push(tot[5]);
             }
         }
         let st = c.stats().map_err(Error::ctrl("STATS"))?;
@@ -962,6 +1006,7 @@ pub mod peers;
 pub mod pollfloor;
 mod report;
 pub mod scale;
+mod uring;
 
 #[cfg(test)]
 mod tests {
@@ -1019,6 +1064,65 @@ mod tests {
         for _ in 0..2 * WATCH_DRAIN {
             drop(ask(&c, b'W'));
         }
+        drop(c);
+        server.join().unwrap().unwrap();
+    }
+    /// The answer's counters: kept ends still open, reads of a kept end
+    /// that brought data.
+    fn counters(b: &[u8]) -> (u64, u64) {
+        let at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        (at(0), at(8))
+    }
+
+    #[test]
+    fn the_raw_fd_server_reads_and_closes_io_uring_watched_sockets() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("sock");
+        let s2 = sock.clone();
+        let server = std::thread::spawn(move || raw_fd_server(&s2));
+        let c = connect_retry(&sock).expect("no raw fd server");
+        let mut req = [0u8; 56];
+        req[0] = b'U';
+        let ask_u = |b: &mut [u8; 128]| {
+            b.fill(0xff);
+            let (bytes, mut fds) = ask_raw_fd_server(&c, &req, b).unwrap();
+            assert_eq!((bytes, fds.len()), (60, 1));
+            assert!(b[16..60].iter().all(|&x| x == 0), "{:?}", &b[..60]);
+            fds.pop().unwrap()
+        };
+        let mut b = [0u8; 128];
+        let mut held = Vec::new();
+        for i in 0..2 * WATCH_DRAIN as u64 {
+            let u = ask_u(&mut b);
+            // The client holds every socket passed before: none closed.
+            let (open, messages) = counters(&b);
+            assert_eq!(open, i);
+            assert!(messages <= i);
+            // As with `W`: the smallest send buffer, the far end alive.
+            assert_eq!(
+                rustix::net::send(&u, &[5u8; 5000], SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
+                Err(rustix::io::Errno::MSGSIZE)
+            );
+            assert_eq!(
+                rustix::net::send(&u, &[1u8; 16], SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
+                Ok(16)
+            );
+            held.push(u);
+        }
+        // Closing them all: the server reads each message, then the end
+        // of file, and closes its ends as it goes; at most the end passed
+        // by the last answer may still be open.
+        drop(held);
+        let mut seen = (u64::MAX, 0);
+        for _ in 0..5000 {
+            drop(ask_u(&mut b));
+            seen = counters(&b);
+            if seen.0 <= 1 && seen.1 == 2 * WATCH_DRAIN as u64 {
+                break;
+            }
+        }
+        assert_eq!(seen.1, 2 * WATCH_DRAIN as u64);
+        assert!(seen.0 <= 1, "{seen:?}");
         drop(c);
         server.join().unwrap().unwrap();
     }

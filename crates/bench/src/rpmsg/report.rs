@@ -59,14 +59,15 @@ impl RpmsgReport {
                 self.runs
             );
             outln!(out);
-            outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) | limit-w total us (socket, watched) | fd / limit-s | fd / limit-w |");
-            outln!(out, "|---:|---|---|---:|---|---|---|---:|---:|");
+            outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) | limit-w total us (socket, watched) | limit-u total us (socket, io_uring) | fd / limit-s | fd / limit-w | fd / limit-u |");
+            outln!(out, "|---:|---|---|---:|---|---|---|---|---:|---:|---:|");
             for r in &m.rows {
                 let (l, fd) = (Summary::of(&r.legacy), Summary::of(&r.fd));
                 let (ls, lw) = (Summary::of(&r.limit_socket), Summary::of(&r.limit_watched));
+                let lu = Summary::of(&r.limit_uring);
                 outln!(
                     out,
-                    "| {} | {} | {} | {:.2}x | {} | {} | {} | {:.2}x | {:.2}x |",
+                    "| {} | {} | {} | {:.2}x | {} | {} | {} | {} | {:.2}x | {:.2}x | {:.2}x |",
                     thousands(r.loops as f64),
                     f(&l),
                     f(&fd),
@@ -74,8 +75,10 @@ impl RpmsgReport {
                     f(&Summary::of(&r.limit)),
                     f(&ls),
                     f(&lw),
+                    f(&lu),
                     fd.median / ls.median,
-                    fd.median / lw.median
+                    fd.median / lw.median,
+                    fd.median / lu.median
                 );
             }
             outln!(out);
@@ -205,6 +208,7 @@ impl RpmsgReport {
             "fd_over_limit": main["fd_over_limit"],
             "fd_over_limit_socket": main["fd_over_limit_socket"],
             "fd_over_limit_watched": main["fd_over_limit_watched"],
+            "fd_over_limit_uring": main["fd_over_limit_uring"],
             "echo": echo_json,
             "placements": placements,
             "peers": peers,
@@ -229,13 +233,13 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         );
         outln!(
             out,
-            "{:>7} | {:>25} | {:>23} | {:>9} | {:>23} | {:>43}",
+            "{:>7} | {:>25} | {:>23} | {:>9} | {:>23} | {:>53}",
             "loops",
             "legacy total us",
             "fd total us",
             "legacy/fd",
             "limit total us",
-            "per cycle us: fd / limit / limit-s / limit-w"
+            "per cycle us: fd / limit / limit-s / limit-w / limit-u"
         );
     }
     for r in rows {
@@ -245,7 +249,7 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         {
             outln!(
                 out,
-                "{:>7} | {:>25} | {:>23} | {:>8.2}x | {:>23} | {:>9.1} / {:>5.1} / {:>7.1} / {:>7.1}",
+                "{:>7} | {:>25} | {:>23} | {:>8.2}x | {:>23} | {:>9.1} / {:>5.1} / {:>7.1} / {:>7.1} / {:>7.1}",
                 r.loops,
                 fmt(&l),
                 fmt(&f),
@@ -255,6 +259,7 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
                 pc[2].median,
                 pc[3].median,
                 pc[4].median,
+                pc[5].median,
             );
         }
         jrows.push(serde_json::json!({
@@ -262,12 +267,13 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             "legacy_us": l.median, "fd_us": f.median, "limit_us": lim.median,
             "limit_socket_us": sum(&r.limit_socket).median,
             "limit_watched_us": sum(&r.limit_watched).median,
+            "limit_uring_us": sum(&r.limit_uring).median,
             "legacy_us_spread": l.json(), "fd_us_spread": f.json(), "limit_us_spread": lim.json(),
             "legacy_over_fd": l.median / f.median,
             "per_cycle_us": {
                 "legacy": pc[0].json(), "fd": pc[1].json(),
                 "limit": pc[2].json(), "limit_socket": pc[3].json(),
-                "limit_watched": pc[4].json(),
+                "limit_watched": pc[4].json(), "limit_uring": pc[5].json(),
             },
         }));
     }
@@ -279,7 +285,8 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             .collect();
         sum(&v)
     };
-    let (legacy_pc, fd_pc, rtt, rtt_s, rtt_w) = (all(0), all(1), all(2), all(3), all(4));
+    let (legacy_pc, fd_pc, rtt, rtt_s) = (all(0), all(1), all(2), all(3));
+    let (rtt_w, rtt_u) = (all(4), all(5));
     let (echo, lim) = (&m.echo, &m.echo_limit);
     let spread = |s: &Summary| format!("{:.1} us per cycle ({:.1}-{:.1})", s.median, s.min, s.max);
     {
@@ -298,14 +305,26 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             "  limit-w: limit-s plus what the service must do per endpoint (the passed end's send buffer at the smallest; the kept end watched by epoll until the client's close, read, closed): {}",
             spread(&rtt_w)
         );
+        outln!(
+            out,
+            "  limit-u: limit-w's work with the kept end watched, read and closed through an io_uring (single-shot POLL_ADD linked to a RECV, then CLOSE; submitted with the server's wait for the next request, or every 16 requests while it never waits): {}",
+            spread(&rtt_u)
+        );
+        outln!(
+            out,
+            "  limit-w / limit-s: {:.2}x; limit-u / limit-s: {:.2}x",
+            rtt_w.median / rtt_s.median,
+            rtt_u.median / rtt_s.median
+        );
         outln!(out, "  legacy create+open+destroy: {}", spread(&legacy_pc));
         outln!(
             out,
-            "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s, {:.2}x limit-w",
+            "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s, {:.2}x limit-w, {:.2}x limit-u",
             spread(&fd_pc),
             fd_pc.median / rtt.median,
             fd_pc.median / rtt_s.median,
-            fd_pc.median / rtt_w.median
+            fd_pc.median / rtt_w.median,
+            fd_pc.median / rtt_u.median
         );
         outln!(
             out,
@@ -329,11 +348,15 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             "rtt_us": rtt.median, "rtt_us_spread": rtt.json(),
             "socket_rtt_us": rtt_s.median, "socket_rtt_us_spread": rtt_s.json(),
             "watched_socket_rtt_us": rtt_w.median, "watched_socket_rtt_us_spread": rtt_w.json(),
+            "uring_socket_rtt_us": rtt_u.median, "uring_socket_rtt_us_spread": rtt_u.json(),
+            "watched_over_socket": rtt_w.median / rtt_s.median,
+            "uring_over_socket": rtt_u.median / rtt_s.median,
         },
         "per_cycle_us": { "legacy": legacy_pc.json(), "fd": fd_pc.json() },
         "fd_over_limit": fd_pc.median / rtt.median,
         "fd_over_limit_socket": fd_pc.median / rtt_s.median,
         "fd_over_limit_watched": fd_pc.median / rtt_w.median,
+        "fd_over_limit_uring": fd_pc.median / rtt_u.median,
         "echo": {
             "size": 16, "fd": echo, "limit_eventfd_pingpong": lim,
             "fd_over_limit_p50": echo.p50_us / lim.p50_us,
