@@ -84,10 +84,30 @@ fn bench_rpmsg_json() {
     assert!((echo_goal - want).abs() < 1e-9, "{} vs {want}", goals[4]);
     assert_eq!(goals[4]["met"].as_bool(), Some(echo_goal <= 2.5));
     assert!(goals[5]["value"].as_f64().unwrap() > 0.0, "{}", goals[5]);
+    // Beside it the floors of the same run: the raw hand-off with the
+    // service's per-endpoint work through io_uring and through epoll.
+    let floors = goals[5]["floors"].as_array().unwrap();
+    let names: Vec<&str> = floors.iter().map(|f| f["what"].as_str().unwrap()).collect();
+    assert_eq!(names, ["limit-u", "limit-w"], "{}", goals[5]);
+    assert!(floors.iter().all(|f| f["value"].as_f64().unwrap() > 0.0));
+    let lowest = floors
+        .iter()
+        .map(|f| f["value"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(goals[5]["target_past_floor"].as_bool(), Some(lowest > 1.1));
     assert_eq!(
         goals[6]["value"].as_f64(),
         v["echo"]["fd_poll"]["p50_us"].as_f64()
     );
+    assert_eq!(
+        goals[6]["floors"][0]["value"].as_f64(),
+        v["echo"]["poll_floor"]["p50_us"].as_f64(),
+        "{}",
+        goals[6]
+    );
+    // A goal with no floor says nothing about one.
+    assert!(goals[4]["floors"].as_array().unwrap().is_empty());
+    assert!(goals[4]["target_past_floor"].is_null());
     for g in &goals[7..] {
         assert_eq!(g["na"], "run with --scale", "{g}");
     }

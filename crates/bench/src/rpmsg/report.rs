@@ -457,6 +457,10 @@ struct Goal {
     /// The same ratio by the median round trip, for the round-trip-rate
     /// goals (a figure beside the goal's, not the goal).
     by_p50: Option<f64>,
+    /// What the cheapest thing with the same semantics measured in this
+    /// run (name, figure in the goal's unit): a target past every floor
+    /// is one no implementation meets here.
+    floors: Vec<(&'static str, f64)>,
 }
 
 impl Goal {
@@ -496,6 +500,35 @@ impl Goal {
         }
     }
 
+    /// Whether even the lowest floor misses the target.
+    fn past_floor(&self) -> Option<bool> {
+        let lowest = self.floors.iter().map(|f| f.1).reduce(f64::min)?;
+        Some(if self.at_least {
+            lowest < self.target
+        } else {
+            lowest > self.target
+        })
+    }
+
+    /// The floors beside the verdict, e.g. `; floor in this run: limit-u
+    /// 1.08x, limit-w 1.13x (the target is past it)`; empty without one.
+    fn floor_text(&self) -> String {
+        if self.floors.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = self
+            .floors
+            .iter()
+            .map(|(what, v)| format!("{what} {v:.2}{}", self.unit))
+            .collect();
+        let past = if self.past_floor() == Some(true) {
+            " (the target is past it)"
+        } else {
+            ""
+        };
+        format!("; floor in this run: {}{past}", list.join(", "))
+    }
+
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "what": self.what,
@@ -507,6 +540,12 @@ impl Goal {
             "met": self.met(),
             "na": self.na,
             "by_p50": self.by_p50,
+            "floors": self
+                .floors
+                .iter()
+                .map(|(what, v)| serde_json::json!({ "what": what, "value": v }))
+                .collect::<Vec<_>>(),
+            "target_past_floor": self.past_floor(),
         })
     }
 }
@@ -592,6 +631,7 @@ impl RpmsgReport {
             at_least: true,
             unit: "x",
             by_p50: None,
+            floors: Vec::new(),
         });
         let (worst, median) = (
             runs("p99_us_worst_endpoint"),
@@ -610,6 +650,7 @@ impl RpmsgReport {
             at_least: false,
             unit: "x",
             by_p50: None,
+            floors: Vec::new(),
         });
     }
 
@@ -665,6 +706,7 @@ impl RpmsgReport {
                     at_least: true,
                     unit: "x",
                     by_p50,
+            floors: Vec::new(),
                 });
             }
         }
@@ -679,6 +721,7 @@ impl RpmsgReport {
             at_least: false,
             unit: "x",
             by_p50: None,
+            floors: Vec::new(),
         });
         let cd = one.map(|m| {
             let all = |w: usize| {
@@ -689,16 +732,24 @@ impl RpmsgReport {
                     .collect();
                 Summary::of(&v)
             };
-            (all(1).median / all(3).median, None)
+            let s = all(3).median;
+            (
+                (all(1).median / s, None),
+                vec![
+                    ("limit-u", all(5).median / s),
+                    ("limit-w", all(4).median / s),
+                ],
+            )
         });
         goals.push(Goal {
             what: "one CPU: fd create+destroy / raw fd hand-off (request, fresh socketpair, SCM_RIGHTS, close)".into(),
             na: cd.is_none().then(no_one).flatten(),
-            value: cd,
+            value: cd.as_ref().map(|c| c.0),
             target: 1.1,
             at_least: false,
             unit: "x",
             by_p50: None,
+            floors: cd.map(|c| c.1).unwrap_or_default(),
         });
         let poll = self.poll.as_ref().map(|pm| (pm.echo.p50_us, None));
         goals.push(Goal {
@@ -709,6 +760,11 @@ impl RpmsgReport {
             at_least: false,
             unit: " us",
             by_p50: None,
+            floors: self
+                .poll
+                .as_ref()
+                .map(|pm| vec![("the same hops with no rpmsg", pm.floor.p50_us)])
+                .unwrap_or_default(),
         });
         self.scale_goals(&mut goals);
         goals
@@ -763,11 +819,12 @@ impl RpmsgReport {
         for g in self.goals() {
             outln!(
                 out,
-                "  {}: {}, goal {}: {}",
+                "  {}: {}, goal {}: {}{}",
                 g.what,
                 g.value_text(),
                 g.target_text(),
-                g.met_text()
+                g.met_text(),
+                g.floor_text()
             );
         }
     }
@@ -844,11 +901,12 @@ impl RpmsgReport {
         for g in self.goals() {
             outln!(
                 out,
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} | {}{} |",
                 g.what,
                 g.value_text(),
                 g.target_text(),
-                g.met_text()
+                g.met_text(),
+                g.floor_text()
             );
         }
         outln!(out);
@@ -985,4 +1043,48 @@ fn peer_cells(m: &peers::PeerPlacement, r: &peers::PeerRow) -> [String; 5] {
         rate_ratio(r, pair).map_or_else(|| "n/a".into(), |(v, _)| format!("{v:.2}x")),
         p50_ratio(r, pair).map_or_else(|| "n/a".into(), |v| format!("{v:.2}x")),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn goal(value: f64, target: f64, at_least: bool, floors: Vec<(&'static str, f64)>) -> Goal {
+        Goal {
+            what: "g".into(),
+            value: Some((value, None)),
+            na: None,
+            target,
+            at_least,
+            unit: "x",
+            by_p50: None,
+            floors,
+        }
+    }
+
+    #[test]
+    fn the_verdict_names_the_floors_and_whether_the_target_is_past_them() {
+        // The lowest floor decides: 1.08 <= 1.1, so the target is not
+        // past the floor even though another floor is.
+        let g = goal(1.3, 1.1, false, vec![("limit-u", 1.08), ("limit-w", 1.13)]);
+        assert_eq!(g.met(), Some(false));
+        assert_eq!(g.past_floor(), Some(false));
+        assert_eq!(
+            g.floor_text(),
+            "; floor in this run: limit-u 1.08x, limit-w 1.13x"
+        );
+        let g = goal(1.3, 1.1, false, vec![("limit-u", 1.12), ("limit-w", 1.13)]);
+        assert_eq!(g.past_floor(), Some(true));
+        assert!(g
+            .floor_text()
+            .ends_with("limit-w 1.13x (the target is past it)"));
+        // An at-least goal: past the floor when the floor is below it.
+        let g = goal(0.8, 1.0, true, vec![("raw", 0.9)]);
+        assert_eq!(g.past_floor(), Some(true));
+        // No floor measured: nothing said.
+        let g = goal(1.3, 1.1, false, Vec::new());
+        assert_eq!(g.past_floor(), None);
+        assert_eq!(g.floor_text(), "");
+        assert!(g.json()["floors"].as_array().unwrap().is_empty());
+    }
 }
