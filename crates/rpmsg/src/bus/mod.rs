@@ -359,7 +359,7 @@ impl Bus {
     /// announcement.
     pub fn create(&self, opts: EndpointOptions) -> Result<Endpoint, BusError> {
         let (tx, rx) = mpsc::channel();
-        let addr = self.register(&opts, Sink::Queue(tx))?;
+        let addr = self.register(opts, Sink::Queue(tx))?;
         Ok(Endpoint {
             r: EndpointRef {
                 bus: self.clone(),
@@ -379,8 +379,8 @@ impl Bus {
         opts: EndpointOptions,
         cb: impl FnMut(&EndpointRef, Event) + Send + 'static,
     ) -> Result<Endpoint, BusError> {
-        let cb: Callback = Box::new(cb);
-        let addr = self.register(&opts, Sink::Callback(Arc::new(Mutex::new(cb))))?;
+        let cb: Callback = Arc::new(Mutex::new(cb));
+        let addr = self.register(opts, Sink::Callback(cb))?;
         Ok(Endpoint {
             r: EndpointRef {
                 bus: self.clone(),
@@ -398,7 +398,7 @@ impl Bus {
     /// As [`Bus::create`].
     pub fn create_zero_copy(&self, opts: EndpointOptions) -> Result<ZeroCopyEndpoint, BusError> {
         let (tx, rx) = mpsc::channel();
-        let addr = self.register(&opts, Sink::Held(tx))?;
+        let addr = self.register(opts, Sink::Held(tx))?;
         Ok(ZeroCopyEndpoint {
             r: EndpointRef {
                 bus: self.clone(),
@@ -408,7 +408,7 @@ impl Bus {
         })
     }
 
-    fn register(&self, opts: &EndpointOptions, sink: Sink) -> Result<u32, BusError> {
+    fn register(&self, opts: EndpointOptions, sink: Sink) -> Result<u32, BusError> {
         let announce = opts.announce && self.shared.ns;
         if announce || !opts.name.is_empty() {
             check_name(&opts.name)?;
@@ -446,24 +446,32 @@ impl Bus {
                     dst = c.addr;
                 }
             }
+            debug!(target: "iopath_rpmsg", "{}: endpoint {:?} at {addr}", self.shared.role, opts.name);
+            // The name moves into the slot; only an announcement needs it
+            // once more.
+            let (name, to_announce) = if announce {
+                (opts.name.clone(), Some(opts.name))
+            } else {
+                (opts.name, None)
+            };
             st.endpoints.insert(
                 addr,
                 EptSlot {
-                    name: opts.name.clone(),
+                    name,
                     dst,
                     announced: announce,
                     sink,
                 },
             );
-            addr
+            (addr, to_announce)
         };
-        if announce {
-            if let Err(e) = self.announce(&opts.name, addr) {
+        let (addr, to_announce) = addr;
+        if let Some(name) = to_announce {
+            if let Err(e) = self.announce(&name, addr) {
                 lock(&self.shared.state).endpoints.remove(&addr);
                 return Err(e);
             }
         }
-        debug!(target: "iopath_rpmsg", "{}: endpoint {:?} at {addr}", self.shared.role, opts.name);
         Ok(addr)
     }
 

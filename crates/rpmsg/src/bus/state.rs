@@ -14,12 +14,14 @@ use crate::notify::Notifier;
 use crate::shm::SharedMem;
 use crate::wire::Endian;
 
-pub(super) type Callback = Box<dyn FnMut(&EndpointRef, Event) + Send>;
+/// A callback endpoint's callback: one allocation with its lock, shared
+/// with the service thread, which calls it without the state lock.
+pub(super) type Callback = Arc<Mutex<dyn FnMut(&EndpointRef, Event) + Send>>;
 
 #[derive(Clone)]
 pub(super) enum Sink {
     Queue(mpsc::Sender<Event>),
-    Callback(Arc<Mutex<Callback>>),
+    Callback(Callback),
     /// Zero-copy endpoint: messages stay in their shared buffers.
     Held(mpsc::Sender<Held>),
 }
@@ -79,7 +81,7 @@ pub(super) struct Shared {
     pub(super) hook: Mutex<Option<Box<dyn ServiceHook>>>,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -236,9 +236,15 @@ pub fn create_ept_reply(status: i32, info: &EptInfo, path: &[u8]) -> Vec<u8> {
     b
 }
 
-/// A CREATE_EPT_FD answer.
-pub fn create_ept_fd_reply(status: i32, info: &EptInfo, flags: u32) -> Vec<u8> {
-    let mut b = reply_head(OP_CREATE_EPT_FD, status, CREATE_EPT_FD_REPLY_LEN);
+/// A CREATE_EPT_FD answer (on the stack: one is sent per endpoint made).
+pub fn create_ept_fd_reply(
+    status: i32,
+    info: &EptInfo,
+    flags: u32,
+) -> [u8; CREATE_EPT_FD_REPLY_LEN] {
+    let mut b = [0u8; CREATE_EPT_FD_REPLY_LEN];
+    b[..8].copy_from_slice(&header(OP_CREATE_EPT_FD));
+    b[8..12].copy_from_slice(&status.to_le_bytes());
     if status == 0 {
         let _ = info.put(&mut b[12..]);
         b[12 + EPT_INFO_LEN..16 + EPT_INFO_LEN].copy_from_slice(&flags.to_le_bytes());

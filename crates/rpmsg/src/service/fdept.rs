@@ -25,7 +25,9 @@ const CLIENT_SNDBUF: usize = 0;
 /// Makes the endpoint and answers on `c`, the fd riding along.
 pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags: u32) {
     match create(svc, &info, flags) {
-        Ok((info, client)) => {
+        Ok((src, dst, client)) => {
+            // The request's name goes back as it came.
+            let info = EptInfo { src, dst, ..info };
             let reply = create_ept_fd_reply(0, &info, flags);
             let fds = [client.as_fd()];
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -83,15 +85,24 @@ fn make_spare(svc: &EptService) -> Result<Spare, i32> {
 
 /// Tops the spares up (after an answer went out, while the client reads it).
 pub(super) fn refill(svc: &EptService) {
-    while lock(&svc.inner.spares).len() < SPARES {
+    let mut made = None;
+    loop {
+        {
+            let mut spares = lock(&svc.inner.spares);
+            spares.extend(made.take());
+            if spares.len() >= SPARES {
+                return;
+            }
+        }
         match make_spare(svc) {
-            Ok(s) => lock(&svc.inner.spares).push(s),
+            Ok(s) => made = Some(s),
             Err(_) => return,
         }
     }
 }
 
-fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, OwnedFd), i32> {
+/// Makes the endpoint; returns its addresses and the client's end.
+fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(u32, u32, OwnedFd), i32> {
     let spare = match lock(&svc.inner.spares).pop() {
         Some(s) => s,
         None => make_spare(svc)?,
@@ -136,11 +147,7 @@ fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, Owne
         }
         _ => {}
     }
-    let out = EptInfo {
-        name: info.name.clone(),
-        src: bus_ept.addr(),
-        dst: bus_ept.dst(),
-    };
+    let (src, dst) = (bus_ept.addr(), bus_ept.dst());
     svc.insert(
         spare.id,
         Ept {
@@ -149,5 +156,5 @@ fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(EptInfo, Owne
             kind: Kind::Fd,
         },
     );
-    Ok((out, spare.client))
+    Ok((src, dst, spare.client))
 }

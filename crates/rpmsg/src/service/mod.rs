@@ -147,7 +147,6 @@ struct Ept {
 
 #[derive(Default)]
 struct Table {
-    next_id: u64,
     epts: HashMap<u64, Ept>,
     node_indices: BTreeSet<u32>,
     by_client: HashMap<u64, Vec<u64>>,
@@ -194,6 +193,8 @@ struct Inner {
     epoll: OwnedFd,
     wake: OwnedFd,
     table: Mutex<Table>,
+    /// The last table entry id given out (ids start at 1).
+    next_id: AtomicU64,
     doomed: Mutex<Vec<u64>>,
     /// Control connections whose STATS is answered at the end of the pass.
     stats_due: Mutex<Vec<Arc<OwnedFd>>>,
@@ -262,6 +263,7 @@ impl EptService {
             epoll,
             wake,
             table: Mutex::new(Table::default()),
+            next_id: AtomicU64::new(0),
             doomed: Mutex::new(Vec::new()),
             stats_due: Mutex::new(Vec::new()),
             spares: Mutex::new(Vec::new()),
@@ -438,9 +440,7 @@ impl EptService {
     }
 
     fn next_id(&self) -> u64 {
-        let mut t = lock(&self.inner.table);
-        t.next_id += 1;
-        t.next_id
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Destroys entry `id`: out of the table and the epoll set, node
