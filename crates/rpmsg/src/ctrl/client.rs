@@ -14,8 +14,8 @@ use rustix::net::{
 };
 
 use super::proto::{
-    self, EptInfo, Request, ServiceStats, CREATE_EPT_FD_REPLY_LEN, CREATE_EPT_REPLY_LEN,
-    OPEN_REPLY_LEN, OP_CREATE_EPT, OP_CREATE_EPT_FD, OP_OPEN, OP_STATS, STATS_REPLY_LEN,
+    self, EptInfo, ServiceStats, CREATE_EPT_FD_REPLY_LEN, CREATE_EPT_REPLY_LEN, OPEN_REPLY_LEN,
+    OP_CREATE_EPT, OP_CREATE_EPT_FD, OP_OPEN, OP_STATS, STATS_REPLY_LEN,
 };
 use super::{sys, CtrlError};
 use crate::wire::MAX_PAYLOAD;
@@ -105,19 +105,25 @@ impl CtrlClient {
         CtrlClient { fd }
     }
 
-    fn request(&self, req: &Request) -> Result<(), CtrlError> {
+    /// Sends the request [`proto::encode_request`] makes of `info` and
+    /// `fd_flags`.
+    fn request(&self, info: Option<&EptInfo>, fd_flags: Option<u32>) -> Result<(), CtrlError> {
+        let mut b = [0u8; proto::MAX_REQUEST_LEN];
         // A name of more than 32 bytes cannot be encoded at all.
-        let b = req.encode().ok_or(CtrlError::Refused {
+        let n = proto::encode_request(info, fd_flags, &mut b).ok_or(CtrlError::Refused {
             errno: libc::EINVAL,
         })?;
-        retry_intr(|| rustix::net::send(&self.fd, &b, SendFlags::NOSIGNAL)).map_err(sys("send"))?;
+        retry_intr(|| rustix::net::send(&self.fd, &b[..n], SendFlags::NOSIGNAL))
+            .map_err(sys("send"))?;
         Ok(())
     }
 
+    /// Receives an answer into `buf`; with `fd`, the last fd riding along
+    /// goes there (any other is closed).
     fn answer(
         &self,
         buf: &mut [u8],
-        fds: Option<(&mut Vec<OwnedFd>, RecvFlags)>,
+        fd: Option<(&mut Option<OwnedFd>, RecvFlags)>,
     ) -> Result<usize, CtrlError> {
         let no_answer = |e: CtrlError| match &e {
             CtrlError::Io { source, .. } if source.kind() == std::io::ErrorKind::WouldBlock => {
@@ -125,7 +131,7 @@ impl CtrlClient {
             }
             _ => e,
         };
-        let n = match fds {
+        let n = match fd {
             None => {
                 retry_intr(|| rustix::net::recv(&self.fd, &mut *buf, RecvFlags::empty()))
                     .map_err(sys("recv"))
@@ -149,7 +155,9 @@ impl CtrlClient {
                 .map_err(no_answer)?;
                 for m in anc.drain() {
                     if let RecvAncillaryMessage::ScmRights(r) = m {
-                        out.extend(r);
+                        for f in r {
+                            *out = Some(f);
+                        }
                     }
                 }
                 got.bytes
@@ -171,7 +179,7 @@ impl CtrlClient {
     /// # Errors
     /// [`CtrlError::Refused`] with `EBUSY` (src taken), `EINVAL` (name), ...
     pub fn create_ept(&self, info: &EptInfo) -> Result<(EptInfo, PathBuf), CtrlError> {
-        self.request(&Request::CreateEpt(info.clone()))?;
+        self.request(Some(info), None)?;
         let mut b = [0u8; CREATE_EPT_REPLY_LEN + 16];
         let n = self.answer(&mut b, None)?;
         let (st, body) = proto::parse_reply(&b[..n], OP_CREATE_EPT, CREATE_EPT_REPLY_LEN)
@@ -191,24 +199,22 @@ impl CtrlClient {
     /// # Errors
     /// [`CtrlError::Refused`] with `EBUSY`, `EINVAL`, ...
     pub fn create_ept_fd(&self, info: &EptInfo, flags: u32) -> Result<EptFd, CtrlError> {
-        self.request(&Request::CreateEptFd(info.clone(), flags))?;
+        self.request(Some(info), Some(flags))?;
         let mut b = [0u8; CREATE_EPT_FD_REPLY_LEN + 16];
-        let mut fds = Vec::new();
+        let mut fd = None;
         let rflags = if flags & libc::O_CLOEXEC as u32 != 0 {
             RecvFlags::CMSG_CLOEXEC
         } else {
             RecvFlags::empty()
         };
-        let n = self.answer(&mut b, Some((&mut fds, rflags)))?;
+        let n = self.answer(&mut b, Some((&mut fd, rflags)))?;
         let (st, body) = proto::parse_reply(&b[..n], OP_CREATE_EPT_FD, CREATE_EPT_FD_REPLY_LEN)
             .map_err(CtrlError::Protocol)?;
         if st != 0 {
             return Err(CtrlError::Refused { errno: -st });
         }
         let info = proto::parse_create_ept_fd_body(body).map_err(CtrlError::Protocol)?;
-        let fd = fds
-            .pop()
-            .ok_or(CtrlError::Protocol("no fd with the CREATE_EPT_FD answer"))?;
+        let fd = fd.ok_or(CtrlError::Protocol("no fd with the CREATE_EPT_FD answer"))?;
         Ok(EptFd {
             fd,
             info,
@@ -221,7 +227,7 @@ impl CtrlClient {
     /// # Errors
     /// [`CtrlError::Io`], [`CtrlError::Protocol`].
     pub fn stats(&self) -> Result<ServiceStats, CtrlError> {
-        self.request(&Request::Stats)?;
+        self.request(None, None)?;
         let mut b = [0u8; STATS_REPLY_LEN + 16];
         let n = self.answer(&mut b, None)?;
         let (st, body) =
