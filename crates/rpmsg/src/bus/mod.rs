@@ -32,13 +32,13 @@ pub use endpoint::{Endpoint, EndpointOptions, EndpointRef};
 pub use hook::{HookRun, ServiceHook};
 pub use zero_copy::{RxBuffer, TxBuffer, ZeroCopyEndpoint};
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use foldhash::HashMap;
 use thiserror::Error;
 use tracing::debug;
 
@@ -216,7 +216,7 @@ impl Bus {
             shm: link.shm().clone(),
             state: Mutex::new(State {
                 link,
-                endpoints: HashMap::new(),
+                endpoints: HashMap::default(),
                 channels: Vec::new(),
                 next_addr: RESERVED_ADDRESSES,
                 stats: Stats::default(),

@@ -2,11 +2,12 @@
 //! state behind the bus lock, where each endpoint's messages go, and the
 //! wake-ups between them.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use foldhash::HashMap;
 
 use super::{Channel, EndpointRef, Event, RxBuffer, ServiceHook, Stats};
 use crate::link::{Link, Role};

@@ -65,13 +65,14 @@ pub use server::{CtrlOptions, CtrlServer};
 
 use batch::{RecvBatch, BATCH};
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use foldhash::HashMap;
 use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
 use rustix::net::{SendFlags, Shutdown};
@@ -258,8 +259,8 @@ impl EptService {
         let inner = Arc::new(Inner {
             bus,
             pass: Mutex::new(()),
-            conns: Mutex::new(HashMap::new()),
-            stalled: Mutex::new(HashMap::new()),
+            conns: Mutex::new(HashMap::default()),
+            stalled: Mutex::new(HashMap::default()),
             epoll,
             wake,
             table: Mutex::new(Table::default()),
