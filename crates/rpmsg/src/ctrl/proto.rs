@@ -271,6 +271,13 @@ pub fn create_ept_fd_reply(
     b
 }
 
+/// Sets the addresses of a successful CREATE_EPT_FD answer (written
+/// before the endpoint existed, while its name was still at hand).
+pub(crate) fn set_ept_fd_reply_addrs(b: &mut [u8; CREATE_EPT_FD_REPLY_LEN], src: u32, dst: u32) {
+    b[12 + NAME_SIZE..16 + NAME_SIZE].copy_from_slice(&src.to_le_bytes());
+    b[16 + NAME_SIZE..20 + NAME_SIZE].copy_from_slice(&dst.to_le_bytes());
+}
+
 /// Checks an answer's header and op, returns its status and body.
 ///
 /// # Errors
@@ -465,6 +472,23 @@ impl ServiceStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_whose_addresses_come_later_parses_as_one_made_whole() {
+        let asked = EptInfo::new("bench");
+        let flags = (libc::O_RDWR | libc::O_CLOEXEC) as u32;
+        let mut b = create_ept_fd_reply(0, &asked, flags);
+        set_ept_fd_reply_addrs(&mut b, 1031, 0x400);
+        let made = EptInfo {
+            src: 1031,
+            dst: 0x400,
+            ..asked
+        };
+        assert_eq!(b, create_ept_fd_reply(0, &made, flags));
+        let (st, body) = parse_reply(&b, OP_CREATE_EPT_FD, CREATE_EPT_FD_REPLY_LEN).unwrap();
+        assert_eq!(st, 0);
+        assert_eq!(parse_create_ept_fd_body(body), Ok(made));
+    }
 
     #[test]
     fn requests_round_trip() {

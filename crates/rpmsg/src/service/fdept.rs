@@ -15,7 +15,9 @@ use rustix::net::{
 const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
 
 use super::{lock, Ept, EptService, Kind, Sink, TAG_SOCK};
-use crate::ctrl::proto::{create_ept_fd_reply, EptInfo, O_NONBLOCK, O_RDONLY, O_WRONLY};
+use crate::ctrl::proto::{
+    create_ept_fd_reply, set_ept_fd_reply_addrs, EptInfo, O_NONBLOCK, O_RDONLY, O_WRONLY,
+};
 
 /// Send buffer of the client's end: as small as the kernel allows, so that
 /// the kernel itself refuses (`EMSGSIZE`) the largest writes; the service
@@ -24,11 +26,12 @@ const CLIENT_SNDBUF: usize = 0;
 
 /// Makes the endpoint and answers on `c`, the fd riding along.
 pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags: u32) {
-    match create(svc, &info, flags) {
+    // The answer carries the request's name back: written now, as the
+    // name then moves into the bus endpoint.
+    let mut reply = create_ept_fd_reply(0, &info, flags);
+    match create(svc, info, flags) {
         Ok((src, dst, client)) => {
-            // The request's name goes back as it came.
-            let info = EptInfo { src, dst, ..info };
-            let reply = create_ept_fd_reply(0, &info, flags);
+            set_ept_fd_reply_addrs(&mut reply, src, dst);
             let fds = [client.as_fd()];
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut anc = SendAncillaryBuffer::new(&mut space);
@@ -48,7 +51,9 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
             refill(svc);
         }
         Err(errno) => {
-            super::conn::answer(c, &create_ept_fd_reply(-errno, &info, flags));
+            // A refusal carries no info.
+            let refusal = create_ept_fd_reply(-errno, &EptInfo::new(""), flags);
+            super::conn::answer(c, &refusal);
         }
     }
 }
@@ -102,7 +107,7 @@ pub(super) fn refill(svc: &EptService) {
 }
 
 /// Makes the endpoint; returns its addresses and the client's end.
-fn create(svc: &EptService, info: &EptInfo, flags: u32) -> Result<(u32, u32, OwnedFd), i32> {
+fn create(svc: &EptService, info: EptInfo, flags: u32) -> Result<(u32, u32, OwnedFd), i32> {
     let spare = match lock(&svc.inner.spares).pop() {
         Some(s) => s,
         None => make_spare(svc)?,

@@ -63,7 +63,7 @@ fn create(svc: &EptService, conn: u64, info: &EptInfo) -> Result<(EptInfo, PathB
     };
     let sink = Arc::new(Sink::default());
     let id = svc.next_id();
-    let bus_ept = match svc.bus_endpoint(id, info, &sink) {
+    let bus_ept = match svc.bus_endpoint(id, info.clone(), &sink) {
         Ok(e) => e,
         Err(errno) => {
             let _ = std::fs::remove_file(&path);

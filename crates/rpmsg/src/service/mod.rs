@@ -374,17 +374,20 @@ impl EptService {
         s
     }
 
-    /// Creates the bus endpoint for table entry `id`, delivering into `sink`.
-    fn bus_endpoint(&self, id: u64, info: &EptInfo, sink: &Arc<Sink>) -> Result<Endpoint, i32> {
+    /// Creates the bus endpoint for table entry `id` (its name moved into
+    /// the bus), delivering into `sink`.
+    fn bus_endpoint(&self, id: u64, info: EptInfo, sink: &Arc<Sink>) -> Result<Endpoint, i32> {
         let sink = Arc::clone(sink);
         let inner = Arc::downgrade(&self.inner);
         self.inner
             .bus
             .create_with_callback(
-                EndpointOptions::new(&info.name)
-                    .src(info.src)
-                    .dst(info.dst)
-                    .announce(false),
+                EndpointOptions {
+                    name: info.name,
+                    src: info.src,
+                    dst: info.dst,
+                    announce: false,
+                },
                 move |_, ev| {
                     let Some(inner) = inner.upgrade() else { return };
                     match ev {
