@@ -53,6 +53,20 @@ struct World {
     _server: CtrlServer,
 }
 
+/// The world's scratch directory (its shared memory, notifier and control
+/// socket), removed when the fuzzer exits.
+static DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// Removes [`DIR`]: registered with `atexit`, because libFuzzer ends a
+/// run with `exit()`, which drops no static (the world lives in one), so
+/// every run used to leave its 512 KiB directory in the temporary
+/// directory.
+extern "C" fn remove_dir() {
+    if let Some(d) = DIR.get() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 /// One remote (echo service "echo") and one host with a control socket,
 /// in this process, for every run.
 fn world() -> &'static World {
@@ -61,6 +75,12 @@ fn world() -> &'static World {
         let dir = std::env::temp_dir().join(format!("iopath-fuzz-ctrl-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        if DIR.set(dir.clone()).is_ok() {
+            // SAFETY: `remove_dir` is a plain `extern "C"` function taking
+            // nothing; it only reads a static set above and ignores every
+            // error, so it cannot unwind into the C caller.
+            unsafe { libc::atexit(remove_dir) };
+        }
         let shm_path = dir.join("shm");
         let shm = SharedMem::create(&shm_path, &ShmLayout::openamp_demo()).unwrap();
         let spec = NotifySpec::Eventfd(dir.join("ev"));
