@@ -39,6 +39,18 @@ const CHUNK: u64 = 500;
 /// limit (the same watch through an io_uring).
 const WAYS: usize = 6;
 const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w", "limit-u"];
+/// Each way's index in [`WAY_NAMES`], [`Row::totals`] and [`Row::chunks`].
+mod way {
+    pub(super) const LEGACY: usize = 0;
+    pub(super) const FD: usize = 1;
+    pub(super) const LIMIT: usize = 2;
+    pub(super) const LIMIT_S: usize = 3;
+    pub(super) const LIMIT_W: usize = 4;
+    pub(super) const LIMIT_U: usize = 5;
+}
+/// What the raw fd server passes for the ways from [`way::LIMIT`] on.
+const LIMIT_PASSES: [Pass; WAYS - way::LIMIT] =
+    [Pass::Eventfd, Pass::Socket, Pass::Watched, Pass::Uring];
 
 /// What `iopath bench rpmsg` measures.
 #[derive(Debug, Clone)]
@@ -352,6 +364,17 @@ enum Pass {
 }
 
 impl Pass {
+    /// The request's first byte that asks for this way (none: the request
+    /// as it is, whose magic starts with no cue).
+    fn cue(self) -> Option<u8> {
+        match self {
+            Pass::Eventfd => None,
+            Pass::Socket => Some(b'S'),
+            Pass::Watched => Some(b'W'),
+            Pass::Uring => Some(b'U'),
+        }
+    }
+
     fn of(cue: u8) -> Pass {
         match cue {
             b'S' => Pass::Socket,
@@ -529,12 +552,8 @@ fn limit_cycles(c: &OwnedFd, loops: u64, pass: Pass, bar: &ProgressBar) -> Resul
     let mut req = Request::CreateEptFd(EptInfo::new("bench"), O_RDWR | O_CLOEXEC)
         .encode()
         .ok_or_else(|| Error::Check("the bench's CREATE_EPT_FD request does not encode".into()))?;
-    // The raw server's cue (the request's magic starts with neither).
-    match pass {
-        Pass::Eventfd => {}
-        Pass::Socket => req[0] = b'S',
-        Pass::Watched => req[0] = b'W',
-        Pass::Uring => req[0] = b'U',
+    if let Some(cue) = pass.cue() {
+        req[0] = cue;
     }
     let mut b = [0u8; 128];
     let t = Instant::now();
@@ -762,13 +781,8 @@ fn echo_vs_limit(
 #[derive(Debug)]
 struct Row {
     loops: u64,
-    /// Totals per run, microseconds.
-    legacy: Vec<f64>,
-    fd: Vec<f64>,
-    limit: Vec<f64>,
-    limit_socket: Vec<f64>,
-    limit_watched: Vec<f64>,
-    limit_uring: Vec<f64>,
+    /// Totals per run, microseconds, per way.
+    totals: [Vec<f64>; WAYS],
     /// Per-cycle microseconds of every chunk of every run, per way.
     chunks: [Vec<f64>; WAYS],
 }
@@ -800,12 +814,7 @@ fn measure(
             .iter()
             .map(|&loops| Row {
                 loops,
-                legacy: Vec::new(),
-                fd: Vec::new(),
-                limit: Vec::new(),
-                limit_socket: Vec::new(),
-                limit_watched: Vec::new(),
-                limit_uring: Vec::new(),
+                totals: Default::default(),
                 chunks: Default::default(),
             })
             .collect();
@@ -821,28 +830,22 @@ fn measure(
                 while done < row.loops {
                     let n = CHUNK.min(row.loops - done);
                     for k in 0..WAYS {
-                        let way = (k + turn) % WAYS;
-                        pb.set_message(format!("{} {}", placement.name(), WAY_NAMES[way]));
-                        let t = us(match way {
-                            0 => legacy_cycles(&c, n, pb)?,
-                            1 => fd_cycles(&c, n, pb)?,
-                            2 => limit_cycles(&raw.conn, n, Pass::Eventfd, pb)?,
-                            3 => limit_cycles(&raw.conn, n, Pass::Socket, pb)?,
-                            4 => limit_cycles(&raw.conn, n, Pass::Watched, pb)?,
-                            _ => limit_cycles(&raw.conn, n, Pass::Uring, pb)?,
+                        let w = (k + turn) % WAYS;
+                        pb.set_message(format!("{} {}", placement.name(), WAY_NAMES[w]));
+                        let t = us(match w {
+                            way::LEGACY => legacy_cycles(&c, n, pb)?,
+                            way::FD => fd_cycles(&c, n, pb)?,
+                            _ => limit_cycles(&raw.conn, n, LIMIT_PASSES[w - way::LIMIT], pb)?,
                         });
-                        tot[way] += t;
-                        row.chunks[way].push(t / n as f64);
+                        tot[w] += t;
+                        row.chunks[w].push(t / n as f64);
                     }
                     done += n;
                     turn += 1;
                 }
-                row.legacy.push(tot[0]);
-                row.fd.push(tot[1]);
-                row.limit.push(tot[2]);
-                row.limit_socket.push(tot[3]);
-                row.limit_watched.push(tot[4]);
-                row.limit_uring.push(tot[5]);
+                for (totals, t) in row.totals.iter_mut().zip(tot) {
+                    totals.push(t);
+                }
             }
         }
         let st = c.stats().map_err(Error::ctrl("STATS"))?;
@@ -1048,14 +1051,7 @@ mod tests {
         let mut watched = Vec::new();
         for _ in 0..2 * WATCH_DRAIN {
             let w = ask(&c, b'W');
-            assert_eq!(
-                rustix::net::send(&w, &big, SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
-                Err(rustix::io::Errno::MSGSIZE)
-            );
-            assert_eq!(
-                rustix::net::send(&w, &[1u8; 16], SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
-                Ok(16)
-            );
+            assert_smallest_send_buffer(&w);
             watched.push(w);
         }
         // Closing them all and asking for more: the server closes its ends
@@ -1067,6 +1063,17 @@ mod tests {
         drop(c);
         server.join().unwrap().unwrap();
     }
+    /// A passed socket with the smallest send buffer whose far end is
+    /// alive and reads nothing: the kernel refuses 5000 bytes, takes 16.
+    fn assert_smallest_send_buffer(fd: &OwnedFd) {
+        let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
+        assert_eq!(
+            rustix::net::send(fd, &[5u8; 5000], flags),
+            Err(rustix::io::Errno::MSGSIZE)
+        );
+        assert_eq!(rustix::net::send(fd, &[1u8; 16], flags), Ok(16));
+    }
+
     /// The answer's counters: kept ends still open, reads of a kept end
     /// that brought data.
     fn counters(b: &[u8]) -> (u64, u64) {
@@ -1099,14 +1106,7 @@ mod tests {
             assert_eq!(open, i);
             assert!(messages <= i);
             // As with `W`: the smallest send buffer, the far end alive.
-            assert_eq!(
-                rustix::net::send(&u, &[5u8; 5000], SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
-                Err(rustix::io::Errno::MSGSIZE)
-            );
-            assert_eq!(
-                rustix::net::send(&u, &[1u8; 16], SendFlags::NOSIGNAL | SendFlags::DONTWAIT),
-                Ok(16)
-            );
+            assert_smallest_send_buffer(&u);
             held.push(u);
         }
         // Closing them all: the server reads each message, then the end

@@ -62,9 +62,7 @@ impl RpmsgReport {
             outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) | limit-w total us (socket, watched) | limit-u total us (socket, io_uring) | fd / limit-s | fd / limit-w | fd / limit-u |");
             outln!(out, "|---:|---|---|---:|---|---|---|---|---:|---:|---:|");
             for r in &m.rows {
-                let (l, fd) = (Summary::of(&r.legacy), Summary::of(&r.fd));
-                let (ls, lw) = (Summary::of(&r.limit_socket), Summary::of(&r.limit_watched));
-                let lu = Summary::of(&r.limit_uring);
+                let [l, fd, lim, ls, lw, lu] = r.totals.each_ref().map(|t| Summary::of(t));
                 outln!(
                     out,
                     "| {} | {} | {} | {:.2}x | {} | {} | {} | {} | {:.2}x | {:.2}x | {:.2}x |",
@@ -72,7 +70,7 @@ impl RpmsgReport {
                     f(&l),
                     f(&fd),
                     l.median / fd.median,
-                    f(&Summary::of(&r.limit)),
+                    f(&lim),
                     f(&ls),
                     f(&lw),
                     f(&lu),
@@ -134,11 +132,15 @@ impl RpmsgReport {
                 let loops = short_count(r.loops);
                 bars.push(bar(
                     format!("legacy {loops}"),
-                    Summary::of(&r.legacy),
+                    Summary::of(&r.totals[way::LEGACY]),
                     SECONDARY,
                 ));
-                bars.push(bar(format!("fd {loops}"), Summary::of(&r.fd), PRIMARY));
-                let lim = Summary::of(&r.limit).median;
+                bars.push(bar(
+                    format!("fd {loops}"),
+                    Summary::of(&r.totals[way::FD]),
+                    PRIMARY,
+                ));
+                let lim = Summary::of(&r.totals[way::LIMIT]).median;
                 limit.push((At::Edge(2 * k), lim));
                 limit.push((At::Edge(2 * k + 2), lim));
             }
@@ -243,7 +245,7 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         );
     }
     for r in rows {
-        let (l, f, lim) = (sum(&r.legacy), sum(&r.fd), sum(&r.limit));
+        let [l, f, lim, ls, lw, lu] = r.totals.each_ref().map(|t| sum(t));
         let pc: Vec<Summary> = r.chunks.iter().map(|c| sum(c)).collect();
         let fmt = |s: &Summary| format!("{:.0} ({:.0}-{:.0})", s.median, s.min, s.max);
         {
@@ -265,9 +267,9 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         jrows.push(serde_json::json!({
             "loops": r.loops,
             "legacy_us": l.median, "fd_us": f.median, "limit_us": lim.median,
-            "limit_socket_us": sum(&r.limit_socket).median,
-            "limit_watched_us": sum(&r.limit_watched).median,
-            "limit_uring_us": sum(&r.limit_uring).median,
+            "limit_socket_us": ls.median,
+            "limit_watched_us": lw.median,
+            "limit_uring_us": lu.median,
             "legacy_us_spread": l.json(), "fd_us_spread": f.json(), "limit_us_spread": lim.json(),
             "legacy_over_fd": l.median / f.median,
             "per_cycle_us": {
@@ -277,16 +279,7 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             },
         }));
     }
-    // Per cycle over every chunk of every row.
-    let all = |w: usize| {
-        let v: Vec<f64> = rows
-            .iter()
-            .flat_map(|r| r.chunks[w].iter().copied())
-            .collect();
-        sum(&v)
-    };
-    let (legacy_pc, fd_pc, rtt, rtt_s) = (all(0), all(1), all(2), all(3));
-    let (rtt_w, rtt_u) = (all(4), all(5));
+    let [legacy_pc, fd_pc, rtt, rtt_s, rtt_w, rtt_u] = per_cycle(rows);
     let (echo, lim) = (&m.echo, &m.echo_limit);
     let spread = |s: &Summary| format!("{:.1} us per cycle ({:.1}-{:.1})", s.median, s.min, s.max);
     {
@@ -439,6 +432,17 @@ fn echo_panel(
             (format!("limit: {limit_name}"), LIMIT),
         ],
     }
+}
+
+/// Each way's per-cycle microseconds over every chunk of every row.
+fn per_cycle(rows: &[Row]) -> [Summary; WAYS] {
+    std::array::from_fn(|w| {
+        let v: Vec<f64> = rows
+            .iter()
+            .flat_map(|r| r.chunks[w].iter().copied())
+            .collect();
+        Summary::of(&v)
+    })
 }
 
 /// Targets of issue 16 ("Done when"), each measured in this run.
@@ -724,20 +728,13 @@ impl RpmsgReport {
             floors: Vec::new(),
         });
         let cd = one.map(|m| {
-            let all = |w: usize| {
-                let v: Vec<f64> = m
-                    .rows
-                    .iter()
-                    .flat_map(|r| r.chunks[w].iter().copied())
-                    .collect();
-                Summary::of(&v)
-            };
-            let s = all(3).median;
+            let pc = per_cycle(&m.rows);
+            let s = pc[way::LIMIT_S].median;
             (
-                (all(1).median / s, None),
+                (pc[way::FD].median / s, None),
                 vec![
-                    ("limit-u", all(5).median / s),
-                    ("limit-w", all(4).median / s),
+                    ("limit-u", pc[way::LIMIT_U].median / s),
+                    ("limit-w", pc[way::LIMIT_W].median / s),
                 ],
             )
         });
