@@ -14,8 +14,8 @@ use rustix::net::{
 };
 
 use super::proto::{
-    self, EptInfo, ServiceStats, CREATE_EPT_FD_REPLY_LEN, CREATE_EPT_REPLY_LEN, OPEN_REPLY_LEN,
-    OP_CREATE_EPT, OP_CREATE_EPT_FD, OP_OPEN, OP_STATS, STATS_REPLY_LEN,
+    self, EptInfo, RequestRef, ServiceStats, CREATE_EPT_FD_REPLY_LEN, CREATE_EPT_REPLY_LEN,
+    OPEN_REPLY_LEN, OP_CREATE_EPT, OP_CREATE_EPT_FD, OP_OPEN, OP_STATS, STATS_REPLY_LEN,
 };
 use super::{sys, CtrlError};
 use crate::wire::MAX_PAYLOAD;
@@ -105,12 +105,10 @@ impl CtrlClient {
         CtrlClient { fd }
     }
 
-    /// Sends the request [`proto::encode_request`] makes of `info` and
-    /// `fd_flags`.
-    fn request(&self, info: Option<&EptInfo>, fd_flags: Option<u32>) -> Result<(), CtrlError> {
+    fn request(&self, req: RequestRef<'_>) -> Result<(), CtrlError> {
         let mut b = [0u8; proto::MAX_REQUEST_LEN];
         // A name of more than 32 bytes cannot be encoded at all.
-        let n = proto::encode_request(info, fd_flags, &mut b).ok_or(CtrlError::Refused {
+        let n = req.encode_into(&mut b).ok_or(CtrlError::Refused {
             errno: libc::EINVAL,
         })?;
         retry_intr(|| rustix::net::send(&self.fd, &b[..n], SendFlags::NOSIGNAL))
@@ -179,7 +177,7 @@ impl CtrlClient {
     /// # Errors
     /// [`CtrlError::Refused`] with `EBUSY` (src taken), `EINVAL` (name), ...
     pub fn create_ept(&self, info: &EptInfo) -> Result<(EptInfo, PathBuf), CtrlError> {
-        self.request(Some(info), None)?;
+        self.request(RequestRef::CreateEpt(info))?;
         let mut b = [0u8; CREATE_EPT_REPLY_LEN + 16];
         let n = self.answer(&mut b, None)?;
         let (st, body) = proto::parse_reply(&b[..n], OP_CREATE_EPT, CREATE_EPT_REPLY_LEN)
@@ -199,7 +197,7 @@ impl CtrlClient {
     /// # Errors
     /// [`CtrlError::Refused`] with `EBUSY`, `EINVAL`, ...
     pub fn create_ept_fd(&self, info: &EptInfo, flags: u32) -> Result<EptFd, CtrlError> {
-        self.request(Some(info), Some(flags))?;
+        self.request(RequestRef::CreateEptFd(info, flags))?;
         let mut b = [0u8; CREATE_EPT_FD_REPLY_LEN + 16];
         let mut fd = None;
         let rflags = if flags & libc::O_CLOEXEC as u32 != 0 {
@@ -227,7 +225,7 @@ impl CtrlClient {
     /// # Errors
     /// [`CtrlError::Io`], [`CtrlError::Protocol`].
     pub fn stats(&self) -> Result<ServiceStats, CtrlError> {
-        self.request(None, None)?;
+        self.request(RequestRef::Stats)?;
         let mut b = [0u8; STATS_REPLY_LEN + 16];
         let n = self.answer(&mut b, None)?;
         let (st, body) =

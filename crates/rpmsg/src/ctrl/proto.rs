@@ -158,43 +158,57 @@ pub fn parse_header(b: &[u8]) -> Result<u16, i32> {
     Ok(u16::from_le_bytes([b[6], b[7]]))
 }
 
-/// The longest request [`encode_request`] writes.
+/// The longest request [`RequestRef::encode_into`] writes.
 pub(crate) const MAX_REQUEST_LEN: usize = 8 + EPT_FD_INFO_LEN;
 
-/// Writes the request `CreateEpt(info)` (`fd_flags` `None`),
-/// `CreateEptFd(info, flags)` or, with no `info`, `Stats` into `b`, as
-/// [`Request::encode`] does without the allocation (and without owning the
-/// info); returns its length, `None` if the name has more than 32 bytes.
-pub(crate) fn encode_request(
-    info: Option<&EptInfo>,
-    fd_flags: Option<u32>,
-    b: &mut [u8; MAX_REQUEST_LEN],
-) -> Option<usize> {
-    let Some(info) = info else {
-        b[..8].copy_from_slice(&header(OP_STATS));
-        return Some(8);
-    };
-    let Some(flags) = fd_flags else {
-        b[..8].copy_from_slice(&header(OP_CREATE_EPT));
-        info.put(&mut b[8..])?;
-        return Some(8 + EPT_INFO_LEN);
-    };
-    b[..8].copy_from_slice(&header(OP_CREATE_EPT_FD));
-    info.put(&mut b[8..])?;
-    b[8 + EPT_INFO_LEN..8 + EPT_INFO_LEN + 4].copy_from_slice(&flags.to_le_bytes());
-    b[8 + EPT_INFO_LEN + 4..].copy_from_slice(&(-1i32).to_le_bytes());
-    Some(MAX_REQUEST_LEN)
+/// A [`Request`] that borrows its info, so a client encodes it without
+/// cloning the name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RequestRef<'a> {
+    CreateEpt(&'a EptInfo),
+    CreateEptFd(&'a EptInfo, u32),
+    Stats,
+}
+
+impl RequestRef<'_> {
+    /// Writes the request into `b` (no allocation); returns its length,
+    /// `None` if the name has more than 32 bytes.
+    pub(crate) fn encode_into(self, b: &mut [u8; MAX_REQUEST_LEN]) -> Option<usize> {
+        match self {
+            RequestRef::Stats => {
+                b[..8].copy_from_slice(&header(OP_STATS));
+                Some(8)
+            }
+            RequestRef::CreateEpt(info) => {
+                b[..8].copy_from_slice(&header(OP_CREATE_EPT));
+                info.put(&mut b[8..])?;
+                Some(8 + EPT_INFO_LEN)
+            }
+            RequestRef::CreateEptFd(info, flags) => {
+                b[..8].copy_from_slice(&header(OP_CREATE_EPT_FD));
+                info.put(&mut b[8..])?;
+                b[8 + EPT_INFO_LEN..8 + EPT_INFO_LEN + 4].copy_from_slice(&flags.to_le_bytes());
+                b[8 + EPT_INFO_LEN + 4..].copy_from_slice(&(-1i32).to_le_bytes());
+                Some(MAX_REQUEST_LEN)
+            }
+        }
+    }
 }
 
 impl Request {
+    /// The same request, borrowing its info.
+    pub(crate) fn as_ref(&self) -> RequestRef<'_> {
+        match self {
+            Request::CreateEpt(info) => RequestRef::CreateEpt(info),
+            Request::CreateEptFd(info, flags) => RequestRef::CreateEptFd(info, *flags),
+            Request::Stats => RequestRef::Stats,
+        }
+    }
+
     /// Encodes the request; `None` if the name has more than 32 bytes.
     pub fn encode(&self) -> Option<Vec<u8>> {
         let mut b = [0u8; MAX_REQUEST_LEN];
-        let n = match self {
-            Request::CreateEpt(info) => encode_request(Some(info), None, &mut b),
-            Request::CreateEptFd(info, flags) => encode_request(Some(info), Some(*flags), &mut b),
-            Request::Stats => encode_request(None, None, &mut b),
-        }?;
+        let n = self.as_ref().encode_into(&mut b)?;
         Some(b[..n].to_vec())
     }
 
