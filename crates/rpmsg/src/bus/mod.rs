@@ -413,7 +413,7 @@ impl Bus {
         if announce || !opts.name.is_empty() {
             check_name(&opts.name)?;
         }
-        let addr = {
+        let (addr, to_announce) = {
             let mut st = lock(&self.shared.state);
             if let Some(r) = &st.down {
                 return Err(BusError::LinkDown(r.clone()));
@@ -465,7 +465,6 @@ impl Bus {
             );
             (addr, to_announce)
         };
-        let (addr, to_announce) = addr;
         if let Some(name) = to_announce {
             if let Err(e) = self.announce(&name, addr) {
                 lock(&self.shared.state).endpoints.remove(&addr);
