@@ -5,8 +5,8 @@
 //! - `drivers/rpmsg/rpmsg_ctrl.c` `rpmsg_ctrldev_ioctl`: the struct is
 //!   copied in first for any request (`EFAULT`), the name cut to 31 bytes
 //!   and terminated, unknown requests `EINVAL`.
-//! - the 2025 `RPMSG_CREATE_EPT_FD_IOCTL` series (rpmsg-next,
-//!   `rpmsg_anonymous_eptdev_create`): flags outside `O_ACCMODE |
+//! - the rpmsg-next series adding `RPMSG_CREATE_EPT_FD_IOCTL`
+//!   (`rpmsg_anonymous_eptdev_create`): flags outside `O_ACCMODE |
 //!   O_NONBLOCK | O_CLOEXEC` are `EINVAL`; `fd` is written back.
 //! - `drivers/rpmsg/rpmsg_char.c`: a second open of an open node `EBUSY`;
 //!   read and write `EPIPE` once the endpoint is gone; poll `EPOLLERR`;
@@ -22,12 +22,13 @@
 //!   (`__rpmsg_create_channel`), released ones that do not exist `EINVAL`
 //!   (`rpmsg_unregister_device`).
 
-use std::mem::ManuallyDrop;
+use std::mem::{offset_of, ManuallyDrop};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use iopath_rpmsg::ctrl::uapi::{RpmsgEndpointFdInfo, RpmsgEndpointInfo, ADDR_ANY, EPT_FD_FLAGS};
 use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, EptFd, EptInfo};
 use iopath_rpmsg::wire::MAX_PAYLOAD;
 use libc::{c_int, c_void, size_t, ssize_t};
@@ -181,19 +182,17 @@ fn ept(fd: c_int, node: bool) -> ManuallyDrop<EptFd> {
 
 /// `{name[32], src, dst}` as the kernel takes it: the name cut to 31
 /// bytes and terminated (`chinfo.name[RPMSG_NAME_SIZE - 1] = '\0'`).
-fn ept_info(raw: &[u8]) -> Result<(EptInfo, [u8; 32]), c_int> {
-    let mut name = [0u8; 32];
-    name.copy_from_slice(&raw[..32]);
+fn ept_info(raw: &RpmsgEndpointInfo) -> Result<(EptInfo, [u8; 32]), c_int> {
+    let mut name = raw.name;
     name[31] = 0;
     let len = name.iter().position(|&c| c == 0).unwrap_or(31);
     // The service takes names as UTF-8; a kernel would take any bytes.
     let s = std::str::from_utf8(&name[..len]).map_err(|_| libc::EINVAL)?;
-    let u32_at = |i: usize| u32::from_ne_bytes([raw[i], raw[i + 1], raw[i + 2], raw[i + 3]]);
     Ok((
         EptInfo {
             name: s.to_owned(),
-            src: u32_at(32),
-            dst: u32_at(36),
+            src: raw.src,
+            dst: raw.dst,
         },
         name,
     ))
@@ -247,13 +246,18 @@ fn reconnect(c: &Arc<Ctrl>) -> Result<(), c_int> {
 }
 
 fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int, c_int> {
-    let mut raw = [0u8; uapi::EPT_FD_INFO_LEN];
-    let len = if cmd == uapi::CREATE_EPT_FD {
-        uapi::EPT_FD_INFO_LEN
+    // The fd variant is the plain struct's fields, then `flags` and `fd`.
+    let (raw, flags) = if cmd == uapi::CREATE_EPT_FD {
+        let f = uapi::copy_in_value::<RpmsgEndpointFdInfo>(arg)?;
+        let plain = RpmsgEndpointInfo {
+            name: f.name,
+            src: f.src,
+            dst: f.dst,
+        };
+        (plain, f.flags)
     } else {
-        uapi::EPT_INFO_LEN
+        (uapi::copy_in_value::<RpmsgEndpointInfo>(arg)?, 0)
     };
-    uapi::copy_in(arg, &mut raw[..len])?;
     let (info, name) = ept_info(&raw)?;
     let _one_at_a_time = c.lock.lock().unwrap_or_else(|e| e.into_inner());
     if c.inherited.load(Ordering::Relaxed) {
@@ -279,9 +283,7 @@ fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int,
             Ok(0)
         }
         uapi::CREATE_EPT_FD => {
-            let flags = u32::from_ne_bytes([raw[40], raw[41], raw[42], raw[43]]);
-            let allowed = (libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
-            if flags & !allowed != 0 {
+            if flags & !EPT_FD_FLAGS != 0 {
                 return Err(libc::EINVAL);
             }
             let ep = client(fd)
@@ -295,7 +297,10 @@ fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int,
                     destroyed: false.into(),
                 })),
             )?;
-            if let Err(e) = uapi::copy_out(arg + uapi::FD_OFFSET, &new.to_ne_bytes()) {
+            if let Err(e) = uapi::copy_out(
+                arg + offset_of!(RpmsgEndpointFdInfo, fd),
+                &new.to_ne_bytes(),
+            ) {
                 fds::forget(new);
                 // SAFETY: the fd made just now, never seen by the program.
                 unsafe { crate::real::close(new) };
@@ -326,8 +331,7 @@ fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int,
 
 /// `rpmsg_device_match` (rpmsg_core.c): any address matches `ADDR_ANY`.
 fn matches(dev: &Channel, name: &[u8; 32], src: u32, dst: u32) -> bool {
-    let any = iopath_rpmsg::wire::ADDR_ANY;
-    (src == any || src == dev.1) && (dst == any || dst == dev.2) && dev.0 == *name
+    (src == ADDR_ANY || src == dev.1) && (dst == ADDR_ANY || dst == dev.2) && dev.0 == *name
 }
 
 /// Whether the service side of endpoint `fd` is gone (a hang-up).

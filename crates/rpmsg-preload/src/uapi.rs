@@ -1,38 +1,31 @@
-//! The Linux rpmsg uAPI (`include/uapi/linux/rpmsg.h`, with
-//! `RPMSG_CREATE_EPT_FD_IOCTL` from the 2025 series now in rpmsg-next) and
-//! the kernel's `copy_from_user` / `copy_to_user` as seen from user space.
+//! The Linux rpmsg ioctls (`include/uapi/linux/rpmsg.h`, and
+//! `RPMSG_CREATE_EPT_FD_IOCTL` from the rpmsg-next series that adds it),
+//! what the VFS answers before the driver, and the kernel's
+//! `copy_from_user` / `copy_to_user` as seen from user space. The structs
+//! the ioctls name are iopath-rpmsg's ([`iopath_rpmsg::ctrl::uapi`]).
 
+use iopath_rpmsg::ctrl::uapi::{RpmsgEndpointFdInfo, RpmsgEndpointInfo};
 use libc::c_int;
+use rustix::ioctl::opcode;
+use vm_memory::ByteValued;
 
-/// `_IOC(dir, type, nr, size)` as `include/uapi/asm-generic/ioctl.h`
-/// builds it (x86_64 and arm64 layout).
-const fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u32 {
-    (dir << 30) | ((size as u32) << 16) | (ty << 8) | nr
-}
-const WRITE: u32 = 1;
-const READ: u32 = 2;
-
-/// `sizeof(struct rpmsg_endpoint_info)`: `{char name[32]; u32 src; u32 dst;}`.
-pub(crate) const EPT_INFO_LEN: usize = 40;
-/// `sizeof(struct rpmsg_endpoint_fd_info)`: the above, `u32 flags; s32 fd;`.
-pub(crate) const EPT_FD_INFO_LEN: usize = 48;
-/// Offset of `fd` in `struct rpmsg_endpoint_fd_info`.
-pub(crate) const FD_OFFSET: usize = 44;
+/// The rpmsg ioctls' type (`0xb5`).
+const RPMSG: u8 = 0xb5;
 
 /// `_IOW(0xb5, 0x1, struct rpmsg_endpoint_info)`.
-pub(crate) const CREATE_EPT: u32 = ioc(WRITE, 0xb5, 1, EPT_INFO_LEN);
+pub(crate) const CREATE_EPT: u32 = opcode::write::<RpmsgEndpointInfo>(RPMSG, 1);
 /// `_IO(0xb5, 0x2)`.
-pub(crate) const DESTROY_EPT: u32 = ioc(0, 0xb5, 2, 0);
+pub(crate) const DESTROY_EPT: u32 = opcode::none(RPMSG, 2);
 /// `_IOW(0xb5, 0x3, struct rpmsg_endpoint_info)`.
-pub(crate) const CREATE_DEV: u32 = ioc(WRITE, 0xb5, 3, EPT_INFO_LEN);
+pub(crate) const CREATE_DEV: u32 = opcode::write::<RpmsgEndpointInfo>(RPMSG, 3);
 /// `_IOW(0xb5, 0x4, struct rpmsg_endpoint_info)`.
-pub(crate) const RELEASE_DEV: u32 = ioc(WRITE, 0xb5, 4, EPT_INFO_LEN);
+pub(crate) const RELEASE_DEV: u32 = opcode::write::<RpmsgEndpointInfo>(RPMSG, 4);
 /// `_IOR(0xb5, 0x5, int)`.
-pub(crate) const GET_OUTGOING_FLOWCONTROL: u32 = ioc(READ, 0xb5, 5, 4);
+pub(crate) const GET_OUTGOING_FLOWCONTROL: u32 = opcode::read::<c_int>(RPMSG, 5);
 /// `_IOR(0xb5, 0x6, int)`.
-pub(crate) const SET_INCOMING_FLOWCONTROL: u32 = ioc(READ, 0xb5, 6, 4);
+pub(crate) const SET_INCOMING_FLOWCONTROL: u32 = opcode::read::<c_int>(RPMSG, 6);
 /// `_IOWR(0xb5, 0x7, struct rpmsg_endpoint_fd_info)`.
-pub(crate) const CREATE_EPT_FD: u32 = ioc(READ | WRITE, 0xb5, 7, EPT_FD_INFO_LEN);
+pub(crate) const CREATE_EPT_FD: u32 = opcode::read_write::<RpmsgEndpointFdInfo>(RPMSG, 7);
 
 /// What `fs/ioctl.c` (`do_vfs_ioctl`) does with a request on an rpmsg fd
 /// before the driver sees it.
@@ -109,6 +102,14 @@ pub(crate) fn copy_in(addr: usize, out: &mut [u8]) -> Result<(), c_int> {
         }
         _ => Err(libc::EFAULT),
     }
+}
+
+/// Reads the `T` at `addr` in the program's memory (the struct an ioctl
+/// number names), as [`copy_in`].
+pub(crate) fn copy_in_value<T: ByteValued + Default>(addr: usize) -> Result<T, c_int> {
+    let mut v = T::default();
+    copy_in(addr, v.as_mut_slice())?;
+    Ok(v)
 }
 
 /// Writes `data` to the program's memory at `addr`: `EFAULT` if it is not

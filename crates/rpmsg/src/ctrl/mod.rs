@@ -17,7 +17,8 @@
 //!
 //! - The endpoint service's requests (`CREATE_EPT`, `CREATE_EPT_FD`,
 //!   `STATS`; see [`proto`]), any number per connection, in order; the
-//!   client side is [`CtrlClient`] and [`EptFd`].
+//!   client side is [`CtrlClient`] and [`EptFd`]. They mirror the Linux
+//!   rpmsg uAPI structs, defined once in [`uapi`].
 //!
 //! Unknown ops are answered with `-EOPNOTSUPP` and the connection closed;
 //! so is anything that is not a request at all (one log line each). The
@@ -26,6 +27,7 @@
 mod attach;
 mod client;
 pub mod proto;
+pub mod uapi;
 
 pub use attach::CtrlEndpoint;
 pub use client::{CtrlClient, EptFd};

@@ -11,6 +11,7 @@
 //! A legacy node greets each connection with header `OPEN` 5 and a status
 //! (0, or `-EBUSY` while another connection has it open).
 
+use super::uapi::{EPT_FD_FLAGS, EPT_FD_INFO_LEN, EPT_INFO_LEN};
 use super::CtrlError;
 use crate::wire::{check_name, ADDR_ANY, NAME_SIZE};
 
@@ -46,10 +47,6 @@ pub const OP_STATS: u16 = 4;
 /// A legacy node's greeting to a connection that opened it.
 pub const OP_OPEN: u16 = 5;
 
-/// `sizeof(struct rpmsg_endpoint_info)`.
-pub const EPT_INFO_LEN: usize = NAME_SIZE + 8;
-/// `sizeof(struct rpmsg_endpoint_fd_info)`.
-pub const EPT_FD_INFO_LEN: usize = NAME_SIZE + 16;
 /// Room for a node path in a CREATE_EPT answer (`sizeof(sun_path)`).
 pub const PATH_LEN: usize = 108;
 /// Size of a CREATE_EPT answer.
@@ -71,9 +68,6 @@ pub const O_RDWR: u32 = libc::O_RDWR as u32;
 pub const O_NONBLOCK: u32 = libc::O_NONBLOCK as u32;
 /// `O_CLOEXEC`.
 pub const O_CLOEXEC: u32 = libc::O_CLOEXEC as u32;
-
-/// The flags CREATE_EPT_FD accepts: `O_ACCMODE | O_NONBLOCK | O_CLOEXEC`.
-pub const EPT_FD_FLAGS: u32 = (libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC) as u32;
 
 /// `struct rpmsg_endpoint_info`, with `flags` of the fd variant.
 #[derive(Debug, Clone, PartialEq, Eq)]
