@@ -11,6 +11,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use rustix::ioctl::{opcode, Opcode};
+
 use crate::mmap::BufRange;
 
 /// Largest byte count one `read`/`write` moves on Linux (`MAX_RW_COUNT`),
@@ -109,7 +111,8 @@ struct UdmabufCreate {
     offset: u64,
     size: u64,
 }
-const UDMABUF_CREATE: libc::c_ulong = 0x4018_7542;
+/// `_IOW('u', 0x42, struct udmabuf_create)`.
+const UDMABUF_CREATE: Opcode = opcode::write::<UdmabufCreate>(b'u', 0x42);
 const UDMABUF_FLAGS_CLOEXEC: u32 = 1;
 
 /// `ioctl(UDMABUF_CREATE)` on `/dev/udmabuf`: a close-on-exec dma-buf over
@@ -127,7 +130,7 @@ pub(crate) fn udmabuf_create(
     };
     // SAFETY: UDMABUF_CREATE reads a `struct udmabuf_create`, which `req` is
     // (repr(C), same layout); both fds stay open across the call.
-    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), UDMABUF_CREATE, &mut req) };
+    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), UDMABUF_CREATE as libc::c_ulong, &mut req) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -143,7 +146,8 @@ struct DmaHeapAllocationData {
     fd_flags: u32,
     heap_flags: u64,
 }
-const DMA_HEAP_IOCTL_ALLOC: libc::c_ulong = 0xC018_4800;
+/// `_IOWR('H', 0x0, struct dma_heap_allocation_data)`.
+const DMA_HEAP_IOCTL_ALLOC: Opcode = opcode::read_write::<DmaHeapAllocationData>(b'H', 0x0);
 
 /// `ioctl(DMA_HEAP_IOCTL_ALLOC)` on a `/dev/dma_heap/<name>` node: a new
 /// read/write, close-on-exec dma-buf of `len` bytes
@@ -157,10 +161,32 @@ pub(crate) fn dma_heap_alloc(dev: BorrowedFd<'_>, len: usize) -> io::Result<Owne
     };
     // SAFETY: DMA_HEAP_IOCTL_ALLOC reads and writes a
     // `struct dma_heap_allocation_data`, which `req` is (repr(C)).
-    let rc = unsafe { libc::ioctl(dev.as_raw_fd(), DMA_HEAP_IOCTL_ALLOC, &mut req) };
+    let rc = unsafe {
+        libc::ioctl(
+            dev.as_raw_fd(),
+            DMA_HEAP_IOCTL_ALLOC as libc::c_ulong,
+            &mut req,
+        )
+    };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: on success the kernel stored a new dma-buf fd that we own.
     Ok(unsafe { OwnedFd::from_raw_fd(req.fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of;
+
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_are_linux_s() {
+        // The values in DESIGN.md "Facts" and the kernel's headers.
+        assert_eq!(size_of::<UdmabufCreate>(), 24);
+        assert_eq!(size_of::<DmaHeapAllocationData>(), 24);
+        assert_eq!(UDMABUF_CREATE, 0x4018_7542);
+        assert_eq!(DMA_HEAP_IOCTL_ALLOC, 0xC018_4800);
+    }
 }
