@@ -12,13 +12,18 @@
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, nfds_t, pollfd, size_t, ssize_t};
 
 use crate::fds::{self, Kind};
-use crate::{ops, path, real};
+use crate::fork::Handlers;
+use crate::{ctrl, ept, path, real};
+
+/// The modules' fork handlers, in the order they take their locks: the
+/// control fds' node directory and channel list, then the fd table.
+static FORK_HANDLERS: [&Handlers; 2] = [&ctrl::fork::HANDLERS, &fds::fork::HANDLERS];
 
 /// The library's constructor (run by the dynamic loader before `main`):
 /// looks up libc's definitions and registers the fork handlers.
 extern "C" fn init() {
     real::resolve_all();
-    crate::fork::register();
+    crate::fork::register(&FORK_HANDLERS);
 }
 
 #[used]
@@ -32,8 +37,8 @@ static INIT: extern "C" fn() = init;
 unsafe fn rpmsg_open(path: *const c_char, flags: c_int) -> Option<c_int> {
     // SAFETY: as the caller promises.
     let dev = unsafe { path::classify_c(path) }?;
-    let ctrl = ops::ctrl_path()?;
-    Some(match ops::open(dev, flags, &ctrl) {
+    let ctrl = ctrl::service_path()?;
+    Some(match ctrl::open(dev, flags, &ctrl) {
         Ok(fd) => fd,
         Err(e) => {
             crate::set_errno(e);
@@ -100,8 +105,8 @@ fn rpmsg_ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> Option<c_int> {
     // The kernel takes the request as an unsigned int.
     let cmd = request as u32;
     let r = match fds::get(fd)? {
-        Kind::Ctrl(c) => ops::ctrl_ioctl(fd, &c, cmd, arg as usize)?,
-        Kind::Ept(e) => ops::ept_ioctl(fd, &e, cmd, arg as usize)?,
+        Kind::Ctrl(c) => ctrl::ioctl(fd, &c, cmd, arg as usize)?,
+        Kind::Ept(e) => ept::ioctl(fd, &e, cmd, arg as usize)?,
     };
     Some(r.unwrap_or_else(|e| {
         crate::set_errno(e);
@@ -320,7 +325,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 fn rpmsg_read(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> Option<ssize_t> {
     match fds::get(fd)? {
         // SAFETY: the program's buffer, as it passed it to read(2).
-        Kind::Ept(e) => Some(unsafe { ops::ept_read(fd, &e, buf, n, flags) }),
+        Kind::Ept(e) => Some(unsafe { ept::read(fd, &e, buf, n, flags) }),
         // rpmsg_ctrl has no read: vfs_read answers EINVAL.
         Kind::Ctrl(_) => {
             crate::set_errno(libc::EINVAL);
@@ -333,7 +338,7 @@ fn rpmsg_read(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> Option<ss
 fn rpmsg_write(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> Option<ssize_t> {
     match fds::get(fd)? {
         // SAFETY: the program's buffer, as it passed it to write(2).
-        Kind::Ept(e) => Some(unsafe { ops::ept_write(fd, &e, buf, n, flags) }),
+        Kind::Ept(e) => Some(unsafe { ept::write(fd, &e, buf, n, flags) }),
         // rpmsg_ctrl has no write: vfs_write answers EINVAL.
         Kind::Ctrl(_) => {
             crate::set_errno(libc::EINVAL);
@@ -434,7 +439,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
 fn rpmsg_readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> {
     match fds::get(fd)? {
         // SAFETY: the program's iovecs, as it passed them to readv(2).
-        Kind::Ept(e) => Some(unsafe { ops::ept_readv(fd, &e, iov, n) }),
+        Kind::Ept(e) => Some(unsafe { ept::readv(fd, &e, iov, n) }),
         Kind::Ctrl(_) => {
             crate::set_errno(libc::EINVAL);
             Some(-1)
@@ -446,7 +451,7 @@ fn rpmsg_readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> 
 fn rpmsg_writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> {
     match fds::get(fd)? {
         // SAFETY: the program's iovecs, as it passed them to writev(2).
-        Kind::Ept(e) => Some(unsafe { ops::ept_writev(fd, &e, iov, n) }),
+        Kind::Ept(e) => Some(unsafe { ept::writev(fd, &e, iov, n) }),
         Kind::Ctrl(_) => {
             crate::set_errno(libc::EINVAL);
             Some(-1)
@@ -506,7 +511,7 @@ extern "C" fn after_poll(fds_: *mut pollfd, n: nfds_t, r: c_int) -> c_int {
     if r > 0 && !fds_.is_null() {
         // SAFETY: the program's array of `n` entries, which the kernel
         // has just written (the poll succeeded).
-        ops::fix_revents(unsafe { std::slice::from_raw_parts_mut(fds_, n as usize) });
+        ept::fix_revents(unsafe { std::slice::from_raw_parts_mut(fds_, n as usize) });
     }
     r
 }

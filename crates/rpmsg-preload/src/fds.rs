@@ -7,9 +7,10 @@
 //! so a clear bit means "not ours" without taking it. Several fd numbers
 //! share one state when the program dups an rpmsg fd.
 //!
-//! fork(2) copies the locks as they are: the fork handlers ([`fork`])
-//! take them before and release them after, in parent and child, so a
-//! child never inherits one held by a thread it does not have.
+//! fork(2) copies the locks as they are: this module's fork handlers
+//! ([`fork::HANDLERS`], registered with [`crate::fork`]) take them before
+//! and release them after, in parent and child, so a child never inherits
+//! one held by a thread it does not have.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -61,7 +62,7 @@ pub(crate) struct Ctrl {
     pub(crate) id: AtomicU64,
     /// Inherited through fork(2): the connection is the parent's too, and
     /// their answers could cross, so the child's first request makes one
-    /// of its own (`ops::reconnect`).
+    /// of its own (the control fd's `reconnect`).
     pub(crate) inherited: AtomicBool,
 }
 
@@ -287,7 +288,14 @@ pub(crate) fn copy(old: c_int, new: c_int) -> bool {
 /// The fork handlers for this module's locks (see [`crate::fork`]).
 pub(crate) mod fork {
     use super::*;
-    use crate::fork::Held;
+    use crate::fork::{Handlers, Held};
+
+    /// What this module registers with [`crate::fork`].
+    pub(crate) const HANDLERS: Handlers = Handlers {
+        prepare,
+        parent,
+        child,
+    };
 
     type Guards = (
         MutexGuard<'static, BTreeMap<c_int, Kind>>,
@@ -300,7 +308,7 @@ pub(crate) mod fork {
     /// Before fork: takes the table, the legacy endpoints and the kept
     /// connections, in the order the rest of the module takes them (each
     /// is held only briefly, never while waiting for the service).
-    pub(crate) fn prepare() {
+    fn prepare() {
         let t = table();
         let l = legacy();
         let k = kept();
@@ -309,7 +317,7 @@ pub(crate) mod fork {
     }
 
     /// After fork, in the parent: releases them.
-    pub(crate) fn parent() {
+    fn parent() {
         // SAFETY: called only from the parent handler.
         drop(unsafe { HELD.take() });
     }
@@ -318,7 +326,7 @@ pub(crate) mod fork {
     /// marked inherited; one whose request lock a thread of the parent
     /// held gets a fresh state (that thread is not here to release it);
     /// then the locks are released.
-    pub(crate) fn child() {
+    fn child() {
         // SAFETY: called only from the child handler.
         let Some((mut t, l, k)) = (unsafe { HELD.take() }) else {
             return;

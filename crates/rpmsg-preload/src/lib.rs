@@ -37,6 +37,11 @@
 //! libc's definitions through `real` or to the kernel through rustix,
 //! never back into the interposer. fork(2) is safe at any moment: the
 //! library's locks are taken around it (`fork`).
+//!
+//! Modules, each importing only those below it: `exports` (the symbols);
+//! `ctrl` (opening the devices, control fds) and `ept` (endpoint fds);
+//! `fds` (which fds are rpmsg fds); `fork` (the handlers the others
+//! register); `uapi` (ioctl numbers, user copies), `path`, `real`.
 
 // The exports' safety contracts are libc's.
 #![allow(clippy::missing_safety_doc)]
@@ -44,9 +49,10 @@
 // binary itself), and with them the only callers of much of the rest.
 #![cfg_attr(test, allow(dead_code))]
 
+mod ctrl;
+mod ept;
 mod fds;
 mod fork;
-mod ops;
 mod path;
 mod real;
 mod uapi;
