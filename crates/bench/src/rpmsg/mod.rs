@@ -35,10 +35,9 @@ use crate::{Error, Latency, Progress as ProgressBar, Result, Summary};
 /// Cycles per turn: the ways alternate in chunks of this many.
 const CHUNK: u64 = 500;
 /// legacy, fd, limit (an eventfd passed), limit (a fresh socket passed),
-/// limit (a fresh socket passed and watched until its close with epoll),
-/// limit (the same watch through an io_uring).
-const WAYS: usize = 6;
-const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w", "limit-u"];
+/// limit (a fresh socket passed and watched until its close with epoll).
+const WAYS: usize = 5;
+const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w"];
 /// Each way's index in [`WAY_NAMES`], [`Row::totals`] and [`Row::chunks`].
 mod way {
     pub(super) const LEGACY: usize = 0;
@@ -46,11 +45,9 @@ mod way {
     pub(super) const LIMIT: usize = 2;
     pub(super) const LIMIT_S: usize = 3;
     pub(super) const LIMIT_W: usize = 4;
-    pub(super) const LIMIT_U: usize = 5;
 }
 /// What the raw fd server passes for the ways from [`way::LIMIT`] on.
-const LIMIT_PASSES: [Pass; WAYS - way::LIMIT] =
-    [Pass::Eventfd, Pass::Socket, Pass::Watched, Pass::Uring];
+const LIMIT_PASSES: [Pass; WAYS - way::LIMIT] = [Pass::Eventfd, Pass::Socket, Pass::Watched];
 
 /// What `iopath bench rpmsg` measures.
 #[derive(Debug, Clone)]
@@ -113,11 +110,11 @@ impl RpmsgConfig {
         }
     }
 
-    /// A rough duration, from nominal rates on a 2-vCPU VM: 310 us for a
-    /// cycle of the six ways, 100 us per echo round trip and its limit's.
+    /// A rough duration, from nominal rates on a 2-vCPU VM: 260 us for a
+    /// cycle of the five ways, 100 us per echo round trip and its limit's.
     pub fn estimate(&self) -> Duration {
         let cycles = self.loops.iter().sum::<u64>() as f64 * self.runs as f64;
-        let per_place = cycles * 310e-6 + self.count as f64 * 100e-6 + 1.0;
+        let per_place = cycles * 260e-6 + self.count as f64 * 100e-6 + 1.0;
         let poll = if self.poll {
             self.count as f64 * 50e-6 + 1.0
         } else {
@@ -358,9 +355,6 @@ enum Pass {
     /// other end watched with epoll until the client closes its own (cue
     /// `W`).
     Watched,
-    /// As [`Pass::Watched`], the other end watched, read and closed
-    /// through an io_uring ([`uring`]; cue `U`).
-    Uring,
 }
 
 impl Pass {
@@ -371,7 +365,6 @@ impl Pass {
             Pass::Eventfd => None,
             Pass::Socket => Some(b'S'),
             Pass::Watched => Some(b'W'),
-            Pass::Uring => Some(b'U'),
         }
     }
 
@@ -379,7 +372,6 @@ impl Pass {
         match cue {
             b'S' => Pass::Socket,
             b'W' => Pass::Watched,
-            b'U' => Pass::Uring,
             _ => Pass::Eventfd,
         }
     }
@@ -470,47 +462,32 @@ impl Watched {
 /// the same with what the endpoint service must add per endpoint: the
 /// passed end's send buffer set to the smallest, the other end watched
 /// with epoll until the client closes its own, then read (end of file)
-/// and closed; for one starting with `U`, the same watch, read and close
-/// through an io_uring (module `uring`), and the next request awaited through
-/// it too when none is there already. The answer's first 8 bytes (little
-/// endian) count the kept ends still open, the next 8 the reads of a kept
-/// end that brought data, the rest are zero. Returns when the client
-/// hangs up.
+/// and closed. The answer's first 8 bytes (little endian) count the kept
+/// ends still open, the next 8 the reads of a kept end that brought data,
+/// the rest are zero. Returns when the client hangs up.
 ///
 /// # Errors
-/// [`Error::Io`] (the socket) when a socket call fails; [`Error::Sys`]
-/// when the io_uring fails.
+/// [`Error::Io`] (the socket) when a socket call fails.
 pub fn raw_fd_server(sock: &Path) -> Result<()> {
     let (c, io) = accept_one(sock)?;
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
     let mut watched = Watched::new().map_err(io)?;
-    let mut ring = uring::UringWatch::new()?;
     let mut answer = [0u8; 12 + 48];
-    let mut req = [0u8; uring::REQ];
-    let mut last = Pass::Eventfd;
+    let mut req = [0u8; 128];
     loop {
-        // After a `U` request the next is awaited the io_uring way; the
-        // other ways keep the plain blocking recv (the ring's queue
-        // submitted first, so nothing waits on it meanwhile).
-        let n = if last == Pass::Uring {
-            ring.next_request(&c, &mut req)?
-        } else {
-            ring.flush()?;
-            rustix::net::recv(&c, &mut req, RecvFlags::empty())
-                .map_err(io)?
-                .0
-        };
+        let n = rustix::net::recv(&c, &mut req, RecvFlags::empty())
+            .map_err(io)?
+            .0;
         if n == 0 {
             return Ok(());
         }
         let pass = Pass::of(req[0]);
-        last = pass;
-        let held = (watched.ends.len() + ring.held()) as u64;
+        let held = watched.ends.len() as u64;
         answer[..8].copy_from_slice(&held.to_le_bytes());
-        answer[8..16].copy_from_slice(&(watched.messages + ring.messages()).to_le_bytes());
+        answer[8..16].copy_from_slice(&watched.messages.to_le_bytes());
         let pair = match pass {
             Pass::Eventfd => None,
-            Pass::Socket | Pass::Watched | Pass::Uring => Some(
+            Pass::Socket | Pass::Watched => Some(
                 rustix::net::socketpair(
                     AddressFamily::UNIX,
                     SocketType::SEQPACKET,
@@ -524,7 +501,7 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
             None => [ev.as_fd()],
             Some((_, theirs)) => [theirs.as_fd()],
         };
-        if let (Pass::Watched | Pass::Uring, Some((_, theirs))) = (pass, &pair) {
+        if let (Pass::Watched, Some((_, theirs))) = (pass, &pair) {
             rustix::net::sockopt::set_socket_send_buffer_size(theirs, 0).map_err(io)?;
         }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -536,10 +513,6 @@ pub fn raw_fd_server(sock: &Path) -> Result<()> {
             (Pass::Watched, Some((ours, theirs))) => {
                 drop(theirs);
                 watched.add(ours).map_err(io)?;
-            }
-            (Pass::Uring, Some((ours, theirs))) => {
-                drop(theirs);
-                ring.add(ours)?;
             }
             _ => {}
         }
@@ -1009,7 +982,6 @@ pub mod peers;
 pub mod pollfloor;
 mod report;
 pub mod scale;
-mod uring;
 
 #[cfg(test)]
 mod tests {
@@ -1072,58 +1044,5 @@ mod tests {
             Err(rustix::io::Errno::MSGSIZE)
         );
         assert_eq!(rustix::net::send(fd, &[1u8; 16], flags), Ok(16));
-    }
-
-    /// The answer's counters: kept ends still open, reads of a kept end
-    /// that brought data.
-    fn counters(b: &[u8]) -> (u64, u64) {
-        let at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        (at(0), at(8))
-    }
-
-    #[test]
-    fn the_raw_fd_server_reads_and_closes_io_uring_watched_sockets() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("sock");
-        let s2 = sock.clone();
-        let server = std::thread::spawn(move || raw_fd_server(&s2));
-        let c = connect_retry(&sock).expect("no raw fd server");
-        let mut req = [0u8; 56];
-        req[0] = b'U';
-        let ask_u = |b: &mut [u8; 128]| {
-            b.fill(0xff);
-            let (bytes, mut fds) = ask_raw_fd_server(&c, &req, b).unwrap();
-            assert_eq!((bytes, fds.len()), (60, 1));
-            assert!(b[16..60].iter().all(|&x| x == 0), "{:?}", &b[..60]);
-            fds.pop().unwrap()
-        };
-        let mut b = [0u8; 128];
-        let mut held = Vec::new();
-        for i in 0..2 * WATCH_DRAIN as u64 {
-            let u = ask_u(&mut b);
-            // The client holds every socket passed before: none closed.
-            let (open, messages) = counters(&b);
-            assert_eq!(open, i);
-            assert!(messages <= i);
-            // As with `W`: the smallest send buffer, the far end alive.
-            assert_smallest_send_buffer(&u);
-            held.push(u);
-        }
-        // Closing them all: the server reads each message, then the end
-        // of file, and closes its ends as it goes; at most the end passed
-        // by the last answer may still be open.
-        drop(held);
-        let mut seen = (u64::MAX, 0);
-        for _ in 0..5000 {
-            drop(ask_u(&mut b));
-            seen = counters(&b);
-            if seen.0 <= 1 && seen.1 == 2 * WATCH_DRAIN as u64 {
-                break;
-            }
-        }
-        assert_eq!(seen.1, 2 * WATCH_DRAIN as u64);
-        assert!(seen.0 <= 1, "{seen:?}");
-        drop(c);
-        server.join().unwrap().unwrap();
     }
 }

@@ -59,13 +59,13 @@ impl RpmsgReport {
                 self.runs
             );
             outln!(out);
-            outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) | limit-w total us (socket, watched) | limit-u total us (socket, io_uring) | fd / limit-s | fd / limit-w | fd / limit-u |");
-            outln!(out, "|---:|---|---|---:|---|---|---|---|---:|---:|---:|");
+            outln!(out, "| loops | legacy total us | fd total us | legacy/fd | limit total us (eventfd passed) | limit-s total us (socket passed) | limit-w total us (socket, watched) | fd / limit-s | fd / limit-w |");
+            outln!(out, "|---:|---|---|---:|---|---|---|---:|---:|");
             for r in &m.rows {
-                let [l, fd, lim, ls, lw, lu] = r.totals.each_ref().map(|t| Summary::of(t));
+                let [l, fd, lim, ls, lw] = r.totals.each_ref().map(|t| Summary::of(t));
                 outln!(
                     out,
-                    "| {} | {} | {} | {:.2}x | {} | {} | {} | {} | {:.2}x | {:.2}x | {:.2}x |",
+                    "| {} | {} | {} | {:.2}x | {} | {} | {} | {:.2}x | {:.2}x |",
                     thousands(r.loops as f64),
                     f(&l),
                     f(&fd),
@@ -73,10 +73,8 @@ impl RpmsgReport {
                     f(&lim),
                     f(&ls),
                     f(&lw),
-                    f(&lu),
                     fd.median / ls.median,
-                    fd.median / lw.median,
-                    fd.median / lu.median
+                    fd.median / lw.median
                 );
             }
             outln!(out);
@@ -210,7 +208,6 @@ impl RpmsgReport {
             "fd_over_limit": main["fd_over_limit"],
             "fd_over_limit_socket": main["fd_over_limit_socket"],
             "fd_over_limit_watched": main["fd_over_limit_watched"],
-            "fd_over_limit_uring": main["fd_over_limit_uring"],
             "echo": echo_json,
             "placements": placements,
             "peers": peers,
@@ -235,23 +232,23 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         );
         outln!(
             out,
-            "{:>7} | {:>25} | {:>23} | {:>9} | {:>23} | {:>53}",
+            "{:>7} | {:>25} | {:>23} | {:>9} | {:>23} | {:>43}",
             "loops",
             "legacy total us",
             "fd total us",
             "legacy/fd",
             "limit total us",
-            "per cycle us: fd / limit / limit-s / limit-w / limit-u"
+            "per cycle us: fd / limit / limit-s / limit-w"
         );
     }
     for r in rows {
-        let [l, f, lim, ls, lw, lu] = r.totals.each_ref().map(|t| sum(t));
+        let [l, f, lim, ls, lw] = r.totals.each_ref().map(|t| sum(t));
         let pc: Vec<Summary> = r.chunks.iter().map(|c| sum(c)).collect();
         let fmt = |s: &Summary| format!("{:.0} ({:.0}-{:.0})", s.median, s.min, s.max);
         {
             outln!(
                 out,
-                "{:>7} | {:>25} | {:>23} | {:>8.2}x | {:>23} | {:>9.1} / {:>5.1} / {:>7.1} / {:>7.1} / {:>7.1}",
+                "{:>7} | {:>25} | {:>23} | {:>8.2}x | {:>23} | {:>9.1} / {:>5.1} / {:>7.1} / {:>7.1}",
                 r.loops,
                 fmt(&l),
                 fmt(&f),
@@ -261,7 +258,6 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
                 pc[2].median,
                 pc[3].median,
                 pc[4].median,
-                pc[5].median,
             );
         }
         jrows.push(serde_json::json!({
@@ -269,17 +265,16 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             "legacy_us": l.median, "fd_us": f.median, "limit_us": lim.median,
             "limit_socket_us": ls.median,
             "limit_watched_us": lw.median,
-            "limit_uring_us": lu.median,
             "legacy_us_spread": l.json(), "fd_us_spread": f.json(), "limit_us_spread": lim.json(),
             "legacy_over_fd": l.median / f.median,
             "per_cycle_us": {
                 "legacy": pc[0].json(), "fd": pc[1].json(),
                 "limit": pc[2].json(), "limit_socket": pc[3].json(),
-                "limit_watched": pc[4].json(), "limit_uring": pc[5].json(),
+                "limit_watched": pc[4].json(),
             },
         }));
     }
-    let [legacy_pc, fd_pc, rtt, rtt_s, rtt_w, rtt_u] = per_cycle(rows);
+    let [legacy_pc, fd_pc, rtt, rtt_s, rtt_w] = per_cycle(rows);
     let (echo, lim) = (&m.echo, &m.echo_limit);
     let spread = |s: &Summary| format!("{:.1} us per cycle ({:.1}-{:.1})", s.median, s.min, s.max);
     {
@@ -300,24 +295,17 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
         );
         outln!(
             out,
-            "  limit-u: limit-w's work with the kept end watched, read and closed through an io_uring (single-shot POLL_ADD linked to a RECV, then CLOSE; submitted with the server's wait for the next request, or every 16 requests while it never waits): {}",
-            spread(&rtt_u)
-        );
-        outln!(
-            out,
-            "  limit-w / limit-s: {:.2}x; limit-u / limit-s: {:.2}x",
-            rtt_w.median / rtt_s.median,
-            rtt_u.median / rtt_s.median
+            "  limit-w / limit-s: {:.2}x",
+            rtt_w.median / rtt_s.median
         );
         outln!(out, "  legacy create+open+destroy: {}", spread(&legacy_pc));
         outln!(
             out,
-            "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s, {:.2}x limit-w, {:.2}x limit-u",
+            "  fd create+close: {} = {:.2}x limit, {:.2}x limit-s, {:.2}x limit-w",
             spread(&fd_pc),
             fd_pc.median / rtt.median,
             fd_pc.median / rtt_s.median,
-            fd_pc.median / rtt_w.median,
-            fd_pc.median / rtt_u.median
+            fd_pc.median / rtt_w.median
         );
         outln!(
             out,
@@ -341,15 +329,12 @@ pub(super) fn report(a: &RpmsgConfig, m: &Measured, cpus: &Cpus) -> (String, ser
             "rtt_us": rtt.median, "rtt_us_spread": rtt.json(),
             "socket_rtt_us": rtt_s.median, "socket_rtt_us_spread": rtt_s.json(),
             "watched_socket_rtt_us": rtt_w.median, "watched_socket_rtt_us_spread": rtt_w.json(),
-            "uring_socket_rtt_us": rtt_u.median, "uring_socket_rtt_us_spread": rtt_u.json(),
             "watched_over_socket": rtt_w.median / rtt_s.median,
-            "uring_over_socket": rtt_u.median / rtt_s.median,
         },
         "per_cycle_us": { "legacy": legacy_pc.json(), "fd": fd_pc.json() },
         "fd_over_limit": fd_pc.median / rtt.median,
         "fd_over_limit_socket": fd_pc.median / rtt_s.median,
         "fd_over_limit_watched": fd_pc.median / rtt_w.median,
-        "fd_over_limit_uring": fd_pc.median / rtt_u.median,
         "echo": {
             "size": 16, "fd": echo, "limit_eventfd_pingpong": lim,
             "fd_over_limit_p50": echo.p50_us / lim.p50_us,
@@ -514,8 +499,8 @@ impl Goal {
         })
     }
 
-    /// The floors beside the verdict, e.g. `; floor in this run: limit-u
-    /// 1.08x, limit-w 1.13x (the target is past it)`; empty without one.
+    /// The floors beside the verdict, e.g. `; floor in this run: limit-w
+    /// 1.13x (the target is past it)`; empty without one.
     fn floor_text(&self) -> String {
         if self.floors.is_empty() {
             return String::new();
@@ -732,10 +717,7 @@ impl RpmsgReport {
             let s = pc[way::LIMIT_S].median;
             (
                 (pc[way::FD].median / s, None),
-                vec![
-                    ("limit-u", pc[way::LIMIT_U].median / s),
-                    ("limit-w", pc[way::LIMIT_W].median / s),
-                ],
+                vec![("limit-w", pc[way::LIMIT_W].median / s)],
             )
         });
         goals.push(Goal {

@@ -262,10 +262,7 @@ limit = the same request size answered with an fd by a bare server process
 (an eventfd; limit-s: a fresh SOCK_SEQPACKET socket, as an endpoint is;
 limit-w: that socket with the kernel work the service cannot skip per
 endpoint: the passed end's send buffer at the smallest, the kept end
-watched by epoll until the client's close, then read and closed;
-limit-u: limit-w's work through an io_uring, a single-shot poll, the read
-and the close queued, submitted when the server would wait for the next
-request and at least every 16 requests).
+watched by epoll until the client's close, then read and closed).
 The ways take turns in chunks of 500 cycles (rotating which goes first), so
 that load from elsewhere hits them alike; medians with (min-max) over --runs.
 
