@@ -17,8 +17,8 @@
 //! the `PATH`: a missing one drops its row (a note with its Debian
 //! package, ratios n/a), never the run, and without fio the heap and blk
 //! limits are the bench's own plain O_DIRECT I/O ([`direct`]). The bench's
-//! own servers are subcommands of the `iopath` executable named in each
-//! config.
+//! own servers are child processes of the `iopath` executable named in
+//! each config, which runs them from `main` ([`child::serve_if_child`]).
 //!
 //! ```
 //! use iopath_bench::Summary;
@@ -38,6 +38,7 @@ macro_rules! outln {
 }
 
 pub mod blk;
+pub mod child;
 pub mod cleanup;
 mod error;
 pub mod fio;
@@ -227,7 +228,7 @@ pub fn loadavg() -> Option<f64> {
 }
 
 /// The `iopath` executable this process is (the bench's servers are its
-/// subcommands), for configs that do not name another.
+/// children), for configs that do not name another.
 ///
 /// # Errors
 /// [`Error::Sys`] when `/proc/self/exe` cannot be read.

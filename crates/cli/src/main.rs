@@ -49,7 +49,12 @@ enum Cmd {
 }
 
 fn main() {
-    if let Err(e) = run() {
+    // A bench server started by `iopath bench` runs before any parsing.
+    let r = match iopath_bench::child::serve_if_child() {
+        Some(served) => served.map_err(anyhow::Error::from),
+        None => run(),
+    };
+    if let Err(e) = r {
         // One line: the error and its causes, joined by ": ".
         eprintln!("iopath: error: {e:#}");
         std::process::exit(1);

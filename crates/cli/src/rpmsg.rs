@@ -8,7 +8,6 @@ use iopath_bench::rpmsg::RawPingPong;
 use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::{proto, CtrlClient, CtrlEndpoint, CtrlError, EptFd, EptInfo};
 use iopath_rpmsg::wire::{ADDR_ANY, MAX_PAYLOAD};
-use iopath_rpmsg::NotifySpec;
 
 mod common;
 mod ept;
@@ -47,57 +46,6 @@ pub enum RpmsgCmd {
     /// /dev/rpmsgN on the host's endpoint service (LD_PRELOAD of
     /// libiopath_rpmsg_preload.so).
     Exec(exec::ExecArgs),
-    /// (internal) The far end of `ping --limit`: echo eventfd kicks.
-    #[command(hide = true)]
-    RawEcho {
-        /// eventfd:PATH to connect to.
-        #[arg(long)]
-        notify: NotifySpec,
-        /// Kicks to echo.
-        #[arg(long)]
-        count: u64,
-    },
-    /// (internal) The far end of `bench rpmsg`'s limit: answer each packet
-    /// with an fd.
-    #[command(hide = true)]
-    RawFdServer {
-        /// Socket to listen on.
-        #[arg(long)]
-        sock: PathBuf,
-    },
-    /// (internal) The `--poll` echo floor's host stand-in: forward each
-    /// packet on the socket to the echo through the shared page, and back.
-    #[command(hide = true)]
-    RawPollForward {
-        /// Socket to listen on.
-        #[arg(long)]
-        sock: PathBuf,
-        /// The shared page.
-        #[arg(long)]
-        shm: PathBuf,
-        /// Packets to forward.
-        #[arg(long)]
-        count: u64,
-    },
-    /// (internal) The `--poll` echo floor's remote stand-in: answer each
-    /// flag raised in the shared page.
-    #[command(hide = true)]
-    RawPollEcho {
-        /// The shared page.
-        #[arg(long)]
-        shm: PathBuf,
-        /// Flags to answer.
-        #[arg(long)]
-        count: u64,
-    },
-    /// (internal) The far end of `bench rpmsg --scale`'s stream limit:
-    /// count and drop packets, answer "SYNC" with the count.
-    #[command(hide = true)]
-    RawSink {
-        /// Socket to listen on.
-        #[arg(long)]
-        sock: PathBuf,
-    },
 }
 
 /// Options of `iopath rpmsg ping`.
@@ -158,15 +106,6 @@ pub fn run(cmd: RpmsgCmd) -> Result<()> {
         RpmsgCmd::Ping(a) => ping(a),
         RpmsgCmd::Ept(c) => ept::run(c),
         RpmsgCmd::Exec(a) => exec::exec(a),
-        RpmsgCmd::RawEcho { notify, count } => raw_echo(&notify, count),
-        RpmsgCmd::RawFdServer { sock } => Ok(iopath_bench::rpmsg::raw_fd_server(&sock)?),
-        RpmsgCmd::RawPollForward { sock, shm, count } => Ok(
-            iopath_bench::rpmsg::pollfloor::raw_poll_forward(&sock, &shm, count)?,
-        ),
-        RpmsgCmd::RawPollEcho { shm, count } => {
-            Ok(iopath_bench::rpmsg::pollfloor::raw_poll_echo(&shm, count)?)
-        }
-        RpmsgCmd::RawSink { sock } => Ok(iopath_bench::rpmsg::scale::raw_sink(&sock)?),
     }
 }
 
@@ -350,13 +289,4 @@ fn raw_pingpong(count: u64) -> Result<Latency> {
     let mut lat = Vec::with_capacity(count as usize);
     let elapsed = raw.round_trips(count, &mut lat)?;
     Ok(Latency::from(lat, elapsed))
-}
-
-fn raw_echo(spec: &NotifySpec, count: u64) -> Result<()> {
-    let n = spec.connect(Duration::from_secs(10))?;
-    for _ in 0..count {
-        while n.wait(Duration::from_secs(5))? != iopath_rpmsg::notify::Wake::Kicked {}
-        n.kick()?;
-    }
-    Ok(())
 }

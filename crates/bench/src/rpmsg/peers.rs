@@ -19,15 +19,16 @@
 //! `DIR` holds what `scripts/openamp-demo build SRC DIR` builds.
 
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::wire::ADDR_ANY;
 use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 
-use super::{bound_ept, RpmsgConfig};
+use super::children::{self, bound_ept, Logged};
+use super::RpmsgConfig;
 use crate::error::{check, check_failed, invalid};
-use crate::place::{on_cpu, spawn_on, Cpus, Placement};
+use crate::place::{on_cpu, Cpus, Placement};
 use crate::{Error, Latency, Progress as ProgressBar, Result};
 
 /// The service OpenAMP's echo demo announces.
@@ -162,88 +163,13 @@ pub(super) fn check_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A child killed (and reaped) when dropped.
-struct Kid {
-    child: Child,
-    name: &'static str,
-    log: std::path::PathBuf,
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Kid {
-    /// Its last lines of output, for an error message.
-    fn last_words(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
-        format!("{}: {}", self.name, tail.trim())
-    }
-
-    /// Waits for it to exit, at most until `deadline`.
-    fn wait_until(&mut self, deadline: Instant) -> Result<ExitStatus> {
-        loop {
-            if let Some(st) = self
-                .child
-                .try_wait()
-                .map_err(Error::sys("waiting for a child"))?
-            {
-                return Ok(st);
-            }
-            if Instant::now() > deadline {
-                check_failed!(
-                    "{} did not finish in time ({})",
-                    self.name,
-                    self.last_words()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-/// Spawns `cmd` on `cpu`, its stdout and stderr into `dir/name.log`.
-fn spawn_logged(
-    dir: &Path,
-    name: &'static str,
-    cpu: Option<usize>,
-    cmd: &mut Command,
-) -> Result<Kid> {
-    let log = dir.join(format!("{name}.log"));
-    let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
-    let f2 = f.try_clone().map_err(Error::io(&log))?;
-    let child = spawn_on(cpu, cmd.stdin(Stdio::null()).stdout(f).stderr(f2))?;
-    Ok(Kid { child, name, log })
-}
-
-/// Waits until `path` exists while `kid` lives.
-fn wait_for(path: &Path, kid: &mut Kid, what: &str) -> Result<()> {
-    let start = Instant::now();
-    while !path.exists() {
-        if let Ok(Some(st)) = kid.child.try_wait() {
-            check_failed!(
-                "{} exited ({st}) before {what} ({})",
-                kid.name,
-                kid.last_words()
-            );
-        }
-        check!(
-            start.elapsed() < Duration::from_secs(20),
-            "no {what} within 20 s ({})",
-            kid.last_words()
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Ok(())
-}
-
 /// Starts `remote` on `cpu` and waits until it listens.
-fn start_remote(cfg: &RpmsgConfig, dir: &Path, remote: Remote, cpu: Option<usize>) -> Result<Kid> {
+fn start_remote(
+    cfg: &RpmsgConfig,
+    dir: &Path,
+    remote: Remote,
+    cpu: Option<usize>,
+) -> Result<Logged> {
     // Each remote binds the socket and writes the table afresh; what an
     // earlier pair left would let a driver connect to nothing.
     let _ = std::fs::remove_file(OPENAMP_EVENT);
@@ -251,31 +177,28 @@ fn start_remote(cfg: &RpmsgConfig, dir: &Path, remote: Remote, cpu: Option<usize
     let mut kid = match remote {
         Remote::OpenAmp => {
             let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
-            spawn_logged(
+            Logged::spawn(
                 dir,
                 "rpmsg-echo",
                 cpu,
                 &mut Command::new(exe.join("rpmsg-echo")),
             )?
         }
-        Remote::Iopath => spawn_logged(
+        Remote::Iopath => Logged::spawn(
             dir,
             "iopath rpmsg remote",
             cpu,
-            Command::new(&cfg.iopath)
-                .args([
-                    "rpmsg",
-                    "remote",
-                    "--shm",
-                    OPENAMP_SHM,
-                    "--create",
-                    "0x80000",
-                ])
-                .args(["--notify", &format!("unix:{OPENAMP_EVENT}")])
-                .args(["--echo", SERVICE, "--once"]),
+            children::remote(
+                &cfg.iopath,
+                Path::new(OPENAMP_SHM),
+                &format!("unix:{OPENAMP_EVENT}"),
+            )
+            .args(["--echo", SERVICE, "--once"]),
         )?,
     };
-    wait_for(Path::new(OPENAMP_EVENT), &mut kid, "notification socket")?;
+    kid.wait_for("notification socket", Duration::from_secs(20), || {
+        Path::new(OPENAMP_EVENT).exists()
+    })?;
     Ok(kid)
 }
 
@@ -303,7 +226,7 @@ fn message(seq: u64) -> [u8; SIZE] {
 fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
     let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
     let secs = cfg.peer_budget.as_secs().max(1);
-    let mut kid = spawn_logged(
+    let mut kid = Logged::spawn(
         dir,
         "rpmsg-ping-timed",
         cpu,
@@ -319,7 +242,7 @@ fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<L
         ]),
     )?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
-    let out = std::fs::read_to_string(&kid.log).map_err(Error::io(&kid.log))?;
+    let out = std::fs::read_to_string(kid.log()).map_err(Error::io(kid.log()))?;
     let parsed = out
         .lines()
         .rev()
@@ -354,18 +277,19 @@ fn ept_fd_driver(
     cpus: &Cpus,
 ) -> Result<Latency> {
     let ctrl = dir.join("ctrl");
-    let mut host = spawn_logged(
+    let mut host = Logged::spawn(
         dir,
         "iopath rpmsg host",
         cpu,
-        Command::new(&cfg.iopath)
-            .args(["rpmsg", "host", "--shm", OPENAMP_SHM])
-            .args(["--notify", &format!("unix:{OPENAMP_EVENT}")])
-            .arg("--ctrl")
-            .arg(&ctrl)
-            .args(["--once", "--timeout", "20"]),
+        children::host(
+            &cfg.iopath,
+            Path::new(OPENAMP_SHM),
+            &format!("unix:{OPENAMP_EVENT}"),
+            &ctrl,
+        )
+        .args(["--once", "--timeout", "20"]),
     )?;
-    wait_for(&ctrl, &mut host, "control socket")?;
+    host.wait_for("control socket", Duration::from_secs(20), || ctrl.exists())?;
     on_cpu(cpu, cpus, || {
         let (_c, ep) = bound_ept(&ctrl, SERVICE)?;
         let mut back = [0u8; 512];
@@ -454,8 +378,8 @@ fn one(
         Driver::EptFd => ept_fd_driver(cfg, dir.path(), driver_cpu, cpus),
         Driver::Bus => bus_driver(cfg, driver_cpu, cpus),
     };
-    let r = r.map_err(|e| match remote_kid.child.try_wait() {
-        Ok(Some(st)) => Error::Check(format!(
+    let r = r.map_err(|e| match remote_kid.exited() {
+        Some(st) => Error::Check(format!(
             "{e} (the remote exited: {st}; {})",
             remote_kid.last_words()
         )),

@@ -13,7 +13,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use iopath_rpmsg::SharedMem;
 use rustix::net::{RecvFlags, SendFlags};
 
 use super::{accept_one, connect_retry};
+use crate::child::Server;
 use crate::error::{check, check_failed};
 use crate::place::Children;
 use crate::{Error, Result};
@@ -82,14 +83,14 @@ fn try_recv(c: &OwnedFd, buf: &mut [u8], what: &str) -> Result<Option<usize>> {
     }
 }
 
-/// The host's stand-in (`iopath rpmsg raw-poll-forward`): takes each packet
+/// The host's stand-in (child [`Server::PollForward`]): takes each packet
 /// from the one client on `sock`, raises the flag in `shm`, waits for the
 /// echo's answer and sends the packet back; `count` times.
 ///
 /// # Errors
 /// When a socket call fails, `shm` does not map, or a step waits longer
 /// than 10 s.
-pub fn raw_poll_forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
+pub(crate) fn forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
     let shm = SharedMem::open(shm)
         .map_err(|e| Error::Check(format!("the poll floor's page {}: {e}", shm.display())))?;
     let (c, io) = accept_one(sock)?;
@@ -114,12 +115,12 @@ pub fn raw_poll_forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
     Ok(())
 }
 
-/// The remote's stand-in (`iopath rpmsg raw-poll-echo`): answers each
+/// The remote's stand-in (child [`Server::PollEcho`]): answers each
 /// raised flag in `shm`, `count` times.
 ///
 /// # Errors
 /// When `shm` does not map or no flag is raised for 10 s.
-pub fn raw_poll_echo(shm: &Path, count: u64) -> Result<()> {
+pub(crate) fn echo(shm: &Path, count: u64) -> Result<()> {
     let shm = SharedMem::open(shm)
         .map_err(|e| Error::Check(format!("the poll floor's page {}: {e}", shm.display())))?;
     let mut spin = PollSpin::new();
@@ -152,28 +153,24 @@ impl RawPollPath {
         forward_cpu: Option<usize>,
         echo_cpu: Option<usize>,
     ) -> Result<RawPollPath> {
-        let dir = crate::cleanup::temp_dir("iopath-bench-pollfloor-", &super::shm_dir())?;
+        let dir = crate::cleanup::temp_dir("iopath-bench-pollfloor-", &crate::rpmsg::shm_dir())?;
         let page = dir.path().join("page");
         let f = std::fs::File::create(&page).map_err(Error::io(&page))?;
         f.set_len(rustix::param::page_size() as u64)
             .map_err(Error::io(&page))?;
         let sock = dir.path().join("sock");
         let mut children = Children::default();
-        let mut spawn = |cpu, args: &[&str], with_sock: bool| -> Result<()> {
-            let mut cmd = Command::new(iopath);
-            cmd.args(["rpmsg"]).args(args).arg("--shm").arg(&page);
-            if with_sock {
-                cmd.arg("--sock").arg(&sock);
-            }
-            cmd.arg("--count")
-                .arg(count.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null());
-            children.spawn_on(cpu, &mut cmd)?;
-            Ok(())
+        let echo = Server::PollEcho {
+            shm: page.clone(),
+            count,
         };
-        spawn(echo_cpu, &["raw-poll-echo"], false)?;
-        spawn(forward_cpu, &["raw-poll-forward"], true)?;
+        let forward = Server::PollForward {
+            sock: sock.clone(),
+            shm: page,
+            count,
+        };
+        children.spawn_on(echo_cpu, echo.command(iopath).stdout(Stdio::null()))?;
+        children.spawn_on(forward_cpu, forward.command(iopath).stdout(Stdio::null()))?;
         let conn = connect_retry(&sock)?;
         Ok(RawPollPath {
             _children: children,

@@ -1,0 +1,294 @@
+//! The rpmsg processes the experiments start: `iopath rpmsg remote` (the
+//! virtio device, echoing) and `iopath rpmsg host` (the virtio driver and
+//! the endpoint service the bench is a client of), and the peers' programs.
+//!
+//! ```text
+//!   Logged::spawn(dir, name, cpu, cmd)   any child, output in dir/name.log
+//!   remote(exe, shm, notify) / host(...) their command lines
+//!   Servers::start(exe, &Setup)          a remote and a host on a fresh
+//!                                        shared-memory file, ready to serve
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
+use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
+use iopath_rpmsg::wire::ADDR_ANY;
+
+use crate::error::{check, check_failed};
+use crate::place::spawn_on;
+use crate::{Error, Result};
+
+/// Size of the shared-memory file a remote creates.
+const SHM_SIZE: u64 = 0x80000;
+
+/// A child whose standard output and error go to a log file; killed (and
+/// reaped) when dropped.
+#[derive(Debug)]
+pub(super) struct Logged {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Logged {
+    /// Spawns `cmd` on `cpu` (`None`: anywhere), its standard input closed,
+    /// its output into `dir/name.log`.
+    ///
+    /// # Errors
+    /// When the log cannot be created or the child cannot be started.
+    pub(super) fn spawn(
+        dir: &Path,
+        name: &'static str,
+        cpu: Option<usize>,
+        cmd: &mut Command,
+    ) -> Result<Logged> {
+        let log = dir.join(format!("{name}.log"));
+        let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
+        let f2 = f.try_clone().map_err(Error::io(&log))?;
+        let child = spawn_on(cpu, cmd.stdin(Stdio::null()).stdout(f).stderr(f2))?;
+        Ok(Logged { child, name, log })
+    }
+
+    /// Its process id.
+    pub(super) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its log.
+    pub(super) fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Its exit status, if it has exited.
+    pub(super) fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Its name and last lines of output, for an error message.
+    pub(super) fn last_words(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+        format!("{}: {}", self.name, tail.trim())
+    }
+
+    /// Waits for it to exit, at most until `deadline`.
+    ///
+    /// # Errors
+    /// When it is still running at `deadline`.
+    pub(super) fn wait_until(&mut self, deadline: Instant) -> Result<ExitStatus> {
+        loop {
+            if let Some(st) = self
+                .child
+                .try_wait()
+                .map_err(Error::sys("waiting for a child"))?
+            {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                check_failed!(
+                    "{} did not finish in time ({})",
+                    self.name,
+                    self.last_words()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until `ready` says yes while it lives, at most `limit`; `what`
+    /// names what it waits for.
+    ///
+    /// # Errors
+    /// When it exits first or `limit` passes, with its last words.
+    pub(super) fn wait_for(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let start = Instant::now();
+        while !ready() {
+            if let Some(st) = self.exited() {
+                check_failed!(
+                    "{} exited ({st}) before {what} ({})",
+                    self.name,
+                    self.last_words()
+                );
+            }
+            check!(
+                start.elapsed() < limit,
+                "no {what} within {} s ({})",
+                limit.as_secs(),
+                self.last_words()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+}
+
+/// `iopath rpmsg remote` of the executable `exe` creating the shared
+/// memory `shm` and notifying through `notify`; the caller adds its
+/// services (`--echo NAME`, `--sink NAME`) and options.
+pub(super) fn remote(exe: &Path, shm: &Path, notify: &str) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.args(["rpmsg", "remote", "--shm"]).arg(shm).args([
+        "--create",
+        &format!("{SHM_SIZE:#x}"),
+        "--notify",
+        notify,
+    ]);
+    cmd
+}
+
+/// `iopath rpmsg host` of the executable `exe` on the shared memory `shm`,
+/// notifying through `notify`, serving endpoints on the control socket
+/// `ctrl`.
+pub(super) fn host(exe: &Path, shm: &Path, notify: &str, ctrl: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.args(["rpmsg", "host", "--shm"])
+        .arg(shm)
+        .args(["--notify", notify, "--ctrl"])
+        .arg(ctrl);
+    cmd
+}
+
+/// How to start a remote and a host.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Setup<'a> {
+    /// Where the scratch directory (shared memory, control socket, logs)
+    /// goes, and its name's prefix.
+    pub(super) parent: &'a Path,
+    pub(super) prefix: &'a str,
+    /// Polling instead of an eventfd pair.
+    pub(super) poll: bool,
+    /// The remote's services and options after the common ones.
+    pub(super) remote_args: &'a [&'a str],
+    /// The remote's and the host's CPUs (`None`: anywhere).
+    pub(super) remote_cpu: Option<usize>,
+    pub(super) host_cpu: Option<usize>,
+}
+
+/// A remote and a host on a temporary shared-memory file, the host's
+/// endpoint service ready; both killed when dropped, before the scratch
+/// directory goes.
+#[derive(Debug)]
+pub(super) struct Servers {
+    /// Held to be killed with the host.
+    _remote: Logged,
+    host: Logged,
+    ctrl: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Servers {
+    /// Starts the remote, then the host, and waits (30 s at most) for the
+    /// host's control socket.
+    ///
+    /// # Errors
+    /// When a child cannot be started, exits, or does not come up.
+    pub(super) fn start(exe: &Path, s: &Setup<'_>) -> Result<Servers> {
+        let dir = crate::cleanup::temp_dir(s.prefix, s.parent)?;
+        let shm = dir.path().join("shm");
+        let notify = if s.poll {
+            "poll".to_owned()
+        } else {
+            format!("eventfd:{}", dir.path().join("ev").display())
+        };
+        let ctrl = dir.path().join("ctrl");
+        let mut remote = Logged::spawn(
+            dir.path(),
+            "remote",
+            s.remote_cpu,
+            remote(exe, &shm, &notify).args(s.remote_args),
+        )?;
+        if s.poll {
+            // With no notifier to connect through, the host must find the
+            // table already written.
+            remote.wait_for("shared memory", Duration::from_secs(20), || {
+                std::fs::metadata(&shm).is_ok_and(|m| m.len() >= SHM_SIZE)
+            })?;
+        }
+        let mut host = Logged::spawn(
+            dir.path(),
+            "host",
+            s.host_cpu,
+            &mut host(exe, &shm, &notify, &ctrl),
+        )?;
+        host.wait_for("control socket", Duration::from_secs(30), || ctrl.exists())?;
+        Ok(Servers {
+            _remote: remote,
+            host,
+            ctrl,
+            _dir: dir,
+        })
+    }
+
+    /// A connection to the host's endpoint service.
+    ///
+    /// # Errors
+    /// When the control socket refuses.
+    pub(super) fn connect(&self) -> Result<CtrlClient> {
+        CtrlClient::connect(&self.ctrl).map_err(Error::ctrl("connecting to the endpoint service"))
+    }
+
+    /// A connection and an endpoint fd bound to the remote's `name`.
+    ///
+    /// # Errors
+    /// As [`bound_ept`].
+    pub(super) fn client(&self, name: &str) -> Result<(CtrlClient, EptFd)> {
+        bound_ept(&self.ctrl, name)
+    }
+
+    /// The host's process id.
+    pub(super) fn host_pid(&self) -> u32 {
+        self.host.id()
+    }
+}
+
+/// A connection to the endpoint service on `ctrl` and an endpoint fd for
+/// `name`, once the remote has announced it (the fd bound to its address).
+///
+/// # Errors
+/// When the service refuses, or the remote does not announce `name`
+/// within 30 s.
+pub(super) fn bound_ept(ctrl: &Path, name: &str) -> Result<(CtrlClient, EptFd)> {
+    let c = CtrlClient::connect(ctrl).map_err(Error::ctrl("connecting to the endpoint service"))?;
+    let ep = bound(&c, name)?;
+    Ok((c, ep))
+}
+
+/// An endpoint fd from `c` bound to the remote's `name`, once the remote
+/// has announced it.
+///
+/// # Errors
+/// When CREATE_EPT_FD fails, or the remote does not announce `name`
+/// within 30 s.
+pub(super) fn bound(c: &CtrlClient, name: &str) -> Result<EptFd> {
+    let start = Instant::now();
+    loop {
+        let ep = c
+            .create_ept_fd(&EptInfo::new(name), O_RDWR | O_CLOEXEC)
+            .map_err(Error::ctrl(format!("CREATE_EPT_FD for {name:?}")))?;
+        if ep.info().dst != ADDR_ANY {
+            return Ok(ep);
+        }
+        drop(ep);
+        check!(
+            start.elapsed() < Duration::from_secs(30),
+            "the remote never announced {name:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,332 @@
+//! The create+destroy limits' far end and its client: a bare server that
+//! answers each request packet with a packet of CREATE_EPT_FD answer size
+//! and an fd, as the endpoint service does, with nothing else the service
+//! does; what it passes is cued by the request's first byte ([`Pass`]).
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use iopath_rpmsg::ctrl::proto::{Request, O_CLOEXEC, O_RDWR};
+use iopath_rpmsg::ctrl::EptInfo;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+
+use super::{accept_one, Connected};
+use crate::child::Server;
+use crate::error::{check, check_failed};
+use crate::{Error, Progress as ProgressBar, Result};
+
+/// What the raw fd server passes for a request, by the request's first
+/// byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Always the same eventfd.
+    Eventfd,
+    /// One end of a fresh `SOCK_SEQPACKET` socketpair, the other end
+    /// closed at once (cue `S`).
+    Socket,
+    /// One end of a fresh socketpair with the smallest send buffer, the
+    /// other end watched with epoll until the client closes its own (cue
+    /// `W`).
+    Watched,
+}
+
+impl Pass {
+    /// The request's first byte that asks for this way (none: the request
+    /// as it is, whose magic starts with no cue).
+    fn cue(self) -> Option<u8> {
+        match self {
+            Pass::Eventfd => None,
+            Pass::Socket => Some(b'S'),
+            Pass::Watched => Some(b'W'),
+        }
+    }
+
+    fn of(cue: u8) -> Pass {
+        match cue {
+            b'S' => Pass::Socket,
+            b'W' => Pass::Watched,
+            _ => Pass::Eventfd,
+        }
+    }
+}
+
+/// Watched sockets passed between two looks at their hang-ups: the
+/// endpoint service looks once per drain of 16 requests too.
+const WATCH_DRAIN: usize = 16;
+
+/// The ends of the sockets passed with [`Pass::Watched`], in an epoll set
+/// of their own, each closed once its client's end is (after the read
+/// that finds the end of file): the kernel work the endpoint service
+/// cannot skip per endpoint, without anything else the service does.
+struct Watched {
+    epoll: OwnedFd,
+    ends: HashMap<u64, OwnedFd>,
+    next_key: u64,
+    since_look: usize,
+    /// Reads of an end that brought data rather than the end of file.
+    messages: u64,
+}
+
+impl Watched {
+    fn new() -> rustix::io::Result<Watched> {
+        Ok(Watched {
+            epoll: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?,
+            ends: HashMap::new(),
+            next_key: 0,
+            since_look: 0,
+            messages: 0,
+        })
+    }
+
+    /// Watches `end` (its peer was just passed) as the service watches an
+    /// endpoint's socket; every [`WATCH_DRAIN`] of them, closes the ends
+    /// whose peer went.
+    fn add(&mut self, end: OwnedFd) -> rustix::io::Result<()> {
+        use rustix::event::epoll;
+        let key = self.next_key;
+        self.next_key += 1;
+        epoll::add(
+            &self.epoll,
+            &end,
+            epoll::EventData::new_u64(key),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )?;
+        self.ends.insert(key, end);
+        self.since_look += 1;
+        if self.since_look >= WATCH_DRAIN {
+            self.since_look = 0;
+            self.look()?;
+        }
+        Ok(())
+    }
+
+    /// Closes every end whose peer closed (without waiting).
+    fn look(&mut self) -> rustix::io::Result<()> {
+        use rustix::event::epoll;
+        let mut space = [MaybeUninit::<epoll::Event>::uninit(); 64];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let (events, _) = epoll::wait(&self.epoll, &mut space[..], Some(&zero))?;
+        let mut b = [0u8; 512];
+        for ev in events.iter() {
+            let key = ev.data.u64();
+            let Some(end) = self.ends.get(&key) else {
+                continue;
+            };
+            match rustix::net::recv(end, &mut b, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
+                Ok((_, 0)) => {
+                    self.ends.remove(&key);
+                }
+                Ok(_) => self.messages += 1,
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The limit's server (child [`Server::Fd`]): answers every packet on one connection with a packet
+/// of CREATE_EPT_FD answer size and an fd: always the same eventfd; for a
+/// packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
+/// socketpair (the other end closed at once); for one starting with `W`,
+/// the same with what the endpoint service must add per endpoint: the
+/// passed end's send buffer set to the smallest, the other end watched
+/// with epoll until the client closes its own, then read (end of file)
+/// and closed. The answer's first 8 bytes (little endian) count the kept
+/// ends still open, the next 8 the reads of a kept end that brought data,
+/// the rest are zero. Returns when the client hangs up.
+///
+/// # Errors
+/// [`Error::Io`] (the socket) when a socket call fails.
+pub(crate) fn serve(sock: &Path) -> Result<()> {
+    let (c, io) = accept_one(sock)?;
+    let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
+    let mut watched = Watched::new().map_err(io)?;
+    let mut answer = [0u8; 12 + 48];
+    let mut req = [0u8; 128];
+    loop {
+        let n = rustix::net::recv(&c, &mut req, RecvFlags::empty())
+            .map_err(io)?
+            .0;
+        if n == 0 {
+            return Ok(());
+        }
+        let pass = Pass::of(req[0]);
+        let held = watched.ends.len() as u64;
+        answer[..8].copy_from_slice(&held.to_le_bytes());
+        answer[8..16].copy_from_slice(&watched.messages.to_le_bytes());
+        let pair = match pass {
+            Pass::Eventfd => None,
+            Pass::Socket | Pass::Watched => Some(
+                rustix::net::socketpair(
+                    AddressFamily::UNIX,
+                    SocketType::SEQPACKET,
+                    SocketFlags::CLOEXEC,
+                    None,
+                )
+                .map_err(io)?,
+            ),
+        };
+        let fds = match &pair {
+            None => [ev.as_fd()],
+            Some((_, theirs)) => [theirs.as_fd()],
+        };
+        if let (Pass::Watched, Some((_, theirs))) = (pass, &pair) {
+            rustix::net::sockopt::set_socket_send_buffer_size(theirs, 0).map_err(io)?;
+        }
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut anc = SendAncillaryBuffer::new(&mut space);
+        anc.push(SendAncillaryMessage::ScmRights(&fds));
+        rustix::net::sendmsg(&c, &[IoSlice::new(&answer)], &mut anc, SendFlags::NOSIGNAL)
+            .map_err(io)?;
+        if let (Pass::Watched, Some((ours, theirs))) = (pass, pair) {
+            drop(theirs);
+            watched.add(ours).map_err(io)?;
+        }
+    }
+}
+
+/// A raw fd server child (on `cpu`) and the connection to it.
+#[derive(Debug)]
+pub(crate) struct RawFdServer(Connected);
+
+impl RawFdServer {
+    /// Starts the server of the executable `exe` on `cpu` and connects.
+    ///
+    /// # Errors
+    /// When the child cannot be started or does not listen within 10 s.
+    pub(crate) fn start(exe: &Path, cpu: Option<usize>) -> Result<RawFdServer> {
+        Connected::start(exe, "iopath-bench-raw-", cpu, |sock| Server::Fd { sock }).map(RawFdServer)
+    }
+
+    /// The client side of the limit: `loops` request/response cycles, each
+    /// receiving an fd (as `pass` asks) and closing it; the time taken.
+    ///
+    /// # Errors
+    /// When a request or answer fails, or an answer is not one fd and 60
+    /// bytes.
+    pub(crate) fn cycles(&self, loops: u64, pass: Pass, bar: &ProgressBar) -> Result<Duration> {
+        let mut req = Request::CreateEptFd(EptInfo::new("bench"), O_RDWR | O_CLOEXEC)
+            .encode()
+            .ok_or_else(|| {
+                Error::Check("the bench's CREATE_EPT_FD request does not encode".into())
+            })?;
+        if let Some(cue) = pass.cue() {
+            req[0] = cue;
+        }
+        let mut b = [0u8; 128];
+        let t = Instant::now();
+        for _ in 0..loops {
+            let (bytes, fds) = ask(&self.0.conn, &req, &mut b)?;
+            check!(
+                bytes == 60 && fds.len() == 1,
+                "the raw fd server answered {bytes} bytes and {} fds, not 60 and 1",
+                fds.len()
+            );
+            drop(fds);
+            bar.inc(1);
+        }
+        Ok(t.elapsed())
+    }
+}
+
+/// Sends `req` to the raw fd server on `c` and takes its answer into `b`:
+/// the answer's length and the fds that rode along.
+///
+/// # Errors
+/// [`Error::Sys`] when the send or the receive fails.
+fn ask(c: &OwnedFd, req: &[u8], b: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+    rustix::net::send(c, req, SendFlags::NOSIGNAL)
+        .map_err(Error::sys("sending to the raw fd server"))?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        c,
+        &mut [IoSliceMut::new(b)],
+        &mut anc,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(Error::sys("receiving from the raw fd server"))?;
+    let mut fds = Vec::new();
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(r) = m {
+            fds.extend(r);
+        }
+    }
+    Ok((got.bytes, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One request with cue `cue` to the raw fd server on `c`: the fd.
+    fn ask_for(c: &OwnedFd, cue: u8) -> OwnedFd {
+        let mut req = [0u8; 56];
+        req[0] = cue;
+        let (bytes, mut fds) = ask(c, &req, &mut [0u8; 128]).unwrap();
+        assert_eq!(bytes, 60);
+        assert_eq!(fds.len(), 1);
+        fds.pop().unwrap()
+    }
+
+    #[test]
+    fn the_raw_fd_server_passes_what_each_cue_asks_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("sock");
+        let s2 = sock.clone();
+        let server = std::thread::spawn(move || serve(&s2));
+        let c = super::super::connect_retry(&sock).expect("no raw fd server");
+        let big = [5u8; 5000];
+        // An eventfd: 8-byte counter writes.
+        let ev = ask_for(&c, 0);
+        assert_eq!(rustix::io::write(&ev, &1u64.to_ne_bytes()), Ok(8));
+        // A fresh socket with the default send buffer: a 5000-byte packet
+        // is not refused for its size (it goes, or finds the far end
+        // closed already).
+        let s = ask_for(&c, b'S');
+        let sent = rustix::net::send(&s, &big, SendFlags::NOSIGNAL | SendFlags::DONTWAIT);
+        assert!(
+            matches!(sent, Ok(5000) | Err(rustix::io::Errno::PIPE)),
+            "{sent:?}"
+        );
+        // A watched socket: the far end is alive and reads nothing, the
+        // send buffer is at the smallest, so the kernel refuses 5000 bytes
+        // and takes 16.
+        let mut watched = Vec::new();
+        for _ in 0..2 * WATCH_DRAIN {
+            let w = ask_for(&c, b'W');
+            assert_smallest_send_buffer(&w);
+            watched.push(w);
+        }
+        // Closing them all and asking for more: the server closes its ends
+        // of the closed ones as it goes, and keeps answering.
+        drop(watched);
+        for _ in 0..2 * WATCH_DRAIN {
+            drop(ask_for(&c, b'W'));
+        }
+        drop(c);
+        server.join().unwrap().unwrap();
+    }
+
+    /// A passed socket with the smallest send buffer whose far end is
+    /// alive and reads nothing: the kernel refuses 5000 bytes, takes 16.
+    fn assert_smallest_send_buffer(fd: &OwnedFd) {
+        let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
+        assert_eq!(
+            rustix::net::send(fd, &[5u8; 5000], flags),
+            Err(rustix::io::Errno::MSGSIZE)
+        );
+        assert_eq!(rustix::net::send(fd, &[1u8; 16], flags), Ok(16));
+    }
+}

@@ -1,0 +1,122 @@
+//! The limits' far ends: bare servers in another process that do what the
+//! rpmsg path does with nothing of rpmsg in them, and their clients.
+//!
+//! ```text
+//!   bench (client)                   child ([`crate::child`])
+//!   fd::RawFdServer   <-SEQPACKET->  fd::serve: a packet answered with an fd
+//!   RawPingPong       <-eventfds-->  pingpong::serve: a kick answered
+//!   poll::RawPollPath <-SEQPACKET->  poll::forward <-page-> poll::echo
+//!   sink::RawSink     <-SEQPACKET->  sink::serve: packets counted
+//! ```
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+use crate::child::Server;
+use crate::place::spawn_on;
+use crate::{Error, Result};
+
+pub(crate) mod fd;
+pub(crate) mod pingpong;
+pub(crate) mod poll;
+pub(crate) mod sink;
+
+pub use pingpong::RawPingPong;
+
+/// The far end of a raw limit: listens on the `SOCK_SEQPACKET` socket
+/// `sock` and takes its one client; with the error mapper for `sock`.
+///
+/// # Errors
+/// [`Error::Io`] (the socket) when a socket call fails.
+fn accept_one(sock: &Path) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Error + Copy + '_)> {
+    let io = |e: rustix::io::Errno| Error::Io {
+        path: sock.to_path_buf(),
+        source: e.into(),
+    };
+    let l = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(io)?;
+    rustix::net::bind(&l, &SocketAddrUnix::new(sock).map_err(io)?).map_err(io)?;
+    rustix::net::listen(&l, 1).map_err(io)?;
+    let c = rustix::net::accept_with(&l, SocketFlags::CLOEXEC).map_err(io)?;
+    Ok((c, io))
+}
+
+/// A `SOCK_SEQPACKET` connection to `sock`, retrying for 10 s while its
+/// server starts.
+///
+/// # Errors
+/// [`Error::Io`] (the socket) when it still refuses after 10 s.
+fn connect_retry(sock: &Path) -> Result<OwnedFd> {
+    let io = |e: rustix::io::Errno| Error::Io {
+        path: sock.to_path_buf(),
+        source: e.into(),
+    };
+    let addr = SocketAddrUnix::new(sock).map_err(io)?;
+    let start = Instant::now();
+    loop {
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(Error::sys("creating a socket"))?;
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => return Ok(fd),
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => return Err(io(e)),
+        }
+    }
+}
+
+/// A raw server child on a socket of its own and the connection to it;
+/// when dropped, the connection is shut down (the server returns) and the
+/// child reaped.
+#[derive(Debug)]
+struct Connected {
+    child: Child,
+    conn: OwnedFd,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        let _ = rustix::net::shutdown(&self.conn, rustix::net::Shutdown::Both);
+        let _ = self.child.wait();
+    }
+}
+
+impl Connected {
+    /// Starts `server(socket)` of the executable `exe` on `cpu`, the
+    /// socket in a scratch directory named after `prefix`, and connects.
+    ///
+    /// # Errors
+    /// When the child cannot be started or does not listen within 10 s.
+    fn start(
+        exe: &Path,
+        prefix: &str,
+        cpu: Option<usize>,
+        server: impl FnOnce(PathBuf) -> Server,
+    ) -> Result<Connected> {
+        let dir = crate::cleanup::temp_dir(prefix, &std::env::temp_dir())?;
+        let sock = dir.path().join("sock");
+        let child = spawn_on(cpu, &mut server(sock.clone()).command(exe))?;
+        let conn = connect_retry(&sock)?;
+        Ok(Connected {
+            child,
+            conn,
+            _dir: dir,
+        })
+    }
+}

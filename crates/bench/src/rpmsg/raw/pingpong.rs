@@ -1,0 +1,99 @@
+//! The echo latency's limit: a child process kicked through an eventfd
+//! pair kicks back, nothing else between the two.
+
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use iopath_rpmsg::notify::Wake;
+use iopath_rpmsg::{Notifier, NotifySpec};
+
+use crate::child::Server;
+use crate::place::spawn_on;
+use crate::{Error, Result};
+
+/// The raw ping-pong: a child process (child [`Server::Echo`]) that
+/// answers every kick with one.
+#[derive(Debug)]
+pub struct RawPingPong {
+    child: Child,
+    n: Box<dyn Notifier>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RawPingPong {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RawPingPong {
+    /// A partner (a child of the executable `iopath`, on `cpu`) that
+    /// echoes `kicks` kicks.
+    ///
+    /// # Errors
+    /// When the child cannot be started or does not connect.
+    pub fn start(iopath: &Path, kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
+        let dir = crate::cleanup::temp_dir("iopath-bench-rawpp-", &std::env::temp_dir())?;
+        let spec = NotifySpec::Eventfd(dir.path().join("ev"));
+        let listener = spec
+            .bind()
+            .map_err(Error::notify("binding the raw ping-pong's socket"))?;
+        let server = Server::Echo {
+            notify: spec,
+            count: kicks,
+        };
+        let child = spawn_on(cpu, &mut server.command(iopath))?;
+        let n = listener
+            .accept()
+            .map_err(Error::notify("waiting for the raw echo child"))?;
+        Ok(RawPingPong {
+            child,
+            n,
+            _dir: dir,
+        })
+    }
+
+    /// `count` round trips, latencies appended to `lat`; the time taken.
+    ///
+    /// # Errors
+    /// When a kick fails or the partner is gone.
+    pub fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
+        let t0 = Instant::now();
+        for _ in 0..count {
+            let t = Instant::now();
+            self.n
+                .kick()
+                .map_err(Error::notify("kicking the raw echo child"))?;
+            while self
+                .n
+                .wait(Duration::from_secs(5))
+                .map_err(Error::notify("waiting for the raw echo child"))?
+                != Wake::Kicked
+            {}
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(t0.elapsed())
+    }
+}
+
+/// The far end (child [`Server::Echo`]): connects to `spec` and answers
+/// `count` kicks, each with a kick.
+///
+/// # Errors
+/// When the notifier cannot connect within 10 s, or a wait or kick fails.
+pub(crate) fn serve(spec: &NotifySpec, count: u64) -> Result<()> {
+    let n = spec
+        .connect(Duration::from_secs(10))
+        .map_err(Error::notify(format!("connecting to {spec}")))?;
+    for _ in 0..count {
+        while n
+            .wait(Duration::from_secs(5))
+            .map_err(Error::notify("waiting for a kick"))?
+            != Wake::Kicked
+        {}
+        n.kick().map_err(Error::notify("kicking back"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! `iopath bench rpmsg --scale`: what the endpoint service costs as the
+//! work grows, beside limits measured in the same run.
+//!
+//! ```text
+//!  client threads (one per endpoint fd) ─► host (endpoint service, one
+//!  thread) ─► vrings ─► remote "echo" / "sink" (another process)
+//!
+//!  echo     1, 16, 256 endpoints echoing at once, one thread each, for a
+//!           fixed time: aggregate round trips/s, each endpoint's p99 and
+//!           round trips (fairness: no endpoint starved)
+//!  stream   one endpoint sending as fast as it can to the sink (the ring
+//!           kept full), then "SYNC", answered with the sink's count:
+//!           messages/s and MB/s, beside the same stream over a bare
+//!           SOCK_SEQPACKET socket to another process (a raw sink)
+//!  create   10,000 endpoint fds created on one control connection and
+//!           held, then closed: time per endpoint per thousand (a curve),
+//!           the host's resident memory per endpoint
+//! ```
+//!
+//! The remote offers `EVENT_IDX`, so kicks are batched both ways.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rustix::net::{RecvFlags, SendFlags};
+
+use crate::error::{check, check_failed, invalid};
+use crate::place::{on_cpu, Cpus, Placement};
+use crate::rpmsg::children::{bound, Servers, Setup};
+use crate::rpmsg::raw::sink::RawSink;
+use crate::{percentile, Error, Result};
+
+mod measure;
+mod report;
+
+pub use report::ScaleReport;
+
+/// The message a sink answers with its count (u64, little-endian) of
+/// messages received so far, this one included.
+pub const SINK_SYNC: &[u8; 4] = b"SYNC";
+
+/// What `iopath bench rpmsg --scale` measures.
+#[derive(Debug, Clone)]
+pub struct ScaleConfig {
+    /// Endpoints echoing at once, one row each.
+    pub endpoints: Vec<usize>,
+    /// How long each echo row runs per run.
+    pub echo_time: Duration,
+    /// Runs of each echo and stream row (median and spread reported).
+    pub runs: usize,
+    /// Messages per stream run.
+    pub stream_msgs: u64,
+    /// Payload sizes of the stream rows.
+    pub stream_sizes: Vec<usize>,
+    /// Endpoints created (and held) at once.
+    pub create: usize,
+    /// Where the processes run: the client threads where the placement
+    /// puts the client, host and remote (and the raw sink) where it puts
+    /// the servers.
+    pub placement: Placement,
+    /// The `iopath` executable (its `rpmsg host`, `rpmsg remote` and the
+    /// raw sink child).
+    pub iopath: PathBuf,
+}
+
+impl ScaleConfig {
+    /// 1, 16 and 256 endpoints for 1 s each, 3 runs, streams of 100,000
+    /// messages of 16 and 496 bytes, 10,000 endpoints, every process on
+    /// one CPU.
+    pub fn new(iopath: PathBuf) -> ScaleConfig {
+        ScaleConfig {
+            endpoints: vec![1, 16, 256],
+            echo_time: Duration::from_secs(1),
+            runs: 3,
+            stream_msgs: 100_000,
+            stream_sizes: vec![16, 496],
+            create: 10_000,
+            placement: Placement::One,
+            iopath,
+        }
+    }
+}
+
+/// One echo row over every run.
+#[derive(Debug)]
+struct EchoRow {
+    endpoints: usize,
+    /// Aggregate round trips/s per run.
+    aggregate: Vec<f64>,
+    /// Per run: the median endpoint's p99, the worst endpoint's p99, the
+    /// fewest round trips of an endpoint over the median endpoint's.
+    p99_median: Vec<f64>,
+    p99_max: Vec<f64>,
+    fewest_share: Vec<f64>,
+}
+
+/// One stream row: messages/s per run, through the endpoint and raw.
+#[derive(Debug)]
+struct StreamRow {
+    size: usize,
+    ept: Vec<f64>,
+    raw: Vec<f64>,
+}
+
+/// Creating many endpoints at once.
+#[derive(Debug)]
+struct CreateRow {
+    endpoints: usize,
+    /// Microseconds per endpoint, per thousand created (the curve).
+    per_thousand_us: Vec<f64>,
+    create_s: f64,
+    destroy_s: f64,
+    /// The host's resident memory before, with every endpoint held, after.
+    rss_kib: [u64; 3],
+}
+
+/// Runs the scale experiments.
+///
+/// # Errors
+/// [`Error::Invalid`] for bad settings; when the host, remote or raw sink
+/// cannot be started or misbehave (an echo wrong, a message lost).
+pub fn run(cfg: &ScaleConfig) -> Result<ScaleReport> {
+    if cfg.runs == 0 {
+        invalid!("--runs", "give at least 1");
+    }
+    if cfg.endpoints.is_empty() || cfg.endpoints.contains(&0) {
+        invalid!("--scale", "give positive endpoint counts");
+    }
+    let cpus = Cpus::get()?;
+    let (client_cpu, server_cpu) = cfg.placement.cpus(&cpus);
+    let srv = Servers::start(
+        &cfg.iopath,
+        &Setup {
+            parent: &std::env::temp_dir(),
+            prefix: "iopath-bench-scale-",
+            poll: false,
+            remote_args: &["--event-idx", "--echo", "echo", "--sink", "sink"],
+            remote_cpu: server_cpu,
+            host_cpu: server_cpu,
+        },
+    )?;
+    let raw = RawSink::start(&cfg.iopath, server_cpu)?;
+    let wheres = cfg
+        .placement
+        .describe(&cpus, "client threads", "host, remote and the raw sink");
+    on_cpu(client_cpu, &cpus, || {
+        let c = srv.connect()?;
+        let mut echo: Vec<EchoRow> = cfg
+            .endpoints
+            .iter()
+            .map(|&endpoints| EchoRow {
+                endpoints,
+                aggregate: Vec::new(),
+                p99_median: Vec::new(),
+                p99_max: Vec::new(),
+                fewest_share: Vec::new(),
+            })
+            .collect();
+        let mut streams: Vec<StreamRow> = cfg
+            .stream_sizes
+            .iter()
+            .map(|&size| StreamRow {
+                size,
+                ept: Vec::new(),
+                raw: Vec::new(),
+            })
+            .collect();
+        let sink = bound(&c, "sink")?;
+        let mut expect = 0u64; // the remote sink's count so far
+        let mut raw_count = 0u64;
+        for run in 0..cfg.runs {
+            // Rows take turns, the order rotating per run.
+            for k in 0..echo.len() {
+                let row = &mut echo[(k + run) % cfg.endpoints.len()];
+                let (agg, per) = measure::echo_run(&c, row.endpoints, cfg.echo_time)?;
+                let mut p99: Vec<f64> = per.iter().map(|p| p.p99_us).collect();
+                p99.sort_by(f64::total_cmp);
+                let mut rts: Vec<f64> = per.iter().map(|p| p.round_trips as f64).collect();
+                rts.sort_by(f64::total_cmp);
+                row.aggregate.push(agg);
+                row.p99_median.push(percentile(&p99, 0.5));
+                row.p99_max.push(p99.last().copied().unwrap_or(0.0));
+                row.fewest_share
+                    .push(rts[0] / percentile(&rts, 0.5).max(1.0));
+            }
+            for k in 0..streams.len() {
+                let row = &mut streams[(k + run) % cfg.stream_sizes.len()];
+                let mut ways = [0, 1];
+                if run % 2 == 1 {
+                    ways.reverse();
+                }
+                for way in ways {
+                    let (took, count) = if way == 0 {
+                        measure::stream(
+                            cfg.stream_msgs,
+                            row.size,
+                            |m| sink.send(m).map_err(Error::ctrl("streaming to the sink")),
+                            |b| {
+                                sink.recv_timeout(b, Duration::from_secs(60))
+                                    .map_err(Error::ctrl("waiting for the sink's count"))?
+                                    .ok_or_else(|| {
+                                        Error::Check("no answer from the sink within 60 s".into())
+                                    })
+                            },
+                        )?
+                    } else {
+                        measure::stream(
+                            cfg.stream_msgs,
+                            row.size,
+                            |m| {
+                                rustix::net::send(raw.conn(), m, SendFlags::NOSIGNAL)
+                                    .map(drop)
+                                    .map_err(Error::sys("streaming to the raw sink"))
+                            },
+                            |b| {
+                                rustix::net::recv(raw.conn(), b, RecvFlags::empty())
+                                    .map(|(n, _)| n)
+                                    .map_err(Error::sys("waiting for the raw sink's count"))
+                            },
+                        )?
+                    };
+                    let seen = if way == 0 {
+                        &mut expect
+                    } else {
+                        &mut raw_count
+                    };
+                    *seen += cfg.stream_msgs + 1;
+                    check!(
+                        count == *seen,
+                        "the {} sink counted {count} messages, not {}: messages were lost",
+                        if way == 0 { "remote" } else { "raw" },
+                        *seen
+                    );
+                    let rate = cfg.stream_msgs as f64 / took.as_secs_f64();
+                    if way == 0 {
+                        row.ept.push(rate);
+                    } else {
+                        row.raw.push(rate);
+                    }
+                }
+            }
+        }
+        drop(sink);
+        let create = measure::create_many(&srv, &c, cfg.create)?;
+        Ok(ScaleReport {
+            runs: cfg.runs,
+            echo_time: cfg.echo_time,
+            stream_msgs: cfg.stream_msgs,
+            wheres,
+            echo,
+            stream: streams,
+            create,
+        })
+    })
+}
