@@ -239,12 +239,7 @@ fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int,
     // The fd variant is the plain struct's fields, then `flags` and `fd`.
     let (raw, flags) = if cmd == uapi::CREATE_EPT_FD {
         let f = uapi::copy_in_value::<RpmsgEndpointFdInfo>(arg)?;
-        let plain = RpmsgEndpointInfo {
-            name: f.name,
-            src: f.src,
-            dst: f.dst,
-        };
-        (plain, f.flags)
+        (f.info(), f.flags)
     } else {
         (uapi::copy_in_value::<RpmsgEndpointInfo>(arg)?, 0)
     };

@@ -11,7 +11,13 @@
 //! A legacy node greets each connection with header `OPEN` 5 and a status
 //! (0, or `-EBUSY` while another connection has it open).
 
-use super::uapi::{EPT_FD_FLAGS, EPT_FD_INFO_LEN, EPT_INFO_LEN};
+use std::mem::{offset_of, size_of};
+
+use vm_memory::ByteValued;
+
+use super::uapi::{
+    RpmsgEndpointFdInfo, RpmsgEndpointInfo, EPT_FD_FLAGS, EPT_FD_INFO_LEN, EPT_INFO_LEN,
+};
 use super::CtrlError;
 use crate::wire::{check_name, ADDR_ANY, NAME_SIZE};
 
@@ -91,34 +97,50 @@ impl EptInfo {
         }
     }
 
-    /// Writes `{name[32], src, dst}`; `None` if the name has more than 32
-    /// bytes (32 bytes go out unterminated, for the service to refuse).
-    fn put(&self, b: &mut [u8]) -> Option<()> {
+    /// The uAPI struct of this info as the wire carries it (numbers
+    /// little-endian); `None` if the name has more than 32 bytes (32 bytes
+    /// go out unterminated, for the service to refuse).
+    fn to_wire(&self) -> Option<RpmsgEndpointInfo> {
         let n = self.name.as_bytes();
-        if n.len() > NAME_SIZE {
-            return None;
-        }
-        b[..NAME_SIZE].fill(0);
-        b[..n.len()].copy_from_slice(n);
-        b[NAME_SIZE..NAME_SIZE + 4].copy_from_slice(&self.src.to_le_bytes());
-        b[NAME_SIZE + 4..NAME_SIZE + 8].copy_from_slice(&self.dst.to_le_bytes());
+        let mut w = RpmsgEndpointInfo {
+            src: self.src.to_le(),
+            dst: self.dst.to_le(),
+            ..Default::default()
+        };
+        w.name.get_mut(..n.len())?.copy_from_slice(n);
+        Some(w)
+    }
+
+    /// Writes `{name[32], src, dst}`; `None` if the name has more than 32
+    /// bytes.
+    fn put(&self, b: &mut [u8]) -> Option<()> {
+        b[..EPT_INFO_LEN].copy_from_slice(self.to_wire()?.as_slice());
         Some(())
+    }
+
+    /// The info in a wire struct; the error is an errno.
+    fn from_wire(w: &RpmsgEndpointInfo) -> Result<Self, i32> {
+        let nul = w.name.iter().position(|&c| c == 0).ok_or(libc::EINVAL)?;
+        let name = std::str::from_utf8(&w.name[..nul]).map_err(|_| libc::EINVAL)?;
+        Ok(EptInfo {
+            name: name.to_owned(),
+            src: u32::from_le(w.src),
+            dst: u32::from_le(w.dst),
+        })
     }
 
     /// Reads `{name[32], src, dst}`; the error is an errno.
     fn get(b: &[u8]) -> Result<Self, i32> {
-        if b.len() < EPT_INFO_LEN {
-            return Err(libc::EINVAL);
-        }
-        let raw = &b[..NAME_SIZE];
-        let nul = raw.iter().position(|&c| c == 0).ok_or(libc::EINVAL)?;
-        let name = std::str::from_utf8(&raw[..nul]).map_err(|_| libc::EINVAL)?;
-        Ok(EptInfo {
-            name: name.to_owned(),
-            src: u32_at(b, NAME_SIZE),
-            dst: u32_at(b, NAME_SIZE + 4),
-        })
+        Self::from_wire(&read_struct(b).ok_or(libc::EINVAL)?)
     }
+}
+
+/// The `T` at the start of `b`, at any alignment; `None` if `b` is
+/// shorter than a `T`.
+fn read_struct<T: ByteValued + Default>(b: &[u8]) -> Option<T> {
+    let mut v = T::default();
+    v.as_mut_slice().copy_from_slice(b.get(..size_of::<T>())?);
+    Some(v)
 }
 
 /// A parsed service request.
@@ -180,9 +202,8 @@ impl RequestRef<'_> {
             }
             RequestRef::CreateEptFd(info, flags) => {
                 b[..8].copy_from_slice(&header(OP_CREATE_EPT_FD));
-                info.put(&mut b[8..])?;
-                b[8 + EPT_INFO_LEN..8 + EPT_INFO_LEN + 4].copy_from_slice(&flags.to_le_bytes());
-                b[8 + EPT_INFO_LEN + 4..].copy_from_slice(&(-1i32).to_le_bytes());
+                let w = RpmsgEndpointFdInfo::new(info.to_wire()?, flags.to_le(), (-1i32).to_le());
+                b[8..].copy_from_slice(w.as_slice());
                 Some(MAX_REQUEST_LEN)
             }
         }
@@ -228,8 +249,10 @@ impl Request {
                 Ok(Request::CreateEpt(EptInfo::get(body).map_err(invalid)?))
             }
             OP_CREATE_EPT_FD if body.len() == EPT_FD_INFO_LEN => {
-                let info = EptInfo::get(body).map_err(invalid)?;
-                let flags = u32_at(body, EPT_INFO_LEN);
+                let w: RpmsgEndpointFdInfo =
+                    read_struct(body).ok_or_else(|| invalid(libc::EINVAL))?;
+                let info = EptInfo::from_wire(&w.info()).map_err(invalid)?;
+                let flags = u32::from_le(w.flags);
                 if flags & !EPT_FD_FLAGS != 0 {
                     return Err(invalid(libc::EINVAL));
                 }
@@ -272,9 +295,10 @@ pub fn create_ept_fd_reply(
     b[..8].copy_from_slice(&header(OP_CREATE_EPT_FD));
     b[8..12].copy_from_slice(&status.to_le_bytes());
     if status == 0 {
-        let _ = info.put(&mut b[12..]);
-        b[12 + EPT_INFO_LEN..16 + EPT_INFO_LEN].copy_from_slice(&flags.to_le_bytes());
-        b[16 + EPT_INFO_LEN..20 + EPT_INFO_LEN].copy_from_slice(&(-1i32).to_le_bytes());
+        // (A name too long for the struct goes out as zeros.)
+        let info = info.to_wire().unwrap_or_default();
+        let w = RpmsgEndpointFdInfo::new(info, flags.to_le(), (-1i32).to_le());
+        b[12..].copy_from_slice(w.as_slice());
     }
     b
 }
@@ -282,8 +306,10 @@ pub fn create_ept_fd_reply(
 /// Sets the addresses of a successful CREATE_EPT_FD answer (written
 /// before the endpoint existed, while its name was still at hand).
 pub(crate) fn set_ept_fd_reply_addrs(b: &mut [u8; CREATE_EPT_FD_REPLY_LEN], src: u32, dst: u32) {
-    b[12 + NAME_SIZE..16 + NAME_SIZE].copy_from_slice(&src.to_le_bytes());
-    b[16 + NAME_SIZE..20 + NAME_SIZE].copy_from_slice(&dst.to_le_bytes());
+    let src_at = 12 + offset_of!(RpmsgEndpointFdInfo, src);
+    let dst_at = 12 + offset_of!(RpmsgEndpointFdInfo, dst);
+    b[src_at..src_at + 4].copy_from_slice(&src.to_le_bytes());
+    b[dst_at..dst_at + 4].copy_from_slice(&dst.to_le_bytes());
 }
 
 /// Checks an answer's header and op, returns its status and body.
@@ -524,6 +550,23 @@ mod tests {
                 .len(),
             8 + 48
         );
+    }
+
+    #[test]
+    fn a_create_ept_fd_request_is_the_uapi_struct_little_endian() {
+        let info = EptInfo {
+            name: "echo".into(),
+            src: 1030,
+            dst: ADDR_ANY,
+        };
+        let b = Request::CreateEptFd(info, 2).encode().unwrap();
+        let mut want = header(OP_CREATE_EPT_FD).to_vec();
+        want.extend_from_slice(b"echo");
+        want.extend_from_slice(&[0; 28]);
+        for v in [1030u32, ADDR_ANY, 2, u32::MAX] {
+            want.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(b, want);
     }
 
     #[test]

@@ -55,6 +55,28 @@ pub struct RpmsgEndpointFdInfo {
 // padding, as asserted below): every bit pattern is a valid value.
 unsafe impl ByteValued for RpmsgEndpointFdInfo {}
 
+impl RpmsgEndpointFdInfo {
+    /// `info`'s fields, then `flags` and `fd`.
+    pub fn new(info: RpmsgEndpointInfo, flags: u32, fd: i32) -> Self {
+        RpmsgEndpointFdInfo {
+            name: info.name,
+            src: info.src,
+            dst: info.dst,
+            flags,
+            fd,
+        }
+    }
+
+    /// The fields it shares with `struct rpmsg_endpoint_info`.
+    pub fn info(&self) -> RpmsgEndpointInfo {
+        RpmsgEndpointInfo {
+            name: self.name,
+            src: self.src,
+            dst: self.dst,
+        }
+    }
+}
+
 /// `sizeof(struct rpmsg_endpoint_info)`.
 pub const EPT_INFO_LEN: usize = size_of::<RpmsgEndpointInfo>();
 /// `sizeof(struct rpmsg_endpoint_fd_info)`.
@@ -102,5 +124,10 @@ mod tests {
         let mut back = RpmsgEndpointFdInfo::default();
         back.as_mut_slice().copy_from_slice(&bytes);
         assert_eq!(back, info);
+        assert_eq!(
+            RpmsgEndpointFdInfo::new(info.info(), info.flags, info.fd),
+            info
+        );
+        assert_eq!(info.info().as_slice(), &bytes[..EPT_INFO_LEN]);
     }
 }
