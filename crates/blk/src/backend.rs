@@ -1,22 +1,20 @@
 //! The vhost-user-blk back end: serves a raw image file.
 //!
-//! This module is the glue between the image and the vhost-user server:
-//! it opens the image (`O_DIRECT` when the file system allows it), presents
-//! the device (features, config space, queues) and gives each started
-//! queue to an executor (`executor.rs`) on that queue's worker thread.
+//! This module is the glue between the image (`image.rs`) and the
+//! vhost-user server: it opens the image (`O_DIRECT` when the file system
+//! allows it), presents the device (features, config space, queues) and
+//! gives each started queue to an executor (`executor.rs`) on that queue's
+//! worker thread.
 //! There requests are parsed ([`crate::request::Request::parse`]), reads
 //! and writes go to the image through io_uring straight from and into the
 //! front end's memory when the buffers suit `O_DIRECT` (else through an
 //! aligned bounce buffer), flushes as `fdatasync`; completions fill in the
 //! status byte and the used ring.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use iopath_heap::AlignedBuf;
 use iopath_virtio::device::{
     QueueContext, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -27,8 +25,10 @@ use crate::config::{
     BlkConfig, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
     VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
 };
-use crate::executor::{Executor, BOUNCE_ALIGN, DIRECT_ALIGN};
-use crate::request::{Limits, SECTOR_SIZE, VIRTIO_BLK_ID_BYTES};
+use crate::executor::Executor;
+use crate::image::{self, Image};
+use crate::request::Limits;
+use crate::wire::{SECTOR_SIZE, VIRTIO_BLK_ID_BYTES};
 
 /// Largest queue accepted from a front end.
 const MAX_QUEUE_SIZE: u16 = 1024;
@@ -82,17 +82,6 @@ impl Default for BlkOptions {
     }
 }
 
-/// The image being served, shared by the queues' executors.
-#[derive(Debug)]
-pub(crate) struct Image {
-    /// The open image file.
-    pub(crate) file: File,
-    /// Whether `file` was opened with `O_DIRECT`.
-    pub(crate) direct: bool,
-    /// What requests may address.
-    pub(crate) limits: Limits,
-}
-
 /// A virtio-blk device serving a raw image file; give it to
 /// [`iopath_virtio::device::VhostUserServer`].
 #[derive(Debug)]
@@ -101,24 +90,6 @@ pub struct BlkBackend {
     config: BlkConfig,
     options: BlkOptions,
     id: [u8; VIRTIO_BLK_ID_BYTES],
-}
-
-fn open_image(path: &Path, readonly: bool, direct: bool) -> io::Result<File> {
-    let mut o = OpenOptions::new();
-    o.read(true).write(!readonly);
-    if direct {
-        o.custom_flags(libc::O_DIRECT);
-    }
-    o.open(path)
-}
-
-/// Whether the file accepts an aligned `O_DIRECT` read (some file systems
-/// accept the open flag and refuse the I/O).
-fn direct_read_works(file: &File) -> bool {
-    let Ok(mut buf) = AlignedBuf::new(DIRECT_ALIGN, BOUNCE_ALIGN) else {
-        return false;
-    };
-    rustix::io::pread(file, buf.as_mut_slice(), 0).is_ok()
 }
 
 impl BlkBackend {
@@ -140,13 +111,7 @@ impl BlkBackend {
             path: path.to_owned(),
             source,
         };
-        let (file, direct) = match open_image(path, options.readonly, true) {
-            Ok(f) if direct_read_works(&f) => (f, true),
-            Ok(_) | Err(_) => (
-                open_image(path, options.readonly, false).map_err(open_err)?,
-                false,
-            ),
-        };
+        let (file, direct) = image::open(path, options.readonly).map_err(open_err)?;
         let meta = file.metadata().map_err(open_err)?;
         let capacity = meta.len() / SECTOR_SIZE;
         if !meta.is_file() || capacity == 0 {

@@ -1,12 +1,14 @@
 //! The virtio-blk configuration space (`struct virtio_blk_config`): the
-//! feature masks, the wire layout a back end writes ([`BlkConfig`]) and the
-//! geometry and limits a driver reads from it ([`DeviceConfig`]).
+//! feature masks, the fields a back end fills in ([`BlkConfig`], written
+//! through the wire layout [`ConfigSpace`]) and the geometry and limits a
+//! driver reads from it ([`DeviceConfig`]).
 
 use std::fmt;
 
 use virtio_bindings::virtio_blk as vb;
+use vm_memory::ByteValued;
 
-use crate::request::SECTOR_SIZE;
+use crate::wire::{ConfigSpace, CONFIG_LEN, SECTOR_SIZE};
 
 // virtio-blk feature bits (virtio 1.x, 5.2.3) as masks, from the bit
 // numbers of `virtio-bindings` (the kernel's uAPI header); the driver, the
@@ -28,10 +30,6 @@ pub const VIRTIO_BLK_F_MQ: u64 = 1 << vb::VIRTIO_BLK_F_MQ;
 pub const VIRTIO_BLK_F_DISCARD: u64 = 1 << vb::VIRTIO_BLK_F_DISCARD;
 /// `VIRTIO_BLK_F_WRITE_ZEROES`: the device supports write-zeroes.
 pub const VIRTIO_BLK_F_WRITE_ZEROES: u64 = 1 << vb::VIRTIO_BLK_F_WRITE_ZEROES;
-
-/// Length of the layout written by [`BlkConfig::to_bytes`] (up to and
-/// including `write_zeroes_may_unmap` and its padding).
-pub const CONFIG_LEN: usize = 60;
 
 /// The fields of `struct virtio_blk_config` a back end fills in; the rest
 /// (geometry, topology, secure erase, zoned) read as zero.
@@ -62,46 +60,48 @@ pub struct BlkConfig {
 }
 
 impl BlkConfig {
-    /// The little-endian wire layout (virtio 1.2, 5.2.4).
+    /// The little-endian wire layout (virtio 1.2, 5.2.4): the first
+    /// [`CONFIG_LEN`] bytes of [`ConfigSpace`].
     pub fn to_bytes(&self) -> [u8; CONFIG_LEN] {
+        let space = ConfigSpace(vb::virtio_blk_config {
+            capacity: self.capacity.to_le(),
+            size_max: self.size_max.to_le(),
+            seg_max: self.seg_max.to_le(),
+            blk_size: self.blk_size.to_le(),
+            num_queues: self.num_queues.to_le(),
+            max_discard_sectors: self.max_discard_sectors.to_le(),
+            max_discard_seg: self.max_discard_seg.to_le(),
+            discard_sector_alignment: self.discard_sector_alignment.to_le(),
+            max_write_zeroes_sectors: self.max_write_zeroes_sectors.to_le(),
+            max_write_zeroes_seg: self.max_write_zeroes_seg.to_le(),
+            write_zeroes_may_unmap: u8::from(self.write_zeroes_may_unmap),
+            ..Default::default()
+        });
         let mut b = [0u8; CONFIG_LEN];
-        b[0..8].copy_from_slice(&self.capacity.to_le_bytes());
-        b[8..12].copy_from_slice(&self.size_max.to_le_bytes());
-        b[12..16].copy_from_slice(&self.seg_max.to_le_bytes());
-        // 16..20: geometry (cylinders u16, heads u8, sectors u8) left zero.
-        b[20..24].copy_from_slice(&self.blk_size.to_le_bytes());
-        // 24..32: topology left zero; 32: writeback; 33: unused.
-        b[34..36].copy_from_slice(&self.num_queues.to_le_bytes());
-        b[36..40].copy_from_slice(&self.max_discard_sectors.to_le_bytes());
-        b[40..44].copy_from_slice(&self.max_discard_seg.to_le_bytes());
-        b[44..48].copy_from_slice(&self.discard_sector_alignment.to_le_bytes());
-        b[48..52].copy_from_slice(&self.max_write_zeroes_sectors.to_le_bytes());
-        b[52..56].copy_from_slice(&self.max_write_zeroes_seg.to_le_bytes());
-        b[56] = u8::from(self.write_zeroes_may_unmap);
+        b.copy_from_slice(&space.as_slice()[..CONFIG_LEN]);
         b
     }
 
     /// Parses the layout back (for drivers and tests); `bytes` shorter
     /// than the layout reads as zeros past its end.
     pub fn from_bytes(bytes: &[u8]) -> Self {
-        let mut b = [0u8; CONFIG_LEN];
+        let mut space = ConfigSpace::default();
         let n = bytes.len().min(CONFIG_LEN);
-        b[..n].copy_from_slice(&bytes[..n]);
-        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let mut cap = [0u8; 8];
-        cap.copy_from_slice(&b[0..8]);
+        space.as_mut_slice()[..n].copy_from_slice(&bytes[..n]);
+        // Fields of the packed struct are copied out, never borrowed.
+        let c = space.0;
         Self {
-            capacity: u64::from_le_bytes(cap),
-            size_max: u32_at(8),
-            seg_max: u32_at(12),
-            blk_size: u32_at(20),
-            num_queues: u16::from_le_bytes([b[34], b[35]]),
-            max_discard_sectors: u32_at(36),
-            max_discard_seg: u32_at(40),
-            discard_sector_alignment: u32_at(44),
-            max_write_zeroes_sectors: u32_at(48),
-            max_write_zeroes_seg: u32_at(52),
-            write_zeroes_may_unmap: b[56] != 0,
+            capacity: u64::from_le(c.capacity),
+            size_max: u32::from_le(c.size_max),
+            seg_max: u32::from_le(c.seg_max),
+            blk_size: u32::from_le(c.blk_size),
+            num_queues: u16::from_le(c.num_queues),
+            max_discard_sectors: u32::from_le(c.max_discard_sectors),
+            max_discard_seg: u32::from_le(c.max_discard_seg),
+            discard_sector_alignment: u32::from_le(c.discard_sector_alignment),
+            max_write_zeroes_sectors: u32::from_le(c.max_write_zeroes_sectors),
+            max_write_zeroes_seg: u32::from_le(c.max_write_zeroes_seg),
+            write_zeroes_may_unmap: c.write_zeroes_may_unmap != 0,
         }
     }
 

@@ -15,9 +15,11 @@
 //!
 //! This module sets the device up ([`BlkDriver`]: features, ops from the
 //! platform policy, queues, shared memory) and holds the API types; the
-//! queue that runs requests is [`BlkQueue`] (`queue.rs`), the cutting of a
-//! transfer into virtio requests is pure code in `plan.rs`, and the config
-//! space is read by [`DeviceConfig`] (`config.rs`).
+//! queue that runs requests is [`BlkQueue`] (`queue.rs`), the commands it
+//! takes are in `command.rs` and its errors in `error.rs`, the cutting of a
+//! transfer into virtio requests is pure code in `plan.rs`, the wire
+//! layouts are in `wire.rs`, and the config space is read by
+//! [`DeviceConfig`] (`config.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,11 +27,13 @@ use std::time::Duration;
 use iopath_dma::{DmaOps, IotlbRecord, Perm};
 use iopath_heap::Buffer;
 use iopath_virtio::features as vfeatures;
-use iopath_virtio::{Policy, PolicyError, PolicyOps, QueueFeatures, SplitQueue, Transport};
+use iopath_virtio::{Policy, PolicyOps, QueueFeatures, SplitQueue, Transport};
 
-/// Sector size of virtio-blk addressing (virtio 1.x, 5.2.6), whatever the
-/// device's logical block size.
-pub use crate::request::SECTOR_SIZE as SECTOR;
+pub use crate::command::{Done, Request};
+pub use crate::config::{DeviceConfig, RangeLimits};
+pub use crate::error::{BlkError, Result};
+pub use crate::queue::BlkQueue;
+use crate::wire::CONFIG_LEN;
 
 /// The feature bits the driver uses: virtio-blk's from [`crate::config`],
 /// the transport's from `iopath_virtio::features` (both from
@@ -45,192 +49,6 @@ mod features {
         VIRTIO_F_ACCESS_PLATFORM as ACCESS_PLATFORM, VIRTIO_F_EVENT_IDX as EVENT_IDX,
         VIRTIO_F_INDIRECT_DESC as INDIRECT_DESC, VIRTIO_F_VERSION_1 as VERSION_1,
     };
-}
-
-/// Request types (virtio 1.x, 5.2.6), shared with the back end's parser.
-pub(crate) mod req_type {
-    pub use crate::request::{
-        VIRTIO_BLK_T_DISCARD as DISCARD, VIRTIO_BLK_T_FLUSH as FLUSH,
-        VIRTIO_BLK_T_GET_ID as GET_ID, VIRTIO_BLK_T_IN as IN, VIRTIO_BLK_T_OUT as OUT,
-        VIRTIO_BLK_T_WRITE_ZEROES as WRITE_ZEROES,
-    };
-}
-
-/// Size of `struct virtio_blk_config` up to `write_zeroes_may_unmap` and
-/// its padding (virtio 1.x, 5.2.4).
-pub use crate::config::CONFIG_LEN;
-pub use crate::config::{DeviceConfig, RangeLimits};
-pub use crate::plan::{HEADER_LEN, RANGE_LEN};
-pub use crate::queue::BlkQueue;
-/// Length of the `GET_ID` answer.
-pub const ID_LEN: usize = crate::request::VIRTIO_BLK_ID_BYTES;
-
-/// Errors of the virtio-blk driver.
-#[derive(Debug, thiserror::Error)]
-pub enum BlkError {
-    /// The virtio layer failed (queue, transport, DMA).
-    #[error(transparent)]
-    Virtio(#[from] iopath_virtio::Error),
-    /// A DMA ops call failed.
-    #[error(transparent)]
-    Dma(#[from] iopath_dma::Error),
-    /// The platform policy refused the device or could not make its ops.
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
-    /// The transport refused an IOTLB record of the shared regions.
-    #[error("Cannot map the shared regions in the device's IOTLB")]
-    Iotlb(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// A heap buffer access failed.
-    #[error(transparent)]
-    Heap(#[from] iopath_heap::Error),
-    /// The device is not a block device.
-    #[error("Device id {id} is not a block device (2)")]
-    NotBlock {
-        /// Device id the transport reports.
-        id: u32,
-    },
-    /// Offset or length not a multiple of the 512-byte sector.
-    #[error("Offset {offset} or length {len} is not a multiple of 512")]
-    Unaligned {
-        /// Byte offset on the device.
-        offset: u64,
-        /// Length in bytes.
-        len: u64,
-    },
-    /// A range past the end of the device.
-    #[error("Range {offset}+{len} is past the device's end ({capacity} bytes)")]
-    OutOfRange {
-        /// Byte offset.
-        offset: u64,
-        /// Length.
-        len: u64,
-        /// Device capacity in bytes.
-        capacity: u64,
-    },
-    /// A zero-length transfer.
-    #[error("Zero-length transfer")]
-    Empty,
-    /// The device's segment limits (or the DMA ops' largest mapping) do not
-    /// allow even one block per request.
-    #[error("Device limits (size_max {size_max:?}, seg_max {seg_max:?}, largest mapping {max_map}) cannot carry one block per request")]
-    Limits {
-        /// Largest segment, from config space.
-        size_max: Option<u32>,
-        /// Most segments, from config space.
-        seg_max: Option<u32>,
-        /// The DMA ops' largest mapping.
-        max_map: u64,
-    },
-    /// The device does not offer the command (feature not negotiated).
-    #[error("Device does not support {what}")]
-    NotSupported {
-        /// The command.
-        what: &'static str,
-    },
-    /// The device is read-only.
-    #[error("Device is read-only")]
-    ReadOnly,
-    /// The device answered `VIRTIO_BLK_S_IOERR`.
-    #[error("Device reported an I/O error at sector {sector}")]
-    IoError {
-        /// First sector of the failed request.
-        sector: u64,
-    },
-    /// The device answered `VIRTIO_BLK_S_UNSUPP`.
-    #[error("Device does not support request type {kind}")]
-    Unsupported {
-        /// The request type.
-        kind: u32,
-    },
-    /// The device wrote a status byte that means nothing, or none at all.
-    #[error("Device returned invalid status {status:#x} for request type {kind}")]
-    BadStatus {
-        /// The status byte.
-        status: u8,
-        /// The request type.
-        kind: u32,
-    },
-    /// The device did not complete anything within the timeout.
-    #[error("No completion on queue {queue} within {timeout:?}")]
-    Timeout {
-        /// The queue.
-        queue: u16,
-        /// How long we waited.
-        timeout: Duration,
-    },
-    /// A queue index past the queues the driver set up.
-    #[error("Queue {index} does not exist (driver uses {count})")]
-    NoSuchQueue {
-        /// Index.
-        index: usize,
-        /// Queues in use.
-        count: usize,
-    },
-    /// A tag that is already in flight on the queue.
-    #[error("Tag {tag} is already in flight")]
-    DuplicateTag {
-        /// The tag.
-        tag: u64,
-    },
-}
-
-/// Result of the virtio-blk driver.
-pub type Result<T, E = BlkError> = std::result::Result<T, E>;
-
-/// One block-device command.
-#[derive(Debug, Clone, Copy)]
-pub enum Request<'a> {
-    /// Read `len` bytes at byte `offset` of the device into `buf` at
-    /// `buf_offset`.
-    Read {
-        /// Byte offset on the device (sector multiple).
-        offset: u64,
-        /// Destination.
-        buf: &'a Buffer,
-        /// Start in `buf`.
-        buf_offset: usize,
-        /// Bytes (sector multiple).
-        len: usize,
-    },
-    /// Write `len` bytes of `buf` at `buf_offset` to byte `offset`.
-    Write {
-        /// Byte offset on the device (sector multiple).
-        offset: u64,
-        /// Source.
-        buf: &'a Buffer,
-        /// Start in `buf`.
-        buf_offset: usize,
-        /// Bytes (sector multiple).
-        len: usize,
-    },
-    /// Make every completed write durable (`VIRTIO_BLK_T_FLUSH`).
-    Flush,
-    /// Let the device forget `len` bytes at `offset` (`DISCARD`).
-    Discard {
-        /// Byte offset (sector multiple).
-        offset: u64,
-        /// Bytes (sector multiple).
-        len: u64,
-    },
-    /// Zero `len` bytes at `offset` (`WRITE_ZEROES`), deallocating them if
-    /// `unmap` and the device allows it.
-    WriteZeroes {
-        /// Byte offset (sector multiple).
-        offset: u64,
-        /// Bytes (sector multiple).
-        len: u64,
-        /// Whether the device may deallocate.
-        unmap: bool,
-    },
-}
-
-/// A finished request: its tag and outcome.
-#[derive(Debug)]
-pub struct Done {
-    /// The tag given to [`BlkQueue::submit`].
-    pub tag: u64,
-    /// Outcome (the first error, if any of its pieces failed).
-    pub result: Result<()>,
 }
 
 /// Driver options.

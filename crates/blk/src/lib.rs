@@ -25,17 +25,39 @@
 //!     ─► io_uring readv/writev/fsync on the image (O_DIRECT; bounced when a
 //!        buffer is not aligned) ─► status byte + used ring ─► call eventfd
 //! ```
+//!
+//! Both sides read and write the wire format through the same `#[repr(C)]`
+//! structs ([`wire`]: `virtio-bindings`' layouts with
+//! [`ByteValued`](vm_memory::ByteValued)):
+//!
+//! ```
+//! use iopath_blk::wire::{OutHeader, HEADER_LEN, VIRTIO_BLK_T_OUT};
+//! use vm_memory::ByteValued;
+//!
+//! // The driver writes a header...
+//! let sent = OutHeader::new(VIRTIO_BLK_T_OUT, 8);
+//! assert_eq!(sent.as_slice().len(), HEADER_LEN);
+//! // ...and the back end reads it back whole.
+//! let mut got = OutHeader::default();
+//! got.as_mut_slice().copy_from_slice(sent.as_slice());
+//! assert_eq!((got.kind(), got.sector()), (VIRTIO_BLK_T_OUT, 8));
+//! ```
 
 pub mod backend;
+mod command;
 pub mod config;
 pub mod driver;
+mod error;
 mod executor;
+mod image;
+mod names;
 mod plan;
 mod queue;
 pub mod request;
+pub mod wire;
 pub mod workload;
 
 pub use backend::{BackendError, BlkBackend, BlkOptions};
-
 pub use driver::{BlkDriver, BlkError, BlkQueue, DeviceConfig, Done, DriverOptions, Request};
+pub use names::UnknownName;
 pub use workload::{Access, Blocks, Outcome, Workload, WorkloadError};

@@ -1,33 +1,9 @@
-//! Request planning for the driver: the wire form of a request's header
-//! and range segments, and how a transfer is cut into virtio requests that
-//! respect the device's `size_max`/`seg_max`, the DMA ops' largest mapping
-//! and the ring ([`plan`]). Pure code, apart from the queue that runs it.
+//! Request planning for the driver: how a transfer is cut into virtio
+//! requests that respect the device's `size_max`/`seg_max`, the DMA ops'
+//! largest mapping and the ring ([`plan`]). Pure code, apart from the
+//! queue that runs it; the wire layouts are in `wire.rs`.
 
 use crate::config::DeviceConfig;
-
-/// Size of the request header `{type u32, ioprio u32, sector u64}`.
-pub const HEADER_LEN: usize = 16;
-/// Size of a discard / write-zeroes segment `{sector u64, num_sectors u32,
-/// flags u32}`.
-pub const RANGE_LEN: usize = 16;
-
-/// Encodes a request header.
-pub(crate) fn header(kind: u32, sector: u64) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[0..4].copy_from_slice(&kind.to_le_bytes());
-    // ioprio (4..8) stays 0.
-    h[8..16].copy_from_slice(&sector.to_le_bytes());
-    h
-}
-
-/// Encodes one discard / write-zeroes segment.
-pub(crate) fn range(sector: u64, sectors: u32, unmap: bool) -> [u8; RANGE_LEN] {
-    let mut r = [0u8; RANGE_LEN];
-    r[0..8].copy_from_slice(&sector.to_le_bytes());
-    r[8..12].copy_from_slice(&sectors.to_le_bytes());
-    r[12..16].copy_from_slice(&u32::from(unmap).to_le_bytes());
-    r
-}
 
 /// One virtio request's share of a larger transfer: `len` bytes at byte
 /// offset `offset` from the start of the transfer, sent as data segments of
@@ -111,7 +87,6 @@ pub(crate) enum PieceSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::VIRTIO_BLK_T_OUT;
     use proptest::prelude::*;
 
     /// The config of a device with two queues and the given limits.
@@ -128,18 +103,6 @@ mod tests {
             read_only: false,
             flush: true,
         }
-    }
-
-    #[test]
-    fn header_layout() {
-        assert_eq!(
-            header(VIRTIO_BLK_T_OUT, 0x0102_0304_0506_0708),
-            [1, 0, 0, 0, 0, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1]
-        );
-        assert_eq!(
-            range(2, 3, true),
-            [2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0]
-        );
     }
 
     #[test]

@@ -11,24 +11,38 @@ use iopath_dma::{Coherent, DmaOps, MapWait};
 use iopath_virtio::queue::INDIRECT_MAX;
 use iopath_virtio::{Seg, SplitQueue, Transport};
 
+use vm_memory::ByteValued;
+
+use crate::command::{Done, Request};
 use crate::config::DeviceConfig;
-use crate::driver::{req_type, BlkError, Done, Request, Result, ID_LEN, SECTOR};
-use crate::plan::{header, plan, range, PieceSpec, HEADER_LEN, RANGE_LEN};
+use crate::error::{BlkError, Result};
+use crate::plan::{plan, PieceSpec};
+use crate::wire::{
+    OutHeader, RangeSegment, HEADER_LEN, RANGE_LEN, SECTOR_SIZE as SECTOR,
+    VIRTIO_BLK_ID_BYTES as ID_LEN, VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK,
+    VIRTIO_BLK_S_UNSUPP as S_UNSUPP,
+};
+
+/// Request types (virtio 1.x, 5.2.6) by their short names.
+mod req_type {
+    pub use crate::wire::{
+        VIRTIO_BLK_T_DISCARD as DISCARD, VIRTIO_BLK_T_FLUSH as FLUSH,
+        VIRTIO_BLK_T_GET_ID as GET_ID, VIRTIO_BLK_T_IN as IN, VIRTIO_BLK_T_OUT as OUT,
+        VIRTIO_BLK_T_WRITE_ZEROES as WRITE_ZEROES,
+    };
+}
 
 /// Per-request metadata slot in coherent memory: header (16), range
-/// segment (16), `GET_ID` answer (20), status (1), padded to 64.
+/// segment (16), `GET_ID` answer (20), status (1) at an 8-byte boundary,
+/// padded to 64.
 pub(crate) const META_SLOT: usize = 64;
-const META_RANGE: usize = 16;
-const META_ID: usize = 32;
-const META_STATUS: usize = 56;
+const META_RANGE: usize = HEADER_LEN;
+const META_ID: usize = META_RANGE + RANGE_LEN;
+const META_STATUS: usize = (META_ID + ID_LEN).next_multiple_of(8);
+const _: () = assert!(META_STATUS < META_SLOT);
 /// Status byte written before submission; a device that completes without
 /// writing a status is caught by it.
 const STATUS_UNSET: u8 = 0xff;
-
-// `VIRTIO_BLK_S_*`, shared with the back end.
-use crate::request::{
-    VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK, VIRTIO_BLK_S_UNSUPP as S_UNSUPP,
-};
 
 /// A transfer (a [`Request`]) in flight: the virtio requests it was cut into.
 #[derive(Debug)]
@@ -321,13 +335,16 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 sectors,
                 unmap,
             } => {
-                meta.buffer()
-                    .write_at(base + META_RANGE, &range(sector, sectors, unmap))?;
+                meta.buffer().write_at(
+                    base + META_RANGE,
+                    RangeSegment::new(sector, sectors, unmap).as_slice(),
+                )?;
                 (kind, sector)
             }
             PieceSpec::GetId => (req_type::GET_ID, 0),
         };
-        meta.buffer().write_at(base, &header(kind, sector))?;
+        meta.buffer()
+            .write_at(base, OutHeader::new(kind, sector).as_slice())?;
         meta.buffer()
             .write_at(base + META_STATUS, &[STATUS_UNSET])?;
         let hdr = Seg::coherent(meta, base, HEADER_LEN);

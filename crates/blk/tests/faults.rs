@@ -1,8 +1,8 @@
-//! Faults with real processes and real files (issue 12): `iopath blk
-//! serve` killed with SIGKILL in the middle of a stream of writes and
-//! started again on the same image and socket; started again from the
-//! inflight record a kill leaves (`INFLIGHT_SHMFD`); an image on a file
-//! system that fills up.
+//! Faults with real processes and real files: `iopath blk serve` killed
+//! with SIGKILL in the middle of a stream of writes and started again on
+//! the same image and socket; started again from the inflight record a
+//! kill leaves (`INFLIGHT_SHMFD`); an image on a file system that fills
+//! up.
 
 mod common;
 mod frontend;
@@ -295,10 +295,9 @@ fn restarted_serve_resubmits_the_recorded_heads_and_signals_the_driver() {
     let (header_at, data_at, status_at) = (0x20_0000u64, 0x21_0000u64, 0x23_0000u64);
     let chain = |head: u16, kind: u32, sector: u64, flags: u16| {
         let h = header_at + u64::from(head) * 16;
-        let mut hdr = [0u8; 16];
-        hdr[0..4].copy_from_slice(&kind.to_le_bytes());
-        hdr[8..16].copy_from_slice(&sector.to_le_bytes());
-        c.mem.write_slice(&hdr, GuestAddress(h)).unwrap();
+        c.mem
+            .write_obj(frontend::OutHeader::new(kind, sector), GuestAddress(h))
+            .unwrap();
         let data = data_at + u64::from(head) * u64::from(LEN);
         let status = status_at + u64::from(head);
         c.mem.write_obj(0xffu8, GuestAddress(status)).unwrap();

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 
 use common::{alloc, driver, seq, Mode, MODES};
 use iopath_blk::config as c;
-use iopath_blk::driver::CONFIG_LEN;
 use iopath_blk::{BlkError, DriverOptions, Request};
 use iopath_virtio::features as vf;
 use iopath_virtio::transport::loopback::{Loopback, LoopbackDevice};
@@ -63,18 +62,21 @@ impl LoopbackDevice for RamDisk {
         2
     }
     fn config(&self) -> Vec<u8> {
-        let mut c = vec![0u8; CONFIG_LEN];
-        c[0..8].copy_from_slice(&((DISK / 512) as u64).to_le_bytes());
-        c[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
-        c[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
-        c[34..36].copy_from_slice(&2u16.to_le_bytes());
-        // discard and write-zeroes: 1024 sectors per segment, 1 segment.
-        c[36..40].copy_from_slice(&1024u32.to_le_bytes());
-        c[40..44].copy_from_slice(&1u32.to_le_bytes());
-        c[44..48].copy_from_slice(&1u32.to_le_bytes());
-        c[48..52].copy_from_slice(&1024u32.to_le_bytes());
-        c[52..56].copy_from_slice(&1u32.to_le_bytes());
-        c
+        c::BlkConfig {
+            capacity: (DISK / 512) as u64,
+            size_max: SIZE_MAX,
+            seg_max: SEG_MAX,
+            num_queues: 2,
+            // discard and write-zeroes: 1024 sectors per segment, 1 segment.
+            max_discard_sectors: 1024,
+            max_discard_seg: 1,
+            discard_sector_alignment: 1,
+            max_write_zeroes_sectors: 1024,
+            max_write_zeroes_seg: 1,
+            ..c::BlkConfig::default()
+        }
+        .to_bytes()
+        .to_vec()
     }
     fn handle(&mut self, _q: u16, req: &[u8], resp: &mut [u8]) -> usize {
         let Some((status, body)) = resp.split_last_mut() else {

@@ -5,6 +5,7 @@
 mod frontend;
 
 use frontend::*;
+use vm_memory::ByteValued;
 
 #[test]
 fn reads_writes_flush_and_id_reach_the_image() {
@@ -47,12 +48,11 @@ fn reads_writes_flush_and_id_reach_the_image() {
     assert_eq!(id[15..], [0u8; 5]);
 }
 
+/// One discard / write-zeroes segment; `flags` 1 is the unmap flag.
 fn range(sector: u64, count: u32, flags: u32) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&sector.to_le_bytes());
-    b.extend_from_slice(&count.to_le_bytes());
-    b.extend_from_slice(&flags.to_le_bytes());
-    b
+    RangeSegment::new(sector, count, flags == 1)
+        .as_slice()
+        .to_vec()
 }
 
 #[test]
@@ -104,10 +104,8 @@ fn many_requests_in_flight_on_two_queues() {
             let sector = (q as u64 * 16 + u64::from(i)) * 128;
             let data = pattern(sector * SECTOR, 64 << 10, q as u64);
             let h = c.alloc(16, 0);
-            let mut hdr = [0u8; 16];
-            hdr[0..4].copy_from_slice(&T_OUT.to_le_bytes());
-            hdr[8..16].copy_from_slice(&sector.to_le_bytes());
-            vm_memory::Bytes::write_slice(&c.mem, &hdr, vm_memory::GuestAddress(h)).unwrap();
+            let hdr = OutHeader::new(T_OUT, sector);
+            vm_memory::Bytes::write_obj(&c.mem, hdr, vm_memory::GuestAddress(h)).unwrap();
             let d = c.alloc(64 << 10, 0);
             vm_memory::Bytes::write_slice(&c.mem, &data, vm_memory::GuestAddress(d)).unwrap();
             let s = c.alloc(1, 0);

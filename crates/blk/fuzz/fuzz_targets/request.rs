@@ -21,13 +21,14 @@
 use std::collections::HashMap;
 
 use arbitrary::Arbitrary;
-use iopath_blk::request::{Limits, Rejected, Request, RequestKind, Segment, SECTOR_SIZE};
+use iopath_blk::request::{Limits, Rejected, Request, RequestKind, Segment};
+use iopath_blk::wire::{OutHeader, HEADER_LEN, SECTOR_SIZE};
 use iopath_virtio::device::{IotlbMsg, IotlbPerm, VhostIommu};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueOwnedT};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, IommuMemory, Permissions};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, IommuMemory, Permissions};
 
 const PAGE: u64 = 4096;
 const REGION: u64 = 0x1_0000;
@@ -267,11 +268,10 @@ fuzz_target!(|input: Input| {
         .get(usize::from(input.kind))
         .copied()
         .unwrap_or(input.raw_kind);
-    let mut header = [0u8; 16];
-    header[0..4].copy_from_slice(&kind.to_le_bytes());
-    header[8..16].copy_from_slice(&u64::from(input.sector).to_le_bytes());
+    let header = OutHeader::new(kind, u64::from(input.sector));
+    let header = header.as_slice();
     if let Some(first) = input.descs.first() {
-        if let Some(pieces) = reach(model, first.addr.resolve(), 16, false) {
+        if let Some(pieces) = reach(model, first.addr.resolve(), HEADER_LEN as u64, false) {
             let mut at = 0usize;
             for (gpa, n) in pieces {
                 let _ = data.write_slice(&header[at..at + n as usize], GuestAddress(gpa));

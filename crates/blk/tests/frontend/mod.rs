@@ -28,9 +28,9 @@ pub use iopath_blk::config::{
     VIRTIO_BLK_F_FLUSH as BLK_F_FLUSH, VIRTIO_BLK_F_MQ as BLK_F_MQ, VIRTIO_BLK_F_RO as BLK_F_RO,
 };
 #[allow(unused_imports)]
-pub use iopath_blk::request::{
-    SECTOR_SIZE as SECTOR, VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK,
-    VIRTIO_BLK_S_UNSUPP as S_UNSUPP, VIRTIO_BLK_T_DISCARD as T_DISCARD,
+pub use iopath_blk::wire::{
+    OutHeader, RangeSegment, HEADER_LEN, SECTOR_SIZE as SECTOR, VIRTIO_BLK_S_IOERR as S_IOERR,
+    VIRTIO_BLK_S_OK as S_OK, VIRTIO_BLK_S_UNSUPP as S_UNSUPP, VIRTIO_BLK_T_DISCARD as T_DISCARD,
     VIRTIO_BLK_T_FLUSH as T_FLUSH, VIRTIO_BLK_T_GET_ID as T_GET_ID, VIRTIO_BLK_T_IN as T_IN,
     VIRTIO_BLK_T_OUT as T_OUT, VIRTIO_BLK_T_WRITE_ZEROES as T_WRITE_ZEROES,
 };
@@ -503,11 +503,10 @@ impl Client {
     }
 
     pub fn header(&mut self, kind: u32, sector: u64) -> u64 {
-        let h = self.alloc(16, 0);
-        let mut b = [0u8; 16];
-        b[0..4].copy_from_slice(&kind.to_le_bytes());
-        b[8..16].copy_from_slice(&sector.to_le_bytes());
-        self.mem.write_slice(&b, GuestAddress(h)).unwrap();
+        let h = self.alloc(HEADER_LEN as u64, 0);
+        self.mem
+            .write_obj(OutHeader::new(kind, sector), GuestAddress(h))
+            .unwrap();
         h
     }
 

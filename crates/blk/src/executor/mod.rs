@@ -4,9 +4,8 @@
 //! used ring. Runs on the queue's worker thread, started by
 //! [`crate::backend::BlkBackend`].
 //!
-//! (About 730 lines: one type, the life cycle of a request on io_uring from
-//! the available ring to the used ring, bounces and short I/O included;
-//! splitting it would only scatter that state machine.)
+//! The io_uring side (requests in flight, completions into status bytes)
+//! is in `uring.rs`, discard and write-zeroes in `discard.rs`.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -14,111 +13,17 @@ use std::sync::{Arc, Mutex};
 
 use io_uring::{opcode, types, IoUring};
 use iopath_heap::AlignedBuf;
-use iopath_virtio::device::{DeviceMemory, DeviceMemoryGuard, DmaTicket, QueueContext};
+use iopath_virtio::device::{DeviceMemory, DeviceMemoryGuard, QueueContext};
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Bytes, GuestAddress, Permissions};
 
-use crate::backend::Image;
-use crate::request::{
-    Rejected, Request, RequestKind, SectorRange, Segment, SECTOR_SIZE, VIRTIO_BLK_ID_BYTES,
-    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
-};
+use crate::image::{Image, BOUNCE_ALIGN, DIRECT_ALIGN};
+use crate::request::{Rejected, Request, RequestKind, Segment};
+use crate::wire::{SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
+use uring::{guest_iovecs, InFlight, IoState, Op, IOV_MAX};
 
-/// Alignment `O_DIRECT` needs on this machine's file systems (ext4 with
-/// 512-byte sectors); bounce buffers are page-aligned.
-pub(crate) const DIRECT_ALIGN: usize = 512;
-pub(crate) const BOUNCE_ALIGN: usize = 4096;
-/// `IOV_MAX`: more segments than this go through a bounce buffer.
-const IOV_MAX: usize = 1024;
-
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-enum Op {
-    Read,
-    Write,
-    Flush,
-}
-
-/// A request handed to io_uring; everything its SQE points at lives here
-/// (and `mem` keeps the front end's memory mapped) until its CQE arrives.
-struct InFlight {
-    head: u16,
-    status: GuestAddress,
-    op: Op,
-    data: Vec<Segment>,
-    offset: u64,
-    total: usize,
-    iovecs: Box<[libc::iovec]>,
-    bounce: Option<AlignedBuf>,
-    _mem: DeviceMemoryGuard,
-    /// Held while the kernel may still access the front end's memory.
-    _dma: Option<DmaTicket>,
-}
-
-// SAFETY: the iovecs point into `bounce` (owned) or into the front end's
-// memory kept mapped by `_mem`; neither is tied to the creating thread.
-unsafe impl Send for InFlight {}
-
-/// What the kernel holds of one queue: the ring and the requests its
-/// entries point at. Shared with the queue thread's before-miss-wait hook
-/// (the same thread: the lock is never contended, and never held across a
-/// translation, which is where the hook runs).
-struct IoState {
-    ring: IoUring,
-    slots: Vec<Option<InFlight>>,
-    free: Vec<usize>,
-    in_flight: usize,
-    /// Completions taken out of the ring, their tickets dropped, not yet
-    /// written to the used ring.
-    done: Vec<(InFlight, i32)>,
-}
-
-impl IoState {
-    /// Takes every completion the kernel has posted: out of its slot, its
-    /// ticket dropped (the kernel is done with the memory).
-    fn take_completions(&mut self) {
-        let posted: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (slot, res) in posted {
-            let Some(mut flight) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
-                continue;
-            };
-            drop(flight._dma.take());
-            self.free.push(slot as usize);
-            self.in_flight -= 1;
-            self.done.push((flight, res));
-        }
-    }
-
-    /// Lets every request in flight finish (see
-    /// [`QueueContext::set_before_miss_wait`]).
-    fn finish_in_flight(&mut self) {
-        while self.in_flight > 0 {
-            let waited = self.ring.submit_and_wait(1);
-            // Whatever the wait says, what was posted is taken.
-            self.take_completions();
-            match waited {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => {
-                    tracing::warn!("io_uring wait: {e}");
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl Drop for IoState {
-    /// The kernel may still read or write the memory of requests in
-    /// flight (bounce buffers owned here, the front end's memory these
-    /// requests' tickets hold): let them finish before any of it goes.
-    fn drop(&mut self) {
-        self.finish_in_flight();
-    }
-}
+mod discard;
+mod uring;
 
 /// One queue's executor.
 pub(crate) struct Executor {
@@ -420,69 +325,14 @@ impl Executor {
                 self.complete(ctx, mem, head, Some(status), st, len);
             }
             RequestKind::Discard(ranges) => {
-                let st = self.discard(&ranges, false);
+                let st = discard::discard(&self.image.file, &ranges, false);
                 self.complete(ctx, mem, head, Some(status), st, 0);
             }
             RequestKind::WriteZeroes(ranges) => {
-                let st = self.discard(&ranges, true);
+                let st = discard::discard(&self.image.file, &ranges, true);
                 self.complete(ctx, mem, head, Some(status), st, 0);
             }
         }
-    }
-
-    /// Discard (`zero == false`) or write zeroes over `ranges`,
-    /// synchronously: both are rare and metadata-only on the image.
-    fn discard(&self, ranges: &[SectorRange], zero: bool) -> u8 {
-        use rustix::fs::{fallocate, FallocateFlags};
-        let fd = &self.image.file;
-        for r in ranges {
-            let (off, len) = (r.sector * SECTOR_SIZE, u64::from(r.count) * SECTOR_SIZE);
-            if len == 0 {
-                continue;
-            }
-            let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-            if !zero {
-                // Discard is a hint; a file system without holes keeps the
-                // data, which the specification allows.
-                let _ = fallocate(fd, punch, off, len);
-                continue;
-            }
-            let first = if r.unmap {
-                fallocate(fd, punch, off, len)
-            } else {
-                fallocate(
-                    fd,
-                    FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
-                    off,
-                    len,
-                )
-            };
-            if first.is_ok() {
-                continue;
-            }
-            // No ZERO_RANGE (e.g. tmpfs): a hole reads as zeroes too.
-            if fallocate(fd, punch, off, len).is_ok() {
-                continue;
-            }
-            if self.write_zero_bytes(off, len).is_err() {
-                return VIRTIO_BLK_S_IOERR;
-            }
-        }
-        VIRTIO_BLK_S_OK
-    }
-
-    fn write_zero_bytes(&self, mut off: u64, mut len: u64) -> io::Result<()> {
-        let chunk = AlignedBuf::new(1 << 20, BOUNCE_ALIGN).map_err(io::Error::other)?;
-        while len > 0 {
-            let n = len.min(chunk.len() as u64) as usize;
-            let done = rustix::io::pwrite(&self.image.file, &chunk.as_slice()[..n], off)?;
-            if done == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            off += done as u64;
-            len -= done as u64;
-        }
-        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -641,7 +491,7 @@ impl Executor {
         let _dma = ctx.dma_batch();
         let mem = ctx.memory();
         for (flight, res) in done {
-            let (status, len) = self.finish(&mem, &flight, res);
+            let (status, len) = flight.finish(&self.image.file, &mem, res);
             self.complete(ctx, &mem, flight.head, Some(flight.status), status, len);
         }
         if self.pending_notify {
@@ -656,113 +506,4 @@ impl Executor {
             }
         }
     }
-
-    /// Turns a completion into a status and the number of data bytes
-    /// written to the front end.
-    fn finish(&self, mem: &DeviceMemory, f: &InFlight, res: i32) -> (u8, u32) {
-        if res < 0 {
-            tracing::warn!(
-                "{:?} at {}: {}",
-                f.op,
-                f.offset,
-                io::Error::from_raw_os_error(-res)
-            );
-            return (VIRTIO_BLK_S_IOERR, 0);
-        }
-        if f.op == Op::Flush {
-            return (VIRTIO_BLK_S_OK, 0);
-        }
-        let done = res as usize;
-        if done < f.total {
-            if let Err(e) = self.finish_sync(f, done) {
-                tracing::warn!("{:?} at {} short and failed: {e}", f.op, f.offset);
-                return (VIRTIO_BLK_S_IOERR, 0);
-            }
-        }
-        if f.op == Op::Read {
-            if let Some(buf) = &f.bounce {
-                let mut off = 0usize;
-                for s in &f.data {
-                    let n = s.len as usize;
-                    if mem
-                        .write_slice(&buf.as_slice()[off..off + n], s.addr)
-                        .is_err()
-                    {
-                        return (VIRTIO_BLK_S_IOERR, 0);
-                    }
-                    off += n;
-                }
-            }
-            return (VIRTIO_BLK_S_OK, f.total as u32);
-        }
-        (VIRTIO_BLK_S_OK, 0)
-    }
-
-    /// Finishes a short read or write with plain `preadv`/`pwritev`.
-    fn finish_sync(&self, f: &InFlight, mut done: usize) -> io::Result<()> {
-        while done < f.total {
-            // Rebuild the iovecs past the first `done` bytes.
-            let mut skip = done;
-            let mut rest: Vec<libc::iovec> = Vec::with_capacity(f.iovecs.len());
-            for v in f.iovecs.iter() {
-                if skip >= v.iov_len {
-                    skip -= v.iov_len;
-                    continue;
-                }
-                rest.push(libc::iovec {
-                    // SAFETY: `skip < iov_len`, so the pointer stays inside
-                    // the same buffer.
-                    iov_base: unsafe { v.iov_base.cast::<u8>().add(skip) }.cast(),
-                    iov_len: v.iov_len - skip,
-                });
-                skip = 0;
-            }
-            let off = (f.offset + done as u64) as libc::off_t;
-            let fd = self.image.file.as_raw_fd();
-            let n_iov = rest.len().min(IOV_MAX) as libc::c_int;
-            // SAFETY: the iovecs point into memory kept alive by `f` (its
-            // bounce buffer or the front end's mapped memory).
-            let n = unsafe {
-                match f.op {
-                    Op::Read => libc::preadv(fd, rest.as_ptr(), n_iov, off),
-                    _ => libc::pwritev(fd, rest.as_ptr(), n_iov, off),
-                }
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            done += n as usize;
-        }
-        Ok(())
-    }
-}
-
-/// The host addresses of `data`, checked for `access` (with an IOMMU, every
-/// piece is translated through the IOTLB).
-fn guest_iovecs(
-    mem: &DeviceMemory,
-    data: &[Segment],
-    access: Permissions,
-) -> Result<Vec<libc::iovec>, ()> {
-    let mut out = Vec::with_capacity(data.len());
-    for s in data {
-        let slices = mem
-            .get_slices(s.addr, s.len as usize, access)
-            .map_err(|_| ())?;
-        for slice in slices {
-            let slice = slice.map_err(|_| ())?;
-            out.push(libc::iovec {
-                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
-                iov_len: slice.len(),
-            });
-        }
-    }
-    Ok(out)
 }

@@ -1,0 +1,248 @@
+//! The engine: runs a [`Workload`] on a driver, every queue on its own
+//! thread with its share of the blocks in flight.
+
+use std::time::Instant;
+
+use iopath_dma::DmaOps;
+use iopath_heap::Buffer;
+
+use super::blocks::Blocks;
+use super::choices::{Op, Pattern};
+use super::error::WorkloadError;
+use super::order::Order;
+use super::pattern::{check_pattern, fill_seq};
+use super::spec::Workload;
+use super::stats::Run;
+use crate::driver::{BlkDriver, BlkQueue, Request};
+
+/// What a workload measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Each timed run, in order.
+    pub runs: Vec<Run>,
+    /// Whether a verify pass read the range back and it matched the
+    /// pattern (`false`: none was asked for; a mismatch is an error).
+    pub verified: bool,
+}
+
+/// Called as a workload advances (from the queues' threads, hence `Sync`);
+/// `()` ignores everything.
+pub trait Progress: Sync {
+    /// Timed run `run` (from 0) of `runs` starts.
+    fn run_started(&self, run: usize, runs: usize) {
+        let _ = (run, runs);
+    }
+    /// A block of a timed run completed.
+    fn block_done(&self) {}
+}
+
+impl Progress for () {}
+
+/// Runs `w` on `drv` with the slots of `blocks` (made by [`Blocks::new`]
+/// for the same workload, and registered with the driver's ops): `runs`
+/// timed passes (each write pass followed by a flush, outside its timing),
+/// then the verify pass when asked for. Generic over the ops type: `O =
+/// Direct` is the static dispatch build, `O = dyn DmaOps` the dynamic one.
+///
+/// # Errors
+/// [`Workload::validate`]'s; [`WorkloadError::DepthBelowQueues`],
+/// [`WorkloadError::PastEnd`], [`WorkloadError::ReadOnly`] before any I/O;
+/// a failed block, flush or completion; [`WorkloadError::Mismatch`].
+pub fn drive<O: DmaOps + ?Sized>(
+    drv: &mut BlkDriver<O>,
+    w: &Workload,
+    blocks: &Blocks,
+    progress: &dyn Progress,
+) -> Result<Outcome, WorkloadError> {
+    w.validate()?;
+    let cfg = *drv.config();
+    let queues = drv.num_queues();
+    if w.queue_depth < queues {
+        return Err(WorkloadError::DepthBelowQueues {
+            queue_depth: w.queue_depth,
+            queues,
+        });
+    }
+    let end = w.offset + w.bytes();
+    if end > cfg.capacity_bytes() {
+        return Err(WorkloadError::PastEnd {
+            end,
+            capacity: cfg.capacity_bytes(),
+        });
+    }
+    if w.op == Op::Write && cfg.read_only {
+        return Err(WorkloadError::ReadOnly);
+    }
+    if w.op == Op::Write && w.pattern == Pattern::Zero {
+        // Zero the blocks once, outside the timed runs.
+        for b in &blocks.distinct {
+            b.fill(0, b.len(), 0)?;
+        }
+    }
+    let mut runs = Vec::with_capacity(w.runs);
+    for run in 0..w.runs {
+        progress.run_started(run, w.runs);
+        let t0 = Instant::now();
+        pass(drv, w, blocks, w.op, progress, false)?;
+        // Timed like `dd oflag=direct` and fio's O_DIRECT write: up to the
+        // last completion. The flush after makes the writes durable.
+        runs.push(Run::new(w.bytes(), t0.elapsed()));
+        if w.op == Op::Write {
+            drv.flush()?;
+        }
+    }
+    if w.verify {
+        if let Some(offset) = pass(drv, w, blocks, Op::Read, &(), true)? {
+            return Err(WorkloadError::Mismatch {
+                offset,
+                pattern: w.pattern,
+            });
+        }
+    }
+    Ok(Outcome {
+        runs,
+        verified: w.verify,
+    })
+}
+
+/// One pass over the range: `count` blocks, block `k` of the order on
+/// queue `k % queues`, each queue driven by its own thread with its share
+/// of the `queue_depth` slots in flight. With `check`, each block read is
+/// compared with the pattern and the lowest bad device offset returned.
+///
+/// # Errors
+/// A block that cannot be submitted or fails, a completion wait that
+/// fails, a panicked queue thread.
+pub fn pass<O: DmaOps + ?Sized>(
+    drv: &mut BlkDriver<O>,
+    w: &Workload,
+    blocks: &Blocks,
+    op: Op,
+    progress: &dyn Progress,
+    check: bool,
+) -> Result<Option<u64>, WorkloadError> {
+    let order = Order::new(w);
+    let queues = drv.queues_mut();
+    let nq = queues.len();
+    if nq == 1 {
+        return queue_pass(
+            &mut queues[0],
+            0,
+            1,
+            w,
+            &order,
+            &blocks.slots,
+            op,
+            progress,
+            check,
+        );
+    }
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = queues
+            .iter_mut()
+            .enumerate()
+            .map(|(qi, q)| {
+                // Slots qi, qi + nq, ...: at least one per queue.
+                let mine: Vec<_> = blocks.slots.iter().skip(qi).step_by(nq).cloned().collect();
+                let order = &order;
+                scope.spawn(move || queue_pass(q, qi, nq, w, order, &mine, op, progress, check))
+            })
+            .collect();
+        let mut bad: Option<u64> = None;
+        for (qi, worker) in workers.into_iter().enumerate() {
+            let b = worker
+                .join()
+                .map_err(|_| WorkloadError::Panicked { queue: qi })??;
+            bad = match (bad, b) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            };
+        }
+        Ok(bad)
+    })
+}
+
+/// The blocks of queue `qi` of `nq` (blocks `qi`, `qi + nq`, ... of the
+/// order), with `slots.len()` in flight. Returns the lowest device offset
+/// that did not match the pattern, when `check`.
+#[allow(clippy::too_many_arguments)]
+fn queue_pass<O: DmaOps + ?Sized>(
+    q: &mut BlkQueue<O>,
+    qi: usize,
+    nq: usize,
+    w: &Workload,
+    order: &Order,
+    slots: &[(Buffer, usize)],
+    op: Op,
+    progress: &dyn Progress,
+    check: bool,
+) -> Result<Option<u64>, WorkloadError> {
+    let bs = w.bs;
+    let mut next = (qi as u64..w.count).step_by(nq);
+    let mut scratch = Vec::new();
+    let mut bad: Option<u64> = None;
+    // slot -> (block of the order, device offset) of the request using it.
+    let mut busy: Vec<Option<(u64, u64)>> = vec![None; slots.len()];
+    loop {
+        for (slot, b) in busy.iter_mut().enumerate() {
+            if b.is_some() {
+                continue;
+            }
+            let Some(k) = next.next() else { break };
+            let offset = w.offset + order.block(k) * bs as u64;
+            let block = (offset - w.offset) / bs as u64;
+            let (buf, buf_offset) = (&slots[slot].0, slots[slot].1);
+            if op == Op::Write && w.pattern == Pattern::Seq {
+                scratch.resize(bs, 0);
+                fill_seq(&mut scratch, offset);
+                buf.write_at(buf_offset, &scratch)?;
+            }
+            let req = match op {
+                Op::Write => Request::Write {
+                    offset,
+                    buf,
+                    buf_offset,
+                    len: bs,
+                },
+                Op::Read => Request::Read {
+                    offset,
+                    buf,
+                    buf_offset,
+                    len: bs,
+                },
+            };
+            q.submit(req, slot as u64)
+                .map_err(|source| WorkloadError::Submit {
+                    block,
+                    offset,
+                    source,
+                })?;
+            *b = Some((block, offset));
+        }
+        if busy.iter().all(Option::is_none) {
+            return Ok(bad);
+        }
+        let d = q.complete()?;
+        let (block, offset) = usize::try_from(d.tag)
+            .ok()
+            .and_then(|s| busy.get_mut(s))
+            .and_then(Option::take)
+            .ok_or(WorkloadError::UnknownTag { tag: d.tag })?;
+        d.result.map_err(|source| WorkloadError::Block {
+            block,
+            offset,
+            source,
+        })?;
+        if check {
+            let (buf, at) = &slots[d.tag as usize];
+            scratch.resize(bs, 0);
+            buf.read_at(*at, &mut scratch)?;
+            if let Some(at) = check_pattern(&scratch, w.pattern, offset) {
+                // Keep the lowest bad offset whatever order blocks finish in.
+                bad = Some(bad.map_or(at, |b| b.min(at)));
+            }
+        } else {
+            progress.block_done();
+        }
+    }
+}
