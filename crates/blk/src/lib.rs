@@ -14,7 +14,10 @@
 //!
 //! The workload API ([`workload`]) drives a driver like `dd` or fio: many
 //! blocks in flight per queue, sequential or random offsets, a pattern and
-//! its verification, per-run timings.
+//! its verification, per-run timings. [`dd::run`] is the whole of it
+//! against a vhost-user-blk socket: connect, apply the platform policy (or
+//! the [`DmaMode`] override), drive, report; `iopath blk dd` and `iopath
+//! bench blk` both call it.
 //!
 //! The back end ([`BlkBackend`]) is a vhost-user-blk device that serves a
 //! raw image file with direct I/O through io_uring, one worker thread per
@@ -46,6 +49,7 @@
 pub mod backend;
 mod command;
 pub mod config;
+pub mod dd;
 pub mod driver;
 mod error;
 mod executor;
@@ -58,6 +62,7 @@ pub mod wire;
 pub mod workload;
 
 pub use backend::{BackendError, BlkBackend, BlkOptions};
+pub use dd::{DdConfig, DdError, DdReport, DmaMode};
 pub use driver::{BlkDriver, BlkError, BlkQueue, DeviceConfig, Done, DriverOptions, Request};
 pub use names::UnknownName;
 pub use workload::{Access, Blocks, Outcome, Workload, WorkloadError};

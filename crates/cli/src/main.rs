@@ -6,6 +6,7 @@
 mod bench;
 mod blk;
 mod blk_dd;
+mod blk_error;
 mod blk_serve;
 mod load;
 mod rpmsg;

@@ -12,16 +12,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iopath_blk::driver::DEVICE_ID_BLOCK;
-use iopath_blk::workload::{self, Access, Blocks, Op, Pattern, Stats, Workload};
-use iopath_blk::{BlkDriver, DriverOptions};
-use iopath_dma::{Direct, DmaOps};
+use iopath_blk::dd::DdConfig;
+use iopath_blk::workload::{self, Access, Op, Pattern, Stats, Workload};
 use iopath_heap::error_chain;
-use iopath_virtio::transport::vhost_user::VhostUser;
-use iopath_virtio::{Choice, Platform, Policy, Transport};
 use serde::Serialize;
 
 use crate::direct::DirectJob;
@@ -30,48 +25,8 @@ use crate::limit::Limit;
 use crate::place::{on_cpu, spawn_on, Cpus, Placement};
 use crate::{fio, Error, Missing, Progress, Result};
 
-/// The DMA ops of a row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DmaMode {
-    /// Direct ops through `&dyn DmaOps`.
-    Direct,
-    /// Direct ops, the driver monomorphised over them.
-    DirectStatic,
-    /// IOMMU ops: IOVAs, IOTLB updates and invalidations.
-    Iommu,
-    /// Bounce ops: copies through a small shared window.
-    Bounce,
-}
-
-impl DmaMode {
-    /// Every mode, in table order.
-    pub const ALL: [DmaMode; 4] = [
-        DmaMode::Direct,
-        DmaMode::DirectStatic,
-        DmaMode::Iommu,
-        DmaMode::Bounce,
-    ];
-
-    /// The ops the platform policy is told to use.
-    pub fn choice(self) -> Choice {
-        match self {
-            DmaMode::Direct | DmaMode::DirectStatic => Choice::Direct,
-            DmaMode::Iommu => Choice::Iommu,
-            DmaMode::Bounce => Choice::Bounce,
-        }
-    }
-
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            DmaMode::Direct => "direct",
-            DmaMode::DirectStatic => "direct-static",
-            DmaMode::Iommu => "iommu",
-            DmaMode::Bounce => "bounce",
-        }
-    }
-}
+/// The DMA ops of a row: the override `iopath blk dd --dma` gives.
+pub use iopath_blk::dd::DmaMode;
 
 /// What `iopath bench blk` measures.
 #[derive(Debug, Clone)]
@@ -375,7 +330,8 @@ fn driver_err<E: std::error::Error + Send + Sync + 'static>(
 }
 
 /// One dd run of iopath's driver through the workload API against the
-/// back end on `socket`: GiB/s.
+/// back end on `socket`, with `mode`'s override of the platform policy
+/// (direct platform, swiotlb's default bounce geometry): GiB/s.
 fn dd_once(socket: &Path, cfg: &BlkConfig, mode: DmaMode) -> Result<f64> {
     let w = Workload {
         op: Op::Write,
@@ -389,30 +345,10 @@ fn dd_once(socket: &Path, cfg: &BlkConfig, mode: DmaMode) -> Result<f64> {
         runs: 1,
         verify: false,
     };
-    let blocks = Blocks::new(&w).map_err(driver_err("allocating the blocks"))?;
-    let reach = format!("reaching the back end at {}", socket.display());
-    let transport: Arc<dyn Transport> = Arc::new(
-        VhostUser::connect(socket, DEVICE_ID_BLOCK, Duration::from_secs(10))
-            .map_err(driver_err(&reach))?,
-    );
-    let opts = DriverOptions {
-        queues: 1,
-        ..DriverOptions::default()
-    };
-    // The experiment's override of the platform policy (direct platform,
-    // swiotlb's default bounce geometry).
-    let policy = Policy::new(Platform::Direct).with_override(Some(mode.choice()));
-    const INIT: &str = "initialising the virtio-blk device";
-    let out = if mode == DmaMode::DirectStatic {
-        let mut drv = BlkDriver::<Direct>::new(transport, &policy, &opts, blocks.buffers())
-            .map_err(driver_err(INIT))?;
-        workload::drive(&mut drv, &w, &blocks, &()).map_err(driver_err("dd"))?
-    } else {
-        let mut drv = BlkDriver::<dyn DmaOps>::new(transport, &policy, &opts, blocks.buffers())
-            .map_err(driver_err(INIT))?;
-        workload::drive(&mut drv, &w, &blocks, &()).map_err(driver_err("dd"))?
-    };
-    Ok(out.runs[0].gib_per_s)
+    let mut dd = DdConfig::new(socket, w);
+    dd.dma = Some(mode);
+    let report = iopath_blk::dd::run(&dd, &()).map_err(driver_err("dd"))?;
+    Ok(report.runs[0].gib_per_s)
 }
 
 /// A row being measured: its runs so far, or why it cannot run.
