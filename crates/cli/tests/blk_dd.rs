@@ -335,9 +335,9 @@ fn dd_platform_policy_against_qemu_storage_daemon() {
     check_seq(&q.image, 1 << 20, 2 << 20);
 }
 
-/// Bug 5 of issue 12: small blocks work (the block buffers are rounded up
-/// to pages, not refused with a page-size error about an option nobody
-/// gave), and each bad argument is named with what it accepts.
+/// Small blocks work (the block buffers are rounded up to pages, not
+/// refused with a page-size error about an option nobody gave), and each
+/// bad argument is named with what it accepts.
 #[test]
 fn dd_small_blocks_work_and_errors_name_the_option() {
     let s = serve(1 << 20);
