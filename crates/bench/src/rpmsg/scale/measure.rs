@@ -6,18 +6,20 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
-use iopath_rpmsg::ctrl::{CtrlClient, EptInfo};
+use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
+use rustix::net::{RecvFlags, SendFlags};
 
-use super::{CreateRow, SINK_SYNC};
+use super::{CreateRow, EchoRow, SINK_SYNC};
 use crate::error::{check, check_failed, invalid};
 use crate::rpmsg::children::{bound, Servers};
+use crate::rpmsg::raw::sink::RawSink;
 use crate::{percentile, Error, Result};
 
 /// One endpoint's share of an echo run.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PerEpt {
-    pub(super) round_trips: u64,
-    pub(super) p99_us: f64,
+    round_trips: u64,
+    p99_us: f64,
 }
 
 /// `n` endpoints echoing at once from `n` threads for `time`.
@@ -91,7 +93,7 @@ pub(super) fn echo_run(c: &CtrlClient, n: usize, time: Duration) -> Result<(f64,
 
 /// Sends `msgs` payloads of `size` bytes on `send`, then [`SINK_SYNC`], and
 /// waits for the count with `recv`; returns the time taken and the count.
-pub(super) fn stream(
+fn stream(
     msgs: u64,
     size: usize,
     mut send: impl FnMut(&[u8]) -> Result<()>,
@@ -110,6 +112,55 @@ pub(super) fn stream(
     let mut c = [0u8; 8];
     c.copy_from_slice(&answer[..8]);
     Ok((took, u64::from_le_bytes(c)))
+}
+
+/// `msgs` payloads of `size` bytes through the endpoint `sink` to the
+/// remote's sink, then its count ([`stream`]).
+pub(super) fn stream_ept(sink: &EptFd, msgs: u64, size: usize) -> Result<(Duration, u64)> {
+    stream(
+        msgs,
+        size,
+        |m| sink.send(m).map_err(Error::ctrl("streaming to the sink")),
+        |b| {
+            sink.recv_timeout(b, Duration::from_secs(60))
+                .map_err(Error::ctrl("waiting for the sink's count"))?
+                .ok_or_else(|| Error::Check("no answer from the sink within 60 s".into()))
+        },
+    )
+}
+
+/// The same through the bare socket to the raw sink `raw`.
+pub(super) fn stream_raw(raw: &RawSink, msgs: u64, size: usize) -> Result<(Duration, u64)> {
+    stream(
+        msgs,
+        size,
+        |m| {
+            rustix::net::send(raw.conn(), m, SendFlags::NOSIGNAL)
+                .map(drop)
+                .map_err(Error::sys("streaming to the raw sink"))
+        },
+        |b| {
+            rustix::net::recv(raw.conn(), b, RecvFlags::empty())
+                .map(|(n, _)| n)
+                .map_err(Error::sys("waiting for the raw sink's count"))
+        },
+    )
+}
+
+impl EchoRow {
+    /// Adds a run's figures: its aggregate rate `agg` and each endpoint's
+    /// share `per`.
+    pub(super) fn add(&mut self, agg: f64, per: &[PerEpt]) {
+        let mut p99: Vec<f64> = per.iter().map(|p| p.p99_us).collect();
+        p99.sort_by(f64::total_cmp);
+        let mut rts: Vec<f64> = per.iter().map(|p| p.round_trips as f64).collect();
+        rts.sort_by(f64::total_cmp);
+        self.aggregate.push(agg);
+        self.p99_median.push(percentile(&p99, 0.5));
+        self.p99_max.push(p99.last().copied().unwrap_or(0.0));
+        self.fewest_share
+            .push(rts[0] / percentile(&rts, 0.5).max(1.0));
+    }
 }
 
 /// The resident memory of process `pid`, KiB.

@@ -22,13 +22,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rustix::net::{RecvFlags, SendFlags};
-
 use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::rpmsg::children::{bound, Servers, Setup};
 use crate::rpmsg::raw::sink::RawSink;
-use crate::{percentile, Error, Result};
+use crate::Result;
 
 mod measure;
 mod report;
@@ -117,8 +115,8 @@ struct CreateRow {
 /// Runs the scale experiments.
 ///
 /// # Errors
-/// [`Error::Invalid`] for bad settings; when the host, remote or raw sink
-/// cannot be started or misbehave (an echo wrong, a message lost).
+/// [`crate::Error::Invalid`] for bad settings; when the host, remote or
+/// raw sink cannot be started or misbehave (an echo wrong, a message lost).
 pub fn run(cfg: &ScaleConfig) -> Result<ScaleReport> {
     if cfg.runs == 0 {
         invalid!("--runs", "give at least 1");
@@ -173,70 +171,29 @@ pub fn run(cfg: &ScaleConfig) -> Result<ScaleReport> {
             for k in 0..echo.len() {
                 let row = &mut echo[(k + run) % cfg.endpoints.len()];
                 let (agg, per) = measure::echo_run(&c, row.endpoints, cfg.echo_time)?;
-                let mut p99: Vec<f64> = per.iter().map(|p| p.p99_us).collect();
-                p99.sort_by(f64::total_cmp);
-                let mut rts: Vec<f64> = per.iter().map(|p| p.round_trips as f64).collect();
-                rts.sort_by(f64::total_cmp);
-                row.aggregate.push(agg);
-                row.p99_median.push(percentile(&p99, 0.5));
-                row.p99_max.push(p99.last().copied().unwrap_or(0.0));
-                row.fewest_share
-                    .push(rts[0] / percentile(&rts, 0.5).max(1.0));
+                row.add(agg, &per);
             }
             for k in 0..streams.len() {
                 let row = &mut streams[(k + run) % cfg.stream_sizes.len()];
-                let mut ways = [0, 1];
-                if run % 2 == 1 {
-                    ways.reverse();
-                }
-                for way in ways {
-                    let (took, count) = if way == 0 {
-                        measure::stream(
-                            cfg.stream_msgs,
-                            row.size,
-                            |m| sink.send(m).map_err(Error::ctrl("streaming to the sink")),
-                            |b| {
-                                sink.recv_timeout(b, Duration::from_secs(60))
-                                    .map_err(Error::ctrl("waiting for the sink's count"))?
-                                    .ok_or_else(|| {
-                                        Error::Check("no answer from the sink within 60 s".into())
-                                    })
-                            },
-                        )?
+                // The endpoint first in even runs, the raw socket in odd.
+                for raw_way in [run % 2 == 1, run % 2 == 0] {
+                    let (name, seen, rates) = if raw_way {
+                        ("raw", &mut raw_count, &mut row.raw)
                     } else {
-                        measure::stream(
-                            cfg.stream_msgs,
-                            row.size,
-                            |m| {
-                                rustix::net::send(raw.conn(), m, SendFlags::NOSIGNAL)
-                                    .map(drop)
-                                    .map_err(Error::sys("streaming to the raw sink"))
-                            },
-                            |b| {
-                                rustix::net::recv(raw.conn(), b, RecvFlags::empty())
-                                    .map(|(n, _)| n)
-                                    .map_err(Error::sys("waiting for the raw sink's count"))
-                            },
-                        )?
+                        ("remote", &mut expect, &mut row.ept)
                     };
-                    let seen = if way == 0 {
-                        &mut expect
+                    let (took, count) = if raw_way {
+                        measure::stream_raw(&raw, cfg.stream_msgs, row.size)?
                     } else {
-                        &mut raw_count
+                        measure::stream_ept(&sink, cfg.stream_msgs, row.size)?
                     };
                     *seen += cfg.stream_msgs + 1;
                     check!(
                         count == *seen,
-                        "the {} sink counted {count} messages, not {}: messages were lost",
-                        if way == 0 { "remote" } else { "raw" },
+                        "the {name} sink counted {count} messages, not {}: messages were lost",
                         *seen
                     );
-                    let rate = cfg.stream_msgs as f64 / took.as_secs_f64();
-                    if way == 0 {
-                        row.ept.push(rate);
-                    } else {
-                        row.raw.push(rate);
-                    }
+                    rates.push(cfg.stream_msgs as f64 / took.as_secs_f64());
                 }
             }
         }

@@ -50,7 +50,7 @@ impl ScaleReport {
                 .map(|r| bar(format!("{} endpoints", r.endpoints), &r.aggregate, PRIMARY))
                 .collect(),
             lines: vec![Line::across(
-                "one endpoint's rate (the 256-endpoint goal: at least 0.9x)".into(),
+                "one endpoint's rate (the 256-endpoint target: at least 0.9x)".into(),
                 n,
                 one,
             )],
