@@ -22,6 +22,7 @@
 //! they share behind the bus lock.
 
 mod endpoint;
+mod error;
 mod hook;
 mod name_service;
 mod service;
@@ -29,6 +30,7 @@ mod state;
 mod zero_copy;
 
 pub use endpoint::{Endpoint, EndpointOptions, EndpointRef};
+pub use error::BusError;
 pub use hook::{HookRun, ServiceHook};
 pub use zero_copy::{RxBuffer, TxBuffer, ZeroCopyEndpoint};
 
@@ -39,70 +41,19 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
-use thiserror::Error;
 use tracing::debug;
 
 use self::state::{
     lock, mark_down, notify_down, wait_for_buffer, Callback, EptSlot, Shared, Sink, State,
 };
 use crate::host::HostLink;
-use crate::link::{Link, LinkError, Role};
-use crate::notify::{Notifier, NotifyError};
+use crate::link::{Link, Role};
+use crate::notify::Notifier;
 use crate::remote::RemoteLink;
 use crate::shm::SharedMem;
 use crate::wire::{
-    self, check_name, Endian, WireError, ADDR_ANY, HDR_LEN, NS_ADDR, RESERVED_ADDRESSES,
-    VIRTIO_RPMSG_F_NS,
+    self, check_name, Endian, ADDR_ANY, HDR_LEN, NS_ADDR, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS,
 };
-
-/// Why a bus operation failed.
-#[derive(Debug, Error)]
-pub enum BusError {
-    /// The link is down (reason given).
-    #[error("Link down: {0}")]
-    LinkDown(String),
-    /// No buffer free and the caller asked not to wait.
-    #[error("No free buffer")]
-    WouldBlock,
-    /// No buffer became free in time, or nothing arrived in time.
-    #[error("Timed out")]
-    Timeout,
-    /// The payload does not fit a buffer.
-    #[error("Payload of {len} bytes is larger than {max}")]
-    TooLarge {
-        /// Payload length.
-        len: usize,
-        /// Largest payload.
-        max: usize,
-    },
-    /// The endpoint has no destination yet.
-    #[error("Endpoint {addr} is not bound to a remote address")]
-    NotBound {
-        /// The endpoint.
-        addr: u32,
-    },
-    /// The source address is taken.
-    #[error("Address {addr} is in use")]
-    AddrInUse {
-        /// The address.
-        addr: u32,
-    },
-    /// A bad name.
-    #[error("Bad endpoint name")]
-    Name(#[from] WireError),
-    /// The remote service this endpoint was bound to is gone.
-    #[error("Remote service gone")]
-    Unbound,
-    /// The endpoint delivers to a callback, not a queue.
-    #[error("Endpoint delivers to a callback")]
-    CallbackEndpoint,
-    /// Starting the link failed.
-    #[error("Link setup failed")]
-    Link(#[from] LinkError),
-    /// The notifier failed while starting.
-    #[error("Notification failed")]
-    Notify(#[from] NotifyError),
-}
 
 /// Counters of what the bus did and refused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

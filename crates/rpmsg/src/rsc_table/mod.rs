@@ -17,10 +17,14 @@
 //! checked against the bytes given and the shared-memory size, and a table
 //! that lies is refused with the reason.
 
-use thiserror::Error;
+mod error;
+mod layout;
+
+pub use error::RscError;
+pub use layout::ShmLayout;
 
 use crate::vring::VringPlacement;
-use crate::wire::{BUF_SIZE, VIRTIO_RPMSG_F_NS};
+use crate::wire::BUF_SIZE;
 
 /// Resource type of a virtio device entry.
 pub const RSC_VDEV: u32 = 3;
@@ -40,131 +44,6 @@ pub const MAX_ENTRIES: u32 = 64;
 /// Virtio status bits (virtio 1.x §2.1), as the vdev's `status` byte holds
 /// them.
 pub use iopath_virtio::features::status;
-
-/// Why a resource table was refused.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum RscError {
-    /// Fewer bytes than a table header.
-    #[error("Resource table of {len} bytes is shorter than its header")]
-    TooSmall {
-        /// Bytes available.
-        len: usize,
-    },
-    /// A version other than 1.
-    #[error("Resource table version {ver}, expected 1")]
-    Version {
-        /// The version found.
-        ver: u32,
-    },
-    /// More entries than fit (or than iopath accepts).
-    #[error("Resource table declares {num} entries; at most {max} fit")]
-    TooManyEntries {
-        /// Declared entries.
-        num: u32,
-        /// What fits.
-        max: u32,
-    },
-    /// An entry offset that points outside the table or into its header.
-    #[error("Entry {index} at offset {offset:#x} lies outside the {len}-byte table")]
-    EntryOffset {
-        /// Entry index.
-        index: usize,
-        /// The offset found.
-        offset: u32,
-        /// Table bytes.
-        len: usize,
-    },
-    /// A vdev entry whose vrings or config run past the table.
-    #[error("Vdev entry at {offset:#x} needs {need} bytes, {room} left in the table")]
-    VdevTruncated {
-        /// Entry offset.
-        offset: usize,
-        /// Bytes the entry claims.
-        need: usize,
-        /// Bytes left.
-        room: usize,
-    },
-    /// Non-zero reserved bytes in a vdev entry.
-    #[error("Vdev entry at {offset:#x} has non-zero reserved bytes")]
-    VdevReserved {
-        /// Entry offset.
-        offset: usize,
-    },
-    /// No rpmsg vdev in the table.
-    #[error("No rpmsg vdev (type 3, id 7) in the resource table")]
-    NoRpmsgVdev,
-    /// An rpmsg vdev without exactly two vrings.
-    #[error("rpmsg vdev has {count} vrings, expected 2")]
-    VringCount {
-        /// Vrings declared.
-        count: u8,
-    },
-    /// A vring size that is zero, not a power of two or too large.
-    #[error("Vring {index} has {num} entries (must be a power of two, 1..=32768)")]
-    VringNum {
-        /// Vring index.
-        index: usize,
-        /// Entries declared.
-        num: u32,
-    },
-    /// A vring alignment that is not a power of two of at least 16.
-    #[error("Vring {index} alignment {align:#x} is not a power of two >= 16")]
-    VringAlign {
-        /// Vring index.
-        index: usize,
-        /// Alignment declared.
-        align: u32,
-    },
-    /// A vring whose address is "any" or misaligned.
-    #[error("Vring {index} address {da:#x} is unset or not 16-byte aligned")]
-    VringAddr {
-        /// Vring index.
-        index: usize,
-        /// Address declared.
-        da: u32,
-    },
-    /// A vring whose address is not a multiple of its alignment: its used
-    /// ring would not be where both sides compute it.
-    #[error("Vring {index} address {da:#x} is not a multiple of its alignment {align:#x}")]
-    VringMisaligned {
-        /// Vring index.
-        index: usize,
-        /// Address declared.
-        da: u32,
-        /// Alignment declared.
-        align: u32,
-    },
-    /// A vring that does not fit in the shared memory.
-    #[error("Vring {index} at {da:#x} ({size} bytes) runs past the {shm_len}-byte shared memory")]
-    VringOutside {
-        /// Vring index.
-        index: usize,
-        /// Address.
-        da: u64,
-        /// Ring bytes.
-        size: u64,
-        /// Shared-memory size.
-        shm_len: u64,
-    },
-    /// A vring that overlaps the table or the other vring.
-    #[error("Vring {index} at {da:#x} overlaps {what}")]
-    VringOverlap {
-        /// Vring index.
-        index: usize,
-        /// Address.
-        da: u64,
-        /// What it overlaps.
-        what: &'static str,
-    },
-    /// No room left for the buffer pool.
-    #[error("No room for a {need}-byte buffer pool in the {shm_len}-byte shared memory")]
-    NoPool {
-        /// Bytes needed.
-        need: u64,
-        /// Shared-memory size.
-        shm_len: u64,
-    },
-}
 
 /// One vring as the table describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -434,97 +313,6 @@ impl ResourceTable {
 /// Alignment of the buffer pool (OpenAMP demo: 0x10000).
 pub const POOL_ALIGN: u64 = 0x10000;
 
-/// A shared-memory layout to create: where the table, vrings and buffers go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShmLayout {
-    /// Shared-memory size.
-    pub shm_size: u64,
-    /// Entries per vring.
-    pub num: u32,
-    /// Used-ring alignment.
-    pub align: u32,
-    /// vq0 address.
-    pub vring0: u32,
-    /// vq1 address.
-    pub vring1: u32,
-    /// Features offered (bit numbers as in the `dfeatures` word).
-    pub dfeatures: u32,
-}
-
-impl ShmLayout {
-    /// OpenAMP's Linux demo: 0x80000 bytes, table at 0, vrings of 256 at
-    /// 0x4000 and 0x8000 with alignment 0x1000, buffers from 0x10000, name
-    /// service offered.
-    pub fn openamp_demo() -> Self {
-        ShmLayout {
-            shm_size: 0x80000,
-            num: 256,
-            align: 0x1000,
-            vring0: 0x4000,
-            vring1: 0x8000,
-            dfeatures: 1 << VIRTIO_RPMSG_F_NS,
-        }
-    }
-
-    /// The same principle for `shm_size` bytes and rings of `num` entries:
-    /// table at 0, vq0 at 0x4000, vq1 at the next 0x4000 boundary after vq0,
-    /// buffers from the next 0x10000 boundary.
-    ///
-    /// # Errors
-    /// [`RscError`] if the rings or the buffers do not fit.
-    pub fn for_size(shm_size: u64, num: u32) -> Result<Self, RscError> {
-        let align = 0x1000u32;
-        let size = VringPlacement::ring_size(num, u64::from(align))
-            .ok_or(RscError::VringNum { index: 0, num })?;
-        let stride = size.div_ceil(0x4000) * 0x4000;
-        let vring1 = 0x4000 + stride;
-        let l = ShmLayout {
-            shm_size,
-            num,
-            align,
-            vring0: 0x4000,
-            vring1: u32::try_from(vring1).map_err(|_| RscError::VringOutside {
-                index: 1,
-                da: vring1,
-                size,
-                shm_len: shm_size,
-            })?,
-            dfeatures: 1 << VIRTIO_RPMSG_F_NS,
-        };
-        // Validate by building and parsing, so one set of rules applies.
-        let t = ResourceTable::parse(&l.table(), 0, shm_size)?;
-        t.buffer_pool(shm_size)?;
-        Ok(l)
-    }
-
-    /// The resource table bytes for this layout (one rpmsg vdev, two vrings
-    /// with notify ids 1 and 2, status 0, no config space).
-    pub fn table(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(TABLE_HDR_LEN + 4 + VDEV_LEN + 2 * VRING_LEN);
-        let mut put = |v: u32| b.extend_from_slice(&v.to_le_bytes());
-        put(1); // ver
-        put(1); // num
-        put(0);
-        put(0); // reserved
-        put((TABLE_HDR_LEN + 4) as u32); // offset[0]
-        put(RSC_VDEV);
-        put(VIRTIO_ID_RPMSG);
-        put(0); // notifyid
-        put(self.dfeatures);
-        put(0); // gfeatures
-        put(0); // config_len
-        put(2u32 << 8); // status 0, num_of_vrings 2, reserved 0 0
-        for (i, da) in [self.vring0, self.vring1].into_iter().enumerate() {
-            put(da);
-            put(self.align);
-            put(self.num);
-            put(i as u32 + 1);
-            put(0);
-        }
-        b
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -661,16 +449,6 @@ mod tests {
             t.buffer_pool(0x20000),
             Err(RscError::NoPool { .. })
         ));
-    }
-
-    #[test]
-    fn bigger_layouts() {
-        let l = ShmLayout::for_size(0x200000, 1024).unwrap();
-        let t = ResourceTable::parse(&l.table(), 0, l.shm_size).unwrap();
-        let (start, size) = t.buffer_pool(l.shm_size).unwrap();
-        assert_eq!(size, 2 * 1024 * 512);
-        assert!(start >= u64::from(l.vring1));
-        assert!(ShmLayout::for_size(0x80000, 1024).is_err());
     }
 
     proptest! {

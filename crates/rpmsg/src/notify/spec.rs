@@ -1,0 +1,200 @@
+//! Which notifier, as given on the command line (`eventfd:PATH`,
+//! `unix:PATH`, `poll`), and how the two sides meet: the remote listens
+//! (it also writes the resource table, as in OpenAMP's demo); the host
+//! connects, retrying while the remote starts up.
+
+use std::fmt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use super::{io, EventfdNotifier, Notifier, NotifyError, PollNotifier, UnixByteNotifier};
+
+/// How host and remote notify each other, as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotifySpec {
+    /// `eventfd:PATH`: an eventfd pair handed over on the unix socket PATH.
+    Eventfd(PathBuf),
+    /// `unix:PATH`: one byte per kick on the unix socket PATH.
+    Unix(PathBuf),
+    /// `poll`: no notifications.
+    Poll,
+}
+
+impl FromStr for NotifySpec {
+    type Err = NotifyError;
+
+    fn from_str(s: &str) -> Result<Self, NotifyError> {
+        if s == "poll" {
+            Ok(NotifySpec::Poll)
+        } else if let Some(p) = s.strip_prefix("eventfd:").filter(|p| !p.is_empty()) {
+            Ok(NotifySpec::Eventfd(p.into()))
+        } else if let Some(p) = s.strip_prefix("unix:").filter(|p| !p.is_empty()) {
+            Ok(NotifySpec::Unix(p.into()))
+        } else {
+            Err(NotifyError::Spec(s.to_owned()))
+        }
+    }
+}
+
+impl fmt::Display for NotifySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotifySpec::Eventfd(p) => write!(f, "eventfd:{}", p.display()),
+            NotifySpec::Unix(p) => write!(f, "unix:{}", p.display()),
+            NotifySpec::Poll => f.write_str("poll"),
+        }
+    }
+}
+
+/// A bound listening socket for the remote side; bind it before announcing
+/// readiness so the host's connect cannot race the bind.
+#[derive(Debug)]
+pub struct NotifyListener {
+    spec: NotifySpec,
+    listener: Option<UnixListener>,
+}
+
+impl NotifySpec {
+    /// Remote side, step 1: binds the socket (replacing a stale one).
+    ///
+    /// # Errors
+    /// [`NotifyError::InUse`] if another remote listens there,
+    /// [`NotifyError::NotSocket`] for another kind of file,
+    /// [`NotifyError::Io`] if the socket cannot be bound.
+    pub fn bind(&self) -> Result<NotifyListener, NotifyError> {
+        let listener = match self {
+            NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => {
+                use crate::claim::{claim, Refusal};
+                claim(p, rustix::net::SocketType::STREAM).map_err(|r| match r {
+                    Refusal::InUse => NotifyError::InUse { path: p.clone() },
+                    Refusal::NotSocket => NotifyError::NotSocket { path: p.clone() },
+                    Refusal::Io(op, source) => NotifyError::Io { op, source },
+                })?;
+                Some(UnixListener::bind(p).map_err(io("bind"))?)
+            }
+            NotifySpec::Poll => None,
+        };
+        Ok(NotifyListener {
+            spec: self.clone(),
+            listener,
+        })
+    }
+
+    /// Host side: connects, retrying for up to `timeout` while the remote
+    /// starts.
+    ///
+    /// # Errors
+    /// [`NotifyError::Timeout`] if nobody listens in time, or a handshake
+    /// error.
+    pub fn connect(&self, timeout: Duration) -> Result<Box<dyn Notifier>, NotifyError> {
+        let path = match self {
+            NotifySpec::Poll => return Ok(Box::new(PollNotifier)),
+            NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => p,
+        };
+        let start = Instant::now();
+        loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            let sock = connect_retry(path, left)?;
+            return Ok(match self {
+                NotifySpec::Eventfd(_) => match EventfdNotifier::accept(sock) {
+                    Ok(n) => Box::new(n),
+                    // A remote killed a moment ago closes its listener
+                    // last: a connect in between is queued, then reset.
+                    // The next remote is on its way; retry.
+                    Err(NotifyError::PeerGone) if !left.is_zero() => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
+                _ => Box::new(UnixByteNotifier::new(sock)?),
+            });
+        }
+    }
+}
+
+impl NotifyListener {
+    /// The socket path, if the notifier has one.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.spec {
+            NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => Some(p),
+            NotifySpec::Poll => None,
+        }
+    }
+
+    /// Remote side, step 2: waits for the host to connect (no time limit).
+    /// The listener stays bound, so a host that comes later (after this
+    /// one went) can connect again, and a second remote is refused.
+    ///
+    /// # Errors
+    /// [`NotifyError::Io`] if `accept` fails, a handshake error if the
+    /// connection is not a host (e.g. another server's probe).
+    pub fn accept(&self) -> Result<Box<dyn Notifier>, NotifyError> {
+        let Some(l) = &self.listener else {
+            return Ok(Box::new(PollNotifier));
+        };
+        let (sock, _) = l.accept().map_err(io("accept"))?;
+        Ok(match self.spec {
+            NotifySpec::Eventfd(_) => Box::new(EventfdNotifier::offer(sock)?),
+            _ => Box::new(UnixByteNotifier::new(sock)?),
+        })
+    }
+}
+
+fn connect_retry(path: &Path, timeout: Duration) -> Result<UnixStream, NotifyError> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(1);
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                if start.elapsed() >= timeout {
+                    return Err(NotifyError::Timeout {
+                        path: path.to_owned(),
+                        secs: timeout.as_secs(),
+                    });
+                }
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(io("connect")(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_parsing() {
+        assert_eq!("poll".parse::<NotifySpec>().unwrap(), NotifySpec::Poll);
+        assert_eq!(
+            "unix:/tmp/openamp.event.0".parse::<NotifySpec>().unwrap(),
+            NotifySpec::Unix("/tmp/openamp.event.0".into())
+        );
+        assert_eq!(
+            "eventfd:/x".parse::<NotifySpec>().unwrap().to_string(),
+            "eventfd:/x"
+        );
+        assert!("unix:".parse::<NotifySpec>().is_err());
+        assert!("tcp:1".parse::<NotifySpec>().is_err());
+    }
+
+    #[test]
+    fn connect_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = NotifySpec::Unix(dir.path().join("none"));
+        assert!(matches!(
+            spec.connect(Duration::from_millis(30)),
+            Err(NotifyError::Timeout { .. })
+        ));
+    }
+}
