@@ -33,7 +33,7 @@ use crate::uapi;
 
 /// The endpoint service's control socket (`IOPATH_RPMSG_CTRL`), if set.
 pub(crate) fn service_path() -> Option<PathBuf> {
-    std::env::var_os("IOPATH_RPMSG_CTRL")
+    std::env::var_os(iopath_rpmsg::exec::ENV_CTRL)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
 }
@@ -95,15 +95,13 @@ pub(crate) mod fork {
 /// The service's node directory: `IOPATH_RPMSG_RUNDIR`, else where its
 /// answers put nodes, else its default (the socket path and `.d`).
 fn rundir(ctrl: &std::path::Path) -> PathBuf {
-    if let Some(d) = std::env::var_os("IOPATH_RPMSG_RUNDIR").filter(|v| !v.is_empty()) {
+    if let Some(d) = std::env::var_os(iopath_rpmsg::exec::ENV_RUNDIR).filter(|v| !v.is_empty()) {
         return PathBuf::from(d);
     }
     if let Some(d) = RUNDIR.lock().unwrap_or_else(|e| e.into_inner()).clone() {
         return d;
     }
-    let mut p = ctrl.as_os_str().to_owned();
-    p.push(".d");
-    PathBuf::from(p)
+    iopath_rpmsg::ctrl::default_run_dir(ctrl)
 }
 
 /// The errno a client error becomes.

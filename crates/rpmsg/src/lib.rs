@@ -27,6 +27,12 @@
 //! [`TxBuffer`]); sends that block or fail at once. [`CtrlServer`] is the
 //! bus owner's control socket for local clients, [`ctrl`] their side of it.
 //!
+//! What runs on those, whatever carries the bus: a remote's echo and sink
+//! services ([`RemoteServices`]), echo round trips with every byte checked
+//! ([`ping`], OpenAMP's demo payloads from [`openamp`]), and unmodified
+//! programs on the endpoint service through the preload library ([`exec`],
+//! its ELF check in [`elf`]).
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use iopath_rpmsg::{Bus, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
@@ -45,10 +51,15 @@
 mod bus;
 mod claim;
 pub mod ctrl;
+pub mod elf;
+pub mod exec;
 mod host;
 mod link;
 pub mod notify;
+pub mod openamp;
+pub mod ping;
 mod remote;
+mod remote_services;
 pub mod rsc_table;
 mod service;
 mod shm;
@@ -63,6 +74,7 @@ pub use host::{HostLink, HOST_FEATURES};
 pub use link::{Held, Link, LinkError, Role, Rx, Slot};
 pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;
+pub use remote_services::{AnnounceError, RemoteServices, ServiceSession, SessionEnd, SINK_SYNC};
 pub use rsc_table::{ResourceTable, ShmLayout};
 pub use service::{CtrlOptions, CtrlServer};
 pub use shm::{shm_path, SharedMem, ShmError, ShmOptions};

@@ -18,7 +18,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use crate::link::{Held, Link, LinkError, Role, Slot};
 use crate::notify::Notifier;
 use crate::rsc_table::{status, ResourceTable};
-use crate::shm::SharedMem;
+use crate::shm::{SharedMem, ShmError};
 use crate::wire::HDR_LEN;
 
 /// Largest message the remote copies out of one host buffer.
@@ -130,6 +130,17 @@ impl RemoteLink {
         // (release/acquire through the status byte).
         let table = shm.table(0)?;
         Self::attach(shm, table)
+    }
+
+    /// Resets the device in `shm` for the next host: the vdev status byte
+    /// goes back to 0, so a host that comes finds a fresh device, not the
+    /// status the last one left (DRIVER_OK if it was killed).
+    ///
+    /// # Errors
+    /// [`ShmError`] if the resource table is no longer valid.
+    pub fn reset_device(shm: &SharedMem) -> Result<(), ShmError> {
+        let st = shm.table(0)?.vdev.status_offset() as u64;
+        shm.store_u8(st, 0)
     }
 
     /// Attaches to the rings now (the host has set DRIVER_OK).

@@ -31,12 +31,7 @@ use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::{Error, Latency, Progress as ProgressBar, Result};
 
-/// The service OpenAMP's echo demo announces.
-pub const SERVICE: &str = "rpmsg-openamp-demo-channel";
-/// The shared memory of OpenAMP's Linux demo platform (`platform_info.c`).
-pub const OPENAMP_SHM: &str = "/dev/shm/openamp.shm";
-/// Its notification socket (the remote binds it).
-pub const OPENAMP_EVENT: &str = "/tmp/openamp.event.0";
+pub use iopath_rpmsg::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
 /// The programs `--openamp DIR` must hold.
 pub const OPENAMP_PROGRAMS: [&str; 2] = ["rpmsg-echo", "rpmsg-ping-timed"];
 /// Unmeasured round trips before each row's measured ones.

@@ -1,15 +1,7 @@
-//! What the `rpmsg` subcommands share: the OpenAMP demo's constants,
-//! argument parsers, and how the bus's counters are printed.
+//! What the `rpmsg` subcommands share: argument parsers, and how the bus's
+//! counters are printed.
 
-use iopath_rpmsg::wire::MAX_PAYLOAD;
 use iopath_rpmsg::Stats;
-
-/// Service name of OpenAMP's echo demo.
-pub(super) const OPENAMP_SERVICE: &str = "rpmsg-openamp-demo-channel";
-/// OpenAMP echo demo's shutdown word.
-pub(super) const OPENAMP_SHUTDOWN: u32 = 0xEF56_A55A;
-/// Largest OpenAMP demo payload: 496 minus `{u64 num; u64 size}`.
-pub(super) const OPENAMP_MAX: usize = MAX_PAYLOAD - 16;
 
 /// Checks an endpoint or channel name as rpmsg's 32-byte name field holds
 /// it (with its terminating NUL).

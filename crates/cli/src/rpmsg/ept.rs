@@ -1,7 +1,7 @@
 //! `iopath rpmsg ept create`: an endpoint from the host's endpoint service,
 //! as an fd handed to a command, or the legacy way (a node to open).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -211,25 +211,4 @@ fn run_with(cmd: &[String], fd: OwnedFd, info: &EptInfo, node: Option<&str>) -> 
     drop(fd);
     let st = child.wait()?;
     Ok(st.code().unwrap_or(128 + 9))
-}
-
-/// Takes over endpoint fd `fd` inherited from a parent.
-pub fn inherited(fd: i32) -> Result<EptFd> {
-    ensure!(
-        fd > 2,
-        "--fd {fd}: not an inherited endpoint (0, 1, 2 are stdio)"
-    );
-    // SAFETY: only borrowed for the check; fstat on any number is harmless.
-    let st = rustix::fs::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
-    match st {
-        Ok(st)
-            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket => {}
-        Ok(_) => bail!("--fd {fd}: not a socket"),
-        Err(e) => bail!("--fd {fd}: {e}"),
-    }
-    // SAFETY: the number is open (fstat said so), this process owns it as
-    // inherited from its parent, and nothing else here wraps it.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
-    Ok(EptFd::from_fd(owned))
 }

@@ -8,13 +8,15 @@ use anyhow::{bail, ensure, Context, Result};
 use iopath_rpmsg::ctrl::CtrlError;
 use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
-use iopath_rpmsg::wire::ADDR_ANY;
 use iopath_rpmsg::{
-    shm_path, Bus, CtrlOptions, CtrlServer, EndpointOptions, NotifySpec, SharedMem, ShmError,
-    ShmOptions, HOST_FEATURES,
+    shm_path, Bus, CtrlOptions, CtrlServer, NotifySpec, SharedMem, ShmError, ShmOptions,
+    HOST_FEATURES,
 };
 
-use super::common::{stats_json, stats_line, OPENAMP_MAX, OPENAMP_SERVICE};
+use iopath_rpmsg::openamp;
+use iopath_rpmsg::ping::openamp_demo;
+
+use super::common::{stats_json, stats_line};
 use super::stop::Stop;
 
 /// Options of `iopath rpmsg host`.
@@ -25,7 +27,7 @@ pub struct HostArgs {
     #[arg(long)]
     shm: PathBuf,
     /// How to notify (see `remote --notify`); the host connects.
-    #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
+    #[arg(long, default_value = openamp::NOTIFY)]
     notify: NotifySpec,
     /// Serve local clients on this SOCK_SEQPACKET control socket: the
     /// endpoint service (create endpoints as fds or legacy nodes, STATS)
@@ -143,11 +145,10 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
     // Registered before the socket appears: a signal that comes as soon as
     // a client could connect still finds it to remove.
     stop.add_file(ctrl);
-    let rundir = a.rundir.clone().unwrap_or_else(|| {
-        let mut p = ctrl.as_os_str().to_owned();
-        p.push(".d");
-        PathBuf::from(p)
-    });
+    let rundir = a
+        .rundir
+        .clone()
+        .unwrap_or_else(|| iopath_rpmsg::ctrl::default_run_dir(ctrl));
     stop.set_rundir(Some(&rundir));
     let server = match CtrlServer::start_with(bus.clone(), ctrl, &opts) {
         Ok(server) => server,
@@ -220,57 +221,24 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
     }
 }
 
-/// OpenAMP's rpmsg-echo-ping, over iopath's bus.
-pub(super) fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
-    let ep = bus
-        .create(EndpointOptions::new(OPENAMP_SERVICE))
-        .context("creating the demo endpoint")?;
-    let start = Instant::now();
-    while ep.dst() == ADDR_ANY {
-        ensure!(
-            start.elapsed() < timeout,
-            "the remote never announced {OPENAMP_SERVICE:?}"
-        );
-        if let Some(r) = bus.down_reason() {
-            bail!("link down: {r}");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut errors = 0u64;
-    let t0 = Instant::now();
-    for (num, size) in (1..=OPENAMP_MAX).enumerate() {
-        let mut p = Vec::with_capacity(16 + size);
-        p.extend_from_slice(&(num as u64).to_le_bytes());
-        p.extend_from_slice(&(size as u64).to_le_bytes());
-        p.resize(16 + size, 0xA5);
-        ep.send(&p)
-            .with_context(|| format!("sending payload {num}"))?;
-        let m = ep
-            .recv(Some(timeout))
-            .with_context(|| format!("waiting for echo {num}"))?;
-        let ok = m.data.len() == 16 + size
-            && m.data[..8] == (num as u64).to_le_bytes()
-            && m.data[8..16] == (size as u64).to_le_bytes()
-            && m.data[16..].iter().all(|&b| b == 0xA5);
-        if !ok {
-            errors += 1;
-            eprintln!("openamp-ping: payload {num} (size {size}) came back wrong");
-        }
-    }
-    let elapsed = t0.elapsed();
-    // End the session as the demo does: destroy the endpoint (name-service
-    // DESTROY), and let the remote take it before resetting the device.
-    drop(ep);
-    bus.flush(Duration::from_secs(2));
+/// OpenAMP's rpmsg-echo-ping, over iopath's bus; then the device reset.
+fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
+    let r = openamp_demo(bus, timeout, |num, size| {
+        eprintln!("openamp-ping: payload {num} (size {size}) came back wrong");
+    })?;
     let s = bus.stats();
     bus.shutdown();
+    let (n, errors) = (r.payloads, r.errors);
     if json {
         println!(
             "{}",
-            serde_json::json!({ "payloads": OPENAMP_MAX, "errors": errors, "elapsed_us": elapsed.as_micros() as u64, "stats": stats_json(&s) })
+            serde_json::json!({ "payloads": n, "errors": errors, "elapsed_us": r.elapsed.as_micros() as u64, "stats": stats_json(&s) })
         );
     } else {
-        println!("openamp-ping: {OPENAMP_MAX} payloads (sizes 1..{OPENAMP_MAX}) echoed, errors {errors}, {:.1} ms", elapsed.as_secs_f64() * 1e3);
+        println!(
+            "openamp-ping: {n} payloads (sizes 1..{n}) echoed, errors {errors}, {:.1} ms",
+            r.elapsed.as_secs_f64() * 1e3
+        );
     }
     ensure!(errors == 0, "{errors} payloads came back wrong");
     Ok(())

@@ -2,8 +2,6 @@
 //! another on the same shared memory.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -11,12 +9,13 @@ use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
-    shm_path, Bus, BusError, EndpointOptions, Event, LinkError, NotifySpec, SharedMem, ShmOptions,
+    shm_path, Bus, BusError, LinkError, NotifySpec, RemoteLink, RemoteServices, SessionEnd,
+    SharedMem, ShmOptions,
 };
 
-use iopath_bench::rpmsg::scale::SINK_SYNC;
+use iopath_rpmsg::openamp;
 
-use super::common::{stats_json, stats_line, OPENAMP_SHUTDOWN};
+use super::common::{stats_json, stats_line};
 use super::stop::Stop;
 
 /// Options of `iopath rpmsg remote`.
@@ -38,10 +37,10 @@ pub struct RemoteArgs {
     event_idx: bool,
     /// How to notify: eventfd:SOCK (eventfd pair passed over SOCK), unix:SOCK
     /// (one byte per kick, OpenAMP demo), or poll. The remote listens.
-    #[arg(long, default_value = "unix:/tmp/openamp.event.0")]
+    #[arg(long, default_value = openamp::NOTIFY)]
     notify: NotifySpec,
     /// Echo service to announce (repeatable).
-    #[arg(long, default_value = super::common::OPENAMP_SERVICE, value_parser = super::common::parse_name)]
+    #[arg(long, default_value = openamp::SERVICE, value_parser = super::common::parse_name)]
     echo: Vec<String>,
     /// Sink service to announce (repeatable): messages are counted and
     /// dropped, except the 4 bytes "SYNC", answered with the count so far
@@ -80,19 +79,6 @@ pub struct RemoteArgs {
     /// Print the final counters as JSON.
     #[arg(long)]
     json: bool,
-}
-
-/// Why a session with a host ended.
-enum Exit {
-    /// The host destroyed a channel (with --exit-on-unbind / --openamp).
-    Unbound(String),
-    /// The echo limit was reached.
-    Limit,
-    /// The OpenAMP shutdown word came.
-    Shutdown,
-    /// The link went down: the host went away, reset the device, or broke
-    /// the rings.
-    LinkDown(String),
 }
 
 /// Runs `iopath rpmsg remote` until a session ends it or a signal stops it.
@@ -192,16 +178,13 @@ fn serve_hosts(a: &RemoteArgs, stop: &Stop) -> Result<()> {
         } else {
             eprintln!("remote: {}", stats_line(&s));
         }
-        let Exit::LinkDown(reason) = why else {
+        let SessionEnd::LinkDown(reason) = why else {
             return Ok(());
         };
         if a.once {
             bail!("the host went away: {reason}");
         }
-        // The next host must find the device reset, not the status the
-        // last one left (DRIVER_OK if it was killed).
-        let st = shm.table(0).context("resource table")?.vdev.status_offset() as u64;
-        shm.store_u8(st, 0).context("resetting the device status")?;
+        RemoteLink::reset_device(&shm).context("resetting the device")?;
         eprintln!(
             "remote: host gone ({reason}); waiting for the next host on {}",
             a.notify
@@ -209,9 +192,9 @@ fn serve_hosts(a: &RemoteArgs, stop: &Stop) -> Result<()> {
     }
 }
 
-/// Serves one host: announces the echo services and echoes until the
+/// Serves one host: announces the services and serves them until the
 /// session ends. Returns why, and how many messages were echoed.
-fn serve(a: &RemoteArgs, bus: &Bus) -> Result<(Exit, u64)> {
+fn serve(a: &RemoteArgs, bus: &Bus) -> Result<(SessionEnd, u64)> {
     let f = bus.features();
     let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
         .into_iter()
@@ -227,85 +210,18 @@ fn serve(a: &RemoteArgs, bus: &Bus) -> Result<(Exit, u64)> {
         },
         a.echo
     );
-    let (exit_tx, exit_rx) = mpsc::channel::<Exit>();
-    let exit_on_unbind = a.exit_on_unbind || a.openamp;
-    let echoed = Arc::new(AtomicU64::new(0));
-    let mut eps = Vec::new();
-    for name in &a.echo {
-        let tx = exit_tx.clone();
-        let name2 = name.clone();
-        let echoed = Arc::clone(&echoed);
-        let limit = a.echo_limit;
-        let openamp = a.openamp;
-        let ep = bus
-            .create_with_callback(EndpointOptions::new(name), move |ep, ev| match ev {
-                Event::Message(m) => {
-                    if openamp && m.data.len() == 4 && m.data[..4] == OPENAMP_SHUTDOWN.to_le_bytes()
-                    {
-                        let _ = tx.send(Exit::Shutdown);
-                        return;
-                    }
-                    let n = echoed.fetch_add(1, Ordering::Relaxed) + 1;
-                    if limit.is_some_and(|l| n > l) {
-                        return; // past the limit: about to destroy the service
-                    }
-                    if let Err(e) = ep.send_to(m.src, &m.data, Some(Duration::from_secs(5))) {
-                        tracing::warn!("echo to {} failed: {e}", m.src);
-                    }
-                    if limit == Some(n) {
-                        let _ = tx.send(Exit::Limit);
-                    }
-                }
-                Event::Unbound { addr } => {
-                    eprintln!("remote: host destroyed its endpoint {addr} on {name2:?}");
-                    if exit_on_unbind {
-                        let _ = tx.send(Exit::Unbound(name2.clone()));
-                    }
-                }
-                Event::LinkDown(_) => {}
-            })
-            .with_context(|| format!("announcing {name:?}"))?;
-        eps.push(ep);
-    }
-    for name in &a.sink {
-        let mut count = 0u64;
-        let ep = bus
-            .create_with_callback(EndpointOptions::new(name), move |ep, ev| {
-                if let Event::Message(m) = ev {
-                    count += 1;
-                    let n = count;
-                    if m.data == SINK_SYNC {
-                        if let Err(e) =
-                            ep.send_to(m.src, &n.to_le_bytes(), Some(Duration::from_secs(5)))
-                        {
-                            tracing::warn!("sink answer to {} failed: {e}", m.src);
-                        }
-                    }
-                }
-            })
-            .with_context(|| format!("announcing {name:?}"))?;
-        eps.push(ep);
-    }
-    let b2 = bus.clone();
-    let down_tx = exit_tx.clone();
-    std::thread::spawn(move || {
-        let r = b2.wait_down(None).unwrap_or_default();
-        let _ = down_tx.send(Exit::LinkDown(r));
-    });
-    drop(exit_tx);
-    let why = exit_rx.recv().unwrap_or(Exit::Shutdown);
-    let msg = match &why {
-        Exit::Unbound(r) => format!("channel closed ({r})"),
-        Exit::Limit => "echo limit reached, destroying the services".into(),
-        Exit::Shutdown => "shutdown word received".into(),
-        Exit::LinkDown(r) => format!("link down ({r})"),
+    let services = RemoteServices {
+        echo: a.echo.clone(),
+        sink: a.sink.clone(),
+        openamp: a.openamp,
+        exit_on_unbind: a.exit_on_unbind,
+        echo_limit: a.echo_limit,
     };
-    eprintln!("remote: {msg}");
-    // Dropping the endpoints sends the name-service DESTROY records.
-    drop(eps);
-    if matches!(why, Exit::Limit) {
-        // Give the host a moment to take the DESTROY before we go.
-        let _ = bus.wait_down(Some(Duration::from_millis(500)));
-    }
-    Ok((why, echoed.load(Ordering::Relaxed)))
+    let session = services.announce(bus, |name, addr| {
+        eprintln!("remote: host destroyed its endpoint {addr} on {name:?}");
+    })?;
+    let end = session.wait();
+    eprintln!("remote: {end}");
+    let echoed = session.close(&end);
+    Ok((end, echoed))
 }

@@ -3,7 +3,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -306,6 +306,52 @@ impl EptFd {
             info: EptInfo::new(""),
             node: false,
         }
+    }
+
+    /// Takes over endpoint fd number `fd` inherited from the parent process
+    /// (as `iopath rpmsg ept create ... -- CMD` hands it, its number in
+    /// `IOPATH_RPMSG_FD`) and marks it close-on-exec.
+    ///
+    /// Only a number that came through `exec` is taken: it must not be
+    /// stdio, must be an open socket, and must not be close-on-exec (an
+    /// inherited fd cannot be; what this process opens itself, Rust's
+    /// standard library and this crate included, is). So a number is taken
+    /// once: the first take marks it close-on-exec.
+    ///
+    /// # Errors
+    /// [`CtrlError::NotInherited`] for stdio, a non-socket or a
+    /// close-on-exec fd; [`CtrlError::Io`] if `fstat(2)` or `fcntl(2)`
+    /// fails (e.g. `EBADF`: no such fd).
+    pub fn inherited(fd: RawFd) -> Result<Self, CtrlError> {
+        use rustix::fs::FileType;
+        use rustix::io::FdFlags;
+        /// Check and take-over are one step for every thread.
+        static TAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let not = |why| CtrlError::NotInherited { fd, why };
+        if fd <= 2 {
+            return Err(not("0, 1, 2 are stdio"));
+        }
+        let _taking = TAKING.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: only borrowed for the checks below, which do not close
+        // it; fstat and F_GETFD on any number are harmless.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        let st = rustix::fs::fstat(borrowed).map_err(sys("fstat"))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Socket {
+            return Err(not("not a socket"));
+        }
+        let flags = rustix::io::fcntl_getfd(borrowed).map_err(sys("fcntl"))?;
+        if flags.contains(FdFlags::CLOEXEC) {
+            return Err(not(
+                "close-on-exec: opened by this process, or taken already",
+            ));
+        }
+        // SAFETY: the number is open (fstat said so) and came through exec
+        // (it is not close-on-exec, as everything this process opens is);
+        // under `TAKING`, this is the one take of it, which marks it
+        // close-on-exec below so that no later call takes it again.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        rustix::io::fcntl_setfd(&owned, flags | FdFlags::CLOEXEC).map_err(sys("fcntl"))?;
+        Ok(EptFd::from_fd(owned))
     }
 
     /// Wraps an opened legacy node received some other way: as

@@ -36,9 +36,19 @@ pub use proto::{
 };
 
 use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use thiserror::Error;
+
+/// Where the endpoint service served on control socket `ctrl` puts its
+/// legacy nodes unless told otherwise: the socket path with `.d` appended
+/// (`/tmp/rp.ctrl` gives `/tmp/rp.ctrl.d`).
+pub fn default_run_dir(ctrl: &Path) -> PathBuf {
+    let mut p = ctrl.as_os_str().to_owned();
+    p.push(".d");
+    PathBuf::from(p)
+}
 
 /// Control-socket failures.
 #[derive(Debug, Error)]
@@ -68,7 +78,15 @@ pub enum CtrlError {
     #[error("{} is in use by another server", path.display())]
     InUse {
         /// The socket path.
-        path: std::path::PathBuf,
+        path: PathBuf,
+    },
+    /// An fd number given as an inherited endpoint is none.
+    #[error("Not an inherited endpoint: {why}")]
+    NotInherited {
+        /// The fd number.
+        fd: i32,
+        /// Why not.
+        why: &'static str,
     },
     /// The socket path is taken by a file that is not a socket.
     #[error("{} exists and is not a socket", path.display())]
@@ -110,4 +128,17 @@ pub(crate) fn seqpacket() -> Result<OwnedFd, CtrlError> {
         None,
     )
     .map_err(sys("socket"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_dir_is_beside_the_socket() {
+        assert_eq!(
+            default_run_dir(Path::new("/tmp/rp.ctrl")),
+            Path::new("/tmp/rp.ctrl.d")
+        );
+    }
 }

@@ -73,11 +73,10 @@ impl CtrlServer {
     pub fn start_with(bus: Bus, path: &Path, opts: &CtrlOptions) -> Result<Self, CtrlError> {
         // Before anything is made: a live server's socket stays its own.
         Self::check_free(path)?;
-        let rundir = opts.rundir.clone().unwrap_or_else(|| {
-            let mut p = path.as_os_str().to_owned();
-            p.push(".d");
-            PathBuf::from(p)
-        });
+        let rundir = opts
+            .rundir
+            .clone()
+            .unwrap_or_else(|| crate::ctrl::default_run_dir(path));
         let svc = EptService::start(bus.clone(), &rundir, opts.mode)?;
         let fd = seqpacket()?;
         // Bound and listening under a temporary name, then renamed into

@@ -33,9 +33,7 @@ mod report;
 
 pub use report::ScaleReport;
 
-/// The message a sink answers with its count (u64, little-endian) of
-/// messages received so far, this one included.
-pub const SINK_SYNC: &[u8; 4] = b"SYNC";
+pub use iopath_rpmsg::SINK_SYNC;
 
 /// What `iopath bench rpmsg --scale` measures.
 #[derive(Debug, Clone)]
