@@ -6,7 +6,7 @@
 mod frontend;
 
 use frontend::*;
-use iopath_virtio::device::{IotlbMsg, IotlbPerm};
+use iopath_virtio::device::{IotlbMsg, Perm};
 
 /// A normal front end still gets correct data from the server.
 fn still_serves(srv: &mut Server) {
@@ -266,7 +266,7 @@ fn front_end_truncating_its_memory_is_dropped_not_fatal() {
     still_serves(&mut srv);
 }
 
-fn map(c: &Client, gpa: u64, size: u64, perm: IotlbPerm) {
+fn map(c: &Client, gpa: u64, size: u64, perm: Perm) {
     let m = IotlbMsg::Update {
         iova: IOVA + gpa,
         size,
@@ -287,9 +287,9 @@ fn iommu_mode_translates_through_the_iotlb_and_enforces_it() {
     );
     // Rings and the first 3 MiB of data: RW. 0x40_0000..+64K: the device
     // may only read. 0x50_0000..: never mapped.
-    map(&c, 0, 0x40_0000, IotlbPerm::ReadWrite);
-    map(&c, 0x40_0000, 0x1_0000, IotlbPerm::ReadOnly);
-    map(&c, 0x41_0000, 0x1_0000, IotlbPerm::WriteOnly);
+    map(&c, 0, 0x40_0000, Perm::ReadWrite);
+    map(&c, 0x40_0000, 0x1_0000, Perm::ReadOnly);
+    map(&c, 0x41_0000, 0x1_0000, Perm::WriteOnly);
     c.setup_queues(1);
 
     // Through IOVAs, both directions, checked in memory and in the image.
@@ -383,7 +383,7 @@ fn iommu_mode_translates_through_the_iotlb_and_enforces_it() {
         iova: IOVA,
         size: 4096,
         uaddr: UADDR,
-        perm: IotlbPerm::ReadWrite,
+        perm: Perm::ReadWrite,
     }
     .to_wire();
     bad[24] = 7;
@@ -402,7 +402,7 @@ fn iommu_mode_translates_through_the_iotlb_and_enforces_it() {
     };
     assert_ne!(sock_reply, 0, "bad permission accepted");
     // Map the invalidated page again: requests through it work again.
-    map(&c, DATA_BASE + 0x1000, 0x1000, IotlbPerm::ReadWrite);
+    map(&c, DATA_BASE + 0x1000, 0x1000, Perm::ReadWrite);
     let (st, back) = c.read(0, 256, 64 << 10);
     assert_eq!(st, S_OK);
     assert!(back == data);
@@ -440,7 +440,7 @@ fn iotlb_misses_are_reported_and_answered_pages_are_used() {
     c.fe.set_backend_request_fd(&theirs).unwrap();
     drop(theirs);
     // Rings mapped up front; data pages only on demand.
-    map(&c, 0, DATA_BASE, IotlbPerm::ReadWrite);
+    map(&c, 0, DATA_BASE, Perm::ReadWrite);
     c.setup_queues(1);
 
     // The answering side: a thread owning the back-end channel and a second
@@ -472,7 +472,7 @@ fn iotlb_misses_are_reported_and_answered_pages_are_used() {
                     iova: page,
                     size: 0x1000,
                     uaddr: UADDR + (page - IOVA),
-                    perm: IotlbPerm::ReadWrite,
+                    perm: Perm::ReadWrite,
                 };
                 main.write_all(&message(22, 0x8, &m.to_wire())).unwrap();
                 let mut ack = [0u8; 20];
@@ -568,9 +568,9 @@ fn hostile_iommu_requests_fail_alone_and_canaries_survive() {
     const C1: u64 = A + 0x4000;
     const B: u64 = 0x61_0000;
     const C2: u64 = B + 0x1000;
-    map(&c, 0, 0x40_0000, IotlbPerm::ReadWrite);
-    map(&c, A, 0x4000, IotlbPerm::ReadWrite);
-    map(&c, B, 0x1000, IotlbPerm::ReadOnly);
+    map(&c, 0, 0x40_0000, Perm::ReadWrite);
+    map(&c, A, 0x4000, Perm::ReadWrite);
+    map(&c, B, 0x1000, Perm::ReadOnly);
     c.setup_queues(1);
     for canary in [C0, C1, C2] {
         c.fill(canary, 4096, 0xcc);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iopath_heap::Buffer;
+use vhost::VhostAccess;
 
 use crate::{Error, Result};
 
@@ -39,8 +40,8 @@ impl Direction {
     /// The IOTLB permission this direction grants the device.
     pub fn perm(self) -> Perm {
         match self {
-            Direction::ToDevice => Perm::Read,
-            Direction::FromDevice => Perm::Write,
+            Direction::ToDevice => Perm::ReadOnly,
+            Direction::FromDevice => Perm::WriteOnly,
             Direction::Bidirectional => Perm::ReadWrite,
         }
     }
@@ -185,25 +186,40 @@ impl SharedRegion {
     }
 }
 
-/// IOTLB access permission (vhost-user `perm`: read 1, write 2).
+/// What the device may do through an IOTLB entry: vhost's `VHOST_ACCESS_*`
+/// permission ([`VhostAccess`]) without its "no access" value, which no
+/// mapping carries. The one permission type of iopath: the DMA ops, the
+/// vhost-user codec and the IOTLBs that enforce it all use it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Perm {
-    /// Device may read.
-    Read,
-    /// Device may write.
-    Write,
-    /// Device may read and write.
+    /// Device may read (`VHOST_ACCESS_RO`).
+    ReadOnly,
+    /// Device may write (`VHOST_ACCESS_WO`).
+    WriteOnly,
+    /// Device may read and write (`VHOST_ACCESS_RW`).
     ReadWrite,
 }
 
 impl Perm {
-    /// The vhost-user wire value (`VHOST_ACCESS_RO` 1, `WO` 2, `RW` 3).
-    pub fn to_wire(self) -> u8 {
+    const ALL: [Perm; 3] = [Perm::ReadOnly, Perm::WriteOnly, Perm::ReadWrite];
+
+    /// The vhost permission.
+    pub fn access(self) -> VhostAccess {
         match self {
-            Perm::Read => 1,
-            Perm::Write => 2,
-            Perm::ReadWrite => 3,
+            Perm::ReadOnly => VhostAccess::ReadOnly,
+            Perm::WriteOnly => VhostAccess::WriteOnly,
+            Perm::ReadWrite => VhostAccess::ReadWrite,
         }
+    }
+
+    /// The vhost-user wire value (the `perm` byte of `struct vhost_iotlb_msg`).
+    pub fn to_wire(self) -> u8 {
+        self.access() as u8
+    }
+
+    /// Parses the wire value; `None` for "no access" and anything unknown.
+    pub fn from_wire(perm: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.to_wire() == perm)
     }
 
     /// Whether this permission allows `other`.
@@ -212,11 +228,17 @@ impl Perm {
     }
 }
 
+impl From<Perm> for VhostAccess {
+    fn from(p: Perm) -> Self {
+        p.access()
+    }
+}
+
 /// One IOTLB message for the enforcer (vhost-user `VHOST_USER_IOTLB_MSG`
 /// payload, `struct vhost_iotlb_msg`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IotlbRecord {
-    /// `VHOST_IOTLB_UPDATE` (type 2): IOVA range → driver userspace address.
+    /// `VHOST_IOTLB_UPDATE`: IOVA range → driver userspace address.
     Update {
         /// First IOVA.
         iova: u64,
@@ -227,7 +249,7 @@ pub enum IotlbRecord {
         /// What the device may do.
         perm: Perm,
     },
-    /// `VHOST_IOTLB_INVALIDATE` (type 3): the IOVA range is gone.
+    /// `VHOST_IOTLB_INVALIDATE`: the IOVA range is gone.
     Invalidate {
         /// First IOVA.
         iova: u64,

@@ -217,7 +217,7 @@ impl DeviceView {
     /// # Errors
     /// A [`Fault`].
     pub fn read(&self, addr: DmaAddr, dst: &mut [u8]) -> Result<(), Fault> {
-        let (i, off) = self.locate(addr, dst.len(), Perm::Read)?;
+        let (i, off) = self.locate(addr, dst.len(), Perm::ReadOnly)?;
         let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
         regions[i].map.read_at(off, dst).expect("range checked");
         Ok(())
@@ -228,7 +228,7 @@ impl DeviceView {
     /// # Errors
     /// A [`Fault`].
     pub fn write(&self, addr: DmaAddr, src: &[u8]) -> Result<(), Fault> {
-        let (i, off) = self.locate(addr, src.len(), Perm::Write)?;
+        let (i, off) = self.locate(addr, src.len(), Perm::WriteOnly)?;
         let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
         regions[i]
             .map

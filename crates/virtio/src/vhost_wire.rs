@@ -16,6 +16,7 @@
 //! ```
 
 use vhost::vhost_user::message::{BackendReq, FrontendReq, VhostUserHeaderFlag};
+use vhost::VhostIotlbType;
 
 /// Bytes in a message header.
 pub const HEADER_SIZE: usize = 12;
@@ -213,12 +214,12 @@ pub fn parse_u64_reply(request: u32, msg: &[u8; U64_REPLY_SIZE]) -> Result<u64, 
 pub const IOTLB_MSG_SIZE: usize = 32;
 /// The meaningful prefix of an IOTLB message (without the tail padding).
 pub const IOTLB_MSG_MIN_SIZE: usize = 26;
-/// `VHOST_IOTLB_MISS`.
-pub const IOTLB_MISS: u8 = 1;
-/// `VHOST_IOTLB_UPDATE`.
-pub const IOTLB_UPDATE: u8 = 2;
-/// `VHOST_IOTLB_INVALIDATE`.
-pub const IOTLB_INVALIDATE: u8 = 3;
+/// `VHOST_IOTLB_MISS`, from the `vhost` crate.
+pub const IOTLB_MISS: u8 = VhostIotlbType::Miss as u8;
+/// `VHOST_IOTLB_UPDATE`, from the `vhost` crate.
+pub const IOTLB_UPDATE: u8 = VhostIotlbType::Update as u8;
+/// `VHOST_IOTLB_INVALIDATE`, from the `vhost` crate.
+pub const IOTLB_INVALIDATE: u8 = VhostIotlbType::Invalidate as u8;
 
 /// `struct vhost_iotlb_msg`, fields as they are on the wire (unvalidated;
 /// [`crate::device::IotlbMsg::parse`] validates what a front end sends).
@@ -230,9 +231,9 @@ pub struct RawIotlb {
     pub size: u64,
     /// Front-end user address.
     pub uaddr: u64,
-    /// `VHOST_ACCESS_*`: read 1, write 2, both 3.
+    /// `VHOST_ACCESS_*` ([`iopath_dma::Perm::to_wire`]).
     pub perm: u8,
-    /// `VHOST_IOTLB_*`: miss 1, update 2, invalidate 3, access fail 4.
+    /// `VHOST_IOTLB_*` ([`VhostIotlbType`]).
     pub kind: u8,
 }
 
@@ -319,7 +320,7 @@ mod tests {
             iova: 0x1000,
             size: 0x2000,
             uaddr: 0x7f00_0000,
-            perm: 3,
+            perm: iopath_dma::Perm::ReadWrite.to_wire(),
             kind: IOTLB_UPDATE,
         };
         assert_eq!(RawIotlb::decode(&m.encode()), Some(m));

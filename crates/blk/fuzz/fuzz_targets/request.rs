@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use arbitrary::Arbitrary;
 use iopath_blk::request::{Limits, Rejected, Request, RequestKind, Segment};
 use iopath_blk::wire::{OutHeader, HEADER_LEN, SECTOR_SIZE};
-use iopath_virtio::device::{IotlbMsg, IotlbPerm, VhostIommu};
+use iopath_virtio::device::{IotlbMsg, Perm, VhostIommu};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
@@ -126,19 +126,19 @@ impl Addr {
     }
 }
 
-fn perm(p: u8) -> IotlbPerm {
+fn perm(p: u8) -> Perm {
     match p % 3 {
-        0 => IotlbPerm::ReadOnly,
-        1 => IotlbPerm::WriteOnly,
-        _ => IotlbPerm::ReadWrite,
+        0 => Perm::ReadOnly,
+        1 => Perm::WriteOnly,
+        _ => Perm::ReadWrite,
     }
 }
 
-fn allows(p: IotlbPerm, write: bool) -> bool {
+fn allows(p: Perm, write: bool) -> bool {
     match p {
-        IotlbPerm::ReadWrite => true,
-        IotlbPerm::ReadOnly => !write,
-        IotlbPerm::WriteOnly => write,
+        Perm::ReadWrite => true,
+        Perm::ReadOnly => !write,
+        Perm::WriteOnly => write,
     }
 }
 
@@ -150,7 +150,7 @@ fn in_region(gpa: u64, len: u64) -> bool {
 }
 
 /// The model of the IOTLB: IOVA page -> (guest-physical page, permission).
-type Model = HashMap<u64, (u64, IotlbPerm)>;
+type Model = HashMap<u64, (u64, Perm)>;
 
 /// The guest-physical byte ranges `addr..addr + len` reaches, if the whole
 /// of it is reachable for a `write` (or read) access; `None` otherwise.
@@ -205,10 +205,10 @@ fuzz_target!(|input: Input| {
             iova: RING,
             size: REGION,
             uaddr: RING,
-            perm: IotlbPerm::ReadWrite,
+            perm: Perm::ReadWrite,
         });
         for p in 0..REGION / PAGE {
-            model.insert(RING / PAGE + p, (RING / PAGE + p, IotlbPerm::ReadWrite));
+            model.insert(RING / PAGE + p, (RING / PAGE + p, Perm::ReadWrite));
         }
         // The data regions start identity-mapped read-write, and IOVA
         // pages 0..16 mapped onto region 0 (the input's updates and
@@ -222,10 +222,10 @@ fuzz_target!(|input: Input| {
                 iova,
                 size: REGION,
                 uaddr: gpa,
-                perm: IotlbPerm::ReadWrite,
+                perm: Perm::ReadWrite,
             });
             for p in 0..REGION / PAGE {
-                model.insert(iova / PAGE + p, (gpa / PAGE + p, IotlbPerm::ReadWrite));
+                model.insert(iova / PAGE + p, (gpa / PAGE + p, Perm::ReadWrite));
             }
         }
         for m in input.maps.iter().take(16) {

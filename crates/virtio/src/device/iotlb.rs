@@ -19,64 +19,26 @@ use std::time::{Duration, Instant};
 use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
+use iopath_dma::Perm;
+
 use super::DmaFence;
 
 pub use crate::vhost_wire::IOTLB_MSG_SIZE;
 use crate::vhost_wire::{self, Header, RawIotlb, IOTLB_INVALIDATE, IOTLB_MISS, IOTLB_UPDATE};
 
-/// Access permission carried by an IOTLB entry (`VHOST_ACCESS_*`).
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub enum IotlbPerm {
-    /// The device may read (`VHOST_ACCESS_RO`, 1).
-    ReadOnly,
-    /// The device may write (`VHOST_ACCESS_WO`, 2).
-    WriteOnly,
-    /// The device may read and write (`VHOST_ACCESS_RW`, 3).
-    ReadWrite,
-}
-
-impl From<iopath_dma::Perm> for IotlbPerm {
-    fn from(p: iopath_dma::Perm) -> Self {
-        match p {
-            iopath_dma::Perm::Read => Self::ReadOnly,
-            iopath_dma::Perm::Write => Self::WriteOnly,
-            iopath_dma::Perm::ReadWrite => Self::ReadWrite,
-        }
-    }
-}
-
-impl IotlbPerm {
-    fn from_wire(perm: u8) -> Option<Self> {
-        match perm {
-            1 => Some(Self::ReadOnly),
-            2 => Some(Self::WriteOnly),
-            3 => Some(Self::ReadWrite),
-            _ => None,
-        }
-    }
-
-    /// The wire value (`VHOST_ACCESS_*`).
-    pub fn to_wire(self) -> u8 {
-        match self {
-            Self::ReadOnly => 1,
-            Self::WriteOnly => 2,
-            Self::ReadWrite => 3,
-        }
-    }
-
-    fn permissions(self) -> Permissions {
-        match self {
-            Self::ReadOnly => Permissions::Read,
-            Self::WriteOnly => Permissions::Write,
-            Self::ReadWrite => Permissions::ReadWrite,
-        }
+/// The vm-memory permission an IOTLB entry of `perm` grants.
+pub(crate) fn permissions(perm: Perm) -> Permissions {
+    match perm {
+        Perm::ReadOnly => Permissions::Read,
+        Perm::WriteOnly => Permissions::Write,
+        Perm::ReadWrite => Permissions::ReadWrite,
     }
 }
 
 /// One IOTLB message from the front end, validated.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub enum IotlbMsg {
-    /// `VHOST_IOTLB_UPDATE` (2): map `size` bytes at `iova` to the front
+    /// `VHOST_IOTLB_UPDATE`: map `size` bytes at `iova` to the front
     /// end's address `uaddr`.
     Update {
         /// First I/O virtual address.
@@ -86,9 +48,9 @@ pub enum IotlbMsg {
         /// Front-end user address the range maps to.
         uaddr: u64,
         /// What the device may do there.
-        perm: IotlbPerm,
+        perm: Perm,
     },
-    /// `VHOST_IOTLB_INVALIDATE` (3): forget every mapping in the range.
+    /// `VHOST_IOTLB_INVALIDATE`: forget every mapping in the range.
     Invalidate {
         /// First I/O virtual address.
         iova: u64,
@@ -142,7 +104,7 @@ impl IotlbMsg {
             size != 0 && iova.checked_add(size - 1).is_some() && usize::try_from(size).is_ok();
         match kind {
             IOTLB_UPDATE => {
-                let perm = IotlbPerm::from_wire(perm).ok_or(IotlbMsgError::BadPerm { perm })?;
+                let perm = Perm::from_wire(perm).ok_or(IotlbMsgError::BadPerm { perm })?;
                 if !range_ok || uaddr.checked_add(size - 1).is_none() {
                     return Err(IotlbMsgError::BadRange { iova, size });
                 }
@@ -341,7 +303,7 @@ impl VhostIommu {
                     GuestAddress(iova),
                     GuestAddress(uaddr),
                     len,
-                    perm.permissions(),
+                    permissions(perm),
                 );
             }
             IotlbMsg::Invalidate { .. } => tlb.invalidate_mapping(GuestAddress(iova), len),
@@ -376,10 +338,11 @@ impl VhostIommu {
         };
         tracing::debug!("IOTLB miss {iova:#x}+{size:#x} {access:?}");
         let perm = match access {
-            Permissions::Write => 2,
-            Permissions::ReadWrite => 3,
-            _ => 1,
-        };
+            Permissions::Write => Perm::WriteOnly,
+            Permissions::ReadWrite => Perm::ReadWrite,
+            _ => Perm::ReadOnly,
+        }
+        .to_wire();
         let payload = RawIotlb {
             iova,
             size,
@@ -515,7 +478,7 @@ impl Iommu for VhostIommu {
 mod tests {
     use super::*;
 
-    fn update(iova: u64, size: u64, uaddr: u64, perm: IotlbPerm) -> IotlbMsg {
+    fn update(iova: u64, size: u64, uaddr: u64, perm: Perm) -> IotlbMsg {
         IotlbMsg::Update {
             iova,
             size,
@@ -526,7 +489,7 @@ mod tests {
 
     #[test]
     fn parse_round_trips_and_rejects_bad_fields() {
-        let m = update(0x1000, 0x2000, 0x7f00_0000, IotlbPerm::ReadWrite);
+        let m = update(0x1000, 0x2000, 0x7f00_0000, Perm::ReadWrite);
         assert_eq!(IotlbMsg::parse(&m.to_wire()), Ok(m));
         let mut w = m.to_wire();
         w[24] = 0;
@@ -538,12 +501,12 @@ mod tests {
             IotlbMsg::parse(&w[..20]),
             Err(IotlbMsgError::BadSize { len: 20 })
         );
-        let wrap = update(u64::MAX - 10, 100, 0, IotlbPerm::ReadOnly).to_wire();
+        let wrap = update(u64::MAX - 10, 100, 0, Perm::ReadOnly).to_wire();
         assert!(matches!(
             IotlbMsg::parse(&wrap),
             Err(IotlbMsgError::BadRange { .. })
         ));
-        let empty = update(0, 0, 0, IotlbPerm::ReadOnly).to_wire();
+        let empty = update(0, 0, 0, Perm::ReadOnly).to_wire();
         assert!(matches!(
             IotlbMsg::parse(&empty),
             Err(IotlbMsgError::BadRange { .. })
@@ -553,11 +516,11 @@ mod tests {
     #[test]
     fn translate_enforces_ranges_and_permissions() {
         let mmu = VhostIommu::new();
-        assert!(!mmu.apply(&update(0x10_000, 0x1000, 0x5000_0000, IotlbPerm::ReadOnly)));
-        assert!(!mmu.apply(&update(0x11_000, 0x1000, 0x6000_0000, IotlbPerm::ReadWrite)));
+        assert!(!mmu.apply(&update(0x10_000, 0x1000, 0x5000_0000, Perm::ReadOnly)));
+        assert!(!mmu.apply(&update(0x11_000, 0x1000, 0x6000_0000, Perm::ReadWrite)));
         // Overlapping an existing entry is a change, as is an invalidation
         // that hits something; one over nothing is not.
-        assert!(mmu.apply(&update(0x11_000, 0x800, 0x6000_0000, IotlbPerm::ReadWrite)));
+        assert!(mmu.apply(&update(0x11_000, 0x800, 0x6000_0000, Perm::ReadWrite)));
         assert!(!mmu.apply(&IotlbMsg::Invalidate {
             iova: 0x90_000,
             size: 0x1000

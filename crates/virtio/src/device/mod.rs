@@ -64,7 +64,9 @@ use vm_memory::{
 
 pub use chain::HeadChain;
 pub use inflight::InflightError;
-pub use iotlb::{IotlbMsg, IotlbMsgError, IotlbPerm, VhostIommu, IOTLB_MSG_SIZE};
+pub use iopath_dma::Perm;
+pub(crate) use iotlb::permissions;
+pub use iotlb::{IotlbMsg, IotlbMsgError, VhostIommu, IOTLB_MSG_SIZE};
 pub use server::{serve_connection, ServerError, VhostUserServer};
 
 /// Feature bits device models use, re-exported from [`crate::features`]

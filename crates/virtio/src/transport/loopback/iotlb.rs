@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use iopath_dma::{IotlbRecord, IotlbSink, Perm};
+use iopath_dma::{IotlbRecord, IotlbSink};
 use vm_memory::iommu::{Iommu, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iotlb, Permissions};
 
@@ -84,11 +84,7 @@ impl IotlbSink for Sink {
                 uaddr,
                 perm,
             } => {
-                let perm = match perm {
-                    Perm::Read => Permissions::Read,
-                    Perm::Write => Permissions::Write,
-                    Perm::ReadWrite => Permissions::ReadWrite,
-                };
+                let perm = crate::device::permissions(perm);
                 let size = usize::try_from(size)?;
                 if iova.checked_add(size as u64).is_none() {
                     return Err("IOTLB update wraps the address space".into());

@@ -275,7 +275,7 @@ impl IotlbSink for VhostUserIotlb {
                 iova,
                 size,
                 uaddr,
-                perm: perm.into(),
+                perm,
             },
             IotlbRecord::Invalidate { iova, size } => IotlbMsg::Invalidate { iova, size },
         };
