@@ -65,12 +65,17 @@ impl PyBuffer {
         flags: c_int,
     ) -> PyResult<()> {
         let (ptr, len) = {
-            let me = slf.get();
-            (me.buf.as_ptr(), me.buf.len())
+            let buf = &slf.get().buf;
+            let raw = buf
+                .range(0, buf.len())
+                .map_err(|e| PyValueError::new_err(e.to_string()))?
+                .ptr_guard();
+            (raw.as_ptr(), raw.len())
         };
-        // SAFETY: `ptr..ptr+len` is the buffer's live shared mapping; the
-        // view holds a reference to `slf` (PyBuffer_FillInfo sets
-        // `view.obj`), which owns the mapping, so it outlives the view.
+        // SAFETY: `ptr..ptr+len` is the buffer's whole live shared mapping;
+        // the view holds a reference to `slf` (PyBuffer_FillInfo sets
+        // `view.obj`), which owns the buffer and so the mapping, so it
+        // outlives the view even though the guard above does not.
         let rc = unsafe {
             ffi::PyBuffer_FillInfo(
                 view,

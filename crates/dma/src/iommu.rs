@@ -141,7 +141,7 @@ impl DmaOps for Iommu {
         let rec = IotlbRecord::Update {
             iova,
             size: len as u64,
-            uaddr: buf.as_ptr() as u64 + offset as u64,
+            uaddr: buf.addr() as u64 + offset as u64,
             perm: dir.perm(),
         };
         // The record is in effect before the mapping is handed out, so the
@@ -202,7 +202,7 @@ impl DmaOps for Iommu {
         let rec = IotlbRecord::Update {
             iova,
             size: buf.len() as u64,
-            uaddr: buf.as_ptr() as u64,
+            uaddr: buf.addr() as u64,
             perm: Perm::ReadWrite,
         };
         if let Err(e) = st.send(rec) {
@@ -266,7 +266,7 @@ impl DmaOps for Iommu {
             sink.send(IotlbRecord::Update {
                 iova: e.iova,
                 size: m.len() as u64,
-                uaddr: e.pinned.buffer.as_ptr() as u64 + e.pinned.offset as u64,
+                uaddr: e.pinned.buffer.addr() as u64 + e.pinned.offset as u64,
                 perm: m.dir().perm(),
             })
             .map_err(Error::Sink)?;
@@ -275,7 +275,7 @@ impl DmaOps for Iommu {
             sink.send(IotlbRecord::Update {
                 iova,
                 size: c.len,
-                uaddr: c.buffer.as_ptr() as u64,
+                uaddr: c.buffer.addr() as u64,
                 perm: Perm::ReadWrite,
             })
             .map_err(Error::Sink)?;

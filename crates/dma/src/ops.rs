@@ -172,7 +172,7 @@ impl SharedRegion {
     /// The driver's userspace address of the region (the mem-table's
     /// `userspace_addr`; IOTLB records translate IOVAs to these).
     pub fn uaddr(&self) -> u64 {
-        self.buffer.as_ptr() as u64
+        self.buffer.addr() as u64
     }
 
     /// Length in bytes.

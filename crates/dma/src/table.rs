@@ -86,8 +86,7 @@ impl RegionTable {
 
     /// Records `buf` as a region at `gpa` (placement already checked).
     fn push(&mut self, buf: &Buffer, gpa: DmaAddr) {
-        self.by_ptr
-            .insert(buf.as_ptr() as usize, self.regions.len());
+        self.by_ptr.insert(buf.addr(), self.regions.len());
         self.regions.push(SharedRegion {
             buffer: buf.clone(),
             gpa,
@@ -106,14 +105,14 @@ impl RegionTable {
                 .regions
                 .iter()
                 .enumerate()
-                .map(|(i, r)| (r.buffer.as_ptr() as usize, i))
+                .map(|(i, r)| (r.buffer.addr(), i))
                 .collect();
         }
         removed
     }
 
     pub(crate) fn find(&self, buf: &Buffer) -> Option<&SharedRegion> {
-        let i = *self.by_ptr.get(&(buf.as_ptr() as usize))?;
+        let i = *self.by_ptr.get(&(buf.addr()))?;
         self.regions.get(i).filter(|r| r.buffer.same_as(buf))
     }
 
@@ -291,8 +290,9 @@ impl Pinned {
 /// (bounce windows and the buffers bounced through them).
 ///
 /// Writes `dst` even while it is busy: the callers are the device side of a
-/// mapping (they hold the buffer's pin, or `dst` is their own window), as
-/// [`iopath_heap::DevicePin::write_back`] is, without a staging copy.
+/// mapping (they hold the buffer's pin, or `dst` is their own window), so
+/// the copy goes through a device-side range, as
+/// [`iopath_heap::DevicePin::write_back`] does, without a staging copy.
 pub(crate) fn copy(
     src: &Buffer,
     src_off: usize,
@@ -300,12 +300,9 @@ pub(crate) fn copy(
     dst_off: usize,
     len: usize,
 ) -> Result<()> {
-    src.check_range(src_off, len)?;
-    dst.check_range(dst_off, len)?;
-    // SAFETY: both ranges lie inside live mappings (checked above, and the
-    // `Buffer` handles keep them mapped); `copy` tolerates overlap; only
-    // plain bytes are moved and no Rust reference to shared memory is made.
-    unsafe { std::ptr::copy(src.as_ptr().add(src_off), dst.as_ptr().add(dst_off), len) };
+    let pin = dst.pin_for_device();
+    src.range(src_off, len)?
+        .copy_to_range(&pin.range(dst_off, len)?)?;
     Ok(())
 }
 

@@ -14,7 +14,8 @@ use rustix::net::{
 };
 
 use crate::heap::HeapKind;
-use crate::mmap::{BufRange, Mmap};
+use crate::mmap::Mmap;
+use crate::range::BufRange;
 use crate::{Error, Result};
 
 /// Magic that starts an exported-buffer message ("IOPB").
@@ -99,11 +100,18 @@ impl Buffer {
         self.inner.fd.as_fd()
     }
 
-    /// Start of this process's mapping. Dereferencing it is up to the caller;
-    /// iopath's own code does so only inside owning types (DMA mappings,
-    /// ring accessors, and in this crate the mapping's borrowed range that
-    /// the syscall wrappers take) that keep the `Buffer` alive.
-    pub fn as_ptr(&self) -> *mut u8 {
+    /// This process's address of the first byte, as a number: for alignment
+    /// maths and address translation records (the user address of an IOTLB
+    /// entry or a vhost-user memory region). The memory itself is reached
+    /// through [`Buffer::range`].
+    #[inline]
+    pub fn addr(&self) -> usize {
+        self.inner.map.as_ptr() as usize
+    }
+
+    /// Start of the mapping, for [`BufRange`] alone.
+    #[inline]
+    pub(crate) fn mapping_ptr(&self) -> *mut u8 {
         self.inner.map.as_ptr()
     }
 
@@ -153,8 +161,7 @@ impl Buffer {
     /// [`Error::Busy`] while the buffer is mapped for a device,
     /// [`Error::OutOfRange`] if the range is not inside the buffer.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.check_not_busy()?;
-        self.write_unchecked(offset, src)
+        self.range(offset, src.len())?.copy_from(src)
     }
 
     /// Sets `len` bytes at `offset` to `byte`.
@@ -163,18 +170,33 @@ impl Buffer {
     /// As [`Buffer::write_at`].
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
         self.check_not_busy()?;
-        self.range(offset, len)?.fill(byte);
-        Ok(())
+        self.range(offset, len)?.fill(byte)
     }
 
-    fn write_unchecked(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.range(offset, src.len())?.copy_from(src)
+    /// `self[offset..offset + len]` as a borrowed range: volatile integer
+    /// and byte accesses, bounds-checked. Writes through it fail with
+    /// [`Error::Busy`] while the buffer is mapped for a device (the device
+    /// side writes through [`DevicePin::range`]).
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] unless the range is inside the buffer.
+    #[inline]
+    pub fn range(&self, offset: usize, len: usize) -> Result<BufRange<'_>> {
+        BufRange::new(self, offset, len, false)
     }
 
-    /// `self[offset..offset + len]` as a borrowed range, for the engines and
-    /// syscall wrappers. Does not check [`Buffer::check_not_busy`].
-    pub(crate) fn range(&self, offset: usize, len: usize) -> Result<BufRange<'_>> {
-        BufRange::new(self, offset, len)
+    /// `self[offset..offset + len]` as a range of coherent memory: memory
+    /// the CPU and a device share at all times, with no ownership handed
+    /// back and forth (virtqueue rings, a shared-memory region holding
+    /// them), so writes through it skip the busy check. For the owners of
+    /// such memory (ring accessors); everything else uses
+    /// [`Buffer::range`].
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] unless the range is inside the buffer.
+    #[inline]
+    pub fn coherent_range(&self, offset: usize, len: usize) -> Result<BufRange<'_>> {
+        BufRange::new(self, offset, len, true)
     }
 
     /// Advises transparent huge pages for the whole mapping.
@@ -316,7 +338,16 @@ impl DevicePin {
     /// # Errors
     /// [`Error::OutOfRange`].
     pub fn write_back(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.buf.write_unchecked(offset, src)
+        self.range(offset, src.len())?.copy_from(src)
+    }
+
+    /// `buffer[offset..offset + len]` as the device side's range: writes
+    /// through it are allowed while the buffer is pinned.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] unless the range is inside the buffer.
+    pub fn range(&self, offset: usize, len: usize) -> Result<BufRange<'_>> {
+        BufRange::new(&self.buf, offset, len, true)
     }
 }
 

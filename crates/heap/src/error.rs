@@ -33,6 +33,14 @@ pub enum Error {
         /// Length of the buffer.
         buf_len: usize,
     },
+    /// An integer access at an address that is not a multiple of its size.
+    #[error("access at buffer offset {offset} is not aligned to {align} bytes")]
+    Misaligned {
+        /// Offset of the access in its buffer.
+        offset: usize,
+        /// The alignment it needs.
+        align: usize,
+    },
     /// The buffer is mapped for a device; CPU writes and file transfers into
     /// it must wait until it is unmapped or synced back.
     #[error("buffer is busy: mapped for a device ({maps} mapping(s))")]

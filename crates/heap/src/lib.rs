@@ -4,8 +4,11 @@
 //! dma-buf), its length and a shared mapping of it. Buffers come from a
 //! [`Heap`], can be handed to another process over a unix socket
 //! ([`Buffer::export`], [`Buffer::import`]) and are only ever touched through
-//! volatile-aware accessors, because another process or a device may be
-//! writing them at the same time.
+//! volatile-aware accessors ([`Buffer::read_at`], [`Buffer::write_at`], or a
+//! bounds-checked [`BufRange`] borrowed from the buffer, as vm-memory's
+//! `VolatileSlice`), because another process or a device may be writing
+//! them at the same time. A raw pointer comes out only through a range's
+//! [`BufRange::ptr_guard`], for code that can take nothing else.
 //!
 //! ```text
 //!   Heap::alloc ──► Buffer { fd, len, mapping } ──export──► other process
@@ -38,8 +41,9 @@
 //! (buffer, offset, dtype, shape).
 //!
 //! A buffer that is mapped for a device (see the `iopath-dma` crate) is
-//! *busy*: CPU writes through [`Buffer::write_at`] and file transfers into it
-//! are refused with [`Error::Busy`] until the device mapping is gone.
+//! *busy*: CPU writes through [`Buffer::write_at`] or a [`BufRange`] and file
+//! transfers into it are refused with [`Error::Busy`] until the device
+//! mapping is gone.
 
 mod align;
 mod bounce;
@@ -51,6 +55,7 @@ mod heap;
 mod limits;
 mod loader;
 mod mmap;
+mod range;
 mod ring;
 mod sys;
 mod tensors;
@@ -68,6 +73,7 @@ pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 pub use mmap::{SharedMapping, SigbusGuard};
+pub use range::{BufRange, PtrGuard};
 #[doc(hidden)]
 pub use tensors::fuzz_safetensors;
 pub use tensors::{dtype_align, load_safetensors, Dtype, Tensor, Tensors, MAX_HEADER};

@@ -1,12 +1,12 @@
-//! The one owning type around a shared mapping, the borrowed range of it
-//! that everything else in the crate goes through, and the SIGBUS guard that
+//! The one owning type around a shared mapping, and the SIGBUS guard that
 //! keeps a peer who truncates a shared file from killing the process.
 //!
-//! Raw pointers into buffer memory live here and in the syscall wrappers
-//! ([`crate::sys`], [`crate::ring`]) that take a [`BufRange`]: the range's
-//! lifetime borrows the [`Buffer`], so the mapping outlives every use of the
-//! pointer, and its bounds are checked once, when it is made. Engines never
-//! see a pointer.
+//! Raw pointers into buffer memory live here, in the borrowed range
+//! ([`crate::BufRange`]) that everything else goes through, and in the
+//! syscall wrappers ([`crate::sys`], [`crate::ring`]) that take a range: its
+//! lifetime borrows the [`crate::Buffer`], so the mapping outlives every use
+//! of the pointer, and its bounds are checked once, when it is made.
+//! Engines never see a pointer.
 
 use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
@@ -16,7 +16,7 @@ use std::sync::{Once, OnceLock};
 
 use rustix::mm::{mmap, munmap, Advice, MapFlags, ProtFlags};
 
-use crate::{Buffer, Error, Result};
+use crate::{Error, Result};
 
 /// A `MAP_SHARED` read/write mapping of a file descriptor, unmapped on drop;
 /// optionally [guarded](guard) against SIGBUS.
@@ -452,128 +452,6 @@ mod guard {
         }
         // SAFETY: as above.
         unsafe { *libc::__errno_location() = errno };
-    }
-}
-
-/// A bounds-checked range of a [`Buffer`]'s mapping, borrowed for `'a`.
-///
-/// The only way the crate reaches buffer memory: bytes are copied in and out
-/// (never referenced, since another process or a device may write them at any
-/// time), and the syscall wrappers in [`crate::sys`] and [`crate::ring`] take
-/// a range instead of a pointer. Invariant: `off + len <= buf.len()`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct BufRange<'a> {
-    buf: &'a Buffer,
-    off: usize,
-    len: usize,
-}
-
-impl<'a> BufRange<'a> {
-    /// `buf[off..off + len]`.
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] unless the range is inside the buffer.
-    pub(crate) fn new(buf: &'a Buffer, off: usize, len: usize) -> Result<Self> {
-        buf.check_range(off, len)?;
-        Ok(BufRange { buf, off, len })
-    }
-
-    /// Bytes in the range.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The buffer the range is in.
-    pub(crate) fn buffer(&self) -> &'a Buffer {
-        self.buf
-    }
-
-    /// Offset of the range in its buffer.
-    pub(crate) fn offset(&self) -> usize {
-        self.off
-    }
-
-    /// Address of the first byte (for alignment maths only).
-    pub(crate) fn addr(&self) -> usize {
-        self.buf.as_ptr() as usize + self.off
-    }
-
-    /// The first byte, for a syscall wrapper to hand to the kernel together
-    /// with [`BufRange::len`].
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.buf.as_ptr().wrapping_add(self.off)
-    }
-
-    /// `self[off..off + len]`.
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] unless the sub-range is inside this range.
-    pub(crate) fn sub(&self, off: usize, len: usize) -> Result<BufRange<'a>> {
-        match off.checked_add(len) {
-            Some(end) if end <= self.len => Ok(BufRange {
-                buf: self.buf,
-                off: self.off + off,
-                len,
-            }),
-            _ => Err(Error::OutOfRange {
-                offset: off,
-                len,
-                buf_len: self.len,
-            }),
-        }
-    }
-
-    /// `self[off..]`.
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] if `off > len`.
-    pub(crate) fn skip(&self, off: usize) -> Result<BufRange<'a>> {
-        self.sub(off, self.len.saturating_sub(off))
-    }
-
-    /// Copies the range out into `dst` (which must be as long).
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] if the lengths differ.
-    pub(crate) fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
-        self.same_len(dst.len())?;
-        // SAFETY: the range is inside the live mapping (invariant; `'a`
-        // borrows the buffer that owns it), `dst` is a distinct Rust slice of
-        // the same length, and the copy only reads the shared memory, never
-        // references it.
-        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr(), dst.as_mut_ptr(), self.len) };
-        Ok(())
-    }
-
-    /// Copies `src` (which must be as long) into the range.
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] if the lengths differ.
-    pub(crate) fn copy_from(&self, src: &[u8]) -> Result<()> {
-        self.same_len(src.len())?;
-        // SAFETY: as in `copy_to`, in the other direction; writing plain
-        // bytes into shared memory creates no Rust references.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr(), self.len) };
-        Ok(())
-    }
-
-    /// Sets every byte of the range to `byte`.
-    pub(crate) fn fill(&self, byte: u8) {
-        // SAFETY: the range is inside the live mapping (invariant); writing
-        // plain bytes creates no Rust references.
-        unsafe { std::ptr::write_bytes(self.as_ptr(), byte, self.len) };
-    }
-
-    fn same_len(&self, other: usize) -> Result<()> {
-        if other == self.len {
-            Ok(())
-        } else {
-            Err(Error::OutOfRange {
-                offset: self.off,
-                len: other,
-                buf_len: self.len,
-            })
-        }
     }
 }
 

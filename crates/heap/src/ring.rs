@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use io_uring::{opcode, types, IoUring};
 
-use crate::mmap::BufRange;
+use crate::range::BufRange;
 use crate::Buffer;
 
 /// Direction of a request.

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use rustix::ioctl::{opcode, Opcode};
 
-use crate::mmap::BufRange;
+use crate::range::BufRange;
 
 /// Largest byte count one `read`/`write` moves on Linux (`MAX_RW_COUNT`),
 /// rounded down to a MiB.

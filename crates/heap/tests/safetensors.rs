@@ -49,7 +49,7 @@ fn check_all(path: &Path, opts: &LoadOptions) -> usize {
         assert_eq!(got.dtype, view.dtype(), "{name}");
         assert_eq!(got.shape, view.shape(), "{name}");
         assert_eq!(got.len, view.data().len(), "{name}");
-        let addr = got.buffer.as_ptr() as usize + got.offset;
+        let addr = got.buffer.addr() + got.offset;
         assert_eq!(addr % dtype_align(got.dtype), 0, "{name} misaligned");
         let mut bytes = vec![0u8; got.len];
         got.buffer.read_at(got.offset, &mut bytes).unwrap();

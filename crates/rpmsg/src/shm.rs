@@ -244,14 +244,16 @@ impl SharedMem {
     /// # Errors
     /// [`ShmError::View`] if vm-memory refuses the mapping.
     pub fn from_buffer(buf: Buffer) -> Result<Self, ShmError> {
-        // SAFETY: `buf.as_ptr()..+len` is the buffer's live MAP_SHARED
-        // read/write mapping (page-aligned, made by iopath-heap's Mmap); the
-        // region is not owned by vm-memory (build_raw never unmaps), and
-        // `SharedMem` keeps a clone of `buf` alive for as long as `mem`.
+        let whole = buf.range(0, buf.len()).map_err(ShmError::Map)?;
+        let raw = whole.ptr_guard();
+        // SAFETY: `raw` is the buffer's whole live MAP_SHARED read/write
+        // mapping (page-aligned, made by iopath-heap's Mmap); the region is
+        // not owned by vm-memory (build_raw never unmaps), and `SharedMem`
+        // keeps a clone of `buf` alive for as long as `mem`.
         let region = unsafe {
             MmapRegion::<()>::build_raw(
-                buf.as_ptr(),
-                buf.len(),
+                raw.as_ptr(),
+                raw.len(),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
             )

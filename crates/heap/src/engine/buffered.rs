@@ -2,7 +2,7 @@
 
 use super::{check_read, check_write, Engine, Method, Transfer};
 use crate::file::IoFile;
-use crate::mmap::BufRange;
+use crate::range::BufRange;
 use crate::{sys, Buffer, Result};
 
 /// `pread(2)`/`pwrite(2)` through the page cache. Works on every file system.

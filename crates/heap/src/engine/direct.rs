@@ -13,7 +13,7 @@ use super::{buffered, check_read, check_write, Engine, Method, Transfer};
 use crate::align::{align_down, align_up, direct_split, DioAlign};
 use crate::bounce::AlignedBuf;
 use crate::file::IoFile;
-use crate::mmap::BufRange;
+use crate::range::BufRange;
 use crate::{sys, Buffer, Error, Result};
 
 /// Bounce buffer size.

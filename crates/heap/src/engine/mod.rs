@@ -28,7 +28,7 @@ pub use sendfile::SendfileEngine;
 pub use uring::UringEngine;
 
 use crate::file::IoFile;
-use crate::mmap::BufRange;
+use crate::range::BufRange;
 use crate::{Buffer, Error, Result};
 
 /// A transfer method, as named on the command line.

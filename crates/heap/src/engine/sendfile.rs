@@ -22,7 +22,7 @@ use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
 
 use super::{check_read, check_write, Engine, Method, Transfer};
 use crate::file::IoFile;
-use crate::mmap::BufRange;
+use crate::range::BufRange;
 use crate::{sys, Buffer, Error, HeapKind, Result};
 
 /// `sendfile(2)` / `splice(2)` transfers.

@@ -18,7 +18,7 @@ use super::{
     Transfer,
 };
 use crate::file::IoFile;
-use crate::mmap::BufRange;
+use crate::range::BufRange;
 use crate::ring::{Op, Ring};
 use crate::{AlignedBuf, Buffer, Error, Result};
 
@@ -164,7 +164,7 @@ impl UringEngine {
         file_off: u64,
         mem: BufRange<'_>,
     ) -> Result<Transfer> {
-        if mem.len() == 0 {
+        if mem.is_empty() {
             return Ok(Transfer::default());
         }
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());

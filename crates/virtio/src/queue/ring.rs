@@ -1,9 +1,10 @@
-//! The one owning type that touches ring memory: [`RingMem`], a coherent
-//! DMA allocation accessed with volatile and atomic operations only.
+//! The one type that touches ring memory: [`RingMem`], a coherent DMA
+//! allocation accessed with volatile and atomic operations only.
 
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::Ordering;
 
 use iopath_dma::{Coherent, DmaAddr};
+use iopath_heap::BufRange;
 
 use virtio_bindings::virtio_ring as vr;
 
@@ -19,8 +20,8 @@ pub(crate) const USED_F_NO_NOTIFY: u16 = vr::VRING_USED_F_NO_NOTIFY as u16;
 pub(crate) const DESC_SIZE: usize = 16;
 
 /// Coherent memory shared with the device. The device may write it at any
-/// time, so it is never exposed as a Rust reference to plain data: only
-/// volatile copies and atomics.
+/// time, so it is reached only through the heap's bounds-checked range
+/// ([`BufRange`]): volatile copies and atomics, never a Rust reference.
 ///
 /// The ring may be a window (`base..base + len`) of a larger coherent
 /// region, when the platform fixes where rings go (a remoteproc resource
@@ -42,8 +43,11 @@ impl RingMem {
     /// is not 16-byte aligned (descriptor table alignment, §2.7).
     pub(crate) fn window(mem: Coherent, base: usize, len: usize) -> Option<Self> {
         let fits = base.checked_add(len).is_some_and(|e| e <= mem.len());
-        (fits && base % DESC_SIZE == 0 && (mem.buffer().as_ptr() as usize) % DESC_SIZE == 0)
-            .then_some(RingMem { mem, base, len })
+        (fits && base % DESC_SIZE == 0 && mem.buffer().addr() % DESC_SIZE == 0).then_some(RingMem {
+            mem,
+            base,
+            len,
+        })
     }
 
     pub(crate) fn addr(&self) -> DmaAddr {
@@ -54,44 +58,33 @@ impl RingMem {
         self.mem
     }
 
-    /// Zeroes the whole ring (a window is not fresh from `alloc_coherent`).
-    pub(crate) fn zero(&self) {
-        let p = self.ptr(0, self.len, 1);
-        // SAFETY: `len` in-bounds bytes (checked by `ptr`); plain bytes
-        // written to shared memory, no reference created.
-        unsafe { std::ptr::write_bytes(p, 0, self.len) }
+    /// The ring's bytes (the window was checked to fit when made). Coherent
+    /// memory: the region may also hold buffers mapped for the device (an
+    /// rpmsg shared-memory region), which must not stop ring updates.
+    #[inline]
+    fn range(&self) -> BufRange<'_> {
+        ring_access(
+            self.mem.buffer().coherent_range(self.base, self.len),
+            self,
+            0,
+        )
     }
 
-    /// Pointer to `size` bytes at `off`, aligned to `align`. Offsets are the
-    /// queue's own arithmetic (device-provided values are range-checked before
-    /// they become offsets), so a failure here is a bug in this crate.
-    fn ptr(&self, off: usize, size: usize, align: usize) -> *mut u8 {
-        assert!(
-            off.checked_add(size).is_some_and(|end| end <= self.len)
-                && (self.base + off) % align == 0,
-            "ring access {off}+{size} outside coherent memory of {} bytes",
-            self.len
-        );
-        // SAFETY: `base + off + size <= mem.len()` (the window was checked
-        // when made, `off + size <= len` just now) and the mapping lives as
-        // long as `self.mem`.
-        unsafe { self.mem.buffer().as_ptr().add(self.base + off) }
+    /// Zeroes the whole ring (a window is not fresh from `alloc_coherent`).
+    pub(crate) fn zero(&self) {
+        ring_access(self.range().fill(0), self, 0);
     }
 
     pub(crate) fn write_u16(&self, off: usize, v: u16) {
-        // SAFETY: in bounds and 2-aligned (checked by `ptr`); a volatile write
-        // of plain bytes to shared memory creates no reference.
-        unsafe { std::ptr::write_volatile(self.ptr(off, 2, 2).cast::<u16>(), v.to_le()) }
+        ring_access(self.range().write_u16(off, v.to_le()), self, off);
     }
 
     pub(crate) fn read_u16(&self, off: usize) -> u16 {
-        // SAFETY: in bounds and aligned (checked by `ptr`); volatile read.
-        u16::from_le(unsafe { std::ptr::read_volatile(self.ptr(off, 2, 2).cast::<u16>()) })
+        u16::from_le(ring_access(self.range().read_u16(off), self, off))
     }
 
     pub(crate) fn read_u32(&self, off: usize) -> u32 {
-        // SAFETY: in bounds and aligned (checked by `ptr`); volatile read.
-        u32::from_le(unsafe { std::ptr::read_volatile(self.ptr(off, 4, 4).cast::<u32>()) })
+        u32::from_le(ring_access(self.range().read_u32(off), self, off))
     }
 
     /// Writes descriptor `i` of a table starting at `base` (§2.7.5:
@@ -105,37 +98,41 @@ impl RingMem {
         flags: u16,
         next: u16,
     ) {
-        let p = self.ptr(base + i * DESC_SIZE, DESC_SIZE, DESC_SIZE);
-        // SAFETY: 16 in-bounds, 16-aligned bytes (checked by `ptr`); volatile
-        // writes of plain integers at their natural alignment.
-        unsafe {
-            std::ptr::write_volatile(p.cast::<u64>(), addr.to_le());
-            std::ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
-            std::ptr::write_volatile(p.add(12).cast::<u16>(), flags.to_le());
-            std::ptr::write_volatile(p.add(14).cast::<u16>(), next.to_le());
-        }
+        let off = base + i * DESC_SIZE;
+        let d = ring_access(self.range().sub(off, DESC_SIZE), self, off);
+        let wrote = d
+            .write_u64(0, addr.to_le())
+            .and_then(|()| d.write_u32(8, len.to_le()))
+            .and_then(|()| d.write_u16(12, flags.to_le()))
+            .and_then(|()| d.write_u16(14, next.to_le()));
+        ring_access(wrote, self, off);
     }
 
-    /// An index field (`avail.idx`, `used.idx`) accessed atomically, so that
-    /// Acquire/Release order the ring contents around it.
-    pub(crate) fn atomic_u16(&self, off: usize) -> &AtomicU16 {
-        let p = self.ptr(off, 2, 2).cast::<u16>();
-        // SAFETY: `p` is in bounds, 2-aligned and valid for the lifetime of
-        // `&self` (the mapping lives as long as `self.mem`); all accesses to
-        // this word from this process are atomic or volatile, and the device
-        // side only touches it with aligned 16-bit accesses.
-        unsafe { AtomicU16::from_ptr(p) }
-    }
-
-    /// Atomic store of a little-endian u16 index.
+    /// Atomic store of a little-endian u16 index (`avail.idx`), so that
+    /// Release orders the ring contents before it.
     pub(crate) fn store_idx(&self, off: usize, v: u16, order: Ordering) {
-        self.atomic_u16(off).store(v.to_le(), order);
+        ring_access(self.range().store_u16(off, v.to_le(), order), self, off);
     }
 
-    /// Atomic load of a little-endian u16 index.
+    /// Atomic load of a little-endian u16 index (`used.idx`), so that
+    /// Acquire orders the ring contents after it.
     pub(crate) fn load_idx(&self, off: usize, order: Ordering) -> u16 {
-        u16::from_le(self.atomic_u16(off).load(order))
+        u16::from_le(ring_access(self.range().load_u16(off, order), self, off))
     }
+}
+
+/// The value of a ring access. Offsets are the queue's own arithmetic
+/// (device-provided values are range-checked before they become offsets),
+/// so a failure here is a bug in this crate.
+#[inline]
+#[track_caller]
+fn ring_access<T>(r: iopath_heap::Result<T>, ring: &RingMem, off: usize) -> T {
+    r.unwrap_or_else(|e| {
+        panic!(
+            "ring access at {off} of coherent memory of {} bytes: {e}",
+            ring.len
+        )
+    })
 }
 
 /// Where the parts of a split ring of `size` entries sit in one allocation
