@@ -1,14 +1,13 @@
 //! `iopath load`: fill shareable buffers from a file, as fast as the storage
 //! allows, and say how fast that was.
 
-use std::io::{IsTerminal, Read};
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use iopath_heap::{
-    load, load_safetensors, EngineOptions, LoadOptions, LoadStats, Loaded, Method, Prefault,
-    Tensors,
+    load, load_safetensors, EngineOptions, LoadOptions, LoadStats, Method, Prefault,
 };
 
 use crate::size::{human, parse_size};
@@ -56,7 +55,7 @@ pub struct LoadArgs {
     /// What the allocator thread does to new buffers' pages: allocate
     /// (fallocate; the reads map them), map (MADV_POPULATE_WRITE), none, or
     /// auto (map, measured the fastest for every method).
-    #[arg(long, default_value = "auto", value_parser = parse_prefault)]
+    #[arg(long, default_value = "auto")]
     pub prefault: Prefault,
     /// Read the file again afterwards and compare every byte; exit non-zero
     /// on any difference.
@@ -91,7 +90,101 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         alloc_threads: args.alloc_threads,
         prefault: args.prefault,
     };
-    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+    let bar = progress_bar(args);
+    let mut on_progress = |p: &iopath_heap::Progress| {
+        if let Some(bar) = &bar {
+            bar.set_length(p.total);
+            bar.set_position(p.bytes);
+        }
+    };
+    let heap_name = heap.name();
+    let safetensors = args.format == "safetensors";
+    if safetensors && args.buffers.is_some() {
+        bail!("--buffers: not with --format safetensors (the tensors decide the buffers)");
+    }
+    let loaded_bar = || {
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+    };
+    let (stats, tensors) = if safetensors {
+        let t = load_safetensors(&args.file, heap.as_ref(), &opts, &mut on_progress)
+            .map_err(|e| at_fault(args, e))?;
+        loaded_bar();
+        if args.verify {
+            t.verify(&args.file)?;
+        }
+        (t.stats, Some(t.tensors.len()))
+    } else {
+        let loaded = load(&args.file, heap.as_ref(), &opts, &mut on_progress)
+            .map_err(|e| at_fault(args, e))?;
+        loaded_bar();
+        if args.verify {
+            loaded.verify(&args.file)?;
+        }
+        (loaded.stats, None)
+    };
+    let verified = args.verify.then_some(true);
+    if args.json {
+        let mut v = serde_json::json!({
+            "file": args.file,
+            "bytes": stats.bytes,
+            "seconds": stats.elapsed.as_secs_f64(),
+            "gib_per_s": stats.gib_per_s(),
+            "method": stats.method.name(),
+            "requested_method": method.name(),
+            "heap": heap_name,
+            "buffers": stats.buffers,
+            "buffer_size": stats.buffer_size,
+            "fallbacks": stats.fallbacks,
+            "auto_probe": probe_json(&stats),
+            "alloc_ms": stats.alloc_time.as_secs_f64() * 1e3,
+            "read_ms": stats.read_time.as_secs_f64() * 1e3,
+            "verified": verified,
+        });
+        if let Some(n) = tensors {
+            v["format"] = "safetensors".into();
+            v["tensors"] = n.into();
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    let s = &stats;
+    let verified = if args.verify { "; verified" } else { "" };
+    match tensors {
+        Some(n) => println!(
+            "loaded {n} tensors ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s){verified}",
+            human(s.bytes),
+            s.bytes,
+            s.buffers,
+            human(s.buffer_size as u64),
+            s.elapsed.as_secs_f64(),
+            s.gib_per_s(),
+            s.method,
+            auto_note(s),
+            s.fallbacks,
+        ),
+        None => println!(
+            "loaded {} ({} bytes) into {} x {} {heap_name} buffers in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s); alloc {:.0} ms (overlapped), read {:.0} ms{verified}",
+            human(s.bytes),
+            s.bytes,
+            s.buffers,
+            human(s.buffer_size as u64),
+            s.elapsed.as_secs_f64(),
+            s.gib_per_s(),
+            s.method,
+            auto_note(s),
+            s.fallbacks,
+            s.alloc_time.as_secs_f64() * 1e3,
+            s.read_time.as_secs_f64() * 1e3,
+        ),
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr, when it is a terminal and the output is text.
+fn progress_bar(args: &LoadArgs) -> Option<ProgressBar> {
+    (!args.json && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template(
@@ -101,145 +194,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             .progress_chars("=> "),
         );
         bar
-    });
-    let mut on_progress = |p: &iopath_heap::Progress| {
-        if let Some(bar) = &bar {
-            bar.set_length(p.total);
-            bar.set_position(p.bytes);
-        }
-    };
-    if args.format == "safetensors" {
-        if args.buffers.is_some() {
-            bail!("--buffers: not with --format safetensors (the tensors decide the buffers)");
-        }
-        let t = load_safetensors(&args.file, heap.as_ref(), &opts, &mut on_progress)
-            .map_err(|e| at_fault(args, e))?;
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
-        }
-        return report_tensors(args, method, heap.name(), &t);
-    }
-    let loaded =
-        load(&args.file, heap.as_ref(), &opts, &mut on_progress).map_err(|e| at_fault(args, e))?;
-    if let Some(bar) = &bar {
-        bar.finish_and_clear();
-    }
-    let verified = if args.verify {
-        verify(&args.file, &loaded)?;
-        Some(true)
-    } else {
-        None
-    };
-    let s = &loaded.stats;
-    if args.json {
-        let v = serde_json::json!({
-            "file": args.file,
-            "bytes": s.bytes,
-            "seconds": s.elapsed.as_secs_f64(),
-            "gib_per_s": s.gib_per_s(),
-            "method": s.method.name(),
-            "requested_method": method.name(),
-            "heap": heap.name(),
-            "buffers": s.buffers,
-            "buffer_size": s.buffer_size,
-            "fallbacks": s.fallbacks,
-            "auto_probe": probe_json(s),
-            "alloc_ms": s.alloc_time.as_secs_f64() * 1e3,
-            "read_ms": s.read_time.as_secs_f64() * 1e3,
-            "verified": verified,
-        });
-        println!("{v}");
-    } else {
-        println!(
-            "loaded {} ({} bytes) into {} x {} {} buffers in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s); alloc {:.0} ms (overlapped), read {:.0} ms{}",
-            human(s.bytes),
-            s.bytes,
-            s.buffers,
-            human(s.buffer_size as u64),
-            heap.name(),
-            s.elapsed.as_secs_f64(),
-            s.gib_per_s(),
-            s.method,
-            auto_note(s),
-            s.fallbacks,
-            s.alloc_time.as_secs_f64() * 1e3,
-            s.read_time.as_secs_f64() * 1e3,
-            if verified.is_some() { "; verified" } else { "" },
-        );
-    }
-    Ok(())
-}
-
-/// Verifies (if asked) and prints a safetensors load.
-fn report_tensors(args: &LoadArgs, method: Method, heap: String, t: &Tensors) -> Result<()> {
-    let verified = if args.verify {
-        verify_tensors(&args.file, t)?;
-        Some(true)
-    } else {
-        None
-    };
-    let s = &t.stats;
-    if args.json {
-        let v = serde_json::json!({
-            "file": args.file,
-            "format": "safetensors",
-            "tensors": t.tensors.len(),
-            "bytes": s.bytes,
-            "seconds": s.elapsed.as_secs_f64(),
-            "gib_per_s": s.gib_per_s(),
-            "method": s.method.name(),
-            "requested_method": method.name(),
-            "heap": heap,
-            "buffers": s.buffers,
-            "buffer_size": s.buffer_size,
-            "fallbacks": s.fallbacks,
-            "auto_probe": probe_json(s),
-            "alloc_ms": s.alloc_time.as_secs_f64() * 1e3,
-            "read_ms": s.read_time.as_secs_f64() * 1e3,
-            "verified": verified,
-        });
-        println!("{v}");
-    } else {
-        println!(
-            "loaded {} tensors ({}, {} bytes) into {} {heap} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s){}",
-            t.tensors.len(),
-            human(s.bytes),
-            s.bytes,
-            s.buffers,
-            human(s.buffer_size as u64),
-            s.elapsed.as_secs_f64(),
-            s.gib_per_s(),
-            s.method,
-            auto_note(s),
-            s.fallbacks,
-            if verified.is_some() { "; verified" } else { "" },
-        );
-    }
-    Ok(())
-}
-
-/// Compares every tensor with its bytes in the file, read again.
-fn verify_tensors(path: &Path, t: &Tensors) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    let f =
-        std::fs::File::open(path).with_context(|| format!("verify: reopen {}", path.display()))?;
-    for (name, x) in &t.tensors {
-        let mut want = vec![0u8; x.len];
-        f.read_exact_at(&mut want, x.file_offset)
-            .with_context(|| format!("verify: read {} at {}", path.display(), x.file_offset))?;
-        let mut got = vec![0u8; x.len];
-        x.buffer.read_at(x.offset, &mut got)?;
-        if let Some(k) = want.iter().zip(&got).position(|(a, b)| a != b) {
-            bail!(
-                "verify failed: tensor `{name}` byte {k} differs (file offset {}: file has {:#04x}, buffer {} has {:#04x})",
-                x.file_offset + k as u64,
-                want[k],
-                x.buffer_index,
-                got[k]
-            );
-        }
-    }
-    Ok(())
+    })
 }
 
 /// `auto`'s measurements, for `--json`.
@@ -288,71 +243,5 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
     match option {
         Some(o) => anyhow::Error::new(e).context(o),
         None => e.into(),
-    }
-}
-
-fn parse_prefault(s: &str) -> Result<Prefault, String> {
-    match s {
-        "auto" => Ok(Prefault::Auto),
-        "allocate" => Ok(Prefault::Allocate),
-        "map" => Ok(Prefault::Map),
-        "none" => Ok(Prefault::None),
-        _ => Err(format!("`{s}` is not one of auto, allocate, map, none")),
-    }
-}
-
-/// Compares the loaded buffers with the file, read again independently.
-fn verify(path: &Path, loaded: &Loaded) -> Result<()> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("verify: reopen {}", path.display()))?;
-    let mut off = 0u64;
-    for (i, (buf, &len)) in loaded.buffers.iter().zip(&loaded.lens).enumerate() {
-        let mut want = vec![0u8; len];
-        f.read_exact(&mut want)
-            .with_context(|| format!("verify: read {} at {off}", path.display()))?;
-        let mut got = vec![0u8; len];
-        buf.read_at(0, &mut got)?;
-        if let Some(k) = want.iter().zip(&got).position(|(a, b)| a != b) {
-            bail!(
-                "verify failed: byte {} of {} differs (buffer {i}, offset {k}: file has {:#04x}, buffer has {:#04x})",
-                off + k as u64,
-                path.display(),
-                want[k],
-                got[k]
-            );
-        }
-        off += len as u64;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use iopath_heap::{HugePages, MemfdHeap};
-
-    #[test]
-    fn verify_names_the_first_differing_byte() {
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        let a = dir.path().join("a");
-        let b = dir.path().join("b");
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
-        std::fs::write(&a, &data).unwrap();
-        let mut other = data.clone();
-        other[70_000] ^= 0xff;
-        std::fs::write(&b, &other).unwrap();
-        let opts = LoadOptions {
-            buffer_size: 64 << 10,
-            ..LoadOptions::default()
-        };
-        let heap = MemfdHeap::new(HugePages::None);
-        let loaded = load(&a, &heap, &opts, &mut |_| {}).unwrap();
-        verify(&a, &loaded).unwrap();
-        let err = verify(&b, &loaded).unwrap_err().to_string();
-        assert!(
-            err.starts_with("verify failed: byte 70000 of ")
-                && err.contains("(buffer 1, offset 4464"),
-            "{err}"
-        );
     }
 }

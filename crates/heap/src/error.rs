@@ -123,6 +123,9 @@ pub enum Error {
         /// Why not.
         reason: String,
     },
+    /// A prefault mode that iopath does not know.
+    #[error("`{0}` is not one of auto, allocate, map, none")]
+    UnknownPrefault(String),
     /// A method name that iopath does not know.
     #[error("unknown transfer method `{0}` (known: auto, buffered, direct, sendfile, uring)")]
     UnknownMethod(String),
@@ -187,6 +190,45 @@ pub enum Error {
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A loaded buffer differs from the file it was loaded from.
+    #[error(
+        "verify failed: byte {file_offset} of {path} differs (buffer {buffer}, offset \
+         {buffer_offset}: file has {file_byte:#04x}, buffer has {buffer_byte:#04x})",
+        path = path.display()
+    )]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// Offset of the first differing byte in the file.
+        file_offset: u64,
+        /// Index of the buffer that holds it.
+        buffer: usize,
+        /// Its offset in that buffer.
+        buffer_offset: usize,
+        /// The byte in the file.
+        file_byte: u8,
+        /// The byte in the buffer.
+        buffer_byte: u8,
+    },
+    /// A loaded tensor differs from its bytes in the file.
+    #[error(
+        "verify failed: tensor `{tensor}` byte {index} differs (file offset {file_offset}: file \
+         has {file_byte:#04x}, buffer {buffer} has {buffer_byte:#04x})"
+    )]
+    TensorMismatch {
+        /// The tensor's name.
+        tensor: String,
+        /// Index of the first differing byte in the tensor.
+        index: usize,
+        /// Its offset in the file.
+        file_offset: u64,
+        /// Index of the buffer that holds the tensor.
+        buffer: usize,
+        /// The byte in the file.
+        file_byte: u8,
+        /// The byte in the buffer.
+        buffer_byte: u8,
     },
     /// The loader's allocator thread died (a bug; reported instead of a panic).
     #[error("allocator thread failed: {0}")]

@@ -38,7 +38,8 @@
 //! [`load_safetensors`] lays a safetensors model file out tensor by tensor
 //! (each whole in one buffer, aligned for its dtype; header parsed and
 //! checked by the `safetensors` crate) and returns name → [`Tensor`]
-//! (buffer, offset, dtype, shape).
+//! (buffer, offset, dtype, shape). [`Loaded::verify`] and
+//! [`Tensors::verify`] compare what was loaded with the file, read again.
 //!
 //! A buffer that is mapped for a device (see the `iopath-dma` crate) is
 //! *busy*: CPU writes through [`Buffer::write_at`] or a [`BufRange`] and file
@@ -59,6 +60,7 @@ mod range;
 mod ring;
 mod sys;
 mod tensors;
+mod verify;
 
 pub use align::DioAlign;
 pub use bounce::AlignedBuf;

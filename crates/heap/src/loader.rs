@@ -89,6 +89,21 @@ pub enum Prefault {
     Map,
 }
 
+impl std::str::FromStr for Prefault {
+    type Err = Error;
+
+    /// Parses `auto`, `none`, `allocate` or `map`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Prefault::Auto),
+            "none" => Ok(Prefault::None),
+            "allocate" => Ok(Prefault::Allocate),
+            "map" => Ok(Prefault::Map),
+            _ => Err(Error::UnknownPrefault(s.to_string())),
+        }
+    }
+}
+
 /// Progress, reported after each buffer is filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
