@@ -81,9 +81,9 @@ impl DirectJob {
 
     /// Blocks `k`, `k + depth`, ... of the pass.
     fn worker(&self, file: &File, k: u64, blocks: u64) -> Result<()> {
-        let mut raw = vec![0u8; self.bs as usize + ALIGN];
-        let at = raw.as_ptr().align_offset(ALIGN);
-        let buf = &mut raw[at..at + self.bs as usize];
+        let mut aligned = iopath_heap::AlignedBuf::new(self.bs as usize, ALIGN)
+            .map_err(Error::heap("direct-I/O buffer"))?;
+        let buf = aligned.as_mut_slice();
         let mut b = k;
         while b < blocks {
             let off = b * self.bs;
