@@ -18,6 +18,10 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use vhost::vhost_user::message::{
+    VhostUserInflight, VhostUserMemoryRegion, VhostUserVringAddrFlags,
+};
+use vhost::vhost_user::VhostUserBackendReqHandlerMut;
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::Bytes;
 

@@ -29,6 +29,8 @@
 mod backend_channel;
 mod control;
 mod error;
+mod regions;
+mod transport;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -40,7 +42,7 @@ use std::time::{Duration, Instant};
 use iopath_dma::{IotlbSink, SharedRegion};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend as _, VhostUserProtocolFeatures};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{QueueConfig, Transport};
@@ -49,6 +51,7 @@ use backend_channel::BackendChannel;
 pub use control::VhostUserIotlb;
 use control::{lock, Control, Watchdog};
 pub use error::{Result, VhostUserError};
+use regions::{check_disjoint, region_info, user_addr};
 
 /// Largest region count `SET_MEM_TABLE` carries for every back end (the
 /// spec's baseline; libvhost-user refuses more). Further regions go through
@@ -84,23 +87,6 @@ impl Default for Timeouts {
 /// Queue size assumed when the back end does not say (vhost-user has no
 /// message for it): libvhost-user's and QEMU's `VIRTQUEUE_MAX_SIZE`.
 pub const DEFAULT_QUEUE_MAX_SIZE: u16 = 1024;
-
-fn region_info(r: &SharedRegion) -> VhostUserMemoryRegionInfo {
-    VhostUserMemoryRegionInfo {
-        guest_phys_addr: r.gpa,
-        memory_size: r.len() as u64,
-        userspace_addr: r.uaddr(),
-        mmap_offset: 0,
-        mmap_handle: r.buffer.fd().as_raw_fd(),
-    }
-}
-
-fn region_contains(r: &SharedRegion, addr: u64, len: u64) -> bool {
-    addr >= r.gpa
-        && addr
-            .checked_add(len)
-            .is_some_and(|end| end <= r.gpa.saturating_add(r.len() as u64))
-}
 
 /// Protocol features the driver uses when the back end offers them.
 fn wanted_protocol_features() -> VhostUserProtocolFeatures {
@@ -409,207 +395,6 @@ impl VhostUser {
     }
 }
 
-fn user_addr(regions: &[SharedRegion], device_addr: u64, len: u64) -> Result<u64> {
-    regions
-        .iter()
-        .find(|r| region_contains(r, device_addr, len))
-        .map(|r| r.uaddr() + (device_addr - r.gpa))
-        .ok_or(VhostUserError::NotShared {
-            addr: device_addr,
-            len,
-        })
-}
-
-impl Transport for VhostUser {
-    fn device_id(&self) -> u32 {
-        self.device_id
-    }
-
-    fn num_queues(&self) -> u16 {
-        self.events.len() as u16
-    }
-
-    fn queue_max_size(&self, index: u16) -> crate::Result<u16> {
-        self.check_queue(index)?;
-        Ok(self.queue_max_size)
-    }
-
-    fn device_features(&self) -> crate::Result<u64> {
-        Ok(self.device_features & !VHOST_USER_F_PROTOCOL_FEATURES)
-    }
-
-    fn set_driver_features(&self, features: u64) -> crate::Result<()> {
-        let acked = (features & self.device_features)
-            | (self.device_features & VHOST_USER_F_PROTOCOL_FEATURES);
-        let wants_iotlb = acked & VIRTIO_F_ACCESS_PLATFORM != 0;
-        if wants_iotlb
-            && !self.protocol.contains(
-                VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::BACKEND_REQ,
-            )
-        {
-            return Err(VhostUserError::Unsupported {
-                what: "IOTLB (ACCESS_PLATFORM needs REPLY_ACK and BACKEND_REQ)",
-            }
-            .into());
-        }
-        let mut st = lock(&self.state);
-        let mut ctl = lock(&self.ctl);
-        ctl.call("SET_FEATURES", |fe| fe.set_features(acked))?;
-        ctl.iotlb = wants_iotlb;
-        st.acked = acked;
-        Ok(())
-    }
-
-    fn status(&self) -> crate::Result<u8> {
-        Ok(lock(&self.state).status)
-    }
-
-    fn set_status(&self, new: u8) -> crate::Result<()> {
-        let mut st = lock(&self.state);
-        if new == 0 {
-            self.reset(&mut st)?;
-        } else if new & status::DRIVER_OK != 0 && st.status & status::DRIVER_OK == 0 {
-            let configs: Vec<_> = st.configs.iter().copied().enumerate().collect();
-            for (i, cfg) in configs {
-                if let Some(cfg) = cfg {
-                    self.start_queue(&st, i as u16, &cfg)?;
-                }
-            }
-        }
-        st.status = new;
-        Ok(())
-    }
-
-    fn read_config(&self, offset: u32, data: &mut [u8]) -> crate::Result<()> {
-        if !self.protocol.contains(VhostUserProtocolFeatures::CONFIG) {
-            return Err(VhostUserError::Unsupported {
-                what: "config space (CONFIG protocol feature)",
-            }
-            .into());
-        }
-        // Always read from offset 0: qemu-storage-daemon (10.0) ignores the
-        // offset of GET_CONFIG and copies from the start of its config.
-        let total = usize::try_from(offset)
-            .ok()
-            .and_then(|o| o.checked_add(data.len()))
-            .and_then(|t| u32::try_from(t).ok().map(|t32| (t, t32)))
-            .ok_or(VhostUserError::BadReply {
-                request: "GET_CONFIG",
-                why: "range too large",
-            })?;
-        let zeros = vec![0u8; total.0];
-        let (_, payload) = lock(&self.ctl).call("GET_CONFIG", |fe| {
-            fe.get_config(0, total.1, VhostUserConfigFlags::empty(), &zeros)
-        })?;
-        if payload.len() != total.0 {
-            return Err(VhostUserError::BadReply {
-                request: "GET_CONFIG",
-                why: "wrong payload size",
-            }
-            .into());
-        }
-        data.copy_from_slice(&payload[offset as usize..]);
-        Ok(())
-    }
-
-    fn write_config(&self, offset: u32, data: &[u8]) -> crate::Result<()> {
-        lock(&self.ctl).call("SET_CONFIG", |fe| {
-            fe.set_config(offset, VhostUserConfigFlags::WRITABLE, data)
-        })?;
-        Ok(())
-    }
-
-    fn set_memory(&self, regions: &[SharedRegion]) -> crate::Result<()> {
-        let mut st = lock(&self.state);
-        self.share(&mut st, regions)?;
-        Ok(())
-    }
-
-    fn iotlb_sink(&self) -> Option<Arc<dyn IotlbSink>> {
-        lock(&self.ctl).iotlb.then(|| {
-            Arc::new(VhostUserIotlb {
-                ctl: Arc::clone(&self.ctl),
-            }) as Arc<dyn IotlbSink>
-        })
-    }
-
-    fn setup_queue(&self, index: u16, config: &QueueConfig) -> crate::Result<()> {
-        self.check_queue(index)?;
-        if config.size == 0 || !config.size.is_power_of_two() || config.size > self.queue_max_size {
-            return Err(crate::Error::BadQueueSize {
-                size: config.size,
-                max: self.queue_max_size,
-            });
-        }
-        let mut st = lock(&self.state);
-        st.configs[usize::from(index)] = Some(*config);
-        if st.status & status::DRIVER_OK != 0 {
-            self.start_queue(&st, index, config)?;
-        }
-        Ok(())
-    }
-
-    fn notify(&self, index: u16) -> crate::Result<()> {
-        let ev = self.check_queue(index)?;
-        if !ev.running.load(Ordering::Acquire) {
-            return Err(VhostUserError::QueueNotReady { index }.into());
-        }
-        ev.kick.write(1).map_err(|source| VhostUserError::Io {
-            op: "eventfd write (kick)",
-            source,
-        })?;
-        Ok(())
-    }
-
-    fn wait_interrupt(&self, index: u16, timeout: Option<Duration>) -> crate::Result<bool> {
-        let call = &self.check_queue(index)?.call;
-        if call.read().is_ok() {
-            return Ok(true);
-        }
-        // SAFETY: the eventfd is owned by `self.events`, which outlives this
-        // borrow (it ends with the function).
-        let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
-        let mut fds = [
-            rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN),
-            // RDHUP only: replies to other threads' requests may make the
-            // socket readable, but only a closed peer hangs it up.
-            rustix::event::PollFd::new(&self.hangup, rustix::event::PollFlags::RDHUP),
-        ];
-        let ts = timeout.map(|t| rustix::event::Timespec {
-            tv_sec: t.as_secs().try_into().unwrap_or(i64::MAX),
-            tv_nsec: t.subsec_nanos().into(),
-        });
-        loop {
-            match rustix::event::poll(&mut fds, ts.as_ref()) {
-                Ok(0) => return Ok(false),
-                Ok(_) => {
-                    if call.read().is_ok() {
-                        return Ok(true);
-                    }
-                    if !fds[1].revents().is_empty() {
-                        return Err(crate::Error::Closed);
-                    }
-                }
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    return Err(VhostUserError::Io {
-                        op: "poll (call eventfd)",
-                        source: e.into(),
-                    }
-                    .into())
-                }
-            }
-        }
-    }
-
-    fn interrupt_fd(&self, index: u16) -> Option<BorrowedFd<'_>> {
-        let ev = self.events.get(usize::from(index))?;
-        // SAFETY: the eventfd is owned by `self.events` and lives as long as
-        // `self`, which bounds the returned borrow.
-        Some(unsafe { BorrowedFd::borrow_raw(ev.call.as_raw_fd()) })
-    }
-}
-
 impl Drop for VhostUser {
     fn drop(&mut self) {
         // Closing the main socket tells the back end the driver is gone; it
@@ -621,66 +406,9 @@ impl Drop for VhostUser {
     }
 }
 
-fn check_disjoint(regions: &[SharedRegion]) -> Result<()> {
-    let mut sorted: Vec<_> = regions.iter().collect();
-    sorted.sort_by_key(|r| r.gpa);
-    let mut end = 0u64;
-    for (i, r) in sorted.iter().enumerate() {
-        let len = r.len() as u64;
-        match r.gpa.checked_add(len) {
-            Some(r_end) if len != 0 && (i == 0 || r.gpa >= end) => end = r_end,
-            _ => return Err(VhostUserError::BadRegion { addr: r.gpa, len }),
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iopath_heap::{Heap, HugePages, MemfdHeap};
-
-    fn region(len: usize, gpa: u64) -> SharedRegion {
-        SharedRegion {
-            buffer: MemfdHeap::new(HugePages::None).alloc(len).unwrap(),
-            gpa,
-        }
-    }
-
-    #[test]
-    fn overlapping_regions_are_refused() {
-        let a = region(4096, 0x1000);
-        let b = region(8192, 0x1800);
-        assert!(matches!(
-            check_disjoint(&[a.clone(), b]),
-            Err(VhostUserError::BadRegion { addr: 0x1800, .. })
-        ));
-        let c = region(4096, 0x2000);
-        check_disjoint(&[c, a]).unwrap();
-    }
-
-    #[test]
-    fn wrapping_region_is_refused() {
-        let a = region(8192, u64::MAX - 4095);
-        assert!(matches!(
-            check_disjoint(&[a]),
-            Err(VhostUserError::BadRegion { .. })
-        ));
-    }
-
-    #[test]
-    fn device_addresses_translate_to_user_addresses_inside_regions_only() {
-        let a = region(8192, 0x10000);
-        let ua = a.uaddr();
-        let regions = [a];
-        assert_eq!(user_addr(&regions, 0x10010, 16).unwrap(), ua + 0x10);
-        assert_eq!(user_addr(&regions, 0x11000, 4096).unwrap(), ua + 0x1000);
-        assert!(matches!(
-            user_addr(&regions, 0x11001, 4096),
-            Err(VhostUserError::NotShared { addr: 0x11001, .. })
-        ));
-        assert!(user_addr(&regions, u64::MAX - 1, 16).is_err());
-    }
 
     #[test]
     fn connect_to_nothing_fails_with_path() {
