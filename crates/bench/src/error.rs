@@ -16,7 +16,9 @@ pub enum Error {
         reason: String,
     },
     /// A program the experiment needs is not installed.
-    #[error("{program} is not installed (Debian package {package}; scripts/test installs it)")]
+    #[error(
+        "{program} is not installed (Debian package {package}; scripts/install-deps installs it)"
+    )]
     MissingPeer {
         /// The program.
         program: &'static str,
@@ -70,10 +72,13 @@ pub enum Error {
         /// What plotters said.
         reason: String,
     },
-    /// A report file (JSON, Markdown) could not be written.
-    #[error("Cannot write {}", path.display())]
+    /// A report file (chart directory, JSON, Markdown) could not be
+    /// written.
+    #[error("{option}: cannot write {}", path.display())]
     Write {
-        /// The file.
+        /// The option that asked for it (`--plot`, `--json`, `--markdown`).
+        option: &'static str,
+        /// The file or directory.
         path: PathBuf,
         /// The OS error.
         #[source]
@@ -139,6 +144,19 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }
+    }
+
+    /// `Error::Write` of `path`, asked for by `option`.
+    pub(crate) fn write(
+        option: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Write {
+            option,
+            path,
+            source,
+        }
     }
 
     /// `Error::Sys` for `op`.

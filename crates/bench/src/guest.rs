@@ -1,5 +1,5 @@
 //! The guest rows of `iopath bench blk --guest`: a Linux guest (QEMU, TCG,
-//! booted by `scripts/guest-dd`) runs the 2018 thread's
+//! booted by `scripts/guest-dd`) runs
 //! `dd if=/dev/zero of=/dev/vda bs=8M count=N oflag=direct` on a
 //! vhost-user-blk socket; its GNU dd summary gives the row's throughput.
 

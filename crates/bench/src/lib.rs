@@ -9,7 +9,8 @@
 //!      |            (policy-chosen DMA ops)     qemu-storage-daemon, guest rows
 //!   rpmsg::run --- iopath-rpmsg ctrl client - raw SOCK_SEQPACKET / eventfd
 //!      |              (host, remote, back end: child processes)
-//!   report (rows, medians, ratios) -> text(), json(), markdown(), plot() (SVG)
+//!   Report (tables of cells, notes, chart, figures)
+//!      -> text(), markdown(), json(), plot() (SVG); report::Files writes them
 //! ```
 //!
 //! Each experiment takes a config and returns a report; the caller prints
@@ -26,17 +27,6 @@
 //! assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
 //! ```
 
-/// Appends one formatted line to a `String` (report text).
-macro_rules! outln {
-    ($s:expr) => {
-        $s.push('\n')
-    };
-    ($s:expr, $($t:tt)*) => {{
-        $s.push_str(&format!($($t)*));
-        $s.push('\n');
-    }};
-}
-
 pub mod blk;
 pub mod child;
 pub mod cleanup;
@@ -46,8 +36,8 @@ pub mod guest;
 pub mod heap;
 mod latency;
 pub mod place;
-pub mod plot;
 pub mod progress;
+pub mod report;
 pub mod rpmsg;
 
 use std::path::PathBuf;
@@ -58,6 +48,7 @@ pub use error::{Error, Result};
 pub use latency::{percentile, Latency};
 pub use place::{Cpus, Placement};
 pub use progress::Progress;
+pub use report::{plot, Report};
 
 /// Median, minimum and maximum of some samples.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -202,10 +193,10 @@ impl Missing {
     }
 
     /// The note printed in place of a row: what is missing, its package,
-    /// and that `scripts/test` installs it.
+    /// and that `scripts/install-deps` installs it.
     pub fn note(&self) -> String {
         format!(
-            "{} is not installed (Debian package {}; scripts/test installs it)",
+            "{} is not installed (Debian package {}; scripts/install-deps installs it)",
             self.program, self.package
         )
     }

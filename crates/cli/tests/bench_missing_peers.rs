@@ -98,7 +98,9 @@ fn bench_without_peers_drops_their_rows_only() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("fio is not installed (Debian package fio; scripts/test installs it)"),
+        text.contains(
+            "fio is not installed (Debian package fio; scripts/install-deps installs it)"
+        ),
         "{text}"
     );
     assert!(text.contains("limit (own)"), "{text}");
@@ -149,7 +151,7 @@ fn bench_without_peers_drops_their_rows_only() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("qemu-storage-daemon is not installed (Debian package qemu-utils; scripts/test installs it)"),
+        text.contains("qemu-storage-daemon is not installed (Debian package qemu-utils; scripts/install-deps installs it)"),
         "{text}"
     );
     assert!(

@@ -64,48 +64,60 @@ fn bench_rpmsg_json() {
         assert!(e["p50_us"].as_f64().unwrap() > 0.0, "{k}: {e}");
         assert!(e["max_us"].as_f64() >= e["p50_us"].as_f64(), "{k}: {e}");
     }
-    // No --openamp: the peer rows are a note, their goals n/a; the goals
-    // this run could measure are there, computed from its own figures.
+    // No --openamp: the peer rows are a note, their targets n/a; the
+    // targets this run could measure are there, computed from its own
+    // figures.
     let missing = v["peers"]["missing"].as_str().unwrap();
     assert!(missing.contains("--openamp DIR"), "{missing}");
-    let goals = v["goals"].as_array().unwrap();
-    assert_eq!(goals.len(), 9, "{goals:?}");
-    for g in &goals[..4] {
-        assert!(g["value"].is_null() && g["met"].is_null(), "{g}");
+    let targets = v["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 9, "{targets:?}");
+    for g in &targets[..4] {
+        assert!(g["value"].is_null() && g["within"].is_null(), "{g}");
         assert_eq!(g["na"], "no --openamp", "{g}");
     }
     let one = &places[0]["echo"];
-    let echo_goal = goals[4]["value"].as_f64().unwrap();
+    let echo_target = targets[4]["value"].as_f64().unwrap();
     let want = one["fd"]["p50_us"].as_f64().unwrap()
         / one["limit_eventfd_pingpong"]["p50_us"].as_f64().unwrap();
-    assert!((echo_goal - want).abs() < 1e-9, "{} vs {want}", goals[4]);
-    assert_eq!(goals[4]["met"].as_bool(), Some(echo_goal <= 2.5));
-    assert!(goals[5]["value"].as_f64().unwrap() > 0.0, "{}", goals[5]);
+    assert!(
+        (echo_target - want).abs() < 1e-9,
+        "{} vs {want}",
+        targets[4]
+    );
+    assert_eq!(targets[4]["within"].as_bool(), Some(echo_target <= 2.5));
+    assert!(
+        targets[5]["value"].as_f64().unwrap() > 0.0,
+        "{}",
+        targets[5]
+    );
     // Beside it the floor of the same run: the raw hand-off with the
     // service's per-endpoint work on epoll.
-    let floors = goals[5]["floors"].as_array().unwrap();
+    let floors = targets[5]["floors"].as_array().unwrap();
     let names: Vec<&str> = floors.iter().map(|f| f["what"].as_str().unwrap()).collect();
-    assert_eq!(names, ["limit-w"], "{}", goals[5]);
+    assert_eq!(names, ["limit-w"], "{}", targets[5]);
     assert!(floors.iter().all(|f| f["value"].as_f64().unwrap() > 0.0));
     let lowest = floors
         .iter()
         .map(|f| f["value"].as_f64().unwrap())
         .fold(f64::INFINITY, f64::min);
-    assert_eq!(goals[5]["target_past_floor"].as_bool(), Some(lowest > 1.1));
     assert_eq!(
-        goals[6]["value"].as_f64(),
+        targets[5]["target_past_floor"].as_bool(),
+        Some(lowest > 1.1)
+    );
+    assert_eq!(
+        targets[6]["value"].as_f64(),
         v["echo"]["fd_poll"]["p50_us"].as_f64()
     );
     assert_eq!(
-        goals[6]["floors"][0]["value"].as_f64(),
+        targets[6]["floors"][0]["value"].as_f64(),
         v["echo"]["poll_floor"]["p50_us"].as_f64(),
         "{}",
-        goals[6]
+        targets[6]
     );
-    // A goal with no floor says nothing about one.
-    assert!(goals[4]["floors"].as_array().unwrap().is_empty());
-    assert!(goals[4]["target_past_floor"].is_null());
-    for g in &goals[7..] {
+    // A target with no floor says nothing about one.
+    assert!(targets[4]["floors"].as_array().unwrap().is_empty());
+    assert!(targets[4]["target_past_floor"].is_null());
+    for g in &targets[7..] {
         assert_eq!(g["na"], "run with --scale", "{g}");
     }
     // The load the figures were taken under, before and after.
@@ -115,8 +127,8 @@ fn bench_rpmsg_json() {
 
 /// `--openamp DIR` of OpenAMP's demo (`scripts/openamp-demo build SRC DIR`):
 /// every pair in both placements, each run complete, each echo checked by
-/// its driver; the peer goals computed from the rows; with `--scale`, the
-/// 256-endpoint goals from its rows.
+/// its driver; the peer targets computed from the rows; with `--scale`, the
+/// 256-endpoint targets from its rows.
 #[test]
 #[ignore = "needs OpenAMP's demo: IOPATH_OPENAMP_BIN=DIR cargo test -p iopath --test bench_rpmsg -- --ignored openamp"]
 fn bench_rpmsg_openamp_peer_rows() {
@@ -202,15 +214,15 @@ fn bench_rpmsg_openamp_peer_rows() {
             );
         }
     }
-    let goals = v["goals"].as_array().unwrap();
+    let targets = v["targets"].as_array().unwrap();
     let split = &places[0]["rows"];
-    for (g, row) in goals[..4].iter().zip([3, 2, 5, 4]) {
+    for (g, row) in targets[..4].iter().zip([3, 2, 5, 4]) {
         assert_eq!(
             g["value"].as_f64(),
             split[row]["over_openamp_pair"].as_f64(),
             "{g}"
         );
-        assert!(g["met"].is_boolean(), "{g}");
+        assert!(g["within"].is_boolean(), "{g}");
         assert_eq!(g["by_p50"], split[row]["over_openamp_pair_by_p50"], "{g}");
     }
     let e256 = v["scale"]["echo"]
@@ -219,11 +231,11 @@ fn bench_rpmsg_openamp_peer_rows() {
         .iter()
         .find(|r| r["endpoints"] == 256)
         .unwrap();
-    assert_eq!(goals[7]["value"], e256["vs_one"], "{}", goals[7]);
-    let starve = goals[8]["value"].as_f64().unwrap();
+    assert_eq!(targets[7]["value"], e256["vs_one"], "{}", targets[7]);
+    let starve = targets[8]["value"].as_f64().unwrap();
     let worst = e256["p99_us_worst_endpoint"].as_array().unwrap();
     let median = e256["p99_us_median_endpoint"].as_array().unwrap();
-    assert!(starve >= 1.0, "{}", goals[8]);
+    assert!(starve >= 1.0, "{}", targets[8]);
     let per: Vec<f64> = worst
         .iter()
         .zip(median)
@@ -233,7 +245,7 @@ fn bench_rpmsg_openamp_peer_rows() {
     let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = per.iter().copied().fold(0.0, f64::max);
     assert!(lo <= starve && starve <= hi, "{per:?} vs {starve}");
-    let spread: Vec<f64> = goals[8]["spread"]
+    let spread: Vec<f64> = targets[8]["spread"]
         .as_array()
         .unwrap()
         .iter()

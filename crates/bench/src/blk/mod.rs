@@ -72,7 +72,7 @@ impl BlkConfig {
         }
     }
 
-    /// The 2018 thread's sizes: `dd bs=8M count=1024` (8 GiB) x 10 runs
+    /// The full sizes: `dd bs=8M count=1024` (8 GiB) x 10 runs
     /// per DMA mode.
     pub fn full(iopath: PathBuf) -> BlkConfig {
         BlkConfig {

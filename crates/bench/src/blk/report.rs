@@ -1,53 +1,70 @@
-//! The report writers of `iopath bench blk`: the text table, JSON,
-//! Markdown and the chart, from the measured rows in the parent module.
+//! The report of `iopath bench blk`: its table, chart and figures, from
+//! the measured rows in the parent module.
 
 use super::*;
+use crate::report::plot::{Bar, Line, Panel, OTHER, PEER as PEER_COLOR, PRIMARY};
+use crate::report::{Cell, Chart, Column, Report, Table};
 
 impl BlkReport {
-    fn header(&self) -> String {
-        format!(
-            "bench blk: {} MiB per run in {} KiB blocks, queue depth {}, {} runs per row; image in {} ({}); {}",
-            self.bytes >> 20,
-            self.bs >> 10,
-            self.queue_depth,
-            self.runs,
-            self.image.parent().unwrap_or(&self.image).display(),
-            self.image_on,
-            self.placement
-        )
+    /// The report: the table of every row beside the limit, the ratios
+    /// the experiment is about, the notes, the chart and every figure.
+    pub fn report(&self) -> Report {
+        let mut r = Report::new(
+            "blk",
+            format!(
+                "{} MiB per run in {} KiB blocks, queue depth {}, {} runs per row; image in {} ({}); {}",
+                self.bytes >> 20,
+                self.bs >> 10,
+                self.queue_depth,
+                self.runs,
+                self.image.parent().unwrap_or(&self.image).display(),
+                self.image_on,
+                self.placement
+            ),
+        );
+        r.table(self.table());
+        r.set_chart(self.chart());
+        r.set_figures(self.json());
+        r
     }
 
-    fn table(&self, out: &mut String) {
-        outln!(
-            out,
-            "| row | median GiB/s | min | max | spread | of limit |"
+    /// The table: GiB/s per row, median (min-max), spread and share of the
+    /// limit; the ratios of medians and what is missing below it.
+    fn table(&self) -> Table {
+        let mut t = Table::new(
+            "",
+            vec![
+                Column::left("row"),
+                Column::right("GiB/s, median (min-max)"),
+                Column::right("spread"),
+                Column::right("of limit"),
+            ],
         );
-        outln!(out, "|---|---:|---:|---:|---:|---:|");
         for r in &self.rows {
             match &r.skipped {
-                Some(why) => outln!(out, "| {} | skipped: {} | | | | |", r.name, why),
-                None => outln!(
-                    out,
-                    "| {} | {:.3} | {:.3} | {:.3} | {:.1}% | {} |",
-                    r.name,
-                    r.stats.median,
-                    r.stats.min,
-                    r.stats.max,
-                    r.stats.spread * 100.0,
-                    r.of_limit
-                        .map_or("n/a".to_string(), |v| format!("{:.1}%", v * 100.0))
-                ),
+                Some(why) => {
+                    t.row(vec![
+                        r.name.clone().into(),
+                        "skipped".into(),
+                        Cell::NotAvailable,
+                        Cell::NotAvailable,
+                    ]);
+                    match &r.missing {
+                        Some(m) => {
+                            t.note(format!("note: row \"{}\" is missing: {}", r.name, m.note()))
+                        }
+                        None => t.note(format!("note: row \"{}\" skipped: {why}", r.name)),
+                    }
+                }
+                None => t.row(vec![
+                    r.name.clone().into(),
+                    Cell::num(r.stats.median, 3).with_range(r.stats.min, r.stats.max),
+                    Cell::percent(r.stats.spread * 100.0, 1),
+                    Cell::or_na(r.of_limit.map(|v| Cell::percent(v * 100.0, 1))),
+                ]),
             }
         }
-    }
-
-    fn notes(&self, out: &mut String, md: bool) {
-        let sep = |out: &mut String| {
-            if md {
-                outln!(out)
-            }
-        };
-        let ratios: Vec<String> = self
+        let mut notes: Vec<String> = self
             .ratios()
             .into_iter()
             .map(|(what, v)| match v {
@@ -55,47 +72,12 @@ impl BlkReport {
                 None => format!("{what}: n/a"),
             })
             .collect();
-        if md {
-            outln!(out, "Ratios of medians: {}.", ratios.join("; "));
-            outln!(out);
-        } else {
-            for r in ratios {
-                outln!(out, "{r}");
-            }
-        }
         if let Some(l) = &self.limit {
-            for n in l.notes() {
-                outln!(out, "{n}");
-                sep(out);
-            }
+            notes.extend(l.notes());
         }
-        for r in &self.rows {
-            if let Some(m) = &r.missing {
-                outln!(out, "note: row \"{}\" is missing: {}", r.name, m.note());
-                sep(out);
-            }
-        }
-    }
-
-    /// The table (Markdown, as `iopath bench blk` prints it), the ratios
-    /// and the notes.
-    pub fn text(&self) -> String {
-        let mut out = String::new();
-        outln!(out, "{}", self.header());
-        self.table(&mut out);
-        self.notes(&mut out, false);
-        out
-    }
-
-    /// The same for BENCHMARKS.md (paragraphs between the notes).
-    pub fn markdown(&self) -> String {
-        let mut out = String::new();
-        outln!(out, "{}.", self.header().trim_start_matches("bench blk: "));
-        outln!(out);
-        self.table(&mut out);
-        outln!(out);
-        self.notes(&mut out, true);
-        out
+        notes.append(&mut t.notes);
+        t.notes = notes;
+        t
     }
 
     /// The median of the measured row `name`.
@@ -152,7 +134,7 @@ impl BlkReport {
     /// The report as JSON: every row (a skipped row has null figures and,
     /// when a peer is missing, `missing`), the ratios (null: n/a), the
     /// limit's source and sweep.
-    pub fn json(&self) -> serde_json::Value {
+    fn json(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
         let r: serde_json::Map<String, serde_json::Value> = self
             .ratios()
@@ -166,13 +148,9 @@ impl BlkReport {
         v
     }
 
-    /// Writes the chart: GiB/s per row with min-max whiskers, iopath's
-    /// modes, qemu-storage-daemon's bar beside them, the limit as a line.
-    ///
-    /// # Errors
-    /// [`Error::Plot`].
-    pub fn plot(&self, path: &Path) -> Result<()> {
-        use crate::plot::{Bar, Line, Panel, OTHER, PEER as PEER_COLOR, PRIMARY};
+    /// The chart: GiB/s per row with min-max whiskers, iopath's modes,
+    /// qemu-storage-daemon's bar beside them, the limit as a line.
+    fn chart(&self) -> Chart {
         let bars: Vec<Bar> = self.rows[1..]
             .iter()
             .map(|r| {
@@ -230,11 +208,10 @@ impl BlkReport {
                 ("qemu-storage-daemon".into(), PEER_COLOR),
             ],
         };
-        crate::plot::draw(
-            path,
-            "bench blk: the 2018 dd through each DMA mode",
-            &[panel],
-            1,
-        )
+        Chart {
+            title: "bench blk: dd through each DMA mode".into(),
+            panels: vec![panel],
+            columns: 1,
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! `iopath bench heap`: the `DMA_BUF_IOCTL_RW_FILE` thread's experiment on
-//! this machine. N buffers of one size are filled from a cold file with every
+//! `iopath bench heap`: filling shareable buffers from a file
+//! (`DMA_BUF_IOCTL_RW_FILE`'s use case) on this machine. N buffers of one
+//! size are filled from a cold file with every
 //! heap and method that works here; the best of a small sweep of fio's
 //! O_DIRECT io_uring sequential read of the same file (block sizes 1 MiB and
 //! 8 MiB, queue depths 4, 16, 64), run beside them, is the limit. Without
@@ -62,7 +63,7 @@ impl HeapConfig {
 }
 
 impl HeapConfig {
-    /// The thread's sizes: a 1 GiB file into 32 x 32 MiB buffers, 3 runs.
+    /// The full sizes: a 1 GiB file into 32 x 32 MiB buffers, 3 runs.
     pub fn full() -> HeapConfig {
         HeapConfig {
             size: Some(1 << 30),
@@ -111,8 +112,8 @@ struct Row {
     fallbacks: u64,
 }
 
-/// What the heap experiment measured: print it with [`HeapReport::text`],
-/// hand it to scripts with [`HeapReport::json`].
+/// What the heap experiment measured; [`HeapReport::report`] makes its
+/// tables, chart and figures.
 #[derive(Debug)]
 pub struct HeapReport {
     /// Seconds to allocate and fault in the buffers, no I/O, per run.

@@ -1,35 +1,9 @@
-//! The report writers of `iopath bench heap`: the text table, JSON,
-//! Markdown and the chart, from the measured rows in the parent module.
+//! The report of `iopath bench heap`: its table, chart and figures, from
+//! the measured rows in the parent module.
 
 use super::*;
-
-/// The table's columns: (text heading, Markdown heading).
-const COLUMNS: [(&str, &str); 9] = [
-    ("heap", "heap"),
-    ("method", "method"),
-    ("alloc ms", "alloc ms"),
-    ("read ms", "read ms"),
-    ("total ms", "total ms"),
-    ("GiB/s", "GiB/s"),
-    ("spread", "spread"),
-    ("vs limit", "vs limit"),
-    ("cache growth", "page cache growth"),
-];
-
-/// Where a table goes: the few cells that differ between the two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Style {
-    Text,
-    Markdown,
-}
-
-/// One row of the table, its cells already formatted.
-#[derive(Debug)]
-struct TableRow {
-    cells: [String; 9],
-    /// Requests that fell back to buffered I/O (a note under the text row).
-    fallbacks: u64,
-}
+use crate::report::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
+use crate::report::{Cell, Chart, Column, Report, Table};
 
 impl HeapReport {
     fn alloc_summary(&self) -> Summary {
@@ -41,17 +15,73 @@ impl HeapReport {
         Some(self.limit.summary()).filter(|s| s.median > 0.0)
     }
 
-    /// The table's rows, one cell per column (see [`COLUMNS`]): every heap
-    /// x method, the limit, the alloc-only bound. The few cells the text
-    /// and Markdown tables write differently follow `style`.
-    fn table(&self, style: Style) -> Vec<TableRow> {
+    /// The report: the table of every heap x method beside the limit and
+    /// the alloc-only bound, its notes, the chart and every figure.
+    pub fn report(&self) -> Report {
+        let mut r = Report::new(
+            "heap",
+            format!(
+                "{} x {} buffers from {} ({}, {}), {} run(s), each from a cold page cache; medians, spread = (max-min)/median",
+                self.buffers,
+                human(self.buffer_size as u64),
+                self.file.display(),
+                human(self.bytes),
+                self.fs,
+                self.runs
+            ),
+        );
+        r.table(self.table());
+        for (h, why) in &self.skipped {
+            r.note(format!("skipped heap {h}: {why}"));
+        }
+        if self.rows.iter().any(|r| r.heap == "memfd:thp") {
+            if let Ok(mode) =
+                std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+            {
+                if mode.contains("[never]") || mode.contains("[deny]") {
+                    r.note(format!(
+                        "note: memfd:thp gets no huge pages here (shmem_enabled: {})",
+                        mode.trim()
+                    ));
+                }
+            }
+        }
+        if self.warm_warnings > 0 {
+            r.note(format!(
+                "warning: {} run(s) started with more than 1% of the file cached",
+                self.warm_warnings
+            ));
+        }
+        if let (Some(a), Some(b)) = self.loadavg {
+            r.note(format!(
+                "load average (1 min) {a:.2} before, {b:.2} after, on {} CPU(s)",
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            ));
+        }
+        r.set_chart(self.chart());
+        r.set_figures(self.json());
+        r
+    }
+
+    /// The table: every heap x method, the limit, the alloc-only bound.
+    fn table(&self) -> Table {
+        let mut t = Table::new(
+            "",
+            vec![
+                Column::left("heap"),
+                Column::left("method"),
+                Column::right("alloc ms"),
+                Column::right("read ms"),
+                Column::right("total ms"),
+                Column::right("GiB/s"),
+                Column::right("spread"),
+                Column::right("of limit"),
+                Column::right("page cache growth"),
+            ],
+        );
         let limit = self.limit_summary();
-        let vs = |g: f64| match limit {
-            Some(l) => format!("{:.0}%", g / l.median * 100.0),
-            None if style == Style::Text => "-".to_string(),
-            None => "n/a".to_string(),
-        };
-        let mut rows = Vec::new();
+        let of_limit = |g: f64| Cell::or_na(limit.map(|l| Cell::percent(g / l.median * 100.0, 0)));
+        let median = |v: &[f64]| Cell::num(Summary::of(v).median, 1);
         for r in &self.rows {
             let g = Summary::of(&r.gib_per_s);
             let method = if r.method == r.used {
@@ -59,181 +89,74 @@ impl HeapReport {
             } else {
                 format!("{} ({})", r.method, r.used)
             };
-            rows.push(TableRow {
-                cells: [
-                    r.heap.clone(),
-                    method,
-                    format!("{:.1}", Summary::of(&r.alloc_ms).median),
-                    format!("{:.1}", Summary::of(&r.read_ms).median),
-                    format!("{:.1}", Summary::of(&r.total_ms).median),
-                    format!("{:.3}", g.median),
-                    format!("{:.1}%", g.spread_pct()),
-                    vs(g.median),
-                    human(r.cache_growth),
-                ],
-                fallbacks: r.fallbacks,
-            });
+            if r.fallbacks > 0 {
+                t.note(format!(
+                    "{} {method}: {} request(s) fell back to buffered",
+                    r.heap, r.fallbacks
+                ));
+            }
+            t.row(vec![
+                r.heap.clone().into(),
+                method.into(),
+                median(&r.alloc_ms),
+                median(&r.read_ms),
+                median(&r.total_ms),
+                Cell::num(g.median, 3),
+                Cell::percent(g.spread_pct(), 1),
+                of_limit(g.median),
+                human(r.cache_growth).into(),
+            ]);
         }
         if let Some(l) = limit {
-            let (name, label) = match (self.limit.is_fio(), style) {
-                (true, _) => ("limit", self.limit.label()),
-                (false, Style::Text) => ("limit (own)", self.limit.label()),
-                (false, Style::Markdown) => ("limit (own, no fio)", self.limit.label()),
+            let name = if self.limit.is_fio() {
+                "limit"
+            } else {
+                "limit (own)"
             };
-            let label = match style {
-                Style::Text => label.replace(" bs=", " ").replace(" qd=", " qd"),
-                Style::Markdown => label,
-            };
-            rows.push(TableRow {
-                cells: [
-                    name.to_string(),
-                    label,
-                    "-".into(),
-                    "-".into(),
-                    format!(
-                        "{:.1}",
-                        self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3
-                    ),
-                    format!("{:.3}", l.median),
-                    format!("{:.1}%", l.spread_pct()),
-                    "100%".into(),
-                    "-".into(),
-                ],
-                fallbacks: 0,
-            });
+            t.row(vec![
+                name.into(),
+                self.limit.label().into(),
+                Cell::Empty,
+                Cell::Empty,
+                Cell::num(
+                    self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3,
+                    1,
+                ),
+                Cell::num(l.median, 3),
+                Cell::percent(l.spread_pct(), 1),
+                Cell::percent(100.0, 0),
+                Cell::Empty,
+            ]);
         }
         let a = self.alloc_summary();
-        let alloc_ms = format!("{:.1}", Summary::of(&self.alloc_limit).median * 1e3);
-        rows.push(TableRow {
-            cells: [
-                "alloc only".into(),
-                self.alloc_heap.clone(),
-                alloc_ms.clone(),
-                "-".into(),
-                alloc_ms,
-                format!("{:.3}", a.median),
-                format!("{:.1}%", a.spread_pct()),
-                vs(a.median),
-                "-".into(),
-            ],
-            fallbacks: 0,
-        });
-        rows
-    }
-
-    /// The table and its notes, as `iopath bench heap` prints them.
-    pub fn text(&self) -> String {
-        let mut out = String::new();
-        outln!(
-            out,
-            "{} x {} buffers from {} ({}, {}), {} run(s), each from a cold page cache",
-            self.buffers,
-            human(self.buffer_size as u64),
-            self.file.display(),
-            human(self.bytes),
-            self.fs,
-            self.runs
-        );
-        let line = |c: &[String; 9]| {
-            format!(
-                "{:<14} {:<16} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>13}",
-                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
-            )
-        };
-        outln!(out, "{}", line(&COLUMNS.map(|(text, _)| text.to_string())));
-        for r in self.table(Style::Text) {
-            outln!(out, "{}", line(&r.cells));
-            if r.fallbacks > 0 {
-                outln!(
-                    out,
-                    "{:<31} ({} request(s) fell back to buffered)",
-                    "",
-                    r.fallbacks
-                );
-            }
-        }
+        let alloc_ms = Summary::of(&self.alloc_limit).median * 1e3;
+        t.row(vec![
+            "alloc only".into(),
+            self.alloc_heap.clone().into(),
+            Cell::num(alloc_ms, 1),
+            Cell::Empty,
+            Cell::num(alloc_ms, 1),
+            Cell::num(a.median, 3),
+            Cell::percent(a.spread_pct(), 1),
+            of_limit(a.median),
+            Cell::Empty,
+        ]);
         for n in self.limit.notes() {
-            outln!(out, "{n}");
+            t.note(n);
         }
-        outln!(
-            out,
+        t.note(format!(
             "alloc only: {} x {} {} buffers allocated and faulted in (MADV_POPULATE_WRITE), no I/O",
             self.buffers,
             human(self.buffer_size as u64),
             self.alloc_heap
-        );
-        if let (Some(a), Some(b)) = self.loadavg {
-            outln!(
-                out,
-                "load average (1 min) {a:.2} before, {b:.2} after, on {} CPU(s)",
-                std::thread::available_parallelism().map_or(0, |n| n.get())
-            );
-        }
-        for (h, why) in &self.skipped {
-            outln!(out, "skipped heap {h}: {why}");
-        }
-        if self.rows.iter().any(|r| r.heap == "memfd:thp") {
-            if let Ok(mode) =
-                std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-            {
-                if mode.contains("[never]") || mode.contains("[deny]") {
-                    outln!(
-                        out,
-                        "note: memfd:thp gets no huge pages here (shmem_enabled: {})",
-                        mode.trim()
-                    );
-                }
-            }
-        }
-        if self.warm_warnings > 0 {
-            outln!(
-                out,
-                "warning: {} run(s) started with more than 1% of the file cached",
-                self.warm_warnings
-            );
-        }
-        out
+        ));
+        t
     }
 
-    /// The table as Markdown (as in BENCHMARKS.md), then its notes.
-    pub fn markdown(&self) -> String {
-        let mut out = String::new();
-        outln!(
-            out,
-            "{} x {} buffers from a {} file on {}, {} run(s), each from a cold page cache; medians, spread = (max-min)/median.",
-            self.buffers,
-            human(self.buffer_size as u64),
-            human(self.bytes),
-            self.fs,
-            self.runs
-        );
-        outln!(out);
-        let row = |c: &[String]| format!("| {} |", c.join(" | "));
-        outln!(out, "{}", row(&COLUMNS.map(|(_, md)| md.to_string())));
-        outln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
-        for r in self.table(Style::Markdown) {
-            outln!(out, "{}", row(&r.cells));
-        }
-        outln!(out);
-        for n in self.limit.notes() {
-            outln!(out, "{n}");
-            outln!(out);
-        }
-        for (h, why) in &self.skipped {
-            outln!(out, "skipped heap {h}: {why}");
-            outln!(out);
-        }
-        out
-    }
-
-    /// Writes the chart: one bar per heap x method, allocation time with
-    /// read time stacked on it, the alloc-only bound, the limit's time as a
+    /// The chart: one bar per heap x method, allocation time with read
+    /// time stacked on it, the alloc-only bound, the limit's time as a
     /// line.
-    ///
-    /// # Errors
-    /// [`Error::Plot`].
-    pub fn plot(&self, path: &Path) -> Result<()> {
-        use crate::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
+    fn chart(&self) -> Chart {
         let mut bars: Vec<Bar> = self
             .rows
             .iter()
@@ -281,11 +204,15 @@ impl HeapReport {
                 ("alloc only".into(), OTHER),
             ],
         };
-        crate::plot::draw(path, "bench heap: fill buffers from a file", &[panel], 1)
+        Chart {
+            title: "bench heap: fill buffers from a file".into(),
+            panels: vec![panel],
+            columns: 1,
+        }
     }
 
     /// Every row, the limit and the bounds, for scripts.
-    pub fn json(&self) -> serde_json::Value {
+    fn json(&self) -> serde_json::Value {
         let limit = self.limit_summary();
         let rows: Vec<_> = self
             .rows

@@ -18,7 +18,7 @@
 //!   raw         the limits' bare servers (child processes) and clients
 //!   cycles      create+destroy rows    echo   echo rows (+ --poll)
 //!   peers       OpenAMP peer rows      scale  --scale experiments
-//!   report      RpmsgReport -> text, Markdown, JSON, chart
+//!   report      RpmsgReport -> Report: tables, targets, chart, figures
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -97,8 +97,8 @@ fn measure(
     })
 }
 
-/// What the rpmsg experiment measured: the tables with
-/// [`RpmsgReport::text`], every figure with [`RpmsgReport::json`].
+/// What the rpmsg experiment measured; [`RpmsgReport::report`] makes its
+/// tables, chart and figures.
 #[derive(Debug)]
 pub struct RpmsgReport {
     runs: usize,
@@ -108,8 +108,8 @@ pub struct RpmsgReport {
     wheres: Vec<String>,
     /// Echo with polling, its limits, and where they ran.
     poll: Option<PollMeasured>,
-    /// Each placement's table text and JSON, in order.
-    placements: Vec<(String, serde_json::Value)>,
+    /// Each placement's figures, in order.
+    placements: Vec<serde_json::Value>,
     /// The peer rows per placement (`None`: no `--openamp`).
     peers: Option<Vec<peers::PeerPlacement>>,
     /// What the peer rows were given: `--openamp`, round trips, budget.
@@ -117,9 +117,9 @@ pub struct RpmsgReport {
     peer_budget: Duration,
     /// Where each peer placement put the processes, in words.
     peer_wheres: Vec<String>,
-    /// The scale experiments' text, Markdown and JSON, when added
+    /// The scale experiments' tables and figures, when added
     /// ([`RpmsgReport::add_scale`]).
-    scale: Option<(String, String, serde_json::Value)>,
+    scale: Option<(Vec<crate::report::Table>, serde_json::Value)>,
     /// The scale experiments' chart panels, when added.
     scale_panels: Vec<crate::plot::Panel>,
     /// The 1-minute load average before and after the run.
@@ -160,7 +160,10 @@ pub fn run(a: &RpmsgConfig) -> Result<RpmsgReport> {
         .iter()
         .map(|p| p.describe(&cpus, "driver side", "remote"))
         .collect();
-    let placements = all.iter().map(|m| report::report(a, m, &cpus)).collect();
+    let placements = all
+        .iter()
+        .map(|m| report::placement_json(m, &cpus))
+        .collect();
     let wheres = all
         .iter()
         .map(|m| {

@@ -1,15 +1,17 @@
-//! The scale experiments' report: tables (text, Markdown), JSON and chart
-//! panels.
+//! The scale experiments' report: tables, chart panels and figures, which
+//! join the rpmsg report ([`crate::rpmsg::RpmsgReport::add_scale`]).
 
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::{CreateRow, EchoRow, StreamRow};
+use crate::report::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
+use crate::report::{Cell, Column, Table};
 use crate::Summary;
 
-/// What the scale experiments measured: [`ScaleReport::text`],
-/// [`ScaleReport::json`], [`ScaleReport::markdown`].
+/// What the scale experiments measured; its tables, chart panels and
+/// figures join the rpmsg report.
 #[derive(Debug)]
 pub struct ScaleReport {
     pub(super) runs: usize,
@@ -22,11 +24,132 @@ pub struct ScaleReport {
 }
 
 impl ScaleReport {
+    fn base_aggregate(&self) -> f64 {
+        self.echo
+            .iter()
+            .find(|r| r.endpoints == 1)
+            .map_or(f64::NAN, |r| Summary::of(&r.aggregate).median)
+    }
+
+    /// The tables: endpoints echoing at once, the one-way stream beside
+    /// its raw limit, creating many endpoints.
+    pub(crate) fn tables(&self) -> Vec<Table> {
+        let range = |v: &[f64], digits| {
+            let s = Summary::of(v);
+            Cell::grouped(s.median, digits).with_range(s.min, s.max)
+        };
+        let mut echo = Table::new(
+            format!(
+                "scale, {}: endpoints echoing at once ({:.1} s, 16 B), medians (min-max) over {} runs; the remote offers EVENT_IDX",
+                self.wheres,
+                self.echo_time.as_secs_f64(),
+                self.runs
+            ),
+            vec![
+                Column::right("endpoints"),
+                Column::right("round trips/s (aggregate)"),
+                Column::right("vs 1 endpoint"),
+                Column::right("per-endpoint p99 us, median endpoint"),
+                Column::right("worst endpoint's p99 / median's"),
+                Column::right("fewest round trips / median's"),
+            ],
+        );
+        let base = self.base_aggregate();
+        for r in &self.echo {
+            let ratio: Vec<f64> = r
+                .p99_max
+                .iter()
+                .zip(&r.p99_median)
+                .map(|(m, d)| m / d.max(1e-9))
+                .collect();
+            echo.row(vec![
+                Cell::grouped(r.endpoints as f64, 0),
+                range(&r.aggregate, 0),
+                Cell::times(Summary::of(&r.aggregate).median / base),
+                range(&r.p99_median, 1),
+                range(&ratio, 2),
+                range(&r.fewest_share, 2),
+            ]);
+        }
+        let mut stream = Table::new(
+            format!(
+                "one-way stream: {} messages, then SYNC; medians (min-max)",
+                self.stream_msgs
+            ),
+            vec![
+                Column::left("payload"),
+                Column::right("endpoint fd msgs/s"),
+                Column::right("MB/s"),
+                Column::right("raw SOCK_SEQPACKET msgs/s (limit)"),
+                Column::right("MB/s"),
+                Column::right("endpoint / limit"),
+            ],
+        );
+        for r in &self.stream {
+            let mb =
+                |v: &[f64]| -> Vec<f64> { v.iter().map(|x| x * r.size as f64 / 1e6).collect() };
+            stream.row(vec![
+                Cell::text(format!("{} B", r.size)),
+                range(&r.ept, 0),
+                range(&mb(&r.ept), 1),
+                range(&r.raw, 0),
+                range(&mb(&r.raw), 1),
+                Cell::times(Summary::of(&r.ept).median / Summary::of(&r.raw).median),
+            ]);
+        }
+        let c = &self.create;
+        let mut create = Table::new(
+            format!(
+                "creating {} endpoint fds (held, one control connection)",
+                c.endpoints
+            ),
+            vec![Column::left("what"), Column::left("measured")],
+        );
+        let curve: Vec<String> = c
+            .per_thousand_us
+            .iter()
+            .map(|v| format!("{v:.1}"))
+            .collect();
+        create.row(vec![
+            "created in".into(),
+            format!(
+                "{:.2} s ({:.1} us each)",
+                c.create_s,
+                c.create_s * 1e6 / c.endpoints as f64
+            )
+            .into(),
+        ]);
+        create.row(vec![
+            "us per endpoint, each thousand in turn".into(),
+            curve.join(", ").into(),
+        ]);
+        create.row(vec![
+            "closed and freed in".into(),
+            format!(
+                "{:.2} s ({:.1} us each)",
+                c.destroy_s,
+                c.destroy_s * 1e6 / c.endpoints as f64
+            )
+            .into(),
+        ]);
+        create.row(vec![
+            "host resident memory: before, all held, after".into(),
+            format!(
+                "{} / {} / {} KiB ({:.2} KiB per endpoint)",
+                c.rss_kib[0],
+                c.rss_kib[1],
+                c.rss_kib[2],
+                c.rss_kib[1].saturating_sub(c.rss_kib[0]) as f64 / c.endpoints as f64
+            )
+            .into(),
+        ]);
+        vec![echo, stream, create]
+    }
+
     /// The chart's panels: aggregate round trips/s and the per-endpoint
     /// p99 as endpoints grow (the curves of the echo rows), and the
     /// one-way stream beside its raw limit; medians with min-max whiskers.
-    pub(crate) fn panels(&self) -> Vec<crate::plot::Panel> {
-        use crate::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
+    pub(crate) fn panels(&self) -> Vec<Panel> {
         let bar = |label: String, v: &[f64], color| {
             let s = Summary::of(v);
             Bar {
@@ -115,125 +238,9 @@ impl ScaleReport {
         };
         vec![echo, p99, stream, create]
     }
-}
-
-fn mrange(v: &[f64], prec: usize) -> String {
-    let s = Summary::of(v);
-    format!("{:.p$} ({:.p$}-{:.p$})", s.median, s.min, s.max, p = prec)
-}
-
-impl ScaleReport {
-    fn base_aggregate(&self) -> f64 {
-        self.echo
-            .iter()
-            .find(|r| r.endpoints == 1)
-            .map_or(f64::NAN, |r| Summary::of(&r.aggregate).median)
-    }
-
-    /// The tables, as text (the same as [`ScaleReport::markdown`]).
-    pub fn text(&self) -> String {
-        self.markdown()
-    }
-
-    /// The tables in Markdown.
-    pub fn markdown(&self) -> String {
-        let mut s = String::new();
-        outln!(
-            s,
-            "Scale: {}; medians (min-max) over {} runs; the remote offers EVENT_IDX.",
-            self.wheres,
-            self.runs
-        );
-        outln!(s);
-        outln!(
-            s,
-            "| endpoints echoing at once ({:.1} s, 16 B) | round trips/s (aggregate) | vs 1 endpoint | per-endpoint p99 us, median endpoint | worst endpoint's p99 / median's | fewest round trips / median's |",
-            self.echo_time.as_secs_f64()
-        );
-        outln!(s, "|---|---|---|---|---|---|");
-        let base = self.base_aggregate();
-        for r in &self.echo {
-            let ratio: Vec<f64> = r
-                .p99_max
-                .iter()
-                .zip(&r.p99_median)
-                .map(|(m, d)| m / d.max(1e-9))
-                .collect();
-            outln!(
-                s,
-                "| {} | {} | {:.2}x | {} | {} | {} |",
-                r.endpoints,
-                mrange(&r.aggregate, 0),
-                Summary::of(&r.aggregate).median / base,
-                mrange(&r.p99_median, 1),
-                mrange(&ratio, 2),
-                mrange(&r.fewest_share, 2)
-            );
-        }
-        outln!(s);
-        outln!(
-            s,
-            "| one-way stream ({} messages, then SYNC) | endpoint fd msgs/s | MB/s | raw SOCK_SEQPACKET msgs/s (limit) | MB/s | endpoint / limit |",
-            self.stream_msgs
-        );
-        outln!(s, "|---|---|---|---|---|---|");
-        for r in &self.stream {
-            let mb =
-                |v: &[f64]| -> Vec<f64> { v.iter().map(|x| x * r.size as f64 / 1e6).collect() };
-            outln!(
-                s,
-                "| {} B payloads | {} | {} | {} | {} | {:.2}x |",
-                r.size,
-                mrange(&r.ept, 0),
-                mrange(&mb(&r.ept), 1),
-                mrange(&r.raw, 0),
-                mrange(&mb(&r.raw), 1),
-                Summary::of(&r.ept).median / Summary::of(&r.raw).median
-            );
-        }
-        outln!(s);
-        let c = &self.create;
-        outln!(
-            s,
-            "| creating {} endpoint fds (held, one control connection) | |",
-            c.endpoints
-        );
-        outln!(s, "|---|---|");
-        outln!(
-            s,
-            "| created in | {:.2} s ({:.1} us each) |",
-            c.create_s,
-            c.create_s * 1e6 / c.endpoints as f64
-        );
-        let curve: Vec<String> = c
-            .per_thousand_us
-            .iter()
-            .map(|v| format!("{v:.1}"))
-            .collect();
-        outln!(
-            s,
-            "| us per endpoint, each thousand in turn | {} |",
-            curve.join(", ")
-        );
-        outln!(
-            s,
-            "| closed and freed in | {:.2} s ({:.1} us each) |",
-            c.destroy_s,
-            c.destroy_s * 1e6 / c.endpoints as f64
-        );
-        outln!(
-            s,
-            "| host resident memory: before, all held, after | {} / {} / {} KiB ({:.2} KiB per endpoint) |",
-            c.rss_kib[0],
-            c.rss_kib[1],
-            c.rss_kib[2],
-            c.rss_kib[1].saturating_sub(c.rss_kib[0]) as f64 / c.endpoints as f64
-        );
-        s
-    }
 
     /// Every figure as JSON.
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         let base = self.base_aggregate();
         json!({
             "where": self.wheres,

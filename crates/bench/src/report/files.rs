@@ -1,0 +1,155 @@
+//! The files `iopath bench` writes when asked, and only then: a chart per
+//! experiment (`--plot DIR`), the tables as one Markdown document
+//! (`--markdown FILE`), every figure as one JSON object (`--json FILE`).
+
+use std::path::{Path, PathBuf};
+
+use super::Report;
+use crate::{Error, Result};
+
+/// What to write, and the reports written so far.
+#[derive(Debug, Default)]
+pub struct Files {
+    plot: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+    json: Option<PathBuf>,
+    /// Each report with the chart drawn for it.
+    done: Vec<(Report, Option<PathBuf>)>,
+}
+
+/// What [`Files::finish`] wrote.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// The charts, one per experiment.
+    pub charts: Vec<PathBuf>,
+    /// The Markdown document.
+    pub markdown: Option<PathBuf>,
+    /// The JSON file.
+    pub json: Option<PathBuf>,
+}
+
+impl Files {
+    /// Charts into `plot` (a directory, created if needed), the Markdown
+    /// document to `markdown`, the JSON object to `json` (each `None`:
+    /// not written).
+    pub fn new(plot: Option<PathBuf>, markdown: Option<PathBuf>, json: Option<PathBuf>) -> Files {
+        Files {
+            plot,
+            markdown,
+            json,
+            done: Vec::new(),
+        }
+    }
+
+    /// Adds an experiment's report and draws its chart now (with a plot
+    /// directory), so that a later experiment's failure keeps it.
+    ///
+    /// # Errors
+    /// [`Error::Write`] when the directory cannot be made;
+    /// [`Error::Plot`] when the chart cannot be drawn.
+    pub fn add(&mut self, r: Report) -> Result<&Report> {
+        let chart = match &self.plot {
+            None => None,
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(Error::write("--plot", dir))?;
+                let path = dir.join(format!("{}.svg", r.name()));
+                r.plot(&path)?;
+                Some(path)
+            }
+        };
+        self.done.push((r, chart));
+        Ok(&self.done[self.done.len() - 1].0)
+    }
+
+    /// Every figure: one report's own object, or an object with one key
+    /// per experiment.
+    pub fn json(&self) -> serde_json::Value {
+        match &self.done[..] {
+            [(r, _)] => r.json(),
+            all => serde_json::Value::Object(
+                all.iter()
+                    .map(|(r, _)| (r.name().to_string(), r.json()))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The Markdown document: the command line, then each report (under a
+    /// heading when there are several) with its chart linked relative to
+    /// the document.
+    pub fn markdown(&self, command: &str) -> String {
+        let base = self
+            .markdown
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let mut md = format!("Command: `{command}`\n\n");
+        for (r, chart) in &self.done {
+            if self.done.len() > 1 {
+                md.push_str(&format!("### {}\n\n", r.name()));
+            }
+            md.push_str(&r.markdown());
+            if let Some(c) = chart {
+                let rel = relative(c, &base);
+                md.push_str(&format!("![{} chart]({})\n\n", r.name(), rel.display()));
+            }
+        }
+        md
+    }
+
+    /// Writes the Markdown document (`command`: the command line it
+    /// names) and the JSON file, as asked.
+    ///
+    /// # Errors
+    /// [`Error::Write`] naming the option whose file cannot be written.
+    pub fn finish(&self, command: &str) -> Result<Written> {
+        if let Some(file) = &self.markdown {
+            std::fs::write(file, self.markdown(command))
+                .map_err(Error::write("--markdown", file))?;
+        }
+        if let Some(file) = &self.json {
+            std::fs::write(file, format!("{}\n", self.json()))
+                .map_err(Error::write("--json", file))?;
+        }
+        Ok(Written {
+            charts: self.done.iter().filter_map(|(_, c)| c.clone()).collect(),
+            markdown: self.markdown.clone(),
+            json: self.json.clone(),
+        })
+    }
+}
+
+/// `path` relative to `base` when it lies under it (else as given).
+fn relative(path: &Path, base: &Path) -> PathBuf {
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let (p, b) = (abs(path), abs(base));
+    p.strip_prefix(&b).map(Path::to_path_buf).unwrap_or(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_report_is_its_own_json_several_are_keyed() {
+        let mut f = Files::default();
+        let mut a = Report::new("heap", "a");
+        a.set_figures(serde_json::json!({"rows": [1]}));
+        f.add(a).unwrap();
+        assert_eq!(f.json(), serde_json::json!({"rows": [1]}));
+        let mut b = Report::new("blk", "b");
+        b.set_figures(serde_json::json!({"rows": [2]}));
+        f.add(b).unwrap();
+        assert_eq!(f.json()["blk"]["rows"][0], 2);
+        let md = f.markdown("iopath bench");
+        assert!(md.starts_with("Command: `iopath bench`\n\n### heap\n\na\n\n### blk"));
+    }
+
+    #[test]
+    fn charts_link_relative_to_the_document() {
+        let d = tempfile::tempdir().unwrap();
+        let rel = relative(&d.path().join("c/heap.svg"), d.path());
+        assert_eq!(rel, Path::new("c/heap.svg"));
+    }
+}

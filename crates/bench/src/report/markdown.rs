@@ -1,0 +1,71 @@
+//! The Markdown writer: the same tables as the text writer, as pipe
+//! tables (figures right-aligned), each title and note a paragraph.
+
+use super::model::{Align, Table};
+use super::Report;
+
+/// The whole report: the summary, the tables, the notes, as paragraphs.
+pub(super) fn report(r: &Report) -> String {
+    let mut out = String::new();
+    paragraph(&mut out, &r.summary);
+    for t in &r.tables {
+        table(&mut out, t);
+    }
+    for n in &r.notes {
+        paragraph(&mut out, n);
+    }
+    out
+}
+
+fn paragraph(out: &mut String, s: &str) {
+    if !s.is_empty() {
+        out.push_str(s);
+        out.push_str("\n\n");
+    }
+}
+
+/// A cell's text with the characters that would break a pipe table
+/// escaped.
+fn escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+fn table(out: &mut String, t: &Table) {
+    paragraph(out, &t.title);
+    let row = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
+    out.push_str(&row(t.columns.iter().map(|c| escape(&c.name)).collect()));
+    out.push_str(&row(t
+        .columns
+        .iter()
+        .map(|c| match c.align {
+            Align::Left => "---".to_string(),
+            Align::Right => "---:".to_string(),
+        })
+        .collect()));
+    for r in &t.rows {
+        out.push_str(&row(r.iter().map(|c| escape(&c.to_string())).collect()));
+    }
+    out.push('\n');
+    for n in &t.notes {
+        paragraph(out, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::model::{Cell, Column};
+    use super::*;
+
+    #[test]
+    fn a_pipe_table_between_paragraphs() {
+        let mut t = Table::new("title", vec![Column::left("row"), Column::right("x")]);
+        t.row(vec!["a|b".into(), Cell::times(1.0)]);
+        t.note("note");
+        let mut out = String::new();
+        table(&mut out, &t);
+        assert_eq!(
+            out,
+            "title\n\n| row | x |\n| --- | ---: |\n| a\\|b | 1.00x |\n\nnote\n\n"
+        );
+    }
+}

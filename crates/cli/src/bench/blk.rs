@@ -1,0 +1,104 @@
+//! `iopath bench blk`: its arguments, mapped to [`BlkConfig`].
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use iopath_bench::blk::{BlkConfig, DmaMode};
+use iopath_bench::Report;
+
+use super::{Outputs, PlacementArg};
+use crate::size::parse_size;
+
+/// The DMA ops of a `bench blk` row (`iopath_bench::blk::DmaMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DmaModeArg {
+    /// Direct ops through `&dyn DmaOps`.
+    Direct,
+    /// Direct ops, the driver monomorphised over them.
+    DirectStatic,
+    /// IOMMU ops: IOVAs, IOTLB updates and invalidations.
+    Iommu,
+    /// Bounce ops: copies through a small shared window.
+    Bounce,
+}
+
+impl From<DmaModeArg> for DmaMode {
+    fn from(m: DmaModeArg) -> DmaMode {
+        match m {
+            DmaModeArg::Direct => DmaMode::Direct,
+            DmaModeArg::DirectStatic => DmaMode::DirectStatic,
+            DmaModeArg::Iommu => DmaMode::Iommu,
+            DmaModeArg::Bounce => DmaMode::Bounce,
+        }
+    }
+}
+
+/// Arguments of `iopath bench blk`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "\
+The limit is the best of a fio sweep of O_DIRECT writes of the same image
+(block sizes 1M, 8M and --bs; queue depths 4, 16, 64), measured in the same
+run; without fio, the bench's own O_DIRECT write of the image (labelled so).
+Without qemu-storage-daemon its row is a note and its ratio n/a.")]
+pub struct BenchBlkArgs {
+    /// Bytes written per run (the image is this large).
+    #[arg(long, default_value = "8G", value_parser = parse_size)]
+    pub size: usize,
+    /// Runs per row.
+    #[arg(long, default_value_t = 10)]
+    pub runs: usize,
+    /// Block size of every transfer.
+    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    pub bs: usize,
+    /// Blocks in flight.
+    #[arg(long, default_value_t = 4)]
+    pub queue_depth: usize,
+    /// Directory for the image file. Default: RAM (/dev/shm, a tmpfs that
+    /// takes O_DIRECT) when the image fits with room to spare, so that the
+    /// path's own cost shows instead of the disk's noise; else /var/tmp.
+    /// Give a directory on a disk (e.g. /var/tmp) to measure the disk.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// DMA modes to measure (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub modes: Vec<DmaModeArg>,
+    /// Where the processes run: split (the driver, this process, on one
+    /// CPU; the back end, qemu-storage-daemon and fio on another), one
+    /// (all on one CPU), free (no pinning; on this kind of VM a wake-up
+    /// across CPUs costs tens of microseconds and migrations make runs
+    /// scatter).
+    #[arg(long, value_enum, default_value = "split")]
+    pub placement: PlacementArg,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also a Linux guest's dd (QEMU with TCG, booted by scripts/guest-dd)
+    /// on each back end: `dd if=/dev/zero of=/dev/vda bs=BS count=SIZE/BS
+    /// oflag=direct`.
+    #[arg(long)]
+    pub guest: bool,
+    #[command(flatten)]
+    pub out: Outputs,
+}
+
+impl BenchBlkArgs {
+    fn config(&self) -> Result<BlkConfig> {
+        Ok(BlkConfig {
+            size: self.size,
+            runs: self.runs,
+            bs: self.bs,
+            queue_depth: self.queue_depth,
+            dir: self.dir.clone(),
+            modes: self.modes.iter().map(|&m| m.into()).collect(),
+            placement: self.placement.into(),
+            guest: self.guest,
+            iopath: iopath_bench::current_exe()?,
+            progress: !self.json,
+        })
+    }
+
+    /// Runs the experiment.
+    pub(super) fn report(&self) -> Result<Report> {
+        Ok(iopath_bench::blk::run(&self.config()?)?.report())
+    }
+}
