@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
-use iopath_rpmsg::Bus;
+use iopath_rpmsg::{Bus, CtrlServer};
 
 #[derive(Default)]
 struct What {
@@ -130,26 +130,7 @@ impl Stop {
             let _ = std::fs::remove_file(f);
         }
         if let Some(dir) = rundir {
-            remove_rundir(&dir);
+            CtrlServer::remove_run_dir(&dir);
         }
     }
-}
-
-/// Removes the legacy nodes (`rpmsgN`) the service left, then the
-/// directory if nothing else is in it: a `--rundir` the user shares with
-/// other files keeps them.
-fn remove_rundir(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            let node = name
-                .strip_prefix("rpmsg")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-            if node {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }

@@ -28,6 +28,17 @@ pub(super) fn handle_create(svc: &EptService, conn: u64, c: &OwnedFd, info: EptI
     super::conn::answer(c, &reply);
 }
 
+/// Node `index`'s file name, `rpmsgN`, as Linux names rpmsg_char's nodes.
+fn node_name(index: u32) -> String {
+    format!("rpmsg{index}")
+}
+
+/// Whether `name` is a node's file name ([`node_name`]).
+pub(super) fn is_node_name(name: &str) -> bool {
+    name.strip_prefix("rpmsg")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Nodes of other servers skipped before giving up (EADDRINUSE).
 const MAX_FOREIGN_NODES: usize = 64;
 
@@ -46,7 +57,7 @@ fn create(svc: &EptService, conn: u64, info: &EptInfo) -> Result<(EptInfo, PathB
             t.node_indices.insert(i);
             i
         };
-        let path = svc.inner.rundir.join(format!("rpmsg{index}"));
+        let path = svc.inner.rundir.join(node_name(index));
         match bind(&path, svc.inner.node_mode) {
             Ok(l) => break (index, path, l),
             Err(e) => {
@@ -166,5 +177,19 @@ pub(super) fn release(svc: &EptService, id: u64, sock: &OwnedFd) {
     if slot.as_deref().is_some_and(|s| std::ptr::eq(s, sock)) {
         let _ = rustix::event::epoll::delete(&svc.inner.epoll, sock);
         *slot = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names() {
+        assert_eq!(node_name(12), "rpmsg12");
+        assert!(is_node_name(&node_name(0)));
+        for other in ["rpmsg", "rpmsg1a", "rpmsg_ctrl0", "xrpmsg1", "notes"] {
+            assert!(!is_node_name(other), "{other}");
+        }
     }
 }

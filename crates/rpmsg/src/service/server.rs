@@ -163,6 +163,21 @@ impl CtrlServer {
         let _ = std::fs::remove_dir(self.svc.rundir());
     }
 
+    /// Removes what a service that did not shut down (its process ended
+    /// by a signal) left in its runtime directory `dir`: the legacy nodes
+    /// (`rpmsgN`), then the directory if nothing else is in it, so a
+    /// directory shared with other files keeps them.
+    pub fn remove_run_dir(dir: &Path) {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if super::legacy::is_node_name(&e.file_name().to_string_lossy()) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+
     /// The socket path.
     pub fn path(&self) -> &Path {
         &self.path
