@@ -3,35 +3,12 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use iopath_bench::blk::{BlkConfig, DmaMode};
 use iopath_bench::Report;
 
 use super::{Outputs, PlacementArg};
 use crate::size::parse_size;
-
-/// The DMA ops of a `bench blk` row (`iopath_bench::blk::DmaMode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DmaModeArg {
-    /// Direct ops through `&dyn DmaOps`.
-    Direct,
-    /// Direct ops, the driver monomorphised over them.
-    DirectStatic,
-    /// IOMMU ops: IOVAs, IOTLB updates and invalidations.
-    Iommu,
-    /// Bounce ops: copies through a small shared window.
-    Bounce,
-}
-
-impl From<DmaModeArg> for DmaMode {
-    fn from(m: DmaModeArg) -> DmaMode {
-        match m {
-            DmaModeArg::Direct => DmaMode::Direct,
-            DmaModeArg::DirectStatic => DmaMode::DirectStatic,
-            DmaModeArg::Iommu => DmaMode::Iommu,
-            DmaModeArg::Bounce => DmaMode::Bounce,
-        }
-    }
-}
 
 /// Arguments of `iopath bench blk`.
 #[derive(Debug, Clone, clap::Args)]
@@ -60,8 +37,8 @@ pub struct BenchBlkArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// DMA modes to measure (default: all).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub modes: Vec<DmaModeArg>,
+    #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(DmaMode::NAMES).map(|s| s.parse::<DmaMode>().expect("a listed name")))]
+    pub modes: Vec<DmaMode>,
     /// Where the processes run: split (the driver, this process, on one
     /// CPU; the back end, qemu-storage-daemon and fio on another), one
     /// (all on one CPU), free (no pinning; on this kind of VM a wake-up
@@ -89,7 +66,7 @@ impl BenchBlkArgs {
             bs: self.bs,
             queue_depth: self.queue_depth,
             dir: self.dir.clone(),
-            modes: self.modes.iter().map(|&m| m.into()).collect(),
+            modes: self.modes.clone(),
             placement: self.placement.into(),
             guest: self.guest,
             iopath: iopath_bench::current_exe()?,
