@@ -12,10 +12,17 @@ use std::sync::{Arc, Mutex};
 
 use common::{alloc, driver, seq, Mode, MODES};
 use iopath_blk::config as c;
+use iopath_blk::wire::{
+    OutHeader, RangeSegment, HEADER_LEN, RANGE_LEN, VIRTIO_BLK_S_IOERR as S_IOERR,
+    VIRTIO_BLK_S_OK as S_OK, VIRTIO_BLK_S_UNSUPP as S_UNSUPP, VIRTIO_BLK_T_DISCARD as T_DISCARD,
+    VIRTIO_BLK_T_FLUSH as T_FLUSH, VIRTIO_BLK_T_GET_ID as T_GET_ID, VIRTIO_BLK_T_IN as T_IN,
+    VIRTIO_BLK_T_OUT as T_OUT, VIRTIO_BLK_T_WRITE_ZEROES as T_WRITE_ZEROES,
+};
 use iopath_blk::{BlkError, DriverOptions, Request};
 use iopath_virtio::features as vf;
 use iopath_virtio::transport::loopback::{Loopback, LoopbackDevice};
 use iopath_virtio::{BounceGeometry, Choice, Platform, Policy, Transport};
+use vm_memory::ByteValued;
 
 const DISK: usize = 8 << 20;
 const SIZE_MAX: u32 = 64 << 10;
@@ -82,12 +89,13 @@ impl LoopbackDevice for RamDisk {
         let Some((status, body)) = resp.split_last_mut() else {
             return 0;
         };
-        if req.len() < 16 {
-            *status = 1;
+        if req.len() < HEADER_LEN {
+            *status = S_IOERR;
             return 1;
         }
-        let kind = u32::from_le_bytes(req[0..4].try_into().unwrap());
-        let sector = u64::from_le_bytes(req[8..16].try_into().unwrap());
+        let mut header = OutHeader::default();
+        header.as_mut_slice().copy_from_slice(&req[..HEADER_LEN]);
+        let (kind, sector) = (header.kind(), header.sector());
         let mut disk = self.disk.lock().unwrap();
         let in_range = |s: u64, len: usize| (s as usize) * 512 + len <= DISK;
         let hits_bad = |s: u64, len: usize| {
@@ -95,49 +103,50 @@ impl LoopbackDevice for RamDisk {
                 .is_some_and(|b| b >= s && b < s + (len as u64).div_ceil(512).max(1))
         };
         let (st, written) = match kind {
-            0 => {
+            T_IN => {
                 let len = body.len();
                 self.largest.fetch_max(len, Ordering::Relaxed);
                 if !in_range(sector, len) || hits_bad(sector, len) {
-                    (1, 0)
+                    (S_IOERR, 0)
                 } else {
                     let at = sector as usize * 512;
                     body.copy_from_slice(&disk[at..at + len]);
-                    (0, len)
+                    (S_OK, len)
                 }
             }
-            1 => {
-                let data = &req[16..];
+            T_OUT => {
+                let data = &req[HEADER_LEN..];
                 self.largest.fetch_max(data.len(), Ordering::Relaxed);
                 if !in_range(sector, data.len()) || hits_bad(sector, data.len()) {
-                    (1, 0)
+                    (S_IOERR, 0)
                 } else {
                     let at = sector as usize * 512;
                     disk[at..at + data.len()].copy_from_slice(data);
-                    (0, 0)
+                    (S_OK, 0)
                 }
             }
-            4 => (0, 0),
-            11 | 13 => {
-                let mut st = 0;
-                for seg in req[16..].chunks(16) {
-                    let s = u64::from_le_bytes(seg[0..8].try_into().unwrap());
-                    let n = u32::from_le_bytes(seg[8..12].try_into().unwrap()) as usize;
+            T_FLUSH => (S_OK, 0),
+            T_DISCARD | T_WRITE_ZEROES => {
+                let mut st = S_OK;
+                for bytes in req[HEADER_LEN..].chunks_exact(RANGE_LEN) {
+                    let mut seg = RangeSegment::default();
+                    seg.as_mut_slice().copy_from_slice(bytes);
+                    let (s, n) = (seg.sector(), seg.num_sectors() as usize);
                     if n > 1024 || !in_range(s, n * 512) {
-                        st = 1;
+                        st = S_IOERR;
                         break;
                     }
                     disk[s as usize * 512..(s as usize + n) * 512].fill(0);
                 }
                 (st, 0)
             }
-            8 => {
+            T_GET_ID => {
                 let id = b"iopath-ramdisk";
                 let n = id.len().min(body.len());
                 body[..n].copy_from_slice(&id[..n]);
-                (0, body.len())
+                (S_OK, body.len())
             }
-            _ => (2, 0),
+            _ => (S_UNSUPP, 0),
         };
         *status = self.status_override.unwrap_or(st);
         written + 1
