@@ -537,3 +537,16 @@ pub fn send_iotlb(fe: &Frontend, msg: &iopath_virtio::device::IotlbMsg) -> u64 {
 pub fn arc<T>(t: T) -> Arc<T> {
     Arc::new(t)
 }
+
+/// A normal front end still gets correct data from the server.
+pub fn still_serves(srv: &mut Server) {
+    assert!(srv.alive(), "server died");
+    let mut c = Client::new(&srv.socket, VERSION_1 | BLK_F_FLUSH, 1);
+    let data = pattern(8 * SECTOR, 4096, 77);
+    assert_eq!(c.write(0, 8, &data), S_OK);
+    assert_eq!(c.flush(0), S_OK);
+    let (st, back) = c.read(0, 8, 4096);
+    assert_eq!(st, S_OK);
+    assert!(back == data);
+    assert!(srv.image_bytes(8 * SECTOR, 4096) == data);
+}
