@@ -258,8 +258,8 @@ const RECORD_DESC: u64 = 16;
 #[test]
 fn restarted_serve_resubmits_the_recorded_heads_and_signals_the_driver() {
     use frontend::{
-        pattern, Client, EVENT_IDX, F_NEXT, F_WRITE, QUEUE_SIZE, SECTOR, S_OK, T_IN, T_OUT,
-        VERSION_1,
+        pattern, Client, OutHeader, EVENT_IDX, F_NEXT, F_WRITE, HEADER_LEN, QUEUE_SIZE, SECTOR,
+        S_OK, T_IN, T_OUT, VERSION_1,
     };
     use std::os::unix::fs::FileExt;
     use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
@@ -294,14 +294,14 @@ fn restarted_serve_resubmits_the_recorded_heads_and_signals_the_driver() {
     let b = pattern(16 * SECTOR, LEN as usize, 0xb);
     let (header_at, data_at, status_at) = (0x20_0000u64, 0x21_0000u64, 0x23_0000u64);
     let chain = |head: u16, kind: u32, sector: u64, flags: u16| {
-        let h = header_at + u64::from(head) * 16;
+        let h = header_at + u64::from(head) * HEADER_LEN as u64;
         c.mem
-            .write_obj(frontend::OutHeader::new(kind, sector), GuestAddress(h))
+            .write_obj(OutHeader::new(kind, sector), GuestAddress(h))
             .unwrap();
         let data = data_at + u64::from(head) * u64::from(LEN);
         let status = status_at + u64::from(head);
         c.mem.write_obj(0xffu8, GuestAddress(status)).unwrap();
-        c.set_desc(0, head, c.dev(h), 16, F_NEXT, head + 1);
+        c.set_desc(0, head, c.dev(h), HEADER_LEN as u32, F_NEXT, head + 1);
         c.set_desc(0, head + 1, c.dev(data), LEN, flags | F_NEXT, head + 2);
         c.set_desc(0, head + 2, c.dev(status), 1, F_WRITE, 0);
         data

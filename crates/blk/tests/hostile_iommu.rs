@@ -320,7 +320,7 @@ fn hostile_iommu_requests_fail_alone_and_canaries_survive() {
         let st = c.status_slot();
         let d0 = (3 * i) as u16;
         let data_flags = if kind == T_IN { F_WRITE } else { 0 };
-        c.set_desc(0, d0, c.dev(h), 16, F_NEXT, d0 + 1);
+        c.set_desc(0, d0, c.dev(h), HEADER_LEN as u32, F_NEXT, d0 + 1);
         c.set_desc(0, d0 + 1, IOVA + data, len, data_flags | F_NEXT, d0 + 2);
         c.set_desc(0, d0 + 2, c.dev(st), 1, F_WRITE, 0);
         heads.push(d0);

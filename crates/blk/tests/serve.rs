@@ -103,14 +103,14 @@ fn many_requests_in_flight_on_two_queues() {
         for i in 0..16u16 {
             let sector = (q as u64 * 16 + u64::from(i)) * 128;
             let data = pattern(sector * SECTOR, 64 << 10, q as u64);
-            let h = c.alloc(16, 0);
+            let h = c.alloc(HEADER_LEN as u64, 0);
             let hdr = OutHeader::new(T_OUT, sector);
             vm_memory::Bytes::write_obj(&c.mem, hdr, vm_memory::GuestAddress(h)).unwrap();
             let d = c.alloc(64 << 10, 0);
             vm_memory::Bytes::write_slice(&c.mem, &data, vm_memory::GuestAddress(d)).unwrap();
             let s = c.alloc(1, 0);
             let base = i * 3;
-            c.set_desc(q, base, c.dev(h), 16, F_NEXT, base + 1);
+            c.set_desc(q, base, c.dev(h), HEADER_LEN as u32, F_NEXT, base + 1);
             c.set_desc(q, base + 1, c.dev(d), 64 << 10, F_NEXT, base + 2);
             c.set_desc(q, base + 2, c.dev(s), 1, F_WRITE, 0);
             heads.push(base);

@@ -7,8 +7,9 @@ use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, P
 
 use super::*;
 use crate::wire::{
-    OutHeader, HEADER_LEN, SECTOR_SIZE, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
-    VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
+    OutHeader, RangeSegment, HEADER_LEN, SECTOR_SIZE, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+    VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_T_WRITE_ZEROES,
 };
 
 const F_NEXT: u16 = 1;
@@ -177,11 +178,8 @@ fn parses_discard_ranges_and_limits() {
         GuestAddress(0x10_8000),
     )
     .unwrap();
-    let mut seg = [0u8; 16];
-    seg[0..8].copy_from_slice(&8u64.to_le_bytes());
-    seg[8..12].copy_from_slice(&4u32.to_le_bytes());
-    seg[12..16].copy_from_slice(&1u32.to_le_bytes());
-    m.write_slice(&seg, GuestAddress(0x10_9000)).unwrap();
+    m.write_obj(RangeSegment::new(8, 4, true), GuestAddress(0x10_9000))
+        .unwrap();
     let r = parse_chain(&m, &chain3((0x10_9000, 16, F_NEXT)), None).unwrap();
     assert_eq!(
         r.kind,
@@ -195,9 +193,8 @@ fn parses_discard_ranges_and_limits() {
         .unwrap();
     let e = parse_chain(&m, &chain3((0x10_9000, 16, F_NEXT)), None).unwrap_err();
     assert_eq!(e.error, ParseError::UnsupportedFlags { flags: 1 });
-    seg[8..12].copy_from_slice(&17u32.to_le_bytes());
-    seg[12..16].copy_from_slice(&0u32.to_le_bytes());
-    m.write_slice(&seg, GuestAddress(0x10_9000)).unwrap();
+    m.write_obj(RangeSegment::new(8, 17, false), GuestAddress(0x10_9000))
+        .unwrap();
     let e = parse_chain(&m, &chain3((0x10_9000, 16, F_NEXT)), None).unwrap_err();
     assert_eq!(e.error, ParseError::OverLimit);
 }
