@@ -205,7 +205,7 @@ impl SharedMapping {
 
 /// The SIGBUS guard of one mapping; dropping it stops the watch.
 ///
-/// [`SharedMapping`] and [`Buffer`] make one for their own mappings. For a
+/// [`SharedMapping`] and [`crate::Buffer`] make one for their own mappings. For a
 /// mapping someone else owns (e.g. a `vm-memory` `MmapRegion`),
 /// [`SigbusGuard::watch`] guards it the same way: while the guard lives, a
 /// SIGBUS inside the range replaces the faulting page with a private zero

@@ -69,7 +69,7 @@ impl<'a> Seg<'a> {
 
 impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// Adds a request: `out` segments the device reads, then `inp` segments
-    /// it writes. `token` comes back in the [`Completion`]. The caller then
+    /// it writes. `token` comes back in the [`Completion`](super::Completion). The caller then
     /// asks [`SplitQueue::should_notify`] and kicks the transport if so.
     ///
     /// Uses one indirect descriptor when negotiated and the request has more
