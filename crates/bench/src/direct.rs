@@ -133,7 +133,10 @@ mod tests {
         let p = dir.path().join("f");
         std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
         if !supported(&p) {
-            println!("skipped: /var/tmp refuses O_DIRECT");
+            iopath_testkit::skip(
+                iopath_testkit::Feature::DirectIo,
+                "/var/tmp refuses O_DIRECT",
+            );
             return;
         }
         let mut job = DirectJob {

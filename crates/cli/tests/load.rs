@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use iopath_testkit::Feature;
+
 const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 const METHODS: [&str; 5] = ["auto", "buffered", "direct", "sendfile", "uring"];
 const TMPFS_MAGIC: i64 = 0x0102_1994;
@@ -29,7 +31,7 @@ fn disk_dir() -> Option<tempfile::TempDir> {
             return tempfile::tempdir_in(base).ok();
         }
     }
-    println!("skipped: no disk (non-tmpfs) directory");
+    iopath_testkit::skip(Feature::DiskDir, "no disk (non-tmpfs) directory");
     None
 }
 
@@ -38,7 +40,7 @@ fn shm_dir() -> Option<tempfile::TempDir> {
     if base.is_dir() && is_tmpfs(base) {
         return tempfile::tempdir_in(base).ok();
     }
-    println!("skipped: /dev/shm is not a tmpfs");
+    iopath_testkit::skip(Feature::ShmTmpfs, "/dev/shm is not a tmpfs");
     None
 }
 

@@ -275,7 +275,10 @@ fn as_nobody(argv: &[&str]) -> bool {
 #[test]
 fn shared_memory_is_private_to_its_user() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: reading as another user needs root (runuser)");
+        iopath_testkit::skip(
+            iopath_testkit::Feature::Root,
+            "reading as another user needs root (runuser)",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

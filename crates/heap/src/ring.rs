@@ -234,6 +234,8 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsFd;
 
+    use iopath_testkit::Feature;
+
     use super::*;
     use crate::{Heap, HugePages, MemfdHeap};
 
@@ -249,9 +251,12 @@ mod tests {
 
     #[test]
     fn fixed_and_plain_reads_land_in_the_range_and_keep_the_buffer_alive() {
-        let Ok(mut ring) = Ring::new(8, 4) else {
-            println!("skipped: io_uring unavailable here");
-            return;
+        let mut ring = match Ring::new(8, 4) {
+            Ok(r) => r,
+            Err(e) => {
+                iopath_testkit::skip(Feature::IoUring, format_args!("io_uring unavailable: {e}"));
+                return;
+            }
         };
         let mut f = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
@@ -265,6 +270,11 @@ mod tests {
             assert!(ring.slot_holds(1, buf.range(page, page).unwrap()));
             // Outside the registration: queued as a plain read instead.
             assert!(!ring.slot_holds(1, buf.range(0, page).unwrap()));
+        } else {
+            iopath_testkit::skip(
+                Feature::IoUring,
+                "io_uring fixed buffers unavailable: plain reads only",
+            );
         }
         let slot = fixed.then_some(1);
         ring.push(

@@ -9,6 +9,7 @@ use iopath_heap::{
     new_engine, Buffer, DioAlign, Engine, EngineOptions, Error, Heap, HugePages, IoFile, MemfdHeap,
     Method, Pull, ReadReq,
 };
+use iopath_testkit::Feature;
 
 /// File size that is neither a page nor a 512-byte block multiple.
 const SIZE: usize = 3 * (1 << 20) + 777;
@@ -258,11 +259,14 @@ fn refused_direct_io_falls_back_per_request() {
     std::fs::write(&path, &data).unwrap();
     let mut file = IoFile::open(&path).unwrap();
     let Some(real) = file.dio_align() else {
-        println!("skipped: no direct I/O on this file system");
+        iopath_testkit::skip(Feature::DirectIo, "no direct I/O on this file system");
         return;
     };
     if real.offset == 1 {
-        println!("skipped: this file system takes unaligned direct I/O");
+        iopath_testkit::skip(
+            Feature::DirectIo,
+            "this file system takes unaligned direct I/O",
+        );
         return;
     }
     file.set_dio_align(DioAlign { mem: 1, offset: 1 }).unwrap();
@@ -378,14 +382,22 @@ fn auto_measures_uring_and_direct_then_chooses() {
     let heap = MemfdHeap::new(HugePages::None);
     let loaded = iopath_heap::load(&path, &heap, &opts, &mut |_| {}).unwrap();
     let p = loaded.stats.probe.expect("auto reports its probe");
-    if iopath_heap::UringEngine::new(EngineOptions::default()).is_ok() {
-        assert!(p.uring.0 >= iopath_heap::PROBE_BYTES, "{p:?}");
-        assert!(p.direct.0 >= iopath_heap::PROBE_BYTES, "{p:?}");
-        assert_eq!(p.chosen, Some(loaded.stats.method), "{p:?}");
-        assert!(matches!(
-            loaded.stats.method,
-            Method::Uring | Method::Direct
-        ));
+    match iopath_heap::UringEngine::new(EngineOptions::default()) {
+        Ok(_) => {
+            assert!(p.uring.0 >= iopath_heap::PROBE_BYTES, "{p:?}");
+            assert!(p.direct.0 >= iopath_heap::PROBE_BYTES, "{p:?}");
+            assert_eq!(p.chosen, Some(loaded.stats.method), "{p:?}");
+            assert!(matches!(
+                loaded.stats.method,
+                Method::Uring | Method::Direct
+            ));
+        }
+        // Without io_uring, `auto` is direct I/O alone: only the bytes
+        // below are checked.
+        Err(e) => iopath_testkit::skip(
+            Feature::IoUring,
+            format_args!("io_uring unavailable, so auto has nothing to measure: {e}"),
+        ),
     }
     assert_eq!(loaded.stats.bytes, size as u64);
     let mut off = 0;

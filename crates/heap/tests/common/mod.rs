@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use iopath_testkit::Feature;
+
 /// Deterministic pseudo-random bytes (xorshift64*).
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -37,7 +39,10 @@ pub fn disk_dir() -> Option<tempfile::TempDir> {
             return tempfile::tempdir_in(base).ok();
         }
     }
-    println!("skipped: no disk (non-tmpfs) directory for test files");
+    iopath_testkit::skip(
+        Feature::DiskDir,
+        "no disk (non-tmpfs) directory for test files",
+    );
     None
 }
 
@@ -47,6 +52,6 @@ pub fn shm_dir() -> Option<tempfile::TempDir> {
     if base.is_dir() && is_tmpfs(&base) {
         return tempfile::tempdir_in(base).ok();
     }
-    println!("skipped: /dev/shm is not a tmpfs here");
+    iopath_testkit::skip(Feature::ShmTmpfs, "/dev/shm is not a tmpfs here");
     None
 }
