@@ -120,7 +120,7 @@ fn sigterm_mid_heap_bench_removes_the_scratch_file() {
     assert!(!scratch.exists(), "{} left behind", scratch.display());
 }
 
-/// The bench's scratch directories now in the temporary directory.
+/// The bench's scratch directories present in the temporary directory.
 fn temp_scratch() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(std::env::temp_dir())
         .into_iter()

@@ -186,8 +186,8 @@ fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
-/// Issue 12, bug 1: a buffer is never larger than what it holds, and a load
-/// that cannot fit in memory is refused before anything is allocated.
+/// A buffer is never larger than what it holds, and a load that cannot fit
+/// in memory is refused before anything is allocated.
 #[test]
 fn buffer_size_larger_than_the_file_and_memory() {
     let Some(d) = disk_dir() else { return };
@@ -236,8 +236,7 @@ fn buffer_size_larger_than_the_file_and_memory() {
     fails_with(&["load", huge.to_str().unwrap()], "can be allocated now (");
 }
 
-/// Issue 12, bug 5: each error names the option or input at fault and what
-/// is accepted.
+/// Each error names the option or input at fault and what is accepted.
 #[test]
 fn errors_name_the_option_at_fault() {
     let Some(d) = disk_dir() else { return };
@@ -269,9 +268,9 @@ fn errors_name_the_option_at_fault() {
     fails_with(&["load", small, "--heap", "nosuch"], "--heap: unknown heap");
 }
 
-/// Issue 12, bug 5: many small buffers past the open-file limit are refused
-/// up front with the smallest buffer size that would fit; under the limit
-/// they load (the soft limit is raised to the hard one).
+/// Many small buffers past the open-file limit are refused up front with
+/// the smallest buffer size that would fit; under the limit they load (the
+/// soft limit is raised to the hard one).
 #[test]
 fn too_many_buffers_for_the_open_file_limit_says_what_fits() {
     let Some(d) = disk_dir() else { return };

@@ -58,9 +58,9 @@ struct World {
 static DIR: OnceLock<PathBuf> = OnceLock::new();
 
 /// Removes [`DIR`]: registered with `atexit`, because libFuzzer ends a
-/// run with `exit()`, which drops no static (the world lives in one), so
-/// every run used to leave its 512 KiB directory in the temporary
-/// directory.
+/// run with `exit()`, which drops no static (the world lives in one);
+/// without it every run would leave its 512 KiB directory in the
+/// temporary directory.
 extern "C" fn remove_dir() {
     if let Some(d) = DIR.get() {
         let _ = std::fs::remove_dir_all(d);
