@@ -25,8 +25,8 @@
 #include <unistd.h>
 #include <linux/rpmsg.h>
 
-/* Flow control (Linux 6.5) and the fd ioctl (rpmsg-next, 2025) may be
- * newer than the installed header. */
+/* Flow control (Linux 6.5) and the fd ioctl (the rpmsg-next series that
+ * adds it) may be newer than the installed header. */
 #ifndef RPMSG_GET_OUTGOING_FLOWCONTROL
 #define RPMSG_GET_OUTGOING_FLOWCONTROL _IOR(0xb5, 0x5, int)
 #endif
