@@ -13,7 +13,8 @@ use iopath_blk::workload::{self, Access, Op, Pattern, Workload};
 use iopath_virtio::transport::vhost_user::Timeouts;
 use iopath_virtio::{BounceGeometry, Platform};
 
-/// A clap parser for one of the workload's named enums.
+/// A clap parser for one of iopath-blk's named enums (workload choices,
+/// DMA modes).
 macro_rules! named {
     ($t:ty) => {
         PossibleValuesParser::new(<$t>::NAMES).map(|s| s.parse::<$t>().expect("a listed name"))
