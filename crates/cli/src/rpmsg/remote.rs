@@ -98,13 +98,10 @@ fn serve_hosts(a: &RemoteArgs, stop: &Stop) -> Result<()> {
     };
     let shm = match a.create {
         Some(size) => {
-            let mut layout = if size == 0x80000 && a.ring == 256 {
-                ShmLayout::openamp_demo()
-            } else {
-                ShmLayout::for_size(size, a.ring).with_context(|| {
-                    format!("--create {size:#x} with --ring {}: no layout fits", a.ring)
-                })?
-            };
+            // 0x80000 with rings of 256 is OpenAMP's demo layout.
+            let mut layout = ShmLayout::for_size(size, a.ring).with_context(|| {
+                format!("--create {size:#x} with --ring {}: no layout fits", a.ring)
+            })?;
             if a.event_idx {
                 layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
             }
