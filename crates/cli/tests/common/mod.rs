@@ -1,4 +1,4 @@
-//! Helpers shared by the rpmsg process tests (`rpmsg.rs`, `rpmsg_ept.rs`):
+//! Helpers shared by the rpmsg process tests (`rpmsg*.rs`):
 //! child processes killed on drop, a remote/host pair on a temporary
 //! shared-memory file, waiting for a socket to appear.
 
