@@ -1,0 +1,86 @@
+//! The STATS answer's body.
+
+use super::*;
+
+/// What the endpoint service holds and has done (the STATS answer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    /// Live endpoints handed out as fds.
+    pub fd_endpoints: u32,
+    /// Live legacy endpoints (each with a node).
+    pub legacy_endpoints: u32,
+    /// Legacy nodes open right now.
+    pub open_nodes: u32,
+    /// Control connections right now.
+    pub clients: u32,
+    /// Endpoints created since start.
+    pub created: u64,
+    /// Endpoints destroyed since start.
+    pub destroyed: u64,
+    /// Control connections closed for a malformed request.
+    pub bad_clients: u64,
+    /// Messages written to an endpoint with more than 496 bytes (each
+    /// ended its endpoint).
+    pub oversize: u64,
+    /// Messages from the remote dropped because the endpoint's socket was
+    /// full, or sent to an endpoint with no peer address.
+    pub dropped: u64,
+    /// Messages carried between endpoint sockets and the bus.
+    pub msgs: u64,
+}
+
+impl ServiceStats {
+    /// Live endpoints of both kinds.
+    pub fn endpoints(&self) -> u32 {
+        self.fd_endpoints + self.legacy_endpoints
+    }
+
+    /// The STATS answer.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = reply_head(OP_STATS, 0, 12);
+        for v in [
+            self.fd_endpoints,
+            self.legacy_endpoints,
+            self.open_nodes,
+            self.clients,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            self.created,
+            self.destroyed,
+            self.bad_clients,
+            self.oversize,
+            self.dropped,
+            self.msgs,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Parses the body of a STATS answer (after the status); `None` if it
+    /// is too short.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        if body.len() < STATS_REPLY_LEN - 12 {
+            return None;
+        }
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&body[16 + 8 * i..24 + 8 * i]);
+            u64::from_le_bytes(a)
+        };
+        Some(ServiceStats {
+            fd_endpoints: u32_at(body, 0),
+            legacy_endpoints: u32_at(body, 4),
+            open_nodes: u32_at(body, 8),
+            clients: u32_at(body, 12),
+            created: u64_at(0),
+            destroyed: u64_at(1),
+            bad_clients: u64_at(2),
+            oversize: u64_at(3),
+            dropped: u64_at(4),
+            msgs: u64_at(5),
+        })
+    }
+}
