@@ -15,6 +15,7 @@ use std::fs::OpenOptions;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use iopath_heap::{Buffer, HeapKind};
 use thiserror::Error;
@@ -228,6 +229,31 @@ impl SharedMem {
             });
         }
         Self::from_fd(OwnedFd::from(f), len as usize)
+    }
+
+    /// As [`SharedMem::open_with`], for a host that may start before its
+    /// remote has made the file: retries every 20 ms while opening the file
+    /// or reading its resource table fails, until `timeout` has passed. A
+    /// file other users can write is refused at once, as waiting does not
+    /// change who can write it.
+    ///
+    /// # Errors
+    /// [`ShmError::Writable`] at once; otherwise the last error once
+    /// `timeout` has passed.
+    pub fn open_waiting(
+        path: &Path,
+        opts: &ShmOptions,
+        timeout: Duration,
+    ) -> Result<Self, ShmError> {
+        let start = Instant::now();
+        loop {
+            match Self::open_with(path, opts).and_then(|s| s.table(0).map(|_| s)) {
+                Ok(s) => return Ok(s),
+                Err(e @ ShmError::Writable { .. }) => return Err(e),
+                Err(e) if start.elapsed() >= timeout => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
     }
 
     /// Maps `len` bytes of `fd` (a shared-memory file or a memfd).

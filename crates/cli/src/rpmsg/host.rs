@@ -2,7 +2,7 @@
 //! bus, serving local clients on a control socket.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use iopath_rpmsg::ctrl::CtrlError;
@@ -69,30 +69,23 @@ pub struct HostArgs {
     json: bool,
 }
 
-/// Opens the remote's shared memory, retrying while it is being created.
+/// Opens the remote's shared memory, waiting while it is being created.
 fn open_shm(path: &Path, opts: &ShmOptions, timeout: Duration) -> Result<SharedMem> {
-    let start = Instant::now();
-    loop {
-        let r = SharedMem::open_with(path, opts).and_then(|s| s.table(0).map(|_| s));
-        match r {
-            Ok(s) => return Ok(s),
-            // Someone else's file stays someone else's: no point waiting.
-            Err(e @ ShmError::Writable { .. }) => {
-                return Err(e).context("--shm: refused (--allow-writable-shm attaches anyway)")
-            }
-            Err(e) if start.elapsed() >= timeout => {
-                return Err(e).with_context(|| {
-                    format!(
-                        "--shm {}: no remote's shared memory there (waited {} s; \
-                         `iopath rpmsg remote --shm {} --create SIZE` makes one)",
-                        path.display(),
-                        timeout.as_secs(),
-                        path.display()
-                    )
-                })
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+    match SharedMem::open_waiting(path, opts, timeout) {
+        Ok(s) => Ok(s),
+        // Someone else's file stays someone else's: no point waiting.
+        Err(e @ ShmError::Writable { .. }) => {
+            Err(e).context("--shm: refused (--allow-writable-shm attaches anyway)")
         }
+        Err(e) => Err(e).with_context(|| {
+            format!(
+                "--shm {}: no remote's shared memory there (waited {} s; \
+                 `iopath rpmsg remote --shm {} --create SIZE` makes one)",
+                path.display(),
+                timeout.as_secs(),
+                path.display()
+            )
+        }),
     }
 }
 
