@@ -31,7 +31,8 @@
 //! services ([`RemoteServices`]), echo round trips with every byte checked
 //! ([`ping`], OpenAMP's demo payloads from [`openamp`]), and unmodified
 //! programs on the endpoint service through the preload library ([`exec`],
-//! its ELF check in [`elf`]).
+//! its ELF check in [`elf`]). A host or remote that outlives its peer
+//! finds the next one with [`session`].
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -62,6 +63,7 @@ mod remote;
 mod remote_services;
 pub mod rsc_table;
 mod service;
+pub mod session;
 mod shm;
 pub mod vring;
 pub mod wire;

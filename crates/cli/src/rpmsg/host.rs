@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use iopath_rpmsg::ctrl::CtrlError;
-use iopath_rpmsg::notify::NotifyError;
+use iopath_rpmsg::session::reconnect_remote;
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
     shm_path, Bus, CtrlOptions, CtrlServer, NotifySpec, SharedMem, ShmError, ShmOptions,
@@ -191,13 +191,8 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
             "host: the link to the remote went down ({reason}); waiting for a remote on {}",
             a.notify
         );
-        let notifier = loop {
-            match a.notify.connect(timeout) {
-                Ok(n) => break n,
-                Err(NotifyError::Timeout { .. }) => continue,
-                Err(e) => return Err(e).with_context(|| format!("reconnecting to {}", a.notify)),
-            }
-        };
+        let notifier = reconnect_remote(&a.notify, timeout)
+            .with_context(|| format!("reconnecting to {}", a.notify))?;
         // A signal may have come meanwhile: then its thread removes the
         // control socket and exits, and nothing is placed again.
         (bus, server) = stop.restart(|| {

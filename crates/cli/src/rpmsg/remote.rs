@@ -5,12 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::rsc_table::ShmLayout;
+use iopath_rpmsg::session::{accept_host, AcceptError, Skipped};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
-    shm_path, Bus, BusError, LinkError, NotifySpec, RemoteLink, RemoteServices, SessionEnd,
-    SharedMem, ShmOptions,
+    shm_path, Bus, NotifySpec, RemoteLink, RemoteServices, SessionEnd, SharedMem, ShmOptions,
 };
 
 use iopath_rpmsg::openamp;
@@ -140,28 +139,23 @@ fn serve_hosts(a: &RemoteArgs, stop: &Stop) -> Result<()> {
         a.notify
     );
     loop {
-        let notifier = match listener.accept() {
-            Ok(n) => n,
-            Err(e @ NotifyError::Io { op: "accept", .. }) => {
-                return Err(e).context("waiting for the host");
-            }
-            Err(e) => {
-                eprintln!("remote: a connection that is no host ({e}); waiting again");
-                continue;
-            }
-        };
-        let bus = match Bus::remote(
-            shm.clone(),
-            notifier,
+        let bus = accept_host(
+            &listener,
+            &shm,
             a.ready_timeout.map(Duration::from_secs),
-        ) {
-            Ok(b) => b,
-            Err(BusError::Link(LinkError::Notify(e))) => {
-                eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again");
-                continue;
-            }
-            Err(e) => return Err(e).context("waiting for DRIVER_OK"),
-        };
+            |skipped| match skipped {
+                Skipped::NotAHost(e) => {
+                    eprintln!("remote: a connection that is no host ({e}); waiting again")
+                }
+                Skipped::ClosedBeforeReady(e) => {
+                    eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
+                }
+            },
+        )
+        .map_err(|e| match e {
+            AcceptError::Accept(e) => anyhow::Error::new(e).context("waiting for the host"),
+            AcceptError::Ready(e) => anyhow::Error::new(e).context("waiting for DRIVER_OK"),
+        })?;
         stop.set_bus(Some(bus.clone()));
         let (why, echoed) = serve(a, &bus)?;
         stop.set_bus(None);

@@ -1,0 +1,80 @@
+//! The steps that let a long-running host or remote serve one peer after
+//! another on the same shared memory: the remote accepts the next host on
+//! its notify socket, the host waits for the next remote to listen again.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::notify::{NotifyError, NotifyListener, NotifySpec};
+use crate::{Bus, BusError, LinkError, Notifier, SharedMem};
+
+/// A connection on the remote's notify socket that it passed over, to wait
+/// for the next one.
+#[derive(Debug)]
+pub enum Skipped {
+    /// The peer spoke no notifier handshake: no host.
+    NotAHost(NotifyError),
+    /// The host's connection closed before it set DRIVER_OK.
+    ClosedBeforeReady(NotifyError),
+}
+
+/// Why a remote stopped waiting for hosts.
+#[derive(Debug, Error)]
+pub enum AcceptError {
+    /// The notify socket itself failed.
+    #[error("Waiting for the host failed")]
+    Accept(#[source] NotifyError),
+    /// A host connected but the device never became ready.
+    #[error("Waiting for DRIVER_OK failed")]
+    Ready(#[source] BusError),
+}
+
+/// Accepts hosts on `listener` until one sets DRIVER_OK, and returns the
+/// remote's bus on `shm` for it. A connection that is no host, or that
+/// closes before DRIVER_OK, is handed to `skipped` and the wait goes on.
+///
+/// # Errors
+/// [`AcceptError::Accept`] when the socket cannot accept;
+/// [`AcceptError::Ready`] when the device does not become ready (e.g.
+/// `ready_timeout` passed).
+pub fn accept_host(
+    listener: &NotifyListener,
+    shm: &SharedMem,
+    ready_timeout: Option<Duration>,
+    mut skipped: impl FnMut(Skipped),
+) -> Result<Bus, AcceptError> {
+    loop {
+        let notifier = match listener.accept() {
+            Ok(n) => n,
+            Err(e @ NotifyError::Io { op: "accept", .. }) => return Err(AcceptError::Accept(e)),
+            Err(e) => {
+                skipped(Skipped::NotAHost(e));
+                continue;
+            }
+        };
+        match Bus::remote(shm.clone(), notifier, ready_timeout) {
+            Ok(b) => return Ok(b),
+            Err(BusError::Link(LinkError::Notify(e))) => skipped(Skipped::ClosedBeforeReady(e)),
+            Err(e) => return Err(AcceptError::Ready(e)),
+        }
+    }
+}
+
+/// Connects to the remote's notify socket, waiting as long as it takes for
+/// a remote to listen there again (each try gives up after `timeout`).
+///
+/// # Errors
+/// Any [`NotifyError`] but a timeout.
+pub fn reconnect_remote(
+    notify: &NotifySpec,
+    timeout: Duration,
+) -> Result<Box<dyn Notifier>, NotifyError> {
+    loop {
+        match notify.connect(timeout) {
+            Ok(n) => return Ok(n),
+            Err(NotifyError::Timeout { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
