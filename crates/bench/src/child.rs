@@ -5,12 +5,12 @@
 //! sink. The bench starts the executable it runs in (or the one its config
 //! names) with [`ENV`] set to the server's name and the server's arguments
 //! as the only command-line arguments; the executable's `main` calls
-//! [`serve_if_child`] before parsing its own command line, so the servers
+//! [`crate::serve_if_child`] before parsing its own command line, so the servers
 //! are not among the product's subcommands.
 //!
 //! ```text
 //!   bench (parent)                      iopath, IOPATH_BENCH_CHILD=raw-echo
-//!   Server::Echo{..}.command(exe) ----> serve_if_child() -> Server::serve()
+//!   Server::Echo{..}.command(exe) ----> serve_if_child() -> raw::serve(server)
 //! ```
 
 use std::ffi::{OsStr, OsString};
@@ -20,7 +20,6 @@ use std::process::{Command, Stdio};
 use iopath_rpmsg::NotifySpec;
 
 use crate::error::invalid;
-use crate::rpmsg::raw;
 use crate::Result;
 
 /// The environment variable that names the server a child runs.
@@ -91,7 +90,7 @@ impl Server {
     /// # Errors
     /// [`Error::Invalid`] (naming [`ENV`]) for an unknown name or wrong
     /// arguments.
-    fn parse(name: &OsStr, args: &[OsString]) -> Result<Server> {
+    pub(crate) fn parse(name: &OsStr, args: &[OsString]) -> Result<Server> {
         let path = |i: usize| PathBuf::from(&args[i]);
         let count = |i: usize| -> Result<u64> {
             match args[i].to_str().and_then(|s| s.parse().ok()) {
@@ -148,29 +147,6 @@ impl Server {
             _ => invalid!(ENV, "no bench server {name:?}"),
         })
     }
-
-    /// Runs it until its client is done.
-    ///
-    /// # Errors
-    /// What the server returns.
-    fn serve(self) -> Result<()> {
-        match self {
-            Server::Echo { notify, count } => raw::pingpong::serve(&notify, count),
-            Server::Fd { sock } => raw::fd::serve(&sock),
-            Server::PollForward { sock, shm, count } => raw::poll::forward(&sock, &shm, count),
-            Server::PollEcho { shm, count } => raw::poll::echo(&shm, count),
-            Server::Sink { sock } => raw::sink::serve(&sock),
-        }
-    }
-}
-
-/// Runs the bench server this process was started as, if it was started
-/// as one ([`ENV`] set): its result, to report and exit with. `None`: a
-/// process of its own, to go on as usual.
-pub fn serve_if_child() -> Option<Result<()>> {
-    let name = std::env::var_os(ENV)?;
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    Some(Server::parse(&name, &args).and_then(Server::serve))
 }
 
 #[cfg(test)]

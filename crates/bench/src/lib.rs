@@ -19,7 +19,7 @@
 //! package, ratios n/a), never the run, and without fio the heap and blk
 //! limits are the bench's own plain O_DIRECT I/O ([`direct`]). The bench's
 //! own servers are child processes of the `iopath` executable named in
-//! each config, which runs them from `main` ([`child::serve_if_child`]).
+//! each config, which runs them from `main` ([`serve_if_child`]).
 //!
 //! ```
 //! use iopath_bench::Summary;
@@ -49,6 +49,15 @@ pub use latency::{percentile, Latency};
 pub use place::{Cpus, Placement};
 pub use progress::Progress;
 pub use report::{plot, Report};
+
+/// Runs the bench server this process was started as, if it was started
+/// as one ([`child::ENV`] set): its result, to report and exit with.
+/// `None`: a process of its own, to go on as usual.
+pub fn serve_if_child() -> Option<Result<()>> {
+    let name = std::env::var_os(child::ENV)?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    Some(child::Server::parse(&name, &args).and_then(rpmsg::raw::serve))
+}
 
 /// Median, minimum and maximum of some samples.
 #[derive(Debug, Clone, Copy, PartialEq)]

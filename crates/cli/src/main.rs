@@ -51,7 +51,7 @@ enum Cmd {
 
 fn main() {
     // A bench server started by `iopath bench` runs before any parsing.
-    let r = match iopath_bench::child::serve_if_child() {
+    let r = match iopath_bench::serve_if_child() {
         Some(served) => served.map_err(anyhow::Error::from),
         None => run(),
     };

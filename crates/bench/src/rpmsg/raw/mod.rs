@@ -27,6 +27,20 @@ pub(crate) mod sink;
 
 pub use pingpong::RawPingPong;
 
+/// Runs the bench server `server` until its client is done.
+///
+/// # Errors
+/// What the server returns.
+pub(crate) fn serve(server: Server) -> Result<()> {
+    match server {
+        Server::Echo { notify, count } => pingpong::serve(&notify, count),
+        Server::Fd { sock } => fd::serve(&sock),
+        Server::PollForward { sock, shm, count } => poll::forward(&sock, &shm, count),
+        Server::PollEcho { shm, count } => poll::echo(&shm, count),
+        Server::Sink { sock } => sink::serve(&sock),
+    }
+}
+
 /// The far end of a raw limit: listens on the `SOCK_SEQPACKET` socket
 /// `sock` and takes its one client; with the error mapper for `sock`.
 ///
