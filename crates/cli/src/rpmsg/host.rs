@@ -17,7 +17,9 @@ use iopath_rpmsg::openamp;
 use iopath_rpmsg::ping::openamp_demo;
 
 use super::common::{stats_json, stats_line};
-use super::stop::Stop;
+use iopath_rpmsg::session::Cleanup;
+
+use super::stop;
 
 /// Options of `iopath rpmsg host`.
 #[derive(Debug, clap::Args)]
@@ -97,14 +99,14 @@ pub fn run(a: HostArgs) -> Result<()> {
         a.ctrl.is_some() || a.openamp_ping,
         "nothing to do: give --ctrl SOCK (serve clients) or --openamp-ping"
     );
-    let stop = Stop::install("host")?;
+    let stop = stop::install("host")?;
     let r = serve(&a, &stop);
     stop.run();
     r
 }
 
 /// Connects to the remote, starts the bus and serves until it goes down.
-fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
+fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     // Refuse a live control socket before the device is touched: a second
     // host would reset the running one's device.
     if let Some(ctrl) = &a.ctrl {
@@ -200,7 +202,7 @@ fn serve(a: &HostArgs, stop: &Stop) -> Result<()> {
             let bus = Bus::host(shm, notifier, features).context("restarting the host")?;
             let server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
                 .with_context(|| format!("control socket {}", ctrl.display()))?;
-            Ok((bus, server))
+            anyhow::Ok((bus, server))
         })?;
         eprintln!(
             "host: remote back, serving on {} again",

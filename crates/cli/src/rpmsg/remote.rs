@@ -15,7 +15,9 @@ use iopath_rpmsg::{
 use iopath_rpmsg::openamp;
 
 use super::common::{stats_json, stats_line};
-use super::stop::Stop;
+use iopath_rpmsg::session::Cleanup;
+
+use super::stop;
 
 /// Options of `iopath rpmsg remote`.
 #[derive(Debug, clap::Args)]
@@ -82,14 +84,14 @@ pub struct RemoteArgs {
 
 /// Runs `iopath rpmsg remote` until a session ends it or a signal stops it.
 pub fn run(a: RemoteArgs) -> Result<()> {
-    let stop = Stop::install("remote")?;
+    let stop = stop::install("remote")?;
     let r = serve_hosts(&a, &stop);
     stop.run();
     r
 }
 
 /// Binds, opens the shared memory and serves one host after another.
-fn serve_hosts(a: &RemoteArgs, stop: &Stop) -> Result<()> {
+fn serve_hosts(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
     let path = shm_path(&a.shm);
     let opts = ShmOptions {
         mode: a.shm_mode,

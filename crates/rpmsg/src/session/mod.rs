@@ -1,10 +1,16 @@
 //! The steps that let a long-running host or remote serve one peer after
 //! another on the same shared memory: the remote accepts the next host on
-//! its notify socket, the host waits for the next remote to listen again.
+//! its notify socket, the host waits for the next remote to listen again;
+//! [`Cleanup`] stops the bus and removes what the process placed, whether
+//! the process ends on its own or a signal stops it.
 
 use std::time::Duration;
 
 use thiserror::Error;
+
+mod cleanup;
+
+pub use cleanup::Cleanup;
 
 use crate::notify::{NotifyError, NotifyListener, NotifySpec};
 use crate::{Bus, BusError, LinkError, Notifier, SharedMem};
