@@ -1,5 +1,5 @@
-//! iopath-bench: the seed experiments of iopath, each beside the limit
-//! measured in the same run, and the writers of their reports.
+//! iopath-bench: iopath's heap, blk and rpmsg experiments, each beside
+//! the limit measured in the same run, and the writers of their reports.
 //!
 //! ```text
 //!   config (plain structs: sizes, runs, placements; quick() and full())

@@ -1,7 +1,8 @@
 //! `iopath`: the command-line front of the iopath stack.
 //!
 //! Subcommands: `load` (fill shareable buffers from a file), `bench`
-//! (rerun the seed experiments beside the limits measured in the same run).
+//! (rerun the heap, blk and rpmsg experiments beside the limits measured
+//! in the same run).
 
 mod bench;
 mod blk;
@@ -31,7 +32,8 @@ enum Cmd {
     /// Load a file into shareable buffers (memfd, udmabuf, dma-heap) with
     /// direct I/O and io_uring; report GiB/s.
     Load(load::LoadArgs),
-    /// Rerun the seed experiments beside the limits measured in the same run.
+    /// Rerun the heap, blk and rpmsg experiments beside the limits measured
+    /// in the same run.
     Bench(bench::BenchArgs),
     /// rpmsg over virtio rings in shared memory: remote, host, ping.
     ///
