@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use iopath_rpmsg::ctrl::CtrlError;
-use iopath_rpmsg::session::reconnect_remote;
+use iopath_rpmsg::session::{serve_remotes, HostEvent, ServeRemotes, ServeRemotesError};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
     shm_path, Bus, CtrlOptions, CtrlServer, NotifySpec, SharedMem, ShmError, ShmOptions,
@@ -73,21 +73,23 @@ pub struct HostArgs {
 
 /// Opens the remote's shared memory, waiting while it is being created.
 fn open_shm(path: &Path, opts: &ShmOptions, timeout: Duration) -> Result<SharedMem> {
-    match SharedMem::open_waiting(path, opts, timeout) {
-        Ok(s) => Ok(s),
+    SharedMem::open_waiting(path, opts, timeout).map_err(|e| open_shm_error(e, path, timeout))
+}
+
+/// Says why the remote's shared memory could not be opened.
+fn open_shm_error(e: ShmError, path: &Path, timeout: Duration) -> anyhow::Error {
+    match e {
         // Someone else's file stays someone else's: no point waiting.
-        Err(e @ ShmError::Writable { .. }) => {
-            Err(e).context("--shm: refused (--allow-writable-shm attaches anyway)")
+        e @ ShmError::Writable { .. } => {
+            anyhow::Error::new(e).context("--shm: refused (--allow-writable-shm attaches anyway)")
         }
-        Err(e) => Err(e).with_context(|| {
-            format!(
-                "--shm {}: no remote's shared memory there (waited {} s; \
-                 `iopath rpmsg remote --shm {} --create SIZE` makes one)",
-                path.display(),
-                timeout.as_secs(),
-                path.display()
-            )
-        }),
+        e => anyhow::Error::new(e).context(format!(
+            "--shm {}: no remote's shared memory there (waited {} s; \
+             `iopath rpmsg remote --shm {} --create SIZE` makes one)",
+            path.display(),
+            timeout.as_secs(),
+            path.display()
+        )),
     }
 }
 
@@ -105,7 +107,8 @@ pub fn run(a: HostArgs) -> Result<()> {
     r
 }
 
-/// Connects to the remote, starts the bus and serves until it goes down.
+/// Connects to the remote, starts the bus and serves one remote after
+/// another (with `--once` until the link goes down).
 fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     // Refuse a live control socket before the device is touched: a second
     // host would reset the running one's device.
@@ -164,51 +167,48 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         a.ctrl_mode,
         server.rundir().display()
     );
-    let (mut bus, mut server) = (bus, server);
-    loop {
-        let reason = bus.wait_down(None).unwrap_or_default();
-        if stop.stopping() {
-            // The signal's thread stopped the bus; it exits the process.
-            stop.run();
+    let cfg = ServeRemotes {
+        notify: &a.notify,
+        timeout,
+        shm: &path,
+        shm_opts: &shm_opts,
+        features,
+        ctrl,
+        ctrl_opts: &opts,
+        once: a.once,
+    };
+    let Err(e) = serve_remotes(&cfg, bus, server, stop, |ev| match ev {
+        HostEvent::LinkDown { reason, stats } => {
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(stats) })
+                );
+            } else {
+                eprintln!("host: {reason}; {}", stats_line(stats));
+            }
         }
-        let s = bus.stats();
-        if a.json {
-            println!(
-                "{}",
-                serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(&s) })
-            );
-        } else {
-            eprintln!("host: {reason}; {}", stats_line(&s));
-        }
-        if a.once {
-            // A supervisor must tell this from a requested stop (status 0).
-            bail!("the link to the remote went down: {reason}");
-        }
-        // The clients' endpoints died with the link: hang them up, take the
-        // control socket away until a remote is back, reset the device.
-        server.shutdown();
-        stop.set_bus(None);
-        bus.shutdown();
-        eprintln!(
+        HostEvent::Waiting { reason } => eprintln!(
             "host: the link to the remote went down ({reason}); waiting for a remote on {}",
             a.notify
-        );
-        let notifier = reconnect_remote(&a.notify, timeout)
-            .with_context(|| format!("reconnecting to {}", a.notify))?;
-        // A signal may have come meanwhile: then its thread removes the
-        // control socket and exits, and nothing is placed again.
-        (bus, server) = stop.restart(|| {
-            let shm = open_shm(&path, &shm_opts, timeout)?;
-            let bus = Bus::host(shm, notifier, features).context("restarting the host")?;
-            let server = CtrlServer::start_with(bus.clone(), ctrl, &opts)
-                .with_context(|| format!("control socket {}", ctrl.display()))?;
-            anyhow::Ok((bus, server))
-        })?;
-        eprintln!(
-            "host: remote back, serving on {} again",
-            server.path().display()
-        );
-    }
+        ),
+        HostEvent::RemoteBack { ctrl } => {
+            eprintln!("host: remote back, serving on {} again", ctrl.display())
+        }
+    });
+    Err(match e {
+        ServeRemotesError::LinkDown { reason } => {
+            anyhow!("the link to the remote went down: {reason}")
+        }
+        ServeRemotesError::Reconnect(e) => {
+            anyhow::Error::new(e).context(format!("reconnecting to {}", a.notify))
+        }
+        ServeRemotesError::Shm(e) => open_shm_error(e, &path, timeout),
+        ServeRemotesError::Bus(e) => anyhow::Error::new(e).context("restarting the host"),
+        ServeRemotesError::Ctrl(e) => {
+            anyhow::Error::new(e).context(format!("control socket {}", ctrl.display()))
+        }
+    })
 }
 
 /// OpenAMP's rpmsg-echo-ping, over iopath's bus; then the device reset.

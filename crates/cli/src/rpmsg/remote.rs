@@ -4,13 +4,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use iopath_rpmsg::rsc_table::ShmLayout;
-use iopath_rpmsg::session::{accept_host, AcceptError, Skipped};
-use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
-use iopath_rpmsg::{
-    shm_path, Bus, NotifySpec, RemoteLink, RemoteServices, SessionEnd, SharedMem, ShmOptions,
+use iopath_rpmsg::session::{
+    serve_hosts, AcceptError, RemoteEvent, ServeHosts, ServeHostsError, Skipped,
 };
+use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
+use iopath_rpmsg::{shm_path, NotifySpec, RemoteServices, SharedMem, ShmOptions};
 
 use iopath_rpmsg::openamp;
 
@@ -85,13 +85,13 @@ pub struct RemoteArgs {
 /// Runs `iopath rpmsg remote` until a session ends it or a signal stops it.
 pub fn run(a: RemoteArgs) -> Result<()> {
     let stop = stop::install("remote")?;
-    let r = serve_hosts(&a, &stop);
+    let r = serve(&a, &stop);
     stop.run();
     r
 }
 
 /// Binds, opens the shared memory and serves one host after another.
-fn serve_hosts(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
+fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
     let path = shm_path(&a.shm);
     let opts = ShmOptions {
         mode: a.shm_mode,
@@ -140,69 +140,6 @@ fn serve_hosts(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
         shm.len(),
         a.notify
     );
-    loop {
-        let bus = accept_host(
-            &listener,
-            &shm,
-            a.ready_timeout.map(Duration::from_secs),
-            |skipped| match skipped {
-                Skipped::NotAHost(e) => {
-                    eprintln!("remote: a connection that is no host ({e}); waiting again")
-                }
-                Skipped::ClosedBeforeReady(e) => {
-                    eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
-                }
-            },
-        )
-        .map_err(|e| match e {
-            AcceptError::Accept(e) => anyhow::Error::new(e).context("waiting for the host"),
-            AcceptError::Ready(e) => anyhow::Error::new(e).context("waiting for DRIVER_OK"),
-        })?;
-        stop.set_bus(Some(bus.clone()));
-        let (why, echoed) = serve(a, &bus)?;
-        stop.set_bus(None);
-        let s = bus.stats();
-        bus.shutdown();
-        if a.json {
-            println!(
-                "{}",
-                serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(&s) })
-            );
-        } else {
-            eprintln!("remote: {}", stats_line(&s));
-        }
-        let SessionEnd::LinkDown(reason) = why else {
-            return Ok(());
-        };
-        if a.once {
-            bail!("the host went away: {reason}");
-        }
-        RemoteLink::reset_device(&shm).context("resetting the device")?;
-        eprintln!(
-            "remote: host gone ({reason}); waiting for the next host on {}",
-            a.notify
-        );
-    }
-}
-
-/// Serves one host: announces the services and serves them until the
-/// session ends. Returns why, and how many messages were echoed.
-fn serve(a: &RemoteArgs, bus: &Bus) -> Result<(SessionEnd, u64)> {
-    let f = bus.features();
-    let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
-        .into_iter()
-        .filter(|(bit, _)| f & (1 << bit) != 0)
-        .map(|(_, n)| n)
-        .collect();
-    eprintln!(
-        "remote: host ready (features {}), announcing {:?}",
-        if names.is_empty() {
-            "none".into()
-        } else {
-            names.join(", ")
-        },
-        a.echo
-    );
     let services = RemoteServices {
         echo: a.echo.clone(),
         sink: a.sink.clone(),
@@ -210,11 +147,64 @@ fn serve(a: &RemoteArgs, bus: &Bus) -> Result<(SessionEnd, u64)> {
         exit_on_unbind: a.exit_on_unbind,
         echo_limit: a.echo_limit,
     };
-    let session = services.announce(bus, |name, addr| {
-        eprintln!("remote: host destroyed its endpoint {addr} on {name:?}");
-    })?;
-    let end = session.wait();
-    eprintln!("remote: {end}");
-    let echoed = session.close(&end);
-    Ok((end, echoed))
+    let cfg = ServeHosts {
+        listener: &listener,
+        shm: &shm,
+        ready_timeout: a.ready_timeout.map(Duration::from_secs),
+        services: &services,
+        once: a.once,
+    };
+    let (echo, json, notify) = (a.echo.clone(), a.json, a.notify.to_string());
+    serve_hosts(&cfg, stop, move |ev| match ev {
+        RemoteEvent::Skipped(Skipped::NotAHost(e)) => {
+            eprintln!("remote: a connection that is no host ({e}); waiting again")
+        }
+        RemoteEvent::Skipped(Skipped::ClosedBeforeReady(e)) => {
+            eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
+        }
+        RemoteEvent::HostReady { features } => {
+            let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
+                .into_iter()
+                .filter(|(bit, _)| features & (1 << bit) != 0)
+                .map(|(_, n)| n)
+                .collect();
+            eprintln!(
+                "remote: host ready (features {}), announcing {:?}",
+                if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                },
+                echo
+            );
+        }
+        RemoteEvent::EndpointDestroyed { name, addr } => {
+            eprintln!("remote: host destroyed its endpoint {addr} on {name:?}");
+        }
+        RemoteEvent::SessionEnded(end) => eprintln!("remote: {end}"),
+        RemoteEvent::Stats { echoed, stats } => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(stats) })
+                );
+            } else {
+                eprintln!("remote: {}", stats_line(stats));
+            }
+        }
+        RemoteEvent::HostGone { reason } => {
+            eprintln!("remote: host gone ({reason}); waiting for the next host on {notify}")
+        }
+    })
+    .map_err(|e| match e {
+        ServeHostsError::Accept(AcceptError::Accept(e)) => {
+            anyhow::Error::new(e).context("waiting for the host")
+        }
+        ServeHostsError::Accept(AcceptError::Ready(e)) => {
+            anyhow::Error::new(e).context("waiting for DRIVER_OK")
+        }
+        ServeHostsError::Announce(e) => anyhow::Error::new(e),
+        ServeHostsError::HostGone { reason } => anyhow!("the host went away: {reason}"),
+        ServeHostsError::Reset(e) => anyhow::Error::new(e).context("resetting the device"),
+    })
 }

@@ -2,15 +2,21 @@
 //! another on the same shared memory: the remote accepts the next host on
 //! its notify socket, the host waits for the next remote to listen again;
 //! [`Cleanup`] stops the bus and removes what the process placed, whether
-//! the process ends on its own or a signal stops it.
+//! the process ends on its own or a signal stops it. [`serve_hosts`] and
+//! [`serve_remotes`] run those steps in a loop, telling the caller of each
+//! through an event callback.
 
 use std::time::Duration;
 
 use thiserror::Error;
 
 mod cleanup;
+mod host;
+mod remote;
 
 pub use cleanup::Cleanup;
+pub use host::{serve_remotes, HostEvent, ServeRemotes, ServeRemotesError};
+pub use remote::{serve_hosts, RemoteEvent, ServeHosts, ServeHostsError};
 
 use crate::notify::{NotifyError, NotifyListener, NotifySpec};
 use crate::{Bus, BusError, LinkError, Notifier, SharedMem};
