@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
+use iopath_rpmsg::SINK_SYNC;
 use rustix::net::{RecvFlags, SendFlags};
 
-use super::{CreateRow, EchoRow, SINK_SYNC};
+use super::{CreateRow, EchoRow};
 use crate::error::{check, check_failed, invalid};
 use crate::rpmsg::children::{bound, Servers};
 use crate::rpmsg::raw::sink::RawSink;

@@ -33,8 +33,6 @@ mod report;
 
 pub use report::ScaleReport;
 
-pub use iopath_rpmsg::SINK_SYNC;
-
 /// What `iopath bench rpmsg --scale` measures.
 #[derive(Debug, Clone)]
 pub struct ScaleConfig {
