@@ -23,7 +23,7 @@ use iopath_virtio::{Platform, Policy, PolicyOps, QueueFeatures, RingPlacement, S
 
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
-use crate::link::{Held, Link, LinkError, Role, Slot};
+use crate::link::{Held, Link, LinkError, LinkMemory, Role, Slot};
 use crate::rsc_table::{status, ResourceTable, VringRsc};
 use crate::shm::SharedMem;
 use crate::wire::{BUF_SIZE, VIRTIO_RPMSG_F_NS};
@@ -39,6 +39,8 @@ fn queue_err(q: &str) -> impl FnOnce(iopath_virtio::Error) -> LinkError + '_ {
 #[derive(Debug)]
 pub struct HostLink {
     shm: SharedMem,
+    /// The same memory, as the bus reads and writes it.
+    mem: Arc<dyn LinkMemory>,
     table: ResourceTable,
     features: u32,
     /// vq0: the remote's messages land in these pre-posted buffers.
@@ -124,6 +126,7 @@ impl HostLink {
             status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
         )?;
         Ok(HostLink {
+            mem: Arc::new(shm.clone()),
             shm,
             table,
             features,
@@ -157,8 +160,8 @@ impl Link for HostLink {
         Role::Host
     }
 
-    fn shm(&self) -> &SharedMem {
-        &self.shm
+    fn memory(&self) -> &Arc<dyn LinkMemory> {
+        &self.mem
     }
 
     fn hold_rx(&mut self) -> Result<Option<Result<Held, String>>, LinkError> {

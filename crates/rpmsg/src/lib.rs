@@ -65,6 +65,7 @@ pub mod rsc_table;
 mod service;
 pub mod session;
 mod shm;
+pub mod vhost_user;
 pub mod vring;
 pub mod wire;
 
@@ -73,7 +74,7 @@ pub use bus::{
     RxBuffer, ServiceHook, Stats, TxBuffer, ZeroCopyEndpoint,
 };
 pub use host::{HostLink, HOST_FEATURES};
-pub use link::{Held, Link, LinkError, Role, Rx, Slot};
+pub use link::{Held, Link, LinkError, LinkMemory, Role, Rx, Slot};
 pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;
 pub use remote_services::{AnnounceError, RemoteServices, ServiceSession, SessionEnd, SINK_SYNC};

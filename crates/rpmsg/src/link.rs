@@ -3,10 +3,39 @@
 //! driver) and [`crate::RemoteLink`] (virtio device) implement it.
 
 use std::fmt;
+use std::sync::Arc;
 
 use thiserror::Error;
 
 use crate::shm::{SharedMem, ShmError};
+
+/// The memory a link's buffers live in, addressed as the peer's
+/// descriptors address it: offsets into a shared-memory file, or a
+/// vhost-user front end's guest addresses. Every access is checked; an
+/// address outside what the peer shared is an error, never a stray access.
+pub trait LinkMemory: Send + Sync + fmt::Debug {
+    /// Copies `dst.len()` bytes at `addr` out.
+    ///
+    /// # Errors
+    /// [`ShmError::Outside`] when the range is not in the shared memory.
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), ShmError>;
+
+    /// Copies `src` in at `addr`.
+    ///
+    /// # Errors
+    /// [`ShmError::Outside`] when the range is not in the shared memory.
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), ShmError>;
+}
+
+impl LinkMemory for SharedMem {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), ShmError> {
+        SharedMem::read(self, addr, dst)
+    }
+
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), ShmError> {
+        SharedMem::write(self, addr, src)
+    }
+}
 
 /// Why a link stopped working.
 #[derive(Debug, Error)]
@@ -17,7 +46,8 @@ pub enum LinkError {
     /// The peer broke the ring protocol; the link is unusable.
     #[error("Ring broken: {0}")]
     Broken(String),
-    /// The driver reset the device (status lost DRIVER_OK, or NEEDS_RESET).
+    /// The driver reset the device (status lost DRIVER_OK, or NEEDS_RESET;
+    /// over vhost-user: the front end stopped a queue).
     #[error("Device reset (status {status:#x})")]
     Reset {
         /// The status byte seen.
@@ -122,8 +152,9 @@ pub trait Link: Send + fmt::Debug {
     /// Host or remote.
     fn role(&self) -> Role;
 
-    /// The shared memory the buffers live in.
-    fn shm(&self) -> &SharedMem;
+    /// The memory the buffers live in (the bus reads and writes messages
+    /// through it).
+    fn memory(&self) -> &Arc<dyn LinkMemory>;
 
     /// Takes the next buffer the peer filled. `Ok(None)` when nothing is
     /// pending; `Ok(Some(Err(reason)))` when the peer's buffer was unusable
@@ -165,7 +196,7 @@ pub trait Link: Send + fmt::Debug {
             Some(Err(reason)) => Ok(Some(Rx::Refused(reason))),
             Some(Ok(h)) => {
                 out.resize(h.len, 0);
-                let r = self.shm().read(h.addr, out);
+                let r = self.memory().read(h.addr, out);
                 self.release_rx(h)?;
                 r?;
                 Ok(Some(Rx::Message))
@@ -190,7 +221,7 @@ pub trait Link: Send + fmt::Debug {
                 msg.len()
             )));
         }
-        if let Err(e) = self.shm().write(slot.addr, msg) {
+        if let Err(e) = self.memory().write(slot.addr, msg) {
             self.drop_tx(slot);
             return Err(e.into());
         }

@@ -8,6 +8,7 @@
 //! message length). It starts serving once the host has set DRIVER_OK in
 //! the vdev status byte of the resource table.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::warn;
@@ -15,7 +16,7 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
-use crate::link::{Held, Link, LinkError, Role, Slot};
+use crate::link::{Held, Link, LinkError, LinkMemory, Role, Slot};
 use crate::notify::Notifier;
 use crate::rsc_table::{status, ResourceTable};
 use crate::shm::{SharedMem, ShmError};
@@ -28,6 +29,8 @@ pub const MAX_RX_MSG: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct RemoteLink {
     shm: SharedMem,
+    /// The same memory, as the bus reads and writes it.
+    mem: Arc<dyn LinkMemory>,
     table: ResourceTable,
     features: u32,
     /// vq0: device → driver (the host's rx buffers).
@@ -50,9 +53,9 @@ const AVAIL_F_NO_INTERRUPT: u16 = virtio_bindings::virtio_ring::VRING_AVAIL_F_NO
 /// used ring. `virtio-queue` answers for `EVENT_IDX` only ("the
 /// VRING_AVAIL_F_NO_INTERRUPT flag isn't supported yet"); without it the
 /// driver's flag is read here.
-fn wants_interrupt(
+pub(crate) fn wants_interrupt<M: vm_memory::GuestMemory>(
     q: &mut Queue,
-    mem: &vm_memory::GuestMemoryMmap,
+    mem: &M,
     event_idx: bool,
 ) -> Result<bool, virtio_queue::Error> {
     let by_queue = q.needs_notification(mem)?;
@@ -63,6 +66,84 @@ fn wants_interrupt(
     let flags: u16 = vm_memory::Bytes::read_obj(mem, vm_memory::GuestAddress(q.avail_ring()))
         .map_err(virtio_queue::Error::GuestMemory)?;
     Ok(flags & AVAIL_F_NO_INTERRUPT == 0)
+}
+
+/// One descriptor as the remote checks it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Desc {
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) write_only: bool,
+}
+
+impl From<virtio_queue::desc::split::Descriptor> for Desc {
+    fn from(d: virtio_queue::desc::split::Descriptor) -> Self {
+        Desc {
+            addr: d.addr().0,
+            len: d.len(),
+            write_only: d.is_write_only(),
+        }
+    }
+}
+
+/// Checks the chain at `head` of vq1 (the driver's message): one
+/// device-readable descriptor of at most `max` bytes, all of it where
+/// `inside` says the peer shared memory. Returns its address and length.
+pub(crate) fn check_rx_chain(
+    head: u16,
+    mut descs: impl Iterator<Item = Desc>,
+    max: usize,
+    inside: impl Fn(u64, usize) -> bool,
+) -> Result<(u64, usize), String> {
+    match (descs.next(), descs.next()) {
+        (None, _) => Err(format!("chain at {head} on vq1 has no valid descriptor")),
+        (Some(_), Some(_)) => Err(format!(
+            "chain at {head} on vq1 has several descriptors (rpmsg uses one)"
+        )),
+        (Some(d), None) if d.write_only => {
+            Err(format!("descriptor {head} on vq1 is device-writable"))
+        }
+        (Some(d), None) if d.len as usize > max => Err(format!(
+            "descriptor {head} on vq1 holds {} bytes, more than a {max}-byte buffer",
+            d.len
+        )),
+        (Some(d), None) if !inside(d.addr, d.len as usize) => Err(format!(
+            "descriptor {head} on vq1: {} bytes at {:#x} lie outside the shared memory",
+            d.len, d.addr
+        )),
+        (Some(d), None) => Ok((d.addr, d.len as usize)),
+    }
+}
+
+/// Checks the first descriptor of the chain at `head` of vq0 (a buffer
+/// for a message to the driver): device-writable, room for a header,
+/// where `inside` says the peer shared memory. Returns its address and
+/// the bytes usable (at most `max`).
+pub(crate) fn check_tx_desc(
+    head: u16,
+    first: Option<Desc>,
+    max: usize,
+    inside: impl Fn(u64, usize) -> bool,
+) -> Result<(u64, usize), String> {
+    match first {
+        None => Err(format!("chain at {head} on vq0 has no valid descriptor")),
+        Some(d) if !d.write_only => Err(format!("descriptor {head} on vq0 is not device-writable")),
+        Some(d) if (d.len as usize) < HDR_LEN => Err(format!(
+            "descriptor {head} on vq0 holds {} bytes, less than a header",
+            d.len
+        )),
+        Some(d) => {
+            let cap = (d.len as usize).min(max);
+            if inside(d.addr, cap) {
+                Ok((d.addr, cap))
+            } else {
+                Err(format!(
+                    "descriptor {head} on vq0: {cap} bytes at {:#x} lie outside the shared memory",
+                    d.addr
+                ))
+            }
+        }
+    }
 }
 
 fn queue(
@@ -153,6 +234,7 @@ impl RemoteLink {
         let txq = queue(&shm, &table, 0, event_idx)?;
         let rxq = queue(&shm, &table, 1, event_idx)?;
         Ok(RemoteLink {
+            mem: Arc::new(shm.clone()),
             shm,
             table,
             features,
@@ -168,15 +250,10 @@ impl RemoteLink {
         self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0
     }
 
-    /// Checks that `addr..addr + len` lies in the shared memory.
-    fn inside(&self, addr: u64, len: usize) -> Result<(), String> {
-        match addr.checked_add(len as u64) {
-            Some(end) if end <= self.shm.len() as u64 && len <= MAX_RX_MSG => Ok(()),
-            _ => Err(format!(
-                "{len} bytes at {addr:#x} lie outside the shared memory ({} bytes)",
-                self.shm.len()
-            )),
-        }
+    /// Whether `addr..addr + len` lies in the shared memory.
+    fn inside(&self, addr: u64, len: usize) -> bool {
+        addr.checked_add(len as u64)
+            .is_some_and(|end| end <= self.shm.len() as u64)
     }
 
     fn give_back(&mut self, head: u16, len: u32) -> Result<(), LinkError> {
@@ -205,8 +282,8 @@ impl Link for RemoteLink {
         Role::Remote
     }
 
-    fn shm(&self) -> &SharedMem {
-        &self.shm
+    fn memory(&self) -> &Arc<dyn LinkMemory> {
+        &self.mem
     }
 
     fn hold_rx(&mut self) -> Result<Option<Result<Held, String>>, LinkError> {
@@ -219,20 +296,12 @@ impl Link for RemoteLink {
             }
         };
         let head = chain.head_index();
-        let mut descs = chain.into_iter();
-        let checked = match (descs.next(), descs.next()) {
-            (None, _) => Err(format!("chain at {head} on vq1 has no valid descriptor")),
-            (Some(_), Some(_)) => Err(format!(
-                "chain at {head} on vq1 has several descriptors (rpmsg uses one)"
-            )),
-            (Some(d), None) if d.is_write_only() => {
-                Err(format!("descriptor {head} on vq1 is device-writable"))
-            }
-            (Some(d), None) => self
-                .inside(d.addr().0, d.len() as usize)
-                .map(|()| (d.addr().0, d.len() as usize))
-                .map_err(|e| format!("descriptor {head} on vq1: {e}")),
-        };
+        let checked = check_rx_chain(
+            head,
+            chain.into_iter().map(Desc::from),
+            MAX_RX_MSG,
+            |a, l| self.inside(a, l),
+        );
         match checked {
             Ok((addr, len)) => Ok(Some(Ok(Held {
                 token: u64::from(head),
@@ -270,22 +339,8 @@ impl Link for RemoteLink {
                 }
             };
             let head = chain.head_index();
-            let checked = match chain.into_iter().next() {
-                None => Err(format!("chain at {head} on vq0 has no valid descriptor")),
-                Some(d) if !d.is_write_only() => {
-                    Err(format!("descriptor {head} on vq0 is not device-writable"))
-                }
-                Some(d) if (d.len() as usize) < HDR_LEN => Err(format!(
-                    "descriptor {head} on vq0 holds {} bytes, less than a header",
-                    d.len()
-                )),
-                Some(d) => {
-                    let cap = (d.len() as usize).min(MAX_RX_MSG);
-                    self.inside(d.addr().0, cap)
-                        .map(|()| (d.addr().0, cap))
-                        .map_err(|e| format!("descriptor {head} on vq0: {e}"))
-                }
-            };
+            let first = chain.into_iter().next().map(Desc::from);
+            let checked = check_tx_desc(head, first, MAX_RX_MSG, |a, l| self.inside(a, l));
             match checked {
                 Ok((addr, cap)) => {
                     self.tx_wanted = false;

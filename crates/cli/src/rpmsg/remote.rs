@@ -1,13 +1,15 @@
 //! `iopath rpmsg remote`: the virtio device side, serving one host after
-//! another on the same shared memory.
+//! another on the same shared memory, or one vhost-user driver after
+//! another (`--vhost-user`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, ensure, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::session::{
-    serve_hosts, AcceptError, RemoteEvent, ServeHosts, ServeHostsError, Skipped,
+    serve_drivers, serve_hosts, AcceptError, RemoteEvent, ServeDrivers, ServeDriversError,
+    ServeHosts, ServeHostsError, Skipped,
 };
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{shm_path, NotifySpec, RemoteServices, SharedMem, ShmOptions};
@@ -23,8 +25,18 @@ use super::stop;
 #[derive(Debug, clap::Args)]
 pub struct RemoteArgs {
     /// Shared-memory file (a bare name means /dev/shm/NAME).
-    #[arg(long)]
-    shm: PathBuf,
+    #[arg(long, required_unless_present = "vhost_user")]
+    shm: Option<PathBuf>,
+    /// Serve a virtio-rpmsg device (ID 7) on this vhost-user socket instead
+    /// of a shared-memory file: a vhost-user front end (e.g. User-Mode
+    /// Linux with virtio_uml.device=SOCKET:7) drives it, and Linux's
+    /// virtio_rpmsg_bus is the host. Created with mode 0600.
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        conflicts_with_all = ["shm", "create", "ring", "event_idx", "notify", "shm_mode", "allow_writable_shm"]
+    )]
+    vhost_user: Option<PathBuf>,
     /// Create the file with SIZE bytes (e.g. 0x80000, 512K, 2M) and write a
     /// fresh resource table: OpenAMP demo layout (table at 0, vrings at
     /// 0x4000 and 0x8000 aligned 0x1000, buffers from 0x10000).
@@ -60,7 +72,8 @@ pub struct RemoteArgs {
     /// DESTROY) and exit.
     #[arg(long)]
     echo_limit: Option<u64>,
-    /// Give up if the host has not set DRIVER_OK within SECS.
+    /// Give up if the host has not set DRIVER_OK (over vhost-user: started
+    /// the device) within SECS.
     #[arg(long)]
     ready_timeout: Option<u64>,
     /// Serve one host only: exit when it goes (status 1 if it went without
@@ -90,9 +103,103 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     r
 }
 
-/// Binds, opens the shared memory and serves one host after another.
+fn services(a: &RemoteArgs) -> RemoteServices {
+    RemoteServices {
+        echo: a.echo.clone(),
+        sink: a.sink.clone(),
+        openamp: a.openamp,
+        exit_on_unbind: a.exit_on_unbind,
+        echo_limit: a.echo_limit,
+    }
+}
+
+/// Serves one host after another, over shared memory or vhost-user.
 fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
-    let path = shm_path(&a.shm);
+    match (&a.vhost_user, &a.shm) {
+        (Some(sock), _) => serve_vhost_user(a, sock, stop),
+        (None, Some(shm)) => serve_shm(a, shm, stop),
+        (None, None) => bail!("--shm or --vhost-user is required"),
+    }
+}
+
+/// Binds the vhost-user socket and serves one driver after another.
+fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
+    let listener = iopath_rpmsg::vhost_user::bind(sock)
+        .with_context(|| format!("--vhost-user {}", sock.display()))?;
+    stop.add_file(sock);
+    eprintln!(
+        "remote: virtio-rpmsg over vhost-user on {}, waiting for a driver",
+        sock.display()
+    );
+    let services = services(a);
+    let cfg = ServeDrivers {
+        listener,
+        ready_timeout: a.ready_timeout.map(Duration::from_secs),
+        services: &services,
+        once: a.once,
+    };
+    let socket = sock.display().to_string();
+    serve_drivers(cfg, stop, events(a, format!("the next driver on {socket}"))).map_err(|e| match e
+    {
+        ServeDriversError::Wait(e) => anyhow::Error::new(e).context("waiting for the driver"),
+        ServeDriversError::Announce(e) => anyhow::Error::new(e),
+        ServeDriversError::DriverGone { reason } => anyhow!("the driver went away: {reason}"),
+        ServeDriversError::Server(e) => {
+            anyhow::Error::new(e).context(format!("--vhost-user {socket}"))
+        }
+    })
+}
+
+/// What the remote prints of each step; `next` names who comes after a
+/// host went.
+fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Sync + 'static {
+    let (echo, json) = (a.echo.clone(), a.json);
+    move |ev| match ev {
+        RemoteEvent::Skipped(Skipped::NotAHost(e)) => {
+            eprintln!("remote: a connection that is no host ({e}); waiting again")
+        }
+        RemoteEvent::Skipped(Skipped::ClosedBeforeReady(e)) => {
+            eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
+        }
+        RemoteEvent::HostReady { features } => {
+            let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
+                .into_iter()
+                .filter(|(bit, _)| features & (1 << bit) != 0)
+                .map(|(_, n)| n)
+                .collect();
+            eprintln!(
+                "remote: host ready (features {}), announcing {:?}",
+                if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                },
+                echo
+            );
+        }
+        RemoteEvent::EndpointDestroyed { name, addr } => {
+            eprintln!("remote: host destroyed its endpoint {addr} on {name:?}");
+        }
+        RemoteEvent::SessionEnded(end) => eprintln!("remote: {end}"),
+        RemoteEvent::Stats { echoed, stats } => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(stats) })
+                );
+            } else {
+                eprintln!("remote: {}", stats_line(stats));
+            }
+        }
+        RemoteEvent::HostGone { reason } => {
+            eprintln!("remote: host gone ({reason}); waiting for {next}")
+        }
+    }
+}
+
+/// Binds, opens the shared memory and serves one host after another.
+fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
+    let path = shm_path(shm);
     let opts = ShmOptions {
         mode: a.shm_mode,
         allow_others_write: a.allow_writable_shm,
@@ -140,13 +247,7 @@ fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
         shm.len(),
         a.notify
     );
-    let services = RemoteServices {
-        echo: a.echo.clone(),
-        sink: a.sink.clone(),
-        openamp: a.openamp,
-        exit_on_unbind: a.exit_on_unbind,
-        echo_limit: a.echo_limit,
-    };
+    let services = services(a);
     let cfg = ServeHosts {
         listener: &listener,
         shm: &shm,
@@ -154,48 +255,11 @@ fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
         services: &services,
         once: a.once,
     };
-    let (echo, json, notify) = (a.echo.clone(), a.json, a.notify.to_string());
-    serve_hosts(&cfg, stop, move |ev| match ev {
-        RemoteEvent::Skipped(Skipped::NotAHost(e)) => {
-            eprintln!("remote: a connection that is no host ({e}); waiting again")
-        }
-        RemoteEvent::Skipped(Skipped::ClosedBeforeReady(e)) => {
-            eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
-        }
-        RemoteEvent::HostReady { features } => {
-            let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
-                .into_iter()
-                .filter(|(bit, _)| features & (1 << bit) != 0)
-                .map(|(_, n)| n)
-                .collect();
-            eprintln!(
-                "remote: host ready (features {}), announcing {:?}",
-                if names.is_empty() {
-                    "none".into()
-                } else {
-                    names.join(", ")
-                },
-                echo
-            );
-        }
-        RemoteEvent::EndpointDestroyed { name, addr } => {
-            eprintln!("remote: host destroyed its endpoint {addr} on {name:?}");
-        }
-        RemoteEvent::SessionEnded(end) => eprintln!("remote: {end}"),
-        RemoteEvent::Stats { echoed, stats } => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(stats) })
-                );
-            } else {
-                eprintln!("remote: {}", stats_line(stats));
-            }
-        }
-        RemoteEvent::HostGone { reason } => {
-            eprintln!("remote: host gone ({reason}); waiting for the next host on {notify}")
-        }
-    })
+    serve_hosts(
+        &cfg,
+        stop,
+        events(a, format!("the next host on {}", a.notify)),
+    )
     .map_err(|e| match e {
         ServeHostsError::Accept(AcceptError::Accept(e)) => {
             anyhow::Error::new(e).context("waiting for the host")

@@ -16,7 +16,9 @@ use arbitrary::Arbitrary;
 use iopath_heap::{Heap, HugePages, MemfdHeap};
 use iopath_rpmsg::notify::{Notifier, NotifyError, Wake};
 use iopath_rpmsg::wire::{BUF_SIZE, HDR_LEN, NAME_SIZE, NS_ADDR};
-use iopath_rpmsg::{Bus, EndpointOptions, Event, Held, Link, LinkError, Role, SharedMem, Slot};
+use iopath_rpmsg::{
+    Bus, EndpointOptions, Event, Held, Link, LinkError, LinkMemory, Role, SharedMem, Slot,
+};
 use libfuzzer_sys::fuzz_target;
 
 /// Buffers in the replayed ring.
@@ -69,7 +71,7 @@ struct Input {
 /// A link that replays the fuzzer's buffers and counts what comes back.
 #[derive(Debug)]
 struct Replay {
-    shm: SharedMem,
+    shm: Arc<dyn LinkMemory>,
     /// Filled once the endpoints exist.
     pending: Arc<Mutex<VecDeque<Held>>>,
     released: Arc<AtomicUsize>,
@@ -80,7 +82,7 @@ impl Link for Replay {
     fn role(&self) -> Role {
         Role::Host
     }
-    fn shm(&self) -> &SharedMem {
+    fn memory(&self) -> &Arc<dyn LinkMemory> {
         &self.shm
     }
     fn hold_rx(&mut self) -> Result<Option<Result<Held, String>>, LinkError> {
@@ -202,7 +204,7 @@ fuzz_target!(|i: Input| {
     let released = Arc::new(AtomicUsize::new(0));
     let pending: Arc<Mutex<VecDeque<Held>>> = Arc::default();
     let link = Replay {
-        shm,
+        shm: Arc::new(shm),
         pending: Arc::clone(&pending),
         released: Arc::clone(&released),
         features: u32::from(i.ns),

@@ -164,7 +164,7 @@ impl Bus {
             ns: features & (1 << VIRTIO_RPMSG_F_NS) != 0,
             role: link.role(),
             buf_size: link.buf_size(),
-            shm: link.shm().clone(),
+            shm: Arc::clone(link.memory()),
             state: Mutex::new(State {
                 link,
                 endpoints: HashMap::default(),

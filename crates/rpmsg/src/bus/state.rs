@@ -10,9 +10,8 @@ use std::time::Duration;
 use foldhash::HashMap;
 
 use super::{Channel, EndpointRef, Event, RxBuffer, ServiceHook, Stats};
-use crate::link::{Link, Role};
+use crate::link::{Link, LinkMemory, Role};
 use crate::notify::Notifier;
-use crate::shm::SharedMem;
 use crate::wire::Endian;
 
 /// A callback endpoint's callback: one allocation with its lock, shared
@@ -74,8 +73,8 @@ pub(super) struct Shared {
     pub(super) ns: bool,
     pub(super) role: Role,
     pub(super) buf_size: usize,
-    /// The link's shared memory (zero-copy buffers read and write it).
-    pub(super) shm: SharedMem,
+    /// The link's memory (zero-copy buffers read and write it).
+    pub(super) shm: Arc<dyn LinkMemory>,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,
     /// The bus owner's sources the service thread serves too (see
     /// [`Bus::set_hook`](super::Bus::set_hook)).

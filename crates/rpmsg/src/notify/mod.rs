@@ -69,6 +69,10 @@ pub enum NotifyError {
         /// The path.
         path: PathBuf,
     },
+    /// The vhost-user front end stopped the device's queues (it reset the
+    /// device or went away).
+    #[error("The front end stopped the device's queues")]
+    QueuesStopped,
     /// A `--notify` value that is not `eventfd:PATH`, `unix:PATH` or `poll`.
     #[error("Unknown notifier {0:?} (expected eventfd:PATH, unix:PATH or poll)")]
     Spec(String),
@@ -137,7 +141,10 @@ fn timespec(d: Duration) -> Timespec {
 }
 
 /// Polls `fds` for input; returns which are readable or hung up.
-fn poll_in(fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<Vec<PollFlags>, NotifyError> {
+pub(crate) fn poll_in(
+    fds: &[BorrowedFd<'_>],
+    timeout: Duration,
+) -> Result<Vec<PollFlags>, NotifyError> {
     let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|f| PollFd::new(f, PollFlags::IN)).collect();
     let ts = timespec(timeout);
     match poll(&mut pfds, Some(&ts)) {

@@ -4,7 +4,8 @@
 //! [`Cleanup`] stops the bus and removes what the process placed, whether
 //! the process ends on its own or a signal stops it. [`serve_hosts`] and
 //! [`serve_remotes`] run those steps in a loop, telling the caller of each
-//! through an event callback.
+//! through an event callback; [`serve_drivers`] is the remote's loop over
+//! vhost-user, where drivers come through the front end.
 
 use std::time::Duration;
 
@@ -13,10 +14,12 @@ use thiserror::Error;
 mod cleanup;
 mod host;
 mod remote;
+mod vhost_user;
 
 pub use cleanup::Cleanup;
 pub use host::{serve_remotes, HostEvent, ServeRemotes, ServeRemotesError};
 pub use remote::{serve_hosts, RemoteEvent, ServeHosts, ServeHostsError};
+pub use vhost_user::{serve_drivers, ServeDrivers, ServeDriversError};
 
 use crate::notify::{NotifyError, NotifyListener, NotifySpec};
 use crate::{Bus, BusError, LinkError, Notifier, SharedMem};

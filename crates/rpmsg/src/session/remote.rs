@@ -100,27 +100,8 @@ pub fn serve_hosts(
             on_event(RemoteEvent::Skipped(s))
         })
         .map_err(ServeHostsError::Accept)?;
-        stop.set_bus(Some(bus.clone()));
-        on_event(RemoteEvent::HostReady {
-            features: bus.features(),
-        });
-        let heard = Arc::clone(&on_event);
-        let session = cfg
-            .services
-            .announce(&bus, move |name, addr| {
-                heard(RemoteEvent::EndpointDestroyed { name, addr })
-            })
+        let end = serve_session(&bus, cfg.services, stop, &on_event)
             .map_err(ServeHostsError::Announce)?;
-        let end = session.wait();
-        on_event(RemoteEvent::SessionEnded(&end));
-        let echoed = session.close(&end);
-        stop.set_bus(None);
-        let stats = bus.stats();
-        bus.shutdown();
-        on_event(RemoteEvent::Stats {
-            echoed,
-            stats: &stats,
-        });
         let SessionEnd::LinkDown(reason) = end else {
             return Ok(());
         };
@@ -130,4 +111,47 @@ pub fn serve_hosts(
         RemoteLink::reset_device(cfg.shm).map_err(ServeHostsError::Reset)?;
         on_event(RemoteEvent::HostGone { reason: &reason });
     }
+}
+
+/// One session on a ready bus, whatever carries it: announces the
+/// services, serves them until the session ends, destroys them and stops
+/// the bus, telling `on_event` of each step.
+///
+/// # Errors
+/// [`AnnounceError`]; the bus is stopped then too.
+pub(super) fn serve_session<F>(
+    bus: &crate::Bus,
+    services: &RemoteServices,
+    stop: &Cleanup,
+    on_event: &Arc<F>,
+) -> Result<SessionEnd, AnnounceError>
+where
+    F: Fn(RemoteEvent<'_>) + Send + Sync + 'static,
+{
+    stop.set_bus(Some(bus.clone()));
+    on_event(RemoteEvent::HostReady {
+        features: bus.features(),
+    });
+    let heard = Arc::clone(on_event);
+    let session = match services.announce(bus, move |name, addr| {
+        heard(RemoteEvent::EndpointDestroyed { name, addr })
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            stop.set_bus(None);
+            bus.shutdown();
+            return Err(e);
+        }
+    };
+    let end = session.wait();
+    on_event(RemoteEvent::SessionEnded(&end));
+    let echoed = session.close(&end);
+    stop.set_bus(None);
+    let stats = bus.stats();
+    bus.shutdown();
+    on_event(RemoteEvent::Stats {
+        echoed,
+        stats: &stats,
+    });
+    Ok(end)
 }

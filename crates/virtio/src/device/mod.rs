@@ -44,6 +44,7 @@
 //! [`QueueContext::take_resubmits`] first: the heads a killed predecessor
 //! left in flight.
 
+mod access;
 mod chain;
 mod handler;
 mod inflight;
@@ -62,6 +63,7 @@ use vm_memory::{
     GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap, IommuMemory,
 };
 
+pub use access::{CallSignal, MemoryAccess};
 pub use chain::HeadChain;
 pub use inflight::InflightError;
 pub use iopath_dma::Perm;

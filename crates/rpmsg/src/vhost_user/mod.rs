@@ -1,0 +1,295 @@
+//! The remote over vhost-user: a virtio-rpmsg device (ID 7) whose rings
+//! and buffers are in a vhost-user front end's memory, served by
+//! `iopath-virtio`'s device side (the server `iopath blk serve` uses).
+//! Linux's `virtio_rpmsg_bus` (e.g. in User-Mode Linux, whose
+//! `virtio_uml` is a vhost-user front end) is then the host.
+//!
+//! ```text
+//!  VhostUserServer ── run_queue(vq0), run_queue(vq1) ──► RpmsgDevice
+//!     (one worker thread per queue: each leaves its QueueContext here
+//!      and waits until the session gives it back)
+//!  RpmsgDevice::wait_driver ── both queues, then the driver's first kick
+//!     ──► VhostUserLink (Link) + VhostUserNotifier (Notifier)
+//!     ──► Bus::start ──► RemoteServices, as over shared memory
+//!  a queue stopped (reset, front end gone) ──► link down ──► the session
+//!     ends, the contexts go back to their workers, the next driver comes
+//! ```
+//!
+//! Without a status byte (vhost-user has none for Linux's front end), the
+//! driver is ready at its first kick: Linux's bus posts its receive
+//! buffers, sets DRIVER_OK and only then kicks vq0, and it registers its
+//! name service before that, so an announcement sent earlier could be
+//! lost.
+
+mod link;
+mod notifier;
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use iopath_virtio::device::{
+    QueueContext, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+};
+use virtio_queue::Queue;
+
+pub use link::VhostUserLink;
+pub use notifier::VhostUserNotifier;
+
+use crate::notify::NotifyError;
+use crate::wire::VIRTIO_RPMSG_F_NS;
+
+/// Binds the vhost-user socket at `path` with mode 0600 whatever the
+/// umask (whoever can connect drives the device and reads every message),
+/// replacing a stale socket nobody listens on.
+///
+/// # Errors
+/// [`NotifyError::InUse`] if another server listens there,
+/// [`NotifyError::NotSocket`] for another kind of file,
+/// [`NotifyError::Io`] if the socket cannot be bound.
+pub fn bind(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, NotifyError> {
+    use crate::claim::{claim, Refusal};
+    use std::os::unix::fs::PermissionsExt;
+    claim(path, rustix::net::SocketType::STREAM).map_err(|r| match r {
+        Refusal::InUse => NotifyError::InUse {
+            path: path.to_owned(),
+        },
+        Refusal::NotSocket => NotifyError::NotSocket {
+            path: path.to_owned(),
+        },
+        Refusal::Io(op, source) => NotifyError::Io { op, source },
+    })?;
+    // Created private (no window in which others could connect), then set
+    // to exactly 0600 (a stricter umask would leave the owner out).
+    // SAFETY: umask(2) only swaps the process's mask; it is put back at once.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    // SAFETY: as above, restoring the mask the process had.
+    unsafe { libc::umask(old) };
+    let l = bound.map_err(|source| NotifyError::Io { op: "bind", source })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        NotifyError::Io {
+            op: "chmod",
+            source,
+        }
+    })?;
+    Ok(l)
+}
+
+/// The virtio device ID of rpmsg.
+pub const VIRTIO_ID_RPMSG: u32 = 7;
+/// Entries per ring accepted (Linux's `virtio_uml` asks for 256).
+pub const MAX_QUEUE_SIZE: u16 = 1024;
+/// How often a worker whose queue waits for its partner looks at its stop
+/// request.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+/// Where a queue's context is.
+#[derive(Debug, Default)]
+enum Slot {
+    /// No worker runs the queue.
+    #[default]
+    Empty,
+    /// Its worker left it for the next session.
+    Waiting(QueueContext),
+    /// A session uses it.
+    Taken,
+    /// The session ended; its worker takes it back.
+    Returned(QueueContext),
+}
+
+/// Both queues' contexts, passed between their workers and the session.
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    slots: Mutex<[Slot; 2]>,
+    cond: Condvar,
+}
+
+impl Slots {
+    fn lock(&self) -> MutexGuard<'_, [Slot; 2]> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gives the contexts a session used back to their workers.
+    pub(crate) fn give_back(&self, ctxs: [QueueContext; 2]) {
+        let mut s = self.lock();
+        for (slot, ctx) in s.iter_mut().zip(ctxs) {
+            *slot = Slot::Returned(ctx);
+        }
+        drop(s);
+        self.cond.notify_all();
+    }
+}
+
+/// A virtio-rpmsg device for [`iopath_virtio::device::VhostUserServer`];
+/// [`RpmsgDevice::wait_driver`] hands each driver's link to the caller.
+#[derive(Debug, Clone, Default)]
+pub struct RpmsgDevice {
+    slots: Arc<Slots>,
+}
+
+/// Why no driver came.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitDriverError {
+    /// None within the time allowed.
+    #[error("No driver started the device within {secs} s")]
+    Timeout {
+        /// Seconds waited.
+        secs: u64,
+    },
+    /// Waiting on the queue fds failed.
+    #[error("Waiting for the driver failed")]
+    Poll(#[source] std::io::Error),
+}
+
+impl RpmsgDevice {
+    /// A device with no driver yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Waits until a driver has started both queues and kicked one (at
+    /// most `timeout`), and returns the link and notifier a [`crate::Bus`]
+    /// runs on. A driver that stops a queue before its kick is passed
+    /// over.
+    ///
+    /// # Errors
+    /// [`WaitDriverError`].
+    pub fn wait_driver(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<(VhostUserLink, VhostUserNotifier), WaitDriverError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let timed_out = || WaitDriverError::Timeout {
+            secs: timeout.map_or(0, |t| t.as_secs()),
+        };
+        loop {
+            let ctxs = {
+                let mut s = self.slots.lock();
+                loop {
+                    if let [Slot::Waiting(_), Slot::Waiting(_)] = &*s {
+                        let take = |slot: &mut Slot| match std::mem::replace(slot, Slot::Taken) {
+                            Slot::Waiting(c) => c,
+                            _ => unreachable!("checked to be waiting"),
+                        };
+                        let (a, b) = s.split_at_mut(1);
+                        break [take(&mut a[0]), take(&mut b[0])];
+                    }
+                    let wait = match deadline {
+                        Some(d) => d
+                            .checked_duration_since(Instant::now())
+                            .ok_or_else(timed_out)?,
+                        None => Duration::from_secs(1),
+                    };
+                    s = self
+                        .slots
+                        .cond
+                        .wait_timeout(s, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            };
+            match first_kick(&ctxs, deadline) {
+                Ok(true) => {
+                    let notifier = VhostUserNotifier::new(&ctxs).map_err(WaitDriverError::Poll)?;
+                    let pending = notifier.pending();
+                    return Ok((
+                        VhostUserLink::new(ctxs, Arc::clone(&self.slots), pending),
+                        notifier,
+                    ));
+                }
+                Ok(false) => self.slots.give_back(ctxs),
+                Err(e) => {
+                    self.slots.give_back(ctxs);
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Waits for a kick on either queue (true) or a stop request (false).
+fn first_kick(
+    ctxs: &[QueueContext; 2],
+    deadline: Option<Instant>,
+) -> Result<bool, WaitDriverError> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    loop {
+        let mut fds = [
+            PollFd::from_borrowed_fd(ctxs[0].stop_fd(), PollFlags::IN),
+            PollFd::from_borrowed_fd(ctxs[1].stop_fd(), PollFlags::IN),
+            PollFd::from_borrowed_fd(ctxs[0].kick_fd(), PollFlags::IN),
+            PollFd::from_borrowed_fd(ctxs[1].kick_fd(), PollFlags::IN),
+        ];
+        let left = match deadline {
+            Some(d) => d
+                .checked_duration_since(Instant::now())
+                .ok_or(WaitDriverError::Timeout { secs: 0 })?,
+            None => Duration::from_secs(1),
+        };
+        let ts = Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        match poll(&mut fds, Some(&ts)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(WaitDriverError::Poll(e.into())),
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+        if ready[0] || ready[1] {
+            return Ok(false);
+        }
+        if ready[2] || ready[3] {
+            return Ok(true);
+        }
+    }
+}
+
+impl VirtioDevice for RpmsgDevice {
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX | (1 << VIRTIO_RPMSG_F_NS)
+    }
+
+    fn num_queues(&self) -> usize {
+        2
+    }
+
+    fn max_queue_size(&self) -> u16 {
+        MAX_QUEUE_SIZE
+    }
+
+    fn read_config(&self, _offset: u32, len: u32) -> Vec<u8> {
+        // virtio-rpmsg has no configuration space.
+        vec![0; len as usize]
+    }
+
+    /// Leaves the queue to the session and waits until it is stopped and
+    /// not in use.
+    fn run_queue(&self, ctx: QueueContext) -> Queue {
+        let i = ctx.index();
+        let slots = &self.slots;
+        let mut s = slots.lock();
+        s[i] = Slot::Waiting(ctx);
+        slots.cond.notify_all();
+        loop {
+            match std::mem::take(&mut s[i]) {
+                Slot::Waiting(ctx) | Slot::Returned(ctx) if ctx.stop_requested() => {
+                    drop(s);
+                    slots.cond.notify_all();
+                    return ctx.into_queue();
+                }
+                Slot::Waiting(ctx) => s[i] = Slot::Waiting(ctx),
+                Slot::Returned(ctx) => {
+                    // Not stopped: the partner was. Wait for the next session.
+                    s[i] = Slot::Waiting(ctx);
+                    slots.cond.notify_all();
+                }
+                other => s[i] = other,
+            }
+            s = slots
+                .cond
+                .wait_timeout(s, STOP_POLL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
