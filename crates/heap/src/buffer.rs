@@ -25,8 +25,14 @@ const EXPORT_MSG_LEN: usize = 16;
 
 struct Inner {
     fd: OwnedFd,
+    /// For a udmabuf: the memfd whose pages back the dma-buf. The mapping
+    /// is the memfd's, because a dma-buf's own mapping cannot be pinned by
+    /// direct I/O (its pages are inserted as PFNs).
+    memfd: Option<OwnedFd>,
     map: Mmap,
     kind: HeapKind,
+    /// Whether the mapping's pages can be pinned for direct I/O.
+    direct_io: bool,
     /// Live device mappings (see [`DevicePin`]).
     device_maps: AtomicUsize,
 }
@@ -73,11 +79,58 @@ impl Buffer {
         Ok(Buffer {
             inner: Arc::new(Inner {
                 fd,
+                memfd: None,
                 map,
                 kind,
+                direct_io: kind == HeapKind::Memfd,
                 device_maps: AtomicUsize::new(0),
             }),
         })
+    }
+
+    /// Wraps a udmabuf: `dmabuf` made by `UDMABUF_CREATE` over the first
+    /// `len` bytes of `memfd`. The buffer is mapped through the memfd, whose
+    /// pages are the dma-buf's, so direct I/O and io_uring fill it at memfd
+    /// speed; [`Buffer::fd`] is the dma-buf, what a device or a peer takes.
+    ///
+    /// # Errors
+    /// [`Error::BadSize`] for a zero length, [`Error::Sys`] if `mmap` fails.
+    pub fn from_udmabuf(dmabuf: OwnedFd, memfd: OwnedFd, len: usize) -> Result<Self> {
+        let map = Mmap::map(memfd.as_fd(), 0, len, false)?;
+        Ok(Buffer {
+            inner: Arc::new(Inner {
+                fd: dmabuf,
+                memfd: Some(memfd),
+                map,
+                kind: HeapKind::Udmabuf,
+                direct_io: true,
+                device_maps: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// Whether the mapping takes direct I/O: its pages are ordinary memory
+    /// the kernel can pin (a memfd, or the memfd under a udmabuf). A
+    /// dma-buf's own mapping (a dma-heap buffer, a udmabuf imported without
+    /// its memfd) is made of PFNs that `O_DIRECT` and io_uring cannot pin:
+    /// the kernel fails them with `EFAULT`.
+    pub fn takes_direct_io(&self) -> bool {
+        self.inner.direct_io
+    }
+
+    /// A dma-buf whose mapping a probe found to take direct I/O after all
+    /// (a heap whose exporter maps ordinary pages).
+    pub(crate) fn set_takes_direct_io(mut self, yes: bool) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.direct_io = yes;
+        }
+        self
+    }
+
+    /// The memfd under a udmabuf (`None` for other buffers and for a
+    /// udmabuf imported without it).
+    pub fn memfd(&self) -> Option<BorrowedFd<'_>> {
+        self.inner.memfd.as_ref().map(|f| f.as_fd())
     }
 
     /// Length in bytes.
@@ -125,6 +178,11 @@ impl Buffer {
     /// to them reach no one).
     pub fn peer_truncated(&self) -> bool {
         self.inner.map.faulted()
+    }
+
+    /// Handles to this buffer alive now (clones and device pins included).
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
     }
 
     /// Whether `self` and `other` are handles to the same mapping.
@@ -255,8 +313,9 @@ impl Buffer {
         DevicePin { buf: self.clone() }
     }
 
-    /// Sends the buffer (its fd, kind and length) over a unix socket with
-    /// `SCM_RIGHTS`; the peer gets it back with [`Buffer::import`].
+    /// Sends the buffer (its fd, kind and length; for a udmabuf also its
+    /// memfd, second) over a unix socket with `SCM_RIGHTS`; the peer gets it
+    /// back with [`Buffer::import`].
     ///
     /// # Errors
     /// [`Error::Sys`] if `sendmsg` fails.
@@ -265,23 +324,29 @@ impl Buffer {
         msg[0..4].copy_from_slice(&EXPORT_MAGIC.to_le_bytes());
         msg[4..8].copy_from_slice(&self.kind().to_wire().to_le_bytes());
         msg[8..16].copy_from_slice(&(self.len() as u64).to_le_bytes());
-        let fds = [self.fd()];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let both = [self.fd(), self.memfd().unwrap_or(self.fd())];
+        let fds = if self.memfd().is_some() {
+            &both[..]
+        } else {
+            &both[..1]
+        };
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut anc = SendAncillaryBuffer::new(&mut space);
-        anc.push(SendAncillaryMessage::ScmRights(&fds));
+        anc.push(SendAncillaryMessage::ScmRights(fds));
         sendmsg(sock, &[IoSlice::new(&msg)], &mut anc, SendFlags::NOSIGNAL)
             .map_err(|e| Error::sys("sendmsg(SCM_RIGHTS)", e))?;
         Ok(())
     }
 
-    /// Receives a buffer sent with [`Buffer::export`] and maps it.
+    /// Receives a buffer sent with [`Buffer::export`] and maps it (a
+    /// udmabuf through its memfd when the peer sent it).
     ///
     /// # Errors
     /// [`Error::BadMessage`] if the peer sent something else (no fd, a short
     /// or foreign message), [`Error::Sys`] if `recvmsg` or `mmap` fails.
     pub fn import(sock: &UnixStream) -> Result<Self> {
         let mut msg = [0u8; EXPORT_MSG_LEN];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
         let got = recvmsg(
             sock,
@@ -291,11 +356,16 @@ impl Buffer {
         )
         .map_err(|e| Error::sys("recvmsg(SCM_RIGHTS)", e))?;
         let mut fd = None;
+        let mut second = None;
         for m in anc.drain() {
             if let RecvAncillaryMessage::ScmRights(fds) = m {
-                // Keep the first fd; any others are closed when dropped.
+                // Keep the first two fds; any others are closed when dropped.
                 for f in fds {
-                    fd.get_or_insert(f);
+                    if fd.is_none() {
+                        fd = Some(f);
+                    } else {
+                        second.get_or_insert(f);
+                    }
                 }
             }
         }
@@ -313,6 +383,17 @@ impl Buffer {
         let st = rustix::fs::fstat(&fd).map_err(|e| Error::sys("fstat", e))?;
         if kind == HeapKind::Memfd && (st.st_size as u64) < len as u64 {
             return Err(Error::BadMessage("length larger than the file"));
+        }
+        if let (HeapKind::Udmabuf, Some(memfd)) = (kind, second) {
+            let st = rustix::fs::fstat(&memfd).map_err(|e| Error::sys("fstat", e))?;
+            let sealed = rustix::fs::fcntl_get_seals(&memfd)
+                .is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK));
+            if !sealed || (st.st_size as u64) < len as u64 {
+                return Err(Error::BadMessage(
+                    "udmabuf memfd is not sealed or shorter than the buffer",
+                ));
+            }
+            return Buffer::from_udmabuf(fd, memfd, len);
         }
         Buffer::from_fd(fd, len, kind)
     }

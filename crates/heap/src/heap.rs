@@ -88,16 +88,33 @@ pub trait Heap: Send + Sync + fmt::Debug {
     fn available(&self) -> Option<(u64, &'static str)> {
         crate::limits::available_memory().map(|a| (a.bytes, a.what))
     }
+
+    /// Checks that one buffer of `len` bytes is not over a limit of the
+    /// heap's (udmabuf's `size_limit_mb`), before anything is allocated.
+    ///
+    /// # Errors
+    /// [`Error::UdmabufLimit`] for a udmabuf over the module's limit.
+    fn check_len(&self, len: usize) -> Result<()> {
+        let _ = len;
+        Ok(())
+    }
 }
 
 /// Opens a heap by name: `memfd`, `memfd:thp`, `memfd:hugetlb`, `udmabuf`,
-/// `dma-heap` (the `system` heap) or `dma-heap:NAME`.
+/// `dma-heap` (the `system` heap), `dma-heap:NAME`, or `auto` (the best this
+/// kernel has, see [`crate::choose_heap`]).
 ///
 /// # Errors
 /// [`Error::UnknownHeap`] for another name, [`Error::Unavailable`] when the
-/// heap's device node does not exist here.
+/// heap's device node does not exist here, [`Error::NoSuchDmaHeap`] for a
+/// dma-heap name the kernel does not have.
 pub fn open_heap(name: &str) -> Result<Box<dyn Heap>> {
     Ok(match name {
+        "auto" => {
+            let c = crate::choose_heap();
+            tracing::info!("heap auto: {}: {}", c.heap.name(), c.why);
+            c.heap
+        }
         "memfd" => Box::new(MemfdHeap::new(HugePages::None)),
         "memfd:thp" => Box::new(MemfdHeap::new(HugePages::Transparent)),
         "memfd:hugetlb" => Box::new(MemfdHeap::new(HugePages::Hugetlb)),
@@ -215,11 +232,23 @@ impl Heap for MemfdHeap {
 pub struct UdmabufHeap {
     dev: std::fs::File,
     memfd: MemfdHeap,
+    /// The module's `size_limit_mb`, when it can be read.
+    limit_mb: Option<u64>,
 }
 
 impl UdmabufHeap {
     /// The device node.
     pub const PATH: &'static str = "/dev/udmabuf";
+    /// Where the kernel shows the per-buffer limit, in MiB.
+    pub const LIMIT_PATH: &'static str = "/sys/module/udmabuf/parameters/size_limit_mb";
+    /// The kernel's default `size_limit_mb`.
+    pub const DEFAULT_LIMIT_MB: u64 = 64;
+
+    /// The largest buffer the kernel's udmabuf takes, in MiB
+    /// (`size_limit_mb`); `None` when it cannot be read.
+    pub fn limit_mb(&self) -> Option<u64> {
+        self.limit_mb
+    }
 
     /// Opens `/dev/udmabuf`.
     ///
@@ -227,9 +256,13 @@ impl UdmabufHeap {
     /// [`Error::Unavailable`] when the node does not exist.
     pub fn open() -> Result<Self> {
         let dev = open_dev("udmabuf", Path::new(Self::PATH))?;
+        let limit_mb = std::fs::read_to_string(Self::LIMIT_PATH)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
         Ok(UdmabufHeap {
             dev,
             memfd: MemfdHeap::new(HugePages::None),
+            limit_mb,
         })
     }
 }
@@ -239,11 +272,35 @@ impl Heap for UdmabufHeap {
         "udmabuf".into()
     }
 
+    fn check_len(&self, len: usize) -> Result<()> {
+        match self.limit_mb {
+            Some(mb) if len as u64 > mb << 20 => Err(Error::UdmabufLimit {
+                size: len,
+                limit_mb: Some(mb),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn alloc(&self, len: usize) -> Result<Buffer> {
+        self.check_len(len)?;
         let memfd = self.memfd.create_memfd(len)?;
-        let dmabuf = crate::sys::udmabuf_create(self.dev.as_fd(), memfd.as_fd(), len)
-            .map_err(|e| Error::sys("ioctl(UDMABUF_CREATE)", e))?;
-        Buffer::from_fd(dmabuf, len, HeapKind::Udmabuf)
+        let dmabuf =
+            crate::sys::udmabuf_create(self.dev.as_fd(), memfd.as_fd(), len).map_err(|e| {
+                // The limit could not be read but the kernel refused the size.
+                if crate::sys::is_einval(&e)
+                    && self.limit_mb.is_none()
+                    && len as u64 > Self::DEFAULT_LIMIT_MB << 20
+                {
+                    Error::UdmabufLimit {
+                        size: len,
+                        limit_mb: None,
+                    }
+                } else {
+                    Error::sys("ioctl(UDMABUF_CREATE)", e)
+                }
+            })?;
+        Buffer::from_udmabuf(dmabuf, memfd, len)
     }
 }
 
@@ -252,20 +309,69 @@ impl Heap for UdmabufHeap {
 pub struct DmaHeap {
     name: String,
     dev: std::fs::File,
+    /// Whether its buffers' mappings take direct I/O (probed once).
+    direct_io: std::sync::OnceLock<bool>,
 }
 
 impl DmaHeap {
+    /// Where the kernel's dma-heaps are.
+    pub const DIR: &'static str = "/dev/dma_heap";
+
     /// Opens `/dev/dma_heap/<name>`.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] when the node does not exist.
+    /// [`Error::Unavailable`] when the kernel has no dma-heaps at all,
+    /// [`Error::NoSuchDmaHeap`] (listing those it has) when it has others.
     pub fn open(name: &str) -> Result<Self> {
-        let path = PathBuf::from("/dev/dma_heap").join(name);
-        let dev = open_dev(&format!("dma-heap:{name}"), &path)?;
+        let path = PathBuf::from(Self::DIR).join(name);
+        let dev = match open_dev(&format!("dma-heap:{name}"), &path) {
+            Err(Error::Unavailable { .. }) if !Self::names().is_empty() => {
+                return Err(Error::NoSuchDmaHeap {
+                    name: name.to_string(),
+                    known: Self::names().join(", "),
+                })
+            }
+            r => r?,
+        };
         Ok(DmaHeap {
             name: name.to_string(),
             dev,
+            direct_io: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The dma-heaps this kernel has (the names in `/dev/dma_heap`), sorted.
+    pub fn names() -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(Self::DIR)
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Whether direct I/O can fill this heap's buffers straight through
+    /// their mapping: a page of a fresh buffer is pinned as `O_DIRECT`
+    /// would pin it. `Err` holds the kernel's refusal.
+    ///
+    /// # Errors
+    /// The allocation's error, or the pin's (`EFAULT` for a mapping of
+    /// PFNs, as the `system` heap's).
+    pub fn probe_direct_io(&self) -> Result<()> {
+        let buf = self.alloc_raw(crate::page_size())?;
+        let r = crate::sys::pin_probe(buf.range(0, buf.len())?)
+            .map_err(|e| Error::sys("pinning a page of its mapping (vmsplice)", e));
+        let _ = self.direct_io.set(r.is_ok());
+        r
+    }
+
+    fn alloc_raw(&self, len: usize) -> Result<Buffer> {
+        check_size(len)?;
+        let fd = crate::sys::dma_heap_alloc(self.dev.as_fd(), len)
+            .map_err(|e| Error::sys("ioctl(DMA_HEAP_IOCTL_ALLOC)", e))?;
+        Buffer::from_fd(fd, len, HeapKind::DmaHeap)
     }
 }
 
@@ -275,10 +381,11 @@ impl Heap for DmaHeap {
     }
 
     fn alloc(&self, len: usize) -> Result<Buffer> {
-        check_size(len)?;
-        let fd = crate::sys::dma_heap_alloc(self.dev.as_fd(), len)
-            .map_err(|e| Error::sys("ioctl(DMA_HEAP_IOCTL_ALLOC)", e))?;
-        Buffer::from_fd(fd, len, HeapKind::DmaHeap)
+        let direct = match self.direct_io.get() {
+            Some(&d) => d,
+            None => self.probe_direct_io().is_ok(),
+        };
+        Ok(self.alloc_raw(len)?.set_takes_direct_io(direct))
     }
 }
 

@@ -1,7 +1,8 @@
 //! `sendfile`: the kernel moves the bytes, no user-space read loop.
 //!
 //! What really works, and what this engine does:
-//! - file → memfd buffer: `sendfile(2)` with the memfd as the output. The
+//! - file → memfd buffer (or the memfd under a udmabuf): `sendfile(2)` with
+//!   the memfd as the output. The
 //!   output side of `sendfile` writes at the output descriptor's file
 //!   position, so the engine opens a private description of the memfd
 //!   (`/proc/self/fd/N`), seeks it to the buffer offset, and never disturbs
@@ -10,7 +11,8 @@
 //!   them fails): `splice(2)` the file into a pipe, then `read(2)` the pipe
 //!   into the buffer's mapping.
 //! - buffer → file: `vmsplice(2)` the mapping into a pipe, then `splice(2)`
-//!   the pipe into the file at the offset (explicit offsets, no position).
+//!   the pipe into the file at the offset (explicit offsets, no position);
+//!   `pwrite(2)` from a mapping that cannot be pinned (a dma-heap buffer).
 //!
 //! The file side is read or written through the page cache.
 
@@ -40,11 +42,18 @@ fn make_pipe() -> Result<(OwnedFd, OwnedFd)> {
     Ok((r, w))
 }
 
-fn reopen(buf: &Buffer) -> std::io::Result<File> {
+/// A private description of the buffer's memfd (the buffer itself, or the
+/// memfd under a udmabuf), for `sendfile`'s output side.
+fn reopen(buf: &Buffer) -> Option<File> {
+    let fd = match buf.kind() {
+        HeapKind::Memfd => buf.fd(),
+        _ => buf.memfd()?,
+    };
     OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_CLOEXEC)
-        .open(format!("/proc/self/fd/{}", buf.fd().as_raw_fd()))
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .ok()
 }
 
 impl SendfileEngine {
@@ -113,12 +122,7 @@ impl Engine for SendfileEngine {
         if len == 0 {
             return Ok(Transfer::default());
         }
-        let out = if buf.kind() == HeapKind::Memfd {
-            reopen(buf).ok()
-        } else {
-            None
-        };
-        match out {
+        match reopen(buf) {
             Some(out) => Self::read_sendfile(file, &out, file_off, buf_off, len)?,
             None => Self::read_splice(file, file_off, dst)?,
         }
@@ -137,6 +141,14 @@ impl Engine for SendfileEngine {
         file_off: u64,
     ) -> Result<Transfer> {
         let src = check_write(buf, buf_off, len)?;
+        if !buf.takes_direct_io() {
+            // `vmsplice` pins the pages, which a dma-buf's mapping refuses.
+            super::buffered::write_from(file, file_off, src)?;
+            return Ok(Transfer {
+                bytes: len as u64,
+                fallbacks: 1,
+            });
+        }
         let (r, w) = make_pipe()?;
         let mut off = file_off;
         let mut done = 0usize;
