@@ -33,7 +33,7 @@ DTYPES = {
 
 
 def load_safetensors(
-    path, heap="memfd", method="auto", buffer_size=32 << 20, with_stats=False, progress=False
+    path, heap="auto", method="auto", buffer_size=32 << 20, with_stats=False, progress=False
 ):
     """Loads a safetensors file into heap buffers and returns {name: ndarray}.
 

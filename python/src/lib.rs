@@ -138,6 +138,8 @@ fn to_py(e: iopath_heap::Error) -> PyErr {
         E::Safetensors { .. }
         | E::BadSize { .. }
         | E::UnknownHeap(_)
+        | E::NoSuchDmaHeap { .. }
+        | E::UdmabufLimit { .. }
         | E::UnknownMethod(_)
         | E::EmptyFile { .. }
         | E::ShortFile { .. }
@@ -156,7 +158,7 @@ fn to_py(e: iopath_heap::Error) -> PyErr {
 /// `filled` bytes of the file. The GIL is released while loading;
 /// `progress=True` shows progress on stderr.
 #[pyfunction]
-#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20, progress = false))]
+#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false))]
 fn load(
     py: Python<'_>,
     path: PathBuf,
@@ -184,7 +186,7 @@ fn load(
 /// alloc_seconds / read_seconds as `iopath load` reports them). `iopath.load_safetensors` turns it into
 /// numpy views.
 #[pyfunction]
-#[pyo3(signature = (path, heap = "memfd", method = "auto", buffer_size = 32 << 20, progress = false))]
+#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false))]
 fn load_safetensors_raw<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -217,6 +219,7 @@ fn load_safetensors_raw<'py>(
     stats.set_item("seconds", t.stats.elapsed.as_secs_f64())?;
     stats.set_item("gib_per_s", t.stats.gib_per_s())?;
     stats.set_item("method", t.stats.method.name())?;
+    stats.set_item("heap", heap.name())?;
     stats.set_item("alloc_seconds", t.stats.alloc_time.as_secs_f64())?;
     stats.set_item("read_seconds", t.stats.read_time.as_secs_f64())?;
     let buffers = t

@@ -23,9 +23,10 @@ Examples:
 pub struct LoadArgs {
     /// The file to load (all of it, unless --buffers says how much).
     pub file: PathBuf,
-    /// Where buffers come from: memfd, memfd:thp, memfd:hugetlb, udmabuf,
-    /// dma-heap or dma-heap:NAME.
-    #[arg(long, default_value = "memfd")]
+    /// Where buffers come from: auto (a dma-heap if direct I/O can fill
+    /// it, else udmabuf, else memfd; says which and why), memfd, memfd:thp,
+    /// memfd:hugetlb, udmabuf, dma-heap or dma-heap:NAME.
+    #[arg(long, default_value = "auto")]
     pub heap: String,
     /// Size of each buffer (a multiple of the page size), e.g. 4M, 32M. A
     /// file smaller than this gets one buffer of its own size.
@@ -37,9 +38,12 @@ pub struct LoadArgs {
     pub buffers: Option<usize>,
     /// How to move the bytes: auto (uring or direct, whichever measures
     /// faster over 48 MiB each, in alternating slices; direct only when
-    /// more than 10% faster), buffered (pread),
-    /// direct (O_DIRECT), sendfile (sendfile/splice), uring (io_uring,
-    /// fixed buffers, O_DIRECT).
+    /// more than 10% faster; for a dma-heap, whose mapping refuses direct
+    /// I/O, bounce or buffered, whichever measures faster), buffered
+    /// (pread), direct (O_DIRECT), sendfile (sendfile/splice), uring
+    /// (io_uring, fixed buffers, O_DIRECT), bounce (O_DIRECT io_uring into
+    /// a memfd bounce buffer, then a copy). Direct methods fall back to
+    /// buffered per request where direct I/O is refused, and count it.
     #[arg(long, default_value = "auto")]
     pub method: String,
     /// io_uring requests kept in flight (uring and auto), 1 to 4096.
@@ -78,7 +82,13 @@ pub struct LoadArgs {
 /// unknown heap or method), I/O failures and verification differences.
 pub fn run(args: &LoadArgs) -> Result<()> {
     let method: Method = args.method.parse().map_err(|e| at_fault(args, e))?;
-    let heap = iopath_heap::open_heap(&args.heap).map_err(|e| at_fault(args, e))?;
+    let (heap, heap_why) = if args.heap == "auto" {
+        let c = iopath_heap::choose_heap();
+        (c.heap, Some(c.why))
+    } else {
+        let h = iopath_heap::open_heap(&args.heap).map_err(|e| at_fault(args, e))?;
+        (h, None)
+    };
     let opts = LoadOptions {
         buffer_size: args.buffer_size,
         buffers: args.buffers,
@@ -134,6 +144,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             "method": stats.method.name(),
             "requested_method": method.name(),
             "heap": heap_name,
+            "heap_why": heap_why,
             "buffers": stats.buffers,
             "buffer_size": stats.buffer_size,
             "fallbacks": stats.fallbacks,
@@ -179,6 +190,9 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             s.read_time.as_secs_f64() * 1e3,
         ),
     }
+    if let Some(why) = heap_why {
+        println!("heap auto chose {heap_name}: {why}");
+    }
     Ok(())
 }
 
@@ -200,6 +214,13 @@ fn progress_bar(args: &LoadArgs) -> Option<ProgressBar> {
 /// `auto`'s measurements, for `--json`.
 fn probe_json(s: &LoadStats) -> serde_json::Value {
     match s.probe {
+        Some(p) if p.mapping_refused_direct() => serde_json::json!({
+            "mapping_refuses_direct_io": true,
+            "bounce_gib_per_s": p.bounce_gib_per_s(),
+            "bounce_bytes": p.bounce.0,
+            "buffered_gib_per_s": p.buffered_gib_per_s(),
+            "buffered_bytes": p.buffered.0,
+        }),
         Some(p) => serde_json::json!({
             "uring_gib_per_s": p.uring_gib_per_s(),
             "uring_bytes": p.uring.0,
@@ -213,6 +234,11 @@ fn probe_json(s: &LoadStats) -> serde_json::Value {
 /// What `auto` measured, for the summary line.
 fn auto_note(s: &LoadStats) -> String {
     match s.probe {
+        Some(p) if p.mapping_refused_direct() => format!(
+            " (auto: the buffers' mapping refuses direct I/O; measured bounce {:.2}, buffered {:.2} GiB/s)",
+            p.bounce_gib_per_s(),
+            p.buffered_gib_per_s()
+        ),
         Some(p) if p.direct.0 > 0 => format!(
             " (auto: measured uring {:.2}, direct {:.2} GiB/s)",
             p.uring_gib_per_s(),
@@ -228,7 +254,7 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
     use iopath_heap::Error as E;
     let size = || format!("--buffer-size {}", args.buffer_size);
     let option = match &e {
-        E::BadSize { .. } | E::TooManyBuffers { .. } => Some(size()),
+        E::BadSize { .. } | E::TooManyBuffers { .. } | E::UdmabufLimit { .. } => Some(size()),
         E::OutOfMemory { .. } => Some(match args.buffers {
             Some(n) => format!("--buffers {n} --buffer-size {}", args.buffer_size),
             None => format!("{}", args.file.display()),
@@ -237,7 +263,9 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
         E::BadQueueDepth { depth } => Some(format!("--queue-depth {depth}")),
         E::BadChunk { chunk } => Some(format!("--request-size {chunk}")),
         E::UnknownMethod(_) => Some("--method".to_string()),
-        E::UnknownHeap(_) | E::Unavailable { .. } => Some("--heap".to_string()),
+        E::UnknownHeap(_) | E::Unavailable { .. } | E::NoSuchDmaHeap { .. } => {
+            Some(format!("--heap {}", args.heap))
+        }
         _ => None,
     };
     match option {

@@ -9,6 +9,7 @@ mod blk;
 mod blk_dd;
 mod blk_error;
 mod blk_serve;
+mod heaps;
 mod load;
 mod rpmsg;
 mod size;
@@ -75,16 +76,7 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Rpmsg(c) => return rpmsg::run(c),
-        Cmd::Heaps => {
-            for name in ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"] {
-                match iopath_heap::open_heap(name)
-                    .and_then(|h| h.alloc(iopath_heap::page_size() * 512))
-                {
-                    Ok(_) => println!("{name:<14} available"),
-                    Err(e) => println!("{name:<14} unavailable: {e}"),
-                }
-            }
-        }
+        Cmd::Heaps => heaps::run(),
         Cmd::Load(args) => load::run(&args)?,
         Cmd::Bench(args) => bench::run(&args)?,
         Cmd::Blk(args) => blk::run(&args)?,

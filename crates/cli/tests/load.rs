@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use iopath_testkit::Feature;
 
 const BIN: &str = env!("CARGO_BIN_EXE_iopath");
-const METHODS: [&str; 5] = ["auto", "buffered", "direct", "sendfile", "uring"];
+const METHODS: [&str; 6] = ["auto", "buffered", "direct", "sendfile", "uring", "bounce"];
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 fn iopath(args: &[&str]) -> Output {
@@ -89,7 +89,7 @@ fn verify_all_methods(dir: &Path) {
             assert!(v["method"].is_string());
         }
     }
-    // A summary line without --json.
+    // A summary line without --json, and the heap `auto` chose, with why.
     let out = iopath(&["load", p, "--buffer-size", "1M"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
@@ -97,6 +97,15 @@ fn verify_all_methods(dir: &Path) {
         text.starts_with("loaded ") && text.contains(&format!("({size} bytes)")),
         "{text}"
     );
+    let chose = text.lines().nth(1).unwrap_or_default();
+    assert!(chose.starts_with("heap auto chose "), "{text}");
+    if !Path::new("/dev/udmabuf").exists() && !Path::new("/dev/dma_heap").exists() {
+        assert!(
+            chose.starts_with("heap auto chose memfd: no dma-heap:system")
+                && chose.contains("no udmabuf"),
+            "{text}"
+        );
+    }
 }
 
 #[test]
@@ -265,7 +274,10 @@ fn errors_name_the_option_at_fault() {
         &["load", "/proc/self/status"],
         "/proc/self/status reports a size of 0 but has data",
     );
-    fails_with(&["load", small, "--heap", "nosuch"], "--heap: unknown heap");
+    fails_with(
+        &["load", small, "--heap", "nosuch"],
+        "--heap nosuch: unknown heap",
+    );
 }
 
 /// Many small buffers past the open-file limit are refused up front with

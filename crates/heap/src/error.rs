@@ -13,8 +13,29 @@ pub enum Error {
         path: PathBuf,
     },
     /// A heap name that iopath does not know.
-    #[error("unknown heap `{0}` (known: memfd, udmabuf, dma-heap[:NAME])")]
+    #[error("unknown heap `{0}` (known: auto, memfd, memfd:thp, memfd:hugetlb, udmabuf, dma-heap[:NAME])")]
     UnknownHeap(String),
+    /// A dma-heap name this kernel does not have.
+    #[error("this kernel has no dma-heap `{name}` (it has: {known})")]
+    NoSuchDmaHeap {
+        /// The name asked for.
+        name: String,
+        /// The names in /dev/dma_heap.
+        known: String,
+    },
+    /// A buffer larger than the kernel's udmabuf takes.
+    #[error(
+        "udmabuf refuses a buffer of {size} bytes: the kernel's limit is {} MiB per buffer; \
+         raise the udmabuf module option size_limit_mb (udmabuf.size_limit_mb=N on the kernel \
+         command line, or /sys/module/udmabuf/parameters/size_limit_mb) or use smaller buffers",
+        limit_mb.map_or("size_limit_mb (64 by default)".to_string(), |m| m.to_string())
+    )]
+    UdmabufLimit {
+        /// Bytes asked for.
+        size: usize,
+        /// The limit in MiB, when it could be read.
+        limit_mb: Option<u64>,
+    },
     /// A size that is zero or not a multiple of the page size.
     #[error("buffer size {size} is not a non-zero multiple of the page size ({page})")]
     BadSize {
@@ -127,7 +148,9 @@ pub enum Error {
     #[error("`{0}` is not one of auto, allocate, map, none")]
     UnknownPrefault(String),
     /// A method name that iopath does not know.
-    #[error("unknown transfer method `{0}` (known: auto, buffered, direct, sendfile, uring)")]
+    #[error(
+        "unknown transfer method `{0}` (known: auto, buffered, direct, sendfile, uring, bounce)"
+    )]
     UnknownMethod(String),
     /// An io_uring queue depth out of range.
     #[error("io_uring queue depth {depth} is out of range: use 1 to 4096")]

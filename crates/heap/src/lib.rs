@@ -13,7 +13,7 @@
 //! ```text
 //!   Heap::alloc ──► Buffer { fd, len, mapping } ──export──► other process
 //!                        ▲
-//!   IoFile ──Engine──────┘   (buffered | direct | sendfile | uring | auto)
+//!   IoFile ──Engine──────┘   (buffered | direct | sendfile | uring | bounce | auto)
 //! ```
 //!
 //! Files are moved in and out of buffers by an [`Engine`] (chosen at run
@@ -49,6 +49,7 @@
 mod align;
 mod bounce;
 mod buffer;
+mod choose;
 mod engine;
 mod error;
 mod file;
@@ -56,6 +57,7 @@ mod heap;
 mod limits;
 mod loader;
 mod mmap;
+mod pool;
 mod range;
 mod ring;
 mod sys;
@@ -65,16 +67,18 @@ mod verify;
 pub use align::DioAlign;
 pub use bounce::AlignedBuf;
 pub use buffer::{Buffer, DevicePin};
+pub use choose::{choose_heap, HeapChoice};
 pub use engine::{
-    new_engine, AutoEngine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq,
-    Probe, Pull, ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine, DIRECT_MARGIN,
-    PROBE_BYTES, PROBE_SLICES,
+    new_engine, AutoEngine, BounceEngine, BufferedEngine, DirectEngine, Engine, EngineOptions,
+    Method, NextReq, Probe, Pull, ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine,
+    DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
 };
 pub use error::{error_chain, Error, Result};
 pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 pub use mmap::{SharedMapping, SigbusGuard};
+pub use pool::Pool;
 pub use range::{BufRange, PtrGuard};
 #[doc(hidden)]
 pub use tensors::fuzz_safetensors;

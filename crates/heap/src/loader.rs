@@ -190,6 +190,7 @@ fn plan(
             (size.div_ceil(bs), size, bs)
         }
     };
+    heap.check_len(bs as usize)?;
     let needed = n.saturating_mul(bs);
     if let Some((available, what)) = heap.available() {
         if needed > available {

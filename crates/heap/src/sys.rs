@@ -9,7 +9,7 @@
 //! (a borrowed range type instead of raw pointers).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use rustix::ioctl::{opcode, Opcode};
 
@@ -96,6 +96,15 @@ pub(crate) fn vmsplice(pipe_w: BorrowedFd<'_>, src: BufRange<'_>) -> io::Result<
         // nothing in user space is touched afterwards.
         unsafe { libc::vmsplice(pipe_w.as_raw_fd(), &iov, 1, 0) }
     })
+}
+
+/// Whether the kernel can pin `mem`'s pages, as direct I/O must: one
+/// `vmsplice(2)` of it into a fresh pipe, which takes page references
+/// through the same `get_user_pages` path as `O_DIRECT` (a dma-buf mapping
+/// made of PFNs fails it with `EFAULT`).
+pub(crate) fn pin_probe(mem: BufRange<'_>) -> io::Result<()> {
+    let (_r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    vmsplice(w.as_fd(), mem).map(|_| ())
 }
 
 /// Whether an error is the file system refusing direct I/O.

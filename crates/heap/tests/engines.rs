@@ -56,7 +56,10 @@ fn exercise(engine: &dyn Engine, dir: &Path, disk: bool) {
             .read(&file, file_off, &buf, buf_off, len)
             .unwrap_or_else(|e| panic!("{what}: read {file_off}/{buf_off}/{len}: {e}"));
         assert_eq!(t.bytes, len as u64, "{what}");
-        let direct = matches!(engine.method(), Method::Direct | Method::Uring);
+        let direct = matches!(
+            engine.method(),
+            Method::Direct | Method::Uring | Method::Bounce
+        );
         if direct && file.dio_align().is_some() {
             assert_eq!(t.fallbacks, 0, "{what}: unexpected fallback");
         }
@@ -75,7 +78,12 @@ fn exercise(engine: &dyn Engine, dir: &Path, disk: bool) {
     }
 
     // Direct engines leave the page cache alone.
-    if disk && matches!(engine.method(), Method::Direct | Method::Uring) {
+    if disk
+        && matches!(
+            engine.method(),
+            Method::Direct | Method::Uring | Method::Bounce
+        )
+    {
         file.drop_cache().unwrap();
         assert_eq!(file.cached_bytes().unwrap(), 0, "{what}: cache not dropped");
         engine.read(&file, 0, &buf, 0, SIZE).unwrap();
@@ -408,4 +416,61 @@ fn auto_measures_uring_and_direct_then_chooses() {
         off += len;
     }
     assert_eq!(off, size);
+}
+
+/// A heap whose buffers are memfds labelled as dma-heap dma-bufs, so their
+/// mapping is treated as one that refuses direct I/O (as the kernel's
+/// `system` heap's does, with `EFAULT`).
+#[derive(Debug)]
+struct RefusingHeap;
+
+impl Heap for RefusingHeap {
+    fn name(&self) -> String {
+        "refusing".into()
+    }
+
+    fn alloc(&self, len: usize) -> iopath_heap::Result<Buffer> {
+        let b = MemfdHeap::new(HugePages::None).alloc(len)?;
+        let fd = rustix::io::fcntl_dupfd_cloexec(b.fd(), 0).unwrap();
+        Buffer::from_fd(fd, len, iopath_heap::HeapKind::DmaHeap)
+    }
+}
+
+#[test]
+fn a_mapping_that_refuses_direct_io_loads_by_every_method() {
+    let Some(dir) = common::disk_dir() else {
+        return;
+    };
+    let data = common::pattern(SIZE, 11);
+    let path = dir.path().join("src.bin");
+    std::fs::write(&path, &data).unwrap();
+    let direct_here = IoFile::open(&path).unwrap().dio_align().is_some();
+    for m in Method::ALL {
+        let opts = iopath_heap::LoadOptions {
+            buffer_size: 1 << 20,
+            method: m,
+            ..Default::default()
+        };
+        let loaded = iopath_heap::load(&path, &RefusingHeap, &opts, &mut |_| {})
+            .unwrap_or_else(|e| panic!("{m}: {e}"));
+        assert!(!loaded.buffers[0].takes_direct_io());
+        loaded.verify(&path).unwrap_or_else(|e| panic!("{m}: {e}"));
+        let s = loaded.stats;
+        let n = loaded.buffers.len() as u64;
+        match m {
+            // Refused by the mapping: every request falls back, counted.
+            Method::Direct | Method::Uring => assert_eq!(s.fallbacks, n, "{m}"),
+            Method::Bounce if direct_here => assert_eq!(s.fallbacks, 0, "{m}"),
+            Method::Auto => {
+                let p = s.probe.expect("auto measures");
+                assert!(p.mapping_refused_direct(), "{m}: {p:?}");
+                assert!(
+                    matches!(s.method, Method::Bounce | Method::Buffered),
+                    "{m}: {s:?}"
+                );
+                assert_eq!(p.chosen, Some(s.method));
+            }
+            _ => {}
+        }
+    }
 }

@@ -1,4 +1,6 @@
-//! `auto`: io_uring or direct, whichever this load measures faster.
+//! `auto`: io_uring or direct, whichever this load measures faster; for a
+//! buffer whose mapping refuses direct I/O (a dma-heap's), bounce or
+//! buffered, whichever measures faster.
 //!
 //! Which of the two is faster depends on the device, the request size the
 //! device likes, what else the CPUs are doing and how page allocation on the
@@ -28,7 +30,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{
-    DirectEngine, Engine, EngineOptions, Method, NextReq, Pull, ReqDone, Transfer, UringEngine,
+    BounceEngine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq, Pull,
+    ReqDone, Transfer, UringEngine,
 };
 use crate::file::IoFile;
 use crate::{Buffer, Result};
@@ -50,6 +53,11 @@ pub struct Probe {
     pub uring: (u64, Duration),
     /// Bytes and time through direct `pread`.
     pub direct: (u64, Duration),
+    /// Bytes and time through the memfd bounce (a buffer whose mapping
+    /// refuses direct I/O).
+    pub bounce: (u64, Duration),
+    /// Bytes and time through buffered `pread` (the same).
+    pub buffered: (u64, Duration),
     /// The engine chosen.
     pub chosen: Option<Method>,
 }
@@ -69,8 +77,40 @@ impl Probe {
         Self::rate(self.direct) / f64::from(1u32 << 30)
     }
 
+    /// The bounce's rate in GiB/s (0 if it moved nothing).
+    pub fn bounce_gib_per_s(&self) -> f64 {
+        Self::rate(self.bounce) / f64::from(1u32 << 30)
+    }
+
+    /// Buffered reads' rate in GiB/s (0 if they moved nothing).
+    pub fn buffered_gib_per_s(&self) -> f64 {
+        Self::rate(self.buffered) / f64::from(1u32 << 30)
+    }
+
+    /// Whether the probe weighed bounce against buffered (the buffer's
+    /// mapping refuses direct I/O).
+    pub fn mapping_refused_direct(&self) -> bool {
+        self.bounce.0 > 0 || self.buffered.0 > 0
+    }
+
+    fn slot(&mut self, m: Method) -> &mut (u64, Duration) {
+        match m {
+            Method::Uring => &mut self.uring,
+            Method::Direct => &mut self.direct,
+            Method::Bounce => &mut self.bounce,
+            _ => &mut self.buffered,
+        }
+    }
+
     fn choose(&mut self) -> Method {
-        let m = if Self::rate(self.direct) <= Self::rate(self.uring) * (1.0 + DIRECT_MARGIN) {
+        let m = if self.mapping_refused_direct() {
+            // The faster of the two; bounce keeps the page cache out on a tie.
+            if self.bounce.0 > 0 && Self::rate(self.bounce) >= Self::rate(self.buffered) {
+                Method::Bounce
+            } else {
+                Method::Buffered
+            }
+        } else if Self::rate(self.direct) <= Self::rate(self.uring) * (1.0 + DIRECT_MARGIN) {
             Method::Uring
         } else {
             Method::Direct
@@ -86,6 +126,7 @@ impl Probe {
 pub struct AutoEngine {
     uring: UringEngine,
     direct: DirectEngine,
+    bounce: Option<BounceEngine>,
     probe: Mutex<Probe>,
 }
 
@@ -98,6 +139,7 @@ impl AutoEngine {
         Ok(AutoEngine {
             uring: UringEngine::new(opts)?,
             direct: DirectEngine,
+            bounce: BounceEngine::new(opts).ok(),
             probe: Mutex::new(Probe::default()),
         })
     }
@@ -107,8 +149,10 @@ impl AutoEngine {
     }
 
     fn chosen(&self) -> &dyn Engine {
-        match self.last().chosen {
-            Some(Method::Direct) => &self.direct,
+        match (self.last().chosen, &self.bounce) {
+            (Some(Method::Direct), _) => &self.direct,
+            (Some(Method::Bounce), Some(b)) => b,
+            (Some(Method::Buffered), _) => &BufferedEngine,
             _ => &self.uring,
         }
     }
@@ -142,6 +186,25 @@ impl Engine for AutoEngine {
         next: &mut NextReq<'_>,
         done: &mut ReqDone<'_>,
     ) -> Result<Transfer> {
+        // The first request says which pair to measure: a buffer whose
+        // mapping refuses direct I/O gets bounce against buffered.
+        let first = loop {
+            match next(true)? {
+                Pull::Req(r) => break r,
+                Pull::Later => continue,
+                Pull::End => return Ok(Transfer::default()),
+            }
+        };
+        let pair: [(Method, &dyn Engine); 2] = match (&self.bounce, first.buf.takes_direct_io()) {
+            (_, true) => [(Method::Uring, &self.uring), (Method::Direct, &self.direct)],
+            (Some(b), false) => [(Method::Bounce, b), (Method::Buffered, &BufferedEngine)],
+            (None, false) => [(Method::Buffered, &BufferedEngine); 2],
+        };
+        let mut first = Some(first);
+        let mut next = |wait: bool| match first.take() {
+            Some(r) => Ok(Pull::Req(r)),
+            None => next(wait),
+        };
         let mut probe = Probe::default();
         let mut total = Transfer::default();
         let mut base = 0;
@@ -151,11 +214,7 @@ impl Engine for AutoEngine {
             if ended {
                 break;
             }
-            let engine = if k % 2 == 0 {
-                Method::Uring
-            } else {
-                Method::Direct
-            };
+            let (method, engine) = pair[k % 2];
             let mut asked = 0u64;
             // Requests handed to the engine.
             let pulled = Cell::new(0usize);
@@ -184,34 +243,38 @@ impl Engine for AutoEngine {
             };
             let mut slice_done = |j: usize, t: Transfer| done(base + j, t);
             let t = Instant::now();
-            let tr = match engine {
-                Method::Uring => self.uring.read_batch(file, &mut limited, &mut slice_done),
-                _ => self.direct.read_batch(file, &mut limited, &mut slice_done),
-            }?;
+            let tr = engine.read_batch(file, &mut limited, &mut slice_done)?;
             let took = t.elapsed().saturating_sub(idle);
-            let slot = match engine {
-                Method::Uring => &mut probe.uring,
-                _ => &mut probe.direct,
-            };
+            let slot = probe.slot(method);
             slot.0 += tr.bytes;
             slot.1 += took;
             total += tr;
             base += pulled.get();
         }
         let chosen = probe.choose();
-        tracing::info!(
-            "auto: uring {:.2} GiB/s over {} bytes, direct {:.2} GiB/s over {} bytes: {chosen}",
-            probe.uring_gib_per_s(),
-            probe.uring.0,
-            probe.direct_gib_per_s(),
-            probe.direct.0,
-        );
+        if chosen == Method::Bounce || chosen == Method::Buffered {
+            tracing::info!(
+                "auto: the buffer's mapping refuses direct I/O; bounce {:.2} GiB/s over {} bytes, buffered {:.2} GiB/s over {} bytes: {chosen}",
+                probe.bounce_gib_per_s(),
+                probe.bounce.0,
+                probe.buffered_gib_per_s(),
+                probe.buffered.0,
+            );
+        } else {
+            tracing::info!(
+                "auto: uring {:.2} GiB/s over {} bytes, direct {:.2} GiB/s over {} bytes: {chosen}",
+                probe.uring_gib_per_s(),
+                probe.uring.0,
+                probe.direct_gib_per_s(),
+                probe.direct.0,
+            );
+        }
         *self.probe.lock().unwrap_or_else(|p| p.into_inner()) = probe;
         if ended {
             return Ok(total);
         }
         let mut rest_done = |j: usize, t: Transfer| done(base + j, t);
-        total += self.chosen().read_batch(file, next, &mut rest_done)?;
+        total += self.chosen().read_batch(file, &mut next, &mut rest_done)?;
         Ok(total)
     }
 
@@ -235,7 +298,7 @@ mod tests {
         Probe {
             uring: (uring_mib << 20, Duration::from_secs(1)),
             direct: (direct_mib << 20, Duration::from_secs(1)),
-            chosen: None,
+            ..Probe::default()
         }
     }
 
@@ -250,5 +313,18 @@ mod tests {
         let mut p = probe(100, 200);
         p.choose();
         assert_eq!(p.chosen, Some(Method::Direct));
+    }
+
+    #[test]
+    fn a_refusing_mapping_takes_the_faster_of_bounce_and_buffered() {
+        let mut p = Probe {
+            bounce: (200 << 20, Duration::from_secs(1)),
+            buffered: (100 << 20, Duration::from_secs(1)),
+            ..Probe::default()
+        };
+        assert!(p.mapping_refused_direct());
+        assert_eq!(p.choose(), Method::Bounce);
+        p.buffered.0 = 300 << 20;
+        assert_eq!(p.choose(), Method::Buffered);
     }
 }

@@ -70,6 +70,9 @@ pub(crate) fn run(
     let (Some(align), Some(dfd)) = (file.dio_align(), file.direct_fd()?) else {
         return Err(Fail::Refused);
     };
+    if !mem.buffer().takes_direct_io() {
+        return Err(Fail::Refused);
+    }
     let len = mem.len();
     let old_size = file.size()?;
     let s = direct_split(file_off, mem.addr(), len, align);
@@ -222,7 +225,8 @@ pub(crate) fn fail(
     }
 }
 
-/// Finishes a direct transfer of `mem` at `file_off`: on `Refused`, redo it
+/// Finishes a direct transfer of `mem` at `file_off`: on `Refused` (by the
+/// file system, or by a buffer mapping that cannot take direct I/O), redo it
 /// buffered and count the fallback.
 pub(crate) fn finish(
     r: Result<(), Fail>,

@@ -6,13 +6,17 @@
 //! | `direct` | `O_DIRECT` `pread`/`pwrite` straight into the buffer's mapping; unaligned heads and tails through an aligned bounce | bypassed |
 //! | `sendfile` | file → memfd: `sendfile(2)` into the memfd; other buffers: `splice(2)` into a pipe, `read(2)` out of it. buffer → file: `vmsplice(2)` into a pipe, `splice(2)` to the file | fills it |
 //! | `uring` | io_uring `READ_FIXED`/`WRITE_FIXED` on `O_DIRECT`, the buffer registered as a fixed buffer, many requests in flight | bypassed |
-//! | `auto` | `uring` or `direct`, whichever the first requests measure faster ([`AutoEngine`]); `direct` when io_uring does not work here | bypassed |
+//! | `bounce` | io_uring `READ_FIXED` on `O_DIRECT` into a registered memfd bounce buffer, then a copy into the buffer | bypassed |
+//! | `auto` | `uring` or `direct`, whichever the first requests measure faster ([`AutoEngine`]); `direct` when io_uring does not work here. For a buffer whose mapping refuses direct I/O (a dma-heap's): `bounce` or `buffered`, whichever measures faster | bypassed, or fills it |
 //!
 //! Every direct engine falls back to buffered I/O for a request when the file
-//! system refuses `O_DIRECT` (`EINVAL`), and counts it in
+//! system refuses `O_DIRECT` (`EINVAL`) or when the buffer's mapping cannot
+//! take direct I/O ([`Buffer::takes_direct_io`]: a dma-buf's own mapping,
+//! which the kernel fails with `EFAULT`), and counts it in
 //! [`Transfer::fallbacks`].
 
 mod auto;
+mod bounce;
 mod buffered;
 mod direct;
 mod sendfile;
@@ -22,6 +26,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use auto::{AutoEngine, Probe, DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES};
+pub use bounce::BounceEngine;
 pub use buffered::BufferedEngine;
 pub use direct::DirectEngine;
 pub use sendfile::SendfileEngine;
@@ -44,16 +49,19 @@ pub enum Method {
     Sendfile,
     /// io_uring with fixed buffers on `O_DIRECT`.
     Uring,
+    /// Direct I/O into a memfd bounce buffer, then a copy.
+    Bounce,
 }
 
 impl Method {
     /// Every method, `auto` first.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 6] = [
         Method::Auto,
         Method::Buffered,
         Method::Direct,
         Method::Sendfile,
         Method::Uring,
+        Method::Bounce,
     ];
 
     /// The name used on the command line.
@@ -64,6 +72,7 @@ impl Method {
             Method::Direct => "direct",
             Method::Sendfile => "sendfile",
             Method::Uring => "uring",
+            Method::Bounce => "bounce",
         }
     }
 }
@@ -259,11 +268,11 @@ pub trait Engine: Send + Sync + fmt::Debug {
 /// when a ring can be set up here, else direct.
 ///
 /// # Errors
-/// [`Error::Sys`] when `uring` is asked for explicitly and io_uring cannot be
+/// [`Error::Sys`] when `uring` or `bounce` is asked for and io_uring cannot be
 /// set up (disabled by `kernel.io_uring_disabled`, seccomp, old kernel);
 /// for `uring` and `auto`, [`EngineOptions::check`]'s errors.
 pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>> {
-    if matches!(method, Method::Uring | Method::Auto) {
+    if matches!(method, Method::Uring | Method::Auto | Method::Bounce) {
         opts.check()?;
     }
     Ok(match method {
@@ -271,6 +280,7 @@ pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>
         Method::Direct => Box::new(DirectEngine),
         Method::Sendfile => Box::new(SendfileEngine),
         Method::Uring => Box::new(UringEngine::new(opts)?),
+        Method::Bounce => Box::new(BounceEngine::new(opts)?),
         Method::Auto => match AutoEngine::new(opts) {
             Ok(u) => Box::new(u),
             Err(e) => {

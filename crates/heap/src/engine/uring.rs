@@ -253,6 +253,9 @@ impl UringEngine {
         let Some((align, dfd)) = direct else {
             return redo_buffered(mem);
         };
+        if !req.buf.takes_direct_io() {
+            return redo_buffered(mem);
+        }
         let s = crate::align::direct_split(req.file_off, mem.addr(), req.len, align);
         let mut ends = Ok(());
         if s.head > 0 {

@@ -1,0 +1,203 @@
+//! [`Pool`]: buffers kept for the next load instead of freed.
+//!
+//! Allocating a buffer is most of a cold load's cost on some heaps (a
+//! udmabuf's creation pins every page of its memfd; every heap's pages are
+//! zeroed and faulted in). A pool keeps every buffer it made: when the last
+//! handle to one drops, it is free again, and the next allocation of the
+//! same size takes it as it is, pages in place. A pool is a [`Heap`], so
+//! [`crate::load`] takes one as it takes any heap.
+//!
+//! ```text
+//!   Pool::alloc ─► free buffer of that size? ─yes─► reuse (no syscall)
+//!                          │ no
+//!                          └──► heap.alloc ─► kept by the pool (within capacity)
+//!   last handle dropped ─► free again
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::{Buffer, Error, Heap, Result};
+
+/// A pool of buffers over a heap (see the module docs).
+///
+/// A buffer from the pool is *not* zero-filled when it is reused: it holds
+/// what its last user left. A load overwrites every byte it reports.
+#[derive(Debug)]
+pub struct Pool {
+    heap: Box<dyn Heap>,
+    capacity: u64,
+    /// Every buffer the pool holds; free when the pool's is the only handle.
+    kept: Mutex<Vec<Buffer>>,
+    reused: AtomicU64,
+    made: AtomicU64,
+}
+
+impl Pool {
+    /// A pool over `heap` that keeps up to `capacity` bytes of buffers
+    /// (buffers asked for beyond it are allocated and freed as usual).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when `capacity` is more than the heap can give
+    /// now ([`Heap::available`]); nothing is allocated then.
+    pub fn new(heap: Box<dyn Heap>, capacity: u64) -> Result<Self> {
+        if let Some((available, what)) = heap.available() {
+            if capacity > available {
+                return Err(Error::OutOfMemory {
+                    needed: capacity,
+                    available,
+                    what,
+                });
+            }
+        }
+        Ok(Pool {
+            heap,
+            capacity,
+            kept: Mutex::new(Vec::new()),
+            reused: AtomicU64::new(0),
+            made: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes the pool may keep.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes of buffers the pool keeps (free or in use).
+    pub fn kept_bytes(&self) -> u64 {
+        self.lock().iter().map(|b| b.len() as u64).sum()
+    }
+
+    /// Bytes of kept buffers that are free now.
+    pub fn free_bytes(&self) -> u64 {
+        self.lock()
+            .iter()
+            .filter(|b| b.handles() == 1)
+            .map(|b| b.len() as u64)
+            .sum()
+    }
+
+    /// Allocations served by reusing a buffer, and by the heap.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.reused.load(Ordering::Relaxed),
+            self.made.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Frees every buffer that is not in use.
+    pub fn shrink(&self) {
+        self.lock().retain(|b| b.handles() > 1);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Buffer>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Heap for Pool {
+    fn name(&self) -> String {
+        self.heap.name()
+    }
+
+    /// A free kept buffer of `len` bytes, or a new one from the heap (kept
+    /// while the pool has room).
+    fn alloc(&self, len: usize) -> Result<Buffer> {
+        self.heap.check_len(len)?;
+        {
+            let kept = self.lock();
+            // Under the lock no other handle can be made to a buffer only
+            // the pool holds, so a count of 1 means free.
+            if let Some(b) = kept.iter().find(|b| b.len() == len && b.handles() == 1) {
+                self.reused.fetch_add(1, Ordering::Relaxed);
+                return Ok(b.clone());
+            }
+        }
+        let b = self.heap.alloc(len)?;
+        self.made.fetch_add(1, Ordering::Relaxed);
+        let mut kept = self.lock();
+        let bytes: u64 = kept.iter().map(|b| b.len() as u64).sum();
+        if bytes + len as u64 <= self.capacity {
+            kept.push(b.clone());
+        }
+        Ok(b)
+    }
+
+    fn granule(&self) -> usize {
+        self.heap.granule()
+    }
+
+    /// The heap's, plus the pool's free bytes.
+    fn available(&self) -> Option<(u64, &'static str)> {
+        let free = self.free_bytes();
+        self.heap
+            .available()
+            .map(|(a, what)| (a.saturating_add(free), what))
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        self.heap.check_len(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{HugePages, MemfdHeap};
+
+    #[test]
+    fn dropped_buffers_are_reused() {
+        let page = crate::page_size();
+        let pool = Pool::new(Box::new(MemfdHeap::new(HugePages::None)), 8 * page as u64).unwrap();
+        let a = pool.alloc(4 * page).unwrap();
+        a.write_at(0, b"kept").unwrap();
+        let addr = a.addr();
+        // In use: a second one is made.
+        let b = pool.alloc(4 * page).unwrap();
+        assert_ne!(b.addr(), addr);
+        assert_eq!(pool.counts(), (0, 2));
+        assert_eq!(pool.free_bytes(), 0);
+        drop(a);
+        assert_eq!(pool.free_bytes(), 4 * page as u64);
+        let c = pool.alloc(4 * page).unwrap();
+        assert_eq!(c.addr(), addr, "the freed buffer came back");
+        let mut got = [0u8; 4];
+        c.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"kept", "reused as it was left");
+        assert_eq!(pool.counts(), (1, 2));
+        // Over capacity: made, not kept.
+        let d = pool.alloc(page).unwrap();
+        drop(d);
+        assert_eq!(pool.kept_bytes(), 8 * page as u64);
+        // A pinned buffer is in use even with no other handle.
+        drop((b, c));
+        let e = pool.alloc(4 * page).unwrap();
+        let pin = e.pin_for_device();
+        drop(e);
+        let f = pool.alloc(4 * page).unwrap();
+        assert!(!f.same_as(pin.buffer()));
+        drop(pin);
+        pool.shrink();
+        assert_eq!(pool.kept_bytes(), 4 * page as u64);
+    }
+
+    #[test]
+    fn more_than_available_is_refused_before_allocating() {
+        let heap = MemfdHeap::new(HugePages::None);
+        let Some((available, _)) = heap.available() else {
+            return;
+        };
+        match Pool::new(Box::new(heap), available + (1 << 30)) {
+            Err(Error::OutOfMemory {
+                needed,
+                available: a,
+                ..
+            }) => {
+                assert_eq!(needed, available + (1 << 30));
+                assert!(a >= available / 2);
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+    }
+}
