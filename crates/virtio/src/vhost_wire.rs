@@ -15,7 +15,9 @@
 //!  [12 bytes] ─Header::parse─► Header ─check(max)─► payload length to read
 //! ```
 
-use vhost::vhost_user::message::{BackendReq, FrontendReq, VhostUserHeaderFlag};
+use vhost::vhost_user::message::{
+    BackendReq, FrontendReq, VhostUserHeaderFlag, VhostUserMemoryRegion, MAX_ATTACHED_FD_ENTRIES,
+};
 use vhost::VhostIotlbType;
 
 /// Bytes in a message header.
@@ -33,6 +35,8 @@ pub const NEED_REPLY: u32 = VhostUserHeaderFlag::NEED_REPLY.bits();
 /// Bytes of a `u64` reply: header and value.
 pub const U64_REPLY_SIZE: usize = HEADER_SIZE + 8;
 
+/// `VHOST_USER_SET_MEM_TABLE` (front end to device).
+pub const FRONTEND_SET_MEM_TABLE: u32 = FrontendReq::SET_MEM_TABLE as u32;
 /// `VHOST_USER_SET_BACKEND_REQ_FD` (front end to device).
 pub const FRONTEND_SET_BACKEND_REQ_FD: u32 = FrontendReq::SET_BACKEND_REQ_FD as u32;
 /// `VHOST_USER_IOTLB_MSG` (front end to device).
@@ -63,6 +67,19 @@ pub enum WireError {
         /// Announced size.
         size: u32,
         /// Largest size accepted.
+        max: usize,
+    },
+    /// A `SET_MEM_TABLE` payload that does not hold its regions.
+    #[error(
+        "SET_MEM_TABLE of {size} payload bytes cannot hold {regions} regions \
+         (1 to {max} regions of {MEM_REGION_SIZE} bytes after an {MEM_TABLE_HEAD}-byte head)"
+    )]
+    BadMemTable {
+        /// Payload length.
+        size: usize,
+        /// The region count the payload announces.
+        regions: u32,
+        /// Most regions accepted.
         max: usize,
     },
     /// Not the reply that was expected.
@@ -269,6 +286,75 @@ impl RawIotlb {
     }
 }
 
+/// Bytes before the first region of a `SET_MEM_TABLE` payload
+/// (`num_regions u32, padding u32`).
+pub const MEM_TABLE_HEAD: usize = 8;
+/// Bytes of one region (`guest_phys_addr, memory_size, userspace_addr,
+/// mmap_offset`, each `u64`).
+pub const MEM_REGION_SIZE: usize = 32;
+/// Most regions one `SET_MEM_TABLE` carries (the `vhost` crate's limit;
+/// QEMU sends at most 8).
+pub const MAX_MEM_TABLE_REGIONS: usize = MAX_ATTACHED_FD_ENTRIES;
+/// Largest `SET_MEM_TABLE` payload accepted.
+pub const MAX_MEM_TABLE_SIZE: usize = MEM_TABLE_HEAD + MAX_MEM_TABLE_REGIONS * MEM_REGION_SIZE;
+
+/// Decodes a `SET_MEM_TABLE` payload: `num_regions`, padding, then the
+/// regions. The payload may have room for more regions than it announces
+/// (whole, unused entries after them): Linux's `virtio_uml` always sends
+/// its two-entry table, 72 bytes, with `num_regions` 1. QEMU's
+/// `libvhost-user` reads only the announced entries too; the `vhost` crate
+/// refuses such a table, so the device side decodes it here. The regions'
+/// own values are checked where they are mapped.
+///
+/// # Errors
+/// [`WireError::BadMemTable`] when `num_regions` is 0 or above
+/// [`MAX_MEM_TABLE_REGIONS`], or the payload is not the head plus whole
+/// entries enough for them (and at most [`MAX_MEM_TABLE_SIZE`] bytes).
+pub fn decode_mem_table(payload: &[u8]) -> Result<Vec<VhostUserMemoryRegion>, WireError> {
+    let word = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&payload[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let size = payload.len();
+    let regions = match payload.get(..4) {
+        Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        None => 0,
+    };
+    let n = regions as usize;
+    let fits = size >= MEM_TABLE_HEAD + n * MEM_REGION_SIZE
+        && size <= MAX_MEM_TABLE_SIZE
+        && (size - MEM_TABLE_HEAD) % MEM_REGION_SIZE == 0;
+    if n == 0 || n > MAX_MEM_TABLE_REGIONS || !fits {
+        return Err(WireError::BadMemTable {
+            size,
+            regions,
+            max: MAX_MEM_TABLE_REGIONS,
+        });
+    }
+    Ok((0..n)
+        .map(|i| {
+            let at = MEM_TABLE_HEAD + i * MEM_REGION_SIZE;
+            VhostUserMemoryRegion::new(word(at), word(at + 8), word(at + 16), word(at + 24))
+        })
+        .collect())
+}
+
+/// Encodes a `SET_MEM_TABLE` payload with room for `slots` entries (at
+/// least `regions.len()`; the unused ones zero), as front ends send it.
+pub fn encode_mem_table(regions: &[VhostUserMemoryRegion], slots: usize) -> Vec<u8> {
+    let mut out = vec![0u8; MEM_TABLE_HEAD + slots.max(regions.len()) * MEM_REGION_SIZE];
+    out[..4].copy_from_slice(&payload_len(regions.len()).to_le_bytes());
+    for (i, r) in regions.iter().enumerate() {
+        let at = MEM_TABLE_HEAD + i * MEM_REGION_SIZE;
+        let fields = [r.guest_phys_addr, r.memory_size, r.user_addr, r.mmap_offset];
+        for (j, v) in fields.into_iter().enumerate() {
+            out[at + j * 8..at + j * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
 /// The name of a front-end request code, for messages ("GET_FEATURES").
 pub fn frontend_request_name(request: u32) -> String {
     match FrontendReq::try_from(request) {
@@ -329,5 +415,53 @@ mod tests {
         assert_eq!(RawIotlb::decode(&[0u8; 33]), None);
         assert_eq!(frontend_request_name(1), "GET_FEATURES");
         assert_eq!(frontend_request_name(999), "request 999");
+    }
+
+    /// The table Linux's `virtio_uml` sends (6.1 and 6.12): one region in
+    /// a payload with room for two, 72 bytes.
+    #[test]
+    fn mem_table_with_room_for_more_regions_decodes_the_announced_ones() {
+        let r = VhostUserMemoryRegion::new(0x30fa_6000, 0x0f57_9000, 0x30fa_6000, 0x30fa_6000);
+        let payload = encode_mem_table(&[r], 2);
+        assert_eq!(payload.len(), 72);
+        let got = decode_mem_table(&payload).unwrap();
+        assert_eq!(got.len(), 1);
+        let fields = |r: &VhostUserMemoryRegion| {
+            [r.guest_phys_addr, r.memory_size, r.user_addr, r.mmap_offset]
+        };
+        assert_eq!(fields(&got[0]), fields(&r));
+        assert_eq!(
+            decode_mem_table(&encode_mem_table(&[r, r], 0))
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn mem_table_that_cannot_hold_its_regions_is_refused() {
+        let r = VhostUserMemoryRegion::new(0, 0x1000, 0x7f00_0000, 0);
+        let two = encode_mem_table(&[r, r], 0);
+        let bad = |payload: &[u8], regions: u32| {
+            assert_eq!(
+                decode_mem_table(payload).err(),
+                Some(WireError::BadMemTable {
+                    size: payload.len(),
+                    regions,
+                    max: MAX_MEM_TABLE_REGIONS
+                })
+            );
+        };
+        // Announces two, holds one.
+        bad(&two[..MEM_TABLE_HEAD + MEM_REGION_SIZE], 2);
+        // A torn entry after the announced one.
+        bad(&encode_mem_table(&[r], 2)[..60], 1);
+        // No regions, no head, too many.
+        bad(&encode_mem_table(&[], 1), 0);
+        bad(&[], 0);
+        let mut many = encode_mem_table(&[r], MAX_MEM_TABLE_REGIONS + 1);
+        bad(&many, 1);
+        many[..4].copy_from_slice(&33u32.to_le_bytes());
+        bad(&many, 33);
     }
 }

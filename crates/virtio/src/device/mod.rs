@@ -30,7 +30,8 @@
 //! the connection loop peeks at each header to take `IOTLB_MSG` before the
 //! `vhost` crate sees it.
 //!
-//! One concern per file: `server` (the connection loop), `handler` (the
+//! One concern per file: `server` (the connection loop), `intercept` (the
+//! messages it takes before the `vhost` crate sees them), `handler` (the
 //! requests and the queue workers), `memory` (mapping the front end's
 //! regions, guarded against SIGBUS by the heap's `SigbusGuard`), `iotlb`
 //! (the IOMMU), `inflight` (the record of requests in flight that the
@@ -48,6 +49,7 @@ mod access;
 mod chain;
 mod handler;
 mod inflight;
+mod intercept;
 mod iotlb;
 mod memory;
 mod server;
@@ -69,7 +71,9 @@ pub use inflight::InflightError;
 pub use iopath_dma::Perm;
 pub(crate) use iotlb::permissions;
 pub use iotlb::{IotlbMsg, IotlbMsgError, VhostIommu, IOTLB_MSG_SIZE};
-pub use server::{serve_connection, ServerError, VhostUserServer};
+pub use server::{
+    serve_connection, serve_connection_with, ServerError, ServerOptions, VhostUserServer,
+};
 
 /// Feature bits device models use, re-exported from [`crate::features`]
 /// (where they are defined once); the ring bits under their

@@ -1,27 +1,24 @@
 //! The device side's connection loop: accepts a front end, takes the
 //! messages the `vhost` crate cannot handle (`IOTLB_MSG`,
-//! `SET_BACKEND_REQ_FD`) off the socket itself, hands every other one to
-//! the request handler ([`super::handler`]), and drops what the front end
-//! set up when it goes.
+//! `SET_BACKEND_REQ_FD`, `SET_MEM_TABLE`) off the socket itself
+//! ([`super::intercept`]), hands every other one to the request handler
+//! ([`super::handler`]), and drops what the front end set up when it goes.
 
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use iopath_heap::error_chain;
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 
 use super::handler::Handler;
-use super::iotlb::{IotlbMsg, IotlbMsgError, IOTLB_MSG_SIZE};
+use super::intercept::{handle_backend_req_fd, handle_iotlb, handle_mem_table};
 use super::VirtioDevice;
 use crate::vhost_wire::{
-    self, Header, FRONTEND_IOTLB_MSG, FRONTEND_SET_BACKEND_REQ_FD, HEADER_SIZE,
+    Header, WireError, FRONTEND_IOTLB_MSG, FRONTEND_SET_BACKEND_REQ_FD, FRONTEND_SET_MEM_TABLE,
+    HEADER_SIZE,
 };
-
-/// Longest an IOTLB change waits for device accesses that began before it.
-const FENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Errors of the vhost-user server.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +42,8 @@ pub enum ServerError {
     },
     /// A malformed message taken before the `vhost` crate sees it
     /// (`SET_BACKEND_REQ_FD` without exactly one unix stream socket, or
-    /// before `BACKEND_REQ` was negotiated).
+    /// before `BACKEND_REQ` was negotiated; `SET_MEM_TABLE` with other than
+    /// one fd per region).
     #[error("Malformed vhost-user request {request} ({len} payload bytes), connection closed")]
     MalformedMessage {
         /// Request code.
@@ -53,6 +51,33 @@ pub enum ServerError {
         /// Payload length announced in the header.
         len: u32,
     },
+    /// A message whose framing or payload the wire codec refused.
+    #[error("Malformed vhost-user message, connection closed")]
+    Wire(#[source] WireError),
+}
+
+/// How a server presents its device to front ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// Offer `VIRTIO_F_ACCESS_PLATFORM` when the device does (the default).
+    /// Negotiated, it makes every ring and buffer address an IOVA that the
+    /// front end must map with `IOTLB_MSG`s. QEMU negotiates it only when
+    /// the guest has a vIOMMU (`iommu_platform=on`) and drops it otherwise;
+    /// Linux's `virtio_uml` (User-Mode Linux) accepts it without running an
+    /// IOMMU, so a device offering it fails there: the guest's ring then
+    /// goes through a DMA API that UML 6.1 lacks (the probe fails with
+    /// `-ENOMEM`), and the device would wait for translations that never
+    /// come. Set to `false` for such front ends: addresses are then guest
+    /// physical addresses.
+    pub access_platform: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            access_platform: true,
+        }
+    }
 }
 
 /// A vhost-user server for one device: serves one front end at a time and,
@@ -62,12 +87,23 @@ pub enum ServerError {
 pub struct VhostUserServer<D: VirtioDevice> {
     listener: UnixListener,
     device: Arc<D>,
+    options: ServerOptions,
 }
 
 impl<D: VirtioDevice> VhostUserServer<D> {
     /// A server for `device` on a listening socket.
     pub fn new(listener: UnixListener, device: Arc<D>) -> Self {
-        Self { listener, device }
+        Self {
+            listener,
+            device,
+            options: ServerOptions::default(),
+        }
+    }
+
+    /// The same server with `options`.
+    #[must_use]
+    pub fn with_options(self, options: ServerOptions) -> Self {
+        Self { options, ..self }
     }
 
     /// The device being served.
@@ -83,7 +119,7 @@ impl<D: VirtioDevice> VhostUserServer<D> {
     /// has been dropped.
     pub fn serve_one(&self) -> Result<(), ServerError> {
         let (stream, _) = self.listener.accept().map_err(ServerError::Accept)?;
-        serve_connection(stream, Arc::clone(&self.device))
+        serve_connection_with(stream, Arc::clone(&self.device), self.options)
     }
 
     /// Serves front ends one after another, forever; a front end's error is
@@ -102,7 +138,8 @@ impl<D: VirtioDevice> VhostUserServer<D> {
     }
 }
 
-/// Serves one front end on `stream` until it disconnects or misbehaves.
+/// Serves one front end on `stream` until it disconnects or misbehaves,
+/// with the default [`ServerOptions`].
 ///
 /// # Errors
 /// See [`VhostUserServer::serve_one`].
@@ -110,8 +147,20 @@ pub fn serve_connection<D: VirtioDevice>(
     stream: UnixStream,
     device: Arc<D>,
 ) -> Result<(), ServerError> {
+    serve_connection_with(stream, device, ServerOptions::default())
+}
+
+/// Serves one front end on `stream` until it disconnects or misbehaves.
+///
+/// # Errors
+/// See [`VhostUserServer::serve_one`].
+pub fn serve_connection_with<D: VirtioDevice>(
+    stream: UnixStream,
+    device: Arc<D>,
+    options: ServerOptions,
+) -> Result<(), ServerError> {
     let mut side = stream.try_clone().map_err(ServerError::Socket)?;
-    let handler = Arc::new(Mutex::new(Handler::new(device)));
+    let handler = Arc::new(Mutex::new(Handler::new(device, options)));
     lock(&handler).conn = side.as_raw_fd();
     let mut requests = BackendReqHandler::from_stream(stream, Arc::clone(&handler));
     let result = loop {
@@ -141,6 +190,12 @@ pub fn serve_connection<D: VirtioDevice>(
             }
             continue;
         }
+        if hdr.request == FRONTEND_SET_MEM_TABLE {
+            if let Err(e) = handle_mem_table(&mut side, hdr, &handler) {
+                break Err(e);
+            }
+            continue;
+        }
         match requests.handle_request() {
             Ok(()) => {}
             Err(VhostError::Disconnected) => break Ok(()),
@@ -160,116 +215,6 @@ pub fn serve_connection<D: VirtioDevice>(
     result
 }
 
-/// Takes `SET_BACKEND_REQ_FD` off the socket: the `vhost` crate would wrap
-/// the channel in its `Backend`, which cannot send IOTLB misses, so the
-/// socket is kept here and handed to the IOMMU.
-fn handle_backend_req_fd<D: VirtioDevice>(
-    sock: &mut UnixStream,
-    hdr: Header,
-    handler: &Mutex<Handler<D>>,
-) -> Result<(), ServerError> {
-    use rustix::net::{
-        recvmsg, sockopt, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
-        SocketType,
-    };
-    use std::mem::MaybeUninit;
-    let malformed = ServerError::MalformedMessage {
-        request: FRONTEND_SET_BACKEND_REQ_FD,
-        len: hdr.size,
-    };
-    let Ok(len) = hdr.check(64) else {
-        return Err(malformed);
-    };
-    let mut buf = vec![0u8; HEADER_SIZE + len];
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = recvmsg(
-        &*sock,
-        &mut [io::IoSliceMut::new(&mut buf)],
-        &mut control,
-        RecvFlags::WAITALL | RecvFlags::CMSG_CLOEXEC,
-    )
-    .map_err(|e| ServerError::Socket(e.into()))?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(it) = m {
-            fds.extend(it);
-        }
-    }
-    if got.bytes != buf.len() || fds.len() != 1 {
-        return Err(malformed);
-    }
-    let fd = fds.remove(0);
-    let is_stream = matches!(sockopt::socket_type(&fd), Ok(SocketType::STREAM))
-        && matches!(sockopt::socket_domain(&fd), Ok(AddressFamily::UNIX));
-    let h = lock(handler);
-    if !is_stream || h.acked_protocol & VhostUserProtocolFeatures::BACKEND_REQ.bits() == 0 {
-        return Err(malformed);
-    }
-    let reply_ack = h.reply_ack();
-    h.iommu()
-        .set_miss_channel(Some(UnixStream::from(fd)), reply_ack);
-    drop(h);
-    if hdr.need_reply() && reply_ack {
-        send_u64_reply(sock, FRONTEND_SET_BACKEND_REQ_FD, 0)?;
-    }
-    Ok(())
-}
-
-fn send_u64_reply(sock: &mut UnixStream, request: u32, value: u64) -> Result<(), ServerError> {
-    sock.write_all(&vhost_wire::u64_reply(request, value))
-        .map_err(ServerError::Socket)
-}
-
-/// Takes one `IOTLB_MSG` off the socket, applies it, and acknowledges it
-/// when asked to.
-fn handle_iotlb<D: VirtioDevice>(
-    sock: &mut UnixStream,
-    hdr: Header,
-    handler: &Mutex<Handler<D>>,
-) -> Result<(), ServerError> {
-    let malformed = ServerError::MalformedIotlb {
-        request: FRONTEND_IOTLB_MSG,
-        len: hdr.size,
-    };
-    let Ok(len) = hdr.check(IOTLB_MSG_SIZE * 2) else {
-        return Err(malformed);
-    };
-    let mut msg = vec![0u8; HEADER_SIZE + len];
-    sock.read_exact(&mut msg).map_err(ServerError::Socket)?;
-    let parsed = IotlbMsg::parse(&msg[HEADER_SIZE..]);
-    // A payload of the wrong size is a framing error, not a bad mapping.
-    if let Err(IotlbMsgError::BadSize { .. }) = parsed {
-        return Err(malformed);
-    }
-    let ok = {
-        let h = lock(handler);
-        match parsed {
-            Ok(m) if h.iotlb_enabled() => {
-                // Removing or changing a translation (an update may replace
-                // one too): accesses through the old one must be over before
-                // the ack. Adding one waits for nothing.
-                if h.iommu().apply(&m) && !h.fence.wait_older(FENCE_LIMIT) {
-                    tracing::warn!("IOTLB change acknowledged with device accesses still running");
-                }
-                true
-            }
-            Ok(_) => {
-                tracing::warn!("IOTLB_MSG without ACCESS_PLATFORM and IOTLB negotiated");
-                false
-            }
-            Err(e) => {
-                tracing::warn!("IOTLB_MSG refused: {e}");
-                false
-            }
-        }
-    };
-    if hdr.need_reply() {
-        send_u64_reply(sock, FRONTEND_IOTLB_MSG, u64::from(!ok))?;
-    }
-    Ok(())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -19,7 +19,7 @@ use vm_memory::{
 use super::inflight::InflightRegion;
 use super::memory::{map_region, Region, MAX_MEM_SLOTS};
 use super::{
-    CallFd, DeviceMemory, DmaFence, QueueContext, VhostIommu, VirtioDevice,
+    CallFd, DeviceMemory, DmaFence, QueueContext, ServerOptions, VhostIommu, VirtioDevice,
     VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
 };
 
@@ -57,6 +57,9 @@ impl Vring {
 /// The state one front end builds up: features, memory, vrings.
 pub(super) struct Handler<D: VirtioDevice> {
     device: Arc<D>,
+    /// The feature bits offered: the device's, less what the server's
+    /// options withhold, plus `VHOST_USER_F_PROTOCOL_FEATURES`.
+    offered: u64,
     /// The front end's connection (shut down if it truncates its memory).
     pub(super) conn: RawFd,
     acked_features: u64,
@@ -77,7 +80,11 @@ fn invalid(reason: &'static str) -> VhostError {
 }
 
 impl<D: VirtioDevice> Handler<D> {
-    pub(super) fn new(device: Arc<D>) -> Self {
+    pub(super) fn new(device: Arc<D>, options: ServerOptions) -> Self {
+        let mut offered = device.features() | VHOST_USER_F_PROTOCOL_FEATURES;
+        if !options.access_platform {
+            offered &= !VIRTIO_F_ACCESS_PLATFORM;
+        }
         let vrings = (0..device.num_queues()).map(|_| Vring::new()).collect();
         let fence = Arc::new(DmaFence::default());
         let iommu = VhostIommu::with_fence(Arc::clone(&fence));
@@ -90,6 +97,7 @@ impl<D: VirtioDevice> Handler<D> {
         let mem = IommuMemory::new(GuestMemoryMmap::new(), iommu, false, ());
         Self {
             device,
+            offered,
             conn: -1,
             acked_features: 0,
             acked_protocol: 0,

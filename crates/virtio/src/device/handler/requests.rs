@@ -29,12 +29,11 @@ impl<D: VirtioDevice> VhostUserBackendReqHandlerMut for Handler<D> {
     }
 
     fn get_features(&mut self) -> VhostResult<u64> {
-        Ok(self.device.features() | VHOST_USER_F_PROTOCOL_FEATURES)
+        Ok(self.offered)
     }
 
     fn set_features(&mut self, features: u64) -> VhostResult<()> {
-        let offered = self.device.features() | VHOST_USER_F_PROTOCOL_FEATURES;
-        if features & !offered != 0 {
+        if features & !self.offered != 0 {
             return Err(VhostError::InvalidParam);
         }
         let iommu_changed = (features ^ self.acked_features) & VIRTIO_F_ACCESS_PLATFORM != 0;

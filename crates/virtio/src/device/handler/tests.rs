@@ -328,7 +328,7 @@ fn connect<D: VirtioDevice>(
     queues: usize,
     base: [u16; 2],
 ) -> (Handler<D>, VhostUserInflight, File, Vec<File>) {
-    let mut h = Handler::new(Arc::new(device));
+    let mut h = Handler::new(Arc::new(device), ServerOptions::default());
     h.set_owner().unwrap();
     h.set_features(FEATURES).unwrap();
     h.set_protocol_features(VhostUserProtocolFeatures::INFLIGHT_SHMFD.bits())
@@ -537,7 +537,7 @@ fn two_queues_restart_each_from_its_own_region() {
 fn a_record_too_small_for_two_queues_is_refused() {
     let needed = 2 * queue_region_size(QSIZE);
     let (device, _, _) = Tagger::new(1, Life::Second);
-    let mut h = Handler::new(Arc::new(device));
+    let mut h = Handler::new(Arc::new(device), ServerOptions::default());
     h.set_features(FEATURES).unwrap();
     h.set_protocol_features(VhostUserProtocolFeatures::INFLIGHT_SHMFD.bits())
         .unwrap();
