@@ -44,7 +44,9 @@ Examples:
     #[command(after_help = "\
 Examples:
   iopath blk serve --image disk.img --socket /tmp/blk.sock
-  iopath blk serve --image disk.img --socket /tmp/blk.sock --queues 2 --readonly")]
+  iopath blk serve --image disk.img --socket /tmp/blk.sock --queues 2 --readonly
+  iopath blk serve --image disk.img --socket /tmp/blk.sock --no-access-platform   # for User-Mode Linux
+  linux.uml mem=256M virtio_uml.device=/tmp/blk.sock:2 ...")]
     Serve(blk_serve::ServeArgs),
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use iopath_blk::{BlkBackend, BlkOptions};
-use iopath_virtio::device::VhostUserServer;
+use iopath_virtio::device::{ServerOptions, VhostUserServer};
 
 /// Arguments of `iopath blk serve`.
 #[derive(Debug, clap::Args)]
@@ -25,6 +25,13 @@ pub struct ServeArgs {
     /// Refuse writes (the device reports VIRTIO_BLK_F_RO).
     #[arg(long)]
     readonly: bool,
+    /// Do not offer VIRTIO_F_ACCESS_PLATFORM, for front ends that accept it
+    /// without running an IOMMU: Linux's virtio_uml (User-Mode Linux), where
+    /// the offer fails the guest's probe. QEMU needs no flag (it drops the
+    /// bit unless the guest has a vIOMMU); `iopath blk dd --platform
+    /// iommu|protected` and QEMU's iommu_platform=on need the offer.
+    #[arg(long)]
+    no_access_platform: bool,
 }
 
 /// Binds `path`, replacing a socket file nobody listens on any more.
@@ -87,7 +94,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         args.queues,
         if args.queues == 1 { "" } else { "s" },
     );
-    let server = VhostUserServer::new(listener, Arc::new(backend));
+    let server = VhostUserServer::new(listener, Arc::new(backend)).with_options(ServerOptions {
+        access_platform: !args.no_access_platform,
+    });
     let res = server.run();
     let _ = std::fs::remove_file(&args.socket);
     res.context("vhost-user server stopped")
