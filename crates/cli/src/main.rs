@@ -68,8 +68,11 @@ fn main() {
 fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IOPATH_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("IOPATH_LOG").unwrap_or_else(|_| {
+                // Warnings, and each front end's IOTLB summary (a back end
+                // behind a vIOMMU says what translating cost it).
+                format!("warn,{}=info", iopath_virtio::device::IOTLB_STATS_TARGET).into()
+            }),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -21,6 +21,7 @@ use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
 use iopath_dma::Perm;
 
+use super::iotlb_stats::{IotlbCounters, IotlbEvent, IotlbStats};
 use super::DmaFence;
 
 pub use crate::vhost_wire::IOTLB_MSG_SIZE;
@@ -199,6 +200,8 @@ struct IommuState {
     updated: Condvar,
     /// Parks the waiting thread's batch while a miss is outstanding.
     fence: Option<Arc<DmaFence>>,
+    /// The messages applied and the misses reported so far.
+    counters: IotlbCounters,
 }
 
 /// The back-end channel misses are reported on.
@@ -299,6 +302,7 @@ impl VhostIommu {
         };
         match *msg {
             IotlbMsg::Update { uaddr, perm, .. } => {
+                self.shared.counters.count(IotlbEvent::Update);
                 let _ = tlb.set_mapping(
                     GuestAddress(iova),
                     GuestAddress(uaddr),
@@ -306,7 +310,10 @@ impl VhostIommu {
                     permissions(perm),
                 );
             }
-            IotlbMsg::Invalidate { .. } => tlb.invalidate_mapping(GuestAddress(iova), len),
+            IotlbMsg::Invalidate { .. } => {
+                self.shared.counters.count(IotlbEvent::Invalidation);
+                tlb.invalidate_mapping(GuestAddress(iova), len);
+            }
         }
         drop(tlb);
         *self
@@ -376,6 +383,11 @@ impl VhostIommu {
             return false;
         }
         true
+    }
+
+    /// The IOTLB traffic of this front end so far (every view's).
+    pub fn stats(&self) -> IotlbStats {
+        self.shared.counters.snapshot()
     }
 
     /// Forgets every mapping (a new front end, a device reset).
@@ -456,6 +468,7 @@ impl Iommu for VhostIommu {
                     "not mapped in the IOTLB"
                 }));
             }
+            self.shared.counters.count(IotlbEvent::Miss);
             let updates = self
                 .shared
                 .updates
@@ -468,6 +481,7 @@ impl Iommu for VhostIommu {
                 .unwrap_or_else(|e| e.into_inner());
             drop(updates);
             if wait.timed_out() {
+                self.shared.counters.count(IotlbEvent::Unanswered);
                 return Err(fail("IOTLB miss not answered"));
             }
         }
@@ -554,5 +568,39 @@ mod tests {
         assert!(mmu
             .translate(GuestAddress(0x10_000), 4, Permissions::Read)
             .is_err());
+        // Without a miss channel no miss is reported: failures are not
+        // counted as misses.
+        let want = IotlbStats {
+            updates: 3,
+            invalidations: 2,
+            misses: 0,
+            unanswered: 0,
+        };
+        assert_eq!(mmu.stats(), want);
+        assert_eq!(
+            want.to_string(),
+            "3 updates, 2 invalidations, 0 misses reported (0 unanswered)"
+        );
+    }
+
+    /// A miss reported on the back-end channel is counted, and counted as
+    /// unanswered when no update follows.
+    #[test]
+    fn reported_misses_are_counted() {
+        let mmu = VhostIommu::new();
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        mmu.set_miss_channel(Some(ours), false);
+        assert!(mmu
+            .translate(GuestAddress(0x20_000), 8, Permissions::Read)
+            .is_err());
+        let stats = mmu.stats();
+        assert!(stats.misses >= 1, "{stats}");
+        assert_eq!(stats.misses, stats.unanswered, "{stats}");
+        let mut msg = [0u8; vhost_wire::HEADER_SIZE + IOTLB_MSG_SIZE];
+        theirs.read_exact(&mut msg).unwrap();
+        assert_eq!(
+            RawIotlb::decode(&msg[vhost_wire::HEADER_SIZE..]).map(|r| (r.iova, r.kind)),
+            Some((0x20_000, IOTLB_MISS))
+        );
     }
 }

@@ -51,6 +51,7 @@ mod handler;
 mod inflight;
 mod intercept;
 mod iotlb;
+mod iotlb_stats;
 mod memory;
 mod server;
 
@@ -71,8 +72,10 @@ pub use inflight::InflightError;
 pub use iopath_dma::Perm;
 pub(crate) use iotlb::permissions;
 pub use iotlb::{IotlbMsg, IotlbMsgError, VhostIommu, IOTLB_MSG_SIZE};
+pub use iotlb_stats::IotlbStats;
 pub use server::{
     serve_connection, serve_connection_with, ServerError, ServerOptions, VhostUserServer,
+    IOTLB_STATS_TARGET,
 };
 
 /// Feature bits device models use, re-exported from [`crate::features`]

@@ -20,6 +20,10 @@ use crate::vhost_wire::{
     HEADER_SIZE,
 };
 
+/// The log target of the per-front-end IOTLB summary, so that a program
+/// can show it while keeping the rest at a quieter level.
+pub const IOTLB_STATS_TARGET: &str = "iopath::iotlb";
+
 /// Errors of the vhost-user server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -205,6 +209,10 @@ pub fn serve_connection_with<D: VirtioDevice>(
     };
     let truncated = {
         let mut h = lock(&handler);
+        let iotlb = h.iommu().stats();
+        if !iotlb.is_empty() {
+            tracing::info!(target: IOTLB_STATS_TARGET, "front end's IOTLB: {iotlb}");
+        }
         let truncated = h.memory_truncated();
         h.shutdown();
         truncated
