@@ -218,6 +218,27 @@ pub fn check_image(path: &Path, layout: &Layout, seed: u64) -> Result<(), String
     Ok(())
 }
 
+/// How the guest's virtio-blk maps its buffers (`scripts/guest-dd` flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dma {
+    /// Guest-physical addresses, no DMA API.
+    Direct,
+    /// Behind the vIOMMU (`--iommu`): IOVAs the back end translates.
+    Iommu,
+    /// Behind the vIOMMU with `swiotlb=force` (`--iommu --swiotlb`).
+    IommuSwiotlb,
+}
+
+impl Dma {
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Dma::Direct => &[],
+            Dma::Iommu => &["--iommu"],
+            Dma::IommuSwiotlb => &["--iommu", "--swiotlb"],
+        }
+    }
+}
+
 /// Boots the guest against `backend` and checks the JSON it prints. If the
 /// back end dies while the guest still runs, the guest is stopped at once
 /// and the failure quotes the back end's exit status and log.
@@ -227,7 +248,7 @@ pub fn run_guest(
     dir: &Path,
     queues: u32,
     seed: u64,
-    iommu: bool,
+    dma: Dma,
 ) -> serde_json::Value {
     let out_path = dir.join("guest-dd.out");
     let err_path = dir.join("guest-dd.err");
@@ -245,7 +266,7 @@ pub fn run_guest(
         .args(["--pattern-offset", &PAT_OFF.to_string()])
         .args(["--pattern-size", &PAT_SIZE.to_string()])
         .args(["--pattern-seed", &format!("{seed:#x}")])
-        .args(if iommu { &["--iommu"][..] } else { &[] })
+        .args(dma.args())
         .stdin(Stdio::null())
         .stdout(File::create(&out_path).expect("create guest-dd.out"))
         .stderr(File::create(&err_path).expect("create guest-dd.err"))
@@ -342,7 +363,7 @@ pub fn guest_dd_against(start: fn(&Path, &Path, u32, PathBuf) -> Backend) {
         let log = dir.path().join(format!("backend-q{queues}.log"));
         let mut backend = start(&image, &sock, queues, log);
         wait_for_socket(&mut backend, &sock);
-        let json = run_guest(&mut backend, &sock, dir.path(), queues, seed, false);
+        let json = run_guest(&mut backend, &sock, dir.path(), queues, seed, Dma::Direct);
         let name = backend.name;
         drop(backend);
         if let Err(e) = check_image(&image, &RUN, seed) {
