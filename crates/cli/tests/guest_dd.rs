@@ -128,7 +128,9 @@ fn pattern_word_is_offset_xor_seed_little_endian() {
 }
 
 /// `iopath bench blk --guest` adds the guest's dd rows, both back ends with
-/// figures, and their ratio.
+/// figures, iopath's also with swiotlb=force behind the vIOMMU, and their
+/// ratios: the back ends', and the bounced row's to the direct one, of
+/// the medians and run by run.
 #[test]
 fn bench_blk_guest_rows() {
     if !iopath_testkit::have_peers(&[QEMU, QSD, FIO]) {
@@ -149,6 +151,7 @@ fn bench_blk_guest_rows() {
     let rows = v["rows"].as_array().expect("rows");
     for name in [
         "guest dd (Linux, TCG) on iopath blk serve",
+        "guest dd (Linux, TCG) on iopath blk serve, swiotlb=force behind vIOMMU",
         "guest dd (Linux, TCG) on qemu-storage-daemon",
     ] {
         let row = rows
@@ -168,6 +171,18 @@ fn bench_blk_guest_rows() {
         .as_f64()
         .expect("guest ratio");
     assert!(ratio > 0.0, "guest ratio {ratio}");
+    let swiotlb = "guest dd: swiotlb=force behind vIOMMU / direct (iopath blk serve)";
+    let ratio = v["ratios"][swiotlb].as_f64().expect("swiotlb ratio");
+    assert!(ratio > 0.0, "swiotlb ratio {ratio}");
+    let paired = &v["paired_ratios"][swiotlb];
+    assert_eq!(paired["median"].as_f64(), Some(ratio), "one run: {paired}");
+    assert!(
+        v["placement"]
+            .as_str()
+            .is_some_and(|p| p.contains("the guest's QEMU")),
+        "the guest's placement is named: {}",
+        v["placement"]
+    );
 }
 
 /// The guest's own check can fail: against a back end that drops writes

@@ -5,6 +5,9 @@ use super::*;
 use crate::report::plot::{Bar, Line, Panel, OTHER, PEER as PEER_COLOR, PRIMARY};
 use crate::report::{Cell, Chart, Column, Report, Table};
 
+/// The ratio of the guest's bounced dd to its direct dd.
+const SWIOTLB_RATIO: &str = "guest dd: swiotlb=force behind vIOMMU / direct (iopath blk serve)";
+
 impl BlkReport {
     /// The report: the table of every row beside the limit, the ratios
     /// the experiment is about, the notes, the chart and every figure.
@@ -72,6 +75,15 @@ impl BlkReport {
                 None => format!("{what}: n/a"),
             })
             .collect();
+        if let Some((what, p)) = self.paired_swiotlb() {
+            notes.push(format!(
+                "{what}, run by run: median {:.1}% ({:.1}-{:.1}%), spread {:.1}%",
+                p.median * 100.0,
+                p.min * 100.0,
+                p.max * 100.0,
+                p.spread * 100.0
+            ));
+        }
         if let Some(l) = &self.limit {
             notes.extend(l.notes());
         }
@@ -93,7 +105,8 @@ impl BlkReport {
     /// direct-static / direct, iommu / direct, bounce / direct, iopath's
     /// back end / qemu-storage-daemon (both with direct ops; n/a without
     /// it); with the guest rows, the guest's dd on iopath's back end / on
-    /// qemu-storage-daemon.
+    /// qemu-storage-daemon, and the guest's dd with `swiotlb=force` behind
+    /// the vIOMMU / its direct dd, both on iopath's back end.
     pub fn ratios(&self) -> Vec<(&'static str, Option<f64>)> {
         let direct = self.median(&mode_row(DmaMode::Direct));
         let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
@@ -128,7 +141,33 @@ impl BlkReport {
                 div(self.median(GUEST_OURS), self.median(GUEST_PEER)),
             ));
         }
+        if self.rows.iter().any(|r| r.name == GUEST_SWIOTLB) {
+            v.push((
+                SWIOTLB_RATIO,
+                div(self.median(GUEST_SWIOTLB), self.median(GUEST_OURS)),
+            ));
+        }
         v
+    }
+
+    /// The guest's swiotlb row over its direct row run by run (the two ran
+    /// one after the other in each run): median, min-max and spread of the
+    /// per-run ratios, when both rows were measured.
+    pub fn paired_swiotlb(&self) -> Option<(&'static str, Stats)> {
+        let runs = |name| {
+            self.rows
+                .iter()
+                .find(|r| r.name == name && r.measured())
+                .map(|r| &r.runs_gib_per_s)
+        };
+        let (bounced, direct) = (runs(GUEST_SWIOTLB)?, runs(GUEST_OURS)?);
+        let ratios: Vec<f64> = bounced
+            .iter()
+            .zip(direct)
+            .filter(|(_, &d)| d > 0.0)
+            .map(|(b, d)| b / d)
+            .collect();
+        (!ratios.is_empty()).then(|| (SWIOTLB_RATIO, Stats::of(&ratios)))
     }
 
     /// The report as JSON: every row (a skipped row has null figures and,
@@ -142,6 +181,9 @@ impl BlkReport {
             .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
             .collect();
         v["ratios"] = serde_json::Value::Object(r);
+        if let Some((what, p)) = self.paired_swiotlb() {
+            v["paired_ratios"] = serde_json::json!({ what: p });
+        }
         if let Some(l) = &self.limit {
             v["limit"] = l.json();
         }
@@ -165,6 +207,10 @@ impl BlkReport {
                     .name
                     .replace("iopath blk serve, dma ", "")
                     .replace("qemu-storage-daemon (peer), dma direct", "qsd (direct)")
+                    .replace(
+                        "guest dd (Linux, TCG) on iopath blk serve, swiotlb=force behind vIOMMU",
+                        "guest/iopath swiotlb",
+                    )
                     .replace("guest dd (Linux, TCG) on iopath blk serve", "guest/iopath")
                     .replace("guest dd (Linux, TCG) on qemu-storage-daemon", "guest/qsd");
                 if r.measured() {

@@ -51,7 +51,11 @@ pub struct BenchBlkArgs {
     pub json: bool,
     /// Also a Linux guest's dd (QEMU with TCG, booted by scripts/guest-dd)
     /// on each back end: `dd if=/dev/zero of=/dev/vda bs=BS count=SIZE/BS
-    /// oflag=direct`.
+    /// oflag=direct`; on iopath's back end twice: with virtio's direct
+    /// addresses, and through the guest's DMA API with swiotlb=force behind
+    /// the vIOMMU (Linux bounces every block, the back end translates every
+    /// address through the IOTLB), the two alternating run by run. The
+    /// guest's QEMU runs on the driver's CPU.
     #[arg(long)]
     pub guest: bool,
     #[command(flatten)]

@@ -94,7 +94,8 @@ pub enum BenchCmd {
     /// (direct, direct-static, iommu, bounce) via `iopath blk serve`,
     /// beside fio's O_DIRECT write of the same image and the same driver
     /// against qemu-storage-daemon; with --guest, a Linux guest's dd on
-    /// both back ends too.
+    /// both back ends too, and on iopath's with swiotlb=force behind the
+    /// vIOMMU.
     Blk(BenchBlkArgs),
     /// rpmsg endpoints as fds (RPMSG_CREATE_EPT_FD_IOCTL): create+destroy
     /// an endpoint L times the legacy way (a node to open) and the fd way,
