@@ -107,3 +107,64 @@ fn bench_heap_rejects_a_short_file() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("31072 bytes too short"), "{stderr}");
 }
+
+#[test]
+fn bench_heap_dma_buf_table_has_the_six_rows_and_the_pool() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "heap",
+            "--dma-buf-table",
+            "--size",
+            "8M",
+            "--buffer-size",
+            "1M",
+            "--runs",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["dma_buf_rows"].as_array().unwrap();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r["row"].as_str().unwrap().starts_with(name))
+            .unwrap_or_else(|| panic!("no row {name}: {rows:?}"))
+    };
+    for name in [
+        "udmabuf buffered read",
+        "udmabuf direct read",
+        "udmabuf buffered sendfile",
+        "udmabuf direct sendfile",
+        "dmabuf buffered read",
+    ] {
+        let r = row(name);
+        assert_eq!(r["kind"], "seed");
+        // Measured, or missing with the kernel's reason.
+        assert!(
+            r["missing"].is_string() || r["total_ms"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+    }
+    let kernel_side = row("dmabuf direct read");
+    assert!(
+        kernel_side["missing"]
+            .as_str()
+            .unwrap()
+            .starts_with("DMA_BUF_IOCTL_RW_FILE (the kernel-side direct read) was not merged"),
+        "{kernel_side}"
+    );
+    // memfd is everywhere: both pool loads are measured, and the second
+    // takes the first's buffers back.
+    let first = row("pool memfd auto, 1st load");
+    let second = row("pool memfd auto, 2nd load");
+    assert!(first["missing"].is_null() && second["missing"].is_null());
+    assert!(
+        second["alloc_ms"].as_f64().unwrap() < first["alloc_ms"].as_f64().unwrap(),
+        "{first} {second}"
+    );
+    assert!(row("iopath memfd auto")["total_ms"].as_f64().unwrap() > 0.0);
+}

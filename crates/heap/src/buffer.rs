@@ -5,7 +5,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rustix::net::{
@@ -33,6 +33,9 @@ struct Inner {
     kind: HeapKind,
     /// Whether the mapping's pages can be pinned for direct I/O.
     direct_io: bool,
+    /// Whether [`Buffer::populate`] has faulted every page in (a pooled
+    /// buffer's second user skips it).
+    populated: AtomicBool,
     /// Live device mappings (see [`DevicePin`]).
     device_maps: AtomicUsize,
 }
@@ -83,6 +86,7 @@ impl Buffer {
                 map,
                 kind,
                 direct_io: kind == HeapKind::Memfd,
+                populated: AtomicBool::new(false),
                 device_maps: AtomicUsize::new(0),
             }),
         })
@@ -104,6 +108,7 @@ impl Buffer {
                 map,
                 kind: HeapKind::Udmabuf,
                 direct_io: true,
+                populated: AtomicBool::new(false),
                 device_maps: AtomicUsize::new(0),
             }),
         })
@@ -264,13 +269,21 @@ impl Buffer {
 
     /// Faults every page of the buffer in now (`MADV_POPULATE_WRITE`), so
     /// later transfers do not pay for page allocation. The loader calls this
-    /// on its allocator thread to overlap allocation with I/O.
+    /// on its allocator thread to overlap allocation with I/O. Once it has
+    /// succeeded, later calls return at once (the pages stay: the file is
+    /// sealed against shrinking), which is what makes a pooled buffer's
+    /// next load cheap.
     ///
     /// # Errors
     /// [`Error::Sys`] if the kernel refuses (e.g. a dma-buf mapping that
     /// cannot be populated this way, or out of memory).
     pub fn populate(&self) -> Result<()> {
-        self.inner.map.populate_write()
+        if self.inner.populated.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.inner.map.populate_write()?;
+        self.inner.populated.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Allocates every page of the buffer's file now (`fallocate(2)`, mode

@@ -42,6 +42,9 @@ pub struct HeapConfig {
     pub queue_depth: u32,
     /// Show progress on stderr.
     pub progress: bool,
+    /// Only the dma-buf table (the proposal's six rows, iopath's routes,
+    /// the pool), not every heap x method nor the limit.
+    pub seed_only: bool,
 }
 
 impl HeapConfig {
@@ -58,6 +61,7 @@ impl HeapConfig {
             methods: Vec::new(),
             queue_depth: 16,
             progress: true,
+            seed_only: false,
         }
     }
 }
@@ -131,6 +135,9 @@ pub struct HeapReport {
     limit: Limit,
     skipped: Vec<(String, String)>,
     warm_warnings: u64,
+    /// The dma-buf table's rows.
+    seed: Vec<seed::SeedRow>,
+    seed_only: bool,
 }
 
 fn experiment(args: &HeapConfig) -> Result<HeapReport> {
@@ -194,6 +201,47 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
 
     let mut heaps: Vec<Box<dyn Heap>> = Vec::new();
     let mut skipped = Vec::new();
+    let plan = seed::Plan {
+        path: &path,
+        file: &file,
+        buffers,
+        buffer_size: args.buffer_size,
+        queue_depth: args.queue_depth,
+    };
+    if args.seed_only {
+        let seed = seed::measure(&plan, args.runs);
+        let own = DirectJob {
+            write: false,
+            path: path.clone(),
+            bytes,
+            bs: 1 << 20,
+            depth: args.queue_depth,
+        };
+        let base = fio::Job {
+            dir: fio::Dir::Read,
+            path: path.clone(),
+            bytes,
+            bs: 1 << 20,
+            iodepth: args.queue_depth,
+        };
+        return Ok(HeapReport {
+            alloc_limit: Vec::new(),
+            alloc_heap: String::new(),
+            loadavg: (None, None),
+            fs: fs_name(&path),
+            file: path.clone(),
+            bytes,
+            buffers,
+            buffer_size: args.buffer_size,
+            runs: args.runs,
+            rows: Vec::new(),
+            limit: Limit::new(&base, &[1 << 20], own),
+            skipped,
+            warm_warnings: 0,
+            seed,
+            seed_only: true,
+        });
+    }
     for name in &heap_names {
         match open_heap(name).and_then(|h| h.alloc(args.buffer_size).map(|_| h)) {
             Ok(h) => heaps.push(h),
@@ -320,6 +368,7 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
         }
     }
     bar.finish();
+    let seed = seed::measure(&plan, args.runs);
     Ok(HeapReport {
         alloc_limit,
         alloc_heap: heaps[0].name(),
@@ -334,6 +383,8 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
         limit,
         skipped,
         warm_warnings,
+        seed,
+        seed_only: false,
     })
 }
 
@@ -383,3 +434,4 @@ fn fs_name(path: &Path) -> &'static str {
 }
 
 mod report;
+mod seed;

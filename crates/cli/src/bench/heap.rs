@@ -46,6 +46,12 @@ pub struct HeapArgs {
     /// io_uring requests in flight.
     #[arg(long, default_value_t = 16)]
     pub queue_depth: u32,
+    /// Only the dma-buf table: the six rows of the DMA_BUF_IOCTL_RW_FILE
+    /// proposal (udmabuf buffered/direct read and sendfile, dma-heap
+    /// buffered/direct read), iopath's routes beside them and a pool's
+    /// first and second load; no heap x method sweep and no fio limit.
+    #[arg(long)]
+    pub dma_buf_table: bool,
     /// Print one JSON object with `rows` and `limit`.
     #[arg(long)]
     pub json: bool,
@@ -65,6 +71,7 @@ impl HeapArgs {
             methods: self.methods.clone(),
             queue_depth: self.queue_depth,
             progress: !self.json,
+            seed_only: self.dma_buf_table,
         }
     }
 

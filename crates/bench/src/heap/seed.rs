@@ -1,0 +1,305 @@
+//! The dma-buf table of `iopath bench heap`: the six ways the
+//! `DMA_BUF_IOCTL_RW_FILE` proposal measured to fill dma-bufs from a file,
+//! beside iopath's own routes and a buffer pool's second load.
+//!
+//! The six rows follow the proposal's steps: for each buffer, allocate it
+//! (timed as allocation), then fill it with one call (timed as read), one
+//! buffer after the other:
+//!
+//! | row | allocation | fill |
+//! |---|---|---|
+//! | udmabuf buffered read | memfd + `UDMABUF_CREATE` | `pread` into the memfd's mapping |
+//! | udmabuf direct read | the same | `O_DIRECT` `pread` into the memfd's mapping |
+//! | udmabuf buffered sendfile | the same | `sendfile(memfd, file)` |
+//! | udmabuf direct sendfile | the same | `sendfile(memfd, O_DIRECT file)` |
+//! | dmabuf buffered read | `DMA_HEAP_IOCTL_ALLOC` | `pread` into the dma-buf's mapping |
+//! | dmabuf direct read | the same | the kernel-side direct read of the unmerged ioctl: missing |
+//!
+//! iopath's routes run through [`iopath_heap::load`] (allocation on its own
+//! thread, overlapped with the reads): udmabuf with `uring`, memfd with
+//! `auto`, the dma-heap with `auto` (which measures bounce against
+//! buffered). The pool rows load twice through one [`Pool`]: the second
+//! load takes the first load's buffers back.
+
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::Instant;
+
+use iopath_heap::{
+    error_chain, load, open_heap, BufferedEngine, DirectEngine, Engine, Heap, IoFile, LoadOptions,
+    Method, Pool, SendfileEngine,
+};
+
+/// One row of the dma-buf table.
+#[derive(Debug)]
+pub(super) struct SeedRow {
+    /// What is measured.
+    pub label: String,
+    /// `seed` for the proposal's six, `iopath` for a load, `pool` for a
+    /// pool's load.
+    pub kind: &'static str,
+    pub alloc_ms: Vec<f64>,
+    pub read_ms: Vec<f64>,
+    pub total_ms: Vec<f64>,
+    /// Why the row has no figures: the kernel's own error.
+    pub missing: Option<String>,
+}
+
+impl SeedRow {
+    fn new(label: impl Into<String>, kind: &'static str) -> SeedRow {
+        SeedRow {
+            label: label.into(),
+            kind,
+            alloc_ms: Vec::new(),
+            read_ms: Vec::new(),
+            total_ms: Vec::new(),
+            missing: None,
+        }
+    }
+
+    fn push(&mut self, alloc: f64, read: f64, total: f64) {
+        self.alloc_ms.push(alloc);
+        self.read_ms.push(read);
+        self.total_ms.push(total);
+    }
+}
+
+/// How a seed row fills a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    Buffered,
+    Direct,
+    Sendfile,
+    DirectSendfile,
+}
+
+/// What the rows need to know.
+pub(super) struct Plan<'a> {
+    pub path: &'a Path,
+    pub file: &'a IoFile,
+    pub buffers: usize,
+    pub buffer_size: usize,
+    pub queue_depth: u32,
+}
+
+/// The kernel-side direct read the proposal adds has no user-space
+/// equivalent: the reason, with what the kernel answers an `O_DIRECT` read
+/// into a dma-heap buffer's mapping.
+fn kernel_side_missing(plan: &Plan<'_>) -> String {
+    let why = "DMA_BUF_IOCTL_RW_FILE (the kernel-side direct read) was not merged";
+    let heap = match open_heap("dma-heap:system") {
+        Ok(h) => h,
+        Err(e) => return format!("{why}; and no dma-heap here: {}", error_chain(&e)),
+    };
+    let r = heap
+        .alloc(plan.buffer_size)
+        .map_err(|e| error_chain(&e))
+        .and_then(|b| {
+            let dfd = match plan.file.direct_fd() {
+                Ok(Some(d)) => d,
+                _ => return Err("no O_DIRECT on this file system".to_string()),
+            };
+            let range = b.range(0, b.len()).map_err(|e| error_chain(&e))?;
+            let g = range.ptr_guard();
+            // SAFETY: the guard keeps the mapping alive for the call and
+            // covers `g.len()` writable bytes; no Rust reference is made to it.
+            let n = unsafe { libc::pread(dfd.as_raw_fd(), g.as_ptr().cast(), g.len(), 0) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error().to_string())
+            } else {
+                Ok(())
+            }
+        });
+    match r {
+        Err(e) => format!("{why}; O_DIRECT pread into the dma-buf's mapping: {e}"),
+        Ok(()) => format!("{why}; O_DIRECT pread into the dma-buf's mapping worked here"),
+    }
+}
+
+/// `sendfile(memfd, O_DIRECT file)` of `len` bytes at `file_off`, into the
+/// memfd from offset 0.
+fn direct_sendfile(
+    memfd: BorrowedFd<'_>,
+    dfd: BorrowedFd<'_>,
+    file_off: u64,
+    len: usize,
+) -> std::io::Result<()> {
+    let out = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", memfd.as_raw_fd()))?;
+    let mut off = file_off;
+    let end = file_off + len as u64;
+    while off < end {
+        let want = (end - off) as usize;
+        let n = rustix::fs::sendfile(&out, dfd, Some(&mut off), want)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
+}
+
+/// One run of a seed row: allocate and fill each buffer in turn.
+fn seed_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f64), String> {
+    let (mut alloc, mut read) = (0.0, 0.0);
+    let err = |e: iopath_heap::Error| error_chain(&e);
+    for i in 0..plan.buffers {
+        let t = Instant::now();
+        let b = heap.alloc(plan.buffer_size).map_err(err)?;
+        alloc += t.elapsed().as_secs_f64();
+        let off = (i * plan.buffer_size) as u64;
+        let t = Instant::now();
+        match fill {
+            Fill::Buffered => BufferedEngine
+                .read(plan.file, off, &b, 0, plan.buffer_size)
+                .map(|_| ())
+                .map_err(err)?,
+            Fill::Direct => {
+                let t = DirectEngine
+                    .read(plan.file, off, &b, 0, plan.buffer_size)
+                    .map_err(err)?;
+                if t.fallbacks > 0 {
+                    return Err("direct I/O was refused (fell back to buffered)".into());
+                }
+            }
+            Fill::Sendfile => SendfileEngine
+                .read(plan.file, off, &b, 0, plan.buffer_size)
+                .map(|_| ())
+                .map_err(err)?,
+            Fill::DirectSendfile => {
+                let memfd = b.memfd().ok_or("no memfd under this buffer")?;
+                let dfd = plan
+                    .file
+                    .direct_fd()
+                    .map_err(err)?
+                    .ok_or("no O_DIRECT on this file system")?;
+                direct_sendfile(memfd, dfd, off, plan.buffer_size)
+                    .map_err(|e| format!("sendfile from O_DIRECT: {e}"))?;
+            }
+        }
+        read += t.elapsed().as_secs_f64();
+    }
+    Ok((alloc * 1e3, read * 1e3))
+}
+
+fn options(plan: &Plan<'_>, method: Method) -> LoadOptions {
+    LoadOptions {
+        buffer_size: plan.buffer_size,
+        buffers: Some(plan.buffers),
+        method,
+        engine: iopath_heap::EngineOptions {
+            queue_depth: plan.queue_depth,
+            ..Default::default()
+        },
+        ..LoadOptions::default()
+    }
+}
+
+/// Measures every row `runs` times, each from a cold page cache.
+pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<SeedRow> {
+    let seed_rows: [(&str, &str, Fill); 5] = [
+        ("udmabuf buffered read", "udmabuf", Fill::Buffered),
+        ("udmabuf direct read", "udmabuf", Fill::Direct),
+        ("udmabuf buffered sendfile", "udmabuf", Fill::Sendfile),
+        ("udmabuf direct sendfile", "udmabuf", Fill::DirectSendfile),
+        ("dmabuf buffered read", "dma-heap:system", Fill::Buffered),
+    ];
+    let iopath_rows: [(&str, Method); 3] = [
+        ("udmabuf", Method::Uring),
+        ("memfd", Method::Auto),
+        ("dma-heap:system", Method::Auto),
+    ];
+    let pool_heaps = ["memfd", "udmabuf", "dma-heap:system"];
+    let mut rows: Vec<SeedRow> = seed_rows
+        .iter()
+        .map(|(l, _, _)| SeedRow::new(*l, "seed"))
+        .collect();
+    let mut kernel_side = SeedRow::new("dmabuf direct read", "seed");
+    kernel_side.missing = Some(kernel_side_missing(plan));
+    rows.push(kernel_side);
+    rows.extend(
+        iopath_rows
+            .iter()
+            .map(|(h, m)| SeedRow::new(format!("iopath {h} {m}"), "iopath")),
+    );
+    for h in pool_heaps {
+        rows.push(SeedRow::new(format!("pool {h} auto, 1st load"), "pool"));
+        rows.push(SeedRow::new(format!("pool {h} auto, 2nd load"), "pool"));
+    }
+    let cold = || {
+        let _ = plan.file.drop_cache();
+    };
+    for _ in 0..runs {
+        for (k, (_, heap, fill)) in seed_rows.iter().enumerate() {
+            if rows[k].missing.is_some() {
+                continue;
+            }
+            let r = open_heap(heap).map_err(|e| error_chain(&e)).and_then(|h| {
+                cold();
+                let t = Instant::now();
+                let (a, rd) = seed_run(plan, h.as_ref(), *fill)?;
+                Ok((a, rd, t.elapsed().as_secs_f64() * 1e3))
+            });
+            match r {
+                Ok((a, rd, total)) => rows[k].push(a, rd, total),
+                Err(e) => rows[k].missing = Some(e),
+            }
+        }
+        for (j, (heap, method)) in iopath_rows.iter().enumerate() {
+            let row = &mut rows[6 + j];
+            if row.missing.is_some() {
+                continue;
+            }
+            cold();
+            let r = open_heap(heap)
+                .and_then(|h| load(plan.path, h.as_ref(), &options(plan, *method), &mut |_| {}));
+            match r {
+                Ok(l) => {
+                    let s = l.stats;
+                    if s.method != *method {
+                        row.label = format!("iopath {heap} {method} ({})", s.method);
+                    }
+                    row.push(
+                        s.alloc_time.as_secs_f64() * 1e3,
+                        s.read_time.as_secs_f64() * 1e3,
+                        s.elapsed.as_secs_f64() * 1e3,
+                    );
+                }
+                Err(e) => row.missing = Some(error_chain(&e)),
+            }
+        }
+        for (j, heap) in pool_heaps.iter().enumerate() {
+            let at = 9 + 2 * j;
+            if rows[at].missing.is_some() {
+                continue;
+            }
+            let bytes = (plan.buffers * plan.buffer_size) as u64;
+            let pool = match open_heap(heap).and_then(|h| Pool::new(h, bytes)) {
+                Ok(p) => p,
+                Err(e) => {
+                    rows[at].missing = Some(error_chain(&e));
+                    rows[at + 1].missing = Some(error_chain(&e));
+                    continue;
+                }
+            };
+            for second in [0, 1] {
+                cold();
+                match load(plan.path, &pool, &options(plan, Method::Auto), &mut |_| {}) {
+                    Ok(l) => {
+                        let s = l.stats;
+                        rows[at + second].push(
+                            s.alloc_time.as_secs_f64() * 1e3,
+                            s.read_time.as_secs_f64() * 1e3,
+                            s.elapsed.as_secs_f64() * 1e3,
+                        );
+                    }
+                    Err(e) => rows[at + second].missing = Some(error_chain(&e)),
+                }
+            }
+        }
+    }
+    rows
+}
