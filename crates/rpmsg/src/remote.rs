@@ -427,3 +427,67 @@ impl Link for RemoteLink {
         self.features
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that shared 64 KiB at 0x10000.
+    fn inside(addr: u64, len: usize) -> bool {
+        addr >= 0x10000 && addr.checked_add(len as u64).is_some_and(|e| e <= 0x20000)
+    }
+
+    fn d(addr: u64, len: u32, write_only: bool) -> Desc {
+        Desc {
+            addr,
+            len,
+            write_only,
+        }
+    }
+
+    #[test]
+    fn driver_messages_checked_before_they_are_read() {
+        let rx = |descs: Vec<Desc>| check_rx_chain(3, descs.into_iter(), BUF, inside);
+        const BUF: usize = crate::wire::BUF_SIZE;
+        assert_eq!(rx(vec![d(0x10000, 512, false)]), Ok((0x10000, 512)));
+        assert_eq!(rx(vec![d(0x1fe00, 16, false)]), Ok((0x1fe00, 16)));
+        let refused = [
+            (vec![], "no valid descriptor"),
+            (
+                vec![d(0x10000, 600, false)],
+                "600 bytes, more than a 512-byte buffer",
+            ),
+            (vec![d(0xf000, 512, false)], "lie outside"),
+            (vec![d(0x1ff00, 512, false)], "lie outside"),
+            (vec![d(u64::MAX - 8, 16, false)], "lie outside"),
+            (vec![d(0x10000, 512, true)], "device-writable"),
+            (
+                vec![d(0x10000, 16, false), d(0x10200, 16, false)],
+                "several",
+            ),
+        ];
+        for (descs, why) in refused {
+            let e = rx(descs.clone()).unwrap_err();
+            assert!(e.contains(why), "{descs:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn driver_buffers_checked_before_they_are_written() {
+        let tx = |first| check_tx_desc(5, first, crate::wire::BUF_SIZE, inside);
+        assert_eq!(tx(Some(d(0x10000, 512, true))), Ok((0x10000, 512)));
+        // A longer buffer is used up to rpmsg's 512 bytes.
+        assert_eq!(tx(Some(d(0x10000, 4096, true))), Ok((0x10000, 512)));
+        let refused = [
+            (None, "no valid descriptor"),
+            (Some(d(0x10000, 512, false)), "not device-writable"),
+            (Some(d(0x10000, 15, true)), "less than a header"),
+            (Some(d(0x1ff00, 512, true)), "lie outside"),
+            (Some(d(0, 512, true)), "lie outside"),
+        ];
+        for (first, why) in refused {
+            let e = tx(first).unwrap_err();
+            assert!(e.contains(why), "{first:?}: {e}");
+        }
+    }
+}
