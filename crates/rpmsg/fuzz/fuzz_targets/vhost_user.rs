@@ -1,0 +1,94 @@
+//! A hostile front end's message stream into the remote served over
+//! vhost-user: the same front end as iopath-virtio's `vhost_user_stream`
+//! target (memory tables of fuzzer bytes, so rings, descriptors, rpmsg
+//! headers and name-service records hold anything; vring setup, kicks,
+//! resets, raw messages), against the virtio-rpmsg device, whose session
+//! thread runs the bus and the echo service on whatever the rings say.
+//!
+//! The server must end every connection by itself once the front end
+//! closes, never panic, and hand both queues back so the next driver can
+//! come: the session thread then sees no driver and ends.
+#![no_main]
+
+#[path = "../../../virtio/fuzz/fuzz_targets/vhost_user_stream/front_end.rs"]
+mod front_end;
+#[path = "../../../virtio/fuzz/fuzz_targets/vhost_user_stream/input.rs"]
+mod input;
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use iopath_rpmsg::vhost_user::{RpmsgDevice, WaitDriverError};
+use iopath_rpmsg::{Bus, RemoteServices};
+use iopath_virtio::device::serve_connection;
+use libfuzzer_sys::fuzz_target;
+
+use front_end::FrontEnd;
+use input::Input;
+
+/// Serves drivers on `device` until `done` and no driver is there.
+fn sessions(device: RpmsgDevice, done: Arc<AtomicBool>) {
+    let services = RemoteServices {
+        echo: vec!["echo".into()],
+        sink: vec!["sink".into()],
+        ..RemoteServices::default()
+    };
+    loop {
+        match device.wait_driver(Some(Duration::from_millis(20))) {
+            Ok((link, notifier)) => {
+                let bus = Bus::start(Box::new(link), Box::new(notifier));
+                // Announcing may fail (no buffers, a reset): served anyway.
+                let session = services.announce(&bus, |_, _| {});
+                bus.wait_down(Some(Duration::from_secs(30)));
+                if let Ok(s) = session {
+                    drop(s);
+                }
+                bus.shutdown();
+            }
+            Err(WaitDriverError::Timeout { .. }) if done.load(Ordering::SeqCst) => return,
+            Err(WaitDriverError::Timeout { .. }) => {}
+            Err(e) => panic!("waiting for a driver: {e}"),
+        }
+    }
+}
+
+fuzz_target!(|input: Input| {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        // SAFETY: setting a signal's disposition to SIG_IGN at start-up.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    });
+    let device = RpmsgDevice::new();
+    let done = Arc::new(AtomicBool::new(false));
+    let session = {
+        let (d, done) = (device.clone(), Arc::clone(&done));
+        std::thread::spawn(move || sessions(d, done))
+    };
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || serve_connection(theirs, Arc::new(device)));
+    let mut drain = ours.try_clone().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while matches!(drain.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let mut fe = FrontEnd {
+        sock: ours,
+        need_reply: input.reply_ack,
+        files: Vec::new(),
+        kicks: vec![None, None, None],
+    };
+    if let Some(p) = &input.prelude {
+        fe.prelude(p);
+    }
+    for m in input.msgs.into_iter().take(48) {
+        fe.step(m);
+    }
+    let _ = rustix::net::shutdown(&fe.sock, rustix::net::Shutdown::Both);
+    let _result = server.join().expect("the server panicked");
+    reader.join().unwrap();
+    done.store(true, Ordering::SeqCst);
+    session.join().expect("the session thread panicked");
+});
