@@ -23,9 +23,10 @@ use super::stop;
 
 /// Options of `iopath rpmsg remote`.
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("transport").required(true).args(["shm", "vhost_user"])))]
 pub struct RemoteArgs {
     /// Shared-memory file (a bare name means /dev/shm/NAME).
-    #[arg(long, required_unless_present = "vhost_user")]
+    #[arg(long)]
     shm: Option<PathBuf>,
     /// Serve a virtio-rpmsg device (ID 7) on this vhost-user socket instead
     /// of a shared-memory file: a vhost-user front end (e.g. User-Mode
