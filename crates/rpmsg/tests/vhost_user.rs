@@ -35,7 +35,18 @@ struct Driver {
 
 impl Driver {
     fn connect(sock: &Path, event_idx: bool) -> Driver {
-        let dev = VhostUser::connect(sock, 7, T).unwrap();
+        Driver::start(VhostUser::connect(sock, 7, T).unwrap(), event_idx)
+    }
+
+    /// Resets the device (status 0: the front end stops both queues) on
+    /// the same connection and drives it afresh.
+    fn restart(self, event_idx: bool) -> Driver {
+        let Driver { dev, rx, tx, .. } = self;
+        drop((rx, tx));
+        Driver::start(dev, event_idx)
+    }
+
+    fn start(dev: VhostUser, event_idx: bool) -> Driver {
         let mut want = features::VIRTIO_F_VERSION_1 | 1 << wire::VIRTIO_RPMSG_F_NS;
         if event_idx {
             want |= features::VIRTIO_F_EVENT_IDX;
@@ -235,5 +246,27 @@ fn echo_bad_buffers_counted_and_next_driver() {
         assert_eq!(stats.rx_malformed, 1, "{stats:?}");
         assert_eq!(stats.rx_msgs, 7, "{stats:?}");
         assert!(matches!(events.recv_timeout(T).unwrap(), Ev::Gone));
+    }
+}
+
+#[test]
+fn reset_mid_stream_then_the_next_driver_on_the_same_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, events) = remote(dir.path());
+    let mut d = Driver::connect(&sock, true);
+    let ch = d.channel("echo");
+    d.echo(ch, &pattern(100, 1));
+    // A message in flight when the driver resets the device.
+    d.send(ch, &pattern(200, 2));
+    let mut d = d.restart(true);
+    match events.recv_timeout(T).unwrap() {
+        Ev::Stats(s) => assert_eq!(s.ns_create + s.rx_refused + s.rx_malformed, 0, "{s:?}"),
+        e => panic!("expected the session's counters, got {e:?}"),
+    }
+    assert!(matches!(events.recv_timeout(T).unwrap(), Ev::Gone));
+    // The remote announces again to the driver that started afresh.
+    let ch = d.channel("echo");
+    for size in [1, 496] {
+        d.echo(ch, &pattern(size, 3));
     }
 }
