@@ -209,6 +209,9 @@ struct IommuState {
 struct MissChannel {
     sock: UnixStream,
     reply_ack: bool,
+    /// The front end refused a miss before it ever sent an IOTLB message:
+    /// it acknowledged `ACCESS_PLATFORM` without running an IOMMU.
+    no_iommu: bool,
 }
 
 /// How long an access waits for the front end to answer a miss (QEMU
@@ -332,7 +335,11 @@ impl VhostIommu {
             // A front end that never answers must not hang a queue.
             let _ = sock.set_read_timeout(Some(MISS_WAIT));
             let _ = sock.set_write_timeout(Some(MISS_WAIT));
-            MissChannel { sock, reply_ack }
+            MissChannel {
+                sock,
+                reply_ack,
+                no_iommu: false,
+            }
         });
         *self.shared.miss.lock().unwrap_or_else(|e| e.into_inner()) = ch;
     }
@@ -365,10 +372,22 @@ impl VhostIommu {
                 // Whatever the front end answers, the update (if any) is
                 // what the access waits for.
                 let mut reply = [0u8; vhost_wire::U64_REPLY_SIZE];
-                ch.sock.read_exact(&mut reply)
-            } else {
-                Ok(())
+                ch.sock.read_exact(&mut reply)?;
+                let refused = !matches!(
+                    vhost_wire::parse_u64_reply(vhost_wire::BACKEND_IOTLB_MSG, &reply),
+                    Ok(0)
+                );
+                if refused && !ch.no_iommu && self.updates_seen() == 0 {
+                    ch.no_iommu = true;
+                    tracing::warn!(
+                        "the front end refused an IOTLB miss and has sent no IOTLB update: \
+                         it acknowledged VIRTIO_F_ACCESS_PLATFORM without running an IOMMU \
+                         (Linux's virtio_uml does); serve it without offering the feature \
+                         (iopath blk serve --no-access-platform)"
+                    );
+                }
             }
+            Ok(())
         });
         if let Err(e) = sent {
             // A front end too busy to answer in time only fails this access;
@@ -388,6 +407,27 @@ impl VhostIommu {
     /// The IOTLB traffic of this front end so far (every view's).
     pub fn stats(&self) -> IotlbStats {
         self.shared.counters.snapshot()
+    }
+
+    /// IOTLB messages applied so far.
+    fn updates_seen(&self) -> u64 {
+        *self
+            .shared
+            .updates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the front end refused a miss before it sent any IOTLB
+    /// message (it runs no IOMMU).
+    #[cfg(test)]
+    fn front_end_runs_no_iommu(&self) -> bool {
+        self.shared
+            .miss
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|ch| ch.no_iommu)
     }
 
     /// Forgets every mapping (a new front end, a device reset).
@@ -489,118 +529,4 @@ impl Iommu for VhostIommu {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn update(iova: u64, size: u64, uaddr: u64, perm: Perm) -> IotlbMsg {
-        IotlbMsg::Update {
-            iova,
-            size,
-            uaddr,
-            perm,
-        }
-    }
-
-    #[test]
-    fn parse_round_trips_and_rejects_bad_fields() {
-        let m = update(0x1000, 0x2000, 0x7f00_0000, Perm::ReadWrite);
-        assert_eq!(IotlbMsg::parse(&m.to_wire()), Ok(m));
-        let mut w = m.to_wire();
-        w[24] = 0;
-        assert_eq!(IotlbMsg::parse(&w), Err(IotlbMsgError::BadPerm { perm: 0 }));
-        w[24] = 1;
-        w[25] = 1;
-        assert_eq!(IotlbMsg::parse(&w), Err(IotlbMsgError::BadType { kind: 1 }));
-        assert_eq!(
-            IotlbMsg::parse(&w[..20]),
-            Err(IotlbMsgError::BadSize { len: 20 })
-        );
-        let wrap = update(u64::MAX - 10, 100, 0, Perm::ReadOnly).to_wire();
-        assert!(matches!(
-            IotlbMsg::parse(&wrap),
-            Err(IotlbMsgError::BadRange { .. })
-        ));
-        let empty = update(0, 0, 0, Perm::ReadOnly).to_wire();
-        assert!(matches!(
-            IotlbMsg::parse(&empty),
-            Err(IotlbMsgError::BadRange { .. })
-        ));
-    }
-
-    #[test]
-    fn translate_enforces_ranges_and_permissions() {
-        let mmu = VhostIommu::new();
-        assert!(!mmu.apply(&update(0x10_000, 0x1000, 0x5000_0000, Perm::ReadOnly)));
-        assert!(!mmu.apply(&update(0x11_000, 0x1000, 0x6000_0000, Perm::ReadWrite)));
-        // Overlapping an existing entry is a change, as is an invalidation
-        // that hits something; one over nothing is not.
-        assert!(mmu.apply(&update(0x11_000, 0x800, 0x6000_0000, Perm::ReadWrite)));
-        assert!(!mmu.apply(&IotlbMsg::Invalidate {
-            iova: 0x90_000,
-            size: 0x1000
-        }));
-        let got: Vec<_> = mmu
-            .translate(GuestAddress(0x10_ff0), 0x20, Permissions::Read)
-            .unwrap()
-            .map(|r| (r.base.0, r.length))
-            .collect();
-        assert_eq!(got, vec![(0x5000_0ff0, 0x10), (0x6000_0000, 0x10)]);
-        assert!(mmu
-            .translate(GuestAddress(0x10_000), 4, Permissions::Write)
-            .is_err());
-        assert!(mmu
-            .translate(GuestAddress(0x11_ff0), 0x20, Permissions::Read)
-            .is_err());
-        assert!(mmu
-            .translate(GuestAddress(u64::MAX - 2), 16, Permissions::Read)
-            .is_err());
-        assert!(mmu.apply(&IotlbMsg::Invalidate {
-            iova: 0x11_000,
-            size: 0x800,
-        }));
-        assert!(mmu
-            .translate(GuestAddress(0x11_000), 4, Permissions::Read)
-            .is_err());
-        assert!(mmu
-            .translate(GuestAddress(0x11_800), 4, Permissions::Read)
-            .is_ok());
-        mmu.clear();
-        assert!(mmu
-            .translate(GuestAddress(0x10_000), 4, Permissions::Read)
-            .is_err());
-        // Without a miss channel no miss is reported: failures are not
-        // counted as misses.
-        let want = IotlbStats {
-            updates: 3,
-            invalidations: 2,
-            misses: 0,
-            unanswered: 0,
-        };
-        assert_eq!(mmu.stats(), want);
-        assert_eq!(
-            want.to_string(),
-            "3 updates, 2 invalidations, 0 misses reported (0 unanswered)"
-        );
-    }
-
-    /// A miss reported on the back-end channel is counted, and counted as
-    /// unanswered when no update follows.
-    #[test]
-    fn reported_misses_are_counted() {
-        let mmu = VhostIommu::new();
-        let (ours, mut theirs) = UnixStream::pair().unwrap();
-        mmu.set_miss_channel(Some(ours), false);
-        assert!(mmu
-            .translate(GuestAddress(0x20_000), 8, Permissions::Read)
-            .is_err());
-        let stats = mmu.stats();
-        assert!(stats.misses >= 1, "{stats}");
-        assert_eq!(stats.misses, stats.unanswered, "{stats}");
-        let mut msg = [0u8; vhost_wire::HEADER_SIZE + IOTLB_MSG_SIZE];
-        theirs.read_exact(&mut msg).unwrap();
-        assert_eq!(
-            RawIotlb::decode(&msg[vhost_wire::HEADER_SIZE..]).map(|r| (r.iova, r.kind)),
-            Some((0x20_000, IOTLB_MISS))
-        );
-    }
-}
+mod tests;
