@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use iopath_dma::{Direct, DmaOps};
+use iopath_dma::{Direct, DmaOps, Iommu};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
 use iopath_rpmsg::session::{serve_drivers, Cleanup, RemoteEvent, ServeDrivers};
 use iopath_rpmsg::wire::{self, Endian, Header, NsMsg, NsOp, BUF_SIZE, HDR_LEN, NS_ADDR};
@@ -25,8 +25,8 @@ const OUR_ADDR: u32 = 1024;
 /// A minimal rpmsg host on a vhost-user front end.
 struct Driver {
     dev: VhostUser,
-    rx: SplitQueue<Direct>,
-    tx: SplitQueue<Direct>,
+    rx: SplitQueue<dyn DmaOps>,
+    tx: SplitQueue<dyn DmaOps>,
     rxbufs: Buffer,
     /// One per transmit slot: a buffer the device may read cannot be written.
     txbufs: Vec<Buffer>,
@@ -35,7 +35,13 @@ struct Driver {
 
 impl Driver {
     fn connect(sock: &Path, event_idx: bool) -> Driver {
-        Driver::start(VhostUser::connect(sock, 7, T).unwrap(), event_idx)
+        Driver::start(VhostUser::connect(sock, 7, T).unwrap(), event_idx, false)
+    }
+
+    /// As [`Driver::connect`], with `ACCESS_PLATFORM` and IOMMU ops: every
+    /// ring and buffer address is an IOVA mapped through `IOTLB_MSG`s.
+    fn connect_iommu(sock: &Path) -> Driver {
+        Driver::start(VhostUser::connect(sock, 7, T).unwrap(), true, true)
     }
 
     /// Resets the device (status 0: the front end stops both queues) on
@@ -43,17 +49,24 @@ impl Driver {
     fn restart(self, event_idx: bool) -> Driver {
         let Driver { dev, rx, tx, .. } = self;
         drop((rx, tx));
-        Driver::start(dev, event_idx)
+        Driver::start(dev, event_idx, false)
     }
 
-    fn start(dev: VhostUser, event_idx: bool) -> Driver {
+    fn start(dev: VhostUser, event_idx: bool, iommu: bool) -> Driver {
         let mut want = features::VIRTIO_F_VERSION_1 | 1 << wire::VIRTIO_RPMSG_F_NS;
         if event_idx {
             want |= features::VIRTIO_F_EVENT_IDX;
         }
+        if iommu {
+            want |= features::VIRTIO_F_ACCESS_PLATFORM;
+        }
         let f = features::negotiate(&dev, want, 0).unwrap();
         assert_eq!(f, want, "the device offers what Linux's bus takes");
-        let ops = Arc::new(Direct::new());
+        let ops: Arc<dyn DmaOps> = if iommu {
+            Arc::new(Iommu::new())
+        } else {
+            Arc::new(Direct::new())
+        };
         let qf = QueueFeatures::from_bits(f);
         let mut rx = SplitQueue::new(Arc::clone(&ops), 0, RING, qf).unwrap();
         let tx = SplitQueue::new(Arc::clone(&ops), 1, RING, qf).unwrap();
@@ -172,6 +185,7 @@ fn remote(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<Ev>) {
             ready_timeout: None,
             services: &services,
             once: false,
+            access_platform: true,
         };
         let tx = std::sync::Mutex::new(tx);
         let r = serve_drivers(cfg, &Cleanup::new(), move |ev| {
@@ -246,6 +260,26 @@ fn echo_bad_buffers_counted_and_next_driver() {
         assert_eq!(stats.rx_malformed, 1, "{stats:?}");
         assert_eq!(stats.rx_msgs, 7, "{stats:?}");
         assert!(matches!(events.recv_timeout(T).unwrap(), Ev::Gone));
+    }
+}
+
+#[test]
+fn echo_through_the_iotlb() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, events) = remote(dir.path());
+    let mut d = Driver::connect_iommu(&sock);
+    let ch = d.channel("echo");
+    for size in [1, 100, 496] {
+        d.echo(ch, &pattern(size, size));
+    }
+    drop(d);
+    match events.recv_timeout(T).unwrap() {
+        Ev::Stats(s) => assert_eq!(
+            (s.rx_msgs, s.rx_refused, s.rx_malformed),
+            (3, 0, 0),
+            "{s:?}"
+        ),
+        e => panic!("expected the session's counters, got {e:?}"),
     }
 }
 

@@ -38,6 +38,12 @@ pub struct RemoteArgs {
         conflicts_with_all = ["shm", "create", "ring", "event_idx", "notify", "shm_mode", "allow_writable_shm"]
     )]
     vhost_user: Option<PathBuf>,
+    /// With --vhost-user: offer VIRTIO_F_ACCESS_PLATFORM, so that a front
+    /// end with an IOMMU maps every ring and buffer with IOTLB messages
+    /// (User-Mode Linux accepts the bit without an IOMMU and then fails:
+    /// leave it off there).
+    #[arg(long, conflicts_with = "shm")]
+    access_platform: bool,
     /// Create the file with SIZE bytes (e.g. 0x80000, 512K, 2M) and write a
     /// fresh resource table: OpenAMP demo layout (table at 0, vrings at
     /// 0x4000 and 0x8000 aligned 0x1000, buffers from 0x10000).
@@ -138,6 +144,7 @@ fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
         ready_timeout: a.ready_timeout.map(Duration::from_secs),
         services: &services,
         once: a.once,
+        access_platform: a.access_platform,
     };
     let socket = sock.display().to_string();
     serve_drivers(cfg, stop, events(a, format!("the next driver on {socket}"))).map_err(|e| match e

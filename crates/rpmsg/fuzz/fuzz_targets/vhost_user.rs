@@ -61,7 +61,8 @@ fuzz_target!(|input: Input| {
         // SAFETY: setting a signal's disposition to SIG_IGN at start-up.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     });
-    let device = RpmsgDevice::new();
+    // ACCESS_PLATFORM offered: the IOTLB path is fuzzed too.
+    let device = RpmsgDevice::new().with_access_platform(true);
     let done = Arc::new(AtomicBool::new(false));
     let session = {
         let (d, done) = (device.clone(), Arc::clone(&done));

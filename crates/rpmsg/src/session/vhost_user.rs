@@ -27,6 +27,9 @@ pub struct ServeDrivers<'a> {
     pub services: &'a RemoteServices,
     /// Serve one driver only: its link going down is an error.
     pub once: bool,
+    /// Offer `VIRTIO_F_ACCESS_PLATFORM` (for front ends with an IOMMU; see
+    /// [`RpmsgDevice::with_access_platform`]).
+    pub access_platform: bool,
 }
 
 /// Why a remote stopped serving vhost-user drivers.
@@ -61,7 +64,7 @@ pub fn serve_drivers(
     stop: &Cleanup,
     on_event: impl Fn(RemoteEvent<'_>) + Send + Sync + 'static,
 ) -> Result<(), ServeDriversError> {
-    let device = RpmsgDevice::new();
+    let device = RpmsgDevice::new().with_access_platform(cfg.access_platform);
     let server = VhostUserServer::new(cfg.listener, Arc::new(device.clone()));
     let (failed_tx, failed) = std::sync::mpsc::channel();
     std::thread::Builder::new()

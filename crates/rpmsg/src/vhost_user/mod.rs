@@ -28,7 +28,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use iopath_virtio::device::{
-    QueueContext, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX,
+    QueueContext, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX,
 };
 use virtio_queue::Queue;
 
@@ -125,6 +126,7 @@ impl Slots {
 #[derive(Debug, Clone, Default)]
 pub struct RpmsgDevice {
     slots: Arc<Slots>,
+    access_platform: bool,
 }
 
 /// Why no driver came.
@@ -145,6 +147,19 @@ impl RpmsgDevice {
     /// A device with no driver yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same device offering `VIRTIO_F_ACCESS_PLATFORM`: negotiated,
+    /// every ring and buffer address is an IOVA the front end maps with
+    /// `IOTLB_MSG`s, checked by the device side at each access. Off by
+    /// default: Linux's `virtio_uml` accepts the bit without running an
+    /// IOMMU, and its driver would then fail.
+    #[must_use]
+    pub fn with_access_platform(self, on: bool) -> Self {
+        Self {
+            access_platform: on,
+            ..self
+        }
     }
 
     /// Waits until a driver has started both queues and kicked one (at
@@ -246,7 +261,12 @@ fn first_kick(
 
 impl VirtioDevice for RpmsgDevice {
     fn features(&self) -> u64 {
-        VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX | (1 << VIRTIO_RPMSG_F_NS)
+        let f = VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX | (1 << VIRTIO_RPMSG_F_NS);
+        if self.access_platform {
+            f | VIRTIO_F_ACCESS_PLATFORM
+        } else {
+            f
+        }
     }
 
     fn num_queues(&self) -> usize {
