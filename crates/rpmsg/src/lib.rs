@@ -20,6 +20,14 @@
 //! `iopath-dma`'s `Direct` ops (device address = offset); the remote's are
 //! rust-vmm `virtio-queue` over a `vm-memory` view of the same file.
 //!
+//! The remote has a second transport, [`vhost_user`]: a virtio-rpmsg
+//! device (ID 7) served by `iopath-virtio`'s vhost-user device side, whose
+//! rings and buffers are in the front end's memory (Linux's
+//! `virtio_rpmsg_bus` in User-Mode Linux is then the host). Its link and
+//! notifier implement the same [`Link`] and [`Notifier`], so the bus and
+//! the services below run unchanged; [`session::serve_drivers`] is its
+//! outer loop.
+//!
 //! On top, the [`Bus`] (one service thread per link): endpoints with
 //! addresses from 1024, the name service at 53 (announce and destroy both
 //! ways), channels the peer announced, delivery to a queue

@@ -1,6 +1,8 @@
 //! What the bus needs from a role: take the next message the peer sent,
 //! send one, and the notification bookkeeping. [`crate::HostLink`] (virtio
-//! driver) and [`crate::RemoteLink`] (virtio device) implement it.
+//! driver) and [`crate::RemoteLink`] (virtio device) implement it over a
+//! shared-memory file, [`crate::vhost_user::VhostUserLink`] (virtio device)
+//! over a vhost-user front end's memory.
 
 use std::fmt;
 use std::sync::Arc;
