@@ -215,7 +215,10 @@ impl RpmsgDevice {
                 Ok(false) => self.slots.give_back(ctxs),
                 Err(e) => {
                     self.slots.give_back(ctxs);
-                    return Err(e);
+                    return Err(match e {
+                        WaitDriverError::Timeout { .. } => timed_out(),
+                        e => e,
+                    });
                 }
             }
         }
