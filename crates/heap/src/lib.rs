@@ -41,6 +41,12 @@
 //! (buffer, offset, dtype, shape). [`Loaded::verify`] and
 //! [`Tensors::verify`] compare what was loaded with the file, read again.
 //!
+//! Heaps are chosen per kernel by [`choose_heap`] (`open_heap("auto")`): a
+//! dma-heap whose mapping takes direct I/O, else udmabuf (whose buffers are
+//! mapped through the memfd under the dma-buf, so direct I/O fills them),
+//! else memfd. A [`Pool`] wraps a heap and keeps dropped buffers for the
+//! next load.
+//!
 //! A buffer that is mapped for a device (see the `iopath-dma` crate) is
 //! *busy*: CPU writes through [`Buffer::write_at`] or a [`BufRange`] and file
 //! transfers into it are refused with [`Error::Busy`] until the device

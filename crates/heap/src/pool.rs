@@ -182,6 +182,48 @@ mod tests {
         assert_eq!(pool.kept_bytes(), 4 * page as u64);
     }
 
+    /// memfd with udmabuf's kind of per-buffer limit.
+    #[derive(Debug)]
+    struct Limited(MemfdHeap);
+
+    impl Heap for Limited {
+        fn name(&self) -> String {
+            "limited".into()
+        }
+        fn alloc(&self, len: usize) -> Result<Buffer> {
+            self.check_len(len)?;
+            self.0.alloc(len)
+        }
+        fn check_len(&self, len: usize) -> Result<()> {
+            if len > 2 * crate::page_size() {
+                return Err(Error::UdmabufLimit {
+                    size: len,
+                    limit_mb: Some(0),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_refused_size_leaves_the_pool_as_it_was() {
+        let page = crate::page_size();
+        let pool = Pool::new(Box::new(Limited(MemfdHeap::new(HugePages::None))), 1 << 20).unwrap();
+        let a = pool.alloc(page).unwrap();
+        drop(a);
+        assert!(matches!(
+            pool.alloc(4 * page),
+            Err(Error::UdmabufLimit { size, .. }) if size == 4 * page
+        ));
+        assert_eq!(
+            (pool.kept_bytes(), pool.free_bytes()),
+            (page as u64, page as u64)
+        );
+        assert_eq!(pool.counts(), (0, 1));
+        pool.alloc(page).unwrap();
+        assert_eq!(pool.counts(), (1, 1));
+    }
+
     #[test]
     fn more_than_available_is_refused_before_allocating() {
         let heap = MemfdHeap::new(HugePages::None);
