@@ -41,7 +41,9 @@ def load_safetensors(
     aligned for its dtype. Dtypes numpy lacks (BF16, F8_*, F4, F6_*) come
     back as raw ``uint8`` arrays of their bytes. With ``with_stats`` the
     result is ``(tensors, stats)``. The GIL is released while loading;
-    ``progress=True`` shows progress on stderr. Errors are raised as ``ValueError``
+    ``progress=True`` shows progress on stderr. ``heap`` is ``"auto"`` (a
+    dma-heap that direct I/O can fill, else udmabuf, else memfd; the stats
+    say which), ``"memfd"``, ``"udmabuf"`` or ``"dma-heap[:NAME]"``. Errors are raised as ``ValueError``
     (bad input, a refused header) or ``OSError`` with the Rust message.
     """
     buffers, table, stats = load_safetensors_raw(str(path), heap, method, buffer_size, progress)
