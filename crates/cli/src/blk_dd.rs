@@ -200,6 +200,7 @@ pub fn run(args: &DdArgs) -> Result<()> {
 /// # Errors
 /// As [`run`].
 fn dd(args: &DdArgs) -> Result<DdReport> {
+    not_a_socket(&args.socket)?;
     let cfg = args.config();
     let w = &cfg.workload;
     let bar = if !args.json {
@@ -216,6 +217,31 @@ fn dd(args: &DdArgs) -> Result<DdReport> {
     let report = dd::run(&cfg, &bar);
     bar.0.finish_and_clear();
     report.map_err(crate::blk_error::explain)
+}
+
+/// Refuses a `--socket` path that exists but is not a socket (connecting
+/// to it would only say "Connection refused"); a missing path is left to
+/// the connect, which waits for a back end to create it.
+fn not_a_socket(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let t = m.file_type();
+    if t.is_socket() {
+        return Ok(());
+    }
+    let what = if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else {
+        "not a socket"
+    };
+    Err(crate::usage::usage(format!(
+        "--socket {}: not a socket ({what}); give the socket `iopath blk serve --socket` made",
+        path.display()
+    )))
 }
 
 /// A progress bar on stderr, advanced by the workload.

@@ -6,6 +6,8 @@ use iopath_blk::dd::DdError;
 use iopath_blk::workload::WorkloadError;
 use iopath_virtio::transport::vhost_user::VhostUserError;
 
+use crate::usage::usage;
+
 /// The dd's error in the command line's terms: the option at fault.
 pub fn explain(e: DdError) -> anyhow::Error {
     match e {
@@ -34,10 +36,10 @@ fn explain_workload(e: WorkloadError) -> anyhow::Error {
             field,
             value,
             accepted,
-        } => anyhow!(
+        } => usage(format!(
             "--{} {value} is not accepted: it must be {accepted}",
             field.replace('_', "-")
-        ),
+        )),
         WorkloadError::Overflow { what, limit } => {
             // "offset + bs x count" -> "--offset + --bs x --count".
             let options: Vec<String> = what
@@ -47,17 +49,17 @@ fn explain_workload(e: WorkloadError) -> anyhow::Error {
                     field => format!("--{}", field.replace('_', "-")),
                 })
                 .collect();
-            anyhow!(
+            usage(format!(
                 "{} overflows: it must be at most {limit}",
                 options.join(" ")
-            )
+            ))
         }
         WorkloadError::DepthBelowQueues {
             queue_depth,
             queues,
-        } => anyhow!(
+        } => usage(format!(
             "--queue-depth ({queue_depth}) must be at least --queues ({queues}): each queue needs a block in flight"
-        ),
+        )),
         WorkloadError::PastEnd { end, capacity } => anyhow!(
             "--offset + --bs x --count = {end} bytes is past the device's end ({capacity} bytes)"
         ),

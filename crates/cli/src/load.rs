@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use iopath_heap::{
     load, load_safetensors, EngineOptions, LoadOptions, LoadStats, Method, Prefault,
@@ -110,7 +110,9 @@ pub fn run(args: &LoadArgs) -> Result<()> {
     let heap_name = heap.name();
     let safetensors = args.format == "safetensors";
     if safetensors && args.buffers.is_some() {
-        bail!("--buffers: not with --format safetensors (the tensors decide the buffers)");
+        return Err(crate::usage::usage(
+            "--buffers: not with --format safetensors (the tensors decide the buffers)",
+        ));
     }
     let loaded_bar = || {
         if let Some(bar) = &bar {

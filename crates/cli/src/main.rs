@@ -13,6 +13,7 @@ mod heaps;
 mod load;
 mod rpmsg;
 mod size;
+mod usage;
 
 use anyhow::Result;
 use clap::Parser;
@@ -61,7 +62,8 @@ fn main() {
     if let Err(e) = r {
         // One line: the error and its causes, joined by ": ".
         eprintln!("iopath: error: {e:#}");
-        std::process::exit(1);
+        // Usage errors found after parsing exit as clap's own do.
+        std::process::exit(if usage::is_usage(&e) { 2 } else { 1 });
     }
 }
 

@@ -194,6 +194,34 @@ fn dd_refuses_iommu_mode_without_access_platform_and_bad_arguments() {
 }
 
 #[test]
+fn dd_usage_errors_exit_2_and_a_regular_file_is_not_a_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, b"x").unwrap();
+    // Refused before any connect: the path is a regular file.
+    let out = dd(&file, &["--count", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a socket (a regular file)"), "{err}");
+    assert!(!err.contains("Connection refused"), "{err}");
+    // The options the workload refuses are usage errors too, like clap's.
+    let sock = dir.path().join("none.sock");
+    for (args, says) in [
+        (&["--bs", "1000"][..], "multiple of 512"),
+        (
+            &["--queues", "2", "--queue-depth", "1"][..],
+            "--queue-depth (1)",
+        ),
+        (&["--bs", "bogus"][..], "--bs"),
+    ] {
+        let out = dd(&sock, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn dd_verifies_every_mode_against_iopath_blk_serve() {
     let s = serve(40 << 20);
     for (i, mode) in ["direct", "direct-static", "iommu", "bounce"]

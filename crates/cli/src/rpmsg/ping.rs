@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use iopath_bench::rpmsg::RawPingPong;
 use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::EptFd;
@@ -75,7 +75,7 @@ pub fn run(a: PingArgs) -> Result<()> {
             PingEndpoint::attach(ctrl, &a.name, timeout)?
         }
         (None, Some(ctrl)) => PingEndpoint::create(ctrl, &a.name, timeout)?,
-        (None, None) => bail!("--ctrl or --fd is needed"),
+        (None, None) => return Err(crate::usage::usage("--ctrl or --fd is needed")),
     };
     let (count, payloads) = match (a.openamp, a.size) {
         (true, _) => (OPENAMP_MAX as u64, Payloads::OpenAmp),

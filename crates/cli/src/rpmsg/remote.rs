@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::session::{
     serve_drivers, serve_hosts, AcceptError, RemoteEvent, ServeDrivers, ServeDriversError,
@@ -125,7 +125,7 @@ fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
     match (&a.vhost_user, &a.shm) {
         (Some(sock), _) => serve_vhost_user(a, sock, stop),
         (None, Some(shm)) => serve_shm(a, shm, stop),
-        (None, None) => bail!("--shm or --vhost-user is required"),
+        (None, None) => Err(crate::usage::usage("--shm or --vhost-user is required")),
     }
 }
 
