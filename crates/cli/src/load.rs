@@ -53,8 +53,9 @@ pub struct LoadArgs {
     /// to 1G, e.g. 1M, 4M.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub request_size: usize,
-    /// Threads allocating buffers (and their pages) while the reads run.
-    #[arg(long, default_value_t = 1)]
+    /// Threads allocating buffers (and their pages) while the reads run,
+    /// 1 to 64.
+    #[arg(long, default_value_t = 1, value_parser = parse_alloc_threads)]
     pub alloc_threads: usize,
     /// What the allocator thread does to new buffers' pages: allocate
     /// (fallocate; the reads map them), map (MADV_POPULATE_WRITE), none, or
@@ -274,4 +275,17 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
         Some(o) => anyhow::Error::new(e).context(o),
         None => e.into(),
     }
+}
+
+/// `--alloc-threads`: 1 to 64 (more threads than that only contend for
+/// the same page allocator and address-space lock).
+fn parse_alloc_threads(s: &str) -> Result<usize, String> {
+    const MAX: usize = 64;
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of threads"))?;
+    if !(1..=MAX).contains(&n) {
+        return Err(format!("{n} is out of range: at least 1, at most {MAX}"));
+    }
+    Ok(n)
 }

@@ -391,3 +391,29 @@ fn safetensors_loads_and_verifies_every_tensor() {
         "is not a safetensors file iopath accepts: header length 4611686018427387905 is over the limit",
     );
 }
+
+#[test]
+fn alloc_threads_out_of_range_is_a_usage_error_naming_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("f");
+    std::fs::write(&f, b"x").unwrap();
+    for n in ["0", "65", "10000"] {
+        let out = iopath(&["load", "--alloc-threads", n, f.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--alloc-threads {n}: {err}");
+        assert!(err.contains("--alloc-threads"), "{err}");
+        assert!(err.contains("at most 64"), "{err}");
+    }
+    let out = iopath(&[
+        "load",
+        "--alloc-threads",
+        "64",
+        "--verify",
+        f.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
