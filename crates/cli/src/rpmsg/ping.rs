@@ -36,8 +36,8 @@ pub struct PingArgs {
     /// Channel (service name the remote announced).
     #[arg(long, default_value = OPENAMP_SERVICE, value_parser = parse_name)]
     name: String,
-    /// Round trips.
-    #[arg(long, default_value_t = 1000)]
+    /// Round trips, at least 1.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// Payload size for every message (default: cycle through 1..=496).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_PAYLOAD as u64))]
