@@ -456,3 +456,61 @@ fn a_shared_runtime_directory_keeps_each_hosts_nodes() {
         round_trip(&ep, 3);
     }
 }
+
+#[test]
+fn ping_count_0_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctrl = dir.path().join("ctrl");
+    let out = Command::new(BIN)
+        .args(["rpmsg", "ping", "--ctrl", s(&ctrl), "--count", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--count"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn host_timeout_message_states_the_value_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify = format!("unix:{}", s(&dir.path().join("nobody")));
+    let start = Instant::now();
+    let out = Command::new(BIN)
+        .args(["rpmsg", "host", "--shm", s(&dir.path().join("shm"))])
+        .args(["--notify", &notify, "--ctrl", s(&dir.path().join("ctrl"))])
+        .args(["--timeout", "1"])
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("within 1 s"), "{err}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn a_second_host_on_a_busy_remote_says_so_within_its_timeout() {
+    let p = pair("eventfd:DIR/ev", &[], &[]);
+    drop(echo_ept(&p.ctrl));
+    let dir = p.dir.path();
+    let start = Instant::now();
+    let out = Command::new(BIN)
+        .args(["rpmsg", "host", "--shm", s(&dir.join("shm"))])
+        .args(["--notify", &format!("eventfd:{}", s(&dir.join("ev")))])
+        .args(["--ctrl", s(&dir.join("ctrl2")), "--timeout", "3"])
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("serving another host"), "{err}");
+    assert!(err.contains("within 3 s"), "{err}");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    // The first host still serves.
+    drop(echo_ept(&p.ctrl));
+}

@@ -54,8 +54,17 @@ pub enum NotifyError {
     Timeout {
         /// Socket path.
         path: PathBuf,
-        /// Seconds waited.
-        secs: u64,
+        /// Seconds waited (the timeout given).
+        secs: f64,
+    },
+    /// A remote listens but offered nothing in the time allowed: it serves
+    /// another host.
+    #[error("The remote on {path} did not answer within {secs} s: it is serving another host")]
+    Busy {
+        /// Socket path.
+        path: PathBuf,
+        /// Seconds waited (the timeout given).
+        secs: f64,
     },
     /// Another remote listens on the socket path.
     #[error("{} is in use by another server", path.display())]

@@ -93,12 +93,14 @@ impl NotifySpec {
             NotifySpec::Poll => return Ok(Box::new(PollNotifier)),
             NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => p,
         };
-        let start = Instant::now();
+        let deadline = Instant::now() + timeout;
         loop {
-            let left = timeout.saturating_sub(start.elapsed());
-            let sock = connect_retry(path, left)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let sock = connect_retry(path, deadline, timeout)?;
             return Ok(match self {
-                NotifySpec::Eventfd(_) => match EventfdNotifier::accept(sock) {
+                NotifySpec::Eventfd(_) => match offered(&sock, path, deadline, timeout)
+                    .and_then(|()| EventfdNotifier::accept(sock))
+                {
                     Ok(n) => Box::new(n),
                     // A remote killed a moment ago closes its listener
                     // last: a connect in between is queued, then reset.
@@ -143,8 +145,54 @@ impl NotifyListener {
     }
 }
 
-fn connect_retry(path: &Path, timeout: Duration) -> Result<UnixStream, NotifyError> {
-    let start = Instant::now();
+/// Waits until the remote offers its eventfds on `sock`, at most until
+/// `deadline`. A remote serving another host queues the connection and
+/// offers nothing: after a second this says so once, and at the deadline
+/// fails with [`NotifyError::Busy`].
+fn offered(
+    sock: &UnixStream,
+    path: &Path,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), NotifyError> {
+    use std::os::fd::AsFd;
+    let mut warned = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let step = if warned {
+            left
+        } else {
+            left.min(Duration::from_secs(1))
+        };
+        let ready = super::poll_in(&[sock.as_fd()], step)?;
+        if ready.first().is_some_and(|f| !f.is_empty()) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(NotifyError::Busy {
+                path: path.to_owned(),
+                secs: timeout.as_secs_f64(),
+            });
+        }
+        if !warned {
+            tracing::warn!(
+                "the remote on {} has not answered for 1 s: is it serving another host? \
+                 (waiting up to {} s in all)",
+                path.display(),
+                timeout.as_secs_f64()
+            );
+            warned = true;
+        }
+    }
+}
+
+/// Connects to `path`, retrying until `deadline` while nobody listens;
+/// `timeout` is the wait the caller was given, for the error.
+fn connect_retry(
+    path: &Path,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<UnixStream, NotifyError> {
     let mut delay = Duration::from_millis(1);
     loop {
         match UnixStream::connect(path) {
@@ -155,13 +203,14 @@ fn connect_retry(path: &Path, timeout: Duration) -> Result<UnixStream, NotifyErr
                     std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
                 ) =>
             {
-                if start.elapsed() >= timeout {
+                let now = Instant::now();
+                if now >= deadline {
                     return Err(NotifyError::Timeout {
                         path: path.to_owned(),
-                        secs: timeout.as_secs(),
+                        secs: timeout.as_secs_f64(),
                     });
                 }
-                std::thread::sleep(delay);
+                std::thread::sleep(delay.min(deadline - now));
                 delay = (delay * 2).min(Duration::from_millis(50));
             }
             Err(e) => return Err(io("connect")(e)),

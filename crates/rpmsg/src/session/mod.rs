@@ -88,7 +88,7 @@ pub fn reconnect_remote(
     loop {
         match notify.connect(timeout) {
             Ok(n) => return Ok(n),
-            Err(NotifyError::Timeout { .. }) => continue,
+            Err(NotifyError::Timeout { .. } | NotifyError::Busy { .. }) => continue,
             Err(e) => return Err(e),
         }
     }
