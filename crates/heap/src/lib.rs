@@ -59,6 +59,7 @@ mod choose;
 mod engine;
 mod error;
 mod file;
+mod header_keys;
 mod heap;
 mod limits;
 mod loader;

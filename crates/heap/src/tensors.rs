@@ -131,8 +131,17 @@ fn parse_header(
     }
     let mut json = vec![0u8; n as usize];
     read(&mut json, 8).map_err(|e| io("pread", 8, n as usize, e))?;
-    let meta: safetensors::tensor::Metadata =
-        serde_json::from_slice(&json).map_err(|e| bad(path, format!("header refused: {e}")))?;
+    let meta: safetensors::tensor::Metadata = serde_json::from_slice(&json).map_err(|e| {
+        // A name given twice keeps only its last entry, whose offsets then
+        // leave a hole: say which name, not "invalid offset".
+        match crate::header_keys::duplicate_name(&json) {
+            Some(name) => bad(
+                path,
+                format!("tensor name {name:?} appears twice in the header"),
+            ),
+            None => bad(path, format!("header refused: {e}")),
+        }
+    })?;
     let data_start = 8 + n;
     let data_len = meta.data_len() as u64;
     if data_start + data_len != size {
@@ -564,6 +573,26 @@ mod tests {
             let r = verdict(name);
             assert!(matches!(r, Err(Error::Safetensors { .. })), "{name}: {r:?}");
         }
+    }
+
+    #[test]
+    fn a_duplicate_tensor_name_is_named() {
+        let json = br#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#;
+        let mut file = (json.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(json);
+        file.extend_from_slice(&[7; 8]);
+        let r = parse_header(
+            |buf, off| {
+                buf.copy_from_slice(&file[off as usize..off as usize + buf.len()]);
+                Ok(())
+            },
+            Path::new("dup.safetensors"),
+            file.len() as u64,
+        );
+        let Err(Error::Safetensors { reason, .. }) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(reason, r#"tensor name "a" appears twice in the header"#);
     }
 
     #[test]
