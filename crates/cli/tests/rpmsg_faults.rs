@@ -514,3 +514,27 @@ fn a_second_host_on_a_busy_remote_says_so_within_its_timeout() {
     // The first host still serves.
     drop(echo_ept(&p.ctrl));
 }
+
+#[test]
+fn remote_ready_timeout_bounds_the_wait_for_a_host_on_every_notifier() {
+    for kind in ["eventfd", "unix", "poll"] {
+        let dir = tempfile::tempdir().unwrap();
+        let notify = match kind {
+            "poll" => "poll".to_string(),
+            k => format!("{k}:{}", s(&dir.path().join("n"))),
+        };
+        let start = Instant::now();
+        let out = Command::new(BIN)
+            .args(["rpmsg", "remote", "--shm", s(&dir.path().join("shm"))])
+            .args(["--create", "0x80000", "--notify", &notify, "--echo", "echo"])
+            .args(["--ready-timeout", "2"])
+            .output()
+            .unwrap();
+        let took = start.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{kind}: {err}");
+        assert!(err.contains("within 2 s"), "{kind}: {err}");
+        assert!(took >= Duration::from_secs(2), "{kind}: {took:?}");
+        assert!(took < Duration::from_secs(4), "{kind}: {took:?}");
+    }
+}

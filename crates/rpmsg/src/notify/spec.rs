@@ -145,6 +145,34 @@ impl NotifyListener {
     }
 }
 
+impl NotifyListener {
+    /// Like [`accept`](Self::accept), but gives up at `deadline` when no
+    /// host has connected; `given` is the wait the caller was given, for
+    /// the error.
+    ///
+    /// # Errors
+    /// [`NotifyError::Timeout`] when nobody connects in time; as
+    /// [`accept`](Self::accept) otherwise.
+    pub fn accept_until(
+        &self,
+        deadline: Instant,
+        given: Duration,
+    ) -> Result<Box<dyn Notifier>, NotifyError> {
+        if let (Some(l), Some(path)) = (&self.listener, self.path()) {
+            use std::os::fd::AsFd;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ready = super::poll_in(&[l.as_fd()], left)?;
+            if ready.first().is_none_or(|f| f.is_empty()) {
+                return Err(NotifyError::Timeout {
+                    path: path.to_owned(),
+                    secs: given.as_secs_f64(),
+                });
+            }
+        }
+        self.accept()
+    }
+}
+
 /// Waits until the remote offers its eventfds on `sock`, at most until
 /// `deadline`. A remote serving another host queues the connection and
 /// offers nothing: after a second this says so once, and at the deadline

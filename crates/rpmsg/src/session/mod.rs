@@ -50,7 +50,8 @@ pub enum AcceptError {
 /// closes before DRIVER_OK, is handed to `skipped` and the wait goes on.
 ///
 /// # Errors
-/// [`AcceptError::Accept`] when the socket cannot accept;
+/// [`AcceptError::Accept`] when the socket cannot accept or no host
+/// connects within `ready_timeout`;
 /// [`AcceptError::Ready`] when the device does not become ready (e.g.
 /// `ready_timeout` passed).
 pub fn accept_host(
@@ -59,10 +60,18 @@ pub fn accept_host(
     ready_timeout: Option<Duration>,
     mut skipped: impl FnMut(Skipped),
 ) -> Result<Bus, AcceptError> {
+    // `ready_timeout` bounds the wait for a host to connect too.
+    let deadline = ready_timeout.map(|t| (std::time::Instant::now() + t, t));
     loop {
-        let notifier = match listener.accept() {
+        let accepted = match deadline {
+            Some((at, given)) => listener.accept_until(at, given),
+            None => listener.accept(),
+        };
+        let notifier = match accepted {
             Ok(n) => n,
-            Err(e @ NotifyError::Io { op: "accept", .. }) => return Err(AcceptError::Accept(e)),
+            Err(e @ (NotifyError::Io { op: "accept", .. } | NotifyError::Timeout { .. })) => {
+                return Err(AcceptError::Accept(e))
+            }
             Err(e) => {
                 skipped(Skipped::NotAHost(e));
                 continue;
