@@ -448,3 +448,24 @@ fn libc_emsgsize() -> i32 {
 fn libc_epipe() -> i32 {
     rustix::io::Errno::PIPE.raw_os_error()
 }
+
+#[test]
+fn exec_with_a_missing_ctrl_socket_does_not_run_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["rpmsg", "exec", "--ctrl"])
+        .arg(dir.path().join("missing.ctrl"))
+        .args(["--", "sh", "-c", "touch \"$0\""])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--ctrl") && err.contains("no endpoint service there"),
+        "{err}"
+    );
+    assert!(err.contains("No such file or directory"), "{err}");
+    assert!(!ran.exists(), "the program ran");
+}
