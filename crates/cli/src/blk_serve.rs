@@ -19,6 +19,12 @@ pub struct ServeArgs {
     /// Unix socket to listen on (created; a stale one is replaced).
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
+    /// Mode of the socket, octal, whatever the umask. Whoever connects
+    /// reads and writes the image: with the default 600 only this user
+    /// (and root) can, and a front end of another user is refused even if
+    /// the file's mode was changed; 660 lets the group in.
+    #[arg(long, default_value = "600", value_name = "MODE", value_parser = crate::rpmsg::common::parse_mode)]
+    socket_mode: u32,
     /// Number of request queues, each served by its own thread.
     #[arg(long, default_value_t = 1, value_name = "N")]
     queues: usize,
@@ -34,8 +40,9 @@ pub struct ServeArgs {
     no_access_platform: bool,
 }
 
-/// Binds `path`, replacing a socket file nobody listens on any more.
-fn bind(path: &Path) -> Result<UnixListener> {
+/// Binds `path` with `mode`, replacing a socket file nobody listens on any
+/// more.
+fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             bail!("{} exists and is not a socket", path.display());
@@ -46,7 +53,11 @@ fn bind(path: &Path) -> Result<UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
     }
-    UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+    let fd =
+        iopath_virtio::unix_socket::bind_listener(path, rustix::net::SocketType::STREAM, mode, 16)
+            .map_err(|(op, e)| anyhow::Error::new(e).context(op))
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+    Ok(UnixListener::from(fd))
 }
 
 /// Runs `iopath blk serve` until SIGINT or SIGTERM.
@@ -70,7 +81,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         signal_hook::consts::SIGTERM,
     ])
     .context("cannot install signal handlers")?;
-    let listener = bind(&args.socket)?;
+    let listener = bind(&args.socket, args.socket_mode)?;
     let socket = args.socket.clone();
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
@@ -81,7 +92,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     });
     let cfg = backend.config();
     println!(
-        "serving {} ({} sectors, {}{}) on {} with {} queue{}",
+        "serving {} ({} sectors, {}{}) on {} (mode {:o}) with {} queue{}",
         args.image.display(),
         cfg.capacity,
         if backend.direct_io() {
@@ -91,11 +102,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         },
         if args.readonly { ", read-only" } else { "" },
         args.socket.display(),
+        args.socket_mode,
         args.queues,
         if args.queues == 1 { "" } else { "s" },
     );
     let server = VhostUserServer::new(listener, Arc::new(backend)).with_options(ServerOptions {
         access_platform: !args.no_access_platform,
+        socket_mode: Some(args.socket_mode),
     });
     let res = server.run();
     let _ = std::fs::remove_file(&args.socket);

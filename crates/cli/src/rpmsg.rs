@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-mod common;
+pub(crate) mod common;
 mod ept;
 mod exec;
 mod host;

@@ -63,6 +63,7 @@ pub mod features;
 pub mod policy;
 pub mod queue;
 pub mod transport;
+pub mod unix_socket;
 pub mod vhost_wire;
 
 pub use error::{DeviceError, Error, Result};

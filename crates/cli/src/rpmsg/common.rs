@@ -15,8 +15,8 @@ pub(super) fn parse_name(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// Parses an octal file mode: 600, 0660.
-pub(super) fn parse_mode(s: &str) -> Result<u32, String> {
+/// Parses an octal file mode: 600, 0660 (`blk serve --socket-mode` too).
+pub(crate) fn parse_mode(s: &str) -> Result<u32, String> {
     match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
         Ok(m) if m <= 0o777 => Ok(m),
         _ => Err(format!("not an octal mode: {s:?} (try 600 or 660)")),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
+use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::session::{
     serve_drivers, serve_hosts, AcceptError, RemoteEvent, ServeDrivers, ServeDriversError,
@@ -35,7 +36,7 @@ pub struct RemoteArgs {
     #[arg(
         long,
         value_name = "SOCKET",
-        conflicts_with_all = ["shm", "create", "ring", "event_idx", "notify", "shm_mode", "allow_writable_shm"]
+        conflicts_with_all = ["shm", "create", "ring", "event_idx", "notify", "notify_mode", "shm_mode", "allow_writable_shm"]
     )]
     vhost_user: Option<PathBuf>,
     /// With --vhost-user: offer VIRTIO_F_ACCESS_PLATFORM, so that a front
@@ -59,6 +60,12 @@ pub struct RemoteArgs {
     /// (one byte per kick, OpenAMP demo), or poll. The remote listens.
     #[arg(long, default_value = openamp::NOTIFY)]
     notify: NotifySpec,
+    /// Mode of the notify socket, octal, whatever the umask. Whoever holds
+    /// it is the host: with the default 600 a host of another user (not
+    /// root) is refused even if the file's mode was changed; 660 lets the
+    /// group in.
+    #[arg(long, default_value = "600", value_parser = super::common::parse_mode)]
+    notify_mode: u32,
     /// Echo service to announce (repeatable).
     #[arg(long, default_value = openamp::SERVICE, value_parser = super::common::parse_name)]
     echo: Vec<String>,
@@ -163,6 +170,9 @@ fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
 fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Sync + 'static {
     let (echo, json) = (a.echo.clone(), a.json);
     move |ev| match ev {
+        RemoteEvent::Skipped(Skipped::NotAHost(e @ NotifyError::PeerRefused { .. })) => {
+            eprintln!("remote: {e} (--notify-mode widens it); waiting again")
+        }
         RemoteEvent::Skipped(Skipped::NotAHost(e)) => {
             eprintln!("remote: a connection that is no host ({e}); waiting again")
         }
@@ -244,7 +254,7 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
     // second remote on the same file was refused by its lock above).
     let listener = a
         .notify
-        .bind()
+        .bind_with_mode(a.notify_mode)
         .with_context(|| format!("notify socket {}", a.notify))?;
     if let Some(p) = listener.path() {
         stop.add_file(p);

@@ -72,6 +72,15 @@ pub enum NotifyError {
         /// The socket path.
         path: PathBuf,
     },
+    /// A peer of another user connected to a private socket; it was hung
+    /// up.
+    #[error("Refused a peer of another user ({peer}): the socket is private (mode {mode:o})")]
+    PeerRefused {
+        /// Its credentials (pid, uid, gid).
+        peer: String,
+        /// The socket's mode.
+        mode: u32,
+    },
     /// The socket path is taken by a file that is not a socket.
     #[error("{} exists and is not a socket", path.display())]
     NotSocket {

@@ -54,16 +54,28 @@ impl fmt::Display for NotifySpec {
 pub struct NotifyListener {
     spec: NotifySpec,
     listener: Option<UnixListener>,
+    mode: u32,
 }
 
 impl NotifySpec {
-    /// Remote side, step 1: binds the socket (replacing a stale one).
+    /// Remote side, step 1: binds the socket (replacing a stale one) with
+    /// mode 0600 whatever the umask.
+    ///
+    /// # Errors
+    /// As [`NotifySpec::bind_with_mode`].
+    pub fn bind(&self) -> Result<NotifyListener, NotifyError> {
+        self.bind_with_mode(iopath_virtio::unix_socket::PRIVATE_MODE)
+    }
+
+    /// As [`NotifySpec::bind`], with permission bits `mode`. A host that
+    /// connects as another user (not root) is refused unless `mode` lets
+    /// group or others in: whoever holds the socket holds the remote.
     ///
     /// # Errors
     /// [`NotifyError::InUse`] if another remote listens there,
     /// [`NotifyError::NotSocket`] for another kind of file,
     /// [`NotifyError::Io`] if the socket cannot be bound.
-    pub fn bind(&self) -> Result<NotifyListener, NotifyError> {
+    pub fn bind_with_mode(&self, mode: u32) -> Result<NotifyListener, NotifyError> {
         let listener = match self {
             NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => {
                 use crate::claim::{claim, Refusal};
@@ -72,13 +84,21 @@ impl NotifySpec {
                     Refusal::NotSocket => NotifyError::NotSocket { path: p.clone() },
                     Refusal::Io(op, source) => NotifyError::Io { op, source },
                 })?;
-                Some(UnixListener::bind(p).map_err(io("bind"))?)
+                let fd = iopath_virtio::unix_socket::bind_listener(
+                    p,
+                    rustix::net::SocketType::STREAM,
+                    mode,
+                    16,
+                )
+                .map_err(|(op, source)| NotifyError::Io { op, source })?;
+                Some(UnixListener::from(fd))
             }
             NotifySpec::Poll => None,
         };
         Ok(NotifyListener {
             spec: self.clone(),
             listener,
+            mode,
         })
     }
 
@@ -127,17 +147,26 @@ impl NotifyListener {
     }
 
     /// Remote side, step 2: waits for the host to connect (no time limit).
+    /// A peer of another user is refused (see
+    /// [`NotifySpec::bind_with_mode`]) and hung up.
     /// The listener stays bound, so a host that comes later (after this
     /// one went) can connect again, and a second remote is refused.
     ///
     /// # Errors
     /// [`NotifyError::Io`] if `accept` fails, a handshake error if the
-    /// connection is not a host (e.g. another server's probe).
+    /// connection is not a host (e.g. another server's probe),
+    /// [`NotifyError::PeerRefused`] for a peer of another user.
     pub fn accept(&self) -> Result<Box<dyn Notifier>, NotifyError> {
         let Some(l) = &self.listener else {
             return Ok(Box::new(PollNotifier));
         };
         let (sock, _) = l.accept().map_err(io("accept"))?;
+        if let Err(peer) = iopath_virtio::unix_socket::admit(&sock, self.mode) {
+            return Err(NotifyError::PeerRefused {
+                peer,
+                mode: self.mode,
+            });
+        }
         Ok(match self.spec {
             NotifySpec::Eventfd(_) => Box::new(EventfdNotifier::offer(sock)?),
             _ => Box::new(UnixByteNotifier::new(sock)?),

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustix::net::{SocketAddrUnix, SocketFlags};
+use rustix::net::SocketFlags;
 use tracing::{info, warn};
 
-use super::{sys, EptService};
+use super::EptService;
 use crate::bus::Bus;
 use crate::ctrl::proto::ServiceStats;
-use crate::ctrl::{seqpacket, CtrlError};
+use crate::ctrl::CtrlError;
 
 /// How the control socket is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,33 +78,22 @@ impl CtrlServer {
             .clone()
             .unwrap_or_else(|| crate::ctrl::default_run_dir(path));
         let svc = EptService::start(bus.clone(), &rundir, opts.mode)?;
-        let fd = seqpacket()?;
-        // Bound and listening under a temporary name, then renamed into
-        // place: once `path` exists, a client's connect succeeds.
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".{}.tmp", std::process::id()));
-        let tmp = PathBuf::from(tmp);
-        let _ = std::fs::remove_file(&tmp);
-        let addr = SocketAddrUnix::new(&tmp).map_err(sys("socket path"))?;
-        rustix::net::bind(&fd, &addr).map_err(sys("bind"))?;
-        let placed = rustix::fs::chmod(&tmp, rustix::fs::Mode::from_raw_mode(opts.mode))
-            .map_err(sys("chmod"))
-            .and_then(|()| rustix::net::listen(&fd, 64).map_err(sys("listen")))
-            .and_then(|()| {
-                std::fs::rename(&tmp, path).map_err(|source| CtrlError::Io {
-                    op: "rename",
-                    source,
-                })
-            });
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        // Bound under a temporary name with its mode, listening, then
+        // renamed into place: once `path` exists, a client's connect
+        // succeeds.
+        let fd = iopath_virtio::unix_socket::bind_listener(
+            path,
+            rustix::net::SocketType::SEQPACKET,
+            opts.mode,
+            64,
+        )
+        .map_err(|(op, source)| CtrlError::Io { op, source })?;
         let svc2 = svc.clone();
         let listener = Arc::new(fd);
         let fd = Arc::clone(&listener);
         let stopped = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stopped);
+        let mode = opts.mode;
         std::thread::Builder::new()
             .name("rpmsg-ctrl".into())
             .spawn(move || {
@@ -116,7 +105,13 @@ impl CtrlServer {
                     match rustix::net::accept_with(&*fd, SocketFlags::CLOEXEC) {
                         Ok(c) => {
                             conn += 1;
-                            let peer = who(&c);
+                            let peer = match iopath_virtio::unix_socket::admit(&c, mode) {
+                                Ok(peer) => peer,
+                                Err(peer) => {
+                                    warn!(target: "iopath_rpmsg", "control client {conn} refused: {peer} is another user and the socket is private (mode {mode:o})");
+                                    continue;
+                                }
+                            };
                             info!(target: "iopath_rpmsg", "control client {conn} connected: {peer}");
                             // From here on the service's event loop reads
                             // the connection's requests.
@@ -191,18 +186,5 @@ impl CtrlServer {
     /// The endpoint service's counters.
     pub fn stats(&self) -> ServiceStats {
         self.svc.stats()
-    }
-}
-
-/// One line naming a peer, from its `SO_PEERCRED`.
-fn who(c: &OwnedFd) -> String {
-    match rustix::net::sockopt::socket_peercred(c) {
-        Ok(u) => format!(
-            "pid {} uid {} gid {}",
-            u.pid.as_raw_nonzero(),
-            u.uid.as_raw(),
-            u.gid.as_raw()
-        ),
-        Err(e) => format!("(credentials unknown: {e})"),
     }
 }

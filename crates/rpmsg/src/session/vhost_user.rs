@@ -65,7 +65,14 @@ pub fn serve_drivers(
     on_event: impl Fn(RemoteEvent<'_>) + Send + Sync + 'static,
 ) -> Result<(), ServeDriversError> {
     let device = RpmsgDevice::new().with_access_platform(cfg.access_platform);
-    let server = VhostUserServer::new(cfg.listener, Arc::new(device.clone()));
+    // The socket is private (vhost_user::bind): a front end of another
+    // user is refused even if its mode was changed.
+    let server = VhostUserServer::new(cfg.listener, Arc::new(device.clone())).with_options(
+        iopath_virtio::device::ServerOptions {
+            socket_mode: Some(iopath_virtio::unix_socket::PRIVATE_MODE),
+            ..Default::default()
+        },
+    );
     let (failed_tx, failed) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("vhost-user".into())

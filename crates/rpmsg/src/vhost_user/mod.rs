@@ -49,7 +49,6 @@ use crate::wire::VIRTIO_RPMSG_F_NS;
 /// [`NotifyError::Io`] if the socket cannot be bound.
 pub fn bind(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, NotifyError> {
     use crate::claim::{claim, Refusal};
-    use std::os::unix::fs::PermissionsExt;
     claim(path, rustix::net::SocketType::STREAM).map_err(|r| match r {
         Refusal::InUse => NotifyError::InUse {
             path: path.to_owned(),
@@ -59,21 +58,15 @@ pub fn bind(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, 
         },
         Refusal::Io(op, source) => NotifyError::Io { op, source },
     })?;
-    // Created private (no window in which others could connect), then set
-    // to exactly 0600 (a stricter umask would leave the owner out).
-    // SAFETY: umask(2) only swaps the process's mask; it is put back at once.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = std::os::unix::net::UnixListener::bind(path);
-    // SAFETY: as above, restoring the mask the process had.
-    unsafe { libc::umask(old) };
-    let l = bound.map_err(|source| NotifyError::Io { op: "bind", source })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
-        NotifyError::Io {
-            op: "chmod",
-            source,
-        }
-    })?;
-    Ok(l)
+    // Private from the start, whatever the umask: see bind_listener.
+    let fd = iopath_virtio::unix_socket::bind_listener(
+        path,
+        rustix::net::SocketType::STREAM,
+        iopath_virtio::unix_socket::PRIVATE_MODE,
+        16,
+    )
+    .map_err(|(op, source)| NotifyError::Io { op, source })?;
+    Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
 /// The virtio device ID of rpmsg.

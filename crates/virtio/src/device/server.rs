@@ -36,6 +36,14 @@ pub enum ServerError {
     /// The front end broke the protocol; the connection was closed.
     #[error("vhost-user protocol error, connection closed")]
     Protocol(#[source] VhostError),
+    /// A front end of another user on a private socket; it was hung up.
+    #[error("Refused a front end of another user ({peer}): the socket is private (mode {mode:o})")]
+    PeerRefused {
+        /// Its credentials.
+        peer: String,
+        /// The socket's mode.
+        mode: u32,
+    },
     /// A malformed `IOTLB_MSG`.
     #[error("Malformed IOTLB_MSG with {len} payload bytes, connection closed")]
     MalformedIotlb {
@@ -74,12 +82,19 @@ pub struct ServerOptions {
     /// come. Set to `false` for such front ends: addresses are then guest
     /// physical addresses.
     pub access_platform: bool,
+    /// The listening socket's permission bits, when the server is to
+    /// refuse front ends of another user unless they let group or others
+    /// in ([`crate::unix_socket::Peer::admitted`]); `None`: every front end
+    /// that could connect is served. Each front end's pid and uid are
+    /// logged either way.
+    pub socket_mode: Option<u32>,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             access_platform: true,
+            socket_mode: None,
         }
     }
 }
@@ -123,6 +138,11 @@ impl<D: VirtioDevice> VhostUserServer<D> {
     /// has been dropped.
     pub fn serve_one(&self) -> Result<(), ServerError> {
         let (stream, _) = self.listener.accept().map_err(ServerError::Accept)?;
+        let mode = self.options.socket_mode.unwrap_or(0o777);
+        match crate::unix_socket::admit(&stream, mode) {
+            Ok(peer) => tracing::info!("front end connected: {peer}"),
+            Err(peer) => return Err(ServerError::PeerRefused { peer, mode }),
+        }
         serve_connection_with(stream, Arc::clone(&self.device), self.options)
     }
 

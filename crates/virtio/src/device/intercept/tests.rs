@@ -243,6 +243,7 @@ fn virtio_uml_memory_table_with_room_for_two_regions_is_acknowledged() {
 fn virtio_uml_probe_starts_the_queue_and_the_device_reads_guest_memory() {
     let options = ServerOptions {
         access_platform: false,
+        ..ServerOptions::default()
     };
     let (mut uml, seen) = start(options);
     let (req, _req_peer) = UnixStream::pair().unwrap();
