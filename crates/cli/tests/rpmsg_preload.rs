@@ -343,6 +343,10 @@ fn exec_refuses_a_static_program_and_a_missing_library() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // A socket at --ctrl, so exec gets past its check of the service and
+    // to the program's and the preload's own checks.
+    let ctrl = dir.path().join("x.ctrl");
+    let _listener = std::os::unix::net::UnixListener::bind(&ctrl).unwrap();
     let src = dir.path().join("hello.c");
     std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
     let prog = dir.path().join("hello-static");
@@ -356,7 +360,9 @@ fn exec_refuses_a_static_program_and_a_missing_library() {
     let so = preload_so();
     if built {
         let o = Command::new(BIN)
-            .args(["rpmsg", "exec", "--ctrl", "/tmp/x.ctrl", "--preload"])
+            .args(["rpmsg", "exec", "--ctrl"])
+            .arg(&ctrl)
+            .arg("--preload")
             .arg(&so)
             .arg("--")
             .arg(&prog)
@@ -374,7 +380,9 @@ fn exec_refuses_a_static_program_and_a_missing_library() {
         );
     }
     let o = Command::new(BIN)
-        .args(["rpmsg", "exec", "--ctrl", "/tmp/x.ctrl", "--preload"])
+        .args(["rpmsg", "exec", "--ctrl"])
+        .arg(&ctrl)
+        .arg("--preload")
         .arg(dir.path().join("nope.so"))
         .args(["--", "true"])
         .output()
