@@ -134,6 +134,7 @@ fn assert_echoed(g: &Guest, mode: &str) {
 /// Linux's `rpmsg_client_sample` module against iopath's echo announced as
 /// `rpmsg-client-sample`: its 100 round trips, then "goodbye!".
 #[test]
+#[ignore = "UML's virtio_uml runs the rpmsg rx callback in IRQ context; insmod of the sample often panics the 6.12 guest (scheduling while atomic)"]
 fn rpmsg_client_sample_completes_its_round_trips() {
     let Some(st) = Setup::new(&["rpmsg-client-sample"]) else {
         return;

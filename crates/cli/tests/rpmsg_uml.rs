@@ -99,6 +99,7 @@ fn boot(dir: &Path, sock: &Path, ko: Option<&Path>) -> String {
 }
 
 #[test]
+#[ignore = "UML's virtio_uml runs the rpmsg rx callback in IRQ context; insmod of the sample often panics the 6.12 guest (scheduling while atomic)"]
 fn linux_rpmsg_client_sample_against_the_remote() {
     let Some(kdir) = lab() else { return };
     let ko = kdir.join("modules/rpmsg_client_sample.ko");
