@@ -1,10 +1,11 @@
 //! The host role: the virtio driver side.
 //!
-//! The host owns every buffer: `2 * num` buffers of 512 bytes from the pool
-//! in the shared memory ([`ResourceTable::buffer_pool`]), the first `num`
-//! pre-posted device-writable on vq0 (rx), the rest used for sends on vq1
-//! (tx). It negotiates features through the vdev's `gfeatures` word and
-//! sets DRIVER_OK in its status byte, as Linux's remoteproc and OpenAMP's
+//! The host owns every buffer: `num` buffers per ring from the pool in the
+//! shared memory ([`ResourceTable::buffer_pool_for`]), those of vq0 (rx)
+//! pre-posted device-writable, those of vq1 used for sends (tx); 512
+//! bytes each unless the remote offered other sizes ([`crate::bufsz`]).
+//! It negotiates features through the vdev's `gfeatures` word and sets
+//! DRIVER_OK in its status byte, as Linux's remoteproc and OpenAMP's
 //! driver role do.
 //!
 //! The rings are the workspace's one driver-side virtqueue,
@@ -23,13 +24,35 @@ use iopath_virtio::{Platform, Policy, PolicyOps, QueueFeatures, RingPlacement, S
 
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
+use crate::bufsz::{self, BufSizes, Convention, VIRTIO_RPMSG_F_BUFSZ};
 use crate::link::{Held, Link, LinkError, LinkMemory, Role, Slot};
 use crate::rsc_table::{status, ResourceTable, VringRsc};
 use crate::shm::SharedMem;
-use crate::wire::{BUF_SIZE, VIRTIO_RPMSG_F_NS};
+use crate::wire::VIRTIO_RPMSG_F_NS;
 
-/// Features the host accepts when the remote offers them.
-pub const HOST_FEATURES: u32 = (1 << VIRTIO_RPMSG_F_NS) | (1 << VIRTIO_RING_F_EVENT_IDX);
+/// Features the host accepts when the remote offers them: the name
+/// service, `EVENT_IDX`, and buffer sizes (bit 1 stands for the
+/// negotiation under whichever [`Convention`] the host speaks).
+pub const HOST_FEATURES: u32 =
+    (1 << VIRTIO_RPMSG_F_NS) | (1 << VIRTIO_RING_F_EVENT_IDX) | (1 << VIRTIO_RPMSG_F_BUFSZ);
+
+/// How a host takes a device over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostOptions {
+    /// Features accepted when offered ([`HOST_FEATURES`] by default).
+    pub features: u32,
+    /// How buffer sizes are negotiated.
+    pub convention: Convention,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            features: HOST_FEATURES,
+            convention: Convention::Linux,
+        }
+    }
+}
 
 fn queue_err(q: &str) -> impl FnOnce(iopath_virtio::Error) -> LinkError + '_ {
     move |e| LinkError::Broken(format!("{q}: {e}"))
@@ -48,6 +71,7 @@ pub struct HostLink {
     /// vq1: our messages.
     tx: SplitQueue<Direct>,
     pool: u64,
+    sizes: BufSizes,
     tx_free: Vec<u16>,
     /// Buffers were added to rx / tx since the last kick decision.
     rx_added: bool,
@@ -80,15 +104,42 @@ impl HostLink {
     /// [`LinkError::Shm`] (table refused, region too small),
     /// [`LinkError::Queue`].
     pub fn start(shm: SharedMem, features: u32) -> Result<Self, LinkError> {
+        Self::start_with(
+            shm,
+            &HostOptions {
+                features,
+                ..HostOptions::default()
+            },
+        )
+    }
+
+    /// As [`HostLink::start`], with the buffer-size convention of `opts`.
+    /// A device whose buffer-size offer is refused gets FAILED in its
+    /// status byte.
+    ///
+    /// # Errors
+    /// As [`HostLink::start`]; [`LinkError::BufSize`] when the offer is
+    /// refused.
+    pub fn start_with(shm: SharedMem, opts: &HostOptions) -> Result<Self, LinkError> {
         let table = shm.table(0)?;
-        let (pool, _) = table
-            .buffer_pool(shm.len() as u64)
-            .map_err(|e| LinkError::Shm(e.into()))?;
         let v = &table.vdev;
         let st = v.status_offset() as u64;
         shm.store_u8(st, 0)?;
         shm.store_u8(st, status::ACKNOWLEDGE | status::DRIVER)?;
-        let features = v.dfeatures & features;
+        let negotiated =
+            bufsz::host_negotiate(v.dfeatures, opts.features, opts.convention, &v.config).and_then(
+                |(f, sizes)| {
+                    let (pool, _) = table.buffer_pool_for(shm.len() as u64, sizes)?;
+                    Ok((f, sizes, pool))
+                },
+            );
+        let (features, sizes, pool) = match negotiated {
+            Ok(n) => n,
+            Err(e) => {
+                shm.store_u8(st, status::ACKNOWLEDGE | status::DRIVER | status::FAILED)?;
+                return Err(LinkError::BufSize(e));
+            }
+        };
         shm.write_u32(v.gfeatures_offset() as u64, features)?;
         let qf = QueueFeatures {
             event_idx: features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0,
@@ -108,13 +159,14 @@ impl HostLink {
         // Sent buffers are reclaimed on the next send; no interrupt wanted
         // for them (OpenAMP suppresses tx-complete interrupts too).
         tx.disable_interrupts();
-        let zero = [0u8; BUF_SIZE];
+        let rx_size = sizes.to_host as usize;
+        let zero = vec![0u8; rx_size];
         for id in 0..rx.size() {
-            let addr = pool + u64::from(id) * BUF_SIZE as u64;
+            let addr = pool + u64::from(id) * rx_size as u64;
             shm.write(addr, &zero)?;
             rx.add(
                 &[],
-                &[Seg::buf(shm.buffer(), addr as usize, BUF_SIZE)],
+                &[Seg::buf(shm.buffer(), addr as usize, rx_size)],
                 u64::from(id),
             )
             .map_err(queue_err("vq0"))?;
@@ -133,6 +185,7 @@ impl HostLink {
             rx,
             tx,
             pool,
+            sizes,
             tx_free,
             rx_added: true,
             tx_added: false,
@@ -140,11 +193,18 @@ impl HostLink {
     }
 
     fn tx_addr(&self, id: u16) -> u64 {
-        self.pool + (u64::from(self.rx.size()) + u64::from(id)) * BUF_SIZE as u64
+        self.pool
+            + u64::from(self.rx.size()) * u64::from(self.sizes.to_host)
+            + u64::from(id) * u64::from(self.sizes.to_remote)
     }
 
     fn rx_addr(&self, id: u16) -> u64 {
-        self.pool + u64::from(id) * BUF_SIZE as u64
+        self.pool + u64::from(id) * u64::from(self.sizes.to_host)
+    }
+
+    /// The buffer sizes negotiated.
+    pub fn buf_sizes(&self) -> BufSizes {
+        self.sizes
     }
 
     fn reclaim(&mut self) -> Result<(), LinkError> {
@@ -165,7 +225,7 @@ impl Link for HostLink {
     }
 
     fn hold_rx(&mut self) -> Result<Option<Result<Held, String>>, LinkError> {
-        // The queue checks the device's id, length (at most the 512 bytes
+        // The queue checks the device's id, length (at most the buffer
         // offered) and index movement; a lie breaks the link.
         let Some(c) = self.rx.pop_used().map_err(queue_err("vq0"))? else {
             return Ok(None);
@@ -181,7 +241,11 @@ impl Link for HostLink {
         self.rx
             .add(
                 &[],
-                &[Seg::buf(self.shm.buffer(), held.addr as usize, BUF_SIZE)],
+                &[Seg::buf(
+                    self.shm.buffer(),
+                    held.addr as usize,
+                    self.sizes.to_host as usize,
+                )],
                 held.token,
             )
             .map_err(queue_err("vq0"))?;
@@ -194,15 +258,16 @@ impl Link for HostLink {
         Ok(self.tx_free.pop().map(|id| Slot {
             token: u64::from(id),
             addr: self.tx_addr(id),
-            cap: BUF_SIZE,
+            cap: self.sizes.to_remote as usize,
         }))
     }
 
     fn put_tx(&mut self, slot: Slot, len: usize) -> Result<(), LinkError> {
         if len == 0 || len > slot.cap {
+            let cap = slot.cap;
             self.drop_tx(slot);
             return Err(LinkError::Broken(format!(
-                "send of {len} bytes from a {BUF_SIZE}-byte buffer"
+                "send of {len} bytes from a {cap}-byte buffer"
             )));
         }
         self.tx
@@ -221,7 +286,11 @@ impl Link for HostLink {
     }
 
     fn buf_size(&self) -> usize {
-        BUF_SIZE
+        self.sizes.to_remote as usize
+    }
+
+    fn rx_buf_size(&self) -> usize {
+        self.sizes.to_host as usize
     }
 
     fn take_kick(&mut self) -> bool {

@@ -2,8 +2,10 @@
 //! with Linux's `virtio_rpmsg_bus` and OpenAMP.
 //!
 //! A shared-memory file holds a remoteproc resource table (one rpmsg vdev,
-//! two legacy vrings) and a pool of 512-byte buffers; device addresses are
-//! offsets into the file, as in OpenAMP's Linux demo.
+//! two legacy vrings) and a pool of buffers, 512 bytes each unless the
+//! remote offered other sizes per direction ([`bufsz`]: Linux's proposed
+//! `VIRTIO_RPMSG_F_BUFSZ`, or NuttX's); device addresses are offsets into
+//! the file, as in OpenAMP's Linux demo.
 //!
 //! ```text
 //!   host (virtio driver)                       remote (virtio device)
@@ -57,6 +59,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod bufsz;
 mod bus;
 mod claim;
 pub mod ctrl;
@@ -77,11 +80,12 @@ pub mod vhost_user;
 pub mod vring;
 pub mod wire;
 
+pub use bufsz::{BufSizes, Convention};
 pub use bus::{
     Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, HookRun, Message,
     RxBuffer, ServiceHook, Stats, TxBuffer, ZeroCopyEndpoint,
 };
-pub use host::{HostLink, HOST_FEATURES};
+pub use host::{HostLink, HostOptions, HOST_FEATURES};
 pub use link::{Held, Link, LinkError, LinkMemory, Role, Rx, Slot};
 pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;

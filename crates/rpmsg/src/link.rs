@@ -67,6 +67,9 @@ pub enum LinkError {
     /// rust-vmm's queue refused the configuration.
     #[error("Queue setup failed: {0}")]
     Queue(String),
+    /// The buffer sizes the device offered were refused.
+    #[error("Device refused")]
+    BufSize(#[from] crate::bufsz::BufSizeError),
 }
 
 /// The outcome of one receive.
@@ -231,8 +234,13 @@ pub trait Link: Send + fmt::Debug {
         Ok(true)
     }
 
-    /// Bytes one message may take, header included.
+    /// Bytes one message this side sends may take, header included.
     fn buf_size(&self) -> usize;
+
+    /// Bytes one message from the peer may take, header included.
+    fn rx_buf_size(&self) -> usize {
+        self.buf_size()
+    }
 
     /// Whether the peer must be notified for the work done since the last
     /// call (honours `EVENT_IDX` and `NO_NOTIFY`).

@@ -16,14 +16,16 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
+use crate::bufsz::BufSizes;
 use crate::link::{Held, Link, LinkError, LinkMemory, Role, Slot};
 use crate::notify::Notifier;
 use crate::rsc_table::{status, ResourceTable};
 use crate::shm::{SharedMem, ShmError};
 use crate::wire::HDR_LEN;
 
-/// Largest message the remote copies out of one host buffer.
-pub const MAX_RX_MSG: usize = 64 * 1024;
+/// Largest message the remote copies out of one host buffer, whatever
+/// was negotiated.
+pub const MAX_RX_MSG: usize = crate::bufsz::MAX_BUF_SIZE as usize;
 
 /// The device side of an rpmsg link.
 #[derive(Debug)]
@@ -33,6 +35,7 @@ pub struct RemoteLink {
     mem: Arc<dyn LinkMemory>,
     table: ResourceTable,
     features: u32,
+    sizes: BufSizes,
     /// vq0: device → driver (the host's rx buffers).
     txq: Queue,
     /// vq1: driver → device (the host's tx buffers).
@@ -227,9 +230,12 @@ impl RemoteLink {
     /// Attaches to the rings now (the host has set DRIVER_OK).
     ///
     /// # Errors
-    /// [`LinkError::Queue`] if a ring is not valid.
+    /// [`LinkError::Queue`] if a ring is not valid, [`LinkError::BufSize`]
+    /// if the buffer sizes in the table no longer hold.
     pub fn attach(shm: SharedMem, table: ResourceTable) -> Result<Self, LinkError> {
         let features = table.vdev.gfeatures & table.vdev.dfeatures;
+        let v = &table.vdev;
+        let sizes = crate::bufsz::remote_sizes(v.dfeatures, features, &v.config)?;
         let event_idx = features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         let txq = queue(&shm, &table, 0, event_idx)?;
         let rxq = queue(&shm, &table, 1, event_idx)?;
@@ -238,6 +244,7 @@ impl RemoteLink {
             shm,
             table,
             features,
+            sizes,
             txq,
             rxq,
             kick: false,
@@ -296,6 +303,9 @@ impl Link for RemoteLink {
             }
         };
         let head = chain.head_index();
+        // Up to MAX_RX_MSG, whatever was negotiated: a driver configured
+        // alike without negotiation (upstream OpenAMP's local sizes) is
+        // read as it wrote.
         let checked = check_rx_chain(
             head,
             chain.into_iter().map(Desc::from),
@@ -340,7 +350,8 @@ impl Link for RemoteLink {
             };
             let head = chain.head_index();
             let first = chain.into_iter().next().map(Desc::from);
-            let checked = check_tx_desc(head, first, MAX_RX_MSG, |a, l| self.inside(a, l));
+            let max = self.sizes.to_host as usize;
+            let checked = check_tx_desc(head, first, max, |a, l| self.inside(a, l));
             match checked {
                 Ok((addr, cap)) => {
                     self.tx_wanted = false;
@@ -384,7 +395,11 @@ impl Link for RemoteLink {
     }
 
     fn buf_size(&self) -> usize {
-        crate::wire::BUF_SIZE
+        self.sizes.to_host as usize
+    }
+
+    fn rx_buf_size(&self) -> usize {
+        self.sizes.to_remote as usize
     }
 
     fn take_kick(&mut self) -> bool {

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
+use iopath_rpmsg::bufsz::VIRTIO_RPMSG_F_BUFSZ;
 use iopath_rpmsg::ctrl::CtrlError;
 use iopath_rpmsg::session::{serve_remotes, HostEvent, ServeRemotes, ServeRemotesError};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
-    shm_path, Bus, CtrlOptions, CtrlServer, NotifySpec, SharedMem, ShmError, ShmOptions,
-    HOST_FEATURES,
+    shm_path, Bus, Convention, CtrlOptions, CtrlServer, HostOptions, NotifySpec, SharedMem,
+    ShmError, ShmOptions, HOST_FEATURES,
 };
 
 use iopath_rpmsg::openamp;
@@ -63,6 +64,14 @@ pub struct HostArgs {
     /// Do not accept VIRTIO_RING_F_EVENT_IDX even if offered.
     #[arg(long)]
     no_event_idx: bool,
+    /// How the remote's buffer sizes are read: linux (feature bit 1 and a
+    /// versioned config, Linux's proposal) or nuttx (bit 2, the sizes
+    /// first in the config; bit 1 is then NuttX's ACK, never taken).
+    #[arg(long, default_value = "linux", value_name = "CONVENTION")]
+    buf_size_convention: Convention,
+    /// Decline buffer sizes the remote offers: 512 bytes each way.
+    #[arg(long)]
+    no_buf_size: bool,
     /// Seconds to wait for the remote.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
@@ -130,7 +139,24 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     if a.no_event_idx {
         features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
     }
-    let bus = Bus::host(shm, notifier, features).context("starting the host")?;
+    if a.no_buf_size {
+        features &= !(1 << VIRTIO_RPMSG_F_BUFSZ);
+    }
+    let host_opts = HostOptions {
+        features,
+        convention: a.buf_size_convention,
+    };
+    let bus = Bus::host_with(shm, notifier, &host_opts).with_context(|| {
+        format!(
+            "starting the host (--buf-size-convention {})",
+            a.buf_size_convention
+        )
+    })?;
+    eprintln!(
+        "host: payloads up to {} bytes to the remote, {} from it",
+        bus.max_payload(),
+        bus.max_rx_payload()
+    );
     stop.set_bus(Some(bus.clone()));
     if a.openamp_ping {
         return openamp_ping(&bus, timeout, a.json);
@@ -173,6 +199,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         shm: &path,
         shm_opts: &shm_opts,
         features,
+        convention: a.buf_size_convention,
         ctrl,
         ctrl_opts: &opts,
         once: a.once,

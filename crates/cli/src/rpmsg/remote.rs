@@ -15,7 +15,11 @@ use iopath_rpmsg::session::{
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{shm_path, NotifySpec, RemoteServices, SharedMem, ShmOptions};
 
+use iopath_rpmsg::bufsz::{
+    BufSizes, MAX_BUF_SIZE, MIN_OFFER, NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ,
+};
 use iopath_rpmsg::openamp;
+use iopath_rpmsg::Convention;
 
 use super::common::{stats_json, stats_line};
 use iopath_rpmsg::session::Cleanup;
@@ -56,6 +60,27 @@ pub struct RemoteArgs {
     /// Offer VIRTIO_RING_F_EVENT_IDX (with --create).
     #[arg(long)]
     event_idx: bool,
+    /// Offer buffers of SIZE bytes both ways, header included (512 to 64K,
+    /// a multiple of 4; with --create): the table then carries the
+    /// buffer-size feature bit and config of --buf-size-convention, and a
+    /// host that takes it lays its buffers out for them. Without it (or
+    /// --tx-buf-size/--rx-buf-size) nothing is offered: 512 bytes, the
+    /// table as without this option.
+    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE", requires = "create")]
+    buf_size: Option<u64>,
+    /// Offer SIZE-byte buffers for messages from the remote to the host
+    /// (overrides --buf-size that way).
+    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE", requires = "create")]
+    tx_buf_size: Option<u64>,
+    /// Offer SIZE-byte buffers for messages from the host to the remote
+    /// (overrides --buf-size that way).
+    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE", requires = "create")]
+    rx_buf_size: Option<u64>,
+    /// How the sizes are offered: linux (feature bit 1, a versioned
+    /// config: Linux's proposal) or nuttx (bit 2, the sizes first in the
+    /// config, as NuttX's OpenAMP reads them).
+    #[arg(long, default_value = "linux", value_name = "CONVENTION")]
+    buf_size_convention: Convention,
     /// How to notify: eventfd:SOCK (eventfd pair passed over SOCK), unix:SOCK
     /// (one byte per kick, OpenAMP demo), or poll. The remote listens.
     #[arg(long, default_value = openamp::NOTIFY)]
@@ -180,11 +205,16 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
             eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
         }
         RemoteEvent::HostReady { features } => {
-            let names: Vec<&str> = [(0, "NS"), (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX")]
-                .into_iter()
-                .filter(|(bit, _)| features & (1 << bit) != 0)
-                .map(|(_, n)| n)
-                .collect();
+            let names: Vec<&str> = [
+                (0, "NS"),
+                (VIRTIO_RPMSG_F_BUFSZ, "BUFSZ"),
+                (NUTTX_RPMSG_F_BUFSZ, "BUFSZ (nuttx)"),
+                (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX"),
+            ]
+            .into_iter()
+            .filter(|(bit, _)| features & (1 << bit) != 0)
+            .map(|(_, n)| n)
+            .collect();
             eprintln!(
                 "remote: host ready (features {}), announcing {:?}",
                 if names.is_empty() {
@@ -215,6 +245,43 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
     }
 }
 
+/// The sizes given by --buf-size, --tx-buf-size and --rx-buf-size, if any.
+fn offered_sizes(a: &RemoteArgs) -> Result<Option<BufSizes>> {
+    if a.buf_size.is_none() && a.tx_buf_size.is_none() && a.rx_buf_size.is_none() {
+        return Ok(None);
+    }
+    let pick = |opt: &str, v: Option<u64>| -> Result<u32> {
+        let v = v.or(a.buf_size).unwrap_or(BufSizes::DEFAULT.to_host.into());
+        u32::try_from(v)
+            .ok()
+            .filter(|v| (MIN_OFFER..=MAX_BUF_SIZE).contains(v) && v % 4 == 0)
+            .ok_or_else(|| {
+                crate::usage::usage(format!(
+                    "{opt} {v}: a buffer is 512 to 65536 bytes (64K), a multiple of 4"
+                ))
+            })
+    };
+    let sizes = BufSizes {
+        to_host: pick(
+            if a.tx_buf_size.is_some() {
+                "--tx-buf-size"
+            } else {
+                "--buf-size"
+            },
+            a.tx_buf_size,
+        )?,
+        to_remote: pick(
+            if a.rx_buf_size.is_some() {
+                "--rx-buf-size"
+            } else {
+                "--buf-size"
+            },
+            a.rx_buf_size,
+        )?,
+    };
+    Ok(Some(sizes))
+}
+
 /// Binds, opens the shared memory and serves one host after another.
 fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
     let path = shm_path(shm);
@@ -230,6 +297,16 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
             })?;
             if a.event_idx {
                 layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
+            }
+            if let Some(sizes) = offered_sizes(a)? {
+                layout = layout
+                    .with_buf_sizes(a.buf_size_convention, sizes)
+                    .map_err(|e| {
+                        let fits = ShmLayout::size_for(a.ring, sizes)
+                            .map_or(String::new(), |s| format!("; --create {s:#x} holds them"));
+                        anyhow::Error::new(e)
+                            .context(format!("--buf-size on --create {size:#x}{fits}"))
+                    })?;
             }
             SharedMem::create_with(&path, &layout, &opts)
                 .with_context(|| format!("creating {}", path.display()))?

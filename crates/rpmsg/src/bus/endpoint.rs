@@ -71,6 +71,12 @@ impl EndpointRef {
         &self.bus
     }
 
+    /// Largest payload a send can carry (the negotiated buffer size of
+    /// this side's direction, less the header).
+    pub fn max_payload(&self) -> usize {
+        self.bus.max_payload()
+    }
+
     /// Current peer address ([`ADDR_ANY`] while unbound).
     pub fn dst(&self) -> u32 {
         lock(&self.bus.shared.state)

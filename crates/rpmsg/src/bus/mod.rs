@@ -46,7 +46,7 @@ use tracing::debug;
 use self::state::{
     lock, mark_down, notify_down, wait_for_buffer, Callback, EptSlot, Shared, Sink, State,
 };
-use crate::host::HostLink;
+use crate::host::{HostLink, HostOptions};
 use crate::link::{Link, Role};
 use crate::notify::Notifier;
 use crate::remote::RemoteLink;
@@ -137,7 +137,23 @@ impl Bus {
         notifier: Box<dyn Notifier>,
         features: u32,
     ) -> Result<Bus, BusError> {
-        let link = HostLink::start(shm, features)?;
+        let opts = HostOptions {
+            features,
+            ..HostOptions::default()
+        };
+        Self::host_with(shm, notifier, &opts)
+    }
+
+    /// As [`Bus::host`], with the buffer-size convention of `opts`.
+    ///
+    /// # Errors
+    /// As [`Bus::host`]; also when the remote's buffer sizes are refused.
+    pub fn host_with(
+        shm: SharedMem,
+        notifier: Box<dyn Notifier>,
+        opts: &HostOptions,
+    ) -> Result<Bus, BusError> {
+        let link = HostLink::start_with(shm, opts)?;
         let bus = Bus::start(Box::new(link), notifier);
         bus.shared.notifier.kick()?;
         Ok(bus)
@@ -164,6 +180,7 @@ impl Bus {
             ns: features & (1 << VIRTIO_RPMSG_F_NS) != 0,
             role: link.role(),
             buf_size: link.buf_size(),
+            rx_buf_size: link.rx_buf_size(),
             shm: Arc::clone(link.memory()),
             state: Mutex::new(State {
                 link,
@@ -234,9 +251,15 @@ impl Bus {
         self.shared.notifier.kind()
     }
 
-    /// Largest payload.
+    /// Largest payload this side can send (the negotiated buffer size of
+    /// its direction, less the header).
     pub fn max_payload(&self) -> usize {
         self.shared.buf_size - HDR_LEN
+    }
+
+    /// Largest payload the peer can send here.
+    pub fn max_rx_payload(&self) -> usize {
+        self.shared.rx_buf_size - HDR_LEN
     }
 
     /// Counters.

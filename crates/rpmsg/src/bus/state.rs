@@ -73,6 +73,7 @@ pub(super) struct Shared {
     pub(super) ns: bool,
     pub(super) role: Role,
     pub(super) buf_size: usize,
+    pub(super) rx_buf_size: usize,
     /// The link's memory (zero-copy buffers read and write it).
     pub(super) shm: Arc<dyn LinkMemory>,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,

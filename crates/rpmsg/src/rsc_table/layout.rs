@@ -4,6 +4,7 @@
 use super::{
     ResourceTable, RscError, RSC_VDEV, TABLE_HDR_LEN, VDEV_LEN, VIRTIO_ID_RPMSG, VRING_LEN,
 };
+use crate::bufsz::{BufSizeError, BufSizes, Convention};
 use crate::vring::VringPlacement;
 use crate::wire::VIRTIO_RPMSG_F_NS;
 
@@ -22,6 +23,10 @@ pub struct ShmLayout {
     pub vring1: u32,
     /// Features offered (bit numbers as in the `dfeatures` word).
     pub dfeatures: u32,
+    /// Buffer sizes offered, and the convention that says so (its feature
+    /// bit and config space); `None`: no offer, 512 bytes both ways, the
+    /// table as before sizes could be negotiated.
+    pub buf_sizes: Option<(Convention, BufSizes)>,
 }
 
 impl ShmLayout {
@@ -36,6 +41,7 @@ impl ShmLayout {
             vring0: 0x4000,
             vring1: 0x8000,
             dfeatures: 1 << VIRTIO_RPMSG_F_NS,
+            buf_sizes: None,
         }
     }
 
@@ -63,6 +69,7 @@ impl ShmLayout {
                 shm_len: shm_size,
             })?,
             dfeatures: 1 << VIRTIO_RPMSG_F_NS,
+            buf_sizes: None,
         };
         // Validate by building and parsing, so one set of rules applies.
         let t = ResourceTable::parse(&l.table(), 0, shm_size)?;
@@ -70,10 +77,52 @@ impl ShmLayout {
         Ok(l)
     }
 
+    /// This layout offering `sizes` under `convention`.
+    ///
+    /// # Errors
+    /// [`BufSizeError`] if a size cannot be offered or the buffers do not
+    /// fit the shared memory.
+    pub fn with_buf_sizes(
+        self,
+        convention: Convention,
+        sizes: BufSizes,
+    ) -> Result<Self, BufSizeError> {
+        sizes.check_offer()?;
+        let l = ShmLayout {
+            buf_sizes: Some((convention, sizes)),
+            ..self
+        };
+        let t = ResourceTable::parse(&l.table(), 0, l.shm_size)
+            .expect("a layout that parsed still parses with a config space");
+        t.buffer_pool_for(l.shm_size, sizes)?;
+        Ok(l)
+    }
+
+    /// The smallest shared memory (a multiple of 64 KiB) that holds rings
+    /// of `num` entries and their buffers of `sizes`, as
+    /// [`ShmLayout::for_size`] places them.
+    pub fn size_for(num: u32, sizes: BufSizes) -> Option<u64> {
+        let ring = VringPlacement::ring_size(num, 0x1000)?;
+        let stride = ring.div_ceil(0x4000) * 0x4000;
+        let rings_end = 0x4000 + 2 * stride;
+        let pool = rings_end.div_ceil(super::POOL_ALIGN) * super::POOL_ALIGN;
+        let bufs = u64::from(num) * (u64::from(sizes.to_remote) + u64::from(sizes.to_host));
+        Some((pool + bufs).div_ceil(super::POOL_ALIGN) * super::POOL_ALIGN)
+    }
+
     /// The resource table bytes for this layout (one rpmsg vdev, two vrings
-    /// with notify ids 1 and 2, status 0, no config space).
+    /// with notify ids 1 and 2, status 0, and the buffer-size config space
+    /// when sizes are offered; none otherwise).
     pub fn table(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(TABLE_HDR_LEN + 4 + VDEV_LEN + 2 * VRING_LEN);
+        let config = match self.buf_sizes {
+            Some((c, sizes)) => c.config(sizes),
+            None => Vec::new(),
+        };
+        let dfeatures = match self.buf_sizes {
+            Some((c, _)) => self.dfeatures | 1 << c.bit(),
+            None => self.dfeatures,
+        };
+        let mut b = Vec::with_capacity(TABLE_HDR_LEN + 4 + VDEV_LEN + 2 * VRING_LEN + config.len());
         let mut put = |v: u32| b.extend_from_slice(&v.to_le_bytes());
         put(1); // ver
         put(1); // num
@@ -83,9 +132,9 @@ impl ShmLayout {
         put(RSC_VDEV);
         put(VIRTIO_ID_RPMSG);
         put(0); // notifyid
-        put(self.dfeatures);
+        put(dfeatures);
         put(0); // gfeatures
-        put(0); // config_len
+        put(config.len() as u32); // config_len
         put(2u32 << 8); // status 0, num_of_vrings 2, reserved 0 0
         for (i, da) in [self.vring0, self.vring1].into_iter().enumerate() {
             put(da);
@@ -94,6 +143,7 @@ impl ShmLayout {
             put(i as u32 + 1);
             put(0);
         }
+        b.extend_from_slice(&config);
         b
     }
 }
@@ -110,5 +160,35 @@ mod tests {
         assert_eq!(size, 2 * 1024 * 512);
         assert!(start >= u64::from(l.vring1));
         assert!(ShmLayout::for_size(0x80000, 1024).is_err());
+    }
+
+    #[test]
+    fn offered_sizes_are_in_the_table_and_the_pool() {
+        let s = BufSizes {
+            to_remote: 4096,
+            to_host: 65536,
+        };
+        let size = ShmLayout::size_for(256, s).unwrap();
+        let l = ShmLayout::for_size(size, 256)
+            .unwrap()
+            .with_buf_sizes(Convention::Linux, s)
+            .unwrap();
+        let b = l.table();
+        assert_eq!(b.len(), 88 + 66);
+        let t = ResourceTable::parse(&b, 0, size).unwrap();
+        assert_eq!(t.vdev.dfeatures, 0b11);
+        assert_eq!(t.vdev.config_len, 66);
+        assert_eq!(Convention::Linux.parse(&t.vdev.config), Ok(s));
+        let (start, need) = t.buffer_pool_for(size, s).unwrap();
+        assert_eq!(need, 256 * (4096 + 65536));
+        assert!(start + need <= size);
+        // One buffer short of room: refused, naming the sizes.
+        let e = ShmLayout::for_size(size - 0x10000, 256)
+            .unwrap()
+            .with_buf_sizes(Convention::Linux, s)
+            .unwrap_err();
+        assert!(e.to_string().contains("65536"), "{e}");
+        // Without an offer the table is the one of before, byte for byte.
+        assert_eq!(ShmLayout::openamp_demo().table().len(), 88);
     }
 }

@@ -23,8 +23,8 @@ mod layout;
 pub use error::RscError;
 pub use layout::ShmLayout;
 
+use crate::bufsz::{BufSizeError, BufSizes};
 use crate::vring::VringPlacement;
-use crate::wire::BUF_SIZE;
 
 /// Resource type of a virtio device entry.
 pub const RSC_VDEV: u32 = 3;
@@ -87,6 +87,8 @@ pub struct VdevRsc {
     pub status: u8,
     /// The vrings: vq0 (host rx, remote tx), vq1 (host tx, remote rx).
     pub vrings: Vec<VringRsc>,
+    /// The config space (`config_len` bytes after the vrings), copied.
+    pub config: Vec<u8>,
 }
 
 impl VdevRsc {
@@ -185,6 +187,8 @@ impl ResourceTable {
             if id != VIRTIO_ID_RPMSG || vdev.is_some() {
                 continue;
             }
+            let cfg_at = off + VDEV_LEN + VRING_LEN * usize::from(nvr);
+            let config = bytes[cfg_at..cfg_at + config_len as usize].to_vec();
             let vrings = (0..usize::from(nvr))
                 .map(|i| {
                     let v = off + VDEV_LEN + VRING_LEN * i;
@@ -206,6 +210,7 @@ impl ResourceTable {
                 config_len,
                 status: bytes[off + 24],
                 vrings,
+                config,
             });
         }
         let vdev = vdev.ok_or(RscError::NoRpmsgVdev)?;
@@ -291,6 +296,31 @@ impl ResourceTable {
     /// # Errors
     /// [`RscError::NoPool`] if the shared memory is too small.
     pub fn buffer_pool(&self, shm_len: u64) -> Result<(u64, u64), RscError> {
+        self.buffer_pool_for(shm_len, BufSizes::DEFAULT)
+            .map_err(|_| RscError::NoPool {
+                need: self.pool_need(BufSizes::DEFAULT),
+                shm_len,
+            })
+    }
+
+    fn pool_need(&self, sizes: BufSizes) -> u64 {
+        let v = &self.vdev.vrings;
+        let n = |i: usize| v.get(i).map_or(0, |r| u64::from(r.num));
+        n(0) * u64::from(sizes.to_host) + n(1) * u64::from(sizes.to_remote)
+    }
+
+    /// As [`ResourceTable::buffer_pool`] for buffers of `sizes`: the first
+    /// `num` of vq0 (remote → host, `sizes.to_host` each), then those of
+    /// vq1 (host → remote, `sizes.to_remote` each).
+    ///
+    /// # Errors
+    /// [`BufSizeError::NoRoom`] naming the sizes if the shared memory is
+    /// too small.
+    pub fn buffer_pool_for(
+        &self,
+        shm_len: u64,
+        sizes: BufSizes,
+    ) -> Result<(u64, u64), BufSizeError> {
         let end = self
             .vdev
             .vrings
@@ -301,10 +331,15 @@ impl ResourceTable {
             .unwrap_or(0)
             .max((self.table_offset + self.extent) as u64);
         let start = end.div_ceil(POOL_ALIGN) * POOL_ALIGN;
-        let bufs: u64 = self.vdev.vrings.iter().map(|r| u64::from(r.num)).sum();
-        let need = bufs * BUF_SIZE as u64;
+        let need = self.pool_need(sizes);
         if start + need > shm_len {
-            return Err(RscError::NoPool { need, shm_len });
+            return Err(BufSizeError::NoRoom {
+                to_remote: sizes.to_remote,
+                to_host: sizes.to_host,
+                need,
+                start,
+                shm_len,
+            });
         }
         Ok((start, need))
     }

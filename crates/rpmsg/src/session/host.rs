@@ -27,6 +27,8 @@ pub struct ServeRemotes<'a> {
     pub shm_opts: &'a ShmOptions,
     /// The features the host accepts.
     pub features: u32,
+    /// How buffer sizes are negotiated.
+    pub convention: crate::Convention,
     /// The control socket served to clients.
     pub ctrl: &'a Path,
     /// How the control socket is served.
@@ -123,7 +125,11 @@ pub fn serve_remotes(
         (bus, server) = stop.restart(|| {
             let shm = SharedMem::open_waiting(cfg.shm, cfg.shm_opts, cfg.timeout)
                 .map_err(ServeRemotesError::Shm)?;
-            let bus = Bus::host(shm, notifier, cfg.features).map_err(ServeRemotesError::Bus)?;
+            let opts = crate::HostOptions {
+                features: cfg.features,
+                convention: cfg.convention,
+            };
+            let bus = Bus::host_with(shm, notifier, &opts).map_err(ServeRemotesError::Bus)?;
             let server = CtrlServer::start_with(bus.clone(), cfg.ctrl, cfg.ctrl_opts)
                 .map_err(ServeRemotesError::Ctrl)?;
             Ok((bus, server))
