@@ -15,7 +15,7 @@ use iopath_rpmsg::ctrl::proto::O_RDWR;
 use iopath_rpmsg::ctrl::{CtrlClient, EptInfo};
 use iopath_rpmsg::wire::ADDR_ANY;
 
-use common::{pair, s, BIN};
+use common::{pair, s, wait_path, Proc, BIN};
 
 const SO: &str = "libiopath_rpmsg_preload.so";
 
@@ -224,6 +224,71 @@ fn linux_uapi_program_runs_unmodified() {
 /// fork(2) at any moment, while another thread opens and closes rpmsg
 /// fds: no child inherits a lock held by a thread it does not have (the
 /// library before its fork handlers hung about 1 child in 150 here).
+/// On a bus whose remote offered 4 KiB buffers, the uAPI's limit moves
+/// with them: 4080 bytes cross both ways through an fd endpoint and a
+/// legacy one, 4081 are `EMSGSIZE`.
+#[test]
+fn negotiated_buffers_move_emsgsize() {
+    if !have_cc() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (shm, ctrl) = (dir.path().join("shm"), dir.path().join("ctrl"));
+    let ev = format!("eventfd:{}", s(&dir.path().join("ev")));
+    let _remote = Proc::spawn(
+        dir.path(),
+        "remote",
+        &[
+            "rpmsg",
+            "remote",
+            "--shm",
+            s(&shm),
+            "--create",
+            "2M",
+            "--ring",
+            "64",
+            "--buf-size",
+            "4K",
+            "--notify",
+            &ev,
+            "--echo",
+            "echo",
+        ],
+    );
+    let _host = Proc::spawn(
+        dir.path(),
+        "host",
+        &[
+            "rpmsg",
+            "host",
+            "--shm",
+            s(&shm),
+            "--notify",
+            &ev,
+            "--ctrl",
+            s(&ctrl),
+        ],
+    );
+    wait_path(&ctrl);
+    wait_echo(&ctrl);
+    let prog = build_c(dir.path(), "rpmsg_bufsz", &[]);
+    let o = Command::new(&prog)
+        .arg("4080")
+        .env("LD_PRELOAD", preload_so())
+        .env("IOPATH_RPMSG_CTRL", &ctrl)
+        .output()
+        .unwrap();
+    assert_passed(
+        &o,
+        &[
+            "fd: 4080 bytes echoed byte for byte",
+            "fd: write 4081 bytes is EMSGSIZE",
+            "legacy: 4080 bytes echoed byte for byte",
+            "legacy: write 4081 bytes is EMSGSIZE",
+        ],
+    );
+}
+
 #[test]
 fn fork_while_another_thread_churns_never_hangs_a_child() {
     if !have_cc() {

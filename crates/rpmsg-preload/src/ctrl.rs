@@ -149,12 +149,14 @@ pub(crate) fn open(dev: Dev, flags: c_int, ctrl: &std::path::Path) -> Result<c_i
                 libc::ECONNREFUSED | libc::ENOTDIR => libc::ENOENT,
                 x => x,
             })?;
+            let max_payload = ep.max_payload();
             adopt(
                 ep.into_fd(),
                 Kind::Ept(Arc::new(Ept {
                     node: Some(n),
                     accmode: flags & libc::O_ACCMODE,
                     destroyed: false.into(),
+                    max_payload,
                 })),
             )
         }
@@ -272,12 +274,14 @@ fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int,
             let ep = client(fd)
                 .create_ept_fd(&info, flags)
                 .map_err(|e| errno_of(&e))?;
+            let max_payload = ep.max_payload();
             let new = adopt(
                 ep.into_fd(),
                 Kind::Ept(Arc::new(Ept {
                     node: None,
                     accmode: flags as c_int & libc::O_ACCMODE,
                     destroyed: false.into(),
+                    max_payload,
                 })),
             )?;
             if let Err(e) = uapi::copy_out(

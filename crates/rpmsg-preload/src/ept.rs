@@ -8,8 +8,10 @@
 //!   `ENOTTY`: the driver has an ioctl handler, and that is its default).
 //!   Before the driver, `fs/ioctl.c` answers a few requests itself
 //!   ([`uapi::vfs`]).
-//! - `drivers/rpmsg/virtio_rpmsg_bus.c`: over 496 bytes `EMSGSIZE`
-//!   (`rpmsg_send_offchannel_raw`); no `set_flow_control` op, so
+//! - `drivers/rpmsg/virtio_rpmsg_bus.c`: `EMSGSIZE` over the tx buffer
+//!   size less the 16-byte header (`rpmsg_send_offchannel_raw`): 496
+//!   bytes, or what the service negotiated (the endpoint's `max_payload`, as
+//!   Linux's buffer-size proposal moves the same check); no `set_flow_control` op, so
 //!   `rpmsg_set_flow_control` (rpmsg_core.c) answers `EOPNOTSUPP`, and the
 //!   outgoing flow is never restricted (reads 0).
 
@@ -18,7 +20,6 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
 use iopath_rpmsg::ctrl::EptFd;
-use iopath_rpmsg::wire::MAX_PAYLOAD;
 use libc::{c_int, c_void, size_t, ssize_t};
 
 use crate::fds::{self, Ept, Kind};
@@ -134,7 +135,7 @@ pub(crate) unsafe fn write(
     if e.destroyed.load(Ordering::Relaxed) {
         return fail(libc::EPIPE);
     }
-    if n > MAX_PAYLOAD {
+    if n > e.max_payload {
         // rpmsg_eptdev_write_iter checks for the endpoint first.
         return fail(if hung_up(fd) {
             libc::EPIPE
@@ -192,7 +193,7 @@ pub(crate) unsafe fn writev(fd: c_int, e: &Ept, iov: *const libc::iovec, n: c_in
     let Some(len) = (unsafe { iov_len(iov, n) }) else {
         return fail(libc::EINVAL);
     };
-    if len > MAX_PAYLOAD {
+    if len > e.max_payload {
         return fail(if hung_up(fd) {
             libc::EPIPE
         } else {

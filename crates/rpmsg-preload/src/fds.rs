@@ -101,6 +101,10 @@ pub(crate) struct Ept {
     pub(crate) accmode: c_int,
     /// `RPMSG_DESTROY_EPT_IOCTL` was issued on it (or a copy).
     pub(crate) destroyed: AtomicBool,
+    /// Writes over this many bytes fail with `EMSGSIZE`, as the kernel's
+    /// do over the buffer size less the header: what the service says
+    /// was negotiated (496 without negotiation).
+    pub(crate) max_payload: usize,
 }
 
 /// What an rpmsg fd is.
@@ -369,6 +373,7 @@ mod tests {
             node: None,
             accmode: libc::O_RDWR,
             destroyed: false.into(),
+            max_payload: iopath_rpmsg::wire::MAX_PAYLOAD,
         }))
     }
 

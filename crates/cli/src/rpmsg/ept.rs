@@ -102,11 +102,12 @@ fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
                 "open_nodes": s.open_nodes, "clients": s.clients, "created": s.created,
                 "destroyed": s.destroyed, "bad_clients": s.bad_clients,
                 "oversize": s.oversize, "dropped": s.dropped, "msgs": s.msgs,
+                "max_payload": s.tx_payload, "max_rx_payload": s.rx_payload,
             })
         );
     } else {
         println!(
-            "endpoints: {} fd, {} legacy ({} open); clients {}; created {}, destroyed {}; bad clients {}; messages {} carried, {} dropped, {} oversize",
+            "endpoints: {} fd, {} legacy ({} open); clients {}; created {}, destroyed {}; bad clients {}; messages {} carried, {} dropped, {} oversize; payload up to {} bytes out, {} in",
             s.fd_endpoints,
             s.legacy_endpoints,
             s.open_nodes,
@@ -116,7 +117,9 @@ fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
             s.bad_clients,
             s.msgs,
             s.dropped,
-            s.oversize
+            s.oversize,
+            s.tx_payload,
+            s.rx_payload
         );
     }
     Ok(())

@@ -9,8 +9,7 @@ use iopath_bench::rpmsg::RawPingPong;
 use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::EptFd;
 use iopath_rpmsg::openamp::{MAX_DATA as OPENAMP_MAX, SERVICE as OPENAMP_SERVICE};
-use iopath_rpmsg::ping::{Payloads, PingEndpoint, PingOptions};
-use iopath_rpmsg::wire::MAX_PAYLOAD;
+use iopath_rpmsg::ping::{Payloads, PingEndpoint, PingOptions, MAX_FIXED};
 
 use super::common::parse_name;
 
@@ -39,8 +38,10 @@ pub struct PingArgs {
     /// Round trips, at least 1.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
-    /// Payload size for every message (default: cycle through 1..=496).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_PAYLOAD as u64))]
+    /// Payload size for every message (default: cycle through 1..=496);
+    /// above 496 with buffers negotiated that large (up to 65520 with
+    /// 64 KiB buffers).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_FIXED as u64))]
     size: Option<u64>,
     /// OpenAMP demo payloads ({u64 num; u64 size; data[size] = 0xA5}, sizes
     /// 1..=480, 480 round trips); implies --attach (the demo's remote

@@ -78,6 +78,8 @@ fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool, CtrlErro
 #[derive(Debug)]
 pub struct CtrlClient {
     fd: OwnedFd,
+    /// The service's largest endpoint payload, once asked.
+    max_payload: std::sync::OnceLock<usize>,
 }
 
 impl CtrlClient {
@@ -95,14 +97,20 @@ impl CtrlClient {
             Some(ANSWER_TIMEOUT),
         )
         .map_err(sys("setsockopt(SO_RCVTIMEO)"))?;
-        Ok(CtrlClient { fd })
+        Ok(CtrlClient {
+            fd,
+            max_payload: std::sync::OnceLock::new(),
+        })
     }
 
     /// Wraps a connection made some other way (e.g. by the preload
     /// library, whose program holds the fd). Answers are awaited with a
     /// blocking receive: the fd must not be non-blocking.
     pub fn from_fd(fd: OwnedFd) -> Self {
-        CtrlClient { fd }
+        CtrlClient {
+            fd,
+            max_payload: std::sync::OnceLock::new(),
+        }
     }
 
     fn request(&self, req: RequestRef<'_>) -> Result<(), CtrlError> {
@@ -213,11 +221,27 @@ impl CtrlClient {
         }
         let info = proto::parse_create_ept_fd_body(body).map_err(CtrlError::Protocol)?;
         let fd = fd.ok_or(CtrlError::Protocol("no fd with the CREATE_EPT_FD answer"))?;
+        let max_payload = proto::parse_max_payload(body);
         Ok(EptFd {
             fd,
             info,
             node: false,
+            max_payload,
         })
+    }
+
+    /// The largest payload an endpoint of this service can write: the
+    /// buffer size negotiated towards the peer less the header (496
+    /// without negotiation). Asked once per connection (a STATS request).
+    ///
+    /// # Errors
+    /// As [`CtrlClient::stats`].
+    pub fn max_payload(&self) -> Result<usize, CtrlError> {
+        if let Some(&m) = self.max_payload.get() {
+            return Ok(m);
+        }
+        let m = self.stats()?.tx_payload as usize;
+        Ok(*self.max_payload.get_or_init(|| m))
     }
 
     /// The service's counters.
@@ -249,10 +273,10 @@ impl CtrlClient {
 }
 
 /// An endpoint as a client holds it: a `SOCK_SEQPACKET` fd with
-/// rpmsg_char semantics (one message per read and write, at most 496
-/// bytes). Plain `read(2)`/`write(2)` on [`EptFd::fd`] work too; this type
+/// rpmsg_char semantics (one message per read and write, at most the
+/// negotiated payload, 496 bytes without negotiation). Plain `read(2)`/`write(2)` on [`EptFd::fd`] work too; this type
 /// adds the three things they cannot give: `EMSGSIZE` for any write over
-/// 496 bytes (the kernel itself refuses only what exceeds the socket's send
+/// that payload (the kernel itself refuses only what exceeds the socket's send
 /// buffer), `EPIPE` instead of end of file once the endpoint is gone, and
 /// `POLLERR` with the hang-up ([`EptFd::poll`]; a plain `poll(2)` reports
 /// only `POLLHUP`). The preload library gives unmodified programs the same.
@@ -262,6 +286,8 @@ pub struct EptFd {
     info: EptInfo,
     /// An opened legacy node (closing it does not destroy the endpoint).
     node: bool,
+    /// Writes over this many bytes fail with `EMSGSIZE`.
+    max_payload: usize,
 }
 
 impl EptFd {
@@ -286,7 +312,7 @@ impl EptFd {
         let mut b = [0u8; OPEN_REPLY_LEN + 8];
         let (n, _) = retry_intr(|| rustix::net::recv(&fd, &mut b, RecvFlags::empty()))
             .map_err(sys("recv"))?;
-        let (st, _) =
+        let (st, body) =
             proto::parse_reply(&b[..n], OP_OPEN, OPEN_REPLY_LEN).map_err(CtrlError::Protocol)?;
         if st != 0 {
             return Err(CtrlError::Refused { errno: -st });
@@ -295,6 +321,7 @@ impl EptFd {
             fd,
             info: EptInfo::new(""),
             node: true,
+            max_payload: proto::parse_max_payload(body),
         })
     }
 
@@ -305,7 +332,24 @@ impl EptFd {
             fd,
             info: EptInfo::new(""),
             node: false,
+            max_payload: MAX_PAYLOAD,
         }
+    }
+
+    /// The same endpoint, refusing writes over `max` bytes instead of 496
+    /// (the service's [`CtrlClient::max_payload`] when buffer sizes were
+    /// negotiated).
+    #[must_use]
+    pub fn with_max_payload(self, max: usize) -> Self {
+        EptFd {
+            max_payload: max,
+            ..self
+        }
+    }
+
+    /// Writes over this many bytes fail with `EMSGSIZE`.
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
     }
 
     /// Takes over endpoint fd number `fd` inherited from the parent process
@@ -362,6 +406,7 @@ impl EptFd {
             fd,
             info: EptInfo::new(""),
             node: true,
+            max_payload: MAX_PAYLOAD,
         }
     }
 
@@ -384,10 +429,10 @@ impl EptFd {
     /// Sends one message.
     ///
     /// # Errors
-    /// `EMSGSIZE` over 496 bytes, `EPIPE` once the endpoint or the remote
+    /// `EMSGSIZE` over [`EptFd::max_payload`], `EPIPE` once the endpoint or the remote
     /// is gone, `EAGAIN` when non-blocking and full (as [`CtrlError::Io`]).
     pub fn send(&self, data: &[u8]) -> Result<(), CtrlError> {
-        if data.len() > MAX_PAYLOAD {
+        if data.len() > self.max_payload {
             return Err(errno_err("send", rustix::io::Errno::MSGSIZE));
         }
         let iov = [IoSlice::new(data)];

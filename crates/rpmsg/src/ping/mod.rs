@@ -239,15 +239,28 @@ impl PingEndpoint {
 pub enum Payloads {
     /// Sizes 1..=496 in turn, each message's bytes a function of its number.
     Cycle,
-    /// Every message this size (1..=496), bytes as [`Payloads::Cycle`]'s.
+    /// Every message this size (1 up to the largest payload negotiated,
+    /// [`MAX_FIXED`] at most), bytes as [`Payloads::Cycle`]'s.
     Fixed(usize),
     /// OpenAMP's demo payloads ([`openamp::write_payload`]) with data
     /// sizes 1..=480 in turn.
     OpenAmp,
 }
 
+/// Largest fixed payload: a 64 KiB buffer less the header.
+pub const MAX_FIXED: usize = crate::bufsz::MAX_BUF_SIZE as usize - crate::wire::HDR_LEN;
+
 impl Payloads {
-    /// Writes message `i` into `out` (at least 496 bytes); its length.
+    /// Bytes the largest message takes.
+    fn max_len(self) -> usize {
+        match self {
+            Payloads::Fixed(s) => s.clamp(1, MAX_FIXED).max(MAX_PAYLOAD),
+            _ => MAX_PAYLOAD,
+        }
+    }
+
+    /// Writes message `i` into `out` (at least [`Payloads::max_len`]
+    /// bytes); its length.
     fn write(self, out: &mut [u8], i: u64) -> usize {
         match self {
             Payloads::OpenAmp => {
@@ -256,7 +269,7 @@ impl Payloads {
             }
             Payloads::Cycle | Payloads::Fixed(_) => {
                 let size = match self {
-                    Payloads::Fixed(s) => s.clamp(1, MAX_PAYLOAD),
+                    Payloads::Fixed(s) => s.clamp(1, MAX_FIXED),
                     _ => 1 + (i % MAX_PAYLOAD as u64) as usize,
                 };
                 fill(&mut out[..size], i);
@@ -320,8 +333,8 @@ pub fn ping(
     mut progress: impl FnMut(),
 ) -> Result<PingReport, PingError> {
     let mut lat = Vec::with_capacity(opts.count.min(1 << 24) as usize);
-    let mut out = vec![0u8; MAX_PAYLOAD];
-    let mut back = vec![0u8; MAX_PAYLOAD + 64];
+    let mut out = vec![0u8; opts.payloads.max_len()];
+    let mut back = vec![0u8; opts.payloads.max_len() + 64];
     let (mut min_size, mut max_size, mut bytes) = (usize::MAX, 0usize, 0u64);
     let t0 = Instant::now();
     for i in 0..opts.count {

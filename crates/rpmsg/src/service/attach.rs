@@ -11,12 +11,13 @@ use tracing::{info, warn};
 use super::errno_of;
 use crate::bus::{Bus, BusError, EndpointOptions, Event};
 use crate::ctrl::proto::{attach_reply, AttachRequest};
-use crate::wire::{ADDR_ANY, MAX_PAYLOAD};
+use crate::wire::ADDR_ANY;
 
 /// ATTACH: the connection becomes the endpoint.
 pub(super) fn attach(bus: Bus, c: Arc<OwnedFd>, packet: &[u8], cred: &str) {
     let n = packet.len();
-    let mut buf = vec![0u8; 4096];
+    let max = bus.max_payload();
+    let mut buf = vec![0u8; 4096.max(max + 1)];
     let req = match AttachRequest::parse(packet) {
         Ok(r) => r,
         Err(errno) => {
@@ -83,8 +84,8 @@ pub(super) fn attach(bus: Bus, c: Arc<OwnedFd>, packet: &[u8], cred: &str) {
         if full == 0 {
             break; // the client closed: dropping `ep` destroys the endpoint
         }
-        if full > MAX_PAYLOAD {
-            warn!(target: "iopath_rpmsg", "control client: {full}-byte message refused (max {MAX_PAYLOAD})");
+        if full > max {
+            warn!(target: "iopath_rpmsg", "control client: {full}-byte message refused (max {max})");
             break;
         }
         if let Err(e) = ep.send(&buf[..n]) {

@@ -6,32 +6,34 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use rustix::net::RecvFlags;
 
-use crate::wire::MAX_PAYLOAD;
-
 /// Messages per call.
 pub(super) const BATCH: usize = 16;
-/// One slot: the largest payload and one byte more (anything longer is
-/// cut, and its full length reported).
-const SLOT: usize = MAX_PAYLOAD + 1;
 
 /// Buffers for [`BATCH`] messages, reused call after call.
 pub(super) struct RecvBatch {
-    bufs: Box<[[u8; SLOT]; BATCH]>,
+    /// BATCH slots of `slot` bytes each, one after the other.
+    bufs: Box<[u8]>,
+    /// One slot: the largest payload and one byte more (anything longer
+    /// is cut, and its full length reported).
+    slot: usize,
     /// Full length of each message of the last call (`MSG_TRUNC`).
     lens: [usize; BATCH],
 }
 
 impl RecvBatch {
-    pub(super) fn new() -> Self {
+    /// Slots for messages of up to `max_payload` bytes.
+    pub(super) fn new(max_payload: usize) -> Self {
+        let slot = max_payload + 1;
         RecvBatch {
-            bufs: Box::new([[0u8; SLOT]; BATCH]),
+            bufs: vec![0u8; slot * BATCH].into_boxed_slice(),
+            slot,
             lens: [0; BATCH],
         }
     }
 
     /// A buffer for one packet of another kind (a control request).
     pub(super) fn scratch(&mut self) -> &mut [u8] {
-        &mut self.bufs[0][..]
+        &mut self.bufs[..self.slot]
     }
 
     /// Takes up to `max` (at most [`BATCH`]) messages from `fd` without waiting
@@ -53,7 +55,7 @@ impl RecvBatch {
         if max == 1 {
             let (_, full) = rustix::net::recv(
                 fd,
-                &mut self.bufs[0][..],
+                &mut self.bufs[..self.slot],
                 RecvFlags::DONTWAIT | RecvFlags::TRUNC,
             )?;
             self.lens[0] = full;
@@ -64,16 +66,21 @@ impl RecvBatch {
         let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-        for (i, (v, h)) in iov.iter_mut().zip(hdrs.iter_mut()).enumerate() {
-            v.iov_base = self.bufs[i].as_mut_ptr().cast();
-            v.iov_len = SLOT;
+        let slot = self.slot;
+        for ((v, h), buf) in iov
+            .iter_mut()
+            .zip(hdrs.iter_mut())
+            .zip(self.bufs.chunks_exact_mut(slot))
+        {
+            v.iov_base = buf.as_mut_ptr().cast();
+            v.iov_len = slot;
             h.msg_hdr.msg_iov = v;
             h.msg_hdr.msg_iovlen = 1;
         }
         // SAFETY: `hdrs` holds BATCH headers, each naming one iovec of
-        // `iov` over one SLOT-byte buffer of `self.bufs`, all alive and
+        // `iov` over one `slot`-byte chunk of `self.bufs`, all alive and
         // exclusively borrowed for the call; no address, no control
-        // buffer; the kernel writes at most SLOT bytes per buffer and the
+        // buffer; the kernel writes at most `slot` bytes per chunk and the
         // headers' lengths and flags; a null timeout is allowed.
         let n = unsafe {
             libc::recvmmsg(
@@ -101,7 +108,8 @@ impl RecvBatch {
     /// full length.
     pub(super) fn get(&self, i: usize) -> (&[u8], usize) {
         let full = self.lens[i];
-        (&self.bufs[i][..full.min(SLOT)], full)
+        let at = i * self.slot;
+        (&self.bufs[at..at + full.min(self.slot)], full)
     }
 }
 
@@ -120,7 +128,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let mut batch = RecvBatch::new();
+        let mut batch = RecvBatch::new(crate::wire::MAX_PAYLOAD);
         assert_eq!(batch.recv(b.as_fd(), BATCH), Err(rustix::io::Errno::AGAIN));
         let big = vec![7u8; 600];
         for m in [&b"one"[..], &b""[..], &[9u8; 496][..], &big[..]] {

@@ -20,7 +20,7 @@ use crate::bus::{HookRun, ServiceHook};
 
 impl EptService {
     pub(super) fn pump(&self) {
-        let mut buf = RecvBatch::new();
+        let mut buf = RecvBatch::new(self.inner.bus.max_payload());
         loop {
             if self.inner.stopped.load(Ordering::SeqCst) {
                 return;

@@ -16,13 +16,23 @@ const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
 
 use super::{lock, Ept, EptService, Kind, Sink, TAG_SOCK};
 use crate::ctrl::proto::{
-    create_ept_fd_reply, set_ept_fd_reply_addrs, EptInfo, O_NONBLOCK, O_RDONLY, O_WRONLY,
+    create_ept_fd_reply, set_ept_fd_reply_addrs, set_reply_max_payload, EptInfo, O_NONBLOCK,
+    O_RDONLY, O_WRONLY,
 };
 
-/// Send buffer of the client's end: as small as the kernel allows, so that
-/// the kernel itself refuses (`EMSGSIZE`) the largest writes; the service
-/// drops what gets past it and is still over 496 bytes.
-const CLIENT_SNDBUF: usize = 0;
+/// Send buffer asked for the client's end, for payloads of up to
+/// `max_payload` bytes. The kernel doubles what is asked (at least 4608
+/// bytes) and refuses (`EMSGSIZE`) a message over that less 32 bytes
+/// ([unix(7)], `unix_dgram_sendmsg`): as small as the kernel allows while
+/// the largest payload still fits, so that the kernel itself refuses the
+/// largest writes; the service ends the endpoint on what gets past it and
+/// is still over `max_payload` bytes. For 496 bytes that is the minimum
+/// (4576-byte messages), for 65520 bytes exactly 65520.
+///
+/// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
+pub(crate) fn client_sndbuf(max_payload: usize) -> usize {
+    (max_payload + 32).div_ceil(2)
+}
 
 /// Makes the endpoint and answers on `c`, the fd riding along.
 pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags: u32) {
@@ -32,6 +42,7 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
     match create(svc, info, flags) {
         Ok((src, dst, client)) => {
             set_ept_fd_reply_addrs(&mut reply, src, dst);
+            set_reply_max_payload(&mut reply, svc.bus().max_payload());
             let fds = [client.as_fd()];
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut anc = SendAncillaryBuffer::new(&mut space);
@@ -77,7 +88,8 @@ fn make_spare(svc: &EptService) -> Result<Spare, i32> {
         None,
     )
     .map_err(|e| e.raw_os_error())?;
-    rustix::net::sockopt::set_socket_send_buffer_size(&client, CLIENT_SNDBUF)
+    let sndbuf = client_sndbuf(svc.bus().max_payload());
+    rustix::net::sockopt::set_socket_send_buffer_size(&client, sndbuf)
         .map_err(|e| e.raw_os_error())?;
     let id = svc.next_id();
     svc.watch(id, &ours, TAG_SOCK)?;

@@ -13,7 +13,6 @@ use tracing::{debug, warn};
 use super::batch::{RecvBatch, BATCH};
 use super::{legacy, lock, EptService, Kind, Stalled, DRAIN, SEND_WAIT, TAG_SOCK};
 use crate::bus::{BusError, EndpointRef};
-use crate::wire::MAX_PAYLOAD;
 
 impl EptService {
     /// Tries again every message waiting for a bus buffer; an endpoint
@@ -113,7 +112,7 @@ impl EptService {
                 if full == 0 && hup {
                     return self.end_of_file(id, legacy, &sock, flags);
                 }
-                if full > MAX_PAYLOAD {
+                if full > ep.max_payload() {
                     // Not dropped silently: the endpoint ends, so the
                     // writer's next call fails (see the module doc).
                     self.oversize(&ep, full);
@@ -137,7 +136,7 @@ impl EptService {
     /// One oversized message on `ep`: counted and logged.
     pub(super) fn oversize(&self, ep: &EndpointRef, full: usize) {
         self.inner.n.oversize.fetch_add(1, Ordering::Relaxed);
-        warn!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message (max {MAX_PAYLOAD}): endpoint hung up", ep.addr());
+        warn!(target: "iopath_rpmsg", "endpoint {}: {full}-byte message (max {}): endpoint hung up", ep.addr(), ep.max_payload());
     }
 
     /// Queues messages `rest` of `batch` behind endpoint `id`'s stalled
@@ -161,7 +160,7 @@ impl EptService {
             if full == 0 && hup {
                 return;
             }
-            if full > MAX_PAYLOAD {
+            if full > ep.max_payload() {
                 self.oversize(ep, full);
                 waiting.then_end = true;
                 return;

@@ -17,7 +17,9 @@ use rustix::net::{SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tracing::debug;
 
 use super::{lock, Ept, EptService, Kind, Sink, TAG_LISTENER, TAG_SOCK};
-use crate::ctrl::proto::{create_ept_reply, reply_head, EptInfo, OPEN_REPLY_LEN, OP_OPEN};
+use crate::ctrl::proto::{
+    create_ept_reply, reply_head, set_reply_max_payload, EptInfo, OPEN_REPLY_LEN, OP_OPEN,
+};
 
 /// Makes the endpoint and its node, answers the node's path on `c`.
 pub(super) fn handle_create(svc: &EptService, conn: u64, c: &OwnedFd, info: EptInfo) {
@@ -132,8 +134,10 @@ fn bind(path: &std::path::Path, mode: u32) -> Result<OwnedFd, i32> {
     Ok(fd)
 }
 
-fn greeting(status: i32) -> Vec<u8> {
-    reply_head(OP_OPEN, status, OPEN_REPLY_LEN)
+fn greeting(status: i32, max_payload: usize) -> Vec<u8> {
+    let mut b = reply_head(OP_OPEN, status, OPEN_REPLY_LEN);
+    set_reply_max_payload(&mut b, max_payload);
+    b
 }
 
 /// Node `id` has connections waiting: the first one while the node is not
@@ -156,10 +160,20 @@ pub(super) fn accept(svc: &EptService, id: u64) {
         if slot.is_some() {
             drop(slot);
             debug!(target: "iopath_rpmsg", "node {id}: second open refused (EBUSY)");
-            let _ = rustix::net::send(&conn, &greeting(-libc::EBUSY), SendFlags::NOSIGNAL);
+            let _ = rustix::net::send(
+                &conn,
+                &greeting(-libc::EBUSY, svc.bus().max_payload()),
+                SendFlags::NOSIGNAL,
+            );
             continue;
         }
-        if rustix::net::send(&conn, &greeting(0), SendFlags::NOSIGNAL).is_err() {
+        if rustix::net::send(
+            &conn,
+            &greeting(0, svc.bus().max_payload()),
+            SendFlags::NOSIGNAL,
+        )
+        .is_err()
+        {
             continue;
         }
         let conn = Arc::new(conn);

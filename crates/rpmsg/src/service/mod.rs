@@ -42,17 +42,25 @@
 //! On a polling bus the spinning service thread takes the epoll work on
 //! every pass, so a client's message reaches the ring without any wake-up.
 //!
-//! Message size: a write over 496 bytes cannot fail in the writer's
-//! `write(2)` by anything the service does after the fact. The client's
-//! end gets the smallest send buffer the kernel allows, so the kernel
-//! refuses (`EMSGSIZE`) what exceeds it (4576 bytes on Linux 6.18);
+//! Message size: the largest payload is the buffer size negotiated
+//! towards the peer less the 16-byte header (496 bytes without
+//! negotiation, up to 65520 with 64 KiB buffers); each CREATE_EPT_FD
+//! answer and node greeting names it. A write over it cannot fail in the
+//! writer's `write(2)` by anything the service does after the fact. The
+//! client's end gets the smallest send buffer that still takes the largest
+//! payload, so the kernel refuses (`EMSGSIZE`) what exceeds it: a unix
+//! socket refuses a message over its send buffer less 32 bytes, the send
+//! buffer being twice what was asked and at least 4608 bytes (4576-byte
+//! messages at 496; exactly the payload from 4 KiB buffers up; at most
+//! twice `net.core.wmem_max` less 32 for any seqpacket socket).
 //! [`crate::ctrl::EptFd::send`] and the preload library refuse anything
-//! over 496 with `EMSGSIZE` before it is sent. A raw client's message of
-//! 497..=4576 bytes still reaches the service: it is not dropped silently
-//! but ends the endpoint (counted in `oversize`, one warning), so the
-//! writer's next read or write fails (`EPIPE`; a raw `read(2)` sees end of
-//! file) and poll reports a hang-up: the loss is visible, as a protocol
-//! error, instead of a message that vanished.
+//! over the payload with `EMSGSIZE` before it is sent. A raw client's
+//! message between the payload and the kernel's limit still reaches the
+//! service: it is not dropped silently but ends the endpoint (counted in
+//! `oversize`, one warning), so the writer's next read or write fails
+//! (`EPIPE`; a raw `read(2)` sees end of file) and poll reports a hang-up:
+//! the loss is visible, as a protocol error, instead of a message that
+//! vanished.
 
 mod attach;
 mod batch;
@@ -282,7 +290,7 @@ impl EptService {
             .bus
             .set_hook(Box::new(Hook {
                 inner: Arc::downgrade(&svc.inner),
-                batch: RecvBatch::new(),
+                batch: RecvBatch::new(svc.inner.bus.max_payload()),
             }))
             .map_err(|source| CtrlError::Io {
                 op: "epoll_ctl",
@@ -350,7 +358,11 @@ impl EptService {
     /// The counters and what is held right now.
     pub(crate) fn stats(&self) -> ServiceStats {
         let t = lock(&self.inner.table);
-        let mut s = ServiceStats::default();
+        let mut s = ServiceStats {
+            tx_payload: self.inner.bus.max_payload() as u32,
+            rx_payload: self.inner.bus.max_rx_payload() as u32,
+            ..ServiceStats::default()
+        };
         for e in t.epts.values() {
             match e.kind {
                 Kind::Fd => s.fd_endpoints += 1,

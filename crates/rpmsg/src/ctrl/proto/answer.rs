@@ -35,7 +35,7 @@ pub fn create_ept_fd_reply(
         // (A name too long for the struct goes out as zeros.)
         let info = info.to_wire().unwrap_or_default();
         let w = RpmsgEndpointFdInfo::new(info, flags.to_le(), (-1i32).to_le());
-        b[12..].copy_from_slice(w.as_slice());
+        b[12..12 + EPT_FD_INFO_LEN].copy_from_slice(w.as_slice());
     }
     b
 }
@@ -47,6 +47,24 @@ pub(crate) fn set_ept_fd_reply_addrs(b: &mut [u8; CREATE_EPT_FD_REPLY_LEN], src:
     let dst_at = 12 + offset_of!(RpmsgEndpointFdInfo, dst);
     b[src_at..src_at + 4].copy_from_slice(&src.to_le_bytes());
     b[dst_at..dst_at + 4].copy_from_slice(&dst.to_le_bytes());
+}
+
+/// Sets the largest payload of a CREATE_EPT_FD answer or a node greeting
+/// (the last 4 bytes).
+pub(crate) fn set_reply_max_payload(b: &mut [u8], max: usize) {
+    let at = b.len() - 4;
+    b[at..].copy_from_slice(&(max as u32).to_le_bytes());
+}
+
+/// The largest payload a successful CREATE_EPT_FD answer's body or a node
+/// greeting's body (after the status) names; 496 where it names none.
+pub fn parse_max_payload(body: &[u8]) -> usize {
+    match body.len().checked_sub(4).map(|at| &body[at..]) {
+        Some(&[a, b, c, d]) if u32::from_le_bytes([a, b, c, d]) != 0 => {
+            u32::from_le_bytes([a, b, c, d]) as usize
+        }
+        _ => crate::wire::MAX_PAYLOAD,
+    }
 }
 
 /// Checks an answer's header and op, returns its status and body.

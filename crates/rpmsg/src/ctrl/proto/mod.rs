@@ -5,11 +5,13 @@
 //! | op | request | answer (after header and `status i32`) |
 //! |---|---|---|
 //! | `CREATE_EPT` 2 | `rpmsg_endpoint_info {name[32], src, dst}` | the info (src filled in), node path `[108]` |
-//! | `CREATE_EPT_FD` 3 | `rpmsg_endpoint_fd_info {name[32], src, dst, flags, fd}` | the info; the fd rides along as `SCM_RIGHTS` |
+//! | `CREATE_EPT_FD` 3 | `rpmsg_endpoint_fd_info {name[32], src, dst, flags, fd}` | the info, then the largest payload (`u32`); the fd rides along as `SCM_RIGHTS` |
 //! | `STATS` 4 | nothing | [`ServiceStats`] |
 //!
-//! A legacy node greets each connection with header `OPEN` 5 and a status
-//! (0, or `-EBUSY` while another connection has it open).
+//! A legacy node greets each connection with header `OPEN` 5, a status
+//! (0, or `-EBUSY` while another connection has it open) and the largest
+//! payload (`u32`: the negotiated buffer size towards the peer less the
+//! header).
 
 use std::mem::{offset_of, size_of};
 
@@ -26,11 +28,11 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use answer::set_ept_fd_reply_addrs;
 pub use answer::{
     attach_reply, create_ept_fd_reply, create_ept_reply, parse_create_ept_body,
-    parse_create_ept_fd_body, parse_reply, reply_head,
+    parse_create_ept_fd_body, parse_max_payload, parse_reply, reply_head,
 };
+pub(crate) use answer::{set_ept_fd_reply_addrs, set_reply_max_payload};
 pub use request::{parse_header, AttachRequest, Refusal, Request};
 pub(crate) use request::{RequestRef, MAX_REQUEST_LEN};
 pub use stats::ServiceStats;
@@ -71,12 +73,14 @@ pub const OP_OPEN: u16 = 5;
 pub const PATH_LEN: usize = 108;
 /// Size of a CREATE_EPT answer.
 pub const CREATE_EPT_REPLY_LEN: usize = 12 + EPT_INFO_LEN + PATH_LEN;
-/// Size of a CREATE_EPT_FD answer.
-pub const CREATE_EPT_FD_REPLY_LEN: usize = 12 + EPT_FD_INFO_LEN;
+/// Size of a CREATE_EPT_FD answer: the fd info, then the endpoint's
+/// largest payload (`u32`).
+pub const CREATE_EPT_FD_REPLY_LEN: usize = 12 + EPT_FD_INFO_LEN + 4;
 /// Size of a STATS answer.
-pub const STATS_REPLY_LEN: usize = 12 + 4 * 4 + 6 * 8;
-/// Size of a node greeting.
-pub const OPEN_REPLY_LEN: usize = 12;
+pub const STATS_REPLY_LEN: usize = 12 + 4 * 4 + 6 * 8 + 2 * 4;
+/// Size of a node greeting: header, status, the endpoint's largest
+/// payload (`u32`).
+pub const OPEN_REPLY_LEN: usize = 16;
 
 /// `O_RDONLY`, for CREATE_EPT_FD flags.
 pub const O_RDONLY: u32 = libc::O_RDONLY as u32;

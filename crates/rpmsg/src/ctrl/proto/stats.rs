@@ -19,14 +19,19 @@ pub struct ServiceStats {
     pub destroyed: u64,
     /// Control connections closed for a malformed request.
     pub bad_clients: u64,
-    /// Messages written to an endpoint with more than 496 bytes (each
-    /// ended its endpoint).
+    /// Messages written to an endpoint with more than the largest payload
+    /// (each ended its endpoint).
     pub oversize: u64,
     /// Messages from the remote dropped because the endpoint's socket was
     /// full, or sent to an endpoint with no peer address.
     pub dropped: u64,
     /// Messages carried between endpoint sockets and the bus.
     pub msgs: u64,
+    /// Largest payload an endpoint can write (the negotiated buffer size
+    /// towards the peer, less the 16-byte header; 496 without negotiation).
+    pub tx_payload: u32,
+    /// Largest payload the peer can send to an endpoint.
+    pub rx_payload: u32,
 }
 
 impl ServiceStats {
@@ -56,6 +61,8 @@ impl ServiceStats {
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
+        b.extend_from_slice(&self.tx_payload.to_le_bytes());
+        b.extend_from_slice(&self.rx_payload.to_le_bytes());
         b
     }
 
@@ -81,6 +88,8 @@ impl ServiceStats {
             oversize: u64_at(3),
             dropped: u64_at(4),
             msgs: u64_at(5),
+            tx_payload: u32_at(body, 64),
+            rx_payload: u32_at(body, 68),
         })
     }
 }

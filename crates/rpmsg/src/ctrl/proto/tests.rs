@@ -16,6 +16,12 @@ fn an_answer_whose_addresses_come_later_parses_as_one_made_whole() {
     assert_eq!(b, create_ept_fd_reply(0, &made, flags));
     let (st, body) = parse_reply(&b, OP_CREATE_EPT_FD, CREATE_EPT_FD_REPLY_LEN).unwrap();
     assert_eq!(st, 0);
+    assert_eq!(parse_create_ept_fd_body(body), Ok(made.clone()));
+    // The endpoint's largest payload rides along; none named is 496.
+    assert_eq!(parse_max_payload(body), crate::wire::MAX_PAYLOAD);
+    set_reply_max_payload(&mut b, 4080);
+    let (_, body) = parse_reply(&b, OP_CREATE_EPT_FD, CREATE_EPT_FD_REPLY_LEN).unwrap();
+    assert_eq!(parse_max_payload(body), 4080);
     assert_eq!(parse_create_ept_fd_body(body), Ok(made));
 }
 
@@ -169,6 +175,8 @@ fn stats_round_trip() {
         oversize: 8,
         dropped: 9,
         msgs: 10,
+        tx_payload: 4080,
+        rx_payload: 65520,
     };
     let b = s.encode();
     let (st, body) = parse_reply(&b, OP_STATS, STATS_REPLY_LEN).unwrap();
