@@ -5,6 +5,8 @@
 //! replays them. Every buffer must come back to the peer, every one be
 //! counted once, and the endpoints get exactly the messages an independent
 //! reading of the same bytes says they should (source, destination, bytes).
+//! The buffers are as large as a buffer-size config space (either
+//! convention, any bytes) negotiates: 512 when it is refused or absent.
 #![no_main]
 
 use std::collections::VecDeque;
@@ -14,15 +16,19 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use iopath_heap::{Heap, HugePages, MemfdHeap};
+use iopath_rpmsg::bufsz::{host_negotiate, BufSizes, Convention};
 use iopath_rpmsg::notify::{Notifier, NotifyError, Wake};
-use iopath_rpmsg::wire::{BUF_SIZE, HDR_LEN, NAME_SIZE, NS_ADDR};
+use iopath_rpmsg::wire::{HDR_LEN, NAME_SIZE, NS_ADDR};
 use iopath_rpmsg::{
     Bus, EndpointOptions, Event, Held, Link, LinkError, LinkMemory, Role, SharedMem, Slot,
+    HOST_FEATURES,
 };
 use libfuzzer_sys::fuzz_target;
 
-/// Buffers in the replayed ring.
+/// Buffers in the replayed ring, at most.
 const SLOTS: usize = 64;
+/// Bytes of buffers at most (64 of 64 KiB would be slow to map per run).
+const POOL: usize = 1 << 20;
 
 /// What an endpoint got: source, destination, payload.
 type Delivered = (u32, u32, Vec<u8>);
@@ -65,6 +71,11 @@ enum DstPick {
 #[derive(Debug, Arbitrary)]
 struct Input {
     ns: bool,
+    /// The device's offered feature bits 1 and 2, the convention the host
+    /// reads (NuttX's, else Linux's), and the config space.
+    bufsz_bits: u8,
+    nuttx: bool,
+    config: Vec<u8>,
     bufs: Vec<Buf>,
 }
 
@@ -76,6 +87,7 @@ struct Replay {
     pending: Arc<Mutex<VecDeque<Held>>>,
     released: Arc<AtomicUsize>,
     features: u32,
+    sizes: BufSizes,
 }
 
 impl Link for Replay {
@@ -100,7 +112,10 @@ impl Link for Replay {
     }
     fn drop_tx(&mut self, _slot: Slot) {}
     fn buf_size(&self) -> usize {
-        BUF_SIZE
+        self.sizes.to_remote as usize
+    }
+    fn rx_buf_size(&self) -> usize {
+        self.sizes.to_host as usize
     }
     fn take_kick(&mut self) -> bool {
         false
@@ -133,14 +148,30 @@ impl Notifier for Quiet {
 }
 
 fuzz_target!(|i: Input| {
-    let bufs = &i.bufs[..i.bufs.len().min(SLOTS)];
+    let dfeatures = 1 | (u32::from(i.bufsz_bits) & 0b110);
+    let convention = if i.nuttx {
+        Convention::Nuttx
+    } else {
+        Convention::Linux
+    };
+    let sizes = match host_negotiate(dfeatures, HOST_FEATURES, convention, &i.config) {
+        Ok((_, s)) => {
+            assert!(s.check().is_ok(), "{s:?}");
+            s
+        }
+        Err(_) => BufSizes::DEFAULT,
+    };
+    // The host's rx buffers: the remote → host size.
+    let buf_size = sizes.to_host as usize;
+    let slots = SLOTS.min(POOL / buf_size).max(1);
+    let bufs = &i.bufs[..i.bufs.len().min(slots)];
     let mem = MemfdHeap::new(HugePages::None)
-        .alloc(SLOTS * BUF_SIZE)
+        .alloc((slots * buf_size).next_multiple_of(4096))
         .expect("memfd");
     let shm = SharedMem::from_buffer(mem).expect("shared memory");
     let mut held = VecDeque::new();
     // The oracle's copy of the shared memory, and what it expects delivered.
-    let mut mirror = vec![0u8; SLOTS * BUF_SIZE];
+    let mut mirror = vec![0u8; (slots * buf_size).next_multiple_of(4096)];
     let mut expect: Vec<Delivered> = Vec::new();
     let mut heads = Vec::new();
     for (slot, b) in bufs.iter().enumerate() {
@@ -163,7 +194,7 @@ fuzz_target!(|i: Input| {
                 r
             }
         };
-        let payload = &payload[..payload.len().min(BUF_SIZE - HDR_LEN)];
+        let payload = &payload[..payload.len().min(buf_size - HDR_LEN)];
         let dst = match b.dst {
             DstPick::Ept(e) => 1024 + u32::from(e % 4),
             DstPick::Ns => NS_ADDR,
@@ -177,7 +208,7 @@ fuzz_target!(|i: Input| {
         m.extend_from_slice(&len.to_le_bytes());
         m.extend_from_slice(&b.flags.to_le_bytes());
         m.extend_from_slice(payload);
-        let addr = (slot * BUF_SIZE) as u64;
+        let addr = (slot * buf_size) as u64;
         shm.write(addr, &m).expect("inside the shared memory");
         mirror[addr as usize..addr as usize + m.len()].copy_from_slice(&m);
         let used = b.used_lie.map_or(m.len(), usize::from);
@@ -208,6 +239,7 @@ fuzz_target!(|i: Input| {
         pending: Arc::clone(&pending),
         released: Arc::clone(&released),
         features: u32::from(i.ns),
+        sizes,
     };
     let bus = Bus::start(Box::new(link), Box::new(Quiet));
     let got: Arc<Mutex<Vec<Delivered>>> = Arc::default();
