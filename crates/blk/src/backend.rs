@@ -19,6 +19,7 @@ use iopath_virtio::device::{
     QueueContext, VirtioDevice, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1,
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
+use iopath_virtio::PollMode;
 use virtio_queue::{Queue, QueueT};
 
 use crate::config::{
@@ -71,6 +72,10 @@ pub struct BlkOptions {
     pub queues: usize,
     /// Refuse writes (`VIRTIO_BLK_F_RO`).
     pub readonly: bool,
+    /// How each queue thread waits for requests: poll the available ring
+    /// for a while after work, then sleep on kicks; never sleep; or sleep
+    /// at once.
+    pub poll: PollMode,
 }
 
 impl Default for BlkOptions {
@@ -78,6 +83,7 @@ impl Default for BlkOptions {
         Self {
             queues: 1,
             readonly: false,
+            poll: PollMode::default(),
         }
     }
 }
@@ -209,7 +215,7 @@ impl VirtioDevice for BlkBackend {
 
     fn run_queue(&self, mut ctx: QueueContext) -> Queue {
         let size = ctx.queue_mut().size();
-        match Executor::new(Arc::clone(&self.image), self.id, size) {
+        match Executor::new(Arc::clone(&self.image), self.id, size, self.options.poll) {
             Ok(mut ex) => {
                 if let Err(e) = ex.run(&mut ctx) {
                     tracing::error!("queue {}: {e}", ctx.index());

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use iopath_dma::{Direct, DmaOps};
 use iopath_virtio::transport::vhost_user::{Timeouts, VhostUser, VhostUserError};
-use iopath_virtio::{BounceGeometry, Choice, Platform, Policy, Transport};
+use iopath_virtio::{BounceGeometry, Choice, Platform, Policy, PollMode, Transport};
 use serde::Serialize;
 
 use crate::driver::{BlkDriver, DriverOptions, DEVICE_ID_BLOCK};
@@ -76,14 +76,18 @@ pub struct DdConfig {
     pub dma: Option<DmaMode>,
     /// Virtqueues to use, each driven by its own thread.
     pub queues: usize,
+    /// How each queue waits for completions.
+    pub poll: PollMode,
     /// The blocks, range and data.
     pub workload: Workload,
 }
 
 impl DdConfig {
     /// `workload` on the back end at `socket`: 10 s for the socket to
-    /// accept, the transport's default answer timeout, the direct platform
-    /// with swiotlb's bounce window, no override, one queue.
+    /// accept, the transport's default answer timeout (for vhost-user
+    /// requests and block requests alike), the direct platform with
+    /// swiotlb's bounce window, no override, one queue, the default poll
+    /// window.
     pub fn new(socket: impl Into<PathBuf>, workload: Workload) -> Self {
         DdConfig {
             socket: socket.into(),
@@ -95,6 +99,7 @@ impl DdConfig {
             bounce: BounceGeometry::DEFAULT,
             dma: None,
             queues: 1,
+            poll: PollMode::default(),
             workload,
         }
     }
@@ -220,6 +225,8 @@ pub fn run(cfg: &DdConfig, progress: &dyn Progress) -> Result<DdReport, DdError>
     );
     let opts = DriverOptions {
         queues: cfg.queues.try_into().unwrap_or(u16::MAX),
+        timeout: cfg.timeouts.reply,
+        poll: cfg.poll,
         ..DriverOptions::default()
     };
     let policy = cfg.policy();

@@ -27,7 +27,7 @@ use std::time::Duration;
 use iopath_dma::{DmaOps, IotlbRecord, Perm};
 use iopath_heap::Buffer;
 use iopath_virtio::features as vfeatures;
-use iopath_virtio::{Policy, PolicyOps, QueueFeatures, SplitQueue, Transport};
+use iopath_virtio::{Policy, PolicyOps, PollMode, QueueFeatures, SplitQueue, Transport};
 
 pub use crate::command::{Done, Request};
 pub use crate::config::{DeviceConfig, RangeLimits};
@@ -64,6 +64,9 @@ pub struct DriverOptions {
     pub event_idx: bool,
     /// Ask for indirect descriptors.
     pub indirect: bool,
+    /// How a queue waits for completions: poll the used ring for a
+    /// while, then sleep on the interrupt; never sleep; or sleep at once.
+    pub poll: PollMode,
 }
 
 impl Default for DriverOptions {
@@ -74,6 +77,7 @@ impl Default for DriverOptions {
             timeout: Duration::from_secs(30),
             event_idx: true,
             indirect: true,
+            poll: PollMode::default(),
         }
     }
 }
@@ -197,6 +201,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
                 meta,
                 opts.timeout,
                 qf.indirect,
+                opts.poll,
             ));
         }
         let mut drv = BlkDriver {

@@ -90,12 +90,24 @@ pub enum BlkError {
         kind: u32,
     },
     /// The device did not complete anything within the timeout.
-    #[error("No completion on queue {queue} within {timeout:?}")]
+    #[error("No completion on queue {queue} within {timeout:?}: the {request} at sector {sector} (oldest of {in_flight} in flight) is unanswered")]
     Timeout {
         /// The queue.
         queue: u16,
         /// How long we waited.
         timeout: Duration,
+        /// The oldest request in flight: `read`, `write`, `flush`, ...
+        request: &'static str,
+        /// Its first sector.
+        sector: u64,
+        /// Virtio requests in flight on the queue.
+        in_flight: usize,
+    },
+    /// A wait for a completion with nothing in flight.
+    #[error("Nothing in flight on queue {queue} to wait for")]
+    Idle {
+        /// The queue.
+        queue: u16,
     },
     /// A queue index past the queues the driver set up.
     #[error("Queue {index} does not exist (driver uses {count})")]

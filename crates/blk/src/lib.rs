@@ -57,6 +57,7 @@ mod image;
 mod names;
 mod plan;
 mod queue;
+mod queue_wait;
 pub mod request;
 pub mod wire;
 pub mod workload;

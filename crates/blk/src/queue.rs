@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use iopath_dma::{Coherent, DmaOps, MapWait};
 use iopath_virtio::queue::INDIRECT_MAX;
-use iopath_virtio::{Seg, SplitQueue, Transport};
+use iopath_virtio::{PollMode, Poller, Seg, SplitQueue, Transport, Waited};
 
 use vm_memory::ByteValued;
 
@@ -17,6 +17,7 @@ use crate::command::{Done, Request};
 use crate::config::DeviceConfig;
 use crate::error::{BlkError, Result};
 use crate::plan::{plan, PieceSpec};
+use crate::queue_wait::{kind_name, UsedRing};
 use crate::wire::{
     OutHeader, RangeSegment, HEADER_LEN, RANGE_LEN, SECTOR_SIZE as SECTOR,
     VIRTIO_BLK_ID_BYTES as ID_LEN, VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK,
@@ -60,6 +61,9 @@ struct Piece {
     tag: u64,
     kind: u32,
     sector: u64,
+    /// Order of submission on this queue (the oldest is named on a
+    /// timeout).
+    seq: u64,
 }
 
 /// One virtio-blk request queue: submit [`Request`]s with tags, collect
@@ -78,13 +82,15 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     done: VecDeque<Done>,
     timeout: Duration,
     indirect: bool,
+    poller: Poller,
+    submitted: u64,
 }
 
 impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// A queue on the ring `vq` (already given to the device), with `meta`
     /// (coherent, [`META_SLOT`] bytes per ring entry) for the requests'
     /// headers and statuses; `indirect` when indirect descriptors were
-    /// negotiated.
+    /// negotiated; waits for completions as `poll` says.
     pub(crate) fn new(
         transport: Arc<dyn Transport>,
         config: DeviceConfig,
@@ -92,6 +98,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         meta: Coherent,
         timeout: Duration,
         indirect: bool,
+        poll: PollMode,
     ) -> Self {
         let size = vq.size();
         BlkQueue {
@@ -105,6 +112,8 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             done: VecDeque::new(),
             timeout,
             indirect,
+            poller: Poller::new(poll),
+            submitted: 0,
         }
     }
 
@@ -379,7 +388,13 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         };
         self.vq.add_wait(&out, &inp, u64::from(slot), wait)?;
         self.free_slots.pop();
-        self.pieces[usize::from(slot)] = Some(Piece { tag, kind, sector });
+        self.submitted += 1;
+        self.pieces[usize::from(slot)] = Some(Piece {
+            tag,
+            kind,
+            sector,
+            seq: self.submitted,
+        });
         Ok(())
     }
 
@@ -431,8 +446,8 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         }
     }
 
-    /// Waits (interrupt-driven, up to the timeout) until at least one
-    /// completion was taken.
+    /// Waits (polling, then on the interrupt, up to the timeout) until at
+    /// least one completion was taken.
     fn reap_blocking(&mut self) -> Result<()> {
         // Whatever was queued but not yet announced must be, or the wait
         // below would be for requests the device never heard of.
@@ -443,20 +458,26 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             if self.reap()? > 0 {
                 return Ok(());
             }
-            // §2.7.10: re-arm, then re-check before sleeping.
-            if !self.vq.enable_interrupts() {
-                continue;
+            let mut ring = UsedRing {
+                vq: &mut self.vq,
+                transport: &*self.transport,
+                looks: 0,
+            };
+            if self.poller.wait(&mut ring, Some(self.timeout))? == Waited::TimedOut {
+                return Err(self.timed_out());
             }
-            if !self
-                .transport
-                .wait_interrupt(self.vq.index(), Some(self.timeout))?
-                && !self.vq.has_used()
-            {
-                return Err(BlkError::Timeout {
-                    queue: self.vq.index(),
-                    timeout: self.timeout,
-                });
-            }
+        }
+    }
+
+    /// The timeout error, naming the oldest request still unanswered.
+    fn timed_out(&self) -> BlkError {
+        let oldest = self.pieces.iter().flatten().min_by_key(|p| p.seq);
+        BlkError::Timeout {
+            queue: self.vq.index(),
+            timeout: self.timeout,
+            request: oldest.map_or("request", |p| kind_name(p.kind)),
+            sector: oldest.map_or(0, |p| p.sector),
+            in_flight: self.pieces.iter().flatten().count(),
         }
     }
 
@@ -474,17 +495,17 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// Waits for the next finished request.
     ///
     /// # Errors
-    /// [`BlkError::Timeout`] if nothing completes in time (or nothing is in
-    /// flight), queue and transport errors.
+    /// [`BlkError::Timeout`] if nothing completes in time,
+    /// [`BlkError::Idle`] if nothing is in flight, queue and transport
+    /// errors.
     pub fn complete(&mut self) -> Result<Done> {
         loop {
             if let Some(d) = self.try_complete()? {
                 return Ok(d);
             }
             if self.transfers.is_empty() {
-                return Err(BlkError::Timeout {
+                return Err(BlkError::Idle {
                     queue: self.vq.index(),
-                    timeout: Duration::ZERO,
                 });
             }
             self.reap_blocking()?;

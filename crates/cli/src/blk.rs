@@ -23,7 +23,8 @@ Examples:
   iopath blk dd --socket /tmp/blk.sock --bs 8M --count 128 --pattern seq --verify
   iopath blk dd --socket /tmp/blk.sock --platform iommu --json
   iopath blk dd --socket /tmp/blk.sock --dma bounce --runs 10 --json
-  iopath blk dd --socket /tmp/blk.sock --bs 4K --count 65536 --access rand --queue-depth 32")]
+  iopath blk dd --socket /tmp/blk.sock --bs 4K --count 65536 --access rand --queue-depth 32
+  iopath blk dd --socket /tmp/blk.sock --bs 4K --count 65536 --access rand --op read --poll")]
     Dd(blk_dd::DdArgs),
     /// Serve a raw image file as a vhost-user-blk device.
     ///
@@ -45,6 +46,8 @@ Examples:
 Examples:
   iopath blk serve --image disk.img --socket /tmp/blk.sock
   iopath blk serve --image disk.img --socket /tmp/blk.sock --queues 2 --readonly
+  iopath blk serve --image disk.img --socket /tmp/blk.sock --poll-us 0   # sleep at once
+  taskset -c 1 iopath blk serve --image disk.img --socket /tmp/blk.sock --poll
   iopath blk serve --image disk.img --socket /tmp/blk.sock --no-access-platform   # for User-Mode Linux
   linux.uml mem=256M virtio_uml.device=/tmp/blk.sock:2 ...")]
     Serve(blk_serve::ServeArgs),

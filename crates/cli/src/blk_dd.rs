@@ -93,10 +93,14 @@ pub struct DdArgs {
     #[arg(long)]
     pub json: bool,
     /// Seconds to wait for the back end's answer to each vhost-user
-    /// request before giving up (after 1 s without one, dd says once that
-    /// it is waiting: a back end serves one front end at a time).
+    /// request, and for each block request to complete, before giving up
+    /// (after 1 s without a vhost-user answer, dd says once that it is
+    /// waiting: a back end serves one front end at a time).
     #[arg(long, default_value = "10", value_parser = parse_timeout)]
     pub timeout: Duration,
+    /// How each queue waits for completions.
+    #[command(flatten)]
+    pub poll: crate::blk_poll::PollArgs,
 }
 
 /// `--timeout`: seconds, more than 0 and at most a day.
@@ -129,6 +133,7 @@ impl DdArgs {
             },
             dma: self.dma,
             queues: self.queues,
+            poll: self.poll.mode(),
             workload: Workload {
                 op: self.op,
                 pattern: self.pattern,

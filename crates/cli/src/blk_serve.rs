@@ -38,6 +38,9 @@ pub struct ServeArgs {
     /// iommu|protected` and QEMU's iommu_platform=on need the offer.
     #[arg(long)]
     no_access_platform: bool,
+    /// How each queue thread waits for requests.
+    #[command(flatten)]
+    poll: crate::blk_poll::PollArgs,
 }
 
 /// Binds `path` with `mode`, replacing a socket file nobody listens on any
@@ -71,6 +74,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         BlkOptions {
             queues: args.queues,
             readonly: args.readonly,
+            poll: args.poll.mode(),
         },
     )
     .context("cannot serve the image")?;
@@ -92,7 +96,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     });
     let cfg = backend.config();
     println!(
-        "serving {} ({} sectors, {}{}) on {} (mode {:o}) with {} queue{}",
+        "serving {} ({} sectors, {}{}) on {} (mode {:o}) with {} queue{} ({})",
         args.image.display(),
         cfg.capacity,
         if backend.direct_io() {
@@ -105,6 +109,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         args.socket_mode,
         args.queues,
         if args.queues == 1 { "" } else { "s" },
+        args.poll.mode(),
     );
     let server = VhostUserServer::new(listener, Arc::new(backend)).with_options(ServerOptions {
         access_platform: !args.no_access_platform,

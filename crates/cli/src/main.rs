@@ -8,6 +8,7 @@ mod bench;
 mod blk;
 mod blk_dd;
 mod blk_error;
+mod blk_poll;
 mod blk_serve;
 mod heaps;
 mod load;

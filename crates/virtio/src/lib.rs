@@ -9,7 +9,9 @@
 //! rust-vmm's `virtio-queue` over its own mappings of the shared fds.
 //! The platform hook, [`Policy`], picks each device's DMA ops after feature
 //! negotiation (direct, IOMMU or bounce). Device side: [`device`], a
-//! vhost-user back end with IOTLB enforcement.
+//! vhost-user back end with IOTLB enforcement. Both sides wait through
+//! [`Poller`] ([`poll`]): poll the ring for a while after work, then
+//! re-enable notifications, look again, and sleep.
 //!
 //! ```text
 //!  driver ── Seg(Buffer) ─► SplitQueue::add ─► DmaOps::map ─► descriptors
@@ -61,6 +63,7 @@ pub mod device;
 mod error;
 pub mod features;
 pub mod policy;
+pub mod poll;
 pub mod queue;
 pub mod transport;
 pub mod unix_socket;
@@ -69,5 +72,6 @@ pub mod vhost_wire;
 pub use error::{DeviceError, Error, Result};
 pub use features::QueueFeatures;
 pub use policy::{BounceGeometry, Choice, Platform, Policy, PolicyError, PolicyOps};
+pub use poll::{PollMode, Polled, Poller, Waited};
 pub use queue::{Completion, RingPlacement, Seg, SplitQueue};
 pub use transport::{share_memory, QueueConfig, Transport};

@@ -196,6 +196,11 @@ fn interrupt_suppression_fields() {
     r.q.pop_used().unwrap().unwrap();
     assert_eq!(r.used_event(), 1, "interrupt wanted at the next used entry");
     assert!(r.q.enable_interrupts());
+    // Suppressed: an index the device has passed; enabling puts it back.
+    r.q.disable_interrupts();
+    assert_eq!(r.used_event(), 0);
+    assert!(r.q.enable_interrupts());
+    assert_eq!(r.used_event(), 1);
 
     // Without: the NO_INTERRUPT flag.
     let mut r = rig(false, false);

@@ -8,12 +8,13 @@
 //! is in `uring.rs`, discard and write-zeroes in `discard.rs`.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use io_uring::{opcode, types, IoUring};
 use iopath_heap::AlignedBuf;
 use iopath_virtio::device::{DeviceMemory, DeviceMemoryGuard, QueueContext};
+use iopath_virtio::{PollMode, Poller};
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, Permissions};
 
@@ -24,6 +25,7 @@ use uring::{guest_iovecs, InFlight, IoState, Op, IOV_MAX};
 
 mod discard;
 mod uring;
+mod wait;
 
 /// One queue's executor.
 pub(crate) struct Executor {
@@ -38,14 +40,18 @@ pub(crate) struct Executor {
     /// The driver's available index jumped by more than the queue holds:
     /// nothing more is taken from this queue until it is set up again.
     broken: bool,
+    /// How the thread waits for work.
+    poll: PollMode,
 }
 
 impl Executor {
-    /// An executor with an io_uring sized for `queue_size` requests.
+    /// An executor with an io_uring sized for `queue_size` requests,
+    /// waiting for work as `poll` says.
     pub(crate) fn new(
         image: Arc<Image>,
         id: [u8; VIRTIO_BLK_ID_BYTES],
         queue_size: u16,
+        poll: PollMode,
     ) -> io::Result<Self> {
         let entries = u32::from(queue_size.max(8)).next_power_of_two();
         let ring = IoUring::new(entries)?;
@@ -69,6 +75,7 @@ impl Executor {
             pending_notify: false,
             stopping: false,
             broken: false,
+            poll,
         })
     }
 
@@ -98,6 +105,7 @@ impl Executor {
         // may already be waiting (a restarted ring).
         self.resubmit(ctx)?;
         self.process_avail(ctx)?;
+        let mut poller = Poller::new(self.poll);
         loop {
             if self.stopping {
                 let (in_flight, done) = {
@@ -118,23 +126,22 @@ impl Executor {
                 self.reap(ctx);
                 continue;
             }
-            let wake = ctx.wait(Some(self.eventfd.as_fd()))?;
-            if wake.extra {
-                let mut b = [0u8; 8];
-                let _ = rustix::io::read(&self.eventfd, &mut b);
-            }
+            let mut sources = wait::QueueSources {
+                ctx: &mut *ctx,
+                io: &self.io,
+                eventfd: &self.eventfd,
+                broken: self.broken,
+                stop: false,
+                looks: 0,
+            };
+            poller.wait(&mut sources, None)?;
+            let stop = sources.stop;
             self.reap(ctx);
-            if wake.stop {
+            if stop {
                 self.stopping = true;
                 continue;
             }
-            let all_free = {
-                let st = self.io();
-                st.free.len() == st.slots.len()
-            };
-            if wake.kick || all_free {
-                self.process_avail(ctx)?;
-            }
+            self.process_avail(ctx)?;
         }
     }
 
@@ -171,60 +178,46 @@ impl Executor {
         Ok(())
     }
 
-    /// Pops every available chain (re-checking after re-enabling
-    /// notifications, virtio 1.2, 2.7.10) and starts it.
+    /// Pops every available chain there is a slot for and starts it
+    /// (kicks are suppressed and re-enabled by the thread's wait).
     fn process_avail(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
         if self.broken {
             return Ok(());
         }
         let _dma = ctx.dma_batch();
         let mem = ctx.memory();
-        loop {
-            // An index that moved by more than the queue holds is no index
-            // at all (a hostile driver, or memory that was taken away):
-            // virtio-queue would refuse every chain while the re-check
-            // below kept finding "more", a busy loop.
-            let next = ctx.queue_mut().next_avail();
-            let size = ctx.queue_mut().size();
-            match ctx
-                .queue_mut()
-                .avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
-            {
-                Ok(avail) if avail.0.wrapping_sub(next) <= size => {}
-                Ok(avail) => {
-                    tracing::warn!(
-                        "queue {}: the driver's available index jumped from {next} to {}; queue stopped",
-                        ctx.index(),
-                        avail.0
-                    );
-                    self.broken = true;
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!("queue {}: cannot read the ring: {e}", ctx.index());
-                    break;
-                }
+        // An index that moved by more than the queue holds is no index at
+        // all (a hostile driver, or memory that was taken away):
+        // virtio-queue would refuse every chain while the poller kept
+        // finding "more", a busy loop.
+        let next = ctx.queue_mut().next_avail();
+        let size = ctx.queue_mut().size();
+        let readable = match ctx
+            .queue_mut()
+            .avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+        {
+            Ok(avail) if avail.0.wrapping_sub(next) <= size => true,
+            Ok(avail) => {
+                tracing::warn!(
+                    "queue {}: the driver's available index jumped from {next} to {}; queue stopped",
+                    ctx.index(),
+                    avail.0
+                );
+                self.broken = true;
+                false
             }
-            let _ = ctx.queue_mut().disable_notification(&*mem);
-            while !self.io().free.is_empty() {
-                let Some(chain) = ctx.pop_chain(&mem) else {
-                    break;
-                };
-                let parsed = Request::parse(chain, &*mem, &self.image.limits);
-                self.start(ctx, &mem, parsed);
+            Err(e) => {
+                tracing::warn!("queue {}: cannot read the ring: {e}", ctx.index());
+                false
             }
-            if self.io().free.is_empty() {
-                // Out of slots: completions will call us again.
+        };
+        // Out of slots, completions call this again.
+        while readable && !self.io().free.is_empty() {
+            let Some(chain) = ctx.pop_chain(&mem) else {
                 break;
-            }
-            match ctx.queue_mut().enable_notification(&*mem) {
-                Ok(true) => continue,
-                Ok(false) => break,
-                Err(e) => {
-                    tracing::warn!("queue {}: cannot read the ring: {e}", ctx.index());
-                    break;
-                }
-            }
+            };
+            let parsed = Request::parse(chain, &*mem, &self.image.limits);
+            self.start(ctx, &mem, parsed);
         }
         self.submit()?;
         if self.pending_notify {

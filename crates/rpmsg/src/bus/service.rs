@@ -16,6 +16,7 @@ use super::{Bus, EndpointRef, Event, HookRun, Message, RxBuffer};
 use crate::link;
 use crate::notify::{NotifyError, PollSpin};
 use crate::wire::{self, NsMsg, WireError, ADDR_ANY, HDR_LEN, NS_ADDR};
+use iopath_virtio::{PollMode, Poller};
 
 /// Messages handled per service pass before notifications are sent.
 const BATCH: usize = 64;
@@ -160,85 +161,18 @@ fn handle_held(
 }
 
 /// How long a sleeping bus keeps passing after it sent something
-/// (`IOPATH_RPMSG_SPIN_US`, default 50 us; 0: sleep at once).
-fn spin_window() -> Duration {
+/// (`IOPATH_RPMSG_SPIN_US`, default 50 us; 0: sleep at once), on the
+/// spine's poller: it yields the CPU on every pass, and its guard turns
+/// spinning off for a while when a peer on the same CPU spins without
+/// giving the CPU up (OpenAMP's Linux demo busy-waits), so that a round
+/// trip does not cost a whole time slice.
+fn spin_poller() -> Poller {
     let us = std::env::var("IOPATH_RPMSG_SPIN_US")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
-    Duration::from_micros(us)
-}
-
-/// The spin window's guard against a peer that spins on the same CPU
-/// without giving it up (OpenAMP's Linux demo busy-waits): a pass's
-/// `yield` then returns only when the peer's time slice ends, milliseconds
-/// later (a 4 ms tick here), and every round trip costs a slice. Yields
-/// that long, several within a short time, turn spinning off for a while
-/// (sleeping on a kick instead, which wakes this thread at once), doubling
-/// each time it is tried again and still fails. A single long yield is
-/// noise (1.2-2 ms ones come now and then) and changes nothing.
-struct Spin {
-    window: Duration,
-    off_until: Option<Instant>,
-    backoff: Duration,
-    /// Hogged yields since `hogs_since`.
-    hogs: u32,
-    hogs_since: Instant,
-}
-
-impl Spin {
-    /// A yield longer than this: something else held the CPU throughout.
-    const HOGGED: Duration = Duration::from_millis(2);
-    /// Hogged yields within [`Spin::HOG_SPAN`] that turn spinning off.
-    const HOGS: u32 = 3;
-    const HOG_SPAN: Duration = Duration::from_millis(100);
-    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-    const MAX_BACKOFF: Duration = Duration::from_secs(60);
-
-    fn new(window: Duration) -> Spin {
-        Spin {
-            window,
-            off_until: None,
-            backoff: Self::FIRST_BACKOFF,
-            hogs: 0,
-            hogs_since: Instant::now(),
-        }
-    }
-
-    /// Whether to spin after a send now.
-    fn on(&mut self, now: Instant) -> bool {
-        if self.window.is_zero() {
-            return false;
-        }
-        match self.off_until {
-            Some(t) if now < t => false,
-            Some(_) => {
-                self.off_until = None;
-                true
-            }
-            None => true,
-        }
-    }
-
-    /// One pass's yield took `took` (ended at `now`). Returns whether
-    /// spinning goes on.
-    fn yielded(&mut self, took: Duration, now: Instant) -> bool {
-        if took <= Self::HOGGED {
-            return true;
-        }
-        if now.saturating_duration_since(self.hogs_since) > Self::HOG_SPAN {
-            self.hogs = 0;
-            self.hogs_since = now;
-        }
-        self.hogs += 1;
-        if self.hogs < Self::HOGS {
-            return true;
-        }
-        self.hogs = 0;
-        self.off_until = Some(now + self.backoff);
-        self.backoff = (self.backoff * 2).min(Self::MAX_BACKOFF);
-        false
-    }
+    let mode = PollMode::Window(Duration::from_micros(us));
+    Poller::with_slice(mode, Duration::ZERO)
 }
 
 /// Runs the hook, if there is one, waiting up to `timeout`; a hook that
@@ -277,7 +211,8 @@ pub(super) fn run(shared: Arc<Shared>) {
     let mut idle_since = Instant::now();
     let mut last_check = Instant::now();
     let mut out = Vec::new();
-    let mut spin = Spin::new(spin_window());
+    let mut spin = spin_poller();
+    let window = spin.window().unwrap_or(Duration::MAX);
     let mut last_tx = 0;
     let mut spin_until: Option<Instant> = None;
     let mut poll_spin = PollSpin::new();
@@ -328,7 +263,7 @@ pub(super) fn run(shared: Arc<Shared>) {
             tx_now = st.stats.tx_msgs;
             // About to spin (see below): the peer need not notify meanwhile;
             // `arm` asks again before the thread sleeps.
-            if !polling && tx_now != last_tx && down.is_none() && spin.on(Instant::now()) {
+            if !polling && tx_now != last_tx && down.is_none() && spin.may_poll(Instant::now()) {
                 if let Err(e) = st.link.disarm() {
                     down = Some(e.to_string());
                 }
@@ -372,7 +307,7 @@ pub(super) fn run(shared: Arc<Shared>) {
             }
             continue;
         }
-        if !polling && (spin_until.is_some() || spin.on(Instant::now())) {
+        if !polling && (spin_until.is_some() || spin.may_poll(Instant::now())) {
             // Something went to the peer: its answer is likely on its way.
             // Pass over the rings a while longer (giving the CPU away
             // between passes) before sleeping, so that an answer that
@@ -381,7 +316,7 @@ pub(super) fn run(shared: Arc<Shared>) {
             // the rings were disarmed above).
             if tx_now != last_tx {
                 last_tx = tx_now;
-                spin_until = Some(Instant::now() + spin.window);
+                spin_until = Instant::now().checked_add(window);
             }
             if spin_until.is_some_and(|t| Instant::now() < t) {
                 if run_hook(&shared, Duration::ZERO).kicked {
@@ -390,10 +325,9 @@ pub(super) fn run(shared: Arc<Shared>) {
                         break;
                     }
                 }
-                let before = Instant::now();
-                std::thread::yield_now();
-                let after = Instant::now();
-                if spin.yielded(after - before, after) {
+                // One pass: yields, and says whether the guard lets
+                // spinning go on.
+                if spin.pass() {
                     continue;
                 }
             }
@@ -481,51 +415,5 @@ pub(super) fn run(shared: Arc<Shared>) {
             sink,
             Delivery::Ev(Event::LinkDown(reason.clone())),
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_hogged_yield_turns_spinning_off_with_a_growing_backoff() {
-        let ms = Duration::from_millis;
-        let mut s = Spin::new(Duration::from_micros(50));
-        let t0 = Instant::now();
-        assert!(s.on(t0));
-        // Yields that come back at once keep it on.
-        assert!(s.yielded(Duration::from_micros(3), t0));
-        // Long yields far apart are noise.
-        assert!(s.yielded(ms(4), t0));
-        assert!(s.yielded(ms(4), t0 + ms(200)));
-        assert!(s.yielded(ms(4), t0 + ms(400)));
-        assert!(s.on(t0 + ms(400)));
-        // Three within 100 ms (short ones between them or not) are a peer
-        // holding the CPU for whole slices: off for the first backoff.
-        assert!(s.yielded(ms(4), t0 + ms(600)));
-        assert!(s.yielded(Duration::from_micros(3), t0 + ms(602)));
-        assert!(s.yielded(ms(4), t0 + ms(604)));
-        assert!(!s.yielded(ms(4), t0 + ms(608)));
-        assert!(!s.on(t0 + ms(707)));
-        assert!(s.on(t0 + ms(708)));
-        // It fails again: off twice as long.
-        let t1 = t0 + ms(710);
-        assert!(s.yielded(ms(4), t1));
-        assert!(s.yielded(ms(4), t1 + ms(4)));
-        assert!(!s.yielded(ms(4), t1 + ms(8)));
-        assert!(!s.on(t1 + ms(207)));
-        assert!(s.on(t1 + ms(208)));
-        // The backoff stops growing at a minute.
-        for _ in 0..20 * Spin::HOGS {
-            s.yielded(ms(4), t1 + ms(8));
-        }
-        assert_eq!(s.backoff, Spin::MAX_BACKOFF);
-    }
-
-    #[test]
-    fn a_zero_window_never_spins() {
-        let mut s = Spin::new(Duration::ZERO);
-        assert!(!s.on(Instant::now()));
     }
 }

@@ -53,6 +53,7 @@ mod intercept;
 mod iotlb;
 mod iotlb_stats;
 mod memory;
+mod polling;
 mod server;
 
 use std::fs::File;

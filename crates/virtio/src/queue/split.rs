@@ -369,11 +369,16 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         Error::Device(e)
     }
 
-    /// Asks the device not to interrupt (a hint: §2.7.7 — with `EVENT_IDX`
-    /// the device ignores the flag and interrupts at most once more).
+    /// Asks the device not to interrupt (a hint, §2.7.7): the flag, or
+    /// with `EVENT_IDX` a `used_event` the device has already passed, so
+    /// that it interrupts again only after 2^16 completions (a poller
+    /// re-enables long before).
     pub fn disable_interrupts(&mut self) {
         self.avail_flags |= AVAIL_F_NO_INTERRUPT;
-        if !self.features.event_idx {
+        if self.features.event_idx {
+            self.ring()
+                .write_u16(self.layout.used_event(), self.last_used.wrapping_sub(1));
+        } else {
             self.ring()
                 .write_u16(self.layout.avail_flags(), self.avail_flags);
         }

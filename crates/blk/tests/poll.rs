@@ -1,0 +1,175 @@
+//! Adaptive polling on both sides of the ring, against a real `iopath blk
+//! serve` process over its vhost-user socket: no kick is lost while either
+//! side goes from polling to sleeping and back thousands of times; a
+//! polling back end whose front end dies serves the next one; a polling
+//! driver whose back end stops answering times out naming the request.
+
+mod common;
+mod frontend;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{alloc, connect, driver, seq, Mode};
+use frontend::{iopath_bin, Server};
+use iopath_blk::{BlkError, DriverOptions};
+use iopath_virtio::PollMode;
+
+const IMAGE: u64 = 8 << 20;
+const BS: usize = 4096;
+
+fn us(n: u64) -> PollMode {
+    PollMode::from_us(n).unwrap()
+}
+
+/// A small xorshift for gaps and offsets (the same run every time).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// `n` requests one at a time (4 KiB writes of the seq pattern, each read
+/// back and compared), with gaps of 0 to `gap_ns` between them so that
+/// each lands somewhere around the other side's re-enable: while it
+/// polls, just as its window ends, or once it sleeps. A lost kick leaves a
+/// request unanswered and the driver's 5 s timeout names it.
+fn one_at_a_time(server_args: &[&str], driver_poll: PollMode, n: usize, gap_ns: u64) {
+    let srv = Server::start(IMAGE, server_args);
+    let (wbuf, rbuf) = (alloc(BS), alloc(BS));
+    let opts = DriverOptions {
+        timeout: Duration::from_secs(5),
+        poll: driver_poll,
+        ..DriverOptions::default()
+    };
+    let bufs = [wbuf.clone(), rbuf.clone()];
+    let mut drv = driver(Mode::Direct, connect(&srv.socket), &bufs, &opts).unwrap();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let blocks = IMAGE / BS as u64;
+    for i in 0..n {
+        let off = (rng.next() % blocks) * BS as u64;
+        let want = seq(off, BS);
+        wbuf.write_at(0, &want).unwrap();
+        let gap = Duration::from_nanos(rng.next() % gap_ns);
+        let t = Instant::now();
+        while t.elapsed() < gap {
+            std::hint::spin_loop();
+        }
+        drv.write(off, &wbuf, 0, BS)
+            .unwrap_or_else(|e| panic!("write {i} of {n} at {off}: {e}"));
+        rbuf.fill(0, BS, 0x5a).unwrap();
+        drv.read(off, &rbuf, 0, BS)
+            .unwrap_or_else(|e| panic!("read {i} of {n} at {off}: {e}"));
+        let mut got = vec![0u8; BS];
+        rbuf.read_at(0, &mut got).unwrap();
+        assert!(got == want, "request {i}: block at {off} reads back wrong");
+    }
+}
+
+#[test]
+fn no_kick_is_lost_when_both_sides_poll_briefly() {
+    // Windows of a few microseconds: both pollers give up and re-enable
+    // notifications around almost every request.
+    one_at_a_time(&["--poll-us", "2"], us(3), 3000, 8_000);
+    one_at_a_time(&["--poll-us", "5"], us(1), 3000, 40_000);
+}
+
+#[test]
+fn no_kick_is_lost_between_a_sleeping_and_a_busy_side() {
+    one_at_a_time(&["--poll-us", "0"], PollMode::Busy, 2000, 40_000);
+    one_at_a_time(&["--poll"], PollMode::SLEEP, 2000, 40_000);
+}
+
+#[test]
+fn a_polling_back_end_serves_the_next_front_end() {
+    let srv = Server::start(IMAGE, &["--poll"]);
+    // A first front end in its own process, killed while it runs.
+    let mut first = Command::new(iopath_bin())
+        .args(["blk", "dd", "--socket"])
+        .arg(&srv.socket)
+        .args(["--bs", "4K", "--count", "2048", "--access", "rand"])
+        .args(["--runs", "100000", "--poll"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&srv.image).unwrap()) == 0 {
+        assert!(Instant::now() < deadline, "the first dd never wrote");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    // The next one is served, its data lands, within seconds.
+    let t = Instant::now();
+    let (wbuf, rbuf) = (alloc(BS), alloc(BS));
+    let opts = DriverOptions {
+        timeout: Duration::from_secs(10),
+        poll: PollMode::Busy,
+        ..DriverOptions::default()
+    };
+    let bufs = [wbuf.clone(), rbuf.clone()];
+    let mut drv = driver(Mode::Direct, connect(&srv.socket), &bufs, &opts).unwrap();
+    let want = seq(1 << 20, BS);
+    wbuf.write_at(0, &want).unwrap();
+    drv.write(1 << 20, &wbuf, 0, BS).unwrap();
+    drv.flush().unwrap();
+    drv.read(1 << 20, &rbuf, 0, BS).unwrap();
+    let mut got = vec![0u8; BS];
+    rbuf.read_at(0, &mut got).unwrap();
+    assert!(got == want, "the second front end reads back wrong data");
+    assert!(srv.image_bytes(1 << 20, BS) == want, "not in the image");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "served after {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn a_polling_driver_times_out_naming_the_request() {
+    let srv = Server::start(IMAGE, &["--poll"]);
+    let buf = alloc(BS);
+    let opts = DriverOptions {
+        timeout: Duration::from_secs(1),
+        poll: PollMode::Busy,
+        ..DriverOptions::default()
+    };
+    let mut drv = driver(
+        Mode::Direct,
+        connect(&srv.socket),
+        std::slice::from_ref(&buf),
+        &opts,
+    )
+    .unwrap();
+    drv.write(0, &buf, 0, BS).unwrap();
+    let pid = rustix::process::Pid::from_child(&srv.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let t = Instant::now();
+    let err = drv.read(3 * 4096, &buf, 0, BS).unwrap_err();
+    let took = t.elapsed();
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    match &err {
+        BlkError::Timeout {
+            queue: 0,
+            request: "read",
+            sector: 24,
+            in_flight: 1,
+            timeout,
+        } => assert_eq!(*timeout, Duration::from_secs(1)),
+        other => panic!("unexpected {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("read at sector 24"), "{msg}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "gave up after {took:?}"
+    );
+}
