@@ -5,9 +5,10 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use iopath_heap::{
-    load, load_safetensors, EngineOptions, LoadOptions, LoadStats, Method, Prefault,
+    load, load_checkpoint, EngineOptions, LoadOptions, LoadStats, Method, Prefault, Tensors,
+    DEFAULT_SHARDS_AT_ONCE,
 };
 
 use crate::size::{human, parse_size};
@@ -19,9 +20,13 @@ Examples:
   iopath load model.bin                       # memfd buffers, fastest method
   iopath load model.bin --method buffered     # through the page cache
   iopath load disk.img --buffer-size 4M --verify --json
-  iopath load model.safetensors --format safetensors --verify")]
+  iopath load model.safetensors --format safetensors --verify
+  iopath load llama/ --format safetensors --json   # every shard of its index")]
 pub struct LoadArgs {
-    /// The file to load (all of it, unless --buffers says how much).
+    /// The file to load (all of it, unless --buffers says how much). With
+    /// --format safetensors also a sharded checkpoint: a directory (its
+    /// *.safetensors.index.json, else its *.safetensors files) or the
+    /// index itself.
     pub file: PathBuf,
     /// Where buffers come from: auto (a dma-heap if direct I/O can fill
     /// it, else udmabuf, else memfd; says which and why), memfd, memfd:thp,
@@ -74,6 +79,10 @@ pub struct LoadArgs {
     /// header is checked, --verify compares every tensor with the file).
     #[arg(long, default_value = "raw", value_parser = ["raw", "safetensors"])]
     pub format: String,
+    /// Shards of a sharded safetensors checkpoint loaded at the same time,
+    /// each with its own engine, 1 to 64.
+    #[arg(long, default_value_t = DEFAULT_SHARDS_AT_ONCE, value_parser = parse_shards_at_once)]
+    pub shards_at_once: usize,
 }
 
 /// Runs `iopath load`.
@@ -101,11 +110,10 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         alloc_threads: args.alloc_threads,
         prefault: args.prefault,
     };
-    let bar = progress_bar(args);
+    let mut bars = progress_bars(args);
     let mut on_progress = |p: &iopath_heap::Progress| {
-        if let Some(bar) = &bar {
-            bar.set_length(p.total);
-            bar.set_position(p.bytes);
+        if let Some(bars) = &mut bars {
+            bars.update(p);
         }
     };
     let heap_name = heap.name();
@@ -115,23 +123,28 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             "--buffers: not with --format safetensors (the tensors decide the buffers)",
         ));
     }
-    let loaded_bar = || {
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
-        }
-    };
     let (stats, tensors) = if safetensors {
-        let t = load_safetensors(&args.file, heap.as_ref(), &opts, &mut on_progress)
-            .map_err(|e| at_fault(args, e))?;
-        loaded_bar();
-        if args.verify {
-            t.verify(&args.file)?;
+        let t = load_checkpoint(
+            &args.file,
+            heap.as_ref(),
+            &opts,
+            args.shards_at_once,
+            &mut on_progress,
+        )
+        .map_err(|e| at_fault(args, e))?;
+        if let Some(bars) = &bars {
+            bars.clear();
         }
-        (t.stats, Some(t.tensors.len()))
+        if args.verify {
+            t.verify()?;
+        }
+        (t.stats, Some(t))
     } else {
         let loaded = load(&args.file, heap.as_ref(), &opts, &mut on_progress)
             .map_err(|e| at_fault(args, e))?;
-        loaded_bar();
+        if let Some(bars) = &bars {
+            bars.clear();
+        }
         if args.verify {
             loaded.verify(&args.file)?;
         }
@@ -156,18 +169,20 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             "read_ms": stats.read_time.as_secs_f64() * 1e3,
             "verified": verified,
         });
-        if let Some(n) = tensors {
+        if let Some(t) = &tensors {
             v["format"] = "safetensors".into();
-            v["tensors"] = n.into();
+            v["tensors"] = t.tensors.len().into();
+            v["shards"] = shards_json(t);
         }
         println!("{v}");
         return Ok(());
     }
     let s = &stats;
     let verified = if args.verify { "; verified" } else { "" };
-    match tensors {
-        Some(n) => println!(
-            "loaded {n} tensors ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s){verified}",
+    match tensors.as_ref().map(|t| (t.tensors.len(), t.shards.len())) {
+        Some((n, shards)) => println!(
+            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s){verified}",
+            if shards > 1 { format!(" from {shards} shards") } else { String::new() },
             human(s.bytes),
             s.bytes,
             s.buffers,
@@ -199,19 +214,93 @@ pub fn run(args: &LoadArgs) -> Result<()> {
     Ok(())
 }
 
-/// A progress bar on stderr, when it is a terminal and the output is text.
-fn progress_bar(args: &LoadArgs) -> Option<ProgressBar> {
+/// Progress on stderr, when it is a terminal and the output is text: one
+/// bar for the whole load and, for a sharded checkpoint, one per shard
+/// while it loads.
+struct Bars {
+    multi: MultiProgress,
+    total: ProgressBar,
+    shards: Vec<Option<ProgressBar>>,
+}
+
+fn progress_bars(args: &LoadArgs) -> Option<Bars> {
     (!args.json && std::io::stderr().is_terminal()).then(|| {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} loading [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        bar
+        let multi = MultiProgress::new();
+        let total = multi.add(bar("loading", 40));
+        Bars {
+            multi,
+            total,
+            shards: Vec::new(),
+        }
     })
+}
+
+fn bar(label: &str, width: usize) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{{spinner}} {label} [{{bar:{width}}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}"
+        ))
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+impl Bars {
+    fn update(&mut self, p: &iopath_heap::Progress) {
+        self.total.set_length(p.total);
+        self.total.set_position(p.bytes);
+        if p.shards < 2 {
+            return;
+        }
+        self.shards.resize_with(p.shards, || None);
+        let slot = &mut self.shards[p.shard];
+        let b = slot.get_or_insert_with(|| {
+            let label = format!(
+                "shard {:>w$}/{}",
+                p.shard + 1,
+                p.shards,
+                w = digits(p.shards)
+            );
+            self.multi.add(bar(&label, 24))
+        });
+        b.set_length(p.shard_total);
+        b.set_position(p.shard_bytes);
+        if p.shard_bytes == p.shard_total {
+            b.finish_and_clear();
+        }
+    }
+
+    fn clear(&self) {
+        for b in self.shards.iter().flatten() {
+            b.finish_and_clear();
+        }
+        self.total.finish_and_clear();
+    }
+}
+
+fn digits(n: usize) -> usize {
+    n.to_string().len()
+}
+
+/// Each shard's file, tensors and load figures, for `--json`.
+fn shards_json(t: &Tensors) -> serde_json::Value {
+    t.shards
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "file": s.path,
+                "tensors": s.tensors,
+                "bytes": s.stats.bytes,
+                "buffers": s.stats.buffers,
+                "method": s.stats.method.name(),
+                "done_seconds": s.stats.elapsed.as_secs_f64(),
+                "read_ms": s.stats.read_time.as_secs_f64() * 1e3,
+                "fallbacks": s.stats.fallbacks,
+            })
+        })
+        .collect()
 }
 
 /// `auto`'s measurements, for `--json`.
@@ -275,6 +364,18 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
         Some(o) => anyhow::Error::new(e).context(o),
         None => e.into(),
     }
+}
+
+/// `--shards-at-once`: 1 to 64.
+fn parse_shards_at_once(s: &str) -> Result<usize, String> {
+    const MAX: usize = 64;
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of shards"))?;
+    if !(1..=MAX).contains(&n) {
+        return Err(format!("{n} is out of range: at least 1, at most {MAX}"));
+    }
+    Ok(n)
 }
 
 /// `--alloc-threads`: 1 to 64 (more threads than that only contend for

@@ -214,6 +214,39 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A checkpoint whose files disagree: an index that is malformed or
+    /// names a shard that does not exist, a tensor in two shards, a shard
+    /// holding a tensor the index puts elsewhere.
+    #[error("{path} is not a checkpoint iopath accepts: {reason}")]
+    Checkpoint {
+        /// The file or directory given.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// One shard of a checkpoint failed, and with it the whole load.
+    #[error("shard {index} of {count} ({path})")]
+    Shard {
+        /// Its place among the shards, from 1, files ordered by name.
+        index: usize,
+        /// Shards in the checkpoint.
+        count: usize,
+        /// The shard's file.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A file that changed while it was loaded: written, truncated or
+    /// replaced between the open and the last read.
+    #[error(
+        "{path} changed while it was being loaded (its size, modification or change time \
+         moved): nothing was kept; load it again"
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+    },
     /// A loaded buffer differs from the file it was loaded from.
     #[error(
         "verify failed: byte {file_offset} of {path} differs (buffer {buffer}, offset \

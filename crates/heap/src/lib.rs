@@ -35,11 +35,13 @@
 //! # }
 //! ```
 //!
-//! [`load_safetensors`] lays a safetensors model file out tensor by tensor
+//! [`load_safetensors`] lays a safetensors checkpoint out tensor by tensor
 //! (each whole in one buffer, aligned for its dtype; header parsed and
 //! checked by the `safetensors` crate) and returns name → [`Tensor`]
-//! (buffer, offset, dtype, shape). [`Loaded::verify`] and
-//! [`Tensors::verify`] compare what was loaded with the file, read again.
+//! (buffer, offset, dtype, shape): one file, or every shard of a sharded
+//! checkpoint (a directory or its `model.safetensors.index.json`), several
+//! shards at once, all or nothing. [`Loaded::verify`] and
+//! [`Tensors::verify`] compare what was loaded with the files, read again.
 //!
 //! Heaps are chosen per kernel by [`choose_heap`] (`open_heap("auto")`): a
 //! dma-heap whose mapping takes direct I/O, else udmabuf (whose buffers are
@@ -89,7 +91,10 @@ pub use pool::Pool;
 pub use range::{BufRange, PtrGuard};
 #[doc(hidden)]
 pub use tensors::fuzz_safetensors;
-pub use tensors::{dtype_align, load_safetensors, Dtype, Tensor, Tensors, MAX_HEADER};
+pub use tensors::{
+    dtype_align, load_checkpoint, load_safetensors, Dtype, Shard, Tensor, Tensors,
+    DEFAULT_SHARDS_AT_ONCE, MAX_HEADER,
+};
 
 /// The system page size in bytes.
 pub fn page_size() -> usize {

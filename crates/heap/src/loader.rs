@@ -107,7 +107,7 @@ impl std::str::FromStr for Prefault {
 /// Progress, reported after each buffer is filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
-    /// Bytes loaded so far.
+    /// Bytes loaded so far (of every shard of a checkpoint).
     pub bytes: u64,
     /// Bytes to load in all.
     pub total: u64,
@@ -116,6 +116,15 @@ pub struct Progress {
     pub buffers: usize,
     /// Reads in all.
     pub buffers_total: usize,
+    /// The file the last read was in: 0 but for a sharded checkpoint,
+    /// where it is the shard's index (files ordered by name).
+    pub shard: usize,
+    /// Files being loaded: 1 but for a sharded checkpoint.
+    pub shards: usize,
+    /// Bytes of that file loaded so far.
+    pub shard_bytes: u64,
+    /// Bytes to load from that file.
+    pub shard_total: u64,
 }
 
 /// What a load took.
@@ -387,6 +396,10 @@ pub(crate) fn fill(
                 total,
                 buffers: filled,
                 buffers_total: reads.len(),
+                shard: 0,
+                shards: 1,
+                shard_bytes: bytes,
+                shard_total: total,
             });
         };
         let t = Instant::now();

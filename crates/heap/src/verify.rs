@@ -1,12 +1,12 @@
 //! Verification of a load: the buffers compared byte for byte with the
-//! file, read again independently of the engine that filled them.
+//! file, read again independently of the engine that filled them (a
+//! safetensors load's own is `Tensors::verify`).
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use crate::{Error, Loaded, Result, Tensors};
+use crate::{Error, Loaded, Result};
 
 /// Opens `path` again for a comparison.
 fn reopen(path: &Path) -> Result<File> {
@@ -60,37 +60,6 @@ impl Loaded {
                 });
             }
             off += len as u64;
-        }
-        Ok(())
-    }
-}
-
-impl Tensors {
-    /// Compares every tensor with its bytes in `path` (the safetensors file
-    /// it was loaded from), read again with plain reads.
-    ///
-    /// # Errors
-    /// [`Error::TensorMismatch`] naming the first differing byte;
-    /// [`Error::Open`] or [`Error::FileIo`] if the file cannot be read
-    /// again.
-    pub fn verify(&self, path: &Path) -> Result<()> {
-        let f = reopen(path)?;
-        for (name, x) in &self.tensors {
-            let mut want = vec![0u8; x.len];
-            f.read_exact_at(&mut want, x.file_offset)
-                .map_err(read_error(path, x.file_offset, x.len))?;
-            let mut got = vec![0u8; x.len];
-            x.buffer.read_at(x.offset, &mut got)?;
-            if let Some(k) = first_difference(&want, &got) {
-                return Err(Error::TensorMismatch {
-                    tensor: name.clone(),
-                    index: k,
-                    file_offset: x.file_offset + k as u64,
-                    buffer: x.buffer_index,
-                    file_byte: want[k],
-                    buffer_byte: got[k],
-                });
-            }
         }
         Ok(())
     }

@@ -1,198 +1,29 @@
-//! The safetensors loader: a model file laid out tensor by tensor into heap
-//! buffers, every tensor whole in one buffer at the alignment its dtype
-//! needs.
+//! The plan of a safetensors load: which buffer and offset each tensor
+//! gets, and the reads that bring it there.
 //!
-//! ```text
-//!   file:    [n u64][header JSON, n bytes][t0 | t1 | t2 | ...... big t3 ...... | t4 ]
-//!                                          \________ run ______/                 \run/
-//!   buffers: #0 [t0 t1 t2 ]   #1 [..... t3 .....]   #0' (next buffer) [t4]
-//! ```
-//!
-//! The header is parsed and validated by the `safetensors` crate (offsets
-//! contiguous from 0, sizes consistent with dtype and shape, known dtypes);
-//! on top of that the loader refuses a header length larger than the file
-//! or than 100 MB, and tensor data that does not end exactly at the end of
-//! the file. Consecutive tensors go into one buffer as one contiguous *run*
-//! at the same offsets modulo a page as in the file, so a whole run is one
-//! read through the engines (direct I/O, io_uring fixed buffers) and every
+//! Consecutive tensors go into one buffer as one contiguous *run* at the
+//! same offsets modulo a page as in the file, so a whole run is one read
+//! through the engines (direct I/O, io_uring fixed buffers) and every
 //! tensor whose file offset is aligned for its dtype is aligned in memory
-//! too; a tensor that is not aligned in the file gets an aligned place and a
-//! read of its own; a tensor larger than the buffer size gets a buffer of its
-//! own.
+//! too; a tensor that is not aligned in the file gets an aligned place and
+//! a read of its own; a tensor larger than the buffer size gets a buffer of
+//! its own.
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::Instant;
 
-pub use safetensors::Dtype;
-
-use crate::file::IoFile;
-use crate::loader::{fill, Planned};
-use crate::{Buffer, Error, Heap, LoadOptions, LoadStats, Progress, Result};
-
-/// Largest header accepted, as the `safetensors` crate's own limit.
-pub const MAX_HEADER: u64 = 100_000_000;
-
-/// Where one tensor landed.
-#[derive(Debug, Clone)]
-pub struct Tensor {
-    /// The buffer that holds it (a handle to one of [`Tensors::buffers`]).
-    pub buffer: Buffer,
-    /// Index of that buffer in [`Tensors::buffers`].
-    pub buffer_index: usize,
-    /// Offset of its first byte in the buffer (a multiple of
-    /// [`dtype_align`]).
-    pub offset: usize,
-    /// Length in bytes.
-    pub len: usize,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Shape (row-major).
-    pub shape: Vec<usize>,
-    /// Offset of its first byte in the file.
-    pub file_offset: u64,
-}
-
-/// A loaded safetensors file.
-#[derive(Debug)]
-pub struct Tensors {
-    /// Tensor name → where it is.
-    pub tensors: BTreeMap<String, Tensor>,
-    /// The buffers, in the order they were planned.
-    pub buffers: Vec<Buffer>,
-    /// The header's `__metadata__` map, if any.
-    pub metadata: BTreeMap<String, String>,
-    /// Statistics (bytes counts tensor bytes read).
-    pub stats: LoadStats,
-}
-
-/// The alignment a tensor of `dtype` needs in memory: its element size in
-/// bytes (1 for sub-byte and byte types).
-pub fn dtype_align(dtype: Dtype) -> usize {
-    (dtype.bitsize() / 8).max(1)
-}
-
-/// The parsed, validated header: where the data starts and the tensors in
-/// file order.
-#[derive(Debug)]
-struct Header {
-    data_start: u64,
-    tensors: Vec<(String, safetensors::tensor::TensorInfo)>,
-    metadata: BTreeMap<String, String>,
-}
-
-fn bad(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Safetensors {
-        path: path.to_path_buf(),
-        reason: reason.into(),
-    }
-}
-
-/// Reads and validates the header of `file` (`size` bytes).
-fn read_header(file: &std::fs::File, path: &Path, size: u64) -> Result<Header> {
-    parse_header(|buf, off| file.read_exact_at(buf, off), path, size)
-}
-
-/// Validates the header of a `size`-byte file at `path` whose bytes
-/// `read(buf, offset)` fills `buf` with.
-fn parse_header(
-    mut read: impl FnMut(&mut [u8], u64) -> std::io::Result<()>,
-    path: &Path,
-    size: u64,
-) -> Result<Header> {
-    let io = |op, offset, len, source| Error::FileIo {
-        op,
-        path: path.to_path_buf(),
-        offset,
-        len,
-        source,
-    };
-    if size < 8 {
-        return Err(bad(
-            path,
-            format!("{size} bytes is too short for the 8-byte header length"),
-        ));
-    }
-    let mut n = [0u8; 8];
-    read(&mut n, 0).map_err(|e| io("pread", 0, 8, e))?;
-    let n = u64::from_le_bytes(n);
-    if n > MAX_HEADER {
-        return Err(bad(
-            path,
-            format!("header length {n} is over the limit of {MAX_HEADER} bytes"),
-        ));
-    }
-    if n > size - 8 {
-        return Err(bad(
-            path,
-            format!("header length {n} runs past the end of the file ({size} bytes)"),
-        ));
-    }
-    let mut json = vec![0u8; n as usize];
-    read(&mut json, 8).map_err(|e| io("pread", 8, n as usize, e))?;
-    let meta: safetensors::tensor::Metadata = serde_json::from_slice(&json).map_err(|e| {
-        // A name given twice keeps only its last entry, whose offsets then
-        // leave a hole: say which name, not "invalid offset".
-        match crate::header_keys::duplicate_name(&json) {
-            Some(name) => bad(
-                path,
-                format!("tensor name {name:?} appears twice in the header"),
-            ),
-            None => bad(path, format!("header refused: {e}")),
-        }
-    })?;
-    let data_start = 8 + n;
-    let data_len = meta.data_len() as u64;
-    if data_start + data_len != size {
-        return Err(bad(
-            path,
-            format!(
-                "the tensors' data ends at byte {} but the file has {size} bytes",
-                data_start + data_len
-            ),
-        ));
-    }
-    let infos = meta.tensors();
-    let mut tensors: Vec<_> = meta
-        .offset_keys()
-        .into_iter()
-        .filter_map(|name| infos.get(&name).map(|i| (name.clone(), (*i).clone())))
-        .collect();
-    tensors.sort_by_key(|(_, i)| i.data_offsets);
-    let metadata = meta
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
-    Ok(Header {
-        data_start,
-        tensors,
-        metadata,
-    })
-}
-
-impl Header {
-    /// Each tensor's (file offset, length, alignment), in file order.
-    fn spans(&self) -> Vec<(u64, usize, usize)> {
-        self.tensors
-            .iter()
-            .map(|(_, i)| {
-                let (s, e) = i.data_offsets;
-                (self.data_start + s as u64, e - s, dtype_align(i.dtype))
-            })
-            .collect()
-    }
-}
+use super::header::parse_header;
+use crate::loader::Planned;
+use crate::Result;
 
 /// The plan: buffer sizes, the reads, and each tensor's place.
 #[derive(Debug, Default)]
-struct Plan {
-    sizes: Vec<usize>,
-    reads: Vec<Planned>,
+pub(super) struct Plan {
+    /// Buffer sizes.
+    pub sizes: Vec<usize>,
+    /// The reads, in buffer order.
+    pub reads: Vec<Planned>,
     /// (buffer, offset) per tensor, in header order.
-    places: Vec<(usize, usize)>,
+    pub places: Vec<(usize, usize)>,
 }
 
 /// A run of consecutive tensors being gathered into one read.
@@ -219,14 +50,19 @@ impl Plan {
     }
 }
 
-fn round_up(x: usize, to: usize) -> usize {
+pub(super) fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
 }
 
 /// Plans `tensors` (file order; `(file offset, len, align)`) into buffers of
 /// at most `cap` bytes (a multiple of `page`), sizes rounded up to
 /// `granule`.
-fn plan(tensors: &[(u64, usize, usize)], cap: usize, page: usize, granule: usize) -> Plan {
+pub(super) fn plan(
+    tensors: &[(u64, usize, usize)],
+    cap: usize,
+    page: usize,
+    granule: usize,
+) -> Plan {
     let mut p = Plan::default();
     // The buffer being filled: its index and bytes used.
     let mut cur: Option<(usize, usize)> = None;
@@ -422,96 +258,10 @@ pub fn fuzz_safetensors(file: &[u8], cap_pages: usize) -> Result<usize> {
     Ok(list.len())
 }
 
-/// Loads the safetensors file at `path` into buffers from `heap`: every
-/// tensor whole in one buffer at its dtype's alignment (when its offset in
-/// the file allows one read for a run of tensors; otherwise it is still
-/// aligned, with a read of its own), buffers of at most `opts.buffer_size`
-/// bytes except for a tensor larger than that, which gets its own. The
-/// buffers are filled with `opts.method`'s engine, allocation overlapped
-/// with the reads.
-///
-/// # Errors
-/// [`Error::Safetensors`] for a malformed or hostile header (huge length,
-/// bad JSON, unknown dtype, overlapping or out-of-file offsets, sizes that
-/// disagree with the shape), the file errors of [`crate::load`],
-/// [`Error::BadSize`] for a buffer size that is not a page multiple,
-/// [`Error::OutOfMemory`] / [`Error::TooManyBuffers`] when the plan cannot
-/// fit, and any allocation or transfer error.
-pub fn load_safetensors(
-    path: &Path,
-    heap: &dyn Heap,
-    opts: &LoadOptions,
-    progress: &mut dyn FnMut(&Progress),
-) -> Result<Tensors> {
-    let start = Instant::now();
-    let page = opts.checked_page()?;
-    let file = IoFile::open(path)?;
-    let size = file.size()?;
-    let header = {
-        let f = std::fs::File::from(
-            file.fd()
-                .try_clone_to_owned()
-                .map_err(|e| Error::sys("dup", e))?,
-        );
-        read_header(&f, path, size)?
-    };
-    let granule = heap.granule().max(page);
-    let cap = round_up(opts.buffer_size, granule);
-    let list = header.spans();
-    let p = plan(&list, cap, page, granule);
-    let needed: u64 = p.sizes.iter().map(|&s| s as u64).sum();
-    if let Some((available, what)) = heap.available() {
-        if needed > available {
-            return Err(Error::OutOfMemory {
-                needed,
-                available,
-                what,
-            });
-        }
-    }
-    let room = crate::limits::buffer_room(p.sizes.len());
-    if p.sizes.len() as u64 > room.buffers {
-        let per = needed.div_ceil(room.buffers.max(1));
-        return Err(Error::TooManyBuffers {
-            buffers: p.sizes.len() as u64,
-            buffer_size: cap,
-            room: room.buffers,
-            what: room.what,
-            min_buffer_size: (per.div_ceil(granule as u64)) * granule as u64,
-        });
-    }
-    let (buffers, mut stats) = fill(&file, heap, &p.sizes, &p.reads, opts, progress)?;
-    stats.buffer_size = cap;
-    stats.elapsed = start.elapsed();
-    let tensors = header
-        .tensors
-        .into_iter()
-        .zip(&p.places)
-        .zip(&list)
-        .map(|(((name, info), &(b, off)), &(f, len, _))| {
-            let t = Tensor {
-                buffer: buffers[b].clone(),
-                buffer_index: b,
-                offset: off,
-                len,
-                dtype: info.dtype,
-                shape: info.shape,
-                file_offset: f,
-            };
-            (name, t)
-        })
-        .collect();
-    Ok(Tensors {
-        tensors,
-        buffers,
-        metadata: header.metadata,
-        stats,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
     use proptest::prelude::*;
 
     fn check(list: &[(u64, usize, usize)], cap: usize, p: &Plan) {
@@ -573,26 +323,6 @@ mod tests {
             let r = verdict(name);
             assert!(matches!(r, Err(Error::Safetensors { .. })), "{name}: {r:?}");
         }
-    }
-
-    #[test]
-    fn a_duplicate_tensor_name_is_named() {
-        let json = br#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#;
-        let mut file = (json.len() as u64).to_le_bytes().to_vec();
-        file.extend_from_slice(json);
-        file.extend_from_slice(&[7; 8]);
-        let r = parse_header(
-            |buf, off| {
-                buf.copy_from_slice(&file[off as usize..off as usize + buf.len()]);
-                Ok(())
-            },
-            Path::new("dup.safetensors"),
-            file.len() as u64,
-        );
-        let Err(Error::Safetensors { reason, .. }) = r else {
-            panic!("{r:?}")
-        };
-        assert_eq!(reason, r#"tensor name "a" appears twice in the header"#);
     }
 
     #[test]

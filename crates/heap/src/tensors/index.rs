@@ -1,0 +1,301 @@
+//! Which files make a checkpoint.
+//!
+//! - a safetensors file: itself;
+//! - an `*.index.json` (as `model.safetensors.index.json`): the shard files
+//!   its `weight_map` names (tensor name → file name beside the index),
+//!   and which tensor each must hold;
+//! - a directory: its one `*.safetensors.index.json`, or, without one,
+//!   every `*.safetensors` file in it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// Largest index file read (real ones are well under 1 MB).
+const MAX_INDEX: u64 = 100_000_000;
+
+/// The files of a checkpoint.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Checkpoint {
+    /// Shard files, ordered by name.
+    pub shards: Vec<PathBuf>,
+    /// From an index: tensor name → the shard (index in `shards`) that must
+    /// hold it. `None` when the shards were found without an index.
+    pub weight_map: Option<BTreeMap<String, usize>>,
+    /// The index's `metadata`, values that are not strings as JSON text.
+    pub metadata: BTreeMap<String, String>,
+    /// Whether the path was one safetensors file.
+    pub single: bool,
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn open_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    |source| Error::Open {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What files `path` stands for.
+///
+/// # Errors
+/// [`Error::Open`] for a path that cannot be read, [`Error::Checkpoint`]
+/// for a directory with no shard or several indexes, or an index that is
+/// malformed, names a shard outside its directory or a shard that does
+/// not exist.
+pub(super) fn resolve(path: &Path) -> Result<Checkpoint> {
+    let meta = std::fs::metadata(path).map_err(open_err(path))?;
+    if meta.is_dir() {
+        return resolve_dir(path);
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if meta.is_file() && name.ends_with(".json") {
+        return resolve_index(path);
+    }
+    Ok(Checkpoint {
+        shards: vec![path.to_path_buf()],
+        weight_map: None,
+        metadata: BTreeMap::new(),
+        single: true,
+    })
+}
+
+fn resolve_dir(dir: &Path) -> Result<Checkpoint> {
+    let mut indexes = Vec::new();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(open_err(dir))? {
+        let entry = entry.map_err(open_err(dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let is_file = std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
+        if !is_file {
+            continue;
+        }
+        if name.ends_with(".safetensors.index.json") {
+            indexes.push(entry.path());
+        } else if name.ends_with(".safetensors") {
+            files.push(entry.path());
+        }
+    }
+    indexes.sort();
+    files.sort();
+    match &indexes[..] {
+        [index] => resolve_index(index),
+        [] if files.is_empty() => Err(bad(
+            dir,
+            "the directory holds no *.safetensors file and no *.safetensors.index.json",
+        )),
+        [] => Ok(Checkpoint {
+            shards: files,
+            weight_map: None,
+            metadata: BTreeMap::new(),
+            single: false,
+        }),
+        several => Err(bad(
+            dir,
+            format!(
+                "the directory holds {} indexes ({}): name the one to load",
+                several.len(),
+                names(several)
+            ),
+        )),
+    }
+}
+
+fn names(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.file_name().unwrap_or_default().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn resolve_index(index: &Path) -> Result<Checkpoint> {
+    let size = std::fs::metadata(index).map_err(open_err(index))?.len();
+    if size > MAX_INDEX {
+        return Err(bad(
+            index,
+            format!("the index is {size} bytes, over the limit of {MAX_INDEX}"),
+        ));
+    }
+    let text = std::fs::read(index).map_err(open_err(index))?;
+    let json: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| bad(index, format!("the index is not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad(index, "the index has no \"weight_map\" object"))?;
+    if map.is_empty() {
+        return Err(bad(index, "the index's weight_map names no tensor"));
+    }
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut by_tensor = BTreeMap::new();
+    for (tensor, file) in map {
+        let Some(file) = file.as_str() else {
+            return Err(bad(
+                index,
+                format!("the index maps tensor {tensor:?} to {file}, not a file name"),
+            ));
+        };
+        if file.is_empty() || file == "." || file == ".." || file.contains('/') {
+            return Err(bad(
+                index,
+                format!(
+                    "the index maps tensor {tensor:?} to {file:?}: a shard must be a file \
+                     beside the index"
+                ),
+            ));
+        }
+        by_tensor.insert(tensor.clone(), file);
+    }
+    let mut files: Vec<&str> = by_tensor.values().copied().collect();
+    files.sort_unstable();
+    files.dedup();
+    for f in &files {
+        if !dir.join(f).is_file() {
+            let count = by_tensor.values().filter(|v| *v == f).count();
+            return Err(bad(
+                index,
+                format!("the index names shard {f} ({count} tensors), which does not exist"),
+            ));
+        }
+    }
+    let weight_map = by_tensor
+        .iter()
+        .map(|(t, f)| (t.clone(), files.binary_search(f).unwrap_or(0)))
+        .collect();
+    let metadata = json
+        .get("metadata")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                    (k.clone(), v)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Checkpoint {
+        shards: files.iter().map(|f| dir.join(f)).collect(),
+        weight_map: Some(weight_map),
+        metadata,
+        single: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(r: Result<Checkpoint>) -> String {
+        match r {
+            Err(Error::Checkpoint { reason, .. }) => reason,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_index_names_its_shards_and_their_tensors() {
+        let d = tempfile::tempdir().unwrap();
+        for f in ["b.safetensors", "a.safetensors"] {
+            std::fs::write(d.path().join(f), b"x").unwrap();
+        }
+        let index = d.path().join("model.safetensors.index.json");
+        std::fs::write(
+            &index,
+            r#"{"metadata":{"total_size":16,"format":"pt"},
+                "weight_map":{"x":"b.safetensors","y":"a.safetensors","z":"b.safetensors"}}"#,
+        )
+        .unwrap();
+        let want = Checkpoint {
+            shards: vec![
+                d.path().join("a.safetensors"),
+                d.path().join("b.safetensors"),
+            ],
+            weight_map: Some(
+                [("x", 1), ("y", 0), ("z", 1)]
+                    .into_iter()
+                    .map(|(t, s)| (t.to_string(), s))
+                    .collect(),
+            ),
+            metadata: [("total_size", "16"), ("format", "pt")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            single: false,
+        };
+        assert_eq!(resolve(&index).unwrap(), want);
+        // The directory finds the same index.
+        assert_eq!(resolve(d.path()).unwrap(), want);
+    }
+
+    #[test]
+    fn a_directory_without_an_index_is_its_safetensors_files() {
+        let d = tempfile::tempdir().unwrap();
+        for f in ["2.safetensors", "1.safetensors", "notes.txt"] {
+            std::fs::write(d.path().join(f), b"x").unwrap();
+        }
+        let c = resolve(d.path()).unwrap();
+        assert_eq!(
+            c.shards,
+            vec![
+                d.path().join("1.safetensors"),
+                d.path().join("2.safetensors")
+            ]
+        );
+        assert!(c.weight_map.is_none() && !c.single);
+        let one = resolve(&d.path().join("1.safetensors")).unwrap();
+        assert!(one.single);
+        std::fs::create_dir(d.path().join("empty")).unwrap();
+        assert_eq!(
+            reason(resolve(&d.path().join("empty"))),
+            "the directory holds no *.safetensors file and no *.safetensors.index.json"
+        );
+    }
+
+    #[test]
+    fn bad_indexes_are_refused_with_the_reason() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a.safetensors"), b"x").unwrap();
+        let index = d.path().join("m.safetensors.index.json");
+        let with = |json: &str| {
+            std::fs::write(&index, json).unwrap();
+            reason(resolve(&index))
+        };
+        assert_eq!(
+            with(r#"{"weight_map":{"x":"a.safetensors","y":"gone.safetensors"}}"#),
+            "the index names shard gone.safetensors (1 tensors), which does not exist"
+        );
+        assert_eq!(
+            with(r#"{"weight_map":{"x":"../a.safetensors"}}"#),
+            "the index maps tensor \"x\" to \"../a.safetensors\": a shard must be a file beside the index"
+        );
+        assert_eq!(
+            with(r#"{"weight_map":{"x":3}}"#),
+            "the index maps tensor \"x\" to 3, not a file name"
+        );
+        assert_eq!(
+            with(r#"{"weight_map":{}}"#),
+            "the index's weight_map names no tensor"
+        );
+        assert_eq!(
+            with(r#"{"metadata":{}}"#),
+            "the index has no \"weight_map\" object"
+        );
+        assert!(with("{").starts_with("the index is not JSON: "));
+        std::fs::write(d.path().join("n.safetensors.index.json"), "{}").unwrap();
+        assert_eq!(
+            reason(resolve(d.path())),
+            "the directory holds 2 indexes (m.safetensors.index.json, n.safetensors.index.json): \
+             name the one to load"
+        );
+    }
+}

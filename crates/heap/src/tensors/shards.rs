@@ -1,0 +1,311 @@
+//! Every shard of a checkpoint loaded into one map, or none.
+//!
+//! ```text
+//!   resolve (index) ─► open every shard: header, plan ─► cross-check names
+//!        ─► room for all buffers? ─► fill K shards at once (threads)
+//!        ─► every file unchanged? ─► one map
+//! ```
+//!
+//! All headers are read and checked against each other (and the index)
+//! before any tensor byte is, so a missing shard, a tensor in two shards or
+//! a hostile header fails at once; a failure later (a read, a file changed
+//! during the load) drops every buffer: nothing is returned half-loaded.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::index::{resolve, Checkpoint};
+use super::shard::OpenShard;
+use super::{Shard, Tensor, Tensors};
+use crate::{Buffer, Error, Heap, LoadOptions, LoadStats, Progress, Result};
+
+/// Shards loaded at once by [`crate::load_safetensors`].
+pub const DEFAULT_SHARDS_AT_ONCE: usize = 2;
+
+/// Loads the checkpoint at `path` (a safetensors file, a directory, or an
+/// `*.index.json`: see [`crate::load_safetensors`]) with up to `at_once`
+/// shards loading at the same time, each on its own thread with its own
+/// engine. `progress` is called on the caller's thread after every read,
+/// with the whole load's bytes and the shard's own.
+///
+/// # Errors
+/// As [`crate::load_safetensors`]; `at_once` 0 counts as 1.
+pub fn load_checkpoint(
+    path: &Path,
+    heap: &dyn Heap,
+    opts: &LoadOptions,
+    at_once: usize,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Tensors> {
+    let start = Instant::now();
+    let page = opts.checked_page()?;
+    let ck = resolve(path)?;
+    let n = ck.shards.len();
+    let in_shard = |i: usize, e: Error| {
+        if ck.single {
+            e
+        } else {
+            Error::Shard {
+                index: i + 1,
+                count: n,
+                path: ck.shards[i].clone(),
+                source: Box::new(e),
+            }
+        }
+    };
+    let opened = ck
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, p)| OpenShard::open(p, heap, opts, page).map_err(|e| in_shard(i, e)))
+        .collect::<Result<Vec<_>>>()?;
+    cross_check(path, &ck, &opened)?;
+    check_room(heap, &opened)?;
+    let filled = fill_all(heap, opts, &opened, at_once.max(1), start, progress)
+        .map_err(|(i, e)| in_shard(i, e))?;
+    for (i, s) in opened.iter().enumerate() {
+        s.check_unchanged().map_err(|e| in_shard(i, e))?;
+    }
+    Ok(merge(ck, opened, filled, start.elapsed()))
+}
+
+/// Fails when a tensor is in two shards, or when the index and the shards
+/// disagree on where a tensor is.
+fn cross_check(path: &Path, ck: &Checkpoint, opened: &[OpenShard]) -> Result<()> {
+    let bad = |reason: String| Error::Checkpoint {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = |i: usize| {
+        ck.shards[i]
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut found: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, s) in opened.iter().enumerate() {
+        for (name, _) in &s.header.tensors {
+            if let Some(j) = found.insert(name, i) {
+                return Err(bad(format!(
+                    "tensor {name:?} is in two shards: {} and {}",
+                    file(j),
+                    file(i)
+                )));
+            }
+            match ck.weight_map.as_ref().map(|m| m.get(name)) {
+                Some(None) => {
+                    return Err(bad(format!(
+                        "tensor {name:?} of shard {} is not in the index",
+                        file(i)
+                    )))
+                }
+                Some(Some(&want)) if want != i => {
+                    return Err(bad(format!(
+                        "tensor {name:?} is in shard {} but the index names shard {}",
+                        file(i),
+                        file(want)
+                    )))
+                }
+                _ => {}
+            }
+        }
+    }
+    for (name, &i) in ck.weight_map.iter().flatten() {
+        if !found.contains_key(name.as_str()) {
+            return Err(bad(format!(
+                "the index names tensor {name:?} in shard {}, which does not hold it",
+                file(i)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, before anything is allocated, a load whose buffers cannot fit
+/// in the memory the heap can give now or in the buffers the process may
+/// have.
+fn check_room(heap: &dyn Heap, opened: &[OpenShard]) -> Result<()> {
+    let needed: u64 = opened.iter().map(OpenShard::needed).sum();
+    if let Some((available, what)) = heap.available() {
+        if needed > available {
+            return Err(Error::OutOfMemory {
+                needed,
+                available,
+                what,
+            });
+        }
+    }
+    let buffers: usize = opened.iter().map(|s| s.plan.sizes.len()).sum();
+    let room = crate::limits::buffer_room(buffers);
+    if buffers as u64 > room.buffers {
+        let granule = heap.granule().max(crate::page_size()) as u64;
+        let per = needed.div_ceil(room.buffers.max(1));
+        return Err(Error::TooManyBuffers {
+            buffers: buffers as u64,
+            buffer_size: opened.first().map_or(0, |s| s.cap),
+            room: room.buffers,
+            what: room.what,
+            min_buffer_size: per.div_ceil(granule) * granule,
+        });
+    }
+    Ok(())
+}
+
+/// What the shard threads tell the caller's thread.
+enum Msg {
+    Progress(usize, Progress),
+    Done(usize, Result<OneFilled>),
+}
+
+/// One shard's buffers and what filling them took.
+type OneFilled = (Vec<Buffer>, LoadStats);
+type Filled = Vec<OneFilled>;
+
+/// Fills every shard, `at_once` at a time; the first failure (with its
+/// shard's index) stops shards not yet started.
+fn fill_all(
+    heap: &dyn Heap,
+    opts: &LoadOptions,
+    opened: &[OpenShard],
+    at_once: usize,
+    start: Instant,
+    progress: &mut dyn FnMut(&Progress),
+) -> std::result::Result<Filled, (usize, Error)> {
+    let n = opened.len();
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let total: u64 = opened
+        .iter()
+        .flat_map(|s| &s.plan.reads)
+        .map(|r| r.len as u64)
+        .sum();
+    let reads_total: usize = opened.iter().map(|s| s.plan.reads.len()).sum();
+    let mut results: Vec<Option<Result<OneFilled>>> = (0..n).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let (tx, rx) = mpsc::channel::<Msg>();
+        for _ in 0..at_once.min(n) {
+            let tx = tx.clone();
+            let (next, failed) = (&next, &failed);
+            s.spawn(move || loop {
+                if failed.load(Ordering::Acquire) {
+                    break;
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(shard) = opened.get(i) else { break };
+                let r = shard.fill(heap, opts, &mut |p| {
+                    let _ = tx.send(Msg::Progress(i, *p));
+                });
+                let r = r.map(|(b, mut stats)| {
+                    stats.elapsed = start.elapsed();
+                    (b, stats)
+                });
+                if r.is_err() {
+                    failed.store(true, Ordering::Release);
+                }
+                let _ = tx.send(Msg::Done(i, r));
+            });
+        }
+        drop(tx);
+        let mut shard_bytes = vec![0u64; n];
+        let (mut bytes, mut reads) = (0u64, 0usize);
+        for msg in rx {
+            match msg {
+                Msg::Progress(i, p) => {
+                    bytes += p.bytes - shard_bytes[i];
+                    shard_bytes[i] = p.bytes;
+                    reads += 1;
+                    progress(&Progress {
+                        bytes,
+                        total,
+                        buffers: reads,
+                        buffers_total: reads_total,
+                        shard: i,
+                        shards: n,
+                        shard_bytes: p.bytes,
+                        shard_total: p.total,
+                    });
+                }
+                Msg::Done(i, r) => results[i] = Some(r),
+            }
+        }
+    });
+    let mut out = Vec::with_capacity(n);
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Some(Ok(f)) => out.push(f),
+            Some(Err(e)) => return Err((i, e)),
+            // Shards are claimed in order, so one never started comes
+            // after the failed one returned above.
+            None => {}
+        }
+    }
+    if out.len() < n {
+        return Err((0, Error::Loader("a shard was never loaded".into())));
+    }
+    Ok(out)
+}
+
+/// One map of every shard's tensors, buffer indices counted across shards.
+fn merge(ck: Checkpoint, opened: Vec<OpenShard>, filled: Filled, elapsed: Duration) -> Tensors {
+    let mut tensors = BTreeMap::new();
+    let mut buffers = Vec::new();
+    let mut metadata = ck.metadata;
+    let mut shards = Vec::with_capacity(opened.len());
+    let mut stats: Option<LoadStats> = None;
+    for (i, (s, (bufs, st))) in opened.into_iter().zip(filled).enumerate() {
+        let base = buffers.len();
+        for (((name, info), &(b, off)), &(f, len, _)) in s
+            .header
+            .tensors
+            .into_iter()
+            .zip(&s.plan.places)
+            .zip(&s.spans)
+        {
+            let t = Tensor {
+                buffer: bufs[b].clone(),
+                buffer_index: base + b,
+                offset: off,
+                len,
+                dtype: info.dtype,
+                shape: info.shape,
+                shard: i,
+                file_offset: f,
+            };
+            tensors.insert(name, t);
+        }
+        for (k, v) in s.header.metadata {
+            metadata.entry(k).or_insert(v);
+        }
+        buffers.extend(bufs);
+        shards.push(Shard {
+            path: s.path,
+            tensors: s.spans.len(),
+            stats: st,
+        });
+        stats = Some(match stats {
+            None => st,
+            Some(a) => LoadStats {
+                bytes: a.bytes + st.bytes,
+                buffers: a.buffers + st.buffers,
+                buffer_size: a.buffer_size.max(st.buffer_size),
+                alloc_time: a.alloc_time + st.alloc_time,
+                read_time: a.read_time + st.read_time,
+                fallbacks: a.fallbacks + st.fallbacks,
+                ..a
+            },
+        });
+    }
+    let mut stats = stats.expect("a checkpoint has at least one shard");
+    stats.elapsed = elapsed;
+    Tensors {
+        tensors,
+        buffers,
+        metadata,
+        shards,
+        stats,
+    }
+}
