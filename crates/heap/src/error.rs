@@ -247,6 +247,15 @@ pub enum Error {
         /// The file.
         path: PathBuf,
     },
+    /// An attach to shared tensors that cannot be made, or a share that
+    /// cannot be served.
+    #[error("{}: {reason}", if handle.is_empty() { "cannot share".to_string() } else { format!("cannot attach to {handle:?}") })]
+    Share {
+        /// The handle given (empty when serving).
+        handle: String,
+        /// Why not.
+        reason: String,
+    },
     /// A loaded buffer differs from the file it was loaded from.
     #[error(
         "verify failed: byte {file_offset} of {path} differs (buffer {buffer}, offset \

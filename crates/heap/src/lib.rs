@@ -43,6 +43,11 @@
 //! shards at once, all or nothing. [`Loaded::verify`] and
 //! [`Tensors::verify`] compare what was loaded with the files, read again.
 //!
+//! A loaded model can be handed to other processes of the same user:
+//! [`Share::serve`] serves its buffers' fds and a table of its tensors on a
+//! unix socket; [`attach`] with the share's handle maps the same buffers
+//! there, with no read and no copy.
+//!
 //! Heaps are chosen per kernel by [`choose_heap`] (`open_heap("auto")`): a
 //! dma-heap whose mapping takes direct I/O, else udmabuf (whose buffers are
 //! mapped through the memfd under the dma-buf, so direct I/O fills them),
@@ -69,6 +74,7 @@ mod mmap;
 mod pool;
 mod range;
 mod ring;
+mod share;
 mod sys;
 mod tensors;
 mod verify;
@@ -89,6 +95,7 @@ pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 pub use mmap::{SharedMapping, SigbusGuard};
 pub use pool::Pool;
 pub use range::{BufRange, PtrGuard};
+pub use share::{attach, Attached, Share, SharedTensor};
 #[doc(hidden)]
 pub use tensors::fuzz_safetensors;
 pub use tensors::{
