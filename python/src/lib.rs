@@ -1,12 +1,15 @@
 //! Python bindings of iopath-heap (module `iopath._iopath`; the `iopath`
 //! package wraps it): buffers with the buffer protocol and their fds, the
-//! loader and the safetensors loader. Loading releases the GIL.
+//! loader, the safetensors loader (one file or a sharded checkpoint), and
+//! shares of loaded tensors that other processes attach to. Loading
+//! releases the GIL.
 
 use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
-use iopath_heap::{open_heap, LoadOptions, Method};
+use iopath_heap::{open_heap, LoadOptions, Method, SharedTensor};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -16,7 +19,7 @@ use pyo3::types::PyDict;
 /// writable `memoryview`; `numpy.frombuffer` works on it) and `fileno()`,
 /// whose fd can be sent to another process (`socket.send_fds`) and mapped
 /// there.
-#[pyclass(module = "iopath", name = "Buffer", frozen)]
+#[pyclass(module = "iopath", name = "Buffer", frozen, weakref)]
 struct PyBuffer {
     buf: iopath_heap::Buffer,
     /// Bytes of the file in it.
@@ -39,6 +42,13 @@ impl PyBuffer {
     #[getter]
     fn filled(&self) -> usize {
         self.filled
+    }
+
+    /// This process's address of its first byte (to find which buffer an
+    /// array's data is in).
+    #[getter]
+    fn address(&self) -> usize {
+        self.buf.addr()
     }
 
     /// The heap it came from.
@@ -122,6 +132,16 @@ fn progress_printer(show: bool) -> impl FnMut(&iopath_heap::Progress) {
                 p.total >> 20,
                 p.bytes as f64 * 100.0 / p.total.max(1) as f64
             );
+            if p.shards > 1 {
+                let _ = write!(
+                    err,
+                    ", shard {}/{}: {} / {} MiB",
+                    p.shard + 1,
+                    p.shards,
+                    p.shard_bytes >> 20,
+                    p.shard_total >> 20
+                );
+            }
             if p.buffers == p.buffers_total {
                 let _ = writeln!(err);
             }
@@ -132,10 +152,23 @@ fn progress_printer(show: bool) -> impl FnMut(&iopath_heap::Progress) {
 /// The Rust error as a Python exception: input errors as `ValueError`,
 /// the rest as `OSError`, with the whole error chain as the message.
 fn to_py(e: iopath_heap::Error) -> PyErr {
-    use iopath_heap::Error as E;
     let msg = iopath_heap::error_chain(&e);
+    if is_bad_input(&e) {
+        PyValueError::new_err(msg)
+    } else {
+        PyOSError::new_err(msg)
+    }
+}
+
+/// Whether `e` is about the input (a shard's error by what went wrong in
+/// it).
+fn is_bad_input(e: &iopath_heap::Error) -> bool {
+    use iopath_heap::Error as E;
     match e {
+        E::Shard { source, .. } => is_bad_input(source),
         E::Safetensors { .. }
+        | E::Checkpoint { .. }
+        | E::Share { .. }
         | E::BadSize { .. }
         | E::UnknownHeap(_)
         | E::NoSuchDmaHeap { .. }
@@ -149,8 +182,8 @@ fn to_py(e: iopath_heap::Error) -> PyErr {
         | E::BadQueueDepth { .. }
         | E::BadChunk { .. }
         | E::TooManyBuffers { .. }
-        | E::OutOfMemory { .. } => PyValueError::new_err(msg),
-        _ => PyOSError::new_err(msg),
+        | E::OutOfMemory { .. } => true,
+        _ => false,
     }
 }
 
@@ -181,12 +214,14 @@ fn load(
         .collect())
 }
 
-/// Loads a safetensors file: returns (buffers, {name: (buffer index, offset,
-/// dtype, shape)}, stats dict: bytes, seconds, gib_per_s, method, and
-/// alloc_seconds / read_seconds as `iopath load` reports them). `iopath.load_safetensors` turns it into
-/// numpy views.
+/// Loads a safetensors checkpoint (a file, a directory or an
+/// `*.index.json`): returns (buffers, {name: (buffer index, offset, length,
+/// dtype, shape)}, stats dict: bytes, seconds, gib_per_s, method, shards,
+/// and alloc_seconds / read_seconds as `iopath load` reports them).
+/// `iopath.load_safetensors` turns it into numpy or torch views.
 #[pyfunction]
-#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false))]
+#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false, shards_at_once = iopath_heap::DEFAULT_SHARDS_AT_ONCE))]
+#[allow(clippy::too_many_arguments)]
 fn load_safetensors_raw<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -194,12 +229,18 @@ fn load_safetensors_raw<'py>(
     method: &str,
     buffer_size: usize,
     progress: bool,
+    shards_at_once: usize,
 ) -> PyResult<(Vec<PyBuffer>, Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    if shards_at_once == 0 {
+        return Err(PyValueError::new_err("shards_at_once must be at least 1"));
+    }
     let opts = options(method, buffer_size)?;
     let heap = open_heap(heap).map_err(to_py)?;
     let mut show = progress_printer(progress);
     let t = py
-        .allow_threads(|| iopath_heap::load_safetensors(&path, heap.as_ref(), &opts, &mut show))
+        .allow_threads(|| {
+            iopath_heap::load_checkpoint(&path, heap.as_ref(), &opts, shards_at_once, &mut show)
+        })
         .map_err(to_py)?;
     let tensors = PyDict::new(py);
     for (name, x) in &t.tensors {
@@ -222,6 +263,8 @@ fn load_safetensors_raw<'py>(
     stats.set_item("heap", heap.name())?;
     stats.set_item("alloc_seconds", t.stats.alloc_time.as_secs_f64())?;
     stats.set_item("read_seconds", t.stats.read_time.as_secs_f64())?;
+    stats.set_item("shards", t.shards.len())?;
+    stats.set_item("metadata", t.metadata.clone())?;
     let buffers = t
         .buffers
         .into_iter()
@@ -233,10 +276,101 @@ fn load_safetensors_raw<'py>(
     Ok((buffers, tensors, stats))
 }
 
+/// Tensors served to other processes: `handle` is the string they pass
+/// to `attach_raw`; `close()` (or dropping the object) stops serving.
+#[pyclass(module = "iopath", name = "Share", frozen)]
+struct PyShare {
+    share: Mutex<Option<iopath_heap::Share>>,
+    handle: String,
+}
+
+#[pymethods]
+impl PyShare {
+    /// Serves `buffers` and `tensors`, a list of (name, buffer index,
+    /// offset, length, dtype, shape), with `metadata`.
+    #[new]
+    #[pyo3(signature = (buffers, tensors, metadata = None))]
+    #[allow(clippy::type_complexity)]
+    fn new(
+        buffers: Vec<PyRef<'_, PyBuffer>>,
+        tensors: Vec<(String, usize, usize, usize, String, Vec<usize>)>,
+        metadata: Option<std::collections::BTreeMap<String, String>>,
+    ) -> PyResult<Self> {
+        let buffers = buffers.iter().map(|b| b.buf.clone()).collect();
+        let tensors = tensors
+            .into_iter()
+            .map(|(name, buffer, offset, len, dtype, shape)| SharedTensor {
+                name,
+                buffer,
+                offset,
+                len,
+                dtype,
+                shape,
+            })
+            .collect();
+        let share = iopath_heap::Share::serve(buffers, tensors, metadata.unwrap_or_default())
+            .map_err(to_py)?;
+        Ok(PyShare {
+            handle: share.handle(),
+            share: Mutex::new(Some(share)),
+        })
+    }
+
+    /// The string other processes pass to `iopath.attach`.
+    #[getter]
+    fn handle(&self) -> String {
+        self.handle.clone()
+    }
+
+    /// Stops serving; processes already attached keep their views.
+    fn close(&self, py: Python<'_>) {
+        let taken = self.share.lock().ok().and_then(|mut s| s.take());
+        py.allow_threads(move || drop(taken));
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<iopath.Share {}>", self.handle)
+    }
+}
+
+/// Attaches to a share: (buffers, {name: (buffer index, offset, length,
+/// dtype, shape)}, metadata), every tensor checked to lie in its buffer.
+#[pyfunction]
+fn attach_raw<'py>(
+    py: Python<'py>,
+    handle: &str,
+) -> PyResult<(Vec<PyBuffer>, Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let a = py
+        .allow_threads(|| iopath_heap::attach(handle))
+        .map_err(to_py)?;
+    let tensors = PyDict::new(py);
+    for t in &a.tensors {
+        tensors.set_item(
+            &t.name,
+            (t.buffer, t.offset, t.len, t.dtype.clone(), t.shape.clone()),
+        )?;
+    }
+    let metadata = PyDict::new(py);
+    for (k, v) in &a.metadata {
+        metadata.set_item(k, v)?;
+    }
+    let buffers = a
+        .buffers
+        .into_iter()
+        .map(|buf| PyBuffer {
+            filled: buf.len(),
+            buf,
+        })
+        .collect();
+    Ok((buffers, tensors, metadata))
+}
+
 /// The native module.
 #[pymodule]
 fn _iopath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBuffer>()?;
+    m.add_class::<PyShare>()?;
+    m.add_function(wrap_pyfunction!(attach_raw, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(load_safetensors_raw, m)?)?;
     Ok(())
