@@ -22,17 +22,32 @@ use crate::ctrl::proto::{
 
 /// Send buffer asked for the client's end, for payloads of up to
 /// `max_payload` bytes. The kernel doubles what is asked (at least 4608
-/// bytes) and refuses (`EMSGSIZE`) a message over that less 32 bytes
-/// ([unix(7)], `unix_dgram_sendmsg`): as small as the kernel allows while
-/// the largest payload still fits, so that the kernel itself refuses the
-/// largest writes; the service ends the endpoint on what gets past it and
-/// is still over `max_payload` bytes. For 496 bytes that is the minimum
-/// (4576-byte messages), for 65520 bytes exactly 65520.
+/// bytes, at most twice `net.core.wmem_max`) and refuses (`EMSGSIZE`) a
+/// message over that less 32 bytes ([unix(7)], `unix_dgram_sendmsg`); a
+/// writer blocks once its unread messages fill it.
+///
+/// At 496 bytes: the minimum, so the kernel itself refuses what exceeds
+/// 4576 bytes, as before buffer sizes were negotiated. Above: room for
+/// [`IN_FLIGHT`] messages (each with the kernel's per-message overhead),
+/// so a writer streaming large messages keeps the service busy instead of
+/// waking it for each; the kernel's limit is then well past the payload,
+/// and what gets past the payload ends the endpoint. `EptFd::send` and the
+/// preload library refuse it first with `EMSGSIZE`.
 ///
 /// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
 pub(crate) fn client_sndbuf(max_payload: usize) -> usize {
-    (max_payload + 32).div_ceil(2)
+    if max_payload <= crate::wire::MAX_PAYLOAD {
+        0
+    } else {
+        (IN_FLIGHT * (max_payload + SKB_OVERHEAD)).div_ceil(2)
+    }
 }
+
+/// Messages of the largest payload a client's send buffer holds.
+const IN_FLIGHT: usize = 8;
+/// What the kernel counts per message beyond its bytes (the `sk_buff` and
+/// its shared info), rounded up.
+const SKB_OVERHEAD: usize = 1024;
 
 /// Makes the endpoint and answers on `c`, the fd riding along.
 pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags: u32) {

@@ -46,13 +46,12 @@
 //! towards the peer less the 16-byte header (496 bytes without
 //! negotiation, up to 65520 with 64 KiB buffers); each CREATE_EPT_FD
 //! answer and node greeting names it. A write over it cannot fail in the
-//! writer's `write(2)` by anything the service does after the fact. The
-//! client's end gets the smallest send buffer that still takes the largest
-//! payload, so the kernel refuses (`EMSGSIZE`) what exceeds it: a unix
-//! socket refuses a message over its send buffer less 32 bytes, the send
-//! buffer being twice what was asked and at least 4608 bytes (4576-byte
-//! messages at 496; exactly the payload from 4 KiB buffers up; at most
-//! twice `net.core.wmem_max` less 32 for any seqpacket socket).
+//! writer's `write(2)` by anything the service does after the fact. A unix
+//! socket refuses (`EMSGSIZE`) a message over its send buffer less 32
+//! bytes, the send buffer being twice what was asked and at least 4608
+//! bytes; at 496 bytes the client's end gets that minimum (the kernel
+//! refuses what exceeds 4576 bytes), with larger buffers room for a few
+//! messages in flight ([`fdept::client_sndbuf`]).
 //! [`crate::ctrl::EptFd::send`] and the preload library refuse anything
 //! over the payload with `EMSGSIZE` before it is sent. A raw client's
 //! message between the payload and the kernel's limit still reaches the
