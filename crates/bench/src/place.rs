@@ -61,7 +61,7 @@ impl Placement {
 }
 
 /// The CPUs this process may run on.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Cpus {
     allowed: CpuSet,
     ids: Vec<usize>,

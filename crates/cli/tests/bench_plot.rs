@@ -134,6 +134,8 @@ fn rpmsg_chart_has_both_ways_per_loop_count_the_limit_and_echo() {
             "200",
             "--placement",
             "one",
+            "--bulk-mib",
+            "0",
         ],
         dir.path(),
     );

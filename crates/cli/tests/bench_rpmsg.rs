@@ -7,7 +7,19 @@ use std::process::Command;
 fn bench_rpmsg_json() {
     let o = Command::new(env!("CARGO_BIN_EXE_iopath"))
         .args([
-            "bench", "rpmsg", "--loops", "200,300", "--runs", "1", "--count", "300", "--poll",
+            "bench",
+            "rpmsg",
+            "--loops",
+            "200,300",
+            "--runs",
+            "1",
+            "--count",
+            "300",
+            "--poll",
+            "--bulk-mib",
+            "2",
+            "--bulk-sizes",
+            "496,4096,65520",
             "--json",
         ])
         .output()
@@ -70,7 +82,7 @@ fn bench_rpmsg_json() {
     let missing = v["peers"]["missing"].as_str().unwrap();
     assert!(missing.contains("--openamp DIR"), "{missing}");
     let targets = v["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 9, "{targets:?}");
+    assert_eq!(targets.len(), 12, "{targets:?}");
     for g in &targets[..4] {
         assert!(g["value"].is_null() && g["within"].is_null(), "{g}");
         assert_eq!(g["na"], "no --openamp", "{g}");
@@ -117,9 +129,33 @@ fn bench_rpmsg_json() {
     // A target with no floor says nothing about one.
     assert!(targets[4]["floors"].as_array().unwrap().is_empty());
     assert!(targets[4]["target_past_floor"].is_null());
-    for g in &targets[7..] {
+    for g in &targets[7..9] {
         assert_eq!(g["na"], "run with --scale", "{g}");
     }
+    // The bulk rows: every way carried every message at each size, and
+    // the bulk targets are their ratios.
+    let bulk = v["bulk"]["rows"].as_array().unwrap();
+    let sizes: Vec<u64> = bulk.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, [496, 4096, 65520]);
+    for r in bulk {
+        for k in [
+            "endpoint_fd_mb_s",
+            "raw_seqpacket_mb_s",
+            "bus_api_mb_s",
+            "memcpy_mb_s",
+        ] {
+            let runs = r[k].as_array().unwrap();
+            assert_eq!(runs.len(), 1, "{k}: {r}");
+            assert!(runs[0].as_f64().unwrap() > 0.0, "{k}: {r}");
+        }
+    }
+    assert_eq!(targets[9]["value"], bulk[1]["fd_vs_raw"]);
+    assert_eq!(targets[10]["value"], bulk[2]["bus_vs_memcpy"]);
+    assert!(
+        targets[11]["value"].as_f64().unwrap() > 0.0,
+        "{}",
+        targets[11]
+    );
     // The load the figures were taken under, before and after.
     let load = v["loadavg"].as_array().unwrap();
     assert!(load.len() == 2 && load.iter().all(|l| l.as_f64().unwrap() >= 0.0));

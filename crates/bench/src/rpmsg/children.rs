@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   Logged::spawn(dir, name, cpu, cmd)   any child, output in dir/name.log
-//!   remote(exe, shm, notify) / host(...) their command lines
+//!   remote(exe, shm, notify, size) / host(...) their command lines
 //!   Servers::start(exe, &Setup)          a remote and a host on a fresh
 //!                                        shared-memory file, ready to serve
 //! ```
@@ -22,7 +22,7 @@ use crate::place::spawn_on;
 use crate::{Error, Result};
 
 /// Size of the shared-memory file a remote creates.
-const SHM_SIZE: u64 = 0x80000;
+pub(super) const SHM_SIZE: u64 = 0x80000;
 
 /// A child whose standard output and error go to a log file; killed (and
 /// reaped) when dropped.
@@ -141,11 +141,11 @@ impl Logged {
 /// `iopath rpmsg remote` of the executable `exe` creating the shared
 /// memory `shm` and notifying through `notify`; the caller adds its
 /// services (`--echo NAME`, `--sink NAME`) and options.
-pub(super) fn remote(exe: &Path, shm: &Path, notify: &str) -> Command {
+pub(super) fn remote(exe: &Path, shm: &Path, notify: &str, size: u64) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(["rpmsg", "remote", "--shm"]).arg(shm).args([
         "--create",
-        &format!("{SHM_SIZE:#x}"),
+        &format!("{size:#x}"),
         "--notify",
         notify,
     ]);
@@ -175,6 +175,8 @@ pub(super) struct Setup<'a> {
     pub(super) poll: bool,
     /// The remote's services and options after the common ones.
     pub(super) remote_args: &'a [&'a str],
+    /// Size of the shared memory the remote creates.
+    pub(super) shm_size: u64,
     /// The remote's and the host's CPUs (`None`: anywhere).
     pub(super) remote_cpu: Option<usize>,
     pub(super) host_cpu: Option<usize>,
@@ -211,13 +213,13 @@ impl Servers {
             dir.path(),
             "remote",
             s.remote_cpu,
-            remote(exe, &shm, &notify).args(s.remote_args),
+            remote(exe, &shm, &notify, s.shm_size).args(s.remote_args),
         )?;
         if s.poll {
             // With no notifier to connect through, the host must find the
             // table already written.
             remote.wait_for("shared memory", Duration::from_secs(20), || {
-                std::fs::metadata(&shm).is_ok_and(|m| m.len() >= SHM_SIZE)
+                std::fs::metadata(&shm).is_ok_and(|m| m.len() >= s.shm_size)
             })?;
         }
         let mut host = Logged::spawn(

@@ -121,6 +121,7 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<PollMeasured>
             prefix: "iopath-bench-rpmsg-",
             poll: true,
             remote_args: &["--echo", "echo"],
+            shm_size: crate::rpmsg::children::SHM_SIZE,
             remote_cpu: Some(ca),
             host_cpu: Some(cb),
         },

@@ -27,6 +27,7 @@ use std::time::Duration;
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::{Latency, Progress as ProgressBar, Result, Summary};
 
+pub mod bulk;
 mod children;
 mod config;
 mod cycles;
@@ -78,6 +79,7 @@ fn measure(
             prefix: "iopath-bench-rpmsg-",
             poll: false,
             remote_args: &["--echo", "echo"],
+            shm_size: crate::rpmsg::children::SHM_SIZE,
             remote_cpu: server_cpu,
             host_cpu: server_cpu,
         },
@@ -122,6 +124,8 @@ pub struct RpmsgReport {
     scale: Option<(Vec<crate::report::Table>, serde_json::Value)>,
     /// The scale experiments' chart panels, when added.
     scale_panels: Vec<crate::plot::Panel>,
+    /// The bulk rows, when added ([`RpmsgReport::add_bulk`]).
+    bulk: Option<bulk::BulkReport>,
     /// The 1-minute load average before and after the run.
     loadavg: (Option<f64>, Option<f64>),
 }
@@ -184,6 +188,7 @@ pub fn run(a: &RpmsgConfig) -> Result<RpmsgReport> {
         peer_wheres,
         scale: None,
         scale_panels: Vec::new(),
+        bulk: None,
         loadavg: (load_before, crate::loadavg()),
     })
 }

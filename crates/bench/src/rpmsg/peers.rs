@@ -187,6 +187,7 @@ fn start_remote(
                 &cfg.iopath,
                 Path::new(OPENAMP_SHM),
                 &format!("unix:{OPENAMP_EVENT}"),
+                children::SHM_SIZE,
             )
             .args(["--echo", SERVICE, "--once"]),
         )?,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
+use iopath_bench::rpmsg::bulk::BulkConfig;
 use iopath_bench::rpmsg::scale::ScaleConfig;
 use iopath_bench::rpmsg::RpmsgConfig;
 use iopath_bench::Report;
@@ -65,6 +66,17 @@ pub struct RpmsgArgs {
     /// `scale`).
     #[arg(long)]
     pub scale: bool,
+    /// MiB each bulk row streams per run (0: no bulk rows): one-way
+    /// streams over 64 KiB buffers through an endpoint fd and the
+    /// in-process Bus API (zero-copy receive), beside a raw SOCK_SEQPACKET
+    /// stream and a one-thread memcpy of the same bytes, client and
+    /// servers on different CPUs (JSON `bulk`).
+    #[arg(long, default_value_t = 32, value_name = "MIB")]
+    pub bulk_mib: u64,
+    /// Message sizes of the bulk rows, comma-separated (at most 65520,
+    /// a 64 KiB buffer's payload).
+    #[arg(long, value_delimiter = ',', default_value = "496,2048,4096,65520")]
+    pub bulk_sizes: Vec<usize>,
     /// Where the processes run, comma-separated; the first one fills the
     /// main table and JSON `rows`: one (all on one CPU), split (client on
     /// one CPU, servers on another), free (no pinning).
@@ -121,6 +133,15 @@ impl RpmsgArgs {
         if self.scale {
             let sc = iopath_bench::rpmsg::scale::run(&ScaleConfig::new(cfg.iopath.clone()))?;
             rep.add_scale(&sc);
+        }
+        if self.bulk_mib > 0 {
+            let bc = BulkConfig {
+                sizes: self.bulk_sizes.clone(),
+                bytes: self.bulk_mib << 20,
+                runs: self.runs,
+                ..BulkConfig::new(cfg.iopath.clone())
+            };
+            rep.add_bulk(iopath_bench::rpmsg::bulk::run(&bc)?);
         }
         Ok(rep.report())
     }

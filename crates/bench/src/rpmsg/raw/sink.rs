@@ -20,7 +20,9 @@ use iopath_rpmsg::SINK_SYNC;
 /// [`crate::Error::Io`] (the socket) when a socket call fails.
 pub(crate) fn serve(sock: &Path) -> Result<()> {
     let (c, io) = accept_one(sock)?;
-    let mut buf = [0u8; 512];
+    // Room for the largest rpmsg payload: every message is copied out
+    // whole, as the endpoint service copies what it reads.
+    let mut buf = vec![0u8; 64 * 1024];
     let mut count = 0u64;
     loop {
         let (n, _) = rustix::net::recv(&c, &mut buf, RecvFlags::empty()).map_err(io)?;

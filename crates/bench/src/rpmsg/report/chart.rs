@@ -65,6 +65,7 @@ impl RpmsgReport {
             ));
         }
         panels.extend(self.scale_panels.iter().cloned());
+        panels.extend(self.bulk.as_ref().map(|b| b.panel()));
         panels.extend(self.peers_panels());
         Chart {
             title: "bench rpmsg: endpoints the legacy way vs as fds".into(),

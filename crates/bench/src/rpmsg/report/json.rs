@@ -91,6 +91,7 @@ impl RpmsgReport {
             "peers": self.peers_json(),
             "targets": targets,
             "scale": self.scale.as_ref().map(|(_, j)| j),
+            "bulk": self.bulk.as_ref().map(|b| b.json()),
             "loadavg": [self.loadavg.0, self.loadavg.1],
         })
     }

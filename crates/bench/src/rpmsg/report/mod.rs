@@ -23,6 +23,12 @@ impl RpmsgReport {
         self.scale_panels = sc.panels();
     }
 
+    /// Adds the bulk rows: their table (after the scale tables), their
+    /// figures (JSON `bulk`), their chart panel and their targets.
+    pub fn add_bulk(&mut self, b: super::bulk::BulkReport) {
+        self.bulk = Some(b);
+    }
+
     /// The report: per placement the create+destroy and echo tables, the
     /// polling echo (with `poll`), the scale tables (when added), the peer
     /// tables (or a note that they are missing) and the targets.
@@ -47,6 +53,9 @@ impl RpmsgReport {
             for t in tables {
                 r.table(t.clone());
             }
+        }
+        if let Some(b) = &self.bulk {
+            r.table(b.table());
         }
         match &self.peers {
             None => r.note(format!("note: {}", peers::MISSING)),

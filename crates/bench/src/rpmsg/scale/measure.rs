@@ -117,7 +117,7 @@ fn stream(
 
 /// `msgs` payloads of `size` bytes through the endpoint `sink` to the
 /// remote's sink, then its count ([`stream`]).
-pub(super) fn stream_ept(sink: &EptFd, msgs: u64, size: usize) -> Result<(Duration, u64)> {
+pub(crate) fn stream_ept(sink: &EptFd, msgs: u64, size: usize) -> Result<(Duration, u64)> {
     stream(
         msgs,
         size,
@@ -131,7 +131,7 @@ pub(super) fn stream_ept(sink: &EptFd, msgs: u64, size: usize) -> Result<(Durati
 }
 
 /// The same through the bare socket to the raw sink `raw`.
-pub(super) fn stream_raw(raw: &RawSink, msgs: u64, size: usize) -> Result<(Duration, u64)> {
+pub(crate) fn stream_raw(raw: &RawSink, msgs: u64, size: usize) -> Result<(Duration, u64)> {
     stream(
         msgs,
         size,

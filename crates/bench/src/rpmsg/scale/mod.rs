@@ -11,7 +11,8 @@
 //!  stream   one endpoint sending as fast as it can to the sink (the ring
 //!           kept full), then "SYNC", answered with the sink's count:
 //!           messages/s and MB/s, beside the same stream over a bare
-//!           SOCK_SEQPACKET socket to another process (a raw sink)
+//!           SOCK_SEQPACKET socket to another process (a raw sink); up to
+//!           65520-byte messages, the remote offering 64 KiB buffers
 //!  create   10,000 endpoint fds created on one control connection and
 //!           held, then closed: time per endpoint per thousand (a curve),
 //!           the host's resident memory per endpoint
@@ -28,7 +29,7 @@ use crate::rpmsg::children::{bound, Servers, Setup};
 use crate::rpmsg::raw::sink::RawSink;
 use crate::Result;
 
-mod measure;
+pub(crate) mod measure;
 mod report;
 
 pub use report::ScaleReport;
@@ -42,7 +43,7 @@ pub struct ScaleConfig {
     pub echo_time: Duration,
     /// Runs of each echo and stream row (median and spread reported).
     pub runs: usize,
-    /// Messages per stream run.
+    /// Messages per stream run, at most ([`STREAM_BYTES`] at most).
     pub stream_msgs: u64,
     /// Payload sizes of the stream rows.
     pub stream_sizes: Vec<usize>,
@@ -59,15 +60,15 @@ pub struct ScaleConfig {
 
 impl ScaleConfig {
     /// 1, 16 and 256 endpoints for 1 s each, 3 runs, streams of 100,000
-    /// messages of 16 and 496 bytes, 10,000 endpoints, every process on
-    /// one CPU.
+    /// messages of 16 and 496 bytes and of 32 MiB in 4096- and 65520-byte
+    /// messages, 10,000 endpoints, every process on one CPU.
     pub fn new(iopath: PathBuf) -> ScaleConfig {
         ScaleConfig {
             endpoints: vec![1, 16, 256],
             echo_time: Duration::from_secs(1),
             runs: 3,
             stream_msgs: 100_000,
-            stream_sizes: vec![16, 496],
+            stream_sizes: vec![16, 496, 4096, 65520],
             create: 10_000,
             placement: Placement::One,
             iopath,
@@ -88,10 +89,15 @@ struct EchoRow {
     fewest_share: Vec<f64>,
 }
 
+/// Bytes a stream row sends per run at most.
+pub const STREAM_BYTES: u64 = 32 << 20;
+
 /// One stream row: messages/s per run, through the endpoint and raw.
 #[derive(Debug)]
 struct StreamRow {
     size: usize,
+    /// Messages per run.
+    msgs: u64,
     ept: Vec<f64>,
     raw: Vec<f64>,
 }
@@ -128,7 +134,20 @@ pub fn run(cfg: &ScaleConfig) -> Result<ScaleReport> {
             parent: &std::env::temp_dir(),
             prefix: "iopath-bench-scale-",
             poll: false,
-            remote_args: &["--event-idx", "--echo", "echo", "--sink", "sink"],
+            remote_args: &[
+                "--event-idx",
+                "--echo",
+                "echo",
+                "--sink",
+                "sink",
+                "--buf-size",
+                "64K",
+            ],
+            shm_size: iopath_rpmsg::rsc_table::ShmLayout::size_for(
+                256,
+                iopath_rpmsg::BufSizes::both(64 * 1024),
+            )
+            .expect("rings of 256 have a layout"),
             remote_cpu: server_cpu,
             host_cpu: server_cpu,
         },
@@ -155,6 +174,10 @@ pub fn run(cfg: &ScaleConfig) -> Result<ScaleReport> {
             .iter()
             .map(|&size| StreamRow {
                 size,
+                msgs: cfg
+                    .stream_msgs
+                    .min(STREAM_BYTES / size.max(1) as u64)
+                    .max(1),
                 ept: Vec::new(),
                 raw: Vec::new(),
             })
@@ -179,17 +202,17 @@ pub fn run(cfg: &ScaleConfig) -> Result<ScaleReport> {
                         ("remote", &mut expect, &mut row.ept)
                     };
                     let (took, count) = if raw_way {
-                        measure::stream_raw(&raw, cfg.stream_msgs, row.size)?
+                        measure::stream_raw(&raw, row.msgs, row.size)?
                     } else {
-                        measure::stream_ept(&sink, cfg.stream_msgs, row.size)?
+                        measure::stream_ept(&sink, row.msgs, row.size)?
                     };
-                    *seen += cfg.stream_msgs + 1;
+                    *seen += row.msgs + 1;
                     check!(
                         count == *seen,
                         "the {name} sink counted {count} messages, not {}: messages were lost",
                         *seen
                     );
-                    rates.push(cfg.stream_msgs as f64 / took.as_secs_f64());
+                    rates.push(row.msgs as f64 / took.as_secs_f64());
                 }
             }
         }

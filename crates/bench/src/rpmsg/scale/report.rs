@@ -73,8 +73,9 @@ impl ScaleReport {
         }
         let mut stream = Table::new(
             format!(
-                "one-way stream: {} messages, then SYNC; medians (min-max)",
-                self.stream_msgs
+                "one-way stream: {} messages ({} MiB at most), then SYNC; 64 KiB buffers; medians (min-max)",
+                self.stream_msgs,
+                super::STREAM_BYTES >> 20
             ),
             vec![
                 Column::left("payload"),
@@ -256,7 +257,7 @@ impl ScaleReport {
             })).collect::<Vec<_>>(),
             "stream": self.stream.iter().map(|r| json!({
                 "size": r.size,
-                "messages": self.stream_msgs,
+                "messages": r.msgs,
                 "endpoint_msgs_per_s": r.ept,
                 "raw_msgs_per_s": r.raw,
             })).collect::<Vec<_>>(),
@@ -294,6 +295,7 @@ mod tests {
                 .collect(),
             stream: vec![StreamRow {
                 size: 16,
+                msgs: 100,
                 ept: vec![1.0, 2.0, 3.0],
                 raw: vec![4.0, 5.0, 6.0],
             }],

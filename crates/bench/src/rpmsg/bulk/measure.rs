@@ -1,0 +1,227 @@
+//! The bulk rows' in-process measurements: a host and a remote `Bus` in
+//! this process streaming through zero-copy buffers, and the memcpy limit.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use iopath_rpmsg::bufsz::{BufSizes, Convention};
+use iopath_rpmsg::rsc_table::ShmLayout;
+use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
+use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, ZeroCopyEndpoint};
+
+use super::{BUF, RING};
+use crate::error::{check, check_failed};
+use crate::place::{on_cpu, Cpus};
+use crate::{Error, Result};
+
+const T: Duration = Duration::from_secs(30);
+
+/// The shared memory for rings of [`RING`] entries and 64 KiB buffers.
+pub(super) fn shm_size() -> u64 {
+    ShmLayout::size_for(RING, BufSizes::both(BUF)).expect("a ring of 64 entries has a layout")
+}
+
+/// Checks a sink's count against what was sent.
+pub(super) fn counted(name: &str, count: u64, sent: u64) -> Result<()> {
+    check!(
+        count == sent,
+        "the {name} sink counted {count} messages, not {sent}: messages were lost"
+    );
+    Ok(())
+}
+
+/// Copies `msgs` pieces of `size` bytes, one after the other, into an
+/// area as large as a ring's buffers (wrapping round), on this thread;
+/// returns the time taken.
+pub(super) fn memcpy(msgs: u64, size: usize) -> Duration {
+    let src = vec![0x5Au8; size];
+    let slots = (RING as usize * BUF as usize / size).max(1);
+    let mut dst = vec![0u8; slots * size];
+    let t0 = Instant::now();
+    for i in 0..msgs as usize {
+        let at = (i % slots) * size;
+        dst[at..at + size].copy_from_slice(std::hint::black_box(&src));
+    }
+    std::hint::black_box(&dst);
+    t0.elapsed()
+}
+
+/// A host bus and a remote bus in this process over 64 KiB buffers: the
+/// host's endpoint sends, the remote's zero-copy endpoint receives on a
+/// thread of its own.
+pub(super) struct BusPair {
+    host: Bus,
+    remote: Bus,
+    tx: Endpoint,
+    /// Orders to the receiver: how many messages of what size to take.
+    orders: mpsc::Sender<(u64, usize)>,
+    /// What the receiver took: the count, or why it stopped.
+    done: mpsc::Receiver<std::result::Result<u64, String>>,
+    receiver: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl BusPair {
+    /// Starts the remote (its service thread and the receiver on
+    /// `server_cpu`) and the host (its service thread on `client_cpu`).
+    pub(super) fn start(
+        cpus: &Cpus,
+        client_cpu: Option<usize>,
+        server_cpu: Option<usize>,
+    ) -> Result<BusPair> {
+        let dir = tempfile::tempdir().map_err(Error::sys("a temporary directory"))?;
+        let path = dir.path().join("shm");
+        let sizes = BufSizes::both(BUF);
+        let layout = ShmLayout::for_size(shm_size(), RING)
+            .map_err(|e| Error::Check(format!("bulk layout: {e}")))?;
+        let mut layout = layout
+            .with_buf_sizes(Convention::Linux, sizes)
+            .map_err(|e| Error::Check(format!("bulk layout: {e}")))?;
+        layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
+        let shm = SharedMem::create(&path, &layout)
+            .map_err(|e| Error::Check(format!("bulk shared memory: {e}")))?;
+        let spec = NotifySpec::Eventfd(dir.path().join("ev"));
+        let listener = spec
+            .bind()
+            .map_err(|e| Error::Check(format!("bulk notifier: {e}")))?;
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (orders, orders_rx) = mpsc::channel::<(u64, usize)>();
+        let (done_tx, done) = mpsc::channel();
+        let cpus2 = cpus.clone();
+        let receiver = std::thread::Builder::new()
+            .name("bulk-receiver".into())
+            .spawn(move || {
+                let started = on_cpu(server_cpu, &cpus2, || {
+                    let n = listener
+                        .accept()
+                        .map_err(|e| Error::Check(format!("bulk notifier: {e}")))?;
+                    let bus = Bus::remote(shm, n, Some(T))
+                        .map_err(|e| Error::Check(format!("bulk remote: {e}")))?;
+                    let rx = bus
+                        .create_zero_copy(EndpointOptions::new("bulk"))
+                        .map_err(|e| Error::Check(format!("bulk endpoint: {e}")))?;
+                    Ok((bus, rx))
+                });
+                let (bus, rx) = match started {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((bus, rx.addr())));
+                let _ = on_cpu(server_cpu, &cpus2, || {
+                    for (msgs, size) in orders_rx {
+                        let _ = done_tx.send(take(&rx, msgs, size));
+                    }
+                    Ok(())
+                });
+            })
+            .map_err(Error::sys("spawning the bulk receiver"))?;
+        let host = on_cpu(client_cpu, cpus, || {
+            let n = spec
+                .connect(T)
+                .map_err(|e| Error::Check(format!("bulk notifier: {e}")))?;
+            let shm = SharedMem::open(&path)
+                .map_err(|e| Error::Check(format!("bulk shared memory: {e}")))?;
+            Bus::host(shm, n, iopath_rpmsg::HOST_FEATURES)
+                .map_err(|e| Error::Check(format!("bulk host: {e}")))
+        })?;
+        let (remote, addr) = ready_rx
+            .recv_timeout(T)
+            .map_err(|_| Error::Check("the bulk remote did not start within 30 s".into()))?
+            .map_err(Error::Check)?;
+        check!(
+            host.max_payload() == BUF as usize - 16,
+            "the bulk host negotiated {} bytes of payload, not {}",
+            host.max_payload(),
+            BUF - 16
+        );
+        let tx = host
+            .create(EndpointOptions::new("bulk").dst(addr).announce(false))
+            .map_err(|e| Error::Check(format!("bulk endpoint: {e}")))?;
+        Ok(BusPair {
+            host,
+            remote,
+            tx,
+            orders,
+            done,
+            receiver: Some(receiver),
+            _dir: dir,
+        })
+    }
+
+    /// Streams `msgs` messages of `size` bytes, each built in place in a
+    /// free buffer, until the receiver has read them all; the time taken.
+    pub(super) fn stream(&self, msgs: u64, size: usize) -> Result<Duration> {
+        let mut payload = vec![0xA5u8; size];
+        self.orders
+            .send((msgs, size))
+            .map_err(|_| Error::Check("the bulk receiver is gone".into()))?;
+        let h = self.tx.handle();
+        let t0 = Instant::now();
+        for seq in 0..msgs {
+            stamp(&mut payload, seq);
+            let mut b = h
+                .alloc(Some(T))
+                .map_err(|e| Error::Check(format!("bulk: no buffer for message {seq}: {e}")))?;
+            b.write(0, &payload)
+                .and_then(|()| b.send(size))
+                .map_err(|e| Error::Check(format!("bulk: sending message {seq}: {e}")))?;
+        }
+        let got = self
+            .done
+            .recv_timeout(T)
+            .map_err(|_| Error::Check("the bulk receiver did not finish within 30 s".into()))?
+            .map_err(Error::Check)?;
+        let took = t0.elapsed();
+        check!(
+            got == msgs,
+            "the bulk receiver took {got} messages, not {msgs}"
+        );
+        Ok(took)
+    }
+
+    /// Stops both buses.
+    pub(super) fn stop(mut self) {
+        drop(self.orders);
+        self.host.shutdown();
+        self.remote.shutdown();
+        if let Some(h) = self.receiver.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Puts `seq` at both ends of a message (8 bytes each, fewer if shorter).
+fn stamp(m: &mut [u8], seq: u64) {
+    let b = seq.to_le_bytes();
+    let n = m.len().min(8);
+    m[..n].copy_from_slice(&b[..n]);
+    let end = m.len();
+    m[end - n..].copy_from_slice(&b[..n]);
+}
+
+/// Takes `msgs` messages of `size` bytes on `rx`, each read out of its
+/// shared buffer once and its stamps checked; the count.
+fn take(rx: &ZeroCopyEndpoint, msgs: u64, size: usize) -> std::result::Result<u64, String> {
+    let mut out = vec![0u8; size];
+    let mut want = vec![0u8; size.min(8)];
+    for seq in 0..msgs {
+        let m = rx
+            .recv(Some(T))
+            .map_err(|e| format!("message {seq}: {e}"))?;
+        if m.len() != size {
+            return Err(format!("message {seq}: {} bytes, not {size}", m.len()));
+        }
+        m.read(0, &mut out)
+            .map_err(|e| format!("message {seq}: {e}"))?;
+        drop(m);
+        let n = want.len();
+        want.copy_from_slice(&seq.to_le_bytes()[..n]);
+        if out[..n] != want[..] || out[size - n..] != want[..] {
+            return Err(format!("message {seq} came out of order or garbled"));
+        }
+    }
+    Ok(msgs)
+}
