@@ -10,7 +10,6 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 use common::{s, wait_path, Proc, BIN};
 
@@ -23,23 +22,6 @@ fn spawn_umask_000(dir: &Path, name: &str, args: &[&str]) -> Proc {
     let mut argv = vec!["-c", "umask 000; exec \"$0\" \"$@\"", BIN];
     argv.extend_from_slice(args);
     Proc::spawn_program(dir, name, Path::new("/bin/sh"), &argv)
-}
-
-/// Waits (at most 10 s) for `p`'s stderr to hold `line`; returns it all.
-fn wait_for_line(p: &Proc, line: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let err = p.stderr();
-        if err.contains(line) {
-            return err;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{} never said {line:?}:\n{err}",
-            p.name
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -152,7 +134,7 @@ fn blk_serve_refuses_another_user_unless_widened() {
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
     let o = as_nobody(&dd);
     assert!(!o.status.success(), "another user wrote through the socket");
-    let log = wait_for_line(&serve, "Refused a front end of another user");
+    let log = serve.wait_for_line("Refused a front end of another user");
     assert!(log.contains("uid 65534"), "{log}");
     assert!(log.contains("(pid "), "{log}");
     assert!(
@@ -212,7 +194,7 @@ fn rpmsg_remote_refuses_a_host_of_another_user() {
         "2",
     ]);
     assert!(!o.status.success());
-    let log = wait_for_line(&remote, "Refused a peer of another user");
+    let log = remote.wait_for_line("Refused a peer of another user");
     assert!(log.contains("uid 65534"), "{log}");
     assert!(log.contains("--notify-mode"), "{log}");
     let o = Command::new(BIN)

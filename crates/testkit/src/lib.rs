@@ -30,6 +30,8 @@
 
 mod peer;
 mod skip;
+mod wait;
 
 pub use peer::{find_program, have_peer, have_peers, peers_required};
 pub use skip::{skip, Feature, SKIP_LOG};
+pub use wait::wait_for_line;

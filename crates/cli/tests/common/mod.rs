@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
+use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
+use iopath_rpmsg::wire::ADDR_ANY;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 
 /// A child process (stdout and stderr in `DIR/NAME.out`, `DIR/NAME.err`),
@@ -42,6 +46,11 @@ impl Proc {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Waits (at most 10 s) for its stderr to hold `line`; returns it all.
+    pub fn wait_for_line(&self, line: &str) -> String {
+        iopath_testkit::wait_for_line(&self.name, || self.stderr(), line, Duration::from_secs(10))
     }
 
     pub fn stdout(&self) -> String {
@@ -159,4 +168,42 @@ pub fn pair(notify: &str, remote_extra: &[&str], host_extra: &[&str]) -> Pair {
         host,
         ctrl,
     }
+}
+
+/// An endpoint bound to the remote's "echo" (retrying until announced).
+pub fn echo_ept(ctrl: &Path) -> EptFd {
+    let start = Instant::now();
+    loop {
+        if let Ok(c) = CtrlClient::connect(ctrl) {
+            if let Ok(ep) = c.create_ept_fd(&EptInfo::new("echo"), O_RDWR | O_CLOEXEC) {
+                if ep.info().dst != ADDR_ANY {
+                    return ep;
+                }
+            }
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            // The processes' logs sit beside the control socket.
+            let dir = ctrl.parent().unwrap();
+            let log = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap_or_default();
+            panic!(
+                "echo never announced through {}\nhost:\n{}\nremote:\n{}",
+                ctrl.display(),
+                log("host.err"),
+                log("remote.err")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends a pattern through `ep`; the echo must come back byte for byte.
+pub fn round_trip(ep: &EptFd, seed: u8) {
+    let msg: Vec<u8> = (0..300u32)
+        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+        .collect();
+    ep.send(&msg).unwrap();
+    let mut back = [0u8; 600];
+    let n = ep.recv_timeout(&mut back, Duration::from_secs(10)).unwrap();
+    assert_eq!(n, Some(msg.len()));
+    assert_eq!(&back[..msg.len()], &msg[..]);
 }
