@@ -76,6 +76,7 @@ pub mod rsc_table;
 mod service;
 pub mod session;
 mod shm;
+mod shm_owner;
 pub mod vhost_user;
 pub mod vring;
 pub mod wire;
@@ -93,3 +94,4 @@ pub use remote_services::{AnnounceError, RemoteServices, ServiceSession, Session
 pub use rsc_table::{ResourceTable, ShmLayout};
 pub use service::{CtrlOptions, CtrlServer};
 pub use shm::{shm_path, SharedMem, ShmError, ShmOptions};
+pub use shm_owner::{ShmHolder, ShmOwner, ShmRole};

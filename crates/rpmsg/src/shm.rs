@@ -15,6 +15,7 @@ use std::fs::OpenOptions;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iopath_heap::{Buffer, HeapKind};
@@ -22,6 +23,7 @@ use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
 use crate::rsc_table::{ResourceTable, RscError, ShmLayout};
+use crate::shm_owner::{ShmHolder, ShmOwner, ShmRole};
 
 /// Largest resource table read from the shared memory.
 pub const MAX_TABLE_BYTES: usize = 0x4000;
@@ -78,11 +80,16 @@ pub enum ShmError {
         /// Its owner.
         uid: u32,
     },
-    /// Another remote holds the file.
-    #[error("Shared memory {} is in use by another remote", path.display())]
+    /// Another process holds the file (see [`crate::shm_owner`]).
+    #[error("Shared memory {} is in use by another {holder}{}", path.display(),
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
     InUse {
         /// The file.
         path: PathBuf,
+        /// Who holds it.
+        holder: ShmHolder,
+        /// Its pid, where the kernel tells it.
+        pid: Option<u32>,
     },
 }
 
@@ -126,6 +133,8 @@ pub struct SharedMem {
     // Field order matters: `mem` borrows `buf`'s mapping and drops first.
     mem: GuestMemoryMmap,
     buf: Buffer,
+    /// The remote's role on a file made by [`SharedMem::create_with`].
+    owner: Option<Arc<ShmOwner>>,
 }
 
 impl SharedMem {
@@ -138,14 +147,14 @@ impl SharedMem {
         Self::create_with(path, layout, &ShmOptions::default())
     }
 
-    /// As [`SharedMem::create`], with `opts.mode`. The file stays locked
-    /// (an open file description lock, `F_OFD_SETLK`) while this memory
-    /// (any clone) lives, so a second remote cannot truncate it under a
-    /// running one.
+    /// As [`SharedMem::create`], with `opts.mode`. The remote's role on the
+    /// file is held while this memory (any clone) lives, so a second remote
+    /// cannot truncate it under a running one, and it is truncated only
+    /// while no session (a host) has it mapped: see [`crate::shm_owner`].
     ///
     /// # Errors
-    /// [`ShmError::InUse`] if another remote holds it, [`ShmError::File`]
-    /// or [`ShmError::Map`].
+    /// [`ShmError::InUse`] if another remote holds it or a host has it
+    /// mapped, [`ShmError::File`] or [`ShmError::Map`].
     pub fn create_with(
         path: &Path,
         layout: &ShmLayout,
@@ -167,24 +176,20 @@ impl SharedMem {
             .mode(opts.mode & 0o777)
             .open(path)
             .map_err(file("create"))?;
-        // Locked before anything is changed: a running remote's file stays
-        // as it is.
-        match lock_exclusive(&f) {
-            Ok(()) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
-                return Err(ShmError::InUse {
-                    path: path.to_owned(),
-                })
-            }
-            Err(e) => return Err(file("fcntl(F_OFD_SETLK)")(e)),
-        }
+        // Owned before anything is changed: a running remote's or a mapped
+        // session's file stays as it is.
+        let owner =
+            ShmOwner::claim_file(f.try_clone().map_err(file("dup"))?, path, ShmRole::Remote)?;
+        owner.hold_for_create()?;
         // An existing file keeps its mode through open(2): set it.
         rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(opts.mode & 0o777))
             .map_err(|e| file("fchmod")(e.into()))?;
         f.set_len(0).map_err(file("ftruncate"))?;
         f.set_len(layout.shm_size).map_err(file("ftruncate"))?;
-        let shm = Self::from_fd(OwnedFd::from(f), layout.shm_size as usize)?;
+        let mut shm = Self::from_fd(OwnedFd::from(f), layout.shm_size as usize)?;
         shm.write(0, &layout.table())?;
+        owner.attach()?;
+        shm.owner = Some(Arc::new(owner));
         Ok(shm)
     }
 
@@ -289,7 +294,11 @@ impl SharedMem {
             .ok_or_else(|| ShmError::View("region wraps the address space".into()))?;
         let mem = GuestMemoryMmap::from_regions(vec![region])
             .map_err(|e| ShmError::View(e.to_string()))?;
-        Ok(SharedMem { mem, buf })
+        Ok(SharedMem {
+            mem,
+            buf,
+            owner: None,
+        })
     }
 
     /// The guest-memory view (address = offset into the file).
@@ -425,33 +434,6 @@ pub fn shm_path(arg: &Path) -> PathBuf {
     } else {
         arg.to_owned()
     }
-}
-
-/// Takes a non-blocking exclusive lock on all of `f` that lives as long as
-/// its open file description: `fcntl(F_OFD_SETLK)` ([fcntl(2)]). Not
-/// `flock(2)`: OpenAMP's libmetal takes a blocking `flock(LOCK_EX)` on the
-/// shared file whenever it maps it, and would wait forever behind a remote
-/// holding one; on Linux OFD locks and `flock` locks do not see each other,
-/// while two OFD locks (two remotes, even in one process) conflict.
-///
-/// [fcntl(2)]: https://man7.org/linux/man-pages/man2/fcntl.2.html
-fn lock_exclusive(f: &std::fs::File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let lock = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0, // to the end, however long the file grows
-        l_pid: 0, // required by F_OFD_SETLK
-    };
-    // SAFETY: `f` is an open file for the duration of the call, and
-    // F_OFD_SETLK reads one `struct flock` through the pointer, which points
-    // at `lock`, a live and initialised one.
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
-    if r == -1 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use iopath_rpmsg::session::{serve_remotes, HostEvent, ServeRemotes, ServeRemotes
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
     shm_path, Bus, Convention, CtrlOptions, CtrlServer, HostOptions, NotifySpec, SharedMem,
-    ShmError, ShmOptions, HOST_FEATURES,
+    ShmError, ShmOptions, ShmOwner, ShmRole, HOST_FEATURES,
 };
 
 use iopath_rpmsg::openamp;
@@ -125,6 +125,9 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         CtrlServer::check_free(ctrl).with_context(|| format!("--ctrl {}", ctrl.display()))?;
     }
     let path = shm_path(&a.shm);
+    // A host already on this file: say so at once, before the remote's
+    // notify socket is touched (a busy remote would keep this one waiting).
+    ShmOwner::check(&path, ShmRole::Host).with_context(|| format!("--shm {}", path.display()))?;
     let timeout = Duration::from_secs(a.timeout);
     let notifier = a
         .notify
@@ -135,6 +138,11 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         ..ShmOptions::default()
     };
     let shm = open_shm(&path, &shm_opts, timeout)?;
+    // The host's role for this process's life, across remotes; the session
+    // lock while the link is up (see iopath_rpmsg::ShmOwner).
+    let owner = ShmOwner::claim(&path, ShmRole::Host)
+        .and_then(|o| o.attach().map(|()| o))
+        .with_context(|| format!("--shm {}", path.display()))?;
     let mut features = HOST_FEATURES;
     if a.no_event_idx {
         features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
@@ -203,6 +211,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         ctrl,
         ctrl_opts: &opts,
         once: a.once,
+        owner: Some(&owner),
     };
     let Err(e) = serve_remotes(&cfg, bus, server, stop, |ev| match ev {
         HostEvent::LinkDown { reason, stats } => {

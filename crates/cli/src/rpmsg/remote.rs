@@ -13,7 +13,9 @@ use iopath_rpmsg::session::{
     ServeHosts, ServeHostsError, Skipped,
 };
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
-use iopath_rpmsg::{shm_path, NotifySpec, RemoteServices, SharedMem, ShmOptions};
+use iopath_rpmsg::{
+    shm_path, NotifySpec, RemoteServices, SharedMem, ShmOptions, ShmOwner, ShmRole,
+};
 
 use iopath_rpmsg::bufsz::{
     BufSizes, MAX_BUF_SIZE, MIN_OFFER, NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ,
@@ -289,6 +291,9 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
         mode: a.shm_mode,
         allow_others_write: a.allow_writable_shm,
     };
+    // A file --create makes is removed again if the remote cannot start.
+    let mut made = None;
+    let mut _owner = None;
     let shm = match a.create {
         Some(size) => {
             // 0x80000 with rings of 256 is OpenAMP's demo layout.
@@ -308,6 +313,9 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
                             .context(format!("--buf-size on --create {size:#x}{fits}"))
                     })?;
             }
+            if !path.exists() {
+                made = Some(path.clone());
+            }
             SharedMem::create_with(&path, &layout, &opts)
                 .with_context(|| format!("creating {}", path.display()))?
         }
@@ -324,15 +332,27 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
             })?;
             shm.table(0)
                 .with_context(|| format!("resource table in {}", path.display()))?;
+            // The remote's role, as --create takes it: a second remote (with
+            // or without --create) is refused, whatever its notify socket.
+            let owner = ShmOwner::claim(&path, ShmRole::Remote)
+                .and_then(|o| o.attach().map(|()| o))
+                .with_context(|| format!("--shm {}", path.display()))?;
+            _owner = Some(owner);
             shm
         }
     };
     // Bound once the table is written: a host that connects finds it (a
     // second remote on the same file was refused by its lock above).
-    let listener = a
-        .notify
-        .bind_with_mode(a.notify_mode)
-        .with_context(|| format!("notify socket {}", a.notify))?;
+    let listener = match a.notify.bind_with_mode(a.notify_mode) {
+        Ok(l) => l,
+        Err(e) => {
+            if let Some(p) = made {
+                drop(shm);
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e).with_context(|| format!("notify socket {}", a.notify));
+        }
+    };
     if let Some(p) = listener.path() {
         stop.add_file(p);
     }

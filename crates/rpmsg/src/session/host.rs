@@ -11,7 +11,9 @@ use thiserror::Error;
 use super::{reconnect_remote, Cleanup};
 use crate::ctrl::CtrlError;
 use crate::notify::{NotifyError, NotifySpec};
-use crate::{Bus, BusError, CtrlOptions, CtrlServer, SharedMem, ShmError, ShmOptions, Stats};
+use crate::{
+    Bus, BusError, CtrlOptions, CtrlServer, SharedMem, ShmError, ShmOptions, ShmOwner, Stats,
+};
 
 /// What [`serve_remotes`] needs to start the host again for the next
 /// remote.
@@ -35,6 +37,9 @@ pub struct ServeRemotes<'a> {
     pub ctrl_opts: &'a CtrlOptions,
     /// Serve one remote only: the link going down is an error.
     pub once: bool,
+    /// The host's role on the shared memory: detached while no remote is
+    /// served, so a remote may create the file afresh, attached again after.
+    pub owner: Option<&'a ShmOwner>,
 }
 
 /// What happens while a host serves remotes, in order.
@@ -104,6 +109,11 @@ pub fn serve_remotes(
             // The stop request's thread stopped the bus; it ends the process.
             stop.run();
         }
+        // The session is over: a remote restarted with --create may make
+        // the file afresh (this host keeps its role).
+        if let Some(o) = cfg.owner {
+            o.detach();
+        }
         on_event(HostEvent::LinkDown {
             reason: &reason,
             stats: &bus.stats(),
@@ -125,6 +135,9 @@ pub fn serve_remotes(
         (bus, server) = stop.restart(|| {
             let shm = SharedMem::open_waiting(cfg.shm, cfg.shm_opts, cfg.timeout)
                 .map_err(ServeRemotesError::Shm)?;
+            if let Some(o) = cfg.owner {
+                o.attach().map_err(ServeRemotesError::Shm)?;
+            }
             let opts = crate::HostOptions {
                 features: cfg.features,
                 convention: cfg.convention,
@@ -134,6 +147,11 @@ pub fn serve_remotes(
                 .map_err(ServeRemotesError::Ctrl)?;
             Ok((bus, server))
         })?;
+        // The old mapping's fd closed with the old bus, and with it this
+        // process's classic locks: name it to a refused host again.
+        if let Some(o) = cfg.owner {
+            o.refresh();
+        }
         on_event(HostEvent::RemoteBack {
             ctrl: server.path(),
         });
