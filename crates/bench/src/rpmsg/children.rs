@@ -154,13 +154,17 @@ pub(super) fn remote(exe: &Path, shm: &Path, notify: &str, size: u64) -> Command
 
 /// `iopath rpmsg host` of the executable `exe` on the shared memory `shm`,
 /// notifying through `notify`, serving endpoints on the control socket
-/// `ctrl`.
+/// `ctrl`. The bench is the service's only client and `--scale` holds tens
+/// of thousands of endpoints on one connection: the per-client and per-user
+/// bounds are lifted (the service's fd reserve still holds).
 pub(super) fn host(exe: &Path, shm: &Path, notify: &str, ctrl: &Path) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(["rpmsg", "host", "--shm"])
         .arg(shm)
         .args(["--notify", notify, "--ctrl"])
-        .arg(ctrl);
+        .arg(ctrl)
+        .args(["--max-endpoints-per-client", "4294967295"])
+        .args(["--max-endpoints-per-uid", "4294967295"]);
     cmd
 }
 

@@ -41,6 +41,18 @@ pub struct HostArgs {
     /// 660 to let the group in).
     #[arg(long, default_value = "600", value_parser = super::common::parse_mode)]
     ctrl_mode: u32,
+    /// Endpoints one control connection may hold; one more is refused with
+    /// EMFILE and nobody else notices. Default 1024, the soft open-file
+    /// limit a process starts with (as many as it could hold of the
+    /// kernel's /dev/rpmsgN), at most the per-user bound.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_endpoints_per_client: Option<u32>,
+    /// Endpoints one user may hold over all its connections; one more is
+    /// refused with ENOSPC. Default 4096, at most a quarter of the fds the
+    /// service may spend on endpoints (its open-file limit less a reserve,
+    /// so other clients' requests are always answered).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_endpoints_per_uid: Option<u32>,
     /// Directory for legacy nodes (rpmsgN); default: the control socket
     /// path with ".d" appended.
     #[arg(long)]
@@ -173,6 +185,8 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     let opts = CtrlOptions {
         mode: a.ctrl_mode,
         rundir: a.rundir.clone(),
+        max_endpoints_per_client: a.max_endpoints_per_client,
+        max_endpoints_per_uid: a.max_endpoints_per_uid,
     };
     // Registered before the socket appears: a signal that comes as soon as
     // a client could connect still finds it to remove.

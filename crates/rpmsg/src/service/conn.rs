@@ -125,12 +125,15 @@ impl EptService {
     /// endpoints' traffic and hang-ups, so a create-and-close cycle costs
     /// the service one wake-up, not one per thread involved.
     pub(crate) fn add_client(&self, conn: u64, fd: OwnedFd, peer: String) -> Result<(), CtrlError> {
+        // Unknown credentials share one bucket, bounded like any user.
+        let uid = rustix::net::sockopt::socket_peercred(&fd).map_or(u32::MAX, |c| c.uid.as_raw());
         let fd = Arc::new(fd);
         lock(&self.inner.conns).insert(
             conn,
             Conn {
                 fd: Arc::clone(&fd),
                 peer,
+                uid,
             },
         );
         self.inner.n.clients.fetch_add(1, Ordering::Relaxed);

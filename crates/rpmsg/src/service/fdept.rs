@@ -14,7 +14,7 @@ use rustix::net::{
 /// `O_ACCMODE`.
 const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
 
-use super::{lock, Ept, EptService, Kind, Sink, TAG_SOCK};
+use super::{lock, Client, Ept, EptService, Kind, Sink, TAG_SOCK};
 use crate::ctrl::proto::{
     create_ept_fd_reply, set_ept_fd_reply_addrs, set_reply_max_payload, EptInfo, O_NONBLOCK,
     O_RDONLY, O_WRONLY,
@@ -50,11 +50,17 @@ const IN_FLIGHT: usize = 8;
 const SKB_OVERHEAD: usize = 1024;
 
 /// Makes the endpoint and answers on `c`, the fd riding along.
-pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags: u32) {
+pub(super) fn handle_create(
+    svc: &EptService,
+    client: Client,
+    c: &OwnedFd,
+    info: EptInfo,
+    flags: u32,
+) {
     // The answer carries the request's name back: written now, as the
     // name then moves into the bus endpoint.
     let mut reply = create_ept_fd_reply(0, &info, flags);
-    match create(svc, info, flags) {
+    match create(svc, client, info, flags) {
         Ok((src, dst, client)) => {
             set_ept_fd_reply_addrs(&mut reply, src, dst);
             set_reply_max_payload(&mut reply, svc.bus().max_payload());
@@ -85,7 +91,7 @@ pub(super) fn handle_create(svc: &EptService, c: &OwnedFd, info: EptInfo, flags:
 }
 
 /// Socketpairs kept ready, so a request costs no socket creation.
-const SPARES: usize = 4;
+pub(super) const SPARES: usize = 4;
 
 /// A socketpair made ahead of a request, its service end already watched
 /// by the pump under entry `id`.
@@ -134,7 +140,13 @@ pub(super) fn refill(svc: &EptService) {
 }
 
 /// Makes the endpoint; returns its addresses and the client's end.
-fn create(svc: &EptService, info: EptInfo, flags: u32) -> Result<(u32, u32, OwnedFd), i32> {
+fn create(
+    svc: &EptService,
+    client: Client,
+    info: EptInfo,
+    flags: u32,
+) -> Result<(u32, u32, OwnedFd), i32> {
+    svc.admit(client, Kind::Fd.fds())?;
     let spare = match lock(&svc.inner.spares).pop() {
         Some(s) => s,
         None => make_spare(svc)?,
@@ -186,6 +198,7 @@ fn create(svc: &EptService, info: EptInfo, flags: u32) -> Result<(u32, u32, Owne
             bus_ept,
             sink,
             kind: Kind::Fd,
+            client,
         },
     );
     Ok((src, dst, spare.client))

@@ -16,14 +16,14 @@ use std::sync::Arc;
 use rustix::net::{SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tracing::debug;
 
-use super::{lock, Ept, EptService, Kind, Sink, TAG_LISTENER, TAG_SOCK};
+use super::{lock, Client, Ept, EptService, Kind, Sink, TAG_LISTENER, TAG_SOCK};
 use crate::ctrl::proto::{
     create_ept_reply, reply_head, set_reply_max_payload, EptInfo, OPEN_REPLY_LEN, OP_OPEN,
 };
 
 /// Makes the endpoint and its node, answers the node's path on `c`.
-pub(super) fn handle_create(svc: &EptService, conn: u64, c: &OwnedFd, info: EptInfo) {
-    let reply = match create(svc, conn, &info) {
+pub(super) fn handle_create(svc: &EptService, client: Client, c: &OwnedFd, info: EptInfo) {
+    let reply = match create(svc, client, &info) {
         Ok((out, path)) => create_ept_reply(0, &out, path.as_os_str().as_encoded_bytes()),
         Err(errno) => create_ept_reply(-errno, &info, b""),
     };
@@ -44,7 +44,9 @@ pub(super) fn is_node_name(name: &str) -> bool {
 /// Nodes of other servers skipped before giving up (EADDRINUSE).
 const MAX_FOREIGN_NODES: usize = 64;
 
-fn create(svc: &EptService, conn: u64, info: &EptInfo) -> Result<(EptInfo, PathBuf), i32> {
+fn create(svc: &EptService, client: Client, info: &EptInfo) -> Result<(EptInfo, PathBuf), i32> {
+    // Two fds: the node's listener and, while open, its connection.
+    svc.admit(client, 2)?;
     // The lowest free N, as Linux numbers rpmsg_char nodes; a node another
     // server listens on (a runtime directory shared by two hosts) is not
     // free, and is left alone.
@@ -103,8 +105,9 @@ fn create(svc: &EptService, conn: u64, info: &EptInfo) -> Result<(EptInfo, PathB
                 index,
                 path: path.clone(),
                 listener,
-                owner: conn,
+                owner: client.conn,
             },
+            client,
         },
     );
     Ok((out, path))

@@ -68,12 +68,14 @@ mod event_loop;
 mod fdept;
 mod forward;
 mod legacy;
+mod limits;
 mod server;
 
 pub use server::{CtrlOptions, CtrlServer};
 
 use batch::RecvBatch;
 use event_loop::Hook;
+use limits::{Client, Limits, Usage};
 
 use std::collections::BTreeSet;
 use std::os::fd::OwnedFd;
@@ -151,6 +153,19 @@ struct Ept {
     bus_ept: Endpoint,
     sink: Arc<Sink>,
     kind: Kind,
+    /// Who made it: counted against its connection and user.
+    client: Client,
+}
+
+impl Kind {
+    /// The service's fds an endpoint of this kind may hold: its socket, or
+    /// a node's listener and its open connection.
+    fn fds(&self) -> u64 {
+        match self {
+            Kind::Fd => 1,
+            Kind::Legacy { .. } => 2,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -158,6 +173,7 @@ struct Table {
     epts: HashMap<u64, Ept>,
     node_indices: BTreeSet<u32>,
     by_client: HashMap<u64, Vec<u64>>,
+    usage: Usage,
 }
 
 #[derive(Default)]
@@ -185,6 +201,8 @@ struct Stalled {
 struct Conn {
     fd: Arc<OwnedFd>,
     peer: String,
+    /// The peer's uid, whose endpoints are bounded together.
+    uid: u32,
 }
 
 struct Inner {
@@ -209,6 +227,7 @@ struct Inner {
     spares: Mutex<Vec<fdept::Spare>>,
     rundir: PathBuf,
     node_mode: u32,
+    limits: Limits,
     n: Counters,
     /// [`EptService::stop`] was called: the pump ends.
     stopped: std::sync::atomic::AtomicBool,
@@ -238,7 +257,9 @@ fn sys(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> CtrlError {
 impl EptService {
     /// Starts the pump thread; nodes go under `rundir` (created, mode 0700
     /// widened like `node_mode`), with mode `node_mode`.
-    pub(crate) fn start(bus: Bus, rundir: &Path, node_mode: u32) -> Result<Self, CtrlError> {
+    /// Each client holds at most `opts`' endpoints.
+    pub(crate) fn start(bus: Bus, rundir: &Path, opts: &CtrlOptions) -> Result<Self, CtrlError> {
+        let node_mode = opts.mode;
         std::fs::create_dir_all(rundir).map_err(|source| CtrlError::Io {
             op: "creating the runtime directory",
             source,
@@ -253,6 +274,18 @@ impl EptService {
         rustix::fs::chmod(rundir, rustix::fs::Mode::from_raw_mode(dir_mode))
             .map_err(sys("chmod"))?;
         raise_fd_limit();
+        let limits = Limits::new(
+            opts.max_endpoints_per_client,
+            opts.max_endpoints_per_uid,
+            2 * fdept::SPARES as u64,
+        );
+        tracing::info!(
+            target: "iopath_rpmsg",
+            "endpoint service: at most {} endpoints per client, {} per user, {} fds in all",
+            limits.per_client,
+            limits.per_uid,
+            limits.fd_budget
+        );
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(sys("epoll_create"))?;
         let wake =
             eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(sys("eventfd"))?;
@@ -277,6 +310,7 @@ impl EptService {
             spares: Mutex::new(Vec::new()),
             rundir: rundir.to_owned(),
             node_mode,
+            limits,
             n: Counters::default(),
             stopped: std::sync::atomic::AtomicBool::new(false),
         });
@@ -336,9 +370,13 @@ impl EptService {
 
     /// Serves one parsed request on control connection `conn` (socket `c`).
     pub(crate) fn handle(&self, conn: u64, c: &OwnedFd, req: Request) {
+        let uid = lock(&self.inner.conns)
+            .get(&conn)
+            .map_or(u32::MAX, |c| c.uid);
+        let client = Client { conn, uid };
         match req {
-            Request::CreateEpt(info) => legacy::handle_create(self, conn, c, info),
-            Request::CreateEptFd(info, flags) => fdept::handle_create(self, c, info, flags),
+            Request::CreateEpt(info) => legacy::handle_create(self, client, c, info),
+            Request::CreateEptFd(info, flags) => fdept::handle_create(self, client, c, info, flags),
             Request::Stats => conn::answer(c, &self.stats().encode()),
         }
     }
@@ -443,9 +481,24 @@ impl EptService {
         .map_err(|e| e.raw_os_error())
     }
 
+    /// Whether `client` may make one more endpoint of `kind`'s cost (see
+    /// [`limits`]); the errno it is refused with if not.
+    fn admit(&self, client: Client, fds: u64) -> Result<(), i32> {
+        let conns = u64::from(self.inner.n.clients.load(Ordering::Relaxed));
+        let r = lock(&self.inner.table)
+            .usage
+            .check(&self.inner.limits, client, fds, conns);
+        if let Err(errno) = r {
+            debug!(target: "iopath_rpmsg", "control client {} (uid {}): endpoint refused ({})",
+                client.conn, client.uid, std::io::Error::from_raw_os_error(errno));
+        }
+        r
+    }
+
     /// Adds a live endpoint (its socket already watched) to the table.
     fn insert(&self, id: u64, ept: Ept) {
         let mut t = lock(&self.inner.table);
+        t.usage.add(ept.client, ept.kind.fds());
         if let Kind::Legacy { owner, .. } = ept.kind {
             t.by_client.entry(owner).or_default().push(id);
         }
@@ -475,6 +528,7 @@ impl EptService {
                 return;
             };
             self.inner.n.destroyed.fetch_add(1, Ordering::Relaxed);
+            t.usage.remove(ept.client, ept.kind.fds());
             if let Kind::Legacy { index, owner, .. } = &ept.kind {
                 t.node_indices.remove(index);
                 if let Some(v) = t.by_client.get_mut(owner) {

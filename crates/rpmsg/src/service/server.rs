@@ -22,6 +22,23 @@ pub struct CtrlOptions {
     pub mode: u32,
     /// Where legacy nodes go; `None`: the socket path with `.d` appended.
     pub rundir: Option<PathBuf>,
+    /// Endpoints one control connection may hold (more: `EMFILE`); `None`:
+    /// [`CtrlOptions::DEFAULT_MAX_ENDPOINTS_PER_CLIENT`], at most the
+    /// per-user bound.
+    pub max_endpoints_per_client: Option<u32>,
+    /// Endpoints one user may hold over all its connections (more:
+    /// `ENOSPC`); `None`: [`CtrlOptions::DEFAULT_MAX_ENDPOINTS_PER_UID`], at
+    /// most a quarter of the fds the service may spend on endpoints.
+    pub max_endpoints_per_uid: Option<u32>,
+}
+
+impl CtrlOptions {
+    /// 1024, the soft open-file limit a Linux process starts with: a client
+    /// holds as many endpoints as it could hold `/dev/rpmsgN` fds of the
+    /// kernel without raising its own limit.
+    pub const DEFAULT_MAX_ENDPOINTS_PER_CLIENT: u32 = super::limits::DEFAULT_PER_CLIENT;
+    /// 4096, four clients' worth for one user.
+    pub const DEFAULT_MAX_ENDPOINTS_PER_UID: u32 = super::limits::DEFAULT_PER_UID;
 }
 
 impl Default for CtrlOptions {
@@ -29,6 +46,8 @@ impl Default for CtrlOptions {
         CtrlOptions {
             mode: 0o600,
             rundir: None,
+            max_endpoints_per_client: None,
+            max_endpoints_per_uid: None,
         }
     }
 }
@@ -77,7 +96,7 @@ impl CtrlServer {
             .rundir
             .clone()
             .unwrap_or_else(|| crate::ctrl::default_run_dir(path));
-        let svc = EptService::start(bus.clone(), &rundir, opts.mode)?;
+        let svc = EptService::start(bus.clone(), &rundir, opts)?;
         // Bound under a temporary name with its mode, listening, then
         // renamed into place: once `path` exists, a client's connect
         // succeeds.
