@@ -90,7 +90,7 @@ pub enum BlkError {
         kind: u32,
     },
     /// The device did not complete anything within the timeout.
-    #[error("No completion on queue {queue} within {timeout:?}: the {request} at sector {sector} (oldest of {in_flight} in flight) is unanswered")]
+    #[error("No completion on queue {queue} within {} s: the {request} at sector {sector} (oldest of {in_flight} in flight) is unanswered", timeout.as_secs_f64())]
     Timeout {
         /// The queue.
         queue: u16,

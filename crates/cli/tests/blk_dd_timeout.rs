@@ -126,3 +126,75 @@ fn second_front_end_says_it_waits_then_times_out_naming_the_request() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_back_end_stopped_mid_run_fails_dd_within_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let socket = dir.path().join("blk.sock");
+    let server = Killed(
+        iopath()
+            .args(["blk", "serve", "--image"])
+            .arg(&image)
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "iopath blk serve never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut dd = Killed(
+        dd(
+            &socket,
+            &[
+                "--bs",
+                "1M",
+                "--count",
+                "64",
+                "--runs",
+                "100000",
+                "--timeout",
+                "3",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    // Once data reaches the image the dd is mid-run: stop the back end.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image).unwrap()) == 0 {
+        assert!(Instant::now() < deadline, "the dd never wrote");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&server.0, "STOP");
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(st) = dd.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(20), "dd hangs");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = stopped.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(dd.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "dd succeeded: {err}");
+    // The default (30 s) bounded it before: now the 3 s given do.
+    assert!(
+        took < Duration::from_secs(8),
+        "gave up after {took:?}: {err}"
+    );
+    assert!(err.contains("within 3 s"), "{err}");
+}
