@@ -161,15 +161,6 @@ pub fn run(args: &DdArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    for (i, r) in report.runs.iter().enumerate() {
-        println!(
-            "run {}: {} bytes in {:.3} s, {:.3} GiB/s",
-            i + 1,
-            report.bytes,
-            r.seconds,
-            r.gib_per_s
-        );
-    }
     println!(
         "{} {} x {} B ({}), {} ops ({}), qd {}: median {:.3} GiB/s (min {:.3}, max {:.3}, spread {:.1}%)",
         match report.op {
@@ -218,7 +209,7 @@ fn dd(args: &DdArgs) -> Result<DdReport> {
             .expect("valid template")
             .progress_chars("=> "),
     );
-    let bar = Bar(bar);
+    let bar = Bar(bar, !args.json);
     let report = dd::run(&cfg, &bar);
     bar.0.finish_and_clear();
     report.map_err(crate::blk_error::explain)
@@ -250,7 +241,8 @@ fn not_a_socket(path: &std::path::Path) -> Result<()> {
 }
 
 /// A progress bar on stderr, advanced by the workload.
-struct Bar(ProgressBar);
+/// The bar and whether runs are printed (not with --json).
+struct Bar(ProgressBar, bool);
 
 impl workload::Progress for Bar {
     fn run_started(&self, run: usize, runs: usize) {
@@ -259,5 +251,27 @@ impl workload::Progress for Bar {
 
     fn block_done(&self) {
         self.0.inc(1);
+    }
+
+    /// Each run is printed as it completes (above the bar), so a dd killed
+    /// later keeps what it measured; with --json nothing is (the bar is
+    /// hidden) and the report holds every run.
+    fn run_done(&self, run: usize, _runs: usize, bytes: u64, r: &workload::Run) {
+        if !self.1 {
+            return;
+        }
+        let line = format!(
+            "run {}: {} bytes in {:.3} s, {:.3} GiB/s",
+            run + 1,
+            bytes,
+            r.seconds,
+            r.gib_per_s
+        );
+        self.0.suspend(|| {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        });
     }
 }

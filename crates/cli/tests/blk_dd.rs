@@ -439,3 +439,32 @@ fn dd_small_blocks_work_and_errors_name_the_option() {
         }
     }
 }
+
+#[test]
+fn dd_prints_each_run_as_it_completes() {
+    use std::io::{BufRead, BufReader};
+    let peer = serve(16 << 20);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iopath"))
+        .args(["blk", "dd", "--socket"])
+        .arg(&peer.socket)
+        .args(["--bs", "1M", "--count", "4", "--runs", "100000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Two runs' lines arrive while the dd is still running (it would take
+    // far longer than this test for 100,000 runs): then it is killed, and
+    // what it printed is kept.
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for want in ["run 1: 4194304 bytes in ", "run 2: 4194304 bytes in "] {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "dd ended: {lines:?}");
+        assert!(line.starts_with(want), "{line:?}");
+        assert!(line.trim_end().ends_with(" GiB/s"), "{line:?}");
+        lines.push(line);
+    }
+    assert!(child.try_wait().unwrap().is_none(), "dd already ended");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -34,6 +34,12 @@ pub trait Progress: Sync {
     }
     /// A block of a timed run completed.
     fn block_done(&self) {}
+    /// Timed run `run` (from 0) of `runs` completed (its writes flushed),
+    /// moving `bytes`: lets a caller report it before the next starts, so
+    /// a dd killed later keeps the runs it finished.
+    fn run_done(&self, run: usize, runs: usize, bytes: u64, r: &Run) {
+        let _ = (run, runs, bytes, r);
+    }
 }
 
 impl Progress for () {}
@@ -86,10 +92,12 @@ pub fn drive<O: DmaOps + ?Sized>(
         pass(drv, w, blocks, w.op, progress, false)?;
         // Timed like `dd oflag=direct` and fio's O_DIRECT write: up to the
         // last completion. The flush after makes the writes durable.
-        runs.push(Run::new(w.bytes(), t0.elapsed()));
+        let timed = Run::new(w.bytes(), t0.elapsed());
         if w.op == Op::Write {
             drv.flush()?;
         }
+        progress.run_done(run, w.runs, w.bytes(), &timed);
+        runs.push(timed);
     }
     if w.verify {
         if let Some(offset) = pass(drv, w, blocks, Op::Read, &(), true)? {
