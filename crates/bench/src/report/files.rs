@@ -41,6 +41,33 @@ impl Files {
         }
     }
 
+    /// Refuses, before any experiment runs, a place that cannot be
+    /// written: the plot directory is made and a probe file created and
+    /// removed in it, and in the directory of each file; an existing file
+    /// must open for writing (left as it is).
+    ///
+    /// # Errors
+    /// [`Error::Write`] naming the option at fault.
+    pub fn check(&self) -> Result<()> {
+        if let Some(dir) = &self.plot {
+            std::fs::create_dir_all(dir).map_err(Error::write("--plot", dir))?;
+            probe(dir).map_err(Error::write("--plot", dir))?;
+        }
+        for (option, file) in [("--markdown", &self.markdown), ("--json", &self.json)] {
+            let Some(file) = file else { continue };
+            if file.exists() {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(file)
+                    .map_err(Error::write(option, file))?;
+            } else {
+                let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
+                probe(dir.unwrap_or(Path::new("."))).map_err(Error::write(option, file))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Adds an experiment's report and draws its chart now (with a plot
     /// directory), so that a later experiment's failure keeps it.
     ///
@@ -118,6 +145,14 @@ impl Files {
             json: self.json.clone(),
         })
     }
+}
+
+/// Creates and removes a file in `dir`: whether files can be made there.
+fn probe(dir: &Path) -> std::io::Result<()> {
+    let f = tempfile::Builder::new()
+        .prefix(".iopath-bench-probe")
+        .tempfile_in(dir)?;
+    f.close()
 }
 
 /// `path` relative to `base` when it lies under it (else as given).

@@ -126,11 +126,13 @@ fn say(w: &Written) {
     }
 }
 
-/// Prints one experiment's report (its JSON with `json`, else its tables
-/// and where its files went) and writes its files.
-fn one(report: Result<Report>, json: bool, out: &Outputs) -> Result<()> {
+/// Runs one experiment once its files are known to be writable, prints
+/// its report (its JSON with `json`, else its tables and where its files
+/// went) and writes its files.
+fn one(report: impl FnOnce() -> Result<Report>, json: bool, out: &Outputs) -> Result<()> {
     let mut files = out.files(None);
-    let r = files.add(report?)?;
+    files.check()?;
+    let r = files.add(report()?)?;
     if json {
         println!("{}", r.json());
         files.finish(&command_line())?;
@@ -149,10 +151,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // SIGINT/SIGTERM: stop the children, remove the scratch files, exit
     // 130/143.
     iopath_bench::cleanup::on_signals()?;
+    // Where the results go is checked before anything runs: a bad path
+    // costs no experiment.
     let r = match &args.cmd {
-        Some(BenchCmd::Heap(a)) => one(a.report(), a.json, &a.out),
-        Some(BenchCmd::Blk(a)) => one(a.report(), a.json, &a.out),
-        Some(BenchCmd::Rpmsg(a)) => one(a.report(), a.json, &a.out),
+        Some(BenchCmd::Heap(a)) => one(|| a.report(), a.json, &a.out),
+        Some(BenchCmd::Blk(a)) => one(|| a.report(), a.json, &a.out),
+        Some(BenchCmd::Rpmsg(a)) => one(|| a.report(), a.json, &a.out),
         None => run_all(args),
     };
     if r.is_err() {
@@ -176,6 +180,7 @@ fn minutes(d: Duration) -> String {
 fn run_all(args: &BenchArgs) -> Result<()> {
     let exe = iopath_bench::current_exe()?;
     let to_stdout = args.json.as_deref() == Some(Path::new("-"));
+    args.out.files(args.json.as_deref()).check()?;
     let (h, b, r) = if args.full {
         (
             HeapConfig::full(),
