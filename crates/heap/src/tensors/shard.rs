@@ -99,12 +99,15 @@ impl OpenShard {
         opts: &LoadOptions,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<(Vec<Buffer>, LoadStats)> {
+        // A shard of many small tensors is read buffered under `auto`.
+        let bytes = self.plan.reads.iter().map(|r| r.len as u64).sum();
+        let opts = crate::choose::for_reads(opts, self.plan.reads.len(), bytes);
         let (buffers, mut stats) = fill(
             &self.file,
             heap,
             &self.plan.sizes,
             &self.plan.reads,
-            opts,
+            &opts,
             progress,
         )?;
         stats.buffer_size = self.cap;
