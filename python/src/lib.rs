@@ -217,8 +217,9 @@ fn load(
 /// Loads a safetensors checkpoint (a file, a directory or an
 /// `*.index.json`): returns (buffers, {name: (buffer index, offset, length,
 /// dtype, shape)}, stats dict: bytes, seconds, gib_per_s, method, shards,
-/// and alloc_seconds / read_seconds as `iopath load` reports them).
-/// `iopath.load_safetensors` turns it into numpy or torch views.
+/// alloc_seconds / read_seconds and from_cache_bytes as `iopath load`
+/// reports them). `iopath.load_safetensors` turns it into numpy or torch
+/// views.
 #[pyfunction]
 #[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false, shards_at_once = iopath_heap::DEFAULT_SHARDS_AT_ONCE))]
 #[allow(clippy::too_many_arguments)]
@@ -265,6 +266,7 @@ fn load_safetensors_raw<'py>(
     stats.set_item("read_seconds", t.stats.read_time.as_secs_f64())?;
     stats.set_item("shards", t.shards.len())?;
     stats.set_item("metadata", t.metadata.clone())?;
+    stats.set_item("from_cache_bytes", t.stats.from_cache)?;
     let buffers = t
         .buffers
         .into_iter()

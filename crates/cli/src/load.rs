@@ -164,6 +164,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             "buffers": stats.buffers,
             "buffer_size": stats.buffer_size,
             "fallbacks": stats.fallbacks,
+            "from_cache_bytes": stats.from_cache,
             "auto_probe": probe_json(&stats),
             "alloc_ms": stats.alloc_time.as_secs_f64() * 1e3,
             "read_ms": stats.read_time.as_secs_f64() * 1e3,
@@ -181,7 +182,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
     let verified = if args.verify { "; verified" } else { "" };
     match tensors.as_ref().map(|t| (t.tensors.len(), t.shards.len())) {
         Some((n, shards)) => println!(
-            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s){verified}",
+            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s), {}{verified}",
             if shards > 1 { format!(" from {shards} shards") } else { String::new() },
             human(s.bytes),
             s.bytes,
@@ -192,9 +193,10 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             s.method,
             auto_note(s),
             s.fallbacks,
+            cache_note(s),
         ),
         None => println!(
-            "loaded {} ({} bytes) into {} x {} {heap_name} buffers in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s); alloc {:.0} ms (overlapped), read {:.0} ms{verified}",
+            "loaded {} ({} bytes) into {} x {} {heap_name} buffers in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s), {}; alloc {:.0} ms (overlapped), read {:.0} ms{verified}",
             human(s.bytes),
             s.bytes,
             s.buffers,
@@ -204,6 +206,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             s.method,
             auto_note(s),
             s.fallbacks,
+            cache_note(s),
             s.alloc_time.as_secs_f64() * 1e3,
             s.read_time.as_secs_f64() * 1e3,
         ),
@@ -212,6 +215,16 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         println!("heap auto chose {heap_name}: {why}");
     }
     Ok(())
+}
+
+/// How much came from the page cache, as the summary says it.
+fn cache_note(s: &LoadStats) -> String {
+    let pct = if s.bytes == 0 {
+        0.0
+    } else {
+        s.from_cache as f64 * 100.0 / s.bytes as f64
+    };
+    format!("{} ({pct:.0}%) from the page cache", human(s.from_cache))
 }
 
 /// Progress on stderr, when it is a terminal and the output is text: one

@@ -19,7 +19,10 @@
 //! Files are moved in and out of buffers by an [`Engine`] (chosen at run
 //! time with [`new_engine`]): file range to buffer range and back, unaligned
 //! heads and tails bounced for direct I/O, a per-request fall-back to
-//! buffered I/O where the file system refuses `O_DIRECT`. [`load`] fills N
+//! buffered I/O where the file system refuses `O_DIRECT`. `auto` is
+//! cache-aware: the runs of a file already in the page cache
+//! ([`cache_runs`]) are copied out of it while the cold ones are read with
+//! direct I/O, at the same time, and the cold ones stay out of the cache. [`load`] fills N
 //! buffers from a file with allocation on its own thread, overlapped with
 //! the reads:
 //!
@@ -84,9 +87,9 @@ pub use bounce::AlignedBuf;
 pub use buffer::{Buffer, DevicePin};
 pub use choose::{choose_heap, HeapChoice};
 pub use engine::{
-    new_engine, AutoEngine, BounceEngine, BufferedEngine, DirectEngine, Engine, EngineOptions,
-    Method, NextReq, Probe, Pull, ReadReq, ReqDone, SendfileEngine, Transfer, UringEngine,
-    DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
+    cache_runs, new_engine, AutoEngine, BounceEngine, BufferedEngine, CacheLookup, CacheRun,
+    DirectEngine, Engine, EngineOptions, Method, NextReq, Probe, Pull, ReadReq, ReqDone,
+    SendfileEngine, Transfer, UringEngine, CACHE_GRAIN, DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
 };
 pub use error::{error_chain, Error, Result};
 pub use file::IoFile;

@@ -150,6 +150,10 @@ pub struct LoadStats {
     pub method: Method,
     /// Requests that fell back to buffered I/O.
     pub fallbacks: u64,
+    /// Of `bytes`, those copied from the page cache because they were
+    /// cached when the load began (`auto`); the rest were read from the
+    /// device.
+    pub from_cache: u64,
     /// What `auto` measured to choose its engine (`None` for the other
     /// methods).
     pub probe: Option<Probe>,
@@ -422,6 +426,7 @@ pub(crate) fn fill(
             elapsed: Duration::ZERO,
             method: engine.method(),
             fallbacks: u64::from(tr.fallbacks),
+            from_cache: tr.cached,
             probe: engine.probe(),
         };
         Ok((buffers, stats))

@@ -39,6 +39,16 @@ impl Mmap {
     /// read/write; with `guarded`, a SIGBUS in it (the file shrunk under
     /// the mapping) is caught (see [`guard`]) when a guard slot is free.
     pub(crate) fn map(fd: BorrowedFd<'_>, offset: u64, len: usize, guarded: bool) -> Result<Self> {
+        Self::map_prot(fd, offset, len, guarded, ProtFlags::READ | ProtFlags::WRITE)
+    }
+
+    fn map_prot(
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        guarded: bool,
+        prot: ProtFlags,
+    ) -> Result<Self> {
         if len == 0 {
             return Err(Error::BadSize {
                 size: 0,
@@ -51,7 +61,7 @@ impl Mmap {
             mmap(
                 std::ptr::null_mut(),
                 len,
-                ProtFlags::READ | ProtFlags::WRITE,
+                prot,
                 MapFlags::SHARED,
                 fd,
                 offset,
@@ -132,6 +142,91 @@ impl Drop for Mmap {
         // and no pointer into it outlives `self` (borrowers hold the
         // `Buffer` or `SharedMapping`).
         let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A read-only shared mapping of a file to copy its cached pages out of:
+/// readahead off (`MADV_RANDOM`, so touching a page never reads the ones
+/// after it into the page cache), guarded against SIGBUS (a file shrunk
+/// during the copy reads as zeros and [`FileView::truncated`] says so).
+#[derive(Debug)]
+pub(crate) struct FileView {
+    map: Mmap,
+}
+
+impl FileView {
+    /// Maps the first `len` bytes of `fd`.
+    ///
+    /// # Errors
+    /// [`Error::BadSize`] for a zero length; [`Error::Sys`] if `mmap` or
+    /// `madvise` fails, or when the mapping cannot be guarded.
+    pub(crate) fn new(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
+        let map = Mmap::map_prot(fd, 0, len, true, ProtFlags::READ)?;
+        if !map.is_guarded() {
+            return Err(Error::sys(
+                "SIGBUS guard of a file mapping",
+                std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+            ));
+        }
+        // SAFETY: the range is exactly this live mapping; advice does not
+        // change its contents.
+        unsafe { rustix::mm::madvise(map.as_ptr().cast(), map.len(), Advice::Random) }
+            .map_err(|e| Error::sys("madvise(MADV_RANDOM)", e))?;
+        Ok(FileView { map })
+    }
+
+    /// Copies `dst.len()` bytes of the file at `off` into `dst`, mapping
+    /// their pages first in one call (`MADV_POPULATE_READ`, Linux 5.14+;
+    /// where it fails, the copy faults them in).
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] unless `off..off + dst.len()` is inside the
+    /// mapping; [`Error::Busy`] as [`crate::BufRange::copy_from`].
+    pub(crate) fn copy_out(&self, off: usize, dst: &crate::BufRange<'_>) -> Result<()> {
+        let len = dst.len();
+        if off.checked_add(len).is_none_or(|end| end > self.map.len()) {
+            return Err(Error::OutOfRange {
+                offset: off,
+                len,
+                buf_len: self.map.len(),
+            });
+        }
+        const MADV_POPULATE_READ: libc::c_int = 22;
+        let page = crate::page_size();
+        let lo = off / page * page;
+        let hi = (off + len).div_ceil(page) * page;
+        let hi = hi.min(self.map.len().div_ceil(page) * page);
+        // SAFETY: `lo..hi` lies inside this live mapping (page-rounded);
+        // populating maps pages without changing them.
+        let rc = unsafe {
+            libc::madvise(
+                self.map.as_ptr().wrapping_add(lo).cast(),
+                hi - lo,
+                MADV_POPULATE_READ,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(
+                "madvise(MADV_POPULATE_READ): {}; the copy faults pages in",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: `off..off + len` is inside the mapping (checked above),
+        // which lives while `self` does; it is a file mapping, so it cannot
+        // overlap the buffer's memfd or dma-buf mapping. A page the file
+        // lost meanwhile reads as zeros (the guard), never faults.
+        unsafe { dst.copy_from_ptr(self.map.as_ptr().wrapping_add(off)) }
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the file shrank under the mapping since it was made (a copy
+    /// may have read zeros).
+    pub(crate) fn truncated(&self) -> bool {
+        self.map.faulted()
     }
 }
 
@@ -455,9 +550,18 @@ mod guard {
     }
 }
 
-/// Resident pages of the first `len` bytes of `fd` (`mincore(2)` on a
-/// temporary read-only shared mapping).
+/// Resident pages of the first `len` bytes of `fd`.
 pub(crate) fn resident_pages(fd: BorrowedFd<'_>, len: usize) -> Result<usize> {
+    Ok(resident_map(fd, 0, len)?.into_iter().filter(|&r| r).count())
+}
+
+/// Whether each page of `fd[off..off + len]` is in the page cache
+/// (`mincore(2)` on a temporary read-only shared mapping; `off` a page
+/// multiple).
+pub(crate) fn resident_map(fd: BorrowedFd<'_>, off: u64, len: usize) -> Result<Vec<bool>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
     // SAFETY: a fresh read-only mapping that no Rust reference points into;
     // unmapped below before returning.
     let ptr = unsafe {
@@ -467,7 +571,7 @@ pub(crate) fn resident_pages(fd: BorrowedFd<'_>, len: usize) -> Result<usize> {
             ProtFlags::READ,
             MapFlags::SHARED,
             fd,
-            0,
+            off,
         )
     }
     .map_err(|e| Error::sys("mmap(file)", e))?;
@@ -482,5 +586,46 @@ pub(crate) fn resident_pages(fd: BorrowedFd<'_>, len: usize) -> Result<usize> {
     if rc != 0 {
         return Err(Error::sys("mincore", err));
     }
-    Ok(vec.iter().filter(|&&b| b & 1 != 0).count())
+    Ok(vec.iter().map(|&b| b & 1 != 0).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+    use crate::heap::{Heap, HugePages, MemfdHeap};
+
+    #[test]
+    fn a_file_view_copies_and_says_when_the_file_shrank() {
+        let page = crate::page_size();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..4 * page).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let view = FileView::new(file.as_fd(), data.len()).unwrap();
+        let buf = MemfdHeap::new(HugePages::None).alloc(4 * page).unwrap();
+        view.copy_out(7, &buf.range(0, 3 * page).unwrap()).unwrap();
+        let mut got = vec![0u8; 3 * page];
+        buf.read_at(0, &mut got).unwrap();
+        assert_eq!(got, data[7..7 + 3 * page]);
+        assert!(!view.truncated());
+        assert!(matches!(
+            view.copy_out(page, &buf.range(0, 3 * page + 1).unwrap()),
+            Err(Error::OutOfRange { .. })
+        ));
+        // Shrunk to one page: the rest reads as zeros and is reported.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(page as u64)
+            .unwrap();
+        view.copy_out(0, &buf.range(0, 4 * page).unwrap()).unwrap();
+        assert!(view.truncated());
+        buf.read_at(0, &mut got).unwrap();
+        assert_eq!(got[..page], data[..page]);
+        assert!(got[page..].iter().all(|&b| b == 0));
+    }
 }

@@ -278,6 +278,23 @@ impl<'a> BufRange<'a> {
     }
 
     #[inline]
+    /// Copies `self.len()` bytes from `src` into the range.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] for a CPU range of a buffer mapped for a device.
+    ///
+    /// # Safety
+    /// `src..src + self.len()` must be readable memory that stays mapped
+    /// for the call and does not overlap the range.
+    pub(crate) unsafe fn copy_from_ptr(&self, src: *const u8) -> Result<()> {
+        self.check_writable()?;
+        // SAFETY: the range is inside the live mapping (invariant); the
+        // caller vouches for `src`; only plain bytes move and no Rust
+        // reference to either side is made.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.as_ptr(), self.len) };
+        Ok(())
+    }
+
     fn check_writable(&self) -> Result<()> {
         if self.device {
             Ok(())

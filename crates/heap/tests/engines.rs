@@ -288,16 +288,21 @@ fn refused_direct_io_falls_back_per_request() {
     for m in [Method::Direct, Method::Uring, Method::Auto] {
         let e = new_engine(m, EngineOptions::default()).unwrap();
         buf.fill(0, BUF, 0).unwrap();
+        // Cold, so that `auto` reads direct rather than copying from the
+        // page cache (a fallback fills it again).
+        file.drop_cache().unwrap();
         let t = e.read(&file, 101, &buf, 0, 70_001).unwrap();
         assert_eq!(t.fallbacks, 1, "{m}");
         let mut got = vec![0u8; 70_001];
         buf.read_at(0, &mut got).unwrap();
         assert!(got == data[101..101 + 70_001], "{m}: bytes differ");
         // An aligned request still goes direct.
+        file.drop_cache().unwrap();
         let t = e.read(&file, 0, &buf, 0, 1 << 20).unwrap();
         assert_eq!(t.fallbacks, 0, "{m}");
         // In a batch, only the refused request falls back.
         buf.fill(0, BUF, 0).unwrap();
+        file.drop_cache().unwrap();
         let mut reqs = [(0u64, 0usize, 1usize << 20), (101, 1 << 20, 70_001)]
             .into_iter()
             .map(|(file_off, buf_off, len)| {
@@ -382,6 +387,8 @@ fn auto_measures_uring_and_direct_then_chooses() {
     let data = common::pattern(size, 11);
     let path = dir.path().join("auto.bin");
     std::fs::write(&path, &data).unwrap();
+    // Cold: `auto` measures the runs it reads from the disk.
+    IoFile::open(&path).unwrap().drop_cache().unwrap();
     let opts = iopath_heap::LoadOptions {
         buffer_size: 8 << 20,
         method: Method::Auto,
@@ -451,6 +458,8 @@ fn a_mapping_that_refuses_direct_io_loads_by_every_method() {
             method: m,
             ..Default::default()
         };
+        // Cold, for `auto` to measure.
+        IoFile::open(&path).unwrap().drop_cache().unwrap();
         let loaded = iopath_heap::load(&path, &RefusingHeap, &opts, &mut |_| {})
             .unwrap_or_else(|e| panic!("{m}: {e}"));
         assert!(!loaded.buffers[0].takes_direct_io());

@@ -38,6 +38,8 @@ pub enum Feature {
     Udmabuf,
     /// A dma-buf heap under `/dev/dma_heap`.
     DmaHeap,
+    /// `cachestat(2)`: Linux 6.5 and later.
+    Cachestat,
     /// Running as root: to mount a file system, or to act as another user.
     Root,
     /// A program or file that a Debian package brings (the package's name);
@@ -63,6 +65,12 @@ impl Feature {
                 std::fs::read_to_string(SHMEM_ENABLED).is_ok_and(|s| shmem_allows_huge_pages(&s))
             }
             Feature::Udmabuf | Feature::DmaHeap => false,
+            // The CI machine runs the kernel of this one: where that is 6.5
+            // or later, it has the call.
+            Feature::Cachestat => std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .ok()
+                .and_then(|r| kernel_version(r.trim()))
+                .is_some_and(|v| v >= (6, 5)),
         }
     }
 }
@@ -77,10 +85,19 @@ impl fmt::Display for Feature {
             Feature::ShmemHugePages => f.write_str("memfd huge pages"),
             Feature::Udmabuf => f.write_str("/dev/udmabuf"),
             Feature::DmaHeap => f.write_str("a dma-buf heap"),
+            Feature::Cachestat => f.write_str("cachestat(2) (Linux 6.5+)"),
             Feature::Root => f.write_str("root"),
             Feature::Package(p) => write!(f, "Debian package {p} (scripts/install-deps)"),
         }
     }
+}
+
+/// `(major, minor)` of a kernel release string such as `6.18.4-foo`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// Whether the `shmem_enabled` setting (the bracketed word of the file:
@@ -207,6 +224,13 @@ mod tests {
         ));
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(kernel_version("6.18.44-fc-v1045"), Some((6, 18)));
+        assert_eq!(kernel_version("5.10.0"), Some((5, 10)));
+        assert_eq!(kernel_version("6-rc"), None);
     }
 
     #[test]

@@ -1,6 +1,11 @@
-//! `auto`: io_uring or direct, whichever this load measures faster; for a
-//! buffer whose mapping refuses direct I/O (a dma-heap's), bounce or
-//! buffered, whichever measures faster.
+//! `auto`: what the page cache holds is copied from it, the rest read with
+//! io_uring or direct, whichever this load measures faster; for a buffer
+//! whose mapping refuses direct I/O (a dma-heap's), bounce or buffered,
+//! whichever measures faster.
+//!
+//! Every batch is first cut by page-cache residency ([`super::cached`]):
+//! cached runs are copied on a thread of their own while the cold runs go
+//! through the measured engine below, and only the cold runs are measured.
 //!
 //! Which of the two is faster depends on the device, the request size the
 //! device likes, what else the CPUs are doing and how page allocation on the
@@ -30,8 +35,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{
-    BounceEngine, BufferedEngine, DirectEngine, Engine, EngineOptions, Method, NextReq, Pull,
-    ReqDone, Transfer, UringEngine,
+    cached, pull, read_as_batch, BounceEngine, BufferedEngine, DirectEngine, Engine, EngineOptions,
+    Method, NextReq, Pull, ReqDone, Transfer, UringEngine,
 };
 use crate::file::IoFile;
 use crate::{Buffer, Result};
@@ -128,6 +133,8 @@ pub struct AutoEngine {
     direct: DirectEngine,
     bounce: Option<BounceEngine>,
     probe: Mutex<Probe>,
+    /// The last batch: bytes read direct, bytes copied from the page cache.
+    split: Mutex<(u64, u64)>,
 }
 
 impl AutoEngine {
@@ -141,6 +148,7 @@ impl AutoEngine {
             direct: DirectEngine,
             bounce: BounceEngine::new(opts).ok(),
             probe: Mutex::new(Probe::default()),
+            split: Mutex::new((0, 0)),
         })
     }
 
@@ -160,8 +168,13 @@ impl AutoEngine {
 
 impl Engine for AutoEngine {
     /// What moved the bytes: the chosen engine, io_uring before any batch
-    /// chose.
+    /// chose; buffered when the last batch was all copied from the page
+    /// cache.
     fn method(&self) -> Method {
+        let (direct, cached) = *self.split.lock().unwrap_or_else(|p| p.into_inner());
+        if direct == 0 && cached > 0 {
+            return Method::Buffered;
+        }
         self.last().chosen.unwrap_or(Method::Uring)
     }
 
@@ -177,7 +190,7 @@ impl Engine for AutoEngine {
         buf_off: usize,
         len: usize,
     ) -> Result<Transfer> {
-        self.chosen().read(file, file_off, buf, buf_off, len)
+        read_as_batch(self, file, file_off, buf, buf_off, len)
     }
 
     fn read_batch(
@@ -186,14 +199,37 @@ impl Engine for AutoEngine {
         next: &mut NextReq<'_>,
         done: &mut ReqDone<'_>,
     ) -> Result<Transfer> {
+        let (t, direct) = cached::read_split(file, next, done, &mut |next, done| {
+            self.read_cold(file, next, done)
+        })?;
+        *self.split.lock().unwrap_or_else(|p| p.into_inner()) = (direct, t.cached);
+        Ok(t)
+    }
+
+    fn write(
+        &self,
+        buf: &Buffer,
+        buf_off: usize,
+        len: usize,
+        file: &IoFile,
+        file_off: u64,
+    ) -> Result<Transfer> {
+        self.chosen().write(buf, buf_off, len, file, file_off)
+    }
+}
+
+impl AutoEngine {
+    /// The cold runs of a batch: the probe, then the engine it chose.
+    fn read_cold(
+        &self,
+        file: &IoFile,
+        next: &mut NextReq<'_>,
+        done: &mut ReqDone<'_>,
+    ) -> Result<Transfer> {
         // The first request says which pair to measure: a buffer whose
         // mapping refuses direct I/O gets bounce against buffered.
-        let first = loop {
-            match next(true)? {
-                Pull::Req(r) => break r,
-                Pull::Later => continue,
-                Pull::End => return Ok(Transfer::default()),
-            }
+        let Some(first) = pull(next)? else {
+            return Ok(Transfer::default());
         };
         let pair: [(Method, &dyn Engine); 2] = match (&self.bounce, first.buf.takes_direct_io()) {
             (_, true) => [(Method::Uring, &self.uring), (Method::Direct, &self.direct)],
@@ -276,17 +312,6 @@ impl Engine for AutoEngine {
         let mut rest_done = |j: usize, t: Transfer| done(base + j, t);
         total += self.chosen().read_batch(file, &mut next, &mut rest_done)?;
         Ok(total)
-    }
-
-    fn write(
-        &self,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-        file: &IoFile,
-        file_off: u64,
-    ) -> Result<Transfer> {
-        self.chosen().write(buf, buf_off, len, file, file_off)
     }
 }
 

@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
 use super::{
-    check_read, check_write, Engine, EngineOptions, Method, NextReq, Pull, ReadReq, ReqDone,
-    Transfer, UringEngine,
+    check_read, check_write, read_as_batch, Engine, EngineOptions, Method, NextReq, Pull, ReadReq,
+    ReqDone, Transfer, UringEngine,
 };
 use crate::file::IoFile;
 use crate::heap::{Heap, HugePages, MemfdHeap};
@@ -115,15 +115,7 @@ impl Engine for BounceEngine {
         buf_off: usize,
         len: usize,
     ) -> Result<Transfer> {
-        check_read(file, file_off, buf, buf_off, len)?;
-        let mut req = Some(ReadReq {
-            buf: buf.clone(),
-            buf_off,
-            file_off,
-            len,
-        });
-        let mut next = |_wait: bool| Ok(req.take().map_or(Pull::End, Pull::Req));
-        self.read_batch(file, &mut next, &mut |_, _| {})
+        read_as_batch(self, file, file_off, buf, buf_off, len)
     }
 
     fn read_batch(
@@ -240,8 +232,8 @@ impl Engine for BounceEngine {
             if out.inflight == 0 && out.next_off == out.req.len {
                 let out = b.outers.remove(&r.outer).expect("present");
                 let t = Transfer {
-                    bytes: out.req.len as u64,
                     fallbacks: out.fallbacks.min(1),
+                    ..Transfer::moved(out.req.len as u64)
                 };
                 b.total += t;
                 (done.borrow_mut())(out.index, t);

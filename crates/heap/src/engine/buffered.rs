@@ -56,10 +56,7 @@ impl Engine for BufferedEngine {
             file_off,
             check_read(file, file_off, buf, buf_off, len)?,
         )?;
-        Ok(Transfer {
-            bytes: len as u64,
-            fallbacks: 0,
-        })
+        Ok(Transfer::moved(len as u64))
     }
 
     fn write(
@@ -71,9 +68,6 @@ impl Engine for BufferedEngine {
         file_off: u64,
     ) -> Result<Transfer> {
         write_from(file, file_off, check_write(buf, buf_off, len)?)?;
-        Ok(Transfer {
-            bytes: len as u64,
-            fallbacks: 0,
-        })
+        Ok(Transfer::moved(len as u64))
     }
 }

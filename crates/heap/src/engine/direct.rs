@@ -9,7 +9,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use super::{buffered, check_read, check_write, Engine, Method, Transfer};
+use super::{buffered, check_read, check_write, fall_back, Dir, Engine, Method, Transfer};
 use crate::align::{align_down, align_up, direct_split, DioAlign};
 use crate::bounce::AlignedBuf;
 use crate::file::IoFile;
@@ -46,15 +46,6 @@ impl From<Error> for Fail {
 pub(crate) struct Piece<'a> {
     pub file_off: u64,
     pub mem: BufRange<'a>,
-}
-
-/// Direction of a transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dir {
-    /// File to buffer.
-    Read,
-    /// Buffer to file.
-    Write,
 }
 
 /// Runs a direct transfer of `mem` at `file_off`: head and tail through the
@@ -225,9 +216,8 @@ pub(crate) fn fail(
     }
 }
 
-/// Finishes a direct transfer of `mem` at `file_off`: on `Refused` (by the
-/// file system, or by a buffer mapping that cannot take direct I/O), redo it
-/// buffered and count the fallback.
+/// Finishes a direct transfer of `mem` at `file_off`: on `Refused`, redo it
+/// buffered ([`fall_back`]).
 pub(crate) fn finish(
     r: Result<(), Fail>,
     file: &IoFile,
@@ -235,21 +225,11 @@ pub(crate) fn finish(
     file_off: u64,
     mem: BufRange<'_>,
 ) -> Result<Transfer> {
-    let fallbacks = match r {
-        Ok(()) => 0,
-        Err(Fail::Err(e)) => return Err(e),
-        Err(Fail::Refused) => {
-            match dir {
-                Dir::Read => buffered::read_into(file, file_off, mem)?,
-                Dir::Write => buffered::write_from(file, file_off, mem)?,
-            }
-            1
-        }
-    };
-    Ok(Transfer {
-        bytes: mem.len() as u64,
-        fallbacks,
-    })
+    match r {
+        Ok(()) => Ok(Transfer::moved(mem.len() as u64)),
+        Err(Fail::Err(e)) => Err(e),
+        Err(Fail::Refused) => fall_back(file, dir, file_off, mem),
+    }
 }
 
 /// The middle of a direct transfer with plain `pread`/`pwrite`.

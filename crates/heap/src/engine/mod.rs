@@ -7,7 +7,7 @@
 //! | `sendfile` | file → memfd: `sendfile(2)` into the memfd; other buffers: `splice(2)` into a pipe, `read(2)` out of it. buffer → file: `vmsplice(2)` into a pipe, `splice(2)` to the file | fills it |
 //! | `uring` | io_uring `READ_FIXED`/`WRITE_FIXED` on `O_DIRECT`, the buffer registered as a fixed buffer, many requests in flight | bypassed |
 //! | `bounce` | io_uring `READ_FIXED` on `O_DIRECT` into a registered memfd bounce buffer, then a copy into the buffer | bypassed |
-//! | `auto` | `uring` or `direct`, whichever the first requests measure faster ([`AutoEngine`]); `direct` when io_uring does not work here. For a buffer whose mapping refuses direct I/O (a dma-heap's): `bounce` or `buffered`, whichever measures faster | bypassed, or fills it |
+//! | `auto` | runs already in the page cache ([`cache_runs`]) copied out of it on a thread of its own; the cold runs at the same time through `uring` or `direct`, whichever the first requests measure faster ([`AutoEngine`]); `direct` when io_uring does not work here. For a buffer whose mapping refuses direct I/O (a dma-heap's): `bounce` or `buffered`, whichever measures faster | left as it was (cold runs bypass it), or fills it |
 //!
 //! Every direct engine falls back to buffered I/O for a request when the file
 //! system refuses `O_DIRECT` (`EINVAL`) or when the buffer's mapping cannot
@@ -18,7 +18,9 @@
 mod auto;
 mod bounce;
 mod buffered;
+mod cached;
 mod direct;
+mod residency;
 mod sendfile;
 mod uring;
 
@@ -29,6 +31,7 @@ pub use auto::{AutoEngine, Probe, DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES};
 pub use bounce::BounceEngine;
 pub use buffered::BufferedEngine;
 pub use direct::DirectEngine;
+pub use residency::{cache_runs, CacheLookup, CacheRun, CACHE_GRAIN};
 pub use sendfile::SendfileEngine;
 pub use uring::UringEngine;
 
@@ -102,12 +105,36 @@ pub struct Transfer {
     /// Requests that fell back to buffered I/O because the file system
     /// refused direct I/O.
     pub fallbacks: u32,
+    /// Of `bytes`, those copied from the page cache because they were there
+    /// already (`auto`'s cache-aware reads); buffered reads of other
+    /// engines do not count them.
+    pub cached: u64,
+}
+
+impl Transfer {
+    /// `bytes` moved the way the engine moves them.
+    pub(crate) fn moved(bytes: u64) -> Self {
+        Transfer {
+            bytes,
+            ..Transfer::default()
+        }
+    }
+
+    /// `bytes` moved by one buffered request in place of a direct one.
+    pub(crate) fn fell_back(bytes: u64) -> Self {
+        Transfer {
+            bytes,
+            fallbacks: 1,
+            cached: 0,
+        }
+    }
 }
 
 impl std::ops::AddAssign for Transfer {
     fn add_assign(&mut self, o: Transfer) {
         self.bytes += o.bytes;
         self.fallbacks += o.fallbacks;
+        self.cached += o.cached;
     }
 }
 
@@ -230,19 +257,9 @@ pub trait Engine: Send + Sync + fmt::Debug {
         next: &mut NextReq<'_>,
         done: &mut ReqDone<'_>,
     ) -> Result<Transfer> {
-        let mut total = Transfer::default();
-        let mut i = 0;
-        loop {
-            let r = match next(true)? {
-                Pull::Req(r) => r,
-                Pull::Later => continue,
-                Pull::End => return Ok(total),
-            };
-            let t = self.read(file, r.file_off, &r.buf, r.buf_off, r.len)?;
-            total += t;
-            done(i, t);
-            i += 1;
-        }
+        one_by_one(next, done, |r| {
+            self.read(file, r.file_off, &r.buf, r.buf_off, r.len)
+        })
     }
 
     /// Copies `len` bytes of `buf` at `buf_off` into `file` at `file_off`,
@@ -308,4 +325,74 @@ fn check_read<'b>(
 /// Checks shared by every engine's `write`; returns the source range.
 fn check_write(buf: &Buffer, buf_off: usize, len: usize) -> Result<BufRange<'_>> {
     buf.range(buf_off, len)
+}
+
+/// The next request of a batch, waiting for it; `None` at the end.
+fn pull(next: &mut NextReq<'_>) -> Result<Option<ReadReq>> {
+    loop {
+        match next(true)? {
+            Pull::Req(r) => return Ok(Some(r)),
+            Pull::Later => {}
+            Pull::End => return Ok(None),
+        }
+    }
+}
+
+/// Runs a batch one request after the other through `read`: the loop of
+/// every engine (or case) that keeps nothing in flight.
+fn one_by_one(
+    next: &mut NextReq<'_>,
+    done: &mut ReqDone<'_>,
+    mut read: impl FnMut(&ReadReq) -> Result<Transfer>,
+) -> Result<Transfer> {
+    let mut total = Transfer::default();
+    let mut i = 0;
+    while let Some(r) = pull(next)? {
+        let t = read(&r)?;
+        total += t;
+        done(i, t);
+        i += 1;
+    }
+    Ok(total)
+}
+
+/// One read as a batch of one, for engines whose `read` is their
+/// `read_batch`.
+fn read_as_batch(
+    engine: &dyn Engine,
+    file: &IoFile,
+    file_off: u64,
+    buf: &Buffer,
+    buf_off: usize,
+    len: usize,
+) -> Result<Transfer> {
+    check_read(file, file_off, buf, buf_off, len)?;
+    let mut req = Some(ReadReq {
+        buf: buf.clone(),
+        buf_off,
+        file_off,
+        len,
+    });
+    let mut next = |_wait: bool| Ok(req.take().map_or(Pull::End, Pull::Req));
+    engine.read_batch(file, &mut next, &mut |_, _| {})
+}
+
+/// Direction of a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// File to buffer.
+    Read,
+    /// Buffer to file.
+    Write,
+}
+
+/// Moves `mem` buffered in place of a direct transfer that was refused (by
+/// the file system, or by a buffer mapping that cannot take direct I/O),
+/// counted as one fallback: the one fallback path of every direct engine.
+fn fall_back(file: &IoFile, dir: Dir, file_off: u64, mem: BufRange<'_>) -> Result<Transfer> {
+    match dir {
+        Dir::Read => buffered::read_into(file, file_off, mem)?,
+        Dir::Write => buffered::write_from(file, file_off, mem)?,
+    }
+    Ok(Transfer::fell_back(mem.len() as u64))
 }

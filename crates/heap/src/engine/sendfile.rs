@@ -22,7 +22,7 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
 
-use super::{check_read, check_write, Engine, Method, Transfer};
+use super::{check_read, check_write, fall_back, Dir, Engine, Method, Transfer};
 use crate::file::IoFile;
 use crate::range::BufRange;
 use crate::{sys, Buffer, Error, HeapKind, Result};
@@ -126,10 +126,7 @@ impl Engine for SendfileEngine {
             Some(out) => Self::read_sendfile(file, &out, file_off, buf_off, len)?,
             None => Self::read_splice(file, file_off, dst)?,
         }
-        Ok(Transfer {
-            bytes: len as u64,
-            fallbacks: 0,
-        })
+        Ok(Transfer::moved(len as u64))
     }
 
     fn write(
@@ -143,11 +140,7 @@ impl Engine for SendfileEngine {
         let src = check_write(buf, buf_off, len)?;
         if !buf.takes_direct_io() {
             // `vmsplice` pins the pages, which a dma-buf's mapping refuses.
-            super::buffered::write_from(file, file_off, src)?;
-            return Ok(Transfer {
-                bytes: len as u64,
-                fallbacks: 1,
-            });
+            return fall_back(file, Dir::Write, file_off, src);
         }
         let (r, w) = make_pipe()?;
         let mut off = file_off;
@@ -173,9 +166,6 @@ impl Engine for SendfileEngine {
             }
             done += n;
         }
-        Ok(Transfer {
-            bytes: len as u64,
-            fallbacks: 0,
-        })
+        Ok(Transfer::moved(len as u64))
     }
 }

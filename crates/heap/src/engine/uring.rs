@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::BorrowedFd;
 use std::sync::Mutex;
 
-use super::direct::{self, Dir, Fail, Piece};
+use super::direct::{self, Fail, Piece};
 use super::{
-    check_read, check_write, Engine, EngineOptions, Method, NextReq, Pull, ReadReq, ReqDone,
-    Transfer,
+    check_read, check_write, fall_back, one_by_one, Dir, Engine, EngineOptions, Method, NextReq,
+    Pull, ReadReq, ReqDone, Transfer,
 };
 use crate::file::IoFile;
 use crate::range::BufRange;
@@ -243,13 +243,8 @@ impl UringEngine {
             (Some(a), Some(d)) => Some((a, d)),
             _ => None,
         };
-        let redo_buffered = |mem: BufRange<'_>| -> Result<Option<Transfer>> {
-            super::buffered::read_into(file, req.file_off, mem)?;
-            Ok(Some(Transfer {
-                bytes: req.len as u64,
-                fallbacks: 1,
-            }))
-        };
+        let redo_buffered =
+            |mem: BufRange<'_>| fall_back(file, Dir::Read, req.file_off, mem).map(Some);
         let Some((align, dfd)) = direct else {
             return redo_buffered(mem);
         };
@@ -282,10 +277,7 @@ impl UringEngine {
             Err(Fail::Err(e)) => return Err(e),
         }
         if s.middle == 0 {
-            return Ok(Some(Transfer {
-                bytes: req.len as u64,
-                fallbacks: 0,
-            }));
+            return Ok(Some(Transfer::moved(req.len as u64)));
         }
         let mid = mem.sub(s.head, s.middle)?;
         let slot = b.free_slots.pop().and_then(|slot| {
@@ -402,35 +394,21 @@ impl UringEngine {
                     ring.clear(slot);
                     b.free_slots.push(slot);
                 }
-                match a.fail {
-                    None => {
-                        let t = Transfer {
-                            bytes: a.req.len as u64,
-                            fallbacks: 0,
-                        };
+                let t = match a.fail {
+                    None => Ok(Transfer::moved(a.req.len as u64)),
+                    Some(Fail::Refused) => a
+                        .req
+                        .buf
+                        .range(a.req.buf_off, a.req.len)
+                        .and_then(|mem| fall_back(file, Dir::Read, a.req.file_off, mem)),
+                    Some(Fail::Err(e)) => Err(e),
+                };
+                match t {
+                    Ok(t) => {
                         b.total += t;
                         done(a.index, t);
                     }
-                    Some(Fail::Refused) => {
-                        let redo =
-                            a.req.buf.range(a.req.buf_off, a.req.len).and_then(|mem| {
-                                super::buffered::read_into(file, a.req.file_off, mem)
-                            });
-                        match redo {
-                            Ok(()) => {
-                                let t = Transfer {
-                                    bytes: a.req.len as u64,
-                                    fallbacks: 1,
-                                };
-                                b.total += t;
-                                done(a.index, t);
-                            }
-                            Err(e) => {
-                                b.fatal.get_or_insert(e);
-                            }
-                        }
-                    }
-                    Some(Fail::Err(e)) => {
+                    Err(e) => {
                         b.fatal.get_or_insert(e);
                     }
                 }
@@ -450,21 +428,10 @@ impl Engine for UringEngine {
         let dfd = match (file.dio_align(), file.direct_fd()?) {
             (Some(_), Some(d)) => d,
             _ => {
-                let mut total = Transfer::default();
-                let mut i = 0;
-                loop {
-                    let r = match next(true)? {
-                        Pull::Req(r) => r,
-                        Pull::Later => continue,
-                        Pull::End => return Ok(total),
-                    };
-                    let mut t =
-                        super::BufferedEngine.read(file, r.file_off, &r.buf, r.buf_off, r.len)?;
-                    t.fallbacks = 1;
-                    total += t;
-                    done(i, t);
-                    i += 1;
-                }
+                return one_by_one(next, done, |r| {
+                    let mem = check_read(file, r.file_off, &r.buf, r.buf_off, r.len)?;
+                    fall_back(file, Dir::Read, r.file_off, mem)
+                })
             }
         };
         let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());

@@ -295,6 +295,7 @@ fn merge(ck: Checkpoint, opened: Vec<OpenShard>, filled: Filled, elapsed: Durati
                 alloc_time: a.alloc_time + st.alloc_time,
                 read_time: a.read_time + st.read_time,
                 fallbacks: a.fallbacks + st.fallbacks,
+                from_cache: a.from_cache + st.from_cache,
                 ..a
             },
         });
