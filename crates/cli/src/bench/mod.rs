@@ -8,6 +8,7 @@
 
 mod blk;
 mod heap;
+mod models;
 mod place;
 mod rpmsg;
 
@@ -23,6 +24,7 @@ use iopath_bench::Report;
 
 pub use blk::BenchBlkArgs;
 pub use heap::HeapArgs;
+pub use models::ModelsArgs;
 pub use place::PlacementArg;
 pub use rpmsg::RpmsgArgs;
 
@@ -102,6 +104,12 @@ pub enum BenchCmd {
     /// beside a raw SOCK_SEQPACKET request/response passing an fd; echo
     /// latency beside a raw eventfd ping-pong.
     Rpmsg(RpmsgArgs),
+    /// Model loading (safetensors, one file and 8 shards; cold, warm and
+    /// half-warm) beside safetensors, Run:ai's model streamer and
+    /// fastsafetensors, fio's O_DIRECT read and a memory-copy limit: runs
+    /// scripts/bench-models. Not part of `iopath bench` without a
+    /// subcommand.
+    Models(ModelsArgs),
 }
 
 /// The command line, for the Markdown file.
@@ -157,6 +165,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(BenchCmd::Heap(a)) => one(|| a.report(), a.json, &a.out),
         Some(BenchCmd::Blk(a)) => one(|| a.report(), a.json, &a.out),
         Some(BenchCmd::Rpmsg(a)) => one(|| a.report(), a.json, &a.out),
+        Some(BenchCmd::Models(a)) => a.run(),
         None => run_all(args),
     };
     if r.is_err() {
