@@ -16,9 +16,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// An fd-backed shareable buffer. Supports the buffer protocol (a zero-copy,
-/// writable `memoryview`; `numpy.frombuffer` works on it) and `fileno()`,
-/// whose fd can be sent to another process (`socket.send_fds`) and mapped
-/// there.
+/// writable `memoryview` of the `filled` bytes, those of the file;
+/// `numpy.frombuffer` works on it) and `fileno()`, whose fd can be sent to
+/// another process (`socket.send_fds`) and mapped there (`len()` bytes, the
+/// whole mapping).
 #[pyclass(module = "iopath", name = "Buffer", frozen, weakref)]
 struct PyBuffer {
     buf: iopath_heap::Buffer,
@@ -33,7 +34,8 @@ impl PyBuffer {
         self.buf.fd().as_raw_fd()
     }
 
-    /// Length in bytes of the mapping.
+    /// Length in bytes of the mapping (what `mmap` of `fileno()` takes);
+    /// the bytes of the file in it are `filled`.
     fn __len__(&self) -> usize {
         self.buf.len()
     }
@@ -74,15 +76,17 @@ impl PyBuffer {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
+        // Only the bytes of the file: the rest of the mapping is padding
+        // (a 1-byte file sits in a page, a last buffer is partly used).
         let (ptr, len) = {
-            let buf = &slf.get().buf;
+            let (buf, filled) = (&slf.get().buf, slf.get().filled);
             let raw = buf
-                .range(0, buf.len())
+                .range(0, filled.min(buf.len()))
                 .map_err(|e| PyValueError::new_err(e.to_string()))?
                 .ptr_guard();
             (raw.as_ptr(), raw.len())
         };
-        // SAFETY: `ptr..ptr+len` is the buffer's whole live shared mapping;
+        // SAFETY: `ptr..ptr+len` lies in the buffer's live shared mapping;
         // the view holds a reference to `slf` (PyBuffer_FillInfo sets
         // `view.obj`), which owns the buffer and so the mapping, so it
         // outlives the view even though the guard above does not.

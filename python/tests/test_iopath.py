@@ -152,3 +152,18 @@ def test_progress_only_when_asked(model, capfd):
     steps = lines[0].split("\r")
     assert steps[0] == "" and len(steps) > 2, repr(err)
     assert steps[-1] == f"iopath: {total} / {total} MiB (100%)", repr(err)
+
+
+def test_memoryview_holds_only_the_filled_bytes(tmp_path):
+    one = tmp_path / "one.bin"
+    one.write_bytes(b"\x5a")
+    (b,) = iopath.load(str(one))
+    assert b.filled == 1 and len(b) >= 4096
+    assert bytes(memoryview(b)) == b"\x5a"
+    assert np.frombuffer(b, dtype=np.uint8).tobytes() == b"\x5a"
+    data = os.urandom(10 << 20)
+    ten = tmp_path / "ten.bin"
+    ten.write_bytes(data)
+    bufs = iopath.load(str(ten), buffer_size=4 << 20)
+    assert [len(memoryview(x)) for x in bufs] == [4 << 20, 4 << 20, 2 << 20]
+    assert b"".join(bytes(memoryview(x)) for x in bufs) == data
