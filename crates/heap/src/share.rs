@@ -170,7 +170,9 @@ impl Share {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("iopath-share".into())
-                .spawn(move || serve_loop(&listener, &stop, id, &table, &buffers))
+                .spawn(move || {
+                    serve_loop(&listener, &stop, id, &Arc::new(table), &Arc::new(buffers))
+                })
                 .map_err(|e| Error::sys("spawn", e))?
         };
         Ok(Share {
@@ -211,16 +213,26 @@ fn serve_loop(
     listener: &UnixListener,
     stop: &AtomicBool,
     id: [u8; 16],
-    table: &[u8],
-    buffers: &[Buffer],
+    table: &Arc<Vec<u8>>,
+    buffers: &Arc<Vec<Buffer>>,
 ) {
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
         }
         let Ok(mut conn) = conn else { continue };
-        if let Err(e) = serve_one(&mut conn, id, table, buffers) {
-            tracing::debug!("share: a peer went away: {e}");
+        // A thread per peer: one that connects and says nothing holds up
+        // no one else.
+        let (table, buffers) = (table.clone(), buffers.clone());
+        let spawned = std::thread::Builder::new()
+            .name("iopath-share-peer".into())
+            .spawn(move || {
+                if let Err(e) = serve_one(&mut conn, id, &table, &buffers) {
+                    tracing::debug!("share: a peer went away: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("share: no thread for a peer: {e}");
         }
     }
 }
@@ -391,7 +403,14 @@ mod tests {
             [("k".to_string(), "v".to_string())].into(),
         )
         .unwrap();
-        let got = attach(&share.handle()).unwrap();
+        // A peer that connects and says nothing holds up no one.
+        let handle = share.handle();
+        let socket = &handle[HANDLE_PREFIX.len() + 33..];
+        let _silent = UnixStream::connect(socket).unwrap();
+        let t = std::time::Instant::now();
+        let got = attach(&handle).unwrap();
+        // Served at once, not after the silent peer's 10 s read timeout.
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
         assert_eq!(
             got.tensors,
             vec![tensor("x", 0, 100, 5), tensor("y", 1, 0, 5)]
