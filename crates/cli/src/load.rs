@@ -371,6 +371,13 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
         E::UnknownHeap(_) | E::Unavailable { .. } | E::NoSuchDmaHeap { .. } => {
             Some(format!("--heap {}", args.heap))
         }
+        E::NotAFile {
+            what: "a directory",
+            ..
+        } if args.format == "raw" => Some(
+            "--format raw (a sharded safetensors checkpoint loads with --format safetensors)"
+                .to_string(),
+        ),
         _ => None,
     };
     match option {
