@@ -99,12 +99,12 @@ pub use mmap::{SharedMapping, SigbusGuard};
 pub use pool::Pool;
 pub use range::{BufRange, PtrGuard};
 pub use share::{attach, Attached, Share, SharedTensor};
-#[doc(hidden)]
-pub use tensors::fuzz_safetensors;
 pub use tensors::{
     dtype_align, load_checkpoint, load_safetensors, Dtype, Shard, Tensor, Tensors,
     DEFAULT_SHARDS_AT_ONCE, MAX_HEADER,
 };
+#[doc(hidden)]
+pub use tensors::{fuzz_checkpoint_index, fuzz_safetensors};
 
 /// The system page size in bytes.
 pub fn page_size() -> usize {

@@ -117,16 +117,16 @@ fn names(paths: &[PathBuf]) -> String {
         .join(", ")
 }
 
-fn resolve_index(index: &Path) -> Result<Checkpoint> {
-    let size = std::fs::metadata(index).map_err(open_err(index))?.len();
-    if size > MAX_INDEX {
-        return Err(bad(
-            index,
-            format!("the index is {size} bytes, over the limit of {MAX_INDEX}"),
-        ));
-    }
-    let text = std::fs::read(index).map_err(open_err(index))?;
-    let json: serde_json::Value = serde_json::from_slice(&text)
+/// An index's contents: tensor name → shard file name, and metadata.
+#[derive(Debug)]
+struct Parsed {
+    by_tensor: BTreeMap<String, String>,
+    metadata: BTreeMap<String, String>,
+}
+
+/// Parses the text of the index at `index` (named in errors only).
+fn parse_index(index: &Path, text: &[u8]) -> Result<Parsed> {
+    let json: serde_json::Value = serde_json::from_slice(text)
         .map_err(|e| bad(index, format!("the index is not JSON: {e}")))?;
     let map = json
         .get("weight_map")
@@ -135,7 +135,6 @@ fn resolve_index(index: &Path) -> Result<Checkpoint> {
     if map.is_empty() {
         return Err(bad(index, "the index's weight_map names no tensor"));
     }
-    let dir = index.parent().unwrap_or(Path::new("."));
     let mut by_tensor = BTreeMap::new();
     for (tensor, file) in map {
         let Some(file) = file.as_str() else {
@@ -153,24 +152,8 @@ fn resolve_index(index: &Path) -> Result<Checkpoint> {
                 ),
             ));
         }
-        by_tensor.insert(tensor.clone(), file);
+        by_tensor.insert(tensor.clone(), file.to_string());
     }
-    let mut files: Vec<&str> = by_tensor.values().copied().collect();
-    files.sort_unstable();
-    files.dedup();
-    for f in &files {
-        if !dir.join(f).is_file() {
-            let count = by_tensor.values().filter(|v| *v == f).count();
-            return Err(bad(
-                index,
-                format!("the index names shard {f} ({count} tensors), which does not exist"),
-            ));
-        }
-    }
-    let weight_map = by_tensor
-        .iter()
-        .map(|(t, f)| (t.clone(), files.binary_search(f).unwrap_or(0)))
-        .collect();
     let metadata = json
         .get("metadata")
         .and_then(|m| m.as_object())
@@ -183,6 +166,63 @@ fn resolve_index(index: &Path) -> Result<Checkpoint> {
                 .collect()
         })
         .unwrap_or_default();
+    Ok(Parsed {
+        by_tensor,
+        metadata,
+    })
+}
+
+/// For the `checkpoint_index` fuzz target (`crates/heap/fuzz`): parses
+/// `json` as a `model.safetensors.index.json`; returns how many tensors it
+/// maps, or its refusal. Panics if an accepted index maps a tensor to a
+/// name that could reach outside the index's directory.
+#[doc(hidden)]
+pub fn fuzz_checkpoint_index(json: &[u8]) -> Result<usize> {
+    let p = parse_index(Path::new("fuzz-input.index.json"), json)?;
+    for (tensor, file) in &p.by_tensor {
+        let name = Path::new(file);
+        assert!(
+            name.components().count() == 1
+                && matches!(
+                    name.components().next(),
+                    Some(std::path::Component::Normal(_))
+                ),
+            "tensor {tensor:?} mapped to {file:?}, not a plain file name"
+        );
+    }
+    Ok(p.by_tensor.len())
+}
+
+fn resolve_index(index: &Path) -> Result<Checkpoint> {
+    let size = std::fs::metadata(index).map_err(open_err(index))?.len();
+    if size > MAX_INDEX {
+        return Err(bad(
+            index,
+            format!("the index is {size} bytes, over the limit of {MAX_INDEX}"),
+        ));
+    }
+    let text = std::fs::read(index).map_err(open_err(index))?;
+    let Parsed {
+        by_tensor,
+        metadata,
+    } = parse_index(index, &text)?;
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut files: Vec<&str> = by_tensor.values().map(String::as_str).collect();
+    files.sort_unstable();
+    files.dedup();
+    for f in &files {
+        if !dir.join(f).is_file() {
+            let count = by_tensor.values().filter(|v| v == f).count();
+            return Err(bad(
+                index,
+                format!("the index names shard {f} ({count} tensors), which does not exist"),
+            ));
+        }
+    }
+    let weight_map = by_tensor
+        .iter()
+        .map(|(t, f)| (t.clone(), files.binary_search(&f.as_str()).unwrap_or(0)))
+        .collect();
     Ok(Checkpoint {
         shards: files.iter().map(|f| dir.join(f)).collect(),
         weight_map: Some(weight_map),
@@ -297,5 +337,17 @@ mod tests {
             "the directory holds 2 indexes (m.safetensors.index.json, n.safetensors.index.json): \
              name the one to load"
         );
+    }
+
+    #[test]
+    fn the_fuzz_seeds_are_what_their_names_say() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/checkpoint_index");
+        let verdict = |name: &str| fuzz_checkpoint_index(&std::fs::read(dir.join(name)).unwrap());
+        assert_eq!(verdict("two-shards").unwrap(), 2);
+        assert_eq!(verdict("twice").unwrap(), 1);
+        for name in ["dotdot", "absolute", "empty"] {
+            let r = verdict(name);
+            assert!(matches!(r, Err(Error::Checkpoint { .. })), "{name}: {r:?}");
+        }
     }
 }

@@ -34,6 +34,8 @@ pub use safetensors::Dtype;
 
 pub use header::MAX_HEADER;
 #[doc(hidden)]
+pub use index::fuzz_checkpoint_index;
+#[doc(hidden)]
 pub use plan::fuzz_safetensors;
 pub use shards::{load_checkpoint, DEFAULT_SHARDS_AT_ONCE};
 
