@@ -65,5 +65,6 @@ pub mod workload;
 pub use backend::{BackendError, BlkBackend, BlkOptions};
 pub use dd::{DdConfig, DdError, DdReport, DmaMode};
 pub use driver::{BlkDriver, BlkError, BlkQueue, DeviceConfig, Done, DriverOptions, Request};
+pub use iopath_virtio::PollMode;
 pub use names::UnknownName;
 pub use workload::{Access, Blocks, Outcome, Workload, WorkloadError};

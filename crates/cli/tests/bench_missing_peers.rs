@@ -110,7 +110,16 @@ fn bench_without_peers_drops_their_rows_only() {
     let out = run(
         &path,
         &[
-            "bench", "blk", "--size", "16M", "--runs", "1", "--guest", "--json",
+            "bench",
+            "blk",
+            "--size",
+            "16M",
+            "--runs",
+            "1",
+            "--small-count",
+            "0",
+            "--guest",
+            "--json",
         ],
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -146,7 +155,16 @@ fn bench_without_peers_drops_their_rows_only() {
     let out = run(
         &path,
         &[
-            "bench", "blk", "--size", "16M", "--runs", "1", "--modes", "direct",
+            "bench",
+            "blk",
+            "--size",
+            "16M",
+            "--runs",
+            "1",
+            "--small-count",
+            "0",
+            "--modes",
+            "direct",
         ],
     );
     let text = String::from_utf8_lossy(&out.stdout);

@@ -92,7 +92,16 @@ fn heap_chart_has_a_split_bar_per_row_and_the_limit() {
 fn blk_chart_has_a_bar_and_whisker_per_row_and_the_limit() {
     let dir = tempfile::tempdir().unwrap();
     let v = bench(
-        &["bench", "blk", "--size", "16M", "--runs", "1"],
+        &[
+            "bench",
+            "blk",
+            "--size",
+            "16M",
+            "--runs",
+            "1",
+            "--small-count",
+            "0",
+        ],
         dir.path(),
     );
     let rows = v["rows"].as_array().unwrap();
@@ -148,4 +157,54 @@ fn rpmsg_chart_has_both_ways_per_loop_count_the_limit_and_echo() {
     assert_eq!(m.bars(LIMIT), 2);
     assert_eq!(m.lines(WHISKER), 2 * rows);
     assert_eq!(m.lines(LIMIT), 1);
+}
+
+#[test]
+fn blk_small_block_table_measures_every_iopath_row_and_charts_by_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench(
+        &[
+            "bench",
+            "blk",
+            "--size",
+            "16M",
+            "--runs",
+            "1",
+            "--modes",
+            "direct",
+            "--small-count",
+            "256",
+            "--small-runs",
+            "1",
+        ],
+        dir.path(),
+    );
+    let s = &v["small_block"];
+    let rows = s["rows"].as_array().unwrap();
+    // Two directions; five rows at depths 1 and 32, two queues at 32.
+    assert_eq!(rows.len(), 2 * (5 * 2 + 1), "{s}");
+    for r in rows {
+        let name = r["name"].as_str().unwrap();
+        if !name.starts_with("iopath blk serve") {
+            continue;
+        }
+        assert!(r["skipped"].is_null(), "{r}");
+        let run = &r["runs"][0];
+        for k in ["iops", "p50_us", "p99_us", "cpu_us"] {
+            assert!(run[k].as_f64().unwrap() > 0.0, "{k} of {r}");
+        }
+        assert!(run["p99_us"].as_f64() >= run["p50_us"].as_f64(), "{r}");
+    }
+    let ratios = s["ratios"].as_object().unwrap();
+    assert!(
+        ratios["read qd 1: adaptive / sleeping, IOPS"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(ratios.contains_key("read qd 1: --poll / qemu-storage-daemon, IOPS"));
+    // The chart: the dd panel, then IOPS by depth for reads and writes.
+    let svg = std::fs::read_to_string(dir.path().join("blk.svg")).unwrap();
+    assert!(svg.contains("4 KiB random read: IOPS by queue depth"));
+    assert!(svg.contains("4 KiB random write: IOPS by queue depth"));
 }

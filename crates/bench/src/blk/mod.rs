@@ -52,6 +52,8 @@ pub struct BlkConfig {
     pub iopath: PathBuf,
     /// Show progress on stderr.
     pub progress: bool,
+    /// The small-block table (4 KiB random I/O), when asked for.
+    pub small: Option<SmallConfig>,
 }
 
 impl BlkConfig {
@@ -69,6 +71,7 @@ impl BlkConfig {
             guest: false,
             iopath,
             progress: true,
+            small: Some(SmallConfig::quick()),
         }
     }
 
@@ -78,6 +81,7 @@ impl BlkConfig {
         BlkConfig {
             size: 8 << 30,
             runs: 10,
+            small: Some(SmallConfig::full()),
             ..BlkConfig::quick(iopath)
         }
     }
@@ -104,7 +108,11 @@ impl BlkConfig {
         } else {
             0.0
         };
-        Duration::from_secs_f64(passes as f64 * gib / 2.0 + guest + gib / 2.0 + 3.0)
+        // The small-block table: some 10k requests per second at worst.
+        let small = self.small.as_ref().map_or(0.0, |s| {
+            small::steps(s) as f64 * (s.count as f64 / 10_000.0 + 0.1)
+        });
+        Duration::from_secs_f64(passes as f64 * gib / 2.0 + guest + gib / 2.0 + 3.0 + small)
     }
 }
 
@@ -153,6 +161,8 @@ pub struct BlkReport {
     /// The limit row's source and sweep.
     #[serde(skip)]
     pub limit: Option<Limit>,
+    /// The small-block table, when it was run.
+    pub small_block: Option<SmallReport>,
 }
 
 /// A child process killed (and reaped) on drop.
@@ -221,12 +231,14 @@ fn wait_for_socket(child: &mut Reaped, path: &Path, what: &str, log: &Path) -> R
     Ok(())
 }
 
-/// Starts `iopath blk serve` on `image`, pinned to `cpu`.
+/// Starts `iopath blk serve` on `image` with `extra` arguments, pinned
+/// to `cpu`.
 fn start_iopath_serve_on(
     exe: &Path,
     image: &Path,
     socket: &Path,
     cpu: Option<usize>,
+    extra: &[&str],
 ) -> Result<Reaped> {
     let _ = std::fs::remove_file(socket);
     let (log, err) = log_for(socket)?;
@@ -237,6 +249,7 @@ fn start_iopath_serve_on(
             .arg(image)
             .arg("--socket")
             .arg(socket)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err),
@@ -465,7 +478,7 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
     let peer_sock = work.path().join("qsd.sock");
     let cpus = Cpus::get()?;
     let (client, server) = cfg.placement.cpus(&cpus);
-    let ours = start_iopath_serve_on(&cfg.iopath, &image, &ours_sock, server);
+    let ours = start_iopath_serve_on(&cfg.iopath, &image, &ours_sock, server, &["--queues", "2"]);
     let peer = start_qsd_on(&image, &peer_sock, server);
     let dd_run = |sock: &Path, mode| on_cpu(client, &cpus, || dd_once(sock, cfg, mode));
 
@@ -501,8 +514,9 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
         depth: cfg.queue_depth as u32,
     };
     let mut limit = Limit::new(&base, &sweep_bs, own.clone());
-    let total =
-        cfg.runs as u64 * (1 + rows.len() + guest_rows.len()) as u64 + limit.steps(cfg.runs);
+    let total = cfg.runs as u64 * (1 + rows.len() + guest_rows.len()) as u64
+        + limit.steps(cfg.runs)
+        + cfg.small.as_ref().map_or(0, small::steps);
     let bar = Progress::new(cfg.progress, "bench blk", total);
     // One warm-up round, not counted: the first write of each path pays
     // one-time costs (the back end's first request after start, the image's
@@ -539,6 +553,28 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
         bar.inc(1);
         guest_rows.measure(run, cfg, client, &cpus, &bar);
     }
+    let small_block = cfg.small.as_ref().map(|s| {
+        // Two more back ends, sleeping at once and never sleeping; the
+        // default one is adaptive.
+        let sleep_sock = work.path().join("iopath-sleep.sock");
+        let busy_sock = work.path().join("iopath-busy.sock");
+        let sleep = start_iopath_serve_on(
+            &cfg.iopath,
+            &image,
+            &sleep_sock,
+            server,
+            &["--poll-us", "0"],
+        );
+        let busy = start_iopath_serve_on(&cfg.iopath, &image, &busy_sock, server, &["--poll"]);
+        let pid = |c: &Result<Reaped>| c.as_ref().ok().map(|c| c.0.id());
+        let backends = small::Backends {
+            sleep: pid(&sleep).map(|p| (sleep_sock.as_path(), p)),
+            adaptive: pid(&ours).map(|p| (ours_sock.as_path(), p)),
+            busy: pid(&busy).map(|p| (busy_sock.as_path(), p)),
+            qsd: pid(&peer).map(|p| (peer_sock.as_path(), p)),
+        };
+        small::run(cfg, s, &image, &backends, &cpus, (client, server), &bar)
+    });
     bar.finish();
     drop((ours, peer));
     let lim = limit.summary().median;
@@ -571,10 +607,15 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
         image,
         rows: out,
         limit: Some(limit),
+        small_block,
     })
 }
 
 mod guest_rows;
 mod report;
+mod small;
+mod small_report;
+
+pub use small::{SmallConfig, SmallReport, SmallRow, SmallRun};
 
 use guest_rows::{GuestRows, GUEST_OURS, GUEST_PEER, GUEST_SWIOTLB};

@@ -26,7 +26,13 @@ impl BlkReport {
             ),
         );
         r.table(self.table());
-        r.set_chart(self.chart());
+        let mut chart = self.chart();
+        if let Some(s) = &self.small_block {
+            r.table(s.table(&self.placement));
+            chart.panels.extend(s.panels());
+            chart.columns = 1;
+        }
+        r.set_chart(chart);
         r.set_figures(self.json());
         r
     }
@@ -186,6 +192,14 @@ impl BlkReport {
         }
         if let Some(l) = &self.limit {
             v["limit"] = l.json();
+        }
+        if let Some(s) = &self.small_block {
+            let r: serde_json::Map<String, serde_json::Value> = s
+                .ratios()
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::json!(v)))
+                .collect();
+            v["small_block"]["ratios"] = serde_json::Value::Object(r);
         }
         v
     }

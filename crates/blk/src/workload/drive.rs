@@ -89,10 +89,11 @@ pub fn drive<O: DmaOps + ?Sized>(
     for run in 0..w.runs {
         progress.run_started(run, w.runs);
         let t0 = Instant::now();
-        pass(drv, w, blocks, w.op, progress, false)?;
+        let mut latency = Vec::with_capacity(w.count.try_into().unwrap_or(0));
+        timed_pass(drv, w, blocks, w.op, progress, false, &mut latency)?;
         // Timed like `dd oflag=direct` and fio's O_DIRECT write: up to the
         // last completion. The flush after makes the writes durable.
-        let timed = Run::new(w.bytes(), t0.elapsed());
+        let timed = Run::new(w.bytes(), t0.elapsed(), &mut latency);
         if w.op == Op::Write {
             drv.flush()?;
         }
@@ -129,20 +130,33 @@ pub fn pass<O: DmaOps + ?Sized>(
     progress: &dyn Progress,
     check: bool,
 ) -> Result<Option<u64>, WorkloadError> {
+    timed_pass(drv, w, blocks, op, progress, check, &mut Vec::new())
+}
+
+/// [`pass`], adding each block's submission-to-completion time (ns) to
+/// `latency`.
+fn timed_pass<O: DmaOps + ?Sized>(
+    drv: &mut BlkDriver<O>,
+    w: &Workload,
+    blocks: &Blocks,
+    op: Op,
+    progress: &dyn Progress,
+    check: bool,
+    latency: &mut Vec<u32>,
+) -> Result<Option<u64>, WorkloadError> {
     let order = Order::new(w);
     let queues = drv.queues_mut();
     let nq = queues.len();
     if nq == 1 {
         return queue_pass(
             &mut queues[0],
-            0,
-            1,
+            (0, 1),
             w,
             &order,
             &blocks.slots,
-            op,
+            (op, check),
             progress,
-            check,
+            latency,
         );
     }
     std::thread::scope(|scope| {
@@ -153,14 +167,28 @@ pub fn pass<O: DmaOps + ?Sized>(
                 // Slots qi, qi + nq, ...: at least one per queue.
                 let mine: Vec<_> = blocks.slots.iter().skip(qi).step_by(nq).cloned().collect();
                 let order = &order;
-                scope.spawn(move || queue_pass(q, qi, nq, w, order, &mine, op, progress, check))
+                scope.spawn(move || {
+                    let mut lat = Vec::new();
+                    let bad = queue_pass(
+                        q,
+                        (qi, nq),
+                        w,
+                        order,
+                        &mine,
+                        (op, check),
+                        progress,
+                        &mut lat,
+                    );
+                    bad.map(|b| (b, lat))
+                })
             })
             .collect();
         let mut bad: Option<u64> = None;
         for (qi, worker) in workers.into_iter().enumerate() {
-            let b = worker
+            let (b, lat) = worker
                 .join()
                 .map_err(|_| WorkloadError::Panicked { queue: qi })??;
+            latency.extend(lat);
             bad = match (bad, b) {
                 (Some(x), Some(y)) => Some(x.min(y)),
                 (x, y) => x.or(y),
@@ -171,26 +199,27 @@ pub fn pass<O: DmaOps + ?Sized>(
 }
 
 /// The blocks of queue `qi` of `nq` (blocks `qi`, `qi + nq`, ... of the
-/// order), with `slots.len()` in flight. Returns the lowest device offset
-/// that did not match the pattern, when `check`.
+/// order), with `slots.len()` in flight, each block's latency added to
+/// `latency`. Returns the lowest device offset that did not match the
+/// pattern, when `check`.
 #[allow(clippy::too_many_arguments)]
 fn queue_pass<O: DmaOps + ?Sized>(
     q: &mut BlkQueue<O>,
-    qi: usize,
-    nq: usize,
+    (qi, nq): (usize, usize),
     w: &Workload,
     order: &Order,
     slots: &[(Buffer, usize)],
-    op: Op,
+    (op, check): (Op, bool),
     progress: &dyn Progress,
-    check: bool,
+    latency: &mut Vec<u32>,
 ) -> Result<Option<u64>, WorkloadError> {
     let bs = w.bs;
     let mut next = (qi as u64..w.count).step_by(nq);
     let mut scratch = Vec::new();
     let mut bad: Option<u64> = None;
-    // slot -> (block of the order, device offset) of the request using it.
-    let mut busy: Vec<Option<(u64, u64)>> = vec![None; slots.len()];
+    // slot -> (block of the order, device offset, submitted at) of the
+    // request using it.
+    let mut busy: Vec<Option<(u64, u64, Instant)>> = vec![None; slots.len()];
     loop {
         for (slot, b) in busy.iter_mut().enumerate() {
             if b.is_some() {
@@ -219,23 +248,25 @@ fn queue_pass<O: DmaOps + ?Sized>(
                     len: bs,
                 },
             };
+            let at = Instant::now();
             q.submit(req, slot as u64)
                 .map_err(|source| WorkloadError::Submit {
                     block,
                     offset,
                     source,
                 })?;
-            *b = Some((block, offset));
+            *b = Some((block, offset, at));
         }
         if busy.iter().all(Option::is_none) {
             return Ok(bad);
         }
         let d = q.complete()?;
-        let (block, offset) = usize::try_from(d.tag)
+        let (block, offset, at) = usize::try_from(d.tag)
             .ok()
             .and_then(|s| busy.get_mut(s))
             .and_then(Option::take)
             .ok_or(WorkloadError::UnknownTag { tag: d.tag })?;
+        latency.push(at.elapsed().as_nanos().try_into().unwrap_or(u32::MAX));
         d.result.map_err(|source| WorkloadError::Block {
             block,
             offset,

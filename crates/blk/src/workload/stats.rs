@@ -11,15 +11,34 @@ pub struct Run {
     pub seconds: f64,
     /// Throughput in GiB/s.
     pub gib_per_s: f64,
+    /// Blocks per second.
+    pub iops: f64,
+    /// Median latency of a block, from submission to completion, in
+    /// microseconds.
+    pub p50_us: f64,
+    /// 99th percentile of the same.
+    pub p99_us: f64,
 }
 
 impl Run {
-    /// A run that moved `bytes` in `elapsed`.
-    pub fn new(bytes: u64, elapsed: Duration) -> Self {
+    /// A run that moved `bytes` in `elapsed`, one block per entry of
+    /// `latency_ns` (each block's submission-to-completion time).
+    pub fn new(bytes: u64, elapsed: Duration, latency_ns: &mut [u32]) -> Self {
         let seconds = elapsed.as_secs_f64();
+        latency_ns.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if latency_ns.is_empty() {
+                return 0.0;
+            }
+            let i = ((latency_ns.len() - 1) as f64 * p).round() as usize;
+            f64::from(latency_ns[i]) / 1000.0
+        };
         Run {
             seconds,
             gib_per_s: bytes as f64 / seconds.max(1e-9) / f64::from(1u32 << 30),
+            iops: latency_ns.len() as f64 / seconds.max(1e-9),
+            p50_us: pct(0.5),
+            p99_us: pct(0.99),
         }
     }
 }
@@ -66,6 +85,17 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_counts_blocks_and_ranks_latencies() {
+        let mut lat: Vec<u32> = (1..=100).rev().map(|us| us * 1000).collect();
+        let r = Run::new(100 << 12, Duration::from_millis(10), &mut lat);
+        assert_eq!(r.iops, 10_000.0);
+        assert_eq!(r.p50_us, 51.0);
+        assert_eq!(r.p99_us, 99.0);
+        let none = Run::new(0, Duration::from_secs(1), &mut []);
+        assert_eq!((none.iops, none.p50_us), (0.0, 0.0));
+    }
 
     #[test]
     fn stats_of_runs() {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-use iopath_bench::blk::{BlkConfig, DmaMode};
+use iopath_bench::blk::{BlkConfig, DmaMode, SmallConfig};
 use iopath_bench::Report;
 
 use super::{Outputs, PlacementArg};
@@ -58,6 +58,15 @@ pub struct BenchBlkArgs {
     /// guest's QEMU runs on the driver's CPU.
     #[arg(long)]
     pub guest: bool,
+    /// 4 KiB random requests per run of each row of the small-block
+    /// table (random reads and writes at queue depths 1 and 32: fio
+    /// io_uring O_DIRECT, iopath blk serve sleeping, adaptive and --poll,
+    /// qemu-storage-daemon, two queues); 0 leaves the table out.
+    #[arg(long, default_value_t = 65536)]
+    pub small_count: u64,
+    /// Runs per row of the small-block table.
+    #[arg(long, default_value_t = 5)]
+    pub small_runs: usize,
     #[command(flatten)]
     pub out: Outputs,
 }
@@ -75,6 +84,11 @@ impl BenchBlkArgs {
             guest: self.guest,
             iopath: iopath_bench::current_exe()?,
             progress: !self.json,
+            small: (self.small_count > 0).then(|| SmallConfig {
+                count: self.small_count,
+                runs: self.small_runs.max(1),
+                ..SmallConfig::full()
+            }),
         })
     }
 
