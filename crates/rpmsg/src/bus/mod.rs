@@ -55,6 +55,33 @@ use crate::wire::{
     self, check_name, Endian, ADDR_ANY, HDR_LEN, NS_ADDR, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS,
 };
 
+/// Sends one message given as its header and payload: both written into
+/// a free buffer of `link`, which then goes to the peer. `Ok(false)` when
+/// no buffer is free.
+fn send_parts(link: &mut dyn Link, hdr: &[u8], data: &[u8]) -> Result<bool, crate::LinkError> {
+    let Some(slot) = link.get_tx()? else {
+        return Ok(false);
+    };
+    let len = hdr.len() + data.len();
+    if len > slot.cap {
+        let cap = slot.cap;
+        link.drop_tx(slot);
+        return Err(crate::LinkError::Broken(format!(
+            "message of {len} bytes for a {cap}-byte buffer"
+        )));
+    }
+    let mem = link.memory();
+    let written = mem
+        .write(slot.addr, hdr)
+        .and_then(|()| mem.write(slot.addr + hdr.len() as u64, data));
+    if let Err(e) = written {
+        link.drop_tx(slot);
+        return Err(e.into());
+    }
+    link.put_tx(slot, len)?;
+    Ok(true)
+}
+
 /// Counters of what the bus did and refused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -471,26 +498,29 @@ impl Bus {
         data: &[u8],
         wait: Option<Duration>,
     ) -> Result<(), BusError> {
-        let mut msg = Vec::with_capacity(HDR_LEN + data.len());
-        wire::encode_message(
+        if data.len() > self.max_payload() {
+            return Err(BusError::TooLarge {
+                len: data.len(),
+                max: self.max_payload(),
+            });
+        }
+        // The header and the payload go straight into the free buffer: no
+        // message is assembled on the side first.
+        let hdr = wire::Header {
             src,
             dst,
-            data,
-            self.shared.buf_size,
-            self.shared.endian,
-            &mut msg,
-        )
-        .map_err(|_| BusError::TooLarge {
-            len: data.len(),
-            max: self.max_payload(),
-        })?;
+            reserved: 0,
+            len: data.len() as u16,
+            flags: 0,
+        }
+        .encode(self.shared.endian);
         let deadline = wait.map(|w| Instant::now() + w);
         let mut st = lock(&self.shared.state);
         loop {
             if let Some(r) = &st.down {
                 return Err(BusError::LinkDown(r.clone()));
             }
-            match st.link.send(&msg) {
+            match send_parts(&mut *st.link, &hdr, data) {
                 Ok(true) => {
                     st.stats.tx_msgs += 1;
                     let kick = st.link.take_kick();
