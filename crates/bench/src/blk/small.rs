@@ -122,21 +122,39 @@ pub(super) struct Backends<'a> {
     pub qsd: Option<(&'a Path, u32)>,
 }
 
-/// CPU time of every thread of `pid` (`None`: this process), nanoseconds,
-/// from `/proc/PID/task/*/schedstat`.
-fn cpu_ns(pid: Option<u32>) -> u64 {
-    let dir = match pid {
-        Some(p) => format!("/proc/{p}/task"),
-        None => "/proc/self/task".into(),
-    };
-    let Ok(tasks) = std::fs::read_dir(&dir) else {
+/// CPU time (user and system) of process `pid`, threads that have
+/// exited included, nanoseconds: `/proc/PID/stat`'s utime and stime, in
+/// clock ticks (queue threads end when their front end goes, before the
+/// figure is read, so per-thread counters would miss them).
+fn cpu_ns_of(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0;
     };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+    // Fields after the command (which may hold spaces) and its `)`.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000_000 / hz
+}
+
+/// CPU time of this process, threads that have exited included,
+/// nanoseconds (`getrusage(RUSAGE_SELF)`, microsecond resolution).
+fn cpu_ns_self() -> u64 {
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(ru.ru_utime) + us(ru.ru_stime)) * 1000
 }
 
 /// One run of iopath's driver with `poll` on the back end at `socket`
@@ -164,9 +182,9 @@ fn dd_run(
     let mut dd = DdConfig::new(socket, w);
     dd.poll = poll;
     dd.queues = queues;
-    let (mine, theirs) = (cpu_ns(None), cpu_ns(Some(pid)));
+    let (mine, theirs) = (cpu_ns_self(), cpu_ns_of(pid));
     let report = iopath_blk::dd::run(&dd, &()).map_err(driver_err("dd"))?;
-    let cpu = (cpu_ns(None) - mine) + cpu_ns(Some(pid)).saturating_sub(theirs);
+    let cpu = cpu_ns_self().saturating_sub(mine) + cpu_ns_of(pid).saturating_sub(theirs);
     let r = report.runs[0];
     Ok(SmallRun {
         iops: r.iops,
