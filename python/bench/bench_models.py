@@ -160,17 +160,21 @@ def one(row, files):
         from safetensors.numpy import load_file
 
         t = time.perf_counter()
-        n = sum(len(load_file(p)) for p in files)
+        keep = {}
+        for p in files:
+            keep.update(load_file(p))
+        n = len(keep)
     elif row == "pt":
         from safetensors.torch import load_file
 
         t = time.perf_counter()
-        n = 0
+        keep = {}
         for p in files:
             r = load_file(p)
             for x in r.values():
                 touch_pages(x)
-            n += len(r)
+            keep.update(r)
+        n = len(keep)
     elif row == "runai":
         from runai_model_streamer import SafetensorsStreamer
 
