@@ -97,7 +97,9 @@ pub enum BenchCmd {
     /// beside fio's O_DIRECT write of the same image and the same driver
     /// against qemu-storage-daemon; with --guest, a Linux guest's dd on
     /// both back ends too, and on iopath's with swiotlb=force behind the
-    /// vIOMMU.
+    /// vIOMMU. Then 4 KiB random reads and writes at queue depths 1 and
+    /// 32: fio, `iopath blk serve` sleeping, adaptive and --poll,
+    /// qemu-storage-daemon, two queues (IOPS, p50/p99, CPU per request).
     Blk(BenchBlkArgs),
     /// rpmsg endpoints as fds (RPMSG_CREATE_EPT_FD_IOCTL): create+destroy
     /// an endpoint L times the legacy way (a node to open) and the fd way,
