@@ -215,7 +215,20 @@ impl FileView {
         // which lives while `self` does; it is a file mapping, so it cannot
         // overlap the buffer's memfd or dma-buf mapping. A page the file
         // lost meanwhile reads as zeros (the guard), never faults.
-        unsafe { dst.copy_from_ptr(self.map.as_ptr().wrapping_add(off)) }
+        let copied = unsafe { dst.copy_from_ptr(self.map.as_ptr().wrapping_add(off)) };
+        // Unmap the pages again (they stay in the page cache), so the
+        // process's resident size counts the buffers once, not the file's
+        // pages as well.
+        // SAFETY: as for the populate above; dropping a shared file
+        // mapping's pages changes no data.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                self.map.as_ptr().wrapping_add(lo).cast(),
+                hi - lo,
+                Advice::LinuxDontNeed,
+            )
+        };
+        copied
     }
 
     /// Bytes mapped.
