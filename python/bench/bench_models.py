@@ -43,6 +43,8 @@ import subprocess
 import sys
 import time
 
+# The shared helpers of the other bench script; no __pycache__ in the tree.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_safetensors as bs  # noqa: E402
 
