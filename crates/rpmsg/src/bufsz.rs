@@ -15,6 +15,10 @@
 //!  10  reserved[14] u32
 //! ```
 //!
+//! A third convention, `fixed`, negotiates nothing, as upstream OpenAMP
+//! (2026.04) does: no feature bit, no config space, each side uses the
+//! sizes it was given and both must be given the same.
+//!
 //! Linux's fields are named from the remote's view (its tx is the host's
 //! rx); NuttX's name the direction. Both are little-endian here (the
 //! resource table's order on the machines iopath supports).
@@ -256,6 +260,9 @@ pub enum Convention {
     Linux,
     /// NuttX's OpenAMP: bit 2, sizes first in the config.
     Nuttx,
+    /// Upstream OpenAMP: nothing negotiated; each side uses its own
+    /// settings, which must agree.
+    Fixed,
 }
 
 impl fmt::Display for Convention {
@@ -263,6 +270,7 @@ impl fmt::Display for Convention {
         f.write_str(match self {
             Convention::Linux => "linux",
             Convention::Nuttx => "nuttx",
+            Convention::Fixed => "fixed",
         })
     }
 }
@@ -274,21 +282,25 @@ impl FromStr for Convention {
         match s {
             "linux" => Ok(Convention::Linux),
             "nuttx" => Ok(Convention::Nuttx),
-            _ => Err(format!("unknown convention {s:?} (linux or nuttx)")),
+            "fixed" => Ok(Convention::Fixed),
+            _ => Err(format!("unknown convention {s:?} (linux, nuttx or fixed)")),
         }
     }
 }
 
 impl Convention {
-    /// The feature bit that says the config holds the sizes.
-    pub fn bit(self) -> u32 {
+    /// The feature bit that says the config holds the sizes (none under
+    /// [`Convention::Fixed`]).
+    pub fn bit(self) -> Option<u32> {
         match self {
-            Convention::Linux => VIRTIO_RPMSG_F_BUFSZ,
-            Convention::Nuttx => NUTTX_RPMSG_F_BUFSZ,
+            Convention::Linux => Some(VIRTIO_RPMSG_F_BUFSZ),
+            Convention::Nuttx => Some(NUTTX_RPMSG_F_BUFSZ),
+            Convention::Fixed => None,
         }
     }
 
-    /// The config space a remote offering `sizes` writes.
+    /// The config space a remote offering `sizes` writes (empty under
+    /// [`Convention::Fixed`]).
     pub fn config(self, sizes: BufSizes) -> Vec<u8> {
         match self {
             Convention::Linux => LinuxConfig {
@@ -306,10 +318,12 @@ impl Convention {
             }
             .as_slice()
             .to_vec(),
+            Convention::Fixed => Vec::new(),
         }
     }
 
     /// Reads and checks the sizes in `config` (the vdev's config space).
+    /// [`Convention::Fixed`] has none: 512 bytes, as without negotiation.
     ///
     /// # Errors
     /// [`BufSizeError::ConfigShort`], [`BufSizeError::Version`],
@@ -349,6 +363,7 @@ impl Convention {
                     to_host: u32::from_le(c.r2h_buf_size),
                 }
             }
+            Convention::Fixed => BufSizes::DEFAULT,
         };
         sizes.check()?;
         Ok(sizes)
@@ -374,7 +389,9 @@ pub const BUFSZ_BITS: u32 = (1 << VIRTIO_RPMSG_F_BUFSZ) | (1 << NUTTX_RPMSG_F_BU
 /// The host's side of the negotiation: which of `dfeatures` it takes
 /// (within `accept`; the buffer-size bits only under `convention`, and
 /// only when `accept` has [`VIRTIO_RPMSG_F_BUFSZ`]) and the sizes that
-/// follow from the device's `config`.
+/// follow from the device's `config`. Under [`Convention::Fixed`] no
+/// buffer-size bit is taken and the sizes are the host's own, `fixed`
+/// (checked as an offer would be).
 ///
 /// # Errors
 /// [`BufSizeError`] when the device's offer is refused.
@@ -383,12 +400,16 @@ pub fn host_negotiate(
     accept: u32,
     convention: Convention,
     config: &[u8],
+    fixed: BufSizes,
 ) -> Result<(u32, BufSizes), BufSizeError> {
     let mut features = dfeatures & accept & !BUFSZ_BITS;
+    let Some(bit) = convention.bit() else {
+        fixed.check()?;
+        return Ok((features, fixed));
+    };
     if accept & (1 << VIRTIO_RPMSG_F_BUFSZ) == 0 {
         return Ok((features, BufSizes::DEFAULT));
     }
-    let bit = convention.bit();
     if dfeatures & (1 << bit) == 0 {
         return Ok((features, BufSizes::DEFAULT));
     }
@@ -401,7 +422,9 @@ pub fn host_negotiate(
 }
 
 /// The remote's side: the sizes that apply once the host accepted
-/// `features` of what the table offered (`dfeatures`, `config`).
+/// `features` of what the table offered (`dfeatures`, `config`); `fixed`
+/// when the remote was given sizes under [`Convention::Fixed`] (its table
+/// then offers no bit, and nothing is read from it).
 ///
 /// # Errors
 /// [`BufSizeError`] when the config (the remote's own, or one changed
@@ -410,9 +433,14 @@ pub fn remote_sizes(
     dfeatures: u32,
     features: u32,
     config: &[u8],
+    fixed: Option<BufSizes>,
 ) -> Result<BufSizes, BufSizeError> {
+    if let Some(s) = fixed {
+        s.check()?;
+        return Ok(s);
+    }
     match Convention::offered(dfeatures) {
-        Some(c) if features & (1 << c.bit()) != 0 => c.parse(config),
+        Some(c) if c.bit().is_some_and(|b| features & (1 << b) != 0) => c.parse(config),
         _ => Ok(BufSizes::DEFAULT),
     }
 }
@@ -423,6 +451,39 @@ mod tests {
     use proptest::prelude::*;
 
     const NS: u32 = 1;
+    /// Sizes a host would use under the fixed convention.
+    const FIXED: BufSizes = BufSizes {
+        to_remote: 2048,
+        to_host: 1024,
+    };
+
+    #[test]
+    fn fixed_takes_no_bit_and_reads_no_config() {
+        assert_eq!(Convention::Fixed.bit(), None);
+        assert!(Convention::Fixed.config(FIXED).is_empty());
+        assert_eq!("fixed".parse(), Ok(Convention::Fixed));
+        // Whatever the device offers, a fixed host takes no size bit and
+        // uses its own sizes.
+        let all = NS | BUFSZ_BITS;
+        let cfg = Convention::Linux.config(BufSizes::both(4096));
+        for d in [
+            NS,
+            NS | 1 << VIRTIO_RPMSG_F_BUFSZ,
+            NS | 1 << NUTTX_RPMSG_F_BUFSZ,
+        ] {
+            assert_eq!(
+                host_negotiate(d, all, Convention::Fixed, &cfg, FIXED),
+                Ok((NS, FIXED))
+            );
+            // A fixed remote uses its own sizes whatever the table says.
+            assert_eq!(remote_sizes(d, d, &cfg, Some(FIXED)), Ok(FIXED));
+        }
+        assert!(matches!(
+            host_negotiate(NS, all, Convention::Fixed, &[], BufSizes::both(1002)),
+            Err(BufSizeError::Size { size: 1002, .. })
+        ));
+        assert!(remote_sizes(NS, NS, &[], Some(BufSizes::both(8))).is_err());
+    }
 
     #[test]
     fn linux_layout_is_the_proposal_s() {
@@ -448,31 +509,37 @@ mod tests {
         // Linux: bit 1 with a Linux config.
         let cfg = Convention::Linux.config(s);
         let d = NS | 1 << VIRTIO_RPMSG_F_BUFSZ;
-        assert_eq!(host_negotiate(d, all, Convention::Linux, &cfg), Ok((d, s)));
+        assert_eq!(
+            host_negotiate(d, all, Convention::Linux, &cfg, FIXED),
+            Ok((d, s))
+        );
         // A host that does not take the feature: 512, bit not acked.
         assert_eq!(
-            host_negotiate(d, NS, Convention::Linux, &cfg),
+            host_negotiate(d, NS, Convention::Linux, &cfg, FIXED),
             Ok((NS, BufSizes::DEFAULT))
         );
         // A NuttX host never takes bit 1 (its ACK).
         assert_eq!(
-            host_negotiate(d, all, Convention::Nuttx, &cfg),
+            host_negotiate(d, all, Convention::Nuttx, &cfg, FIXED),
             Ok((NS, BufSizes::DEFAULT))
         );
         // NuttX: bits 1 and 2; a Linux host refuses rather than misread.
         let cfg = Convention::Nuttx.config(s);
         let d = NS | 1 << NUTTX_RPMSG_F_ACK | 1 << NUTTX_RPMSG_F_BUFSZ;
         assert_eq!(
-            host_negotiate(d, all, Convention::Linux, &cfg),
+            host_negotiate(d, all, Convention::Linux, &cfg, FIXED),
             Err(BufSizeError::Conflict)
         );
         assert_eq!(
-            host_negotiate(d, all, Convention::Nuttx, &cfg),
+            host_negotiate(d, all, Convention::Nuttx, &cfg, FIXED),
             Ok((NS | 1 << NUTTX_RPMSG_F_BUFSZ, s))
         );
         // The remote reads what the host took.
-        assert_eq!(remote_sizes(d, NS | 1 << NUTTX_RPMSG_F_BUFSZ, &cfg), Ok(s));
-        assert_eq!(remote_sizes(d, NS, &cfg), Ok(BufSizes::DEFAULT));
+        assert_eq!(
+            remote_sizes(d, NS | 1 << NUTTX_RPMSG_F_BUFSZ, &cfg, None),
+            Ok(s)
+        );
+        assert_eq!(remote_sizes(d, NS, &cfg, None), Ok(BufSizes::DEFAULT));
     }
 
     #[test]
@@ -522,6 +589,7 @@ mod tests {
         #[test]
         fn parse_never_panics(b in proptest::collection::vec(any::<u8>(), 0..80), linux: bool) {
             let c = if linux { Convention::Linux } else { Convention::Nuttx };
+            prop_assert_eq!(Convention::Fixed.parse(&b), Ok(BufSizes::DEFAULT));
             if let Ok(s) = c.parse(&b) {
                 prop_assert!(s.check().is_ok());
             }

@@ -43,6 +43,8 @@ pub struct HostOptions {
     pub features: u32,
     /// How buffer sizes are negotiated.
     pub convention: Convention,
+    /// The sizes used under [`Convention::Fixed`] (ignored otherwise).
+    pub fixed: BufSizes,
 }
 
 impl Default for HostOptions {
@@ -50,6 +52,7 @@ impl Default for HostOptions {
         HostOptions {
             features: HOST_FEATURES,
             convention: Convention::Linux,
+            fixed: BufSizes::DEFAULT,
         }
     }
 }
@@ -126,13 +129,17 @@ impl HostLink {
         let st = v.status_offset() as u64;
         shm.store_u8(st, 0)?;
         shm.store_u8(st, status::ACKNOWLEDGE | status::DRIVER)?;
-        let negotiated =
-            bufsz::host_negotiate(v.dfeatures, opts.features, opts.convention, &v.config).and_then(
-                |(f, sizes)| {
-                    let (pool, _) = table.buffer_pool_for(shm.len() as u64, sizes)?;
-                    Ok((f, sizes, pool))
-                },
-            );
+        let negotiated = bufsz::host_negotiate(
+            v.dfeatures,
+            opts.features,
+            opts.convention,
+            &v.config,
+            opts.fixed,
+        )
+        .and_then(|(f, sizes)| {
+            let (pool, _) = table.buffer_pool_for(shm.len() as u64, sizes)?;
+            Ok((f, sizes, pool))
+        });
         let (features, sizes, pool) = match negotiated {
             Ok(n) => n,
             Err(e) => {

@@ -191,6 +191,22 @@ impl RemoteLink {
         notifier: &dyn Notifier,
         timeout: Option<Duration>,
     ) -> Result<Self, LinkError> {
+        Self::wait_ready_with(shm, notifier, timeout, None)
+    }
+
+    /// As [`RemoteLink::wait_ready`]; with `fixed`, the buffer sizes are
+    /// these, whatever the table offers (upstream OpenAMP's way: nothing
+    /// negotiated, both sides set alike).
+    ///
+    /// # Errors
+    /// As [`RemoteLink::wait_ready`]; [`LinkError::BufSize`] for a size
+    /// no buffer can have.
+    pub fn wait_ready_with(
+        shm: SharedMem,
+        notifier: &dyn Notifier,
+        timeout: Option<Duration>,
+        fixed: Option<BufSizes>,
+    ) -> Result<Self, LinkError> {
         let start = Instant::now();
         let table = shm.table(0)?;
         let st_addr = table.vdev.status_offset() as u64;
@@ -213,7 +229,7 @@ impl RemoteLink {
         // Re-read the table: the host wrote gfeatures before DRIVER_OK
         // (release/acquire through the status byte).
         let table = shm.table(0)?;
-        Self::attach(shm, table)
+        Self::attach_with(shm, table, fixed)
     }
 
     /// Resets the device in `shm` for the next host: the vdev status byte
@@ -233,9 +249,22 @@ impl RemoteLink {
     /// [`LinkError::Queue`] if a ring is not valid, [`LinkError::BufSize`]
     /// if the buffer sizes in the table no longer hold.
     pub fn attach(shm: SharedMem, table: ResourceTable) -> Result<Self, LinkError> {
+        Self::attach_with(shm, table, None)
+    }
+
+    /// As [`RemoteLink::attach`], with the `fixed` sizes of
+    /// [`RemoteLink::wait_ready_with`].
+    ///
+    /// # Errors
+    /// As [`RemoteLink::attach`].
+    pub fn attach_with(
+        shm: SharedMem,
+        table: ResourceTable,
+        fixed: Option<BufSizes>,
+    ) -> Result<Self, LinkError> {
         let features = table.vdev.gfeatures & table.vdev.dfeatures;
         let v = &table.vdev;
-        let sizes = crate::bufsz::remote_sizes(v.dfeatures, features, &v.config)?;
+        let sizes = crate::bufsz::remote_sizes(v.dfeatures, features, &v.config, fixed)?;
         let event_idx = features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         let txq = queue(&shm, &table, 0, event_idx)?;
         let rxq = queue(&shm, &table, 1, event_idx)?;

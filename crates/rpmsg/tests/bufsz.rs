@@ -38,6 +38,20 @@ fn pair(
     opts: HostOptions,
     ring: u32,
 ) -> Result<Pair, BusError> {
+    let fixed = match offer {
+        Some((Convention::Fixed, s)) => Some(s),
+        _ => None,
+    };
+    pair_fixed(offer, opts, ring, fixed)
+}
+
+/// As [`pair`], the remote using `fixed` sizes whatever its table says.
+fn pair_fixed(
+    offer: Option<(Convention, BufSizes)>,
+    opts: HostOptions,
+    ring: u32,
+    fixed: Option<BufSizes>,
+) -> Result<Pair, BusError> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shm");
     let sizes = offer.map_or(BufSizes::DEFAULT, |(_, s)| s);
@@ -51,7 +65,7 @@ fn pair(
     let listener = spec.bind().unwrap();
     let remote = std::thread::spawn(move || {
         let n = listener.accept().unwrap();
-        let bus = Bus::remote(shm, n, Some(T))?;
+        let bus = Bus::remote_with(shm, n, Some(T), fixed)?;
         let max = bus.max_payload();
         let ep = bus
             .create_with_callback(EndpointOptions::new("echo"), move |ep, ev| {
@@ -168,7 +182,8 @@ fn negotiate(c: Convention, sizes: BufSizes) {
         ..HostOptions::default()
     };
     let p = pair(Some((c, sizes)), opts, 64).unwrap();
-    assert_eq!(p.host.features() & (1 << c.bit()), 1 << c.bit());
+    let bit = 1 << c.bit().unwrap();
+    assert_eq!(p.host.features() & bit, bit);
     bus_round_trips(&p, sizes);
     fd_round_trips(&p, sizes);
     p.host.shutdown();
@@ -294,6 +309,56 @@ fn no_offer_is_today_s_table() {
     let p = pair(None, HostOptions::default(), 256).unwrap();
     assert_eq!(p.host.features() & 0b110, 0);
     bus_round_trips(&p, BufSizes::DEFAULT);
+    p.host.shutdown();
+    p.remote.shutdown();
+}
+
+/// Upstream OpenAMP's way: nothing negotiated, both sides given 2 KiB.
+/// The table offers no bit and no config, and 2032-byte payloads cross
+/// byte for byte both ways.
+#[test]
+fn fixed_2k_both_sides() {
+    let sizes = BufSizes::both(2048);
+    let opts = HostOptions {
+        convention: Convention::Fixed,
+        fixed: sizes,
+        ..HostOptions::default()
+    };
+    let p = pair(Some((Convention::Fixed, sizes)), opts, 64).unwrap();
+    assert_eq!(p.host.features() & iopath_rpmsg::bufsz::BUFSZ_BITS, 0);
+    bus_round_trips(&p, sizes);
+    fd_round_trips(&p, sizes);
+    p.host.shutdown();
+    p.remote.shutdown();
+}
+
+/// A fixed host of 2 KiB against a remote left at 512: the remote reads
+/// what the host wrote (up to 64 KiB), its replies are its own 496 bytes;
+/// nothing breaks.
+#[test]
+fn fixed_mismatch_is_read_as_written() {
+    let opts = HostOptions {
+        convention: Convention::Fixed,
+        fixed: BufSizes::both(2048),
+        ..HostOptions::default()
+    };
+    // The memory is laid out for 2 KiB (the table is the same as for 512
+    // under the fixed convention); the remote is given no sizes.
+    let p = pair_fixed(
+        Some((Convention::Fixed, BufSizes::both(2048))),
+        opts,
+        64,
+        None,
+    )
+    .unwrap();
+    assert_eq!((p.host.max_payload(), p.remote.max_payload()), (2032, 496));
+    let ch = p.host.wait_channel("echo", T).unwrap();
+    let ep = p
+        .host
+        .create(EndpointOptions::new("echo").dst(ch.addr))
+        .unwrap();
+    ep.send(&pattern(2032, 1)).unwrap();
+    assert_eq!(ep.recv(Some(T)).unwrap().data, pattern(496, 2032));
     p.host.shutdown();
     p.remote.shutdown();
 }

@@ -63,6 +63,40 @@ pub(super) fn stats_line(s: &Stats) -> String {
     )
 }
 
+/// Buffer sizes from `--buf-size` and its per-direction options (`tx` is
+/// this side's sending direction, `rx` its receiving one), as
+/// `(tx, rx)`; `None` when none was given.
+///
+/// # Errors
+/// A usage error naming the option whose size is not 512 to 64K or not a
+/// multiple of 4.
+pub(super) fn buf_sizes(
+    both: Option<u64>,
+    tx: Option<u64>,
+    rx: Option<u64>,
+) -> anyhow::Result<Option<(u32, u32)>> {
+    use iopath_rpmsg::bufsz::{MAX_BUF_SIZE, MIN_OFFER};
+    if both.is_none() && tx.is_none() && rx.is_none() {
+        return Ok(None);
+    }
+    let pick = |opt: &str, one: Option<u64>| -> anyhow::Result<u32> {
+        let opt = if one.is_some() { opt } else { "--buf-size" };
+        let v = one.or(both).unwrap_or(MIN_OFFER.into());
+        u32::try_from(v)
+            .ok()
+            .filter(|v| (MIN_OFFER..=MAX_BUF_SIZE).contains(v) && v % 4 == 0)
+            .ok_or_else(|| {
+                crate::usage::usage(format!(
+                    "{opt} {v}: a buffer is 512 to 65536 bytes (64K), a multiple of 4"
+                ))
+            })
+    };
+    Ok(Some((
+        pick("--tx-buf-size", tx)?,
+        pick("--rx-buf-size", rx)?,
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

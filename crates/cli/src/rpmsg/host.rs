@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
-use iopath_rpmsg::bufsz::VIRTIO_RPMSG_F_BUFSZ;
+use iopath_rpmsg::bufsz::{BufSizes, VIRTIO_RPMSG_F_BUFSZ};
 use iopath_rpmsg::ctrl::CtrlError;
 use iopath_rpmsg::session::{serve_remotes, HostEvent, ServeRemotes, ServeRemotesError};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
@@ -77,10 +77,25 @@ pub struct HostArgs {
     #[arg(long)]
     no_event_idx: bool,
     /// How the remote's buffer sizes are read: linux (feature bit 1 and a
-    /// versioned config, Linux's proposal) or nuttx (bit 2, the sizes
-    /// first in the config; bit 1 is then NuttX's ACK, never taken).
+    /// versioned config, Linux's proposal), nuttx (bit 2, the sizes
+    /// first in the config; bit 1 is then NuttX's ACK, never taken) or
+    /// fixed (nothing read, no bit taken: the sizes of --buf-size, 512
+    /// without it, which the remote must be given too, as upstream
+    /// OpenAMP's RPMSG_BUFFER_SIZE).
     #[arg(long, default_value = "linux", value_name = "CONVENTION")]
     buf_size_convention: Convention,
+    /// With --buf-size-convention fixed: buffers of SIZE bytes both ways,
+    /// header included (512 to 64K, a multiple of 4).
+    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE")]
+    buf_size: Option<u64>,
+    /// With --buf-size-convention fixed: SIZE-byte buffers for messages
+    /// from the host to the remote (overrides --buf-size that way).
+    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE")]
+    tx_buf_size: Option<u64>,
+    /// With --buf-size-convention fixed: SIZE-byte buffers for messages
+    /// from the remote to the host (overrides --buf-size that way).
+    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE")]
+    rx_buf_size: Option<u64>,
     /// Decline buffer sizes the remote offers: 512 bytes each way.
     #[arg(long)]
     no_buf_size: bool,
@@ -131,6 +146,17 @@ pub fn run(a: HostArgs) -> Result<()> {
 /// Connects to the remote, starts the bus and serves one remote after
 /// another (with `--once` until the link goes down).
 fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
+    // Sizes are checked before anything is touched.
+    let fixed = super::common::buf_sizes(a.buf_size, a.tx_buf_size, a.rx_buf_size)?;
+    if fixed.is_some() && a.buf_size_convention != Convention::Fixed {
+        return Err(crate::usage::usage(
+            "--buf-size on the host needs --buf-size-convention fixed (otherwise the remote offers the sizes)",
+        ));
+    }
+    let fixed = fixed.map_or(BufSizes::DEFAULT, |(to_remote, to_host)| BufSizes {
+        to_remote,
+        to_host,
+    });
     // Refuse a live control socket before the device is touched: a second
     // host would reset the running one's device.
     if let Some(ctrl) = &a.ctrl {
@@ -165,6 +191,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     let host_opts = HostOptions {
         features,
         convention: a.buf_size_convention,
+        fixed,
     };
     let bus = Bus::host_with(shm, notifier, &host_opts).with_context(|| {
         format!(
@@ -222,6 +249,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         shm_opts: &shm_opts,
         features,
         convention: a.buf_size_convention,
+        fixed,
         ctrl,
         ctrl_opts: &opts,
         once: a.once,

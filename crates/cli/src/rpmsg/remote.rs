@@ -17,9 +17,7 @@ use iopath_rpmsg::{
     shm_path, NotifySpec, RemoteServices, SharedMem, ShmOptions, ShmOwner, ShmRole,
 };
 
-use iopath_rpmsg::bufsz::{
-    BufSizes, MAX_BUF_SIZE, MIN_OFFER, NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ,
-};
+use iopath_rpmsg::bufsz::{BufSizes, NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ};
 use iopath_rpmsg::openamp;
 use iopath_rpmsg::Convention;
 
@@ -79,8 +77,10 @@ pub struct RemoteArgs {
     #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE", requires = "create")]
     rx_buf_size: Option<u64>,
     /// How the sizes are offered: linux (feature bit 1, a versioned
-    /// config: Linux's proposal) or nuttx (bit 2, the sizes first in the
-    /// config, as NuttX's OpenAMP reads them).
+    /// config: Linux's proposal), nuttx (bit 2, the sizes first in the
+    /// config, as NuttX's OpenAMP reads them) or fixed (nothing offered:
+    /// no bit, no config; the sizes are used as given, and the host must
+    /// be given the same, as upstream OpenAMP's RPMSG_BUFFER_SIZE).
     #[arg(long, default_value = "linux", value_name = "CONVENTION")]
     buf_size_convention: Convention,
     /// How to notify: eventfd:SOCK (eventfd pair passed over SOCK), unix:SOCK
@@ -249,39 +249,8 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
 
 /// The sizes given by --buf-size, --tx-buf-size and --rx-buf-size, if any.
 fn offered_sizes(a: &RemoteArgs) -> Result<Option<BufSizes>> {
-    if a.buf_size.is_none() && a.tx_buf_size.is_none() && a.rx_buf_size.is_none() {
-        return Ok(None);
-    }
-    let pick = |opt: &str, v: Option<u64>| -> Result<u32> {
-        let v = v.or(a.buf_size).unwrap_or(BufSizes::DEFAULT.to_host.into());
-        u32::try_from(v)
-            .ok()
-            .filter(|v| (MIN_OFFER..=MAX_BUF_SIZE).contains(v) && v % 4 == 0)
-            .ok_or_else(|| {
-                crate::usage::usage(format!(
-                    "{opt} {v}: a buffer is 512 to 65536 bytes (64K), a multiple of 4"
-                ))
-            })
-    };
-    let sizes = BufSizes {
-        to_host: pick(
-            if a.tx_buf_size.is_some() {
-                "--tx-buf-size"
-            } else {
-                "--buf-size"
-            },
-            a.tx_buf_size,
-        )?,
-        to_remote: pick(
-            if a.rx_buf_size.is_some() {
-                "--rx-buf-size"
-            } else {
-                "--buf-size"
-            },
-            a.rx_buf_size,
-        )?,
-    };
-    Ok(Some(sizes))
+    let s = super::common::buf_sizes(a.buf_size, a.tx_buf_size, a.rx_buf_size)?;
+    Ok(s.map(|(to_host, to_remote)| BufSizes { to_host, to_remote }))
 }
 
 /// Binds, opens the shared memory and serves one host after another.
@@ -363,12 +332,17 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
         a.notify
     );
     let services = services(a);
+    let fixed = match a.buf_size_convention {
+        Convention::Fixed => offered_sizes(a)?,
+        _ => None,
+    };
     let cfg = ServeHosts {
         listener: &listener,
         shm: &shm,
         ready_timeout: a.ready_timeout.map(Duration::from_secs),
         services: &services,
         once: a.once,
+        fixed,
     };
     serve_hosts(
         &cfg,

@@ -154,7 +154,13 @@ fuzz_target!(|i: Input| {
     } else {
         Convention::Linux
     };
-    let sizes = match host_negotiate(dfeatures, HOST_FEATURES, convention, &i.config) {
+    let sizes = match host_negotiate(
+        dfeatures,
+        HOST_FEATURES,
+        convention,
+        &i.config,
+        BufSizes::DEFAULT,
+    ) {
         Ok((_, s)) => {
             assert!(s.check().is_ok(), "{s:?}");
             s

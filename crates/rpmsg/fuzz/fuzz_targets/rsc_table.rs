@@ -59,15 +59,19 @@ fuzz_target!(|i: Input| {
         }
         let v = &t.vdev;
         assert_eq!(v.config.len(), v.config_len as usize);
-        if let Ok((features, sizes)) =
-            host_negotiate(v.dfeatures, HOST_FEATURES, conv(i.host_nuttx), &v.config)
-        {
+        if let Ok((features, sizes)) = host_negotiate(
+            v.dfeatures,
+            HOST_FEATURES,
+            conv(i.host_nuttx),
+            &v.config,
+            BufSizes::DEFAULT,
+        ) {
             assert_eq!(features & !v.dfeatures, 0, "a feature not offered taken");
             assert!(sizes.check().is_ok(), "{sizes:?}");
             if let Ok((start, size)) = t.buffer_pool_for(shm_len, sizes) {
                 assert!(start + size <= shm_len);
             }
-            if let Ok(s) = remote_sizes(v.dfeatures, features, &v.config) {
+            if let Ok(s) = remote_sizes(v.dfeatures, features, &v.config, None) {
                 assert_eq!(s, sizes, "host and remote disagree");
             }
         }

@@ -195,7 +195,21 @@ impl Bus {
         notifier: Box<dyn Notifier>,
         timeout: Option<Duration>,
     ) -> Result<Bus, BusError> {
-        let link = RemoteLink::wait_ready(shm, &*notifier, timeout)?;
+        Self::remote_with(shm, notifier, timeout, None)
+    }
+
+    /// As [`Bus::remote`]; with `fixed`, the buffer sizes are these
+    /// whatever the table offers ([`crate::Convention::Fixed`]).
+    ///
+    /// # Errors
+    /// As [`Bus::remote`]; also for a size no buffer can have.
+    pub fn remote_with(
+        shm: SharedMem,
+        notifier: Box<dyn Notifier>,
+        timeout: Option<Duration>,
+        fixed: Option<crate::BufSizes>,
+    ) -> Result<Bus, BusError> {
+        let link = RemoteLink::wait_ready_with(shm, &*notifier, timeout, fixed)?;
         Ok(Bus::start(Box::new(link), notifier))
     }
 

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use super::PingError;
-use crate::openamp::{self, MAX_DATA, SERVICE};
-use crate::wire::{ADDR_ANY, MAX_PAYLOAD};
+use crate::openamp::{self, SERVICE};
+use crate::wire::ADDR_ANY;
 use crate::{Bus, EndpointOptions};
 
 /// What [`openamp_demo`] saw.
@@ -21,7 +21,8 @@ pub struct DemoReport {
 
 /// Runs the demo on `bus` (the host's): creates an endpoint on
 /// [`SERVICE`], waits up to `timeout` for the remote to announce it, sends
-/// payloads with data sizes 1..=480 one at a time, each echo checked, then
+/// payloads with data sizes 1 to what a buffer holds (480 at 512 bytes)
+/// one at a time, each echo checked, then
 /// ends the session as the demo does: the endpoint is destroyed (a
 /// name-service DESTROY) and the bus flushed so the remote takes it.
 /// Wrong echoes are counted, not fatal; `on_wrong(num, size)` hears of each.
@@ -53,8 +54,11 @@ pub fn openamp_demo(
     }
     let mut errors = 0u64;
     let t0 = Instant::now();
-    let mut p = [0u8; MAX_PAYLOAD];
-    for (num, size) in (1..=MAX_DATA).enumerate() {
+    // Sizes 1 up to what one buffer holds, as OpenAMP's ping counts them
+    // from its tx buffer size: 480 with 512-byte buffers.
+    let max_data = bus.max_payload().saturating_sub(openamp::HEADER_LEN);
+    let mut p = vec![0u8; openamp::HEADER_LEN + max_data];
+    for (num, size) in (1..=max_data).enumerate() {
         let len = openamp::write_payload(&mut p, num as u64, size);
         ep.send(&p[..len])
             .map_err(bus_err(format!("Sending payload {num}")))?;
@@ -70,7 +74,7 @@ pub fn openamp_demo(
     drop(ep);
     bus.flush(Duration::from_secs(2));
     Ok(DemoReport {
-        payloads: MAX_DATA,
+        payloads: max_data,
         errors,
         elapsed,
     })

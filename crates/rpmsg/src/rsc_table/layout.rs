@@ -77,7 +77,9 @@ impl ShmLayout {
         Ok(l)
     }
 
-    /// This layout offering `sizes` under `convention`.
+    /// This layout offering `sizes` under `convention` (under
+    /// [`Convention::Fixed`] the table is as without an offer; only the
+    /// pool is checked to hold the buffers).
     ///
     /// # Errors
     /// [`BufSizeError`] if a size cannot be offered or the buffers do not
@@ -119,7 +121,7 @@ impl ShmLayout {
             None => Vec::new(),
         };
         let dfeatures = match self.buf_sizes {
-            Some((c, _)) => self.dfeatures | 1 << c.bit(),
+            Some((c, _)) => self.dfeatures | c.bit().map_or(0, |b| 1 << b),
             None => self.dfeatures,
         };
         let mut b = Vec::with_capacity(TABLE_HDR_LEN + 4 + VDEV_LEN + 2 * VRING_LEN + config.len());

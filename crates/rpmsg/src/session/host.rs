@@ -31,6 +31,8 @@ pub struct ServeRemotes<'a> {
     pub features: u32,
     /// How buffer sizes are negotiated.
     pub convention: crate::Convention,
+    /// The sizes used under [`crate::Convention::Fixed`].
+    pub fixed: crate::BufSizes,
     /// The control socket served to clients.
     pub ctrl: &'a Path,
     /// How the control socket is served.
@@ -141,6 +143,7 @@ pub fn serve_remotes(
             let opts = crate::HostOptions {
                 features: cfg.features,
                 convention: cfg.convention,
+                fixed: cfg.fixed,
             };
             let bus = Bus::host_with(shm, notifier, &opts).map_err(ServeRemotesError::Bus)?;
             let server = CtrlServer::start_with(bus.clone(), cfg.ctrl, cfg.ctrl_opts)

@@ -53,11 +53,12 @@ pub enum AcceptError {
 /// [`AcceptError::Accept`] when the socket cannot accept or no host
 /// connects within `ready_timeout`;
 /// [`AcceptError::Ready`] when the device does not become ready (e.g.
-/// `ready_timeout` passed).
+/// `ready_timeout` passed). `fixed` is as for [`Bus::remote_with`].
 pub fn accept_host(
     listener: &NotifyListener,
     shm: &SharedMem,
     ready_timeout: Option<Duration>,
+    fixed: Option<crate::BufSizes>,
     mut skipped: impl FnMut(Skipped),
 ) -> Result<Bus, AcceptError> {
     // `ready_timeout` bounds the wait for a host to connect too.
@@ -77,7 +78,7 @@ pub fn accept_host(
                 continue;
             }
         };
-        match Bus::remote(shm.clone(), notifier, ready_timeout) {
+        match Bus::remote_with(shm.clone(), notifier, ready_timeout, fixed) {
             Ok(b) => return Ok(b),
             Err(BusError::Link(LinkError::Notify(e))) => skipped(Skipped::ClosedBeforeReady(e)),
             Err(e) => return Err(AcceptError::Ready(e)),

@@ -25,6 +25,9 @@ pub struct ServeHosts<'a> {
     pub services: &'a RemoteServices,
     /// Serve one host only: its link going down is an error.
     pub once: bool,
+    /// Buffer sizes used as given, negotiating nothing
+    /// ([`crate::Convention::Fixed`]); `None`: as the table says.
+    pub fixed: Option<crate::BufSizes>,
 }
 
 /// What happens while a remote serves hosts, in order.
@@ -96,7 +99,7 @@ pub fn serve_hosts(
 ) -> Result<(), ServeHostsError> {
     let on_event = Arc::new(on_event);
     loop {
-        let bus = accept_host(cfg.listener, cfg.shm, cfg.ready_timeout, |s| {
+        let bus = accept_host(cfg.listener, cfg.shm, cfg.ready_timeout, cfg.fixed, |s| {
             on_event(RemoteEvent::Skipped(s))
         })
         .map_err(ServeHostsError::Accept)?;
