@@ -362,3 +362,46 @@ fn fixed_mismatch_is_read_as_written() {
     p.host.shutdown();
     p.remote.shutdown();
 }
+
+/// A remote fixed at 2 KiB against a host left at 512: a message larger
+/// than the host's buffer is refused to its sender with the size that
+/// fits, the buffer is kept, and the link goes on.
+#[test]
+fn fixed_mismatch_refuses_what_does_not_fit() {
+    let opts = HostOptions {
+        convention: Convention::Fixed,
+        ..HostOptions::default()
+    };
+    let p = pair_fixed(
+        Some((Convention::Fixed, BufSizes::both(2048))),
+        opts,
+        64,
+        Some(BufSizes::both(2048)),
+    )
+    .unwrap();
+    assert_eq!((p.host.max_payload(), p.remote.max_payload()), (496, 2032));
+    let ch = p.host.wait_channel("echo", T).unwrap();
+    let hep = p
+        .host
+        .create(EndpointOptions::new("echo").dst(ch.addr))
+        .unwrap();
+    let rep = p
+        .remote
+        .create(EndpointOptions::new("probe").announce(false))
+        .unwrap();
+    for _ in 0..100 {
+        assert!(matches!(
+            rep.send_to(hep.addr(), &pattern(2032, 0), Some(T)),
+            Err(BusError::TooLarge {
+                len: 2032,
+                max: 496
+            })
+        ));
+    }
+    rep.send_to(hep.addr(), &pattern(496, 1), Some(T)).unwrap();
+    let m = hep.recv(Some(T)).unwrap();
+    assert_eq!((m.src, m.data), (rep.addr(), pattern(496, 1)));
+    assert!(p.remote.down_reason().is_none() && p.host.down_reason().is_none());
+    p.host.shutdown();
+    p.remote.shutdown();
+}

@@ -55,20 +55,29 @@ use crate::wire::{
     self, check_name, Endian, ADDR_ANY, HDR_LEN, NS_ADDR, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS,
 };
 
+/// What became of a send.
+enum Sent {
+    /// The message went to the peer.
+    Yes,
+    /// No buffer is free.
+    NoBuffer,
+    /// The peer's buffer holds only this many bytes (header included): a
+    /// peer set up with smaller buffers than ours, as when sizes are
+    /// fixed on each side and differ. The buffer is kept for the next send.
+    Small(usize),
+}
+
 /// Sends one message given as its header and payload: both written into
-/// a free buffer of `link`, which then goes to the peer. `Ok(false)` when
-/// no buffer is free.
-fn send_parts(link: &mut dyn Link, hdr: &[u8], data: &[u8]) -> Result<bool, crate::LinkError> {
+/// a free buffer of `link`, which then goes to the peer.
+fn send_parts(link: &mut dyn Link, hdr: &[u8], data: &[u8]) -> Result<Sent, crate::LinkError> {
     let Some(slot) = link.get_tx()? else {
-        return Ok(false);
+        return Ok(Sent::NoBuffer);
     };
     let len = hdr.len() + data.len();
     if len > slot.cap {
         let cap = slot.cap;
         link.drop_tx(slot);
-        return Err(crate::LinkError::Broken(format!(
-            "message of {len} bytes for a {cap}-byte buffer"
-        )));
+        return Ok(Sent::Small(cap));
     }
     let mem = link.memory();
     let written = mem
@@ -79,7 +88,7 @@ fn send_parts(link: &mut dyn Link, hdr: &[u8], data: &[u8]) -> Result<bool, crat
         return Err(e.into());
     }
     link.put_tx(slot, len)?;
-    Ok(true)
+    Ok(Sent::Yes)
 }
 
 /// Counters of what the bus did and refused.
@@ -535,7 +544,7 @@ impl Bus {
                 return Err(BusError::LinkDown(r.clone()));
             }
             match send_parts(&mut *st.link, &hdr, data) {
-                Ok(true) => {
+                Ok(Sent::Yes) => {
                     st.stats.tx_msgs += 1;
                     let kick = st.link.take_kick();
                     if kick {
@@ -550,7 +559,18 @@ impl Bus {
                     }
                     return Ok(());
                 }
-                Ok(false) => {}
+                Ok(Sent::NoBuffer) => {}
+                Ok(Sent::Small(cap)) => {
+                    tracing::warn!(
+                        target: "iopath_rpmsg",
+                        "a message of {} bytes does not fit the peer's {cap}-byte buffer",
+                        hdr.len() + data.len()
+                    );
+                    return Err(BusError::TooLarge {
+                        len: data.len(),
+                        max: cap.saturating_sub(HDR_LEN),
+                    });
+                }
                 Err(e) => {
                     let reason = e.to_string();
                     st.down = Some(reason.clone());
