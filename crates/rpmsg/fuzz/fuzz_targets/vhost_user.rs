@@ -15,10 +15,8 @@ mod front_end;
 #[path = "../../../virtio/fuzz/fuzz_targets/vhost_user_stream/input.rs"]
 mod input;
 
-use std::io::Read;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iopath_rpmsg::vhost_user::{RpmsgDevice, WaitDriverError};
@@ -26,7 +24,6 @@ use iopath_rpmsg::{Bus, RemoteServices};
 use iopath_virtio::device::serve_connection;
 use libfuzzer_sys::fuzz_target;
 
-use front_end::FrontEnd;
 use input::Input;
 
 /// Serves drivers on `device` until `done` and no driver is there.
@@ -56,11 +53,6 @@ fn sessions(device: RpmsgDevice, done: Arc<AtomicBool>) {
 }
 
 fuzz_target!(|input: Input| {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        // SAFETY: setting a signal's disposition to SIG_IGN at start-up.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    });
     // ACCESS_PLATFORM offered: the IOTLB path is fuzzed too.
     let device = RpmsgDevice::new().with_access_platform(true);
     let done = Arc::new(AtomicBool::new(false));
@@ -68,28 +60,9 @@ fuzz_target!(|input: Input| {
         let (d, done) = (device.clone(), Arc::clone(&done));
         std::thread::spawn(move || sessions(d, done))
     };
-    let (ours, theirs) = UnixStream::pair().unwrap();
-    let server = std::thread::spawn(move || serve_connection(theirs, Arc::new(device)));
-    let mut drain = ours.try_clone().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while matches!(drain.read(&mut buf), Ok(n) if n > 0) {}
+    front_end::drive(input, move |sock| {
+        let _ = serve_connection(sock, Arc::new(device));
     });
-    let mut fe = FrontEnd {
-        sock: ours,
-        need_reply: input.reply_ack,
-        files: Vec::new(),
-        kicks: vec![None, None, None],
-    };
-    if let Some(p) = &input.prelude {
-        fe.prelude(p);
-    }
-    for m in input.msgs.into_iter().take(48) {
-        fe.step(m);
-    }
-    let _ = rustix::net::shutdown(&fe.sock, rustix::net::Shutdown::Both);
-    let _result = server.join().expect("the server panicked");
-    reader.join().unwrap();
     done.store(true, Ordering::SeqCst);
     session.join().expect("the session thread panicked");
 });

@@ -19,9 +19,7 @@ mod front_end;
 #[path = "vhost_user_stream/input.rs"]
 mod input;
 
-use std::io::Read;
-use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use iopath_virtio::device::{serve_connection, QueueContext, VirtioDevice};
 use iopath_virtio::features;
@@ -29,7 +27,6 @@ use libfuzzer_sys::fuzz_target;
 use virtio_queue::Queue;
 use vm_memory::Bytes;
 
-use front_end::FrontEnd;
 use input::Input;
 
 /// A device that copies each chain's readable bytes into its writable ones
@@ -107,36 +104,7 @@ impl VirtioDevice for Copier {
 }
 
 fuzz_target!(|input: Input| {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        // As in the iopath binary (Rust's runtime does this for `main`): a
-        // write to a closed socket is an error, not a signal.
-        // SAFETY: setting a signal's disposition to SIG_IGN at start-up.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    front_end::drive(input, |sock| {
+        let _ = serve_connection(sock, Arc::new(Copier));
     });
-    let (ours, theirs) = UnixStream::pair().unwrap();
-    let server = std::thread::spawn(move || serve_connection(theirs, Arc::new(Copier)));
-    // Drain every reply so that the server never blocks writing one.
-    let mut drain = ours.try_clone().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while matches!(drain.read(&mut buf), Ok(n) if n > 0) {}
-    });
-    let mut fe = FrontEnd {
-        sock: ours,
-        need_reply: input.reply_ack,
-        files: Vec::new(),
-        kicks: vec![None, None, None],
-    };
-    if let Some(p) = &input.prelude {
-        fe.prelude(p);
-    }
-    for m in input.msgs.into_iter().take(48) {
-        fe.step(m);
-    }
-    let _ = rustix::net::shutdown(&fe.sock, rustix::net::Shutdown::Both);
-    // The server must end the connection by itself, without panicking
-    // (a malformed stream is an error value, not a crash).
-    let _result = server.join().expect("the server panicked");
-    reader.join().unwrap();
 });

@@ -1,14 +1,15 @@
 //! The hostile front end: sends the prelude and each fuzzed message over
 //! the socket, with memfds, eventfds and other fds it makes itself.
 
-use std::io::{IoSlice, Write};
+use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Once;
 
 use iopath_virtio::features;
 use iopath_virtio::vhost_wire::{Header, RawIotlb, NEED_REPLY, VERSION};
 
-use crate::input::{Fd, Msg, Prelude, Region};
+use crate::input::{Fd, Input, Msg, Prelude, Region};
 
 const PAGE: u64 = 4096;
 /// Front-end user addresses of region pages start here.
@@ -20,6 +21,42 @@ pub struct FrontEnd {
     /// Memfds shared so far (to poke), and kick eventfds per queue.
     pub files: Vec<std::fs::File>,
     pub kicks: Vec<Option<OwnedFd>>,
+}
+
+/// Plays `input` as the front end of one connection, served by `serve` on
+/// a thread of its own, then closes the socket. The server must end the
+/// connection by itself, without panicking (a malformed stream is an error
+/// value, not a crash); every reply is drained so that it never blocks.
+pub fn drive(input: Input, serve: impl FnOnce(UnixStream) + Send + 'static) {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        // As in the iopath binary (Rust's runtime does this for `main`): a
+        // write to a closed socket is an error, not a signal.
+        // SAFETY: setting a signal's disposition to SIG_IGN at start-up.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    });
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || serve(theirs));
+    let mut drain = ours.try_clone().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while matches!(drain.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let mut fe = FrontEnd {
+        sock: ours,
+        need_reply: input.reply_ack,
+        files: Vec::new(),
+        kicks: vec![None, None, None],
+    };
+    if let Some(p) = &input.prelude {
+        fe.prelude(p);
+    }
+    for m in input.msgs.into_iter().take(48) {
+        fe.step(m);
+    }
+    let _ = rustix::net::shutdown(&fe.sock, rustix::net::Shutdown::Both);
+    server.join().expect("the server panicked");
+    reader.join().unwrap();
 }
 
 fn make_fd(fd: Fd, kicks: Option<&mut Option<OwnedFd>>) -> OwnedFd {
