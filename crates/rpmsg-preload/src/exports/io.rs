@@ -5,15 +5,16 @@
 
 use libc::{c_int, c_void, size_t, ssize_t};
 
-use crate::fds::{self, Kind};
+use crate::fds::{self, Ept, Kind};
 use crate::{ept, real};
 
+/// What an rpmsg fd answers to a read or a write: `on_ept` on an endpoint
+/// fd; `EINVAL` on a control fd, as vfs_read/vfs_write answer for
+/// rpmsg_ctrl, which has neither. `None` for an fd that is not ours.
 #[cold]
-fn rpmsg_read(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> Option<ssize_t> {
+fn served(fd: c_int, on_ept: impl FnOnce(&Ept) -> ssize_t) -> Option<ssize_t> {
     match fds::get(fd)? {
-        // SAFETY: the program's buffer, as it passed it to read(2).
-        Kind::Ept(e) => Some(unsafe { ept::read(fd, &e, buf, n, flags) }),
-        // rpmsg_ctrl has no read: vfs_read answers EINVAL.
+        Kind::Ept(e) => Some(on_ept(&e)),
         Kind::Ctrl(_) => {
             crate::set_errno(libc::EINVAL);
             Some(-1)
@@ -21,241 +22,105 @@ fn rpmsg_read(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> Option<ss
     }
 }
 
-#[cold]
-fn rpmsg_write(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> Option<ssize_t> {
-    match fds::get(fd)? {
-        // SAFETY: the program's buffer, as it passed it to write(2).
-        Kind::Ept(e) => Some(unsafe { ept::write(fd, &e, buf, n, flags) }),
-        // rpmsg_ctrl has no write: vfs_write answers EINVAL.
-        Kind::Ctrl(_) => {
-            crate::set_errno(libc::EINVAL);
-            Some(-1)
+/// Defines the interposed `$name`: a call on an fd of ours goes out of line
+/// to `$slow`, which answers with `$ours` (an `Option`; `None` when the fd
+/// turned out not to be ours); every other call goes straight to libc's,
+/// keeping the common path small. `$guard` is an extra condition for the
+/// rpmsg path (the fortified variants leave a size over the buffer to
+/// libc's own check, which aborts the program as without the preload).
+macro_rules! interpose {
+    ($(#[$doc:meta])* $name:ident => $slow:ident / $real:ident
+     ($fd:ident: c_int $(, $arg:ident: $ty:ty)*) if $guard:expr => $ours:expr) => {
+        $(#[$doc])*
+        #[cold]
+        #[inline(never)]
+        unsafe extern "C" fn $slow($fd: c_int $(, $arg: $ty)*) -> ssize_t {
+            if let Some(r) = $ours {
+                return r;
+            }
+            // SAFETY: the program's own arguments, passed on.
+            unsafe { real::$real($fd $(, $arg)*) }
         }
-    }
-}
 
-/// `read` of an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn read_slow(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if let Some(r) = rpmsg_read(fd, buf, n, 0) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::read(fd, buf, n) }
-}
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { read_slow(fd, buf, n) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::read(fd, buf, n) }
-}
-
-/// `recv` of an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn recv_slow(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some(r) = rpmsg_read(fd, buf, n, flags) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::recv(fd, buf, n, flags) }
-}
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { recv_slow(fd, buf, n, flags) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::recv(fd, buf, n, flags) }
-}
-
-/// `write` to an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn write_slow(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    if let Some(r) = rpmsg_write(fd, buf, n, 0) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::write(fd, buf, n) }
-}
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    if fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { write_slow(fd, buf, n) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::write(fd, buf, n) }
-}
-
-/// `send` to an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn send_slow(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some(r) = rpmsg_write(fd, buf, n, flags) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::send(fd, buf, n, flags) }
-}
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { send_slow(fd, buf, n, flags) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::send(fd, buf, n, flags) }
-}
-
-#[cold]
-fn rpmsg_readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> {
-    match fds::get(fd)? {
-        // SAFETY: the program's iovecs, as it passed them to readv(2).
-        Kind::Ept(e) => Some(unsafe { ept::readv(fd, &e, iov, n) }),
-        Kind::Ctrl(_) => {
-            crate::set_errno(libc::EINVAL);
-            Some(-1)
+        /// Interposed; see the module doc.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($fd: c_int $(, $arg: $ty)*) -> ssize_t {
+            if $guard && fds::is_ours($fd) {
+                // SAFETY: the program's own arguments, passed on.
+                return unsafe { $slow($fd $(, $arg)*) };
+            }
+            // SAFETY: the program's own arguments, passed on.
+            unsafe { real::$real($fd $(, $arg)*) }
         }
-    }
+    };
 }
 
-#[cold]
-fn rpmsg_writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> {
-    match fds::get(fd)? {
-        // SAFETY: the program's iovecs, as it passed them to writev(2).
-        Kind::Ept(e) => Some(unsafe { ept::writev(fd, &e, iov, n) }),
-        Kind::Ctrl(_) => {
-            crate::set_errno(libc::EINVAL);
-            Some(-1)
-        }
-    }
+interpose! {
+    /// `read` of an rpmsg fd.
+    read => read_slow / read (fd: c_int, buf: *mut c_void, n: size_t) if true
+        => served(fd, |e| {
+            // SAFETY: the program's buffer, as it passed it to the call it made.
+            unsafe { ept::read(fd, e, buf, n, 0) }
+        })
 }
-
-/// `readv` of an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn readv_slow(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
-    if let Some(r) = rpmsg_readv(fd, iov, n) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::readv(fd, iov, n) }
+interpose! {
+    /// `recv` of an rpmsg fd.
+    recv => recv_slow / recv (fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) if true
+        => served(fd, |e| {
+            // SAFETY: the program's buffer, as it passed it to the call it made.
+            unsafe { ept::read(fd, e, buf, n, flags) }
+        })
 }
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
-    if fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { readv_slow(fd, iov, n) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::readv(fd, iov, n) }
+interpose! {
+    /// `write` to an rpmsg fd.
+    write => write_slow / write (fd: c_int, buf: *const c_void, n: size_t) if true
+        => served(fd, |e| {
+            // SAFETY: the program's buffer, as it passed it to the call it made.
+            unsafe { ept::write(fd, e, buf, n, 0) }
+        })
 }
-
-/// `writev` to an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn writev_slow(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
-    if let Some(r) = rpmsg_writev(fd, iov, n) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::writev(fd, iov, n) }
+interpose! {
+    /// `send` to an rpmsg fd.
+    send => send_slow / send (fd: c_int, buf: *const c_void, n: size_t, flags: c_int) if true
+        => served(fd, |e| {
+            // SAFETY: the program's buffer, as it passed it to the call it made.
+            unsafe { ept::write(fd, e, buf, n, flags) }
+        })
 }
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
-    if fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { writev_slow(fd, iov, n) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::writev(fd, iov, n) }
+interpose! {
+    /// `readv` of an rpmsg fd.
+    readv => readv_slow / readv (fd: c_int, iov: *const libc::iovec, n: c_int) if true
+        => served(fd, |e| {
+            // SAFETY: the program's iovecs, as it passed them to the call it made.
+            unsafe { ept::readv(fd, e, iov, n) }
+        })
+}
+interpose! {
+    /// `writev` to an rpmsg fd.
+    writev => writev_slow / writev (fd: c_int, iov: *const libc::iovec, n: c_int) if true
+        => served(fd, |e| {
+            // SAFETY: the program's iovecs, as it passed them to the call it made.
+            unsafe { ept::writev(fd, e, iov, n) }
+        })
 }
 
 // The fortified variants glibc calls under _FORTIFY_SOURCE when a size is
-// known only at run time. A size over the buffer goes to libc's own check
-// (which aborts the program, as without the preload).
-
-/// `__read_chk` of an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn read_chk_slow(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    buflen: size_t,
-) -> ssize_t {
-    if let Some(r) = rpmsg_read(fd, buf, n, 0) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::read_chk(fd, buf, n, buflen) }
+// known only at run time.
+interpose! {
+    /// `__read_chk` of an rpmsg fd.
+    __read_chk => read_chk_slow / read_chk
+        (fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) if n <= buflen
+        => served(fd, |e| {
+            // SAFETY: the program's buffer, as it passed it to the call it made.
+            unsafe { ept::read(fd, e, buf, n, 0) }
+        })
 }
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn __read_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    buflen: size_t,
-) -> ssize_t {
-    if n <= buflen && fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { read_chk_slow(fd, buf, n, buflen) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::read_chk(fd, buf, n, buflen) }
-}
-
-/// `__recv_chk` of an rpmsg fd.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn recv_chk_slow(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    buflen: size_t,
-    flags: c_int,
-) -> ssize_t {
-    if let Some(r) = rpmsg_read(fd, buf, n, flags) {
-        return r;
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::recv_chk(fd, buf, n, buflen, flags) }
-}
-
-/// Interposed; see the module doc.
-#[no_mangle]
-pub unsafe extern "C" fn __recv_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    buflen: size_t,
-    flags: c_int,
-) -> ssize_t {
-    if n <= buflen && fds::is_ours(fd) {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { recv_chk_slow(fd, buf, n, buflen, flags) };
-    }
-    // SAFETY: the program's own arguments, passed on.
-    unsafe { real::recv_chk(fd, buf, n, buflen, flags) }
+interpose! {
+    /// `__recv_chk` of an rpmsg fd.
+    __recv_chk => recv_chk_slow / recv_chk
+        (fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) if n <= buflen
+        => served(fd, |e| {
+            // SAFETY: the program's buffer, as it passed it to the call it made.
+            unsafe { ept::read(fd, e, buf, n, flags) }
+        })
 }
