@@ -16,12 +16,16 @@
 //! against that. Debian's prebuilt `linux.uml` (6.1, `virtio_blk` a
 //! module) runs the same on iopath.
 
+#[allow(dead_code)]
+mod lab;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use iopath_testkit::{have_peer, skip, Feature};
+use iopath_testkit::have_peer;
+use lab::Lab;
 
 const MIB: u64 = 1 << 20;
 const IMAGE_SIZE: u64 = 64 * MIB;
@@ -52,47 +56,10 @@ cmp "$pat" "$out"
 echo "linux-blk: write $(awk "BEGIN{print $t1 - $t0}") s read $(awk "BEGIN{print $t2 - $t1}") s"
 "#;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// One guest at a time: the machine is small.
 fn guest_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The lab's UML kernel, built (once per machine, into its cache) if need
-/// be. `None` when it cannot be built here for want of a package, which
-/// fails the test under CI.
-fn lab_kernel() -> Option<PathBuf> {
-    static KERNEL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = KERNEL.get_or_init(|| {
-        let out = Command::new(repo().join("scripts/linux-lab"))
-            .arg("build")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/linux-lab build");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        if out.status.success() {
-            let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            Ok(PathBuf::from(path))
-        } else if err.contains("missing") {
-            Err(err)
-        } else {
-            panic!("scripts/linux-lab build failed:\n{err}");
-        }
-    });
-    match built {
-        Ok(k) => Some(k.clone()),
-        Err(e) => {
-            skip(
-                Feature::Package("linux-source-6.12"),
-                format!("the UML kernel cannot be built: {}", e.trim()),
-            );
-            None
-        }
-    }
 }
 
 /// A back end process, killed on drop.
@@ -253,7 +220,7 @@ fn boot_once(
     std::fs::write(&pat_file, pat).unwrap();
     let out_file = dir.join("read-back.bin");
     let _ = std::fs::remove_file(&out_file);
-    let mut lab = Command::new(repo().join("scripts/linux-lab"));
+    let mut lab = Command::new(lab::repo_root().join("scripts/linux-lab"));
     lab.arg("run")
         .arg("--device")
         .arg(format!("{}:2", dir.join("vu.sock").display()))
@@ -316,7 +283,7 @@ fn boot_once(
 
 #[test]
 fn linux_virtio_blk_on_iopath_blk_serve() {
-    let Some(kernel) = lab_kernel() else {
+    let Some(kernel) = Lab::get().map(Lab::kernel) else {
         return;
     };
     // Two guests in turn on one back end: the first powers off under it
@@ -330,7 +297,7 @@ fn linux_virtio_blk_on_qemu_storage_daemon() {
     if !have_peer(QSD.0, QSD.1) {
         return;
     }
-    let Some(kernel) = lab_kernel() else {
+    let Some(kernel) = Lab::get().map(Lab::kernel) else {
         return;
     };
     run(start_qsd, &kernel, None, 1, 1);

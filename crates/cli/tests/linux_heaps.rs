@@ -14,15 +14,18 @@
 //! load by every method (memfd and udmabuf), and a udmabuf exported to a
 //! second process there is imported and checked.
 
+#[allow(dead_code)]
+mod lab;
+
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use iopath_heap::{new_engine, open_heap, EngineOptions, Error, HeapKind, IoFile, Method};
-use iopath_testkit::{have_peer, skip, Feature};
+use iopath_testkit::have_peer;
+use lab::Lab;
 
 const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 /// Neither a page nor a block multiple; three and a bit 8 MiB buffers.
@@ -57,43 +60,6 @@ IOPATH_HEAPS_FILE=$f "$exe" --ignored --exact guest_busy_rule_and_export --nocap
     --test-threads 1 >"$out/guest.txt" 2>&1
 echo "linux-heaps: done"
 "#;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The lab's UML kernel, built (once per machine) if need be; `None` when
-/// a package it needs is missing, which fails the test under CI.
-fn lab_kernel() -> Option<PathBuf> {
-    static KERNEL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = KERNEL.get_or_init(|| {
-        let out = Command::new(repo().join("scripts/linux-lab"))
-            .arg("build")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/linux-lab build");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        if out.status.success() {
-            Ok(PathBuf::from(
-                String::from_utf8_lossy(&out.stdout).trim().to_owned(),
-            ))
-        } else if err.contains("missing") {
-            Err(err)
-        } else {
-            panic!("scripts/linux-lab build failed:\n{err}");
-        }
-    });
-    match built {
-        Ok(k) => Some(k.clone()),
-        Err(e) => {
-            skip(
-                Feature::Package("linux-source-6.12"),
-                format!("the UML kernel cannot be built: {}", e.trim()),
-            );
-            None
-        }
-    }
-}
 
 fn pattern(len: usize) -> Vec<u8> {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -145,7 +111,7 @@ fn heaps_load_verify_and_share_in_uml() {
     if !have_peer("mkfs.ext4", "e2fsprogs") || !have_peer("debugfs", "e2fsprogs") {
         return;
     }
-    let Some(kernel) = lab_kernel() else {
+    let Some(kernel) = Lab::get().map(Lab::kernel) else {
         return;
     };
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -154,7 +120,7 @@ fn heaps_load_verify_and_share_in_uml() {
     let img = ext4_image(dir, &data);
     let script = dir.join("guest.sh");
     std::fs::write(&script, GUEST).unwrap();
-    let out = Command::new(repo().join("scripts/linux-lab"))
+    let out = Command::new(lab::repo_root().join("scripts/linux-lab"))
         .arg("run")
         .arg("--ubd")
         .arg(&img)

@@ -20,7 +20,8 @@ pub fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/linux")
 }
 
-fn repo_root() -> PathBuf {
+/// The workspace root (`scripts/` lives there).
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -29,6 +30,8 @@ fn repo_root() -> PathBuf {
 pub struct Lab {
     script: PathBuf,
     kdir: PathBuf,
+    /// The kernel patches it was built with (`linux-lab --patches`).
+    patches: Option<PathBuf>,
 }
 
 /// What a boot printed and how it ended.
@@ -70,13 +73,38 @@ impl Lab {
     #[track_caller]
     pub fn get() -> Option<&'static Lab> {
         static LAB: OnceLock<Result<Lab, String>> = OnceLock::new();
-        match LAB.get_or_init(build) {
+        Self::cached(&LAB, None)
+    }
+
+    /// The lab kernel with the patches in the directory `$var` names (a
+    /// build of its own); panics naming `$var` when it is not set: only
+    /// opt-in tests ask for one.
+    #[track_caller]
+    pub fn patched(var: &str) -> Option<&'static Lab> {
+        static LAB: OnceLock<Result<Lab, String>> = OnceLock::new();
+        let dir = std::env::var_os(var).unwrap_or_else(|| {
+            panic!("{var} is not set: it names the directory of the kernel patches to apply")
+        });
+        Self::cached(&LAB, Some(PathBuf::from(dir)))
+    }
+
+    #[track_caller]
+    fn cached(
+        lab: &'static OnceLock<Result<Lab, String>>,
+        patches: Option<PathBuf>,
+    ) -> Option<&'static Lab> {
+        match lab.get_or_init(|| build(patches)) {
             Ok(lab) => Some(lab),
             Err(why) => {
                 skip(Feature::Package("linux-source-6.12"), why);
                 None
             }
         }
+    }
+
+    /// The UML kernel itself.
+    pub fn kernel(&self) -> PathBuf {
+        self.kdir.join("linux")
     }
 
     /// A module built with the kernel (`rpmsg_client_sample.ko`).
@@ -96,6 +124,9 @@ impl Lab {
     pub fn run(&self, devices: &[String], timeout_s: u32, script: &Path, args: &[&str]) -> Guest {
         let mut cmd = Command::new(&self.script);
         cmd.arg("run").args(["--timeout", &timeout_s.to_string()]);
+        if let Some(p) = &self.patches {
+            cmd.arg("--patches").arg(p);
+        }
         for d in devices {
             cmd.args(["--device", d]);
         }
@@ -108,15 +139,19 @@ impl Lab {
     }
 }
 
-fn build() -> Result<Lab, String> {
+fn build(patches: Option<PathBuf>) -> Result<Lab, String> {
     let script = repo_root().join("scripts/linux-lab");
     if !script.is_file() {
         return Err(format!("{} is missing", script.display()));
     }
     // `path` builds the kernel when the cache has none, then prints its
     // directory.
-    let o = Command::new(&script)
-        .arg("path")
+    let mut cmd = Command::new(&script);
+    cmd.arg("path");
+    if let Some(p) = &patches {
+        cmd.arg("--patches").arg(p);
+    }
+    let o = cmd
         .output()
         .map_err(|e| format!("{}: {e}", script.display()))?;
     if !o.status.success() {
@@ -129,7 +164,11 @@ fn build() -> Result<Lab, String> {
     if !kdir.join("linux").is_file() {
         return Err(format!("no kernel at {}/linux", kdir.display()));
     }
-    Ok(Lab { script, kdir })
+    Ok(Lab {
+        script,
+        kdir,
+        patches,
+    })
 }
 
 /// Compiles `tests/linux/NAME` (a `.c` file) with the host's `cc` into

@@ -9,8 +9,9 @@
 #   rpmsg_guest.sh BIN raw CHANNEL    rpmsg_echo through the node rpmsg_char
 #                                     made for the announced rpmsg-raw
 #                                     CHANNEL
-#   rpmsg_guest.sh BIN sample MODULE  insmod rpmsg_client_sample, wait for
-#                                     its "goodbye!"
+#   rpmsg_guest.sh BIN sample MODULE  insmod rpmsg_client_sample (between
+#                                     an unbind and a bind of the bus), wait
+#                                     for its "goodbye!"
 #   rpmsg_guest.sh BIN seed LOOPS     seed 002's program, both loops, its
 #                                     calls tallied by ioctl_errno.so
 #
@@ -68,7 +69,20 @@ ctrl | raw)
 sample)
     wait_channel rpmsg-client-sample || exit 1
     channels
+    # virtio_uml runs the virtqueue callbacks in its interrupt handler. A
+    # sample probed here, in insmod's process context, would send its first
+    # message holding the bus's tx_lock while the echo's interrupt arrives,
+    # and the sample's callback, sending the next, would sleep on that lock
+    # in the interrupt (scheduling while atomic, then a panic). So the bus
+    # is unbound, the sample loaded, and the bus bound again: the device is
+    # reset, the remote announces the channel to the new driver, and the
+    # sample is probed from the name-service callback, in the same context
+    # as all its other sends.
+    vdev=$(basename "$(readlink -f /sys/bus/rpmsg/devices/*rpmsg-client-sample*/..)")
+    drv=/sys/bus/virtio/drivers/virtio_rpmsg_bus
+    echo "$vdev" >$drv/unbind || exit 1
     insmod "$1" || exit 1
+    echo "$vdev" >$drv/bind || exit 1
     n=0
     until dmesg | grep -q 'rpmsg_client_sample.*goodbye!'; do
         n=$((n + 1))
