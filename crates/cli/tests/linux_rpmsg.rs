@@ -153,6 +153,28 @@ fn rpmsg_ctrl_endpoint_echoes_every_size() {
     );
 }
 
+/// A channel the remote announces as `rpmsg-raw` is bound by Linux's
+/// `rpmsg_char` itself, with no ioctl: every payload size from 1 to 496
+/// comes back byte-exact through the node it makes.
+#[test]
+fn rpmsg_raw_channel_echoes_every_size() {
+    let Some(st) = Setup::new(&["rpmsg-raw"]) else {
+        return;
+    };
+    // Bound in the announcement's interrupt context, a built-in rpmsg_char
+    // would sleep there and panic the guest (scripts/linux-lab, CONFIG).
+    let ko = st.lab.module("rpmsg_char.ko");
+    assert!(
+        ko.is_file(),
+        "{} missing: the lab kernel has rpmsg_char built in",
+        ko.display()
+    );
+    let g = st.guest("raw", &["rpmsg-raw"]);
+    g.assert_ok();
+    assert!(g.has_line("channel rpmsg-raw"), "{}", g.out);
+    assert_echoed(&g, "raw");
+}
+
 /// Asserts `rpmsg_echo MODE` checked every size and every byte.
 #[track_caller]
 fn assert_echoed(g: &Guest, mode: &str) {
