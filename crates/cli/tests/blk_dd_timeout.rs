@@ -3,7 +3,7 @@
 //! second dd says once that it is waiting, then fails within `--timeout`
 //! naming the request left unanswered; once the first goes, dd is served.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,16 +37,16 @@ fn dd(socket: &Path, extra: &[&str]) -> Command {
     c
 }
 
-#[test]
-fn second_front_end_says_it_waits_then_times_out_naming_the_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
+/// `iopath blk serve` on a fresh 64 MiB `dir/disk.img`, once it listens;
+/// returns it with its socket.
+fn serve_image(dir: &Path) -> (Killed, PathBuf) {
+    let image = dir.join("disk.img");
     std::fs::File::create(&image)
         .unwrap()
         .set_len(64 << 20)
         .unwrap();
-    let socket = dir.path().join("blk.sock");
-    let _server = Killed(
+    let socket = dir.join("blk.sock");
+    let server = Killed(
         iopath()
             .args(["blk", "serve", "--image"])
             .arg(&image)
@@ -63,6 +63,14 @@ fn second_front_end_says_it_waits_then_times_out_naming_the_request() {
         assert!(Instant::now() < deadline, "iopath blk serve never listened");
         std::thread::sleep(Duration::from_millis(10));
     }
+    (server, socket)
+}
+
+#[test]
+fn second_front_end_says_it_waits_then_times_out_naming_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, socket) = serve_image(dir.path());
+    let image = dir.path().join("disk.img");
 
     // The first front end writes for a long time; once its data reaches the
     // image it is connected and being served: stop it there.
@@ -130,29 +138,8 @@ fn second_front_end_says_it_waits_then_times_out_naming_the_request() {
 #[test]
 fn a_back_end_stopped_mid_run_fails_dd_within_its_timeout() {
     let dir = tempfile::tempdir().unwrap();
+    let (server, socket) = serve_image(dir.path());
     let image = dir.path().join("disk.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
-    let socket = dir.path().join("blk.sock");
-    let server = Killed(
-        iopath()
-            .args(["blk", "serve", "--image"])
-            .arg(&image)
-            .arg("--socket")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "iopath blk serve never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let mut dd = Killed(
         dd(
             &socket,

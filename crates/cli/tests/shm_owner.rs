@@ -134,31 +134,26 @@ fn create_refused_for_a_bad_notify_removes_the_file_it_made() {
     let shm = d.join("shm");
     // A notify socket whose directory does not exist.
     let bad = format!("unix:{}", s(&d.join("missing/ev")));
-    let (o, _) = iopath(&[
-        "rpmsg",
-        "remote",
-        "--shm",
-        s(&shm),
-        "--create",
-        "0x80000",
-        "--notify",
-        &bad,
-    ]);
+    // The same remote, refused for the same bad --notify, twice.
+    let create = || {
+        iopath(&[
+            "rpmsg",
+            "remote",
+            "--shm",
+            s(&shm),
+            "--create",
+            "0x80000",
+            "--notify",
+            &bad,
+        ])
+    };
+    let (o, _) = create();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("notify socket"), "{}", stderr(&o));
     assert!(!shm.exists(), "the file --create made was left behind");
     // A file that was there before is the user's: kept.
     std::fs::write(&shm, b"mine").unwrap();
-    let (o, _) = iopath(&[
-        "rpmsg",
-        "remote",
-        "--shm",
-        s(&shm),
-        "--create",
-        "0x80000",
-        "--notify",
-        &bad,
-    ]);
+    let (o, _) = create();
     assert_eq!(o.status.code(), Some(1));
     assert!(shm.exists());
 }
