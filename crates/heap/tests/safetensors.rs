@@ -9,34 +9,6 @@ use iopath_heap::{
     dtype_align, load_safetensors, Dtype, Error, HugePages, LoadOptions, MemfdHeap, Method,
 };
 
-/// Writes a safetensors file by hand: `tensors` as (name, dtype, shape,
-/// bytes) at consecutive offsets in the given order, the header padded with
-/// spaces to `pad` bytes if given.
-fn write_raw(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
-    let mut header = String::from("{");
-    let mut off = 0;
-    for (i, (name, dtype, shape, data)) in tensors.iter().enumerate() {
-        if i > 0 {
-            header.push(',');
-        }
-        header.push_str(&format!(
-            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}",
-            off + data.len()
-        ));
-        off += data.len();
-    }
-    header.push_str(",\"__metadata__\":{\"format\":\"pt\"}}");
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
-    for (_, _, _, data) in tensors {
-        out.extend_from_slice(data);
-    }
-    std::fs::write(path, out).unwrap();
-}
-
 fn check_all(path: &Path, opts: &LoadOptions) -> usize {
     let file = std::fs::read(path).unwrap();
     let heap = MemfdHeap::new(HugePages::None);
@@ -69,7 +41,7 @@ fn check_all(path: &Path, opts: &LoadOptions) -> usize {
 
 fn mixed(path: &Path) {
     let d = |len: usize, seed: u64| common::pattern(len, seed);
-    write_raw(
+    common::write_safetensors(
         path,
         &[
             // Aligned run of mixed dtypes.

@@ -16,32 +16,6 @@ use iopath_heap::{
 
 type Spec = (String, &'static str, Vec<usize>, Vec<u8>);
 
-/// Writes a safetensors file of `tensors` (consecutive offsets).
-fn write_shard(path: &Path, tensors: &[Spec]) {
-    let mut header = String::from("{");
-    let mut off = 0;
-    for (i, (name, dtype, shape, data)) in tensors.iter().enumerate() {
-        if i > 0 {
-            header.push(',');
-        }
-        header.push_str(&format!(
-            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}",
-            off + data.len()
-        ));
-        off += data.len();
-    }
-    header.push_str(",\"__metadata__\":{\"format\":\"pt\"}}");
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
-    for (_, _, _, data) in tensors {
-        out.extend_from_slice(data);
-    }
-    std::fs::write(path, out).unwrap();
-}
-
 /// A 3-shard checkpoint in `dir` with its index; returns every tensor's
 /// bytes by name.
 fn checkpoint(dir: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -69,7 +43,7 @@ fn checkpoint(dir: &Path) -> BTreeMap<String, Vec<u8>> {
             want.insert(name.clone(), data.clone());
             map.insert(name.clone(), file.clone().into());
         }
-        write_shard(&dir.join(&file), &tensors);
+        common::write_safetensors(&dir.join(&file), &tensors);
     }
     let index = serde_json::json!({"metadata": {"total_size": 1}, "weight_map": map});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();

@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use iopath_testkit::Feature;
 
@@ -54,4 +54,33 @@ pub fn shm_dir() -> Option<tempfile::TempDir> {
     }
     iopath_testkit::skip(Feature::ShmTmpfs, "/dev/shm is not a tmpfs here");
     None
+}
+
+/// Writes a safetensors file by hand: `tensors` as (name, dtype, shape,
+/// bytes) at consecutive offsets in the given order, the header padded
+/// with spaces to a multiple of 8.
+pub fn write_safetensors<N: AsRef<str>>(path: &Path, tensors: &[(N, &str, Vec<usize>, Vec<u8>)]) {
+    let mut header = String::from("{");
+    let mut off = 0;
+    for (i, (name, dtype, shape, data)) in tensors.iter().enumerate() {
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            "\"{}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}",
+            name.as_ref(),
+            off + data.len()
+        ));
+        off += data.len();
+    }
+    header.push_str(",\"__metadata__\":{\"format\":\"pt\"}}");
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    for (_, _, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    std::fs::write(path, out).unwrap();
 }
