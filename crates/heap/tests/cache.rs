@@ -282,22 +282,13 @@ fn unaligned_requests_across_cached_and_cold_runs() {
         for (&(file_off, buf_off, len), b) in cases.iter().zip(&bufs) {
             let mut got = vec![0u8; 4 * CHUNK];
             b.read_at(0, &mut got).unwrap();
-            let fo = file_off as usize;
-            assert!(
-                got[buf_off..buf_off + len] == data[fo..fo + len],
-                "{what}: bytes differ for {file_off}/{buf_off}/{len}"
-            );
-            assert!(
-                got[..buf_off].iter().all(|&x| x == 0xAA)
-                    && got[buf_off + len..].iter().all(|&x| x == 0xAA),
-                "{what}: wrote outside {file_off}/{buf_off}/{len}"
-            );
+            common::assert_placed(what, &got, &data, file_off, buf_off, len);
         }
     };
     // One by one.
     let cached = make_half_warm(&path);
     for (&(file_off, buf_off, len), b) in cases.iter().zip(&bufs) {
-        b.fill(0, 4 * CHUNK, 0xAA).unwrap();
+        b.fill(0, 4 * CHUNK, common::POISON).unwrap();
         let t = engine.read(&file, file_off, b, buf_off, len).unwrap();
         assert_eq!(t.bytes, len as u64);
         assert!(t.cached <= len as u64);
@@ -306,7 +297,7 @@ fn unaligned_requests_across_cached_and_cold_runs() {
     assert_eq!(file.cached_bytes().unwrap(), cached, "one by one polluted");
     // One batch.
     for b in &bufs {
-        b.fill(0, 4 * CHUNK, 0xAA).unwrap();
+        b.fill(0, 4 * CHUNK, common::POISON).unwrap();
     }
     let mut reqs = cases
         .iter()

@@ -51,7 +51,7 @@ fn exercise(engine: &dyn Engine, dir: &Path, disk: bool) {
         (512 * 3, 512, 512 * 5 + 10), // block-aligned (not page-aligned) start
     ];
     for &(file_off, buf_off, len) in cases {
-        buf.fill(0, BUF, 0xAA).unwrap();
+        buf.fill(0, BUF, common::POISON).unwrap();
         let t = engine
             .read(&file, file_off, &buf, buf_off, len)
             .unwrap_or_else(|e| panic!("{what}: read {file_off}/{buf_off}/{len}: {e}"));
@@ -65,16 +65,7 @@ fn exercise(engine: &dyn Engine, dir: &Path, disk: bool) {
         }
         let mut got = vec![0u8; BUF];
         buf.read_at(0, &mut got).unwrap();
-        let fo = file_off as usize;
-        assert!(
-            got[buf_off..buf_off + len] == data[fo..fo + len],
-            "{what}: bytes differ for read {file_off}/{buf_off}/{len}"
-        );
-        assert!(
-            got[..buf_off].iter().all(|&b| b == 0xAA)
-                && got[buf_off + len..].iter().all(|&b| b == 0xAA),
-            "{what}: read {file_off}/{buf_off}/{len} wrote outside its range"
-        );
+        common::assert_placed(&what, &got, &data, file_off, buf_off, len);
     }
 
     // Direct engines leave the page cache alone.

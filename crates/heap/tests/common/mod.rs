@@ -84,3 +84,29 @@ pub fn write_safetensors<N: AsRef<str>>(path: &Path, tensors: &[(N, &str, Vec<us
     }
     std::fs::write(path, out).unwrap();
 }
+
+/// The byte a buffer is filled with before a read, to see where it wrote.
+pub const POISON: u8 = 0xAA;
+
+/// Asserts that `got` (a buffer's bytes) holds `data[file_off..][..len]`
+/// at `buf_off` and still [`POISON`] everywhere else.
+#[track_caller]
+pub fn assert_placed(
+    what: &str,
+    got: &[u8],
+    data: &[u8],
+    file_off: u64,
+    buf_off: usize,
+    len: usize,
+) {
+    let fo = file_off as usize;
+    assert!(
+        got[buf_off..buf_off + len] == data[fo..fo + len],
+        "{what}: bytes differ for read {file_off}/{buf_off}/{len}"
+    );
+    assert!(
+        got[..buf_off].iter().all(|&b| b == POISON)
+            && got[buf_off + len..].iter().all(|&b| b == POISON),
+        "{what}: read {file_off}/{buf_off}/{len} wrote outside its range"
+    );
+}
