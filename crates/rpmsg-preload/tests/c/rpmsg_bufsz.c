@@ -18,29 +18,9 @@
 #include <unistd.h>
 #include <linux/rpmsg.h>
 
-#ifndef RPMSG_CREATE_EPT_FD_IOCTL
-struct rpmsg_endpoint_fd_info {
-	char name[32];
-	__u32 src;
-	__u32 dst;
-	__u32 flags;
-	__s32 fd;
-};
-#define RPMSG_CREATE_EPT_FD_IOCTL _IOWR(0xb5, 0x7, struct rpmsg_endpoint_fd_info)
-#endif
+#include "fd_ioctl.h"
 
-static int failures;
-
-static void check(int cond, const char *what, int err)
-{
-	if (cond) {
-		printf("ok %s\n", what);
-	} else {
-		printf("FAIL %s: errno %d (%s)\n", what, err, strerror(err));
-		failures++;
-	}
-	fflush(stdout);
-}
+#include "check.h"
 
 /* MAX bytes out and back, byte for byte; MAX + 1 is EMSGSIZE. */
 static void at_the_limit(int fd, size_t max, const char *way)

@@ -32,16 +32,7 @@
 #include <unistd.h>
 #include <linux/rpmsg.h>
 
-#ifndef RPMSG_CREATE_EPT_FD_IOCTL
-struct rpmsg_endpoint_fd_info {
-	char name[32];
-	__u32 src;
-	__u32 dst;
-	__u32 flags;
-	__s32 fd;
-};
-#define RPMSG_CREATE_EPT_FD_IOCTL _IOWR(0xb5, 0x7, struct rpmsg_endpoint_fd_info)
-#endif
+#include "fd_ioctl.h"
 
 static atomic_int stop;
 /* The thread's control fd while it is open, else -1. */
