@@ -1,0 +1,172 @@
+use super::*;
+
+/// Mappings watched at once (a vhost-user front end has at most 509
+/// regions; an rpmsg link one).
+const SLOTS: usize = 1024;
+/// `start` of a free slot.
+pub(super) const FREE: usize = 0;
+/// `start` of a slot being filled in.
+const TAKEN: usize = usize::MAX;
+
+pub(super) struct Slot {
+    pub(super) start: AtomicUsize,
+    pub(super) end: AtomicUsize,
+    /// A socket to shut down on a fault (our own duplicate), or -1.
+    pub(super) conn: AtomicI32,
+    pub(super) faulted: AtomicBool,
+}
+
+pub(super) static WATCHED: [Slot; SLOTS] = [const {
+    Slot {
+        start: AtomicUsize::new(FREE),
+        end: AtomicUsize::new(0),
+        conn: AtomicI32::new(-1),
+        faulted: AtomicBool::new(false),
+    }
+}; SLOTS];
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
+static INSTALL: Once = Once::new();
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Closes a slot's socket duplicate (never from the handler).
+pub(super) fn close(fd: i32) {
+    if fd >= 0 {
+        // SAFETY: `fd` is a duplicate this module made and owns; it was
+        // just swapped out of its slot, so nothing else closes or uses it.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    }
+}
+
+/// Watches `start..start + len`. `None` when every slot is taken or the
+/// handler cannot be installed.
+pub(super) fn watch(start: usize, len: usize) -> Option<Guard> {
+    if !install() {
+        return None;
+    }
+    let end = start.checked_add(len)?;
+    for (i, s) in WATCHED.iter().enumerate() {
+        if s.start
+            .compare_exchange(FREE, TAKEN, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            s.conn.store(-1, Ordering::Release);
+            s.faulted.store(false, Ordering::Release);
+            s.end.store(end, Ordering::Release);
+            s.start.store(start, Ordering::Release);
+            return Some(Guard { slot: i });
+        }
+    }
+    None
+}
+
+/// Installs the handler once; false if it could not be.
+fn install() -> bool {
+    INSTALL.call_once(|| {
+        PAGE.store(rustix::param::page_size(), Ordering::Relaxed);
+        // SAFETY: an all-zero `sigaction` is a valid value to fill in.
+        let mut new: libc::sigaction = unsafe { MaybeUninit::zeroed().assume_init() };
+        new.sa_sigaction = on_sigbus as *const () as usize;
+        // SA_ONSTACK: run on the thread's alternate stack when it has one
+        // (std gives every thread one for its stack-overflow handler).
+        new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        let mut old = MaybeUninit::<libc::sigaction>::zeroed();
+        // SAFETY: `new.sa_mask` is a valid sigset to empty; `new` is a
+        // fully initialised action and `old` a place for the previous one.
+        let installed = unsafe {
+            libc::sigemptyset(&mut new.sa_mask);
+            libc::sigaction(libc::SIGBUS, &new, old.as_mut_ptr())
+        } == 0;
+        if installed {
+            // SAFETY: sigaction succeeded, so it wrote the previous action.
+            let _ = PREVIOUS.set(unsafe { old.assume_init() });
+        }
+    });
+    PREVIOUS.get().is_some()
+}
+
+/// The SIGBUS handler. Everything it does is async-signal-safe; each
+/// step says why. It allocates nothing, takes no lock, and leaves
+/// `errno` as it found it.
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // `__errno_location` only returns the thread's errno slot; saving
+    // and restoring errno is what POSIX asks of a handler that makes
+    // system calls.
+    // SAFETY: the pointer is this thread's errno, valid for its life.
+    let errno = unsafe { *libc::__errno_location() };
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO
+    // handler, and `si_addr` is the faulting address for SIGBUS.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    // Atomic loads: lock-free on every target Rust supports here, so
+    // they cannot deadlock against the interrupted code.
+    let page = PAGE.load(Ordering::Relaxed);
+    for s in &WATCHED {
+        let start = s.start.load(Ordering::Acquire);
+        if start == FREE || start == TAKEN || addr < start || addr >= s.end.load(Ordering::Acquire)
+        {
+            continue;
+        }
+        let at = addr & !(page - 1);
+        // `mmap` is not in POSIX's list of async-signal-safe functions
+        // but on Linux it is one system call (glibc's and musl's
+        // wrappers keep no state and take no lock), which is what makes
+        // a call safe in a handler.
+        // SAFETY: `at` is a page inside a mapping this process made and
+        // still holds (the slot is cleared before the mapping goes, and
+        // the faulting access holds a borrow of its owner); replacing
+        // that page with a private anonymous one changes nothing outside
+        // it, and the faulting access then completes on zeros.
+        let p = unsafe {
+            libc::mmap(
+                at as *mut libc::c_void,
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            break;
+        }
+        // An atomic store: as above.
+        s.faulted.store(true, Ordering::Release);
+        let conn = s.conn.load(Ordering::Acquire);
+        if conn >= 0 {
+            // `shutdown` is in POSIX's list of async-signal-safe
+            // functions.
+            // SAFETY: `conn` is our own duplicate of the peer's socket,
+            // open while the slot is watched (it is closed only after it
+            // has been swapped out of the slot).
+            unsafe { libc::shutdown(conn, libc::SHUT_RDWR) };
+        }
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
+        return;
+    }
+    // Not a guarded mapping: hand the signal to whoever had it before.
+    // `OnceLock::get` is one atomic load of a value set before the
+    // handler was installed.
+    if let Some(prev) = PREVIOUS.get() {
+        let h = prev.sa_sigaction;
+        if h == libc::SIG_DFL || h == libc::SIG_IGN {
+            // Put the default back; the access faults again on return
+            // and gets it. `sigaction` is in POSIX's list of
+            // async-signal-safe functions.
+            // SAFETY: `prev` is the action sigaction returned at install.
+            unsafe { libc::sigaction(libc::SIGBUS, prev, std::ptr::null_mut()) };
+        } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+            // A previous handler is itself meant to run in signal
+            // context, with these very arguments.
+            // SAFETY: with SA_SIGINFO, `sa_sigaction` is such a function.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(h) };
+            f(sig, info, ctx);
+        } else {
+            // SAFETY: without SA_SIGINFO, `sa_sigaction` is `sa_handler`.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+            f(sig);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
