@@ -19,7 +19,9 @@ rotates every round), each row in a fresh process pinned to --cpus:
     fastsafetensors                 device cpu, nogds, tensors cloned
     iopath.load_safetensors         the file, or the checkpoint's directory
     iopath, reload (warm only)      the same process loads a second time
-                                    (a server's reload); the second timed
+                                    (a server's reload) through an
+                                    iopath.Pool, whose buffers the first
+                                    load left free; the second timed
     fio O_DIRECT read (limit)       the cold limit: every file, io_uring
     copy from a mapping (limit)     the warm limit: one thread copies each
                                     cached file's mapping (pages mapped
@@ -58,7 +60,7 @@ LABELS = {
     "runai": "runai-model-streamer (cloned)",
     "fast": "fastsafetensors, cpu, nogds (cloned)",
     "iopath": "iopath.load_safetensors",
-    "reload": "iopath.load_safetensors, second load in the process",
+    "reload": "iopath.load_safetensors, second load in the process (pool)",
     "fio": "fio O_DIRECT read (cold limit)",
     "copy": "one-thread copy from a cached mapping (warm limit)",
 }
@@ -205,8 +207,10 @@ def one(row, files):
         # A sharded checkpoint in one call, by its directory.
         what = files[0] if len(files) == 1 else os.path.dirname(files[0])
 
+        pool = iopath.Pool() if row == "reload" else None
+
         def load_all():
-            r, stats = iopath.load_safetensors(what, with_stats=True)
+            r, stats = iopath.load_safetensors(what, with_stats=True, pool=pool)
             return r, stats.get("from_cache_bytes", 0), [stats["method"]]
 
         if row == "reload":
@@ -214,6 +218,8 @@ def one(row, files):
             del first
         t = time.perf_counter()
         r, cached, methods = load_all()
+        if pool is not None:
+            out["reused"] = pool.reused
         n = len(r)
         out["from_cache"] = cached
         out["methods"] = sorted(set(methods))

@@ -6,6 +6,8 @@
     tensors = iopath.load_safetensors("llama/", framework="pt")  # sharded, torch
     share = iopath.share(tensors)                  # other processes:
     same = iopath.attach(share.handle)             # the same memory, no copy
+    pool = iopath.Pool()                           # a server's reload:
+    tensors = iopath.load_safetensors(path, pool=pool)  # buffers reused
 
 Arrays are zero-copy views over the heap buffers and keep them alive; a
 buffer's ``fileno()`` can be sent to another process with
@@ -18,9 +20,9 @@ import weakref
 
 import numpy as np
 
-from ._iopath import Buffer, Share, attach_raw, load, load_safetensors_raw
+from ._iopath import Buffer, Pool, Share, attach_raw, load, load_safetensors_raw
 
-__all__ = ["Buffer", "Share", "load", "load_safetensors", "share", "attach", "DTYPES"]
+__all__ = ["Buffer", "Pool", "Share", "load", "load_safetensors", "share", "attach", "DTYPES"]
 
 #: safetensors dtype -> numpy dtype (little-endian, as the format is).
 #: With ``ml_dtypes`` installed, also BF16 and the F8 types.
@@ -131,6 +133,7 @@ def load_safetensors(
     with_stats=False,
     progress=False,
     shards_at_once=2,
+    pool=None,
 ):
     """Loads a safetensors checkpoint into heap buffers: {name: tensor}.
 
@@ -150,6 +153,16 @@ def load_safetensors(
     only then. Either way every tensor is a view (no copy) over the
     buffer that holds it, aligned for its dtype, keeping the buffer alive.
 
+    With ``pool`` (an ``iopath.Pool``) the buffers come from the pool:
+    those a previous load left free (every tensor over them released) are
+    filled again as they are, pages in place, instead of allocated and
+    faulted anew, which is what makes a second load of a model (a server's
+    reload) fast. A buffer still referenced by a live tensor, array,
+    memoryview or ``Buffer`` is never reused under it; one whose fd left
+    the process (another process attached to a ``share`` of it, or
+    ``Buffer.fileno()`` was called) is never reused at all. ``heap`` is
+    then the pool's.
+
     With ``with_stats`` the result is ``(tensors, stats)``. The GIL is
     released while loading; ``progress=True`` shows progress on stderr.
     ``heap`` is ``"auto"`` (a dma-heap that direct I/O can fill, else
@@ -161,7 +174,7 @@ def load_safetensors(
     if framework not in ("numpy", "pt"):
         raise ValueError(f'framework={framework!r}: use "numpy" or "pt"')
     buffers, table, stats = load_safetensors_raw(
-        str(path), heap, method, buffer_size, progress, shards_at_once
+        str(path), heap, method, buffer_size, progress, shards_at_once, pool
     )
     out = _views(buffers, table, framework)
     return (out, stats) if with_stats else out

@@ -1,15 +1,15 @@
 //! Python bindings of iopath-heap (module `iopath._iopath`; the `iopath`
 //! package wraps it): buffers with the buffer protocol and their fds, the
 //! loader, the safetensors loader (one file or a sharded checkpoint), and
-//! shares of loaded tensors that other processes attach to. Loading
-//! releases the GIL.
+//! shares of loaded tensors that other processes attach to, and pools that
+//! keep buffers for the next load. Loading releases the GIL.
 
 use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use iopath_heap::{open_heap, LoadOptions, Method, SharedTensor};
+use iopath_heap::{open_heap, Heap, LoadOptions, Method, SharedTensor};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -29,8 +29,11 @@ struct PyBuffer {
 
 #[pymethods]
 impl PyBuffer {
-    /// The buffer's file descriptor (owned by the buffer: dup it to keep it).
+    /// The buffer's file descriptor (owned by the buffer: dup it to keep
+    /// it). Once asked for, the fd may reach another process, so a `Pool`
+    /// never reuses this buffer's memory.
     fn fileno(&self) -> i32 {
+        self.buf.mark_exported();
         self.buf.fd().as_raw_fd()
     }
 
@@ -65,7 +68,7 @@ impl PyBuffer {
             self.buf.len(),
             self.filled,
             self.buf.kind(),
-            self.fileno()
+            self.buf.fd().as_raw_fd()
         )
     }
 
@@ -109,6 +112,112 @@ impl PyBuffer {
     /// # Safety
     /// Called by Python when a view made by `__getbuffer__` goes.
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// Buffers kept across loads: a load given the pool takes a free buffer of
+/// the size it needs, pages already in place, instead of allocating and
+/// faulting a new one (a server's reload). A buffer is free again once
+/// nothing holds it: every array or tensor over it, every `Buffer` and
+/// memoryview of it gone. One whose fd left the process (an attach to a
+/// share of it, `Buffer.fileno()`) is never reused: the pool lets it go.
+#[pyclass(module = "iopath", name = "Pool", frozen)]
+struct PyPool {
+    pool: Arc<iopath_heap::Pool>,
+}
+
+#[pymethods]
+impl PyPool {
+    /// A pool over `heap` (as `load_safetensors` takes it) keeping up to
+    /// `capacity` bytes of buffers (default: every buffer it makes; each
+    /// load still checks that it fits in memory); buffers beyond it are
+    /// allocated and freed as usual. A capacity beyond what the heap can
+    /// give now is a `ValueError`.
+    #[new]
+    #[pyo3(signature = (heap = "auto", capacity = None))]
+    fn new(heap: &str, capacity: Option<u64>) -> PyResult<Self> {
+        let heap = open_heap(heap).map_err(to_py)?;
+        let pool = match capacity {
+            Some(c) => iopath_heap::Pool::new(heap, c).map_err(to_py)?,
+            None => iopath_heap::Pool::unbounded(heap),
+        };
+        Ok(PyPool {
+            pool: Arc::new(pool),
+        })
+    }
+
+    /// Bytes of buffers the pool may keep (None: no limit).
+    #[getter]
+    fn capacity(&self) -> Option<u64> {
+        Some(self.pool.capacity()).filter(|&c| c != u64::MAX)
+    }
+
+    /// Bytes of buffers the pool keeps, free or in use.
+    #[getter]
+    fn kept_bytes(&self) -> u64 {
+        self.pool.kept_bytes()
+    }
+
+    /// Bytes of kept buffers that are free now.
+    #[getter]
+    fn free_bytes(&self) -> u64 {
+        self.pool.free_bytes()
+    }
+
+    /// Allocations served by reusing a kept buffer.
+    #[getter]
+    fn reused(&self) -> u64 {
+        self.pool.counts().0
+    }
+
+    /// Allocations served by the heap.
+    #[getter]
+    fn made(&self) -> u64 {
+        self.pool.counts().1
+    }
+
+    /// Frees every kept buffer not in use.
+    fn shrink(&self) {
+        self.pool.shrink();
+    }
+
+    fn __repr__(&self) -> String {
+        let (reused, made) = self.pool.counts();
+        let of = match self.capacity() {
+            Some(c) => format!(" of {c}"),
+            None => String::new(),
+        };
+        format!(
+            "<iopath.Pool {}, {}{of} bytes kept, {} free, {reused} reused, {made} made>",
+            self.pool.name(),
+            self.pool.kept_bytes(),
+            self.pool.free_bytes()
+        )
+    }
+}
+
+/// The heap a load allocates from: the pool's, else `heap` opened.
+enum LoadHeap {
+    Pool(Arc<iopath_heap::Pool>),
+    Own(Box<dyn Heap>),
+}
+
+impl LoadHeap {
+    fn new(heap: &str, pool: Option<&PyPool>) -> PyResult<Self> {
+        match pool {
+            Some(p) if heap == "auto" => Ok(LoadHeap::Pool(p.pool.clone())),
+            Some(_) => Err(PyValueError::new_err(format!(
+                "heap={heap:?} with pool: the pool's heap is used (give it to iopath.Pool)"
+            ))),
+            None => Ok(LoadHeap::Own(open_heap(heap).map_err(to_py)?)),
+        }
+    }
+
+    fn get(&self) -> &dyn Heap {
+        match self {
+            LoadHeap::Pool(p) => &**p,
+            LoadHeap::Own(h) => h.as_ref(),
+        }
+    }
 }
 
 fn options(method: &str, buffer_size: usize) -> PyResult<LoadOptions> {
@@ -193,9 +302,10 @@ fn is_bad_input(e: &iopath_heap::Error) -> bool {
 
 /// Loads `path` into buffers: a list of `Buffer`s in file order, each with
 /// `filled` bytes of the file. The GIL is released while loading;
-/// `progress=True` shows progress on stderr.
+/// `progress=True` shows progress on stderr; with `pool` (an `iopath.Pool`)
+/// the buffers come from it.
 #[pyfunction]
-#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false))]
+#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false, pool = None))]
 fn load(
     py: Python<'_>,
     path: PathBuf,
@@ -203,12 +313,13 @@ fn load(
     method: &str,
     buffer_size: usize,
     progress: bool,
+    pool: Option<PyRef<'_, PyPool>>,
 ) -> PyResult<Vec<PyBuffer>> {
     let opts = options(method, buffer_size)?;
-    let heap = open_heap(heap).map_err(to_py)?;
+    let heap = LoadHeap::new(heap, pool.as_deref())?;
     let mut show = progress_printer(progress);
     let loaded = py
-        .allow_threads(|| iopath_heap::load(&path, heap.as_ref(), &opts, &mut show))
+        .allow_threads(|| iopath_heap::load(&path, heap.get(), &opts, &mut show))
         .map_err(to_py)?;
     Ok(loaded
         .buffers
@@ -222,10 +333,10 @@ fn load(
 /// `*.index.json`): returns (buffers, {name: (buffer index, offset, length,
 /// dtype, shape)}, stats dict: bytes, seconds, gib_per_s, method, shards,
 /// alloc_seconds / read_seconds and from_cache_bytes as `iopath load`
-/// reports them). `iopath.load_safetensors` turns it into numpy or torch
-/// views.
+/// reports them), buffers from `pool` when given. `iopath.load_safetensors`
+/// turns it into numpy or torch views.
 #[pyfunction]
-#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false, shards_at_once = iopath_heap::DEFAULT_SHARDS_AT_ONCE))]
+#[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false, shards_at_once = iopath_heap::DEFAULT_SHARDS_AT_ONCE, pool = None))]
 #[allow(clippy::too_many_arguments)]
 fn load_safetensors_raw<'py>(
     py: Python<'py>,
@@ -235,16 +346,17 @@ fn load_safetensors_raw<'py>(
     buffer_size: usize,
     progress: bool,
     shards_at_once: usize,
+    pool: Option<PyRef<'_, PyPool>>,
 ) -> PyResult<(Vec<PyBuffer>, Bound<'py, PyDict>, Bound<'py, PyDict>)> {
     if shards_at_once == 0 {
         return Err(PyValueError::new_err("shards_at_once must be at least 1"));
     }
     let opts = options(method, buffer_size)?;
-    let heap = open_heap(heap).map_err(to_py)?;
+    let heap = LoadHeap::new(heap, pool.as_deref())?;
     let mut show = progress_printer(progress);
     let t = py
         .allow_threads(|| {
-            iopath_heap::load_checkpoint(&path, heap.as_ref(), &opts, shards_at_once, &mut show)
+            iopath_heap::load_checkpoint(&path, heap.get(), &opts, shards_at_once, &mut show)
         })
         .map_err(to_py)?;
     let tensors = PyDict::new(py);
@@ -265,7 +377,7 @@ fn load_safetensors_raw<'py>(
     stats.set_item("seconds", t.stats.elapsed.as_secs_f64())?;
     stats.set_item("gib_per_s", t.stats.gib_per_s())?;
     stats.set_item("method", t.stats.method.name())?;
-    stats.set_item("heap", heap.name())?;
+    stats.set_item("heap", heap.get().name())?;
     stats.set_item("alloc_seconds", t.stats.alloc_time.as_secs_f64())?;
     stats.set_item("read_seconds", t.stats.read_time.as_secs_f64())?;
     stats.set_item("shards", t.shards.len())?;
@@ -375,6 +487,7 @@ fn attach_raw<'py>(
 #[pymodule]
 fn _iopath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBuffer>()?;
+    m.add_class::<PyPool>()?;
     m.add_class::<PyShare>()?;
     m.add_function(wrap_pyfunction!(attach_raw, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;

@@ -38,6 +38,9 @@ struct Inner {
     populated: AtomicBool,
     /// Live device mappings (see [`DevicePin`]).
     device_maps: AtomicUsize,
+    /// Whether its fd has left this process's control (see
+    /// [`Buffer::mark_exported`]): a [`crate::Pool`] never reuses it.
+    exported: AtomicBool,
 }
 
 /// An fd-backed buffer shared with other processes and devices.
@@ -88,6 +91,7 @@ impl Buffer {
                 direct_io: kind == HeapKind::Memfd,
                 populated: AtomicBool::new(false),
                 device_maps: AtomicUsize::new(0),
+                exported: AtomicBool::new(false),
             }),
         })
     }
@@ -110,6 +114,7 @@ impl Buffer {
                 direct_io: true,
                 populated: AtomicBool::new(false),
                 device_maps: AtomicUsize::new(0),
+                exported: AtomicBool::new(false),
             }),
         })
     }
@@ -154,6 +159,9 @@ impl Buffer {
     }
 
     /// The buffer's file descriptor, e.g. to share it with a device back end.
+    /// A caller that sends it to another process calls
+    /// [`Buffer::mark_exported`] too, or a [`crate::Pool`] may reuse the
+    /// memory under the peer.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.inner.fd.as_fd()
     }
@@ -188,6 +196,20 @@ impl Buffer {
     /// Handles to this buffer alive now (clones and device pins included).
     pub fn handles(&self) -> usize {
         Arc::strong_count(&self.inner)
+    }
+
+    /// Marks the buffer's memory as reachable outside this process's
+    /// handles: its fd was sent to another process ([`Buffer::export`]
+    /// does this) or handed to code that may keep it. Such a buffer is
+    /// never taken back by a [`crate::Pool`], since a peer may still map
+    /// it when the last handle here drops; the pool frees it instead.
+    pub fn mark_exported(&self) {
+        self.inner.exported.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Buffer::mark_exported`] was called on any handle.
+    pub fn exported(&self) -> bool {
+        self.inner.exported.load(Ordering::Acquire)
     }
 
     /// Whether `self` and `other` are handles to the same mapping.
@@ -328,11 +350,14 @@ impl Buffer {
 
     /// Sends the buffer (its fd, kind and length; for a udmabuf also its
     /// memfd, second) over a unix socket with `SCM_RIGHTS`; the peer gets it
-    /// back with [`Buffer::import`].
+    /// back with [`Buffer::import`]. Marks it exported
+    /// ([`Buffer::mark_exported`]), sent or not.
     ///
     /// # Errors
     /// [`Error::Sys`] if `sendmsg` fails.
     pub fn export(&self, sock: &UnixStream) -> Result<()> {
+        // Before the send: once the fd is on its way, a peer may map it.
+        self.mark_exported();
         let mut msg = [0u8; EXPORT_MSG_LEN];
         msg[0..4].copy_from_slice(&EXPORT_MAGIC.to_le_bytes());
         msg[4..8].copy_from_slice(&self.kind().to_wire().to_le_bytes());

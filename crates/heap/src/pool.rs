@@ -7,11 +7,17 @@
 //! same size takes it as it is, pages in place. A pool is a [`Heap`], so
 //! [`crate::load`] takes one as it takes any heap.
 //!
+//! A buffer is free only when the pool holds its one handle, no device pin
+//! is alive, and its fd never left the process ([`Buffer::mark_exported`]:
+//! [`Buffer::export`] and a share's attach set it). An exported buffer is
+//! never reused, since a peer may still map it: the pool lets it go when
+//! its last handle here drops.
+//!
 //! ```text
 //!   Pool::alloc ─► free buffer of that size? ─yes─► reuse (no syscall)
 //!                          │ no
 //!                          └──► heap.alloc ─► kept by the pool (within capacity)
-//!   last handle dropped ─► free again
+//!   last handle dropped ─► free again (exported: freed for good)
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,20 +65,37 @@ impl Pool {
         })
     }
 
+    /// A pool over `heap` that keeps every buffer it makes (each load
+    /// still checks that its buffers fit in memory, free kept ones
+    /// counted: [`Heap::available`]).
+    pub fn unbounded(heap: Box<dyn Heap>) -> Self {
+        Pool {
+            heap,
+            capacity: u64::MAX,
+            kept: Mutex::new(Vec::new()),
+            reused: AtomicU64::new(0),
+            made: AtomicU64::new(0),
+        }
+    }
+
     /// Bytes the pool may keep.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// Bytes of buffers the pool keeps (free or in use).
+    /// Bytes of buffers the pool keeps (free or in use; exported ones are
+    /// not kept).
     pub fn kept_bytes(&self) -> u64 {
-        self.lock().iter().map(|b| b.len() as u64).sum()
+        let mut kept = self.lock();
+        forget_exported(&mut kept);
+        kept.iter().map(|b| b.len() as u64).sum()
     }
 
     /// Bytes of kept buffers that are free now.
     pub fn free_bytes(&self) -> u64 {
-        self.lock()
-            .iter()
+        let mut kept = self.lock();
+        forget_exported(&mut kept);
+        kept.iter()
             .filter(|b| b.handles() == 1)
             .map(|b| b.len() as u64)
             .sum()
@@ -88,12 +111,18 @@ impl Pool {
 
     /// Frees every buffer that is not in use.
     pub fn shrink(&self) {
-        self.lock().retain(|b| b.handles() > 1);
+        self.lock().retain(|b| b.handles() > 1 && !b.exported());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Buffer>> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Lets go of every kept buffer whose fd left the process: it is freed
+/// here when its last other handle drops, and never handed out again.
+fn forget_exported(kept: &mut Vec<Buffer>) {
+    kept.retain(|b| !b.exported());
 }
 
 impl Heap for Pool {
@@ -106,9 +135,12 @@ impl Heap for Pool {
     fn alloc(&self, len: usize) -> Result<Buffer> {
         self.heap.check_len(len)?;
         {
-            let kept = self.lock();
+            let mut kept = self.lock();
+            forget_exported(&mut kept);
             // Under the lock no other handle can be made to a buffer only
-            // the pool holds, so a count of 1 means free.
+            // the pool holds, so a count of 1 means free (a device pin holds
+            // a handle too). An exported buffer was forgotten above; one
+            // exported now, by a handle outside, has a count above 1.
             if let Some(b) = kept.iter().find(|b| b.len() == len && b.handles() == 1) {
                 self.reused.fetch_add(1, Ordering::Relaxed);
                 return Ok(b.clone());
@@ -117,8 +149,9 @@ impl Heap for Pool {
         let b = self.heap.alloc(len)?;
         self.made.fetch_add(1, Ordering::Relaxed);
         let mut kept = self.lock();
+        forget_exported(&mut kept);
         let bytes: u64 = kept.iter().map(|b| b.len() as u64).sum();
-        if bytes + len as u64 <= self.capacity {
+        if bytes.saturating_add(len as u64) <= self.capacity {
             kept.push(b.clone());
         }
         Ok(b)
@@ -180,6 +213,47 @@ mod tests {
         drop(pin);
         pool.shrink();
         assert_eq!(pool.kept_bytes(), 4 * page as u64);
+    }
+
+    #[test]
+    fn an_exported_buffer_is_never_reused() {
+        let page = crate::page_size();
+        let pool = Pool::new(Box::new(MemfdHeap::new(HugePages::None)), 8 * page as u64).unwrap();
+        let a = pool.alloc(2 * page).unwrap();
+        a.write_at(0, b"peer sees this").unwrap();
+        let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.export(&mine).unwrap();
+        let peer = Buffer::import(&theirs).unwrap();
+        assert!(a.exported());
+        drop(a);
+        // Only the pool held it here, but a peer maps it: not free, not
+        // kept.
+        assert_eq!((pool.free_bytes(), pool.kept_bytes()), (0, 0));
+        let b = pool.alloc(2 * page).unwrap();
+        b.write_at(0, b"new load......").unwrap();
+        let mut got = [0u8; 14];
+        peer.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"peer sees this", "the peer's memory was not reused");
+        assert_eq!(pool.counts(), (0, 2));
+        // Marked by hand (an fd sent some other way): the same.
+        b.mark_exported();
+        drop(b);
+        assert_eq!(pool.kept_bytes(), 0);
+        pool.alloc(2 * page).unwrap();
+        assert_eq!(pool.counts(), (0, 3));
+    }
+
+    #[test]
+    fn an_unbounded_pool_keeps_every_buffer() {
+        let page = crate::page_size();
+        let pool = Pool::unbounded(Box::new(MemfdHeap::new(HugePages::None)));
+        let bufs: Vec<Buffer> = (1..=3).map(|k| pool.alloc(k * page).unwrap()).collect();
+        drop(bufs);
+        assert_eq!(pool.free_bytes(), 6 * page as u64);
+        for k in (1..=3).rev() {
+            pool.alloc(k * page).unwrap();
+        }
+        assert_eq!(pool.counts(), (3, 3));
     }
 
     /// memfd with udmabuf's kind of per-buffer limit.
