@@ -72,8 +72,14 @@ fn make_half_warm(path: &Path) -> u64 {
 /// Loads the file with `auto` into small buffers, compares every byte and
 /// returns what the load says came from the cache.
 fn load_and_compare(path: &Path, data: &[u8]) -> iopath_heap::LoadStats {
+    // Buffers straddle the chunks.
+    load_and_compare_in(path, data, 3 << 20)
+}
+
+/// [`load_and_compare`] with buffers of `buffer_size` bytes.
+fn load_and_compare_in(path: &Path, data: &[u8], buffer_size: usize) -> iopath_heap::LoadStats {
     let opts = LoadOptions {
-        buffer_size: 3 << 20, // buffers straddle the chunks
+        buffer_size,
         method: Method::Auto,
         ..LoadOptions::default()
     };
@@ -133,6 +139,9 @@ fn warm_load_copies_everything_from_the_cache() {
     assert_eq!(s.from_cache, SIZE as u64, "{s:?}");
     assert_eq!(s.method, Method::Buffered, "all copied: {s:?}");
     assert_eq!(s.fallbacks, 0);
+    // One buffer, one request: copied in pieces by both copiers.
+    let s = load_and_compare_in(&path, &data, 24 << 20);
+    assert_eq!((s.buffers, s.from_cache), (1, SIZE as u64), "{s:?}");
 }
 
 #[test]
