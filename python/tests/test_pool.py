@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import iopath
-from test_models import write_safetensors
+from test_models import torch_or_skip, write_safetensors
 
 #: Small buffers, so one model makes several: the big tensor gets one of
 #: its own, the small ones share the others.
@@ -94,6 +94,21 @@ def test_a_live_tensor_keeps_its_buffer_out_of_the_next_load(two):
     assert pool.free_bytes == pool.kept_bytes
     iopath.load_safetensors(a, pool=pool, buffer_size=BUF)
     assert pool.made - made == 2, "nothing made: every buffer was free"
+
+
+def test_a_live_torch_tensor_keeps_its_buffer_out_of_the_next_load(two):
+    torch = torch_or_skip()
+    (a, want_a), (b, want_b) = two
+    pool = iopath.Pool()
+    first = iopath.load_safetensors(a, pool=pool, buffer_size=BUF, framework="pt")
+    made = pool.made
+    big = first["big"]
+    del first
+    gc.collect()
+    second = iopath.load_safetensors(b, pool=pool, buffer_size=BUF, framework="pt")
+    assert pool.made - made == 1 and pool.reused == made - 1
+    assert big.view(torch.uint8).numpy().tobytes() == want_a["big"]
+    assert second["big"].view(torch.uint8).numpy().tobytes() == want_b["big"]
 
 
 def test_a_buffer_whose_fd_was_asked_for_is_never_reused(two):
