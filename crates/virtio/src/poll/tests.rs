@@ -84,6 +84,85 @@ fn a_pass_yields_after_work_and_spins_its_slice_after_a_yield() {
     assert!(z.spin_until.unwrap() > t);
 }
 
+#[test]
+fn the_window_halves_when_wasted_and_grows_back_when_polling_pays() {
+    let us = Duration::from_micros;
+    let mut p = Poller::new(PollMode::Window(us(50)));
+    assert_eq!(p.window(), Some(us(50)));
+    // Waits that outlast the configured window halve it, then (below
+    // GROW_START) close it: the poller sleeps at once.
+    p.adapt(us(200));
+    assert_eq!(p.window(), Some(us(25)));
+    p.adapt(us(200));
+    assert_eq!(p.window(), Some(Duration::from_nanos(12_500)));
+    p.adapt(us(200));
+    assert_eq!(p.window(), Some(Duration::ZERO));
+    assert!(!p.may_poll(Instant::now()));
+    p.adapt(us(200));
+    assert_eq!(p.window(), Some(Duration::ZERO));
+    // A wait that ended within the configured window reopens it at
+    // GROW_START; more double it up to the configured one.
+    p.adapt(us(30));
+    assert_eq!(p.window(), Some(Poller::GROW_START));
+    assert!(p.may_poll(Instant::now()));
+    p.adapt(us(5));
+    assert_eq!(p.window(), Some(us(20)));
+    p.adapt(us(5));
+    p.adapt(us(5));
+    assert_eq!(p.window(), Some(us(50)));
+    // A window below GROW_START: open is the configured one.
+    let mut small = Poller::new(PollMode::Window(us(3)));
+    small.adapt(us(10));
+    assert_eq!(small.window(), Some(Duration::ZERO));
+    small.adapt(us(2));
+    assert_eq!(small.window(), Some(us(3)));
+    // Sleeping and busy pollers have nothing to adapt.
+    let mut sleep = Poller::new(PollMode::SLEEP);
+    sleep.adapt(us(1));
+    assert_eq!(sleep.window(), Some(Duration::ZERO));
+    let mut busy = Poller::new(PollMode::Busy);
+    busy.adapt(us(1_000_000));
+    assert_eq!(busy.window(), None);
+    assert!(busy.may_poll(Instant::now()));
+}
+
+#[test]
+fn a_waiter_whose_windows_are_wasted_comes_to_sleep_at_once() {
+    // Every answer comes only after the waiter sleeps, and later than
+    // the window: a peer that needs this CPU. After a few waits the
+    // poller no longer suppresses notifications or polls at all.
+    struct Late(Vec<&'static str>, bool);
+    impl Polled for Late {
+        type Error = ();
+        fn ready(&mut self) -> Result<bool, ()> {
+            Ok(std::mem::take(&mut self.1))
+        }
+        fn suppress(&mut self) -> Result<(), ()> {
+            self.0.push("suppress");
+            Ok(())
+        }
+        fn rearm(&mut self) -> Result<bool, ()> {
+            self.0.push("rearm");
+            Ok(false)
+        }
+        fn sleep(&mut self, _: Option<Duration>) -> Result<(), ()> {
+            self.0.push("sleep");
+            std::thread::sleep(Duration::from_micros(300));
+            self.1 = true;
+            Ok(())
+        }
+    }
+    let mut p = Poller::new(PollMode::Window(Duration::from_micros(50)));
+    let mut r = Late(Vec::new(), false);
+    for _ in 0..3 {
+        assert_eq!(p.wait(&mut r, None), Ok(Waited::Ready));
+    }
+    assert_eq!(p.window(), Some(Duration::ZERO));
+    r.0.clear();
+    assert_eq!(p.wait(&mut r, None), Ok(Waited::Ready));
+    assert_eq!(r.0, ["rearm", "sleep"]);
+}
+
 /// A ring that records what the poller did to it.
 #[derive(Default)]
 struct Script {
