@@ -11,133 +11,19 @@
 //! image file (labelled so); without qemu-storage-daemon its row is a note.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use iopath_blk::dd::DdConfig;
 use iopath_blk::workload::{self, Access, Op, Pattern, Stats, Workload};
-use iopath_heap::error_chain;
 use serde::Serialize;
 
 use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
-use crate::place::{on_cpu, spawn_on, Cpus, Placement};
-use crate::{fio, Error, Missing, Progress, Result};
+use crate::place::{on_cpu, Cpus, Placement};
+use crate::{fio, Error, Progress, Result};
 
 /// The DMA ops of a row: the override `iopath blk dd --dma` gives.
 pub use iopath_blk::dd::DmaMode;
-
-/// What `iopath bench blk` measures.
-#[derive(Debug, Clone)]
-pub struct BlkConfig {
-    /// Bytes written per run (the image is this large).
-    pub size: usize,
-    /// Runs per row.
-    pub runs: usize,
-    /// Block size of every transfer.
-    pub bs: usize,
-    /// Blocks in flight.
-    pub queue_depth: usize,
-    /// Directory for the image file; `None`: RAM (/dev/shm) when the image
-    /// fits with room to spare, else /var/tmp.
-    pub dir: Option<PathBuf>,
-    /// DMA modes to measure (empty: all).
-    pub modes: Vec<DmaMode>,
-    /// Where the processes run.
-    pub placement: Placement,
-    /// Also a Linux guest's dd (scripts/guest-dd) on each back end.
-    pub guest: bool,
-    /// The `iopath` executable whose `blk serve` is iopath's back end.
-    pub iopath: PathBuf,
-    /// Show progress on stderr.
-    pub progress: bool,
-    /// The small-block table (4 KiB random I/O), when asked for.
-    pub small: Option<SmallConfig>,
-}
-
-impl BlkConfig {
-    /// The embedded defaults of `iopath bench`: 256 MiB in 8 MiB blocks,
-    /// 4 in flight, 3 runs, every mode, split placement.
-    pub fn quick(iopath: PathBuf) -> BlkConfig {
-        BlkConfig {
-            size: 256 << 20,
-            runs: 3,
-            bs: 8 << 20,
-            queue_depth: 4,
-            dir: None,
-            modes: Vec::new(),
-            placement: Placement::Split,
-            guest: false,
-            iopath,
-            progress: true,
-            small: Some(SmallConfig::quick()),
-        }
-    }
-
-    /// The full sizes: `dd bs=8M count=1024` (8 GiB) x 10 runs
-    /// per DMA mode.
-    pub fn full(iopath: PathBuf) -> BlkConfig {
-        BlkConfig {
-            size: 8 << 30,
-            runs: 10,
-            small: Some(SmallConfig::full()),
-            ..BlkConfig::quick(iopath)
-        }
-    }
-
-    /// A rough duration, from nominal rates on a 2-vCPU VM (2 GiB/s per
-    /// dd or fio pass and for the image's first touch).
-    pub fn estimate(&self) -> Duration {
-        let gib = self.size as f64 / f64::from(1u32 << 30);
-        let modes = if self.modes.is_empty() {
-            4
-        } else {
-            self.modes.len()
-        };
-        // Every run: the modes, the peer, the limit; a warm-up round; the sweep.
-        // Every run: the modes and the peer; the limit's sweep (6 fio passes
-        // at the default bs) in the first runs, its best alone after; a
-        // warm-up round.
-        let swept = self.runs.min(crate::limit::SWEEP_RUNS);
-        let passes = (self.runs + 1) * (modes + 1) + swept * 6 + (self.runs - swept) + 1;
-        // A guest run: about 20 s of boot and checks under TCG, its dd at
-        // some 50 MB/s direct, 15 MB/s bounced behind the vIOMMU.
-        let guest = if self.guest {
-            self.runs as f64 * (3.0 * 20.0 + gib * (2.0 / 0.05 + 1.0 / 0.015))
-        } else {
-            0.0
-        };
-        // The small-block table: some 10k requests per second at worst.
-        let small = self.small.as_ref().map_or(0.0, |s| {
-            small::steps(s) as f64 * (s.count as f64 / 10_000.0 + 0.1)
-        });
-        Duration::from_secs_f64(passes as f64 * gib / 2.0 + guest + gib / 2.0 + 3.0 + small)
-    }
-}
-
-/// One row of the table.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    /// What was measured.
-    pub name: String,
-    /// Throughput of each run, GiB/s.
-    pub runs_gib_per_s: Vec<f64>,
-    /// Median, min, max, spread of the runs (null when skipped).
-    pub stats: Stats,
-    /// Median as a fraction of the limit's median (null when skipped).
-    pub of_limit: Option<f64>,
-    /// Why the row has no figures, when it has none.
-    pub skipped: Option<String>,
-    /// The peer this machine lacks, when that is why.
-    pub missing: Option<Missing>,
-}
-
-impl Row {
-    fn measured(&self) -> bool {
-        self.skipped.is_none()
-    }
-}
 
 /// What `iopath bench blk` measured.
 #[derive(Debug, Clone, Serialize)]
@@ -163,177 +49,6 @@ pub struct BlkReport {
     pub limit: Option<Limit>,
     /// The small-block table, when it was run.
     pub small_block: Option<SmallReport>,
-}
-
-/// A child process killed (and reaped) on drop.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        // SIGTERM first so `iopath blk serve` removes its socket.
-        let pid = rustix::process::Pid::from_child(&self.0);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The first error line of a log file (else its last line), for messages.
-fn last_line(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    lines
-        .iter()
-        .find(|l| l.contains("error"))
-        .or(lines.last())
-        .copied()
-        .unwrap_or("")
-        .to_string()
-}
-
-/// A log file beside the socket for a child's stderr.
-fn log_for(socket: &Path) -> Result<(PathBuf, std::fs::File)> {
-    let log = socket.with_extension("log");
-    let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
-    Ok((log, f))
-}
-
-/// Waits until `path` exists (the back end listens) or the child exits.
-fn wait_for_socket(child: &mut Reaped, path: &Path, what: &str, log: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        if let Some(st) = child
-            .0
-            .try_wait()
-            .map_err(Error::sys("waiting for a child"))?
-        {
-            return Err(Error::Peer {
-                program: what.into(),
-                reason: format!("exited before listening ({st}): {}", last_line(log)),
-            });
-        }
-        if Instant::now() > deadline {
-            check_failed!("{what} did not create {} within 20 s", path.display());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
-}
-
-/// Starts `iopath blk serve` on `image` with `extra` arguments, pinned
-/// to `cpu`.
-fn start_iopath_serve_on(
-    exe: &Path,
-    image: &Path,
-    socket: &Path,
-    cpu: Option<usize>,
-    extra: &[&str],
-) -> Result<Reaped> {
-    let _ = std::fs::remove_file(socket);
-    let (log, err) = log_for(socket)?;
-    let child = spawn_on(
-        cpu,
-        Command::new(exe)
-            .args(["blk", "serve", "--image"])
-            .arg(image)
-            .arg("--socket")
-            .arg(socket)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err),
-    )?;
-    let mut c = Reaped(child);
-    wait_for_socket(&mut c, socket, "iopath blk serve", &log)?;
-    Ok(c)
-}
-
-/// Starts `qemu-storage-daemon` exporting `image` as vhost-user-blk with
-/// direct I/O, pinned to `cpu`.
-fn start_qsd_on(image: &Path, socket: &Path, cpu: Option<usize>) -> Result<Reaped> {
-    if let Some(m) = Missing::QSD.check() {
-        return Err(Error::MissingPeer {
-            program: m.program,
-            package: m.package,
-        });
-    }
-    let _ = std::fs::remove_file(socket);
-    let (log, err) = log_for(socket)?;
-    let child = spawn_on(
-        cpu,
-        Command::new(Missing::QSD.program)
-            .arg("--blockdev")
-            .arg(format!(
-                "driver=file,node-name=disk,filename={},cache.direct=on,aio=io_uring",
-                image.display()
-            ))
-            .arg("--export")
-            .arg(format!(
-                "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on",
-                socket.display()
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err),
-    )?;
-    let mut c = Reaped(child);
-    wait_for_socket(&mut c, socket, Missing::QSD.program, &log)?;
-    Ok(c)
-}
-
-/// `/dev/shm` if it is a tmpfs with room for `size` bytes and the machine
-/// has that much memory available with 2 GiB to spare.
-#[allow(clippy::unnecessary_cast)] // statfs field types differ by target
-fn ram_dir(size: u64) -> Option<PathBuf> {
-    let dir = PathBuf::from("/dev/shm");
-    let st = rustix::fs::statfs(&dir).ok()?;
-    let free = st.f_bavail as u64 * st.f_bsize as u64;
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let avail_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    let spare = 2u64 << 30;
-    (ram_backed(&dir) && free >= size + spare && avail_kib * 1024 >= size + spare).then_some(dir)
-}
-
-/// Whether `path` lies on a tmpfs.
-#[allow(clippy::unnecessary_cast)] // statfs field types differ by target
-fn ram_backed(path: &Path) -> bool {
-    rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == crate::TMPFS_MAGIC)
-}
-
-/// Creates (or reuses) a fully allocated image of `size` bytes.
-fn make_image(path: &Path, size: u64) -> Result<()> {
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(Error::io(path))?;
-    // Allocate every block up front so no run pays for allocation.
-    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, size).map_err(|e| {
-        Error::Io {
-            path: path.to_path_buf(),
-            source: e.into(),
-        }
-    })?;
-    Ok(())
 }
 
 /// The error of a lower layer (driver, transport, DMA ops, workload).
@@ -366,65 +81,6 @@ fn dd_once(socket: &Path, cfg: &BlkConfig, mode: DmaMode) -> Result<f64> {
     dd.dma = Some(mode);
     let report = iopath_blk::dd::run(&dd, &()).map_err(driver_err("dd"))?;
     Ok(report.runs[0].gib_per_s)
-}
-
-/// A row being measured: its runs so far, or why it cannot run.
-struct Series {
-    name: String,
-    runs: Vec<f64>,
-    failed: Option<String>,
-    missing: Option<Missing>,
-}
-
-impl Series {
-    fn new(name: String, failed: Option<&Error>) -> Self {
-        let missing = match failed {
-            Some(Error::MissingPeer { program, package }) => Some(Missing { program, package }),
-            _ => None,
-        };
-        Series {
-            name,
-            runs: Vec::new(),
-            failed: failed.map(|e| match &missing {
-                Some(m) => m.note(),
-                None => error_chain(e),
-            }),
-            missing,
-        }
-    }
-
-    fn measure(&mut self, f: impl FnOnce() -> Result<f64>) {
-        if self.failed.is_none() {
-            match f() {
-                Ok(v) => self.runs.push(v),
-                Err(e) => self.failed = Some(error_chain(&e)),
-            }
-        }
-    }
-
-    fn row(self, limit: f64) -> Row {
-        match self.failed {
-            Some(why) => Row {
-                name: self.name,
-                runs_gib_per_s: Vec::new(),
-                stats: Stats::of(&[]),
-                of_limit: None,
-                skipped: Some(why),
-                missing: self.missing,
-            },
-            None => {
-                let stats = Stats::of(&self.runs);
-                Row {
-                    name: self.name,
-                    runs_gib_per_s: self.runs,
-                    of_limit: (limit > 0.0).then(|| stats.median / limit),
-                    stats,
-                    skipped: None,
-                    missing: None,
-                }
-            }
-        }
-    }
 }
 
 /// Row names.
@@ -611,11 +267,21 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
     })
 }
 
+mod backend;
+mod config;
 mod guest_rows;
+mod image;
 mod report;
+mod series;
 mod small;
 mod small_report;
 
+pub use config::BlkConfig;
+pub use series::Row;
 pub use small::{SmallConfig, SmallReport, SmallRow, SmallRun};
+
+use backend::{start_iopath_serve_on, start_qsd_on, Reaped};
+use image::{make_image, ram_backed, ram_dir};
+use series::Series;
 
 use guest_rows::{GuestRows, GUEST_OURS, GUEST_PEER, GUEST_SWIOTLB};
