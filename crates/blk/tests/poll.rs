@@ -34,11 +34,21 @@ impl Rng {
     }
 }
 
+/// Longest a request may take before it counts as a lost notification.
+/// A kick the back end misses leaves the request unanswered until the
+/// driver's 5 s timeout names it; an interrupt the driver misses leaves
+/// it asleep until that timeout, after which its look at the ring finds
+/// the answer and the request succeeds, late. Both show as a request that
+/// took seconds; nothing else here takes more than milliseconds.
+const STALL: Duration = Duration::from_secs(2);
+
 /// `n` requests one at a time (4 KiB writes of the seq pattern, each read
-/// back and compared), with gaps of 0 to `gap_ns` between them so that
-/// each lands somewhere around the other side's re-enable: while it
-/// polls, just as its window ends, or once it sleeps. A lost kick leaves a
-/// request unanswered and the driver's 5 s timeout names it.
+/// back and compared). Each is submitted 0 to `gap_ns` after the previous
+/// one completed, with nothing else in between (the data is laid out
+/// before): the other side's poller started its window as it put that
+/// completion on the ring, so the request lands while it polls, just as
+/// its window ends and it re-enables notifications, or once it sleeps.
+/// Every request must complete, within [`STALL`].
 fn one_at_a_time(server_args: &[&str], driver_poll: PollMode, n: usize, gap_ns: u64) {
     let srv = Server::start(IMAGE, server_args);
     let (wbuf, rbuf) = (alloc(BS), alloc(BS));
@@ -51,21 +61,32 @@ fn one_at_a_time(server_args: &[&str], driver_poll: PollMode, n: usize, gap_ns: 
     let mut drv = driver(Mode::Direct, connect(&srv.socket), &bufs, &opts).unwrap();
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let blocks = IMAGE / BS as u64;
+    let mut got = vec![0u8; BS];
+    let mut done = Instant::now();
     for i in 0..n {
         let off = (rng.next() % blocks) * BS as u64;
         let want = seq(off, BS);
         wbuf.write_at(0, &want).unwrap();
-        let gap = Duration::from_nanos(rng.next() % gap_ns);
-        let t = Instant::now();
-        while t.elapsed() < gap {
-            std::hint::spin_loop();
-        }
-        drv.write(off, &wbuf, 0, BS)
-            .unwrap_or_else(|e| panic!("write {i} of {n} at {off}: {e}"));
         rbuf.fill(0, BS, 0x5a).unwrap();
-        drv.read(off, &rbuf, 0, BS)
-            .unwrap_or_else(|e| panic!("read {i} of {n} at {off}: {e}"));
-        let mut got = vec![0u8; BS];
+        let gaps = [rng.next() % gap_ns, rng.next() % gap_ns].map(Duration::from_nanos);
+        for (k, gap) in gaps.into_iter().enumerate() {
+            while done.elapsed() < gap {
+                std::hint::spin_loop();
+            }
+            let t = Instant::now();
+            let (what, r) = if k == 0 {
+                ("write", drv.write(off, &wbuf, 0, BS))
+            } else {
+                ("read", drv.read(off, &rbuf, 0, BS))
+            };
+            done = Instant::now();
+            r.unwrap_or_else(|e| panic!("{what} {i} of {n} at {off}: {e}"));
+            let took = done - t;
+            assert!(
+                took < STALL,
+                "{what} {i} of {n} at {off} took {took:?}: a lost notification"
+            );
+        }
         rbuf.read_at(0, &mut got).unwrap();
         assert!(got == want, "request {i}: block at {off} reads back wrong");
     }
@@ -73,15 +94,16 @@ fn one_at_a_time(server_args: &[&str], driver_poll: PollMode, n: usize, gap_ns: 
 
 #[test]
 fn no_kick_is_lost_when_both_sides_poll_briefly() {
-    // Windows of a few microseconds: both pollers give up and re-enable
+    // Windows of a few to tens of microseconds, requests spread over
+    // twice the back end's: both pollers give up and re-enable
     // notifications around almost every request.
-    one_at_a_time(&["--poll-us", "2"], us(3), 3000, 8_000);
-    one_at_a_time(&["--poll-us", "5"], us(1), 3000, 40_000);
+    one_at_a_time(&["--poll-us", "2"], us(3), 6000, 4_000);
+    one_at_a_time(&["--poll-us", "20"], us(20), 4000, 40_000);
 }
 
 #[test]
 fn no_kick_is_lost_between_a_sleeping_and_a_busy_side() {
-    one_at_a_time(&["--poll-us", "0"], PollMode::Busy, 2000, 40_000);
+    one_at_a_time(&["--poll-us", "0"], PollMode::Busy, 12_000, 5_000);
     one_at_a_time(&["--poll"], PollMode::SLEEP, 2000, 40_000);
 }
 
