@@ -23,16 +23,6 @@
 //! §2.7.13.4). Whichever goes second sees the other's write, so either the
 //! peer notifies or the re-check finds the entry.
 //!
-//! The window adapts, as Linux's halt-polling does: a wait that took
-//! longer than the configured window halves it (down to zero: sleep at
-//! once); a wait that ended within it, by polling or by a short sleep,
-//! doubles it again (up to the configured one). A peer on another CPU
-//! answers within the window and polling stays on; a peer that needs this
-//! poller's CPU to answer (both on one CPU with many requests in flight,
-//! where the answer is a whole batch away, or where a yield does not hand
-//! the CPU over) outlasts every window, and the poller soon sleeps at
-//! once, as `--poll-us 0` does.
-//!
 //! A poller must not starve a peer that runs on its CPU: every
 //! [`Poller::SLICE`] of spinning it yields. A yield that comes back only
 //! after a whole time slice means something on this CPU spun without
@@ -251,8 +241,6 @@ pub struct Poller {
     guard: HogGuard,
     /// End of the current spin slice (`None`: the next empty pass yields).
     spin_until: Option<Instant>,
-    /// The window in force ([`PollMode::Window`]: from zero to the mode's).
-    window: Duration,
 }
 
 impl Poller {
@@ -260,11 +248,6 @@ impl Poller {
     /// peer on this CPU waits little for it, long enough that a poller
     /// whose answer comes from another CPU makes few system calls.
     pub const SLICE: Duration = Duration::from_micros(5);
-
-    /// The window a poller that shrank its window to zero grows back to
-    /// first (at most the mode's window), as Linux's `halt_poll_ns_grow_start`;
-    /// a window halved below it becomes zero.
-    pub const GROW_START: Duration = Duration::from_micros(10);
 
     /// A poller in `mode`, yielding every [`Poller::SLICE`].
     pub fn new(mode: PollMode) -> Poller {
@@ -279,10 +262,6 @@ impl Poller {
             slice,
             guard: HogGuard::default(),
             spin_until: None,
-            window: match mode {
-                PollMode::Window(w) => w,
-                PollMode::Busy => Duration::ZERO,
-            },
         }
     }
 
@@ -291,43 +270,18 @@ impl Poller {
         self.mode
     }
 
-    /// The window in force of an adaptive poller, between zero and its
-    /// mode's (`None`: it never sleeps).
+    /// The window of an adaptive poller (`None`: it never sleeps).
     pub fn window(&self) -> Option<Duration> {
         match self.mode {
-            PollMode::Window(_) => Some(self.window),
+            PollMode::Window(w) => Some(w),
             PollMode::Busy => None,
         }
     }
 
-    /// Whether a wait starting at `now` polls: the mode polls, the window
-    /// in force is not zero and the guard has not turned polling off.
+    /// Whether a wait starting at `now` polls: the mode polls and the
+    /// guard has not turned polling off.
     pub fn may_poll(&mut self, now: Instant) -> bool {
-        let open = match self.mode {
-            PollMode::Window(_) => !self.window.is_zero(),
-            PollMode::Busy => true,
-        };
-        open && self.guard.on(now)
-    }
-
-    /// Adapts the window after a wait that did not find work at once and
-    /// took `took` in all (polling, yields and sleep): halves it when the
-    /// wait outlasted the mode's window (polling was wasted: the answer
-    /// needed longer, often this very CPU, and sleeping would have cost
-    /// nothing), doubles it when the wait ended within the mode's window
-    /// (polling that long finds the answer without a wake-up).
-    pub fn adapt(&mut self, took: Duration) {
-        let PollMode::Window(max) = self.mode else {
-            return;
-        };
-        if took <= max {
-            self.window = (self.window * 2).max(Self::GROW_START).min(max);
-        } else {
-            self.window /= 2;
-            if self.window < Self::GROW_START {
-                self.window = Duration::ZERO;
-            }
-        }
+        self.mode.polls() && self.guard.on(now)
     }
 
     /// The last look found work: the next empty pass yields at once (the
@@ -377,7 +331,6 @@ impl Poller {
                 let goes_on = self.pass();
                 if ring.ready()? {
                     self.worked();
-                    self.adapt(start.elapsed());
                     return Ok(Waited::Ready);
                 }
                 let now = Instant::now();
@@ -391,7 +344,6 @@ impl Poller {
             // Re-enable, then look again before sleeping (§2.7.10).
             if ring.rearm()? {
                 self.worked();
-                self.adapt(start.elapsed());
                 return Ok(Waited::Ready);
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -401,7 +353,6 @@ impl Poller {
             ring.sleep(left)?;
             if ring.ready()? {
                 self.worked();
-                self.adapt(start.elapsed());
                 return Ok(Waited::Ready);
             }
         }
