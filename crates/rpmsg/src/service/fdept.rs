@@ -21,29 +21,45 @@ use crate::ctrl::proto::{
 };
 
 /// Send buffer asked for the client's end, for payloads of up to
-/// `max_payload` bytes. The kernel doubles what is asked (at least 4608
-/// bytes, at most twice `net.core.wmem_max`) and refuses (`EMSGSIZE`) a
-/// message over that less 32 bytes ([unix(7)], `unix_dgram_sendmsg`); a
-/// writer blocks once its unread messages fill it.
+/// `max_payload` bytes (`None`: the kernel's default is left). The kernel
+/// doubles what is asked (at least 4608 bytes, at most twice
+/// `net.core.wmem_max`) and refuses (`EMSGSIZE`) a message over that less
+/// 32 bytes ([unix(7)], `unix_dgram_sendmsg`); a writer blocks once its
+/// unread messages fill it.
 ///
 /// At 496 bytes: the minimum, so the kernel itself refuses what exceeds
 /// 4576 bytes, as before buffer sizes were negotiated. Above: room for
 /// [`IN_FLIGHT`] messages (each with the kernel's per-message overhead),
-/// so a writer streaming large messages keeps the service busy instead of
-/// waking it for each; the kernel's limit is then well past the payload,
-/// and what gets past the payload ends the endpoint. `EptFd::send` and the
-/// preload library refuse it first with `EMSGSIZE`.
+/// and never less than any unix socket gets (`net.core.wmem_default`,
+/// 212,992 bytes here, what the raw `SOCK_SEQPACKET` stream has): a
+/// writer streaming large messages keeps the service busy instead of
+/// waking it (and being woken) every few messages. The kernel's limit is
+/// then well past the payload, and what gets past the payload ends the
+/// endpoint. `EptFd::send` and the preload library refuse it first with
+/// `EMSGSIZE`.
 ///
 /// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
-pub(crate) fn client_sndbuf(max_payload: usize) -> usize {
+pub(crate) fn client_sndbuf(max_payload: usize) -> Option<usize> {
     if max_payload <= crate::wire::MAX_PAYLOAD {
-        0
-    } else {
-        (IN_FLIGHT * (max_payload + SKB_OVERHEAD)).div_ceil(2)
+        return Some(0);
     }
+    let want = (IN_FLIGHT * (max_payload + SKB_OVERHEAD)).div_ceil(2);
+    (2 * want > wmem_default()).then_some(want)
 }
 
-/// Messages of the largest payload a client's send buffer holds.
+/// `net.core.wmem_default`: the send buffer a socket starts with (read
+/// once: endpoint creation costs no file read).
+fn wmem_default() -> usize {
+    static WMEM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WMEM.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/core/wmem_default")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(212_992)
+    })
+}
+
+/// Messages of the largest payload a client's send buffer holds, at least.
 const IN_FLIGHT: usize = 8;
 /// What the kernel counts per message beyond its bytes (the `sk_buff` and
 /// its shared info), rounded up.
@@ -109,9 +125,10 @@ fn make_spare(svc: &EptService) -> Result<Spare, i32> {
         None,
     )
     .map_err(|e| e.raw_os_error())?;
-    let sndbuf = client_sndbuf(svc.bus().max_payload());
-    rustix::net::sockopt::set_socket_send_buffer_size(&client, sndbuf)
-        .map_err(|e| e.raw_os_error())?;
+    if let Some(sndbuf) = client_sndbuf(svc.bus().max_payload()) {
+        rustix::net::sockopt::set_socket_send_buffer_size(&client, sndbuf)
+            .map_err(|e| e.raw_os_error())?;
+    }
     let id = svc.next_id();
     svc.watch(id, &ours, TAG_SOCK)?;
     Ok(Spare {
