@@ -79,6 +79,9 @@ pub struct HostLink {
     /// Buffers were added to rx / tx since the last kick decision.
     rx_added: bool,
     tx_added: bool,
+    /// A send found every tx buffer with the remote: it is asked to kick
+    /// when it gives one back (otherwise sent buffers come back unannounced).
+    tx_wanted: bool,
 }
 
 fn placed(
@@ -164,7 +167,8 @@ impl HostLink {
         // OpenAMP's device role returns sent buffers with their length.
         tx.ignore_readonly_used_len(true);
         // Sent buffers are reclaimed on the next send; no interrupt wanted
-        // for them (OpenAMP suppresses tx-complete interrupts too).
+        // for them (OpenAMP suppresses tx-complete interrupts too) unless a
+        // send finds none free (`tx_wanted`).
         tx.disable_interrupts();
         let rx_size = sizes.to_host as usize;
         let zero = vec![0u8; rx_size];
@@ -196,6 +200,7 @@ impl HostLink {
             tx_free,
             rx_added: true,
             tx_added: false,
+            tx_wanted: false,
         })
     }
 
@@ -217,6 +222,10 @@ impl HostLink {
     fn reclaim(&mut self) -> Result<(), LinkError> {
         while let Some(c) = self.tx.pop_used().map_err(queue_err("vq1"))? {
             self.tx_free.push(c.token as u16);
+        }
+        if self.tx_wanted && !self.tx_free.is_empty() {
+            self.tx_wanted = false;
+            self.tx.disable_interrupts();
         }
         Ok(())
     }
@@ -262,6 +271,15 @@ impl Link for HostLink {
 
     fn get_tx(&mut self) -> Result<Option<Slot>, LinkError> {
         self.reclaim()?;
+        if self.tx_free.is_empty() && !self.tx_wanted {
+            // Whoever waits for a buffer hears of the first one back (a
+            // kick from the remote) instead of finding it by polling; one
+            // back since then is taken at once.
+            self.tx_wanted = true;
+            if !self.tx.enable_interrupts() {
+                self.reclaim()?;
+            }
+        }
         Ok(self.tx_free.pop().map(|id| Slot {
             token: u64::from(id),
             addr: self.tx_addr(id),

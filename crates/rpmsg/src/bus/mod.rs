@@ -24,6 +24,7 @@
 mod endpoint;
 mod error;
 mod hook;
+mod kick_hold;
 mod name_service;
 mod service;
 mod state;
@@ -32,6 +33,7 @@ mod zero_copy;
 pub use endpoint::{Endpoint, EndpointOptions, EndpointRef};
 pub use error::BusError;
 pub use hook::{HookRun, ServiceHook};
+pub use kick_hold::KickHold;
 pub use zero_copy::{RxBuffer, TxBuffer, ZeroCopyEndpoint};
 
 use std::fmt;
@@ -240,6 +242,7 @@ impl Bus {
                 stats: Stats::default(),
                 down: None,
                 stop: false,
+                kick_holds: 0,
             }),
             cond: Condvar::new(),
             buf_waiters: AtomicUsize::new(0),
@@ -546,10 +549,7 @@ impl Bus {
             match send_parts(&mut *st.link, &hdr, data) {
                 Ok(Sent::Yes) => {
                     st.stats.tx_msgs += 1;
-                    let kick = st.link.take_kick();
-                    if kick {
-                        st.stats.kicks += 1;
-                    }
+                    let kick = st.kick_due();
                     drop(st);
                     if kick {
                         if let Err(e) = self.shared.notifier.kick() {

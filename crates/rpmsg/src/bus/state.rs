@@ -54,6 +54,25 @@ pub(super) struct State {
     pub(super) stats: Stats,
     pub(super) down: Option<String>,
     pub(super) stop: bool,
+    /// Kick holds taken ([`Bus::hold_kicks`](super::Bus::hold_kicks)):
+    /// while any is held, sends leave the kick to the last one released.
+    pub(super) kick_holds: u32,
+}
+
+impl State {
+    /// Whether the peer must be notified now for the work done since the
+    /// last decision (counted); never while a kick hold is taken, whose
+    /// release decides instead.
+    pub(super) fn kick_due(&mut self) -> bool {
+        if self.kick_holds > 0 {
+            return false;
+        }
+        let k = self.link.take_kick();
+        if k {
+            self.stats.kicks += 1;
+        }
+        k
+    }
 }
 
 pub(super) struct Shared {

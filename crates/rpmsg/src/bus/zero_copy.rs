@@ -99,11 +99,7 @@ impl Drop for RxBuffer {
                 return;
             }
             release(&mut st, h);
-            let k = st.link.take_kick();
-            if k {
-                st.stats.kicks += 1;
-            }
-            k
+            st.kick_due()
         };
         if kick {
             let _ = self.shared.notifier.kick();
@@ -208,11 +204,7 @@ impl TxBuffer {
                 return Err(BusError::LinkDown(r));
             }
             st.stats.tx_msgs += 1;
-            let k = st.link.take_kick();
-            if k {
-                st.stats.kicks += 1;
-            }
-            k
+            st.kick_due()
         };
         if kick {
             if let Err(e) = shared.notifier.kick() {

@@ -49,7 +49,21 @@ impl EptService {
             return Ok((false, false));
         }
         let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
-        let stalled = !lock(&self.inner.stalled).is_empty();
+        let mut stalled = !lock(&self.inner.stalled).is_empty();
+        let mut retried = false;
+        if stalled {
+            // Buffers the remote gave back (it kicks for them once a send
+            // found none) go to the waiting messages before any wait, and
+            // the wait is then only a look.
+            let _hold = self.inner.bus.hold_kicks();
+            retried = self.retry_stalled();
+            stalled = !lock(&self.inner.stalled).is_empty();
+        }
+        let timeout = if retried {
+            Some(Duration::ZERO)
+        } else {
+            timeout
+        };
         let timeout = match (timeout, stalled) {
             (Some(t), true) => Some(t.min(RETRY_EVERY)),
             (None, true) => Some(RETRY_EVERY),
@@ -65,6 +79,9 @@ impl EptService {
             Err(e) => return Err(e),
         };
         let worked = !events.is_empty();
+        // What this pass puts on the ring goes to the remote with one kick,
+        // when the pass ends.
+        let _hold = self.inner.bus.hold_kicks();
         let mut kicked = self.dispatch(events, buf, true);
         if !lock(&self.inner.stats_due).is_empty() {
             kicked |= self.settle(buf)?;
@@ -74,7 +91,7 @@ impl EptService {
                 conn::answer(&c, &answer);
             }
         }
-        let retried = stalled && self.retry_stalled();
+        let retried = retried | (stalled && self.retry_stalled());
         Ok((worked || retried, kicked))
     }
 
