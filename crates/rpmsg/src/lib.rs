@@ -83,8 +83,8 @@ pub mod wire;
 
 pub use bufsz::{BufSizes, Convention};
 pub use bus::{
-    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, HookRun, KickHold,
-    Message, RxBuffer, ServiceHook, Stats, TxBuffer, ZeroCopyEndpoint,
+    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, HookRun, InPlace,
+    KickHold, Message, RxBuffer, ServiceHook, Stats, TxBuffer, ZeroCopyEndpoint,
 };
 pub use host::{HostLink, HostOptions, HOST_FEATURES};
 pub use link::{Held, Link, LinkError, LinkMemory, Role, Rx, Slot};

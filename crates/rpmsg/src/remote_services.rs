@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::{openamp, Bus, BusError, Endpoint, EndpointOptions, Event};
+use crate::{openamp, Bus, BusError, Endpoint, EndpointOptions, Event, InPlace};
 
 /// The message a sink answers with its count so far (u64, little-endian;
 /// the `SYNC` itself included), so a sender can tell when a stream has
@@ -149,13 +149,15 @@ impl RemoteServices {
         }
         for name in &self.sink {
             let mut count = 0u64;
-            let ep = bus.create_with_callback(EndpointOptions::new(name), move |ep, ev| {
-                if let Event::Message(m) = ev {
-                    count += 1;
-                    if m.data == SINK_SYNC {
-                        if let Err(e) = ep.send_to(m.src, &count.to_le_bytes(), Some(ANSWER_WAIT)) {
-                            tracing::warn!("sink answer to {} failed: {e}", m.src);
-                        }
+            // In place: a message is counted without being copied out; only
+            // one of SYNC's length is read.
+            let ep = bus.create_in_place(EndpointOptions::new(name), move |ep, m| {
+                let InPlace::Message(m) = m else { return };
+                count += 1;
+                let mut head = [0u8; SINK_SYNC.len()];
+                if m.len() == head.len() && m.read(0, &mut head).is_ok() && head == *SINK_SYNC {
+                    if let Err(e) = ep.send_to(m.src(), &count.to_le_bytes(), Some(ANSWER_WAIT)) {
+                        tracing::warn!("sink answer to {} failed: {e}", m.src());
                     }
                 }
             });

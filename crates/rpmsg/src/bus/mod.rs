@@ -34,7 +34,7 @@ pub use endpoint::{Endpoint, EndpointOptions, EndpointRef};
 pub use error::BusError;
 pub use hook::{HookRun, ServiceHook};
 pub use kick_hold::KickHold;
-pub use zero_copy::{RxBuffer, TxBuffer, ZeroCopyEndpoint};
+pub use zero_copy::{InPlace, RxBuffer, TxBuffer, ZeroCopyEndpoint};
 
 use std::fmt;
 use std::sync::atomic::AtomicUsize;

@@ -12,7 +12,7 @@ use tracing::{debug, warn};
 
 use super::name_service::handle_ns;
 use super::state::{lock, mark_down, notify_down, Delivery, Held, Shared, Sink, State};
-use super::{Bus, EndpointRef, Event, HookRun, Message, RxBuffer};
+use super::{Bus, EndpointRef, Event, HookRun, InPlace, Message, RxBuffer};
 use crate::link;
 use crate::notify::{NotifyError, PollSpin};
 use crate::wire::{self, NsMsg, WireError, ADDR_ANY, HDR_LEN, NS_ADDR};
@@ -36,7 +36,23 @@ fn deliver(bus: &Bus, addr: u32, sink: Sink, d: Delivery) {
         (Sink::Held(tx), Delivery::Ev(Event::LinkDown(r))) => {
             let _ = tx.send(Held::LinkDown(r));
         }
-        (Sink::Held(_), Delivery::Ev(Event::Message(_))) => {}
+        (Sink::Held(_) | Sink::InPlace(_), Delivery::Ev(Event::Message(_))) => {}
+        (Sink::InPlace(cb), Delivery::Buf(b)) => {
+            let r = EndpointRef {
+                bus: bus.clone(),
+                addr,
+            };
+            (lock(&cb))(&r, InPlace::Message(&b));
+            // The buffer goes back to the peer here.
+            drop(b);
+        }
+        (Sink::InPlace(cb), Delivery::Ev(ev)) => {
+            let r = EndpointRef {
+                bus: bus.clone(),
+                addr,
+            };
+            (lock(&cb))(&r, InPlace::Event(ev));
+        }
         (sink, Delivery::Buf(b)) => {
             // Not a zero-copy endpoint: copy out and give the buffer back.
             let m = Message {
@@ -129,7 +145,7 @@ fn handle_held(
     }
     st.stats.rx_msgs += 1;
     let sink = slot.sink.clone();
-    if let Sink::Held(_) = sink {
+    if let Sink::Held(_) | Sink::InPlace(_) = sink {
         out.push((
             hdr.dst,
             sink,
@@ -255,10 +271,8 @@ pub(super) fn run(shared: Arc<Shared>) {
                     down = Some(e.to_string());
                 }
             }
-            kick = down.is_none() && st.link.take_kick();
-            if kick {
-                st.stats.kicks += 1;
-            }
+            // Under a kick hold the last release kicks, for this too.
+            kick = down.is_none() && st.kick_due();
             ns_changed = st.stats.ns_create + st.stats.ns_destroy != ns_before;
             tx_now = st.stats.tx_msgs;
             // About to spin (see below): the peer need not notify meanwhile;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use foldhash::HashMap;
 
-use super::{Channel, EndpointRef, Event, RxBuffer, ServiceHook, Stats};
+use super::{Channel, EndpointRef, Event, InPlace, RxBuffer, ServiceHook, Stats};
 use crate::link::{Link, LinkMemory, Role};
 use crate::notify::Notifier;
 use crate::wire::Endian;
@@ -18,12 +18,19 @@ use crate::wire::Endian;
 /// with the service thread, which calls it without the state lock.
 pub(super) type Callback = Arc<Mutex<dyn FnMut(&EndpointRef, Event) + Send>>;
 
+/// An in-place callback endpoint's callback (see
+/// [`Bus::create_in_place`](super::Bus::create_in_place)).
+pub(super) type InPlaceCallback = Arc<Mutex<dyn FnMut(&EndpointRef, InPlace<'_>) + Send>>;
+
 #[derive(Clone)]
 pub(super) enum Sink {
     Queue(mpsc::Sender<Event>),
     Callback(Callback),
     /// Zero-copy endpoint: messages stay in their shared buffers.
     Held(mpsc::Sender<Held>),
+    /// Zero-copy callback: each message read in its shared buffer by the
+    /// callback, on the service thread, then given back.
+    InPlace(InPlaceCallback),
 }
 
 /// What a zero-copy endpoint receives.

@@ -3,12 +3,12 @@
 //! endpoint that receives them.
 
 use std::fmt;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::service::release;
-use super::state::{lock, mark_down, wait_for_buffer, Held, Shared};
-use super::{BusError, EndpointRef};
+use super::state::{lock, mark_down, wait_for_buffer, Held, InPlaceCallback, Shared, Sink};
+use super::{Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event};
 use crate::link::{self, Slot};
 use crate::wire::{self, ADDR_ANY, HDR_LEN};
 
@@ -104,6 +104,45 @@ impl Drop for RxBuffer {
         if kick {
             let _ = self.shared.notifier.kick();
         }
+    }
+}
+
+/// What an in-place callback endpoint is handed (see
+/// [`Bus::create_in_place`]).
+#[derive(Debug)]
+pub enum InPlace<'a> {
+    /// A message, still in the peer's shared buffer: read what is needed
+    /// of it; the buffer goes back to the peer when the callback returns.
+    Message(&'a RxBuffer),
+    /// Anything else an endpoint hears of ([`Event::Unbound`],
+    /// [`Event::LinkDown`]; never [`Event::Message`]).
+    Event(Event),
+}
+
+impl Bus {
+    /// Creates an endpoint whose messages go to `cb` in place: called on
+    /// the service thread with each message still in the peer's shared
+    /// buffer ([`InPlace::Message`]), which goes back to the peer when the
+    /// callback returns. Nothing is copied or allocated per message, which
+    /// suits a service that reads little of what it gets (a sink counting
+    /// messages, a header check). It may send, as [`Bus::create_with_callback`]'s may.
+    ///
+    /// # Errors
+    /// As [`Bus::create`].
+    pub fn create_in_place(
+        &self,
+        opts: EndpointOptions,
+        cb: impl FnMut(&EndpointRef, InPlace<'_>) + Send + 'static,
+    ) -> Result<Endpoint, BusError> {
+        let cb: InPlaceCallback = Arc::new(Mutex::new(cb));
+        let addr = self.register(opts, Sink::InPlace(cb))?;
+        Ok(Endpoint {
+            r: EndpointRef {
+                bus: self.clone(),
+                addr,
+            },
+            rx: None,
+        })
     }
 }
 
