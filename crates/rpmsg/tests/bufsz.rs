@@ -401,6 +401,10 @@ fn fixed_mismatch_refuses_what_does_not_fit() {
     rep.send_to(hep.addr(), &pattern(496, 1), Some(T)).unwrap();
     let m = hep.recv(Some(T)).unwrap();
     assert_eq!((m.src, m.data), (rep.addr(), pattern(496, 1)));
+    // Each refusal counted once, the message that fit not.
+    let s = p.remote.stats();
+    assert_eq!((s.tx_too_large, s.tx_msgs >= 1), (100, true), "{s:?}");
+    assert_eq!(p.host.stats().tx_too_large, 0);
     assert!(p.remote.down_reason().is_none() && p.host.down_reason().is_none());
     p.host.shutdown();
     p.remote.shutdown();

@@ -47,19 +47,21 @@ pub(super) fn stats_json(s: &Stats) -> serde_json::Value {
         "rx_msgs": s.rx_msgs, "tx_msgs": s.tx_msgs, "rx_refused": s.rx_refused,
         "rx_malformed": s.rx_malformed, "rx_unknown_dst": s.rx_unknown_dst,
         "ns_create": s.ns_create, "ns_destroy": s.ns_destroy, "kicks": s.kicks,
+        "tx_too_large": s.tx_too_large,
     })
 }
 
 pub(super) fn stats_line(s: &Stats) -> String {
     format!(
-        "rx {} tx {} refused {} malformed {} unknown-dst {} ns-create {} ns-destroy {}",
+        "rx {} tx {} refused {} malformed {} unknown-dst {} ns-create {} ns-destroy {} too-large {}",
         s.rx_msgs,
         s.tx_msgs,
         s.rx_refused,
         s.rx_malformed,
         s.rx_unknown_dst,
         s.ns_create,
-        s.ns_destroy
+        s.ns_destroy,
+        s.tx_too_large
     )
 }
 

@@ -103,11 +103,12 @@ fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
                 "destroyed": s.destroyed, "bad_clients": s.bad_clients,
                 "oversize": s.oversize, "dropped": s.dropped, "msgs": s.msgs,
                 "max_payload": s.tx_payload, "max_rx_payload": s.rx_payload,
+                "too_large": s.too_large,
             })
         );
     } else {
         println!(
-            "endpoints: {} fd, {} legacy ({} open); clients {}; created {}, destroyed {}; bad clients {}; messages {} carried, {} dropped, {} oversize; payload up to {} bytes out, {} in",
+            "endpoints: {} fd, {} legacy ({} open); clients {}; created {}, destroyed {}; bad clients {}; messages {} carried, {} dropped, {} oversize, {} too large for the peer's buffers; payload up to {} bytes out, {} in",
             s.fd_endpoints,
             s.legacy_endpoints,
             s.open_nodes,
@@ -118,6 +119,7 @@ fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
             s.msgs,
             s.dropped,
             s.oversize,
+            s.too_large,
             s.tx_payload,
             s.rx_payload
         );

@@ -112,6 +112,10 @@ pub struct Stats {
     pub ns_destroy: u64,
     /// Notifications sent to the peer.
     pub kicks: u64,
+    /// Messages refused to their sender because the peer's buffer could
+    /// not hold them (sizes fixed on each side, and the peer's smaller):
+    /// [`BusError::TooLarge`], the link going on.
+    pub tx_too_large: u64,
 }
 
 /// A service the peer announced.
@@ -561,6 +565,7 @@ impl Bus {
                 }
                 Ok(Sent::NoBuffer) => {}
                 Ok(Sent::Small(cap)) => {
+                    st.stats.tx_too_large += 1;
                     tracing::warn!(
                         target: "iopath_rpmsg",
                         "a message of {} bytes does not fit the peer's {cap}-byte buffer",

@@ -48,10 +48,7 @@ impl EptService {
                         link_down = true;
                         break;
                     }
-                    Err(e) => {
-                        self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
-                        debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
-                    }
+                    Err(e) => self.not_sent(&ep, &e),
                 }
                 waiting.msgs.pop_front();
             }
@@ -133,6 +130,19 @@ impl EptService {
         }
     }
 
+    /// A message the bus refused on `ep` for good (`e`): counted, as too
+    /// large for the peer's buffers (sizes fixed on each side and the
+    /// peer's smaller) or as dropped.
+    fn not_sent(&self, ep: &EndpointRef, e: &BusError) {
+        let n = &self.inner.n;
+        let c = match e {
+            BusError::TooLarge { .. } => &n.too_large,
+            _ => &n.dropped,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
+    }
+
     /// One oversized message on `ep`: counted and logged.
     pub(super) fn oversize(&self, ep: &EndpointRef, full: usize) {
         self.inner.n.oversize.fetch_add(1, Ordering::Relaxed);
@@ -195,10 +205,7 @@ impl EptService {
                 lock(&self.inner.doomed).push(id);
                 let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
             }
-            Err(e) => {
-                self.inner.n.dropped.fetch_add(1, Ordering::Relaxed);
-                debug!(target: "iopath_rpmsg", "endpoint {}: message dropped: {e}", ep.addr());
-            }
+            Err(e) => self.not_sent(ep, &e),
         }
         true
     }

@@ -182,6 +182,7 @@ struct Counters {
     destroyed: AtomicU64,
     bad_clients: AtomicU64,
     oversize: AtomicU64,
+    too_large: AtomicU64,
     dropped: AtomicU64,
     msgs: AtomicU64,
     clients: AtomicU32,
@@ -419,6 +420,7 @@ impl EptService {
         s.bad_clients = n.bad_clients.load(Ordering::Relaxed);
         s.oversize = n.oversize.load(Ordering::Relaxed);
         s.dropped = n.dropped.load(Ordering::Relaxed);
+        s.too_large = n.too_large.load(Ordering::Relaxed);
         s.msgs = n.msgs.load(Ordering::Relaxed);
         s
     }

@@ -77,7 +77,7 @@ pub const CREATE_EPT_REPLY_LEN: usize = 12 + EPT_INFO_LEN + PATH_LEN;
 /// largest payload (`u32`).
 pub const CREATE_EPT_FD_REPLY_LEN: usize = 12 + EPT_FD_INFO_LEN + 4;
 /// Size of a STATS answer.
-pub const STATS_REPLY_LEN: usize = 12 + 4 * 4 + 6 * 8 + 2 * 4;
+pub const STATS_REPLY_LEN: usize = 12 + 4 * 4 + 6 * 8 + 2 * 4 + 8;
 /// Size of a node greeting: header, status, the endpoint's largest
 /// payload (`u32`).
 pub const OPEN_REPLY_LEN: usize = 16;

@@ -32,6 +32,9 @@ pub struct ServiceStats {
     pub tx_payload: u32,
     /// Largest payload the peer can send to an endpoint.
     pub rx_payload: u32,
+    /// Messages the bus refused for the peer's buffer being smaller than
+    /// the message (buffer sizes fixed on each side and different).
+    pub too_large: u64,
 }
 
 impl ServiceStats {
@@ -63,6 +66,7 @@ impl ServiceStats {
         }
         b.extend_from_slice(&self.tx_payload.to_le_bytes());
         b.extend_from_slice(&self.rx_payload.to_le_bytes());
+        b.extend_from_slice(&self.too_large.to_le_bytes());
         b
     }
 
@@ -90,6 +94,11 @@ impl ServiceStats {
             msgs: u64_at(5),
             tx_payload: u32_at(body, 64),
             rx_payload: u32_at(body, 68),
+            too_large: {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&body[72..80]);
+                u64::from_le_bytes(a)
+            },
         })
     }
 }

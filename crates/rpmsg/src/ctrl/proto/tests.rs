@@ -177,6 +177,7 @@ fn stats_round_trip() {
         msgs: 10,
         tx_payload: 4080,
         rx_payload: 65520,
+        too_large: 11,
     };
     let b = s.encode();
     let (st, body) = parse_reply(&b, OP_STATS, STATS_REPLY_LEN).unwrap();
