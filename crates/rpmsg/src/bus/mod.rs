@@ -15,17 +15,20 @@
 //! address (they see [`Event::Unbound`]) and removes the channel. A local
 //! endpoint created with `announce` sends CREATE, and DESTROY when it goes.
 //!
-//! This file is the [`Bus`] API (start, create, send, flush, shutdown);
-//! `hook` the bus owner's sources the service thread serves too,
-//! `endpoint` the endpoints, `zero_copy` the in-place buffers, `service` the
-//! service thread, `name_service` what address 53 means, and `state` what
-//! they share behind the bus lock.
+//! This file is the [`Bus`] API (start, its counters and channels, waits,
+//! shutdown); `registry` creates and destroys endpoints, `send` sends and
+//! flushes, `kick_hold` batches kicks, `hook` the bus owner's sources the
+//! service thread serves too, `endpoint` the endpoints, `zero_copy` the
+//! in-place buffers, `service` the service thread, `name_service` what
+//! address 53 means, and `state` what they share behind the bus lock.
 
 mod endpoint;
 mod error;
 mod hook;
 mod kick_hold;
 mod name_service;
+mod registry;
+mod send;
 mod service;
 mod state;
 mod zero_copy;
@@ -38,60 +41,18 @@ pub use zero_copy::{InPlace, RxBuffer, TxBuffer, ZeroCopyEndpoint};
 
 use std::fmt;
 use std::sync::atomic::AtomicUsize;
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
-use tracing::debug;
 
-use self::state::{
-    lock, mark_down, notify_down, wait_for_buffer, Callback, EptSlot, Shared, Sink, State,
-};
+use self::state::{lock, mark_down, Shared, State};
 use crate::host::{HostLink, HostOptions};
 use crate::link::{Link, Role};
 use crate::notify::Notifier;
 use crate::remote::RemoteLink;
 use crate::shm::SharedMem;
-use crate::wire::{
-    self, check_name, Endian, ADDR_ANY, HDR_LEN, NS_ADDR, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS,
-};
-
-/// What became of a send.
-enum Sent {
-    /// The message went to the peer.
-    Yes,
-    /// No buffer is free.
-    NoBuffer,
-    /// The peer's buffer holds only this many bytes (header included): a
-    /// peer set up with smaller buffers than ours, as when sizes are
-    /// fixed on each side and differ. The buffer is kept for the next send.
-    Small(usize),
-}
-
-/// Sends one message given as its header and payload: both written into
-/// a free buffer of `link`, which then goes to the peer.
-fn send_parts(link: &mut dyn Link, hdr: &[u8], data: &[u8]) -> Result<Sent, crate::LinkError> {
-    let Some(slot) = link.get_tx()? else {
-        return Ok(Sent::NoBuffer);
-    };
-    let len = hdr.len() + data.len();
-    if len > slot.cap {
-        let cap = slot.cap;
-        link.drop_tx(slot);
-        return Ok(Sent::Small(cap));
-    }
-    let mem = link.memory();
-    let written = mem
-        .write(slot.addr, hdr)
-        .and_then(|()| mem.write(slot.addr + hdr.len() as u64, data));
-    if let Err(e) = written {
-        link.drop_tx(slot);
-        return Err(e.into());
-    }
-    link.put_tx(slot, len)?;
-    Ok(Sent::Yes)
-}
+use crate::wire::{Endian, HDR_LEN, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS};
 
 /// Counters of what the bus did and refused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -380,243 +341,6 @@ impl Bus {
                 .wait_timeout(st, wait)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-        }
-    }
-
-    /// Creates an endpoint whose messages queue up for [`Endpoint::recv`].
-    ///
-    /// # Errors
-    /// [`BusError::AddrInUse`], [`BusError::Name`], or a send error for the
-    /// announcement.
-    pub fn create(&self, opts: EndpointOptions) -> Result<Endpoint, BusError> {
-        let (tx, rx) = mpsc::channel();
-        let addr = self.register(opts, Sink::Queue(tx))?;
-        Ok(Endpoint {
-            r: EndpointRef {
-                bus: self.clone(),
-                addr,
-            },
-            rx: Some(rx),
-        })
-    }
-
-    /// Creates an endpoint whose events go to `cb`, called on the service
-    /// thread (it may send, e.g. to echo).
-    ///
-    /// # Errors
-    /// As [`Bus::create`].
-    pub fn create_with_callback(
-        &self,
-        opts: EndpointOptions,
-        cb: impl FnMut(&EndpointRef, Event) + Send + 'static,
-    ) -> Result<Endpoint, BusError> {
-        let cb: Callback = Arc::new(Mutex::new(cb));
-        let addr = self.register(opts, Sink::Callback(cb))?;
-        Ok(Endpoint {
-            r: EndpointRef {
-                bus: self.clone(),
-                addr,
-            },
-            rx: None,
-        })
-    }
-
-    /// Creates a zero-copy endpoint: each message stays in the peer's
-    /// shared buffer until the [`RxBuffer`] is dropped (which gives the
-    /// buffer back). Holding many stalls the peer once its buffers run out.
-    ///
-    /// # Errors
-    /// As [`Bus::create`].
-    pub fn create_zero_copy(&self, opts: EndpointOptions) -> Result<ZeroCopyEndpoint, BusError> {
-        let (tx, rx) = mpsc::channel();
-        let addr = self.register(opts, Sink::Held(tx))?;
-        Ok(ZeroCopyEndpoint {
-            r: EndpointRef {
-                bus: self.clone(),
-                addr,
-            },
-            rx,
-        })
-    }
-
-    fn register(&self, opts: EndpointOptions, sink: Sink) -> Result<u32, BusError> {
-        let announce = opts.announce && self.shared.ns;
-        if announce || !opts.name.is_empty() {
-            check_name(&opts.name)?;
-        }
-        let (addr, to_announce) = {
-            let mut st = lock(&self.shared.state);
-            if let Some(r) = &st.down {
-                return Err(BusError::LinkDown(r.clone()));
-            }
-            let addr = if opts.src == ADDR_ANY {
-                let mut a = st.next_addr;
-                while st.endpoints.contains_key(&a) || a == NS_ADDR {
-                    a = if a >= ADDR_ANY - 1 {
-                        RESERVED_ADDRESSES
-                    } else {
-                        a + 1
-                    };
-                }
-                st.next_addr = if a >= ADDR_ANY - 1 {
-                    RESERVED_ADDRESSES
-                } else {
-                    a + 1
-                };
-                a
-            } else {
-                if st.endpoints.contains_key(&opts.src) || opts.src == NS_ADDR {
-                    return Err(BusError::AddrInUse { addr: opts.src });
-                }
-                opts.src
-            };
-            // Bind at once if the peer already announced this name.
-            let mut dst = opts.dst;
-            if dst == ADDR_ANY {
-                if let Some(c) = st.channels.iter().find(|c| c.name == opts.name) {
-                    dst = c.addr;
-                }
-            }
-            debug!(target: "iopath_rpmsg", "{}: endpoint {:?} at {addr}", self.shared.role, opts.name);
-            // The name moves into the slot; only an announcement needs it
-            // once more.
-            let (name, to_announce) = if announce {
-                (opts.name.clone(), Some(opts.name))
-            } else {
-                (opts.name, None)
-            };
-            st.endpoints.insert(
-                addr,
-                EptSlot {
-                    name,
-                    dst,
-                    announced: announce,
-                    sink,
-                },
-            );
-            (addr, to_announce)
-        };
-        if let Some(name) = to_announce {
-            if let Err(e) = self.announce(&name, addr) {
-                lock(&self.shared.state).endpoints.remove(&addr);
-                return Err(e);
-            }
-        }
-        Ok(addr)
-    }
-
-    pub(super) fn destroy(&self, addr: u32) {
-        let slot = lock(&self.shared.state).endpoints.remove(&addr);
-        if let Some(slot) = slot {
-            if slot.announced {
-                self.withdraw(&slot.name, addr);
-            }
-        }
-    }
-
-    /// Sends `data` from `src` to `dst`. `wait`: `None` fails at once with
-    /// [`BusError::WouldBlock`] when no buffer is free; `Some(t)` waits up
-    /// to `t`.
-    ///
-    /// # Errors
-    /// [`BusError::TooLarge`], [`BusError::WouldBlock`],
-    /// [`BusError::Timeout`], [`BusError::LinkDown`].
-    pub fn send_raw(
-        &self,
-        src: u32,
-        dst: u32,
-        data: &[u8],
-        wait: Option<Duration>,
-    ) -> Result<(), BusError> {
-        if data.len() > self.max_payload() {
-            return Err(BusError::TooLarge {
-                len: data.len(),
-                max: self.max_payload(),
-            });
-        }
-        // The header and the payload go straight into the free buffer: no
-        // message is assembled on the side first.
-        let hdr = wire::Header {
-            src,
-            dst,
-            reserved: 0,
-            len: data.len() as u16,
-            flags: 0,
-        }
-        .encode(self.shared.endian);
-        let deadline = wait.map(|w| Instant::now() + w);
-        let mut st = lock(&self.shared.state);
-        loop {
-            if let Some(r) = &st.down {
-                return Err(BusError::LinkDown(r.clone()));
-            }
-            match send_parts(&mut *st.link, &hdr, data) {
-                Ok(Sent::Yes) => {
-                    st.stats.tx_msgs += 1;
-                    let kick = st.kick_due();
-                    drop(st);
-                    if kick {
-                        if let Err(e) = self.shared.notifier.kick() {
-                            mark_down(&self.shared, format!("notify: {e}"));
-                            return Err(BusError::LinkDown(e.to_string()));
-                        }
-                    }
-                    return Ok(());
-                }
-                Ok(Sent::NoBuffer) => {}
-                Ok(Sent::Small(cap)) => {
-                    st.stats.tx_too_large += 1;
-                    tracing::warn!(
-                        target: "iopath_rpmsg",
-                        "a message of {} bytes does not fit the peer's {cap}-byte buffer",
-                        hdr.len() + data.len()
-                    );
-                    return Err(BusError::TooLarge {
-                        len: data.len(),
-                        max: cap.saturating_sub(HDR_LEN),
-                    });
-                }
-                Err(e) => {
-                    let reason = e.to_string();
-                    st.down = Some(reason.clone());
-                    drop(st);
-                    notify_down(&self.shared);
-                    return Err(BusError::LinkDown(reason));
-                }
-            }
-            let Some(deadline) = deadline else {
-                return Err(BusError::WouldBlock);
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(BusError::Timeout);
-            }
-            // Buffers come back with the peer's next kick (the service thread
-            // then signals); poll every millisecond in case it does not kick.
-            st = wait_for_buffer(&self.shared, st, deadline - now);
-        }
-    }
-
-    /// Waits until the peer has taken every sent message (host role; the
-    /// remote returns at once). Returns whether it did within `timeout`.
-    pub fn flush(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            {
-                let mut st = lock(&self.shared.state);
-                if st.down.is_some() {
-                    return false;
-                }
-                match st.link.tx_in_flight() {
-                    Ok(0) => return true,
-                    Ok(_) => {}
-                    Err(_) => return false,
-                }
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(200));
         }
     }
 

@@ -1,0 +1,155 @@
+//! Sending: a message's header and payload written straight into a free
+//! buffer of the link (no message assembled on the side first), the kick
+//! decided (or left to a [`super::KickHold`]), a full ring waited out; and
+//! waiting until the peer has taken everything sent.
+
+use std::time::{Duration, Instant};
+
+use super::state::{lock, mark_down, notify_down, wait_for_buffer};
+use super::{Bus, BusError};
+use crate::link::Link;
+use crate::wire::{self, HDR_LEN};
+
+/// What became of a send.
+enum Sent {
+    /// The message went to the peer.
+    Yes,
+    /// No buffer is free.
+    NoBuffer,
+    /// The peer's buffer holds only this many bytes (header included): a
+    /// peer set up with smaller buffers than ours, as when sizes are
+    /// fixed on each side and differ. The buffer is kept for the next send.
+    Small(usize),
+}
+
+/// Sends one message given as its header and payload: both written into
+/// a free buffer of `link`, which then goes to the peer.
+fn send_parts(link: &mut dyn Link, hdr: &[u8], data: &[u8]) -> Result<Sent, crate::LinkError> {
+    let Some(slot) = link.get_tx()? else {
+        return Ok(Sent::NoBuffer);
+    };
+    let len = hdr.len() + data.len();
+    if len > slot.cap {
+        let cap = slot.cap;
+        link.drop_tx(slot);
+        return Ok(Sent::Small(cap));
+    }
+    let mem = link.memory();
+    let written = mem
+        .write(slot.addr, hdr)
+        .and_then(|()| mem.write(slot.addr + hdr.len() as u64, data));
+    if let Err(e) = written {
+        link.drop_tx(slot);
+        return Err(e.into());
+    }
+    link.put_tx(slot, len)?;
+    Ok(Sent::Yes)
+}
+
+impl Bus {
+    /// Sends `data` from `src` to `dst`. `wait`: `None` fails at once with
+    /// [`BusError::WouldBlock`] when no buffer is free; `Some(t)` waits up
+    /// to `t`.
+    ///
+    /// # Errors
+    /// [`BusError::TooLarge`], [`BusError::WouldBlock`],
+    /// [`BusError::Timeout`], [`BusError::LinkDown`].
+    pub fn send_raw(
+        &self,
+        src: u32,
+        dst: u32,
+        data: &[u8],
+        wait: Option<Duration>,
+    ) -> Result<(), BusError> {
+        if data.len() > self.max_payload() {
+            return Err(BusError::TooLarge {
+                len: data.len(),
+                max: self.max_payload(),
+            });
+        }
+        // The header and the payload go straight into the free buffer: no
+        // message is assembled on the side first.
+        let hdr = wire::Header {
+            src,
+            dst,
+            reserved: 0,
+            len: data.len() as u16,
+            flags: 0,
+        }
+        .encode(self.shared.endian);
+        let deadline = wait.map(|w| Instant::now() + w);
+        let mut st = lock(&self.shared.state);
+        loop {
+            if let Some(r) = &st.down {
+                return Err(BusError::LinkDown(r.clone()));
+            }
+            match send_parts(&mut *st.link, &hdr, data) {
+                Ok(Sent::Yes) => {
+                    st.stats.tx_msgs += 1;
+                    let kick = st.kick_due();
+                    drop(st);
+                    if kick {
+                        if let Err(e) = self.shared.notifier.kick() {
+                            mark_down(&self.shared, format!("notify: {e}"));
+                            return Err(BusError::LinkDown(e.to_string()));
+                        }
+                    }
+                    return Ok(());
+                }
+                Ok(Sent::NoBuffer) => {}
+                Ok(Sent::Small(cap)) => {
+                    st.stats.tx_too_large += 1;
+                    tracing::warn!(
+                        target: "iopath_rpmsg",
+                        "a message of {} bytes does not fit the peer's {cap}-byte buffer",
+                        hdr.len() + data.len()
+                    );
+                    return Err(BusError::TooLarge {
+                        len: data.len(),
+                        max: cap.saturating_sub(HDR_LEN),
+                    });
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    st.down = Some(reason.clone());
+                    drop(st);
+                    notify_down(&self.shared);
+                    return Err(BusError::LinkDown(reason));
+                }
+            }
+            let Some(deadline) = deadline else {
+                return Err(BusError::WouldBlock);
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(BusError::Timeout);
+            }
+            // Buffers come back with the peer's next kick (the service thread
+            // then signals); poll every millisecond in case it does not kick.
+            st = wait_for_buffer(&self.shared, st, deadline - now);
+        }
+    }
+
+    /// Waits until the peer has taken every sent message (host role; the
+    /// remote returns at once). Returns whether it did within `timeout`.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            {
+                let mut st = lock(&self.shared.state);
+                if st.down.is_some() {
+                    return false;
+                }
+                match st.link.tx_in_flight() {
+                    Ok(0) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
