@@ -26,11 +26,13 @@
 
 mod attach;
 mod client;
+mod ept_fd;
 pub mod proto;
 pub mod uapi;
 
 pub use attach::CtrlEndpoint;
-pub use client::{CtrlClient, EptFd};
+pub use client::CtrlClient;
+pub use ept_fd::EptFd;
 pub use proto::{
     AttachRequest, EptInfo, ServiceStats, ATTACH_LEN, ATTACH_REPLY_LEN, MAGIC, OP_ATTACH, VERSION,
 };
