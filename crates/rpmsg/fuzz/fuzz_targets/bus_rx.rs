@@ -6,7 +6,8 @@
 //! counted once, and the endpoints get exactly the messages an independent
 //! reading of the same bytes says they should (source, destination, bytes).
 //! The buffers are as large as a buffer-size config space (either
-//! convention, any bytes) negotiates: 512 when it is refused or absent.
+//! convention, any bytes) negotiates, or as the fixed convention's sizes
+//! (any values) say: 512 when they are refused or absent.
 #![no_main]
 
 use std::collections::VecDeque;
@@ -72,10 +73,13 @@ enum DstPick {
 struct Input {
     ns: bool,
     /// The device's offered feature bits 1 and 2, the convention the host
-    /// reads (NuttX's, else Linux's), and the config space.
+    /// reads (Linux's, NuttX's or fixed, by the value modulo 3), the
+    /// config space, and the sizes the fixed convention uses (host →
+    /// remote, remote → host).
     bufsz_bits: u8,
-    nuttx: bool,
+    mode: u8,
     config: Vec<u8>,
+    fixed: (u32, u32),
     bufs: Vec<Buf>,
 }
 
@@ -149,18 +153,13 @@ impl Notifier for Quiet {
 
 fuzz_target!(|i: Input| {
     let dfeatures = 1 | (u32::from(i.bufsz_bits) & 0b110);
-    let convention = if i.nuttx {
-        Convention::Nuttx
-    } else {
-        Convention::Linux
+    let convention =
+        [Convention::Linux, Convention::Nuttx, Convention::Fixed][usize::from(i.mode % 3)];
+    let fixed = BufSizes {
+        to_remote: i.fixed.0,
+        to_host: i.fixed.1,
     };
-    let sizes = match host_negotiate(
-        dfeatures,
-        HOST_FEATURES,
-        convention,
-        &i.config,
-        BufSizes::DEFAULT,
-    ) {
+    let sizes = match host_negotiate(dfeatures, HOST_FEATURES, convention, &i.config, fixed) {
         Ok((_, s)) => {
             assert!(s.check().is_ok(), "{s:?}");
             s

@@ -3,11 +3,13 @@
 //! and overwrite fields (counts, offsets, ring addresses and sizes, config
 //! words), plus raw bytes; whatever parses must describe rings inside the
 //! shared memory, and buffer sizes a host takes must be sizes a buffer can
-//! have, their pool inside the shared memory.
+//! have, their pool inside the shared memory. The host reads Linux's
+//! convention, NuttX's, or none (fixed sizes, upstream OpenAMP's way: any
+//! sizes given, no bit taken, the table's config never read).
 #![no_main]
 
 use arbitrary::Arbitrary;
-use iopath_rpmsg::bufsz::{host_negotiate, remote_sizes, BufSizes, Convention};
+use iopath_rpmsg::bufsz::{host_negotiate, remote_sizes, BufSizes, Convention, BUFSZ_BITS};
 use iopath_rpmsg::rsc_table::{ResourceTable, ShmLayout};
 use iopath_rpmsg::HOST_FEATURES;
 use libfuzzer_sys::fuzz_target;
@@ -18,8 +20,12 @@ struct Input {
     /// Buffer sizes the table offers before it is overwritten: NuttX's
     /// convention (else Linux's), host → remote, remote → host.
     offer: Option<(bool, u32, u32)>,
-    /// The host reads NuttX's convention (else Linux's).
-    host_nuttx: bool,
+    /// The host's convention: Linux's, NuttX's or fixed (by the value
+    /// modulo 3).
+    host_mode: u8,
+    /// Both sides' sizes under the fixed convention, host → remote and
+    /// remote → host (any values: refused ones must be refused).
+    fixed: (u32, u32),
     /// (byte offset in the table, value) overwrites, as u32 words.
     words: Vec<(u8, u32)>,
     /// Raw bytes appended after the table (config space, junk entries).
@@ -33,6 +39,12 @@ fuzz_target!(|i: Input| {
         } else {
             Convention::Linux
         }
+    };
+    let host_conv =
+        [Convention::Linux, Convention::Nuttx, Convention::Fixed][usize::from(i.host_mode % 3)];
+    let fixed = BufSizes {
+        to_remote: i.fixed.0,
+        to_host: i.fixed.1,
     };
     let mut layout = ShmLayout::openamp_demo();
     layout.buf_sizes = i
@@ -59,19 +71,23 @@ fuzz_target!(|i: Input| {
         }
         let v = &t.vdev;
         assert_eq!(v.config.len(), v.config_len as usize);
-        if let Ok((features, sizes)) = host_negotiate(
-            v.dfeatures,
-            HOST_FEATURES,
-            conv(i.host_nuttx),
-            &v.config,
-            BufSizes::DEFAULT,
-        ) {
+        let negotiated = host_negotiate(v.dfeatures, HOST_FEATURES, host_conv, &v.config, fixed);
+        if host_conv == Convention::Fixed {
+            // Nothing offered matters: the sizes given, or a refusal.
+            assert_eq!(negotiated.is_ok(), fixed.check().is_ok(), "{fixed:?}");
+        }
+        if let Ok((features, sizes)) = negotiated {
             assert_eq!(features & !v.dfeatures, 0, "a feature not offered taken");
             assert!(sizes.check().is_ok(), "{sizes:?}");
             if let Ok((start, size)) = t.buffer_pool_for(shm_len, sizes) {
                 assert!(start + size <= shm_len);
             }
-            if let Ok(s) = remote_sizes(v.dfeatures, features, &v.config, None) {
+            let remote_fixed = (host_conv == Convention::Fixed).then_some(fixed);
+            if host_conv == Convention::Fixed {
+                assert_eq!(features & BUFSZ_BITS, 0, "a size bit taken when fixed");
+                assert_eq!(sizes, fixed);
+            }
+            if let Ok(s) = remote_sizes(v.dfeatures, features, &v.config, remote_fixed) {
                 assert_eq!(s, sizes, "host and remote disagree");
             }
         }
