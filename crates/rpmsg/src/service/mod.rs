@@ -13,8 +13,11 @@
 //!                                   garbage (closed), ATTACH (own thread)
 //!    listener readable ─► accept, greet (0 | -EBUSY)
 //!    endpoint socket readable ─► one message, then up to 16 per recvmmsg ─►
-//!        Endpoint::try_send (bus) each; no free buffer: the message and the
-//!        rest of its batch wait, the socket out of the set, retried every 1 ms
+//!        Endpoint::try_send (bus) each, under one kick hold per pass (the
+//!        remote is kicked once, as the pass ends); no free buffer: the
+//!        message and the rest of its batch wait, the socket out of the set,
+//!        retried before the next wait (the remote kicks when it gives a
+//!        buffer back) and at least every 1 ms
 //!    EOF: destroy (fd: last close or shutdown; node: shutdown)
 //!    doomed (remote gone) ─► destroy
 //!  same thread, ring pass: message ─► send on the endpoint's socket;
@@ -51,7 +54,8 @@
 //! bytes, the send buffer being twice what was asked and at least 4608
 //! bytes; at 496 bytes the client's end gets that minimum (the kernel
 //! refuses what exceeds 4576 bytes), with larger buffers room for a few
-//! messages in flight ([`fdept::client_sndbuf`]).
+//! messages in flight and never less than the kernel's default
+//! ([`fdept::client_sndbuf`]).
 //! [`crate::ctrl::EptFd::send`] and the preload library refuse anything
 //! over the payload with `EMSGSIZE` before it is sent. A raw client's
 //! message between the payload and the kernel's limit still reaches the
