@@ -77,6 +77,7 @@ mod service;
 pub mod session;
 mod shm;
 mod shm_owner;
+mod sock_rx;
 pub mod vhost_user;
 pub mod vring;
 pub mod wire;

@@ -5,6 +5,7 @@
 //! over a vhost-user front end's memory.
 
 use std::fmt;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -27,6 +28,20 @@ pub trait LinkMemory: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`ShmError::Outside`] when the range is not in the shared memory.
     fn write(&self, addr: u64, src: &[u8]) -> Result<(), ShmError>;
+
+    /// Receives up to `ranges.len()` messages from the socket `fd` without
+    /// waiting, message `i` straight into `ranges[i]` (`(address, length)`),
+    /// its whole length in `full[i]`; how many. `None` when this memory
+    /// cannot be received into (the caller receives and copies).
+    fn recv_from(
+        &self,
+        fd: BorrowedFd<'_>,
+        ranges: &[(u64, usize)],
+        full: &mut [usize],
+    ) -> Option<rustix::io::Result<usize>> {
+        let _ = (fd, ranges, full);
+        None
+    }
 }
 
 impl LinkMemory for SharedMem {
@@ -36,6 +51,15 @@ impl LinkMemory for SharedMem {
 
     fn write(&self, addr: u64, src: &[u8]) -> Result<(), ShmError> {
         SharedMem::write(self, addr, src)
+    }
+
+    fn recv_from(
+        &self,
+        fd: BorrowedFd<'_>,
+        ranges: &[(u64, usize)],
+        full: &mut [usize],
+    ) -> Option<rustix::io::Result<usize>> {
+        Some(crate::sock_rx::recv_into(self, fd, ranges, full))
     }
 }
 

@@ -3,11 +3,12 @@
 //! decided (or left to a [`super::KickHold`]), a full ring waited out; and
 //! waiting until the peer has taken everything sent.
 
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use super::state::{lock, mark_down, notify_down, wait_for_buffer};
 use super::{Bus, BusError};
-use crate::link::Link;
+use crate::link::{Link, Slot};
 use crate::wire::{self, HDR_LEN};
 
 /// What became of a send.
@@ -151,5 +152,103 @@ impl Bus {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+
+    /// Takes free buffers for up to `max` messages into `out` (none when
+    /// every buffer is with the peer: the peer is then asked to kick when
+    /// it gives one back). Give them back through [`Bus::send_slots`].
+    ///
+    /// # Errors
+    /// [`BusError::LinkDown`].
+    pub(crate) fn take_slots(&self, max: usize, out: &mut Vec<Slot>) -> Result<(), BusError> {
+        let mut st = lock(&self.shared.state);
+        if let Some(r) = &st.down {
+            return Err(BusError::LinkDown(r.clone()));
+        }
+        while out.len() < max {
+            match st.link.get_tx() {
+                Ok(Some(s)) => out.push(s),
+                Ok(None) => break,
+                Err(e) => {
+                    let r = e.to_string();
+                    st.down.get_or_insert(r.clone());
+                    drop(st);
+                    notify_down(&self.shared);
+                    return Err(BusError::LinkDown(r));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives messages from the socket `fd` straight into the payload
+    /// room of `ranges` (taken with [`Bus::take_slots`]); see
+    /// [`crate::LinkMemory::recv_from`]. `None` when the link's memory
+    /// cannot be received into.
+    pub(crate) fn recv_slots(
+        &self,
+        fd: BorrowedFd<'_>,
+        ranges: &[(u64, usize)],
+        full: &mut [usize],
+    ) -> Option<rustix::io::Result<usize>> {
+        self.shared.shm.recv_from(fd, ranges, full)
+    }
+
+    /// Sends slot `i` of `slots` from `src` to `dst` with a payload of
+    /// `lens[i]` bytes already in place after its header's room, in order;
+    /// gives back the slots with no length (or none given). One kick
+    /// decision for all of them. Returns how many went.
+    ///
+    /// # Errors
+    /// [`BusError::LinkDown`] (every slot given back or lost with the link).
+    pub(crate) fn send_slots(
+        &self,
+        src: u32,
+        dst: u32,
+        slots: &mut Vec<Slot>,
+        lens: &[Option<usize>],
+    ) -> Result<usize, BusError> {
+        let mut st = lock(&self.shared.state);
+        let mut sent = 0;
+        for (i, slot) in slots.drain(..).enumerate() {
+            let len = lens.get(i).copied().flatten();
+            let Some(len) = len.filter(|&l| st.down.is_none() && HDR_LEN + l <= slot.cap) else {
+                st.link.drop_tx(slot);
+                continue;
+            };
+            let hdr = wire::Header {
+                src,
+                dst,
+                reserved: 0,
+                len: len as u16,
+                flags: 0,
+            }
+            .encode(self.shared.endian);
+            if let Err(e) = self.shared.shm.write(slot.addr, &hdr) {
+                st.link.drop_tx(slot);
+                st.down.get_or_insert(e.to_string());
+                continue;
+            }
+            if let Err(e) = st.link.put_tx(slot, HDR_LEN + len) {
+                st.down.get_or_insert(e.to_string());
+                continue;
+            }
+            st.stats.tx_msgs += 1;
+            sent += 1;
+        }
+        if let Some(r) = st.down.clone() {
+            drop(st);
+            notify_down(&self.shared);
+            return Err(BusError::LinkDown(r));
+        }
+        let kick = st.kick_due();
+        drop(st);
+        if kick {
+            if let Err(e) = self.shared.notifier.kick() {
+                mark_down(&self.shared, format!("notify: {e}"));
+                return Err(BusError::LinkDown(e.to_string()));
+            }
+        }
+        Ok(sent)
     }
 }

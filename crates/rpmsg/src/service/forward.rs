@@ -91,6 +91,9 @@ impl EptService {
         if lock(&self.inner.stalled).contains_key(&id) {
             return;
         }
+        if self.forward_in_place(id, &sock, &ep, legacy, flags) {
+            return;
+        }
         let hup = flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::RDHUP);
         // One message first: a lone message (a ping-pong) is taken as
         // cheaply as by recv(2), and only a socket that had one has more

@@ -12,12 +12,12 @@
 //!                                     after a look at the hang-ups),
 //!                                   garbage (closed), ATTACH (own thread)
 //!    listener readable ─► accept, greet (0 | -EBUSY)
-//!    endpoint socket readable ─► one message, then up to 16 per recvmmsg ─►
-//!        Endpoint::try_send (bus) each, under one kick hold per pass (the
-//!        remote is kicked once, as the pass ends); no free buffer: the
-//!        message and the rest of its batch wait, the socket out of the set,
-//!        retried before the next wait (the remote kicks when it gives a
-//!        buffer back) and at least every 1 ms
+//!    endpoint socket readable ─► one message, then up to 16 per recvmmsg,
+//!        straight into free ring buffers (in_place), one kick per pass;
+//!        ring full: into the service's own, Endpoint::try_send each, and
+//!        what finds no buffer waits, the socket out of the set, retried
+//!        before the next wait (the remote kicks when it gives a buffer
+//!        back) and at least every 1 ms
 //!    EOF: destroy (fd: last close or shutdown; node: shutdown)
 //!    doomed (remote gone) ─► destroy
 //!  same thread, ring pass: message ─► send on the endpoint's socket;
@@ -71,6 +71,7 @@ mod conn;
 mod event_loop;
 mod fdept;
 mod forward;
+mod in_place;
 mod legacy;
 mod limits;
 mod server;
