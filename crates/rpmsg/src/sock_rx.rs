@@ -32,8 +32,8 @@ pub(crate) fn recv_into(
     }
     // Each range checked against the mapping, which stays mapped while
     // `shm` is borrowed (for the whole call).
-    // SAFETY: iovec and mmsghdr are plain C structs for which all zero
-    // bytes is a valid value (null pointers, zero lengths).
+    // SAFETY: iovec is a plain C struct for which all zero bytes is a
+    // valid value (null pointer, zero length).
     let mut iov: [libc::iovec; MAX_RANGES] = unsafe { std::mem::zeroed() };
     for (v, &(addr, len)) in iov.iter_mut().zip(&ranges[..n]) {
         let r = usize::try_from(addr)
@@ -43,13 +43,38 @@ pub(crate) fn recv_into(
         v.iov_base = r.ptr_guard().as_ptr().cast();
         v.iov_len = len;
     }
+    // SAFETY: each of the first `n` iovecs names one checked range of the
+    // live shared mapping (`shm` keeps it mapped), which no Rust reference
+    // covers. Another process may write the same bytes: only the kernel's
+    // copy touches them here.
+    unsafe { recv_iovecs(fd, &mut iov[..n], full) }
+}
+
+/// Receives up to `iov.len()` (at most [`MAX_RANGES`]) messages from `fd`
+/// without waiting, message `i` into `iov[i]`, with `MSG_TRUNC`: `full[i]`
+/// is its whole length. One `recv(2)` for one buffer (it costs the kernel
+/// less), else one `recvmmsg(2)`. Returns how many; fewer than asked
+/// means the socket had no more. End of file reads as one empty message.
+/// The raw calls are here because rustix has no `recvmmsg`.
+///
+/// # Errors
+/// The call's errno when it took nothing (`EAGAIN`: none queued).
+///
+/// # Safety
+/// Each iovec names memory that stays valid and writable for its whole
+/// length during the call and that no Rust reference covers.
+pub(crate) unsafe fn recv_iovecs(
+    fd: BorrowedFd<'_>,
+    iov: &mut [libc::iovec],
+    full: &mut [usize],
+) -> rustix::io::Result<usize> {
+    let n = iov.len().min(MAX_RANGES).min(full.len());
     let flags = libc::MSG_DONTWAIT | libc::MSG_TRUNC;
+    if n == 0 {
+        return Ok(0);
+    }
     if n == 1 {
-        // SAFETY: the iovec names memory inside the live shared mapping
-        // (checked above; `shm` keeps it mapped); the kernel writes at
-        // most that many bytes into it and no Rust reference to it exists.
-        // Another process may write the same bytes: only the kernel's copy
-        // touches them here.
+        // SAFETY: the caller's: `iov[0]` is writable for its length.
         let r = unsafe { libc::recv(fd.as_raw_fd(), iov[0].iov_base, iov[0].iov_len, flags) };
         if r < 0 {
             return Err(rustix::io::Errno::from_raw_os_error(errno()));
@@ -57,15 +82,15 @@ pub(crate) fn recv_into(
         full[0] = r as usize;
         return Ok(1);
     }
-    // SAFETY: as above.
+    // SAFETY: mmsghdr is a plain C struct for which all zero bytes is a
+    // valid value (null pointers, zero lengths).
     let mut hdrs: [libc::mmsghdr; MAX_RANGES] = unsafe { std::mem::zeroed() };
     for (h, v) in hdrs.iter_mut().zip(iov.iter_mut()) {
         h.msg_hdr.msg_iov = v;
         h.msg_hdr.msg_iovlen = 1;
     }
-    // SAFETY: the first `n` headers each name one iovec over one checked
-    // range of the live shared mapping (`shm` keeps it mapped; no Rust
-    // reference to those bytes exists); no address, no control buffer;
+    // SAFETY: the first `n` headers each name one iovec of `iov`, whose
+    // memory the caller keeps writable; no address, no control buffer;
     // the kernel writes at most each iovec's length and the headers'
     // lengths and flags; a null timeout is allowed.
     let r = unsafe {

@@ -2,12 +2,12 @@
 //! client's burst costs one system call, and a lone message no second
 //! call that finds nothing (the call stops at the first `EAGAIN`).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 
-use rustix::net::RecvFlags;
+use crate::sock_rx::{recv_iovecs, MAX_RANGES};
 
 /// Messages per call.
-pub(super) const BATCH: usize = 16;
+pub(super) const BATCH: usize = MAX_RANGES;
 
 /// Buffers for [`BATCH`] messages, reused call after call.
 pub(super) struct RecvBatch {
@@ -52,56 +52,17 @@ impl RecvBatch {
         max: usize,
     ) -> Result<usize, rustix::io::Errno> {
         let max = max.clamp(1, BATCH);
-        if max == 1 {
-            let (_, full) = rustix::net::recv(
-                fd,
-                &mut self.bufs[..self.slot],
-                RecvFlags::DONTWAIT | RecvFlags::TRUNC,
-            )?;
-            self.lens[0] = full;
-            return Ok(1);
-        }
-        // SAFETY: iovec and mmsghdr are plain C structs for which all
-        // zero bytes is a valid value (null pointers, zero lengths).
+        // SAFETY: iovec is a plain C struct for which all zero bytes is a
+        // valid value (null pointer, zero length).
         let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-        let slot = self.slot;
-        for ((v, h), buf) in iov
-            .iter_mut()
-            .zip(hdrs.iter_mut())
-            .zip(self.bufs.chunks_exact_mut(slot))
-        {
+        for (v, buf) in iov.iter_mut().zip(self.bufs.chunks_exact_mut(self.slot)) {
             v.iov_base = buf.as_mut_ptr().cast();
-            v.iov_len = slot;
-            h.msg_hdr.msg_iov = v;
-            h.msg_hdr.msg_iovlen = 1;
+            v.iov_len = buf.len();
         }
-        // SAFETY: `hdrs` holds BATCH headers, each naming one iovec of
-        // `iov` over one `slot`-byte chunk of `self.bufs`, all alive and
-        // exclusively borrowed for the call; no address, no control
-        // buffer; the kernel writes at most `slot` bytes per chunk and the
-        // headers' lengths and flags; a null timeout is allowed.
-        let n = unsafe {
-            libc::recvmmsg(
-                fd.as_raw_fd(),
-                hdrs.as_mut_ptr(),
-                max as libc::c_uint,
-                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                std::ptr::null_mut(),
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(rustix::io::Errno::from_raw_os_error(
-                e.raw_os_error().unwrap_or(libc::EIO),
-            ));
-        }
-        let n = (n as usize).min(max);
-        for (l, h) in self.lens.iter_mut().zip(&hdrs).take(n) {
-            *l = h.msg_len as usize;
-        }
-        Ok(n)
+        // SAFETY: each iovec names one `slot`-byte chunk of `self.bufs`,
+        // exclusively borrowed for the call; no Rust reference to it is
+        // used while the kernel writes.
+        unsafe { recv_iovecs(fd, &mut iov[..max], &mut self.lens) }
     }
 
     /// Message `i` of the last call: its bytes (cut to the slot) and its
