@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::state::{lock, mark_down, Shared};
+use super::state::{kick as kick_peer, lock, Shared};
 use super::Bus;
 
 /// While alive, sends on its bus publish their buffers but notify the
@@ -47,9 +47,9 @@ impl Drop for KickHold {
             st.down.is_none() && st.kick_due()
         };
         if kick {
-            if let Err(e) = self.shared.notifier.kick() {
-                mark_down(&self.shared, format!("notify: {e}"));
-            }
+            // A failed kick marks the link down; a drop has no one to
+            // return the error to.
+            let _ = kick_peer(&self.shared);
         }
     }
 }

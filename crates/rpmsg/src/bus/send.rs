@@ -6,7 +6,7 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use super::state::{lock, mark_down, notify_down, wait_for_buffer};
+use super::state::{kick as kick_peer, lock, notify_down, wait_for_buffer};
 use super::{Bus, BusError};
 use crate::link::{Link, Slot};
 use crate::wire::{self, HDR_LEN};
@@ -90,10 +90,7 @@ impl Bus {
                     let kick = st.kick_due();
                     drop(st);
                     if kick {
-                        if let Err(e) = self.shared.notifier.kick() {
-                            mark_down(&self.shared, format!("notify: {e}"));
-                            return Err(BusError::LinkDown(e.to_string()));
-                        }
+                        kick_peer(&self.shared)?;
                     }
                     return Ok(());
                 }
@@ -244,10 +241,7 @@ impl Bus {
         let kick = st.kick_due();
         drop(st);
         if kick {
-            if let Err(e) = self.shared.notifier.kick() {
-                mark_down(&self.shared, format!("notify: {e}"));
-                return Err(BusError::LinkDown(e.to_string()));
-            }
+            kick_peer(&self.shared)?;
         }
         Ok(sent)
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use foldhash::HashMap;
 
-use super::{Channel, EndpointRef, Event, InPlace, RxBuffer, ServiceHook, Stats};
+use super::{BusError, Channel, EndpointRef, Event, InPlace, RxBuffer, ServiceHook, Stats};
 use crate::link::{Link, LinkMemory, Role};
 use crate::notify::Notifier;
 use crate::wire::Endian;
@@ -120,6 +120,15 @@ pub(super) fn mark_down(shared: &Shared, reason: String) {
     }
     drop(st);
     notify_down(shared);
+}
+
+/// Kicks the peer; a kick that fails marks the link down and is its
+/// error.
+pub(super) fn kick(shared: &Shared) -> Result<(), BusError> {
+    shared.notifier.kick().map_err(|e| {
+        mark_down(shared, format!("notify: {e}"));
+        BusError::LinkDown(e.to_string())
+    })
 }
 
 /// Wakes everyone waiting on the bus: the link is down.

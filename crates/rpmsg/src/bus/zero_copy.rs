@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::service::release;
-use super::state::{lock, mark_down, wait_for_buffer, Held, InPlaceCallback, Shared, Sink};
+use super::state::{kick as kick_peer, lock, wait_for_buffer, Held, InPlaceCallback, Shared, Sink};
 use super::{Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event};
 use crate::link::{self, Slot};
 use crate::wire::{self, ADDR_ANY, HDR_LEN};
@@ -246,10 +246,7 @@ impl TxBuffer {
             st.kick_due()
         };
         if kick {
-            if let Err(e) = shared.notifier.kick() {
-                mark_down(shared, format!("notify: {e}"));
-                return Err(BusError::LinkDown(e.to_string()));
-            }
+            kick_peer(shared)?;
         }
         Ok(())
     }
