@@ -18,9 +18,15 @@ fn pattern(size: usize, seed: usize) -> Vec<u8> {
     (0..size).map(|i| (i * 7 + seed * 13) as u8).collect()
 }
 
-/// Starts a remote echoing on "echo" and a host; returns both buses and the
-/// channel to learn when the remote saw its service unbound.
-fn pair(spec: NotifySpec, event_idx: bool) -> (Bus, Bus, mpsc::Receiver<u32>, tempfile::TempDir) {
+/// A remote and a host on one new shared memory (`EVENT_IDX` offered when
+/// `event_idx`), notifying as `spec` says (given a path in the new
+/// directory); `serve` creates the remote's endpoints before the host
+/// starts. Returns host, remote and the directory holding the memory.
+fn buses(
+    spec: impl FnOnce(std::path::PathBuf) -> NotifySpec,
+    event_idx: bool,
+    serve: impl FnOnce(&Bus) + Send + 'static,
+) -> (Bus, Bus, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shm");
     let mut layout = ShmLayout::openamp_demo();
@@ -28,27 +34,39 @@ fn pair(spec: NotifySpec, event_idx: bool) -> (Bus, Bus, mpsc::Receiver<u32>, te
         layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
     }
     let shm = SharedMem::create(&path, &layout).unwrap();
+    let spec = spec(dir.path().join("n"));
     let listener = spec.bind().unwrap();
-    let (unbound_tx, unbound_rx) = mpsc::channel();
     let remote = std::thread::spawn(move || {
-        let n = listener.accept().unwrap();
-        let bus = Bus::remote(shm, n, Some(T)).unwrap();
-        let ep = bus
-            .create_with_callback(EndpointOptions::new("echo"), move |ep, ev| match ev {
-                Event::Message(m) => ep.send_to(m.src, &m.data, Some(T)).unwrap(),
-                Event::Unbound { addr } => {
-                    let _ = unbound_tx.send(addr);
-                }
-                Event::LinkDown(_) => {}
-            })
-            .unwrap();
-        std::mem::forget(ep);
+        let bus = Bus::remote(shm, listener.accept().unwrap(), Some(T)).unwrap();
+        serve(&bus);
         bus
     });
-    let host_shm = SharedMem::open(&path).unwrap();
     let n = spec.connect(T).unwrap();
-    let host = Bus::host(host_shm, n, HOST_FEATURES).unwrap();
+    let host = Bus::host(SharedMem::open(&path).unwrap(), n, HOST_FEATURES).unwrap();
     let remote = remote.join().unwrap();
+    (host, remote, dir)
+}
+
+/// Starts a remote echoing on "echo" and a host; returns both buses and the
+/// channel to learn when the remote saw its service unbound.
+fn pair(spec: NotifySpec, event_idx: bool) -> (Bus, Bus, mpsc::Receiver<u32>, tempfile::TempDir) {
+    let (unbound_tx, unbound_rx) = mpsc::channel();
+    let (host, remote, dir) = buses(
+        move |_| spec,
+        event_idx,
+        move |bus| {
+            let ep = bus
+                .create_with_callback(EndpointOptions::new("echo"), move |ep, ev| match ev {
+                    Event::Message(m) => ep.send_to(m.src, &m.data, Some(T)).unwrap(),
+                    Event::Unbound { addr } => {
+                        let _ = unbound_tx.send(addr);
+                    }
+                    Event::LinkDown(_) => {}
+                })
+                .unwrap();
+            std::mem::forget(ep);
+        },
+    );
     (host, remote, unbound_rx, dir)
 }
 
@@ -201,17 +219,9 @@ fn zero_copy_both_roles() {
 /// made under a kick hold arrive too, with fewer kicks than messages.
 #[test]
 fn in_place_callback_and_held_kicks() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("shm");
-    let mut layout = ShmLayout::openamp_demo();
-    layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
-    let shm = SharedMem::create(&path, &layout).unwrap();
-    let spec = NotifySpec::Eventfd(dir.path().join("n"));
-    let listener = spec.bind().unwrap();
     let (seen_tx, seen) = mpsc::channel::<(u32, Vec<u8>)>();
     let (ev_tx, evs) = mpsc::channel::<String>();
-    let remote = std::thread::spawn(move || {
-        let bus = Bus::remote(shm, listener.accept().unwrap(), Some(T)).unwrap();
+    let (host, remote, _dir) = buses(NotifySpec::Eventfd, true, move |bus| {
         let ep = bus
             .create_in_place(EndpointOptions::new("inplace"), move |ep, m| match m {
                 InPlace::Message(b) => {
@@ -227,11 +237,7 @@ fn in_place_callback_and_held_kicks() {
             })
             .unwrap();
         std::mem::forget(ep);
-        bus
     });
-    let n = spec.connect(T).unwrap();
-    let host = Bus::host(SharedMem::open(&path).unwrap(), n, HOST_FEATURES).unwrap();
-    let remote = remote.join().unwrap();
     let ch = host.wait_channel("inplace", T).unwrap();
     let ep = host
         .create(EndpointOptions::new("inplace").dst(ch.addr))
@@ -281,15 +287,7 @@ fn endpoint_fd_stream_arrives_whole_and_in_order() {
     use iopath_rpmsg::CtrlServer;
     const N: usize = 3000;
     let size_of = |i: usize| 1 + (i * 37) % MAX_PAYLOAD;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("shm");
-    let mut layout = ShmLayout::openamp_demo();
-    layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
-    let shm = SharedMem::create(&path, &layout).unwrap();
-    let spec = NotifySpec::Eventfd(dir.path().join("n"));
-    let listener = spec.bind().unwrap();
-    let remote = std::thread::spawn(move || {
-        let bus = Bus::remote(shm, listener.accept().unwrap(), Some(T)).unwrap();
+    let (host, remote, dir) = buses(NotifySpec::Eventfd, true, move |bus| {
         let (mut good, mut next) = (0u64, 0usize);
         let ep = bus
             .create_in_place(EndpointOptions::new("check"), move |ep, m| {
@@ -307,11 +305,7 @@ fn endpoint_fd_stream_arrives_whole_and_in_order() {
             })
             .unwrap();
         std::mem::forget(ep);
-        bus
     });
-    let n = spec.connect(T).unwrap();
-    let host = Bus::host(SharedMem::open(&path).unwrap(), n, HOST_FEATURES).unwrap();
-    let remote = remote.join().unwrap();
     let ctrl = dir.path().join("ctrl");
     let _server = CtrlServer::start(host.clone(), &ctrl).unwrap();
     host.wait_channel("check", T).unwrap();
