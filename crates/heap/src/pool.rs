@@ -56,22 +56,20 @@ impl Pool {
                 });
             }
         }
-        Ok(Pool {
-            heap,
-            capacity,
-            kept: Mutex::new(Vec::new()),
-            reused: AtomicU64::new(0),
-            made: AtomicU64::new(0),
-        })
+        Ok(Pool::keeping(heap, capacity))
     }
 
     /// A pool over `heap` that keeps every buffer it makes (each load
     /// still checks that its buffers fit in memory, free kept ones
     /// counted: [`Heap::available`]).
     pub fn unbounded(heap: Box<dyn Heap>) -> Self {
+        Pool::keeping(heap, u64::MAX)
+    }
+
+    fn keeping(heap: Box<dyn Heap>, capacity: u64) -> Self {
         Pool {
             heap,
-            capacity: u64::MAX,
+            capacity,
             kept: Mutex::new(Vec::new()),
             reused: AtomicU64::new(0),
             made: AtomicU64::new(0),
