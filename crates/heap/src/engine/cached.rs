@@ -12,8 +12,9 @@
 //! threads (started on the first one), which copy them out of a read-only
 //! shared mapping of the file ([`FileView`]: its pages mapped in one
 //! `MADV_POPULATE_READ` per piece, `MADV_RANDOM` so touching a page never
-//! reads ahead into the cold part of the file, SIGBUS guarded). Buffered `pread` would read ahead: a cached page that
-//! readahead marked starts reading the pages after it, cold ones included,
+//! reads ahead into the cold part of the file, SIGBUS guarded; one mapping
+//! shared by the copiers). Buffered `pread` would read ahead: a cached page
+//! that readahead marked starts reading the pages after it, cold ones included,
 //! and `POSIX_FADV_RANDOM` does not stop that. Where the file cannot be
 //! mapped, `pread` it is. Cold runs become the requests of the direct
 //! engine's batch, which keeps the device busy meanwhile; they never enter
@@ -248,10 +249,13 @@ pub(crate) fn read_split(
                     let (tx, jobs) = mpsc::channel::<(usize, ReadReq)>();
                     let jobs = Arc::new(Mutex::new(jobs));
                     let rep = rep_tx.take().expect("copiers start once");
+                    // One mapping for both copiers (its SIGBUS guard
+                    // watches the range, whichever thread faults).
+                    let view = Arc::new(view(file));
                     for _ in 0..COPIERS {
                         let (rep, jobs, stop) = (rep.clone(), jobs.clone(), &stop);
+                        let view = view.clone();
                         s.spawn(move || {
-                            let view = view(file);
                             loop {
                                 // The lock is held while waiting: the
                                 // other copier is copying meanwhile.
@@ -260,7 +264,7 @@ pub(crate) fn read_split(
                                 if stop.load(Ordering::Relaxed) {
                                     break;
                                 }
-                                if rep.send((o, copy_run(file, view.as_ref(), &r))).is_err() {
+                                if rep.send((o, copy_run(file, (*view).as_ref(), &r))).is_err() {
                                     break;
                                 }
                             }
