@@ -2,6 +2,7 @@
 //! `qemu-storage-daemon`) killed on drop, the image the guest writes and
 //! its byte-for-byte check, and one guest run through `scripts/guest-dd`.
 
+pub mod rand;
 pub mod restart;
 
 use std::fs::File;
@@ -239,9 +240,7 @@ impl Dma {
     }
 }
 
-/// Boots the guest against `backend` and checks the JSON it prints. If the
-/// back end dies while the guest still runs, the guest is stopped at once
-/// and the failure quotes the back end's exit status and log.
+/// Boots the guest against `backend` and checks the JSON it prints.
 pub fn run_guest(
     backend: &mut Backend,
     sock: &Path,
@@ -250,23 +249,61 @@ pub fn run_guest(
     seed: u64,
     dma: Dma,
 ) -> serde_json::Value {
+    let mut args: Vec<String> = vec!["--socket".into(), sock.display().to_string()];
+    for a in [
+        "--count",
+        &COUNT.to_string(),
+        "--bs",
+        "8M",
+        "--queues",
+        &queues.to_string(),
+        "--timeout",
+        "240",
+        "--json",
+        "--pattern-offset",
+        &PAT_OFF.to_string(),
+        "--pattern-size",
+        &PAT_SIZE.to_string(),
+        "--pattern-seed",
+        &format!("{seed:#x}"),
+    ] {
+        args.push(a.to_string());
+    }
+    args.extend(dma.args().iter().map(|a| a.to_string()));
+    let json = run_guest_dd(backend, dir, &args, &format!("{queues} queue(s)"));
+    assert_eq!(
+        json["guest_queues"], queues,
+        "the guest's virtio-blk queue count"
+    );
+    for dir in ["write", "read"] {
+        assert_eq!(
+            json[dir]["bytes"],
+            COUNT * BS,
+            "{dir} bytes in dd's summary"
+        );
+        let secs = json[dir]["seconds"].as_f64().expect("seconds");
+        assert!(secs > 0.0, "{dir} seconds {secs}");
+    }
+    assert_interrupts(&json, queues);
+    assert_eq!(json["pattern"]["seed"], format!("{seed:#018x}"));
+    json
+}
+
+/// Runs `scripts/guest-dd` with `args` (which include `--json`) against
+/// `backend` and returns the JSON of a passing run. If the back end dies
+/// while the guest still runs, the guest is stopped at once and the
+/// failure quotes the back end's exit status and log; `what` names the
+/// run in failures.
+pub fn run_guest_dd(
+    backend: &mut Backend,
+    dir: &Path,
+    args: &[String],
+    what: &str,
+) -> serde_json::Value {
     let out_path = dir.join("guest-dd.out");
     let err_path = dir.join("guest-dd.err");
     let mut guest = Command::new(repo().join("scripts/guest-dd"))
-        .arg("--socket")
-        .arg(sock)
-        .args(["--count", &COUNT.to_string(), "--bs", "8M"])
-        .args([
-            "--queues",
-            &queues.to_string(),
-            "--timeout",
-            "240",
-            "--json",
-        ])
-        .args(["--pattern-offset", &PAT_OFF.to_string()])
-        .args(["--pattern-size", &PAT_SIZE.to_string()])
-        .args(["--pattern-seed", &format!("{seed:#x}")])
-        .args(dma.args())
+        .args(args)
         .stdin(Stdio::null())
         .stdout(File::create(&out_path).expect("create guest-dd.out"))
         .stderr(File::create(&err_path).expect("create guest-dd.err"))
@@ -303,7 +340,7 @@ pub fn run_guest(
             None => format!("{} still running", backend.name),
         };
         panic!(
-            "guest-dd failed ({status}), {queues} queue(s); {died}\n--- guest-dd:\n{stderr}\n--- {} log:\n{}",
+            "guest-dd failed ({status}), {what}; {died}\n--- guest-dd:\n{stderr}\n--- {} log:\n{}",
             backend.name,
             backend.log_tail()
         );
@@ -312,19 +349,11 @@ pub fn run_guest(
     let json: serde_json::Value =
         serde_json::from_slice(&stdout).expect("guest-dd --json prints one JSON object");
     assert_eq!(json["result"], "pass");
-    assert_eq!(
-        json["guest_queues"], queues,
-        "the guest's virtio-blk queue count"
-    );
-    for dir in ["write", "read"] {
-        assert_eq!(
-            json[dir]["bytes"],
-            COUNT * BS,
-            "{dir} bytes in dd's summary"
-        );
-        let secs = json[dir]["seconds"].as_f64().expect("seconds");
-        assert!(secs > 0.0, "{dir} seconds {secs}");
-    }
+    json
+}
+
+/// One interrupt vector per queue, and every queue completed requests.
+pub fn assert_interrupts(json: &serde_json::Value, queues: u32) {
     let irqs = json["interrupts_per_queue"].as_array().expect("interrupts");
     assert_eq!(
         irqs.len(),
@@ -337,8 +366,6 @@ pub fn run_guest(
             "queue {q} completed no request"
         );
     }
-    assert_eq!(json["pattern"]["seed"], format!("{seed:#018x}"));
-    json
 }
 
 /// The guest (one at a time) and a scratch directory, or `None` (and a
