@@ -165,6 +165,43 @@ fn guest_rand_4k_iopath_blk_serve() {
     );
 }
 
+/// Bad random-I/O options are refused before anything boots, with usage
+/// status 2 and the option named.
+#[test]
+fn guest_dd_rand_refuses_bad_values() {
+    for (args, option) in [
+        (&["--access", "random"][..], "--access"),
+        (&["--rand-threads", "2"], "--rand-threads"),
+        (
+            &["--access", "rand", "--rand-threads", "0"],
+            "--rand-threads",
+        ),
+        (
+            &["--access", "rand", "--rand-threads", "65"],
+            "--rand-threads",
+        ),
+        (&["--access", "rand", "--bs", "512"], "--bs"),
+        (&["--access", "rand", "--bs", "8M"], "--pattern-size"),
+        (&["--access", "rand", "--count", "0"], "--count"),
+        (
+            &["--access", "rand", "--check-image", "x.img"],
+            "--check-image",
+        ),
+    ] {
+        let out = Command::new(repo().join("scripts/guest-dd"))
+            .args(["--socket", "/nonexistent/vu.sock"])
+            .args(args)
+            .output()
+            .expect("run scripts/guest-dd");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(option),
+            "{args:?}: the error names no {option}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn pattern_word_is_offset_xor_seed_little_endian() {
     assert_eq!(pattern_word(8, 0), [8, 0, 0, 0, 0, 0, 0, 0]);
