@@ -18,6 +18,9 @@ use crate::mmap::Mmap;
 use crate::range::BufRange;
 use crate::{Error, Result};
 
+mod of_file;
+pub use of_file::POPULATE_READ;
+
 /// Magic that starts an exported-buffer message ("IOPB").
 const EXPORT_MAGIC: u32 = 0x4250_4f49;
 /// Exported-buffer message: magic u32, kind u32, length u64 (little-endian).
@@ -294,7 +297,8 @@ impl Buffer {
     /// on its allocator thread to overlap allocation with I/O. Once it has
     /// succeeded, later calls return at once (the pages stay: the file is
     /// sealed against shrinking), which is what makes a pooled buffer's
-    /// next load cheap.
+    /// next load cheap. A [`HeapKind::File`] buffer's pages are mapped for
+    /// reading ([`Buffer::populate_read`]), never copied.
     ///
     /// # Errors
     /// [`Error::Sys`] if the kernel refuses (e.g. a dma-buf mapping that
@@ -303,7 +307,12 @@ impl Buffer {
         if self.inner.populated.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.inner.map.populate_write()?;
+        if self.kind() == HeapKind::File {
+            // Writing would copy every page of the file: map them instead.
+            self.populate_read(0, self.len())?;
+        } else {
+            self.inner.map.populate_write()?;
+        }
         self.inner.populated.store(true, Ordering::Release);
         Ok(())
     }
@@ -421,6 +430,9 @@ impl Buffer {
         let st = rustix::fs::fstat(&fd).map_err(|e| Error::sys("fstat", e))?;
         if kind == HeapKind::Memfd && (st.st_size as u64) < len as u64 {
             return Err(Error::BadMessage("length larger than the file"));
+        }
+        if kind == HeapKind::File {
+            return Buffer::map_file(fd, len);
         }
         if let (HeapKind::Udmabuf, Some(memfd)) = (kind, second) {
             let st = rustix::fs::fstat(&memfd).map_err(|e| Error::sys("fstat", e))?;

@@ -27,6 +27,10 @@ pub enum HeapKind {
     Udmabuf,
     /// A dma-buf from a dma-heap.
     DmaHeap,
+    /// A regular file's own pages, mapped private (copy-on-write): views
+    /// of the page cache, not memory of their own (see
+    /// [`crate::Buffer::map_file`]).
+    File,
 }
 
 impl HeapKind {
@@ -35,6 +39,7 @@ impl HeapKind {
             HeapKind::Memfd => 1,
             HeapKind::Udmabuf => 2,
             HeapKind::DmaHeap => 3,
+            HeapKind::File => 4,
         }
     }
 
@@ -43,6 +48,7 @@ impl HeapKind {
             1 => HeapKind::Memfd,
             2 => HeapKind::Udmabuf,
             3 => HeapKind::DmaHeap,
+            4 => HeapKind::File,
             _ => return None,
         })
     }
@@ -50,7 +56,7 @@ impl HeapKind {
     /// Whether the buffer is a dma-buf (CPU access should be bracketed by
     /// `DMA_BUF_IOCTL_SYNC`).
     pub fn is_dma_buf(self) -> bool {
-        !matches!(self, HeapKind::Memfd)
+        !matches!(self, HeapKind::Memfd | HeapKind::File)
     }
 }
 
@@ -60,6 +66,7 @@ impl fmt::Display for HeapKind {
             HeapKind::Memfd => "memfd",
             HeapKind::Udmabuf => "udmabuf",
             HeapKind::DmaHeap => "dma-heap",
+            HeapKind::File => "file",
         })
     }
 }

@@ -84,7 +84,7 @@ mod verify;
 
 pub use align::DioAlign;
 pub use bounce::AlignedBuf;
-pub use buffer::{Buffer, DevicePin};
+pub use buffer::{Buffer, DevicePin, POPULATE_READ};
 pub use choose::{choose_heap, HeapChoice};
 pub use engine::{
     cache_runs, new_engine, AutoEngine, BounceEngine, BufferedEngine, CacheLookup, CacheRun,

@@ -39,7 +39,29 @@ impl Mmap {
     /// read/write; with `guarded`, a SIGBUS in it (the file shrunk under
     /// the mapping) is caught (see [`guard`]) when a guard slot is free.
     pub(crate) fn map(fd: BorrowedFd<'_>, offset: u64, len: usize, guarded: bool) -> Result<Self> {
-        Self::map_prot(fd, offset, len, guarded, ProtFlags::READ | ProtFlags::WRITE)
+        Self::map_prot(
+            fd,
+            offset,
+            len,
+            guarded,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+        )
+    }
+
+    /// Maps the first `len` bytes of `fd` private (copy-on-write: writes
+    /// make private copies of the pages and never reach the file) and
+    /// read/write; with `guarded` as [`Mmap::map`]. `fd` may be opened
+    /// read-only.
+    pub(crate) fn map_private(fd: BorrowedFd<'_>, len: usize, guarded: bool) -> Result<Self> {
+        Self::map_prot(
+            fd,
+            0,
+            len,
+            guarded,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::PRIVATE,
+        )
     }
 
     fn map_prot(
@@ -48,6 +70,7 @@ impl Mmap {
         len: usize,
         guarded: bool,
         prot: ProtFlags,
+        flags: MapFlags,
     ) -> Result<Self> {
         if len == 0 {
             return Err(Error::BadSize {
@@ -57,17 +80,8 @@ impl Mmap {
         }
         // SAFETY: a fresh mapping at an address the kernel picks cannot alias
         // any Rust object; we own it until `munmap` in `drop`.
-        let ptr = unsafe {
-            mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                MapFlags::SHARED,
-                fd,
-                offset,
-            )
-        }
-        .map_err(|e| Error::sys("mmap", e))?;
+        let ptr = unsafe { mmap(std::ptr::null_mut(), len, prot, flags, fd, offset) }
+            .map_err(|e| Error::sys("mmap", e))?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(Error::BadMessage("mmap returned null"))?;
         let guard = if guarded {
             let g = guard::watch(ptr.as_ptr() as usize, len);
@@ -125,6 +139,44 @@ impl Mmap {
         Ok(())
     }
 
+    /// `madvise(MADV_POPULATE_READ)` over the pages holding
+    /// `off..off + len` (Linux 5.14+): maps them now, readable, without
+    /// writing them (a private file mapping's pages stay the page cache's,
+    /// not copied). A page not in the page cache is read into it.
+    pub(crate) fn populate_read(&self, off: usize, len: usize) -> Result<()> {
+        const MADV_POPULATE_READ: libc::c_int = 22;
+        if off.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::OutOfRange {
+                offset: off,
+                len,
+                buf_len: self.len,
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let page = crate::page_size();
+        let lo = off / page * page;
+        let hi = (off + len).div_ceil(page) * page;
+        // SAFETY: `lo..hi` is inside this live mapping, rounded out to its
+        // pages (a mapping covers whole pages); populating for read maps
+        // pages without changing their contents.
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().wrapping_add(lo).cast(),
+                hi - lo,
+                MADV_POPULATE_READ,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::sys(
+                "madvise(MADV_POPULATE_READ)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
     /// `madvise(MADV_HUGEPAGE)` over the whole mapping.
     pub(crate) fn advise_hugepage(&self) -> Result<()> {
         // SAFETY: the range is exactly this live mapping; advice does not
@@ -161,7 +213,7 @@ impl FileView {
     /// [`Error::BadSize`] for a zero length; [`Error::Sys`] if `mmap` or
     /// `madvise` fails, or when the mapping cannot be guarded.
     pub(crate) fn new(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
-        let map = Mmap::map_prot(fd, 0, len, true, ProtFlags::READ)?;
+        let map = Mmap::map_prot(fd, 0, len, true, ProtFlags::READ, MapFlags::SHARED)?;
         if !map.is_guarded() {
             return Err(Error::sys(
                 "SIGBUS guard of a file mapping",
