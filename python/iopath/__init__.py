@@ -8,6 +8,7 @@
     same = iopath.attach(share.handle)             # the same memory, no copy
     pool = iopath.Pool()                           # a server's reload:
     tensors = iopath.load_safetensors(path, pool=pool)  # buffers reused
+    tensors = iopath.load_safetensors(path, method="map")  # cached: file views
 
 Arrays are zero-copy views over the heap buffers and keep them alive; a
 buffer's ``fileno()`` can be sent to another process with
@@ -163,6 +164,26 @@ def load_safetensors(
     ``Buffer.fileno()`` was called) is never reused at all. ``heap`` is
     then the pool's.
 
+    ``method`` is how the bytes move: ``"auto"`` (the default: cached
+    ranges copied out of the page cache while cold ones are read with
+    direct I/O, which leaves them out of it), ``"buffered"``, ``"direct"``,
+    ``"uring"``, ``"sendfile"``, ``"bounce"``, or ``"map"``: every tensor
+    the page cache holds whole when the load starts becomes a view of its
+    file instead of a copy (the file mapped private, copy-on-write; its
+    pages made resident inside the load, so nothing is left to fault in),
+    and the rest are read as ``"auto"`` reads them. ``"map"`` is what
+    ``safetensors.torch.load_file`` does for a warm file, without its
+    readahead for a cold one, and its views cost what that loader's do:
+    they are the page cache's pages, so a later write to the file shows
+    through them (a write through a view stays private), and a file
+    truncated under them reads as zeros from there on. Mapped tensors can
+    be shared like the others: an ``attach`` maps the same file, private
+    too, so the page cache's pages are counted once however many processes
+    map them, and writes are not seen across processes. The stats say
+    ``mapped_bytes``, ``read_bytes`` (from the device) and
+    ``copied_bytes`` (from the page cache), and ``populate``, how the
+    mapped bytes were made resident.
+
     With ``with_stats`` the result is ``(tensors, stats)``. The GIL is
     released while loading; ``progress=True`` shows progress on stderr.
     ``heap`` is ``"auto"`` (a dma-heap that direct I/O can fill, else
@@ -244,7 +265,9 @@ def attach(handle, framework="numpy"):
     copied), in ``framework`` as ``load_safetensors`` gives them. A wrong
     or stale handle raises ``ValueError``; so does anything received that
     does not check out (a tensor outside its buffer, an fd that is not the
-    buffer named). Writes through the views are seen by every process.
+    buffer named). Writes through the views are seen by every process,
+    but for tensors loaded with ``method="map"``, views of a file mapped
+    private in each process: their writes stay in the process.
     """
     buffers, table, _metadata = attach_raw(str(handle))
     return _views(buffers, table, framework)

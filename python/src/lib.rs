@@ -9,7 +9,7 @@ use std::os::raw::c_int;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use iopath_heap::{open_heap, Heap, LoadOptions, Method, SharedTensor};
+use iopath_heap::{open_heap, Heap, LoadOptions, SharedTensor};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -220,15 +220,16 @@ impl LoadHeap {
     }
 }
 
+/// Load options from a method name (`map` too: tensors the page cache
+/// holds become views of their file) and a buffer size.
 fn options(method: &str, buffer_size: usize) -> PyResult<LoadOptions> {
-    let method: Method = method
-        .parse()
-        .map_err(|e: iopath_heap::Error| PyValueError::new_err(e.to_string()))?;
-    Ok(LoadOptions {
+    let mut opts = LoadOptions {
         buffer_size,
-        method,
         ..LoadOptions::default()
-    })
+    };
+    opts.set_method(method)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(opts)
 }
 
 /// A progress callback: with `show`, one line on stderr rewritten after
@@ -316,6 +317,11 @@ fn load(
     pool: Option<PyRef<'_, PyPool>>,
 ) -> PyResult<Vec<PyBuffer>> {
     let opts = options(method, buffer_size)?;
+    if opts.map_cached {
+        return Err(PyValueError::new_err(
+            "method=\"map\" is for load_safetensors (tensors are what is mapped)",
+        ));
+    }
     let heap = LoadHeap::new(heap, pool.as_deref())?;
     let mut show = progress_printer(progress);
     let loaded = py
@@ -333,7 +339,9 @@ fn load(
 /// `*.index.json`): returns (buffers, {name: (buffer index, offset, length,
 /// dtype, shape)}, stats dict: bytes, seconds, gib_per_s, method, shards,
 /// alloc_seconds / read_seconds and from_cache_bytes as `iopath load`
-/// reports them), buffers from `pool` when given. `iopath.load_safetensors`
+/// reports them; read_bytes (from the device), copied_bytes (from the page
+/// cache), mapped_bytes (views of the files, `method="map"`) and populate
+/// (how those were made resident)), buffers from `pool` when given. `iopath.load_safetensors`
 /// turns it into numpy or torch views.
 #[pyfunction]
 #[pyo3(signature = (path, heap = "auto", method = "auto", buffer_size = 32 << 20, progress = false, shards_at_once = iopath_heap::DEFAULT_SHARDS_AT_ONCE, pool = None))]
@@ -383,6 +391,10 @@ fn load_safetensors_raw<'py>(
     stats.set_item("shards", t.shards.len())?;
     stats.set_item("metadata", t.metadata.clone())?;
     stats.set_item("from_cache_bytes", t.stats.from_cache)?;
+    stats.set_item("copied_bytes", t.stats.from_cache)?;
+    stats.set_item("read_bytes", t.stats.bytes - t.stats.from_cache)?;
+    stats.set_item("mapped_bytes", t.stats.mapped)?;
+    stats.set_item("populate", t.stats.populate)?;
     let buffers = t
         .buffers
         .into_iter()

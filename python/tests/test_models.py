@@ -261,3 +261,86 @@ def test_attach_as_torch(sharded):
     for name, (_, _, data) in want.items():
         assert seen[name][2] == hashlib.sha256(data).hexdigest(), name
     share.close()
+
+
+def file_buffers():
+    """The live buffers that are views of a file (method="map")."""
+    return [b for b in iopath._buffers.values() if b.kind == "file"]
+
+
+def test_map_views_cached_tensors_and_matches_safetensors_numpy(sharded):
+    from safetensors.numpy import load_file
+
+    d, want = sharded
+    got, stats = iopath.load_safetensors(d, method="map", buffer_size=256 << 10, with_stats=True)
+    total = sum(len(v[2]) for v in want.values())
+    # Just written: every page cached, so every aligned tensor is a view.
+    assert stats["mapped_bytes"] > total // 2
+    assert stats["mapped_bytes"] + stats["read_bytes"] + stats["copied_bytes"] == total
+    assert stats["bytes"] == stats["read_bytes"] + stats["copied_bytes"]
+    assert stats["populate"] == "MADV_POPULATE_READ"
+    files = file_buffers()
+    assert len(files) == 3
+    for s in range(3):
+        shard = d / f"model-{s + 1:05d}-of-00003.safetensors"
+        peer = load_file(str(shard))
+        for name, a in peer.items():
+            assert got[name].tobytes() == a.tobytes(), name
+            assert got[name].shape == a.shape, name
+    # The big F16 tensor is a view of its file: in a file buffer, at its
+    # offset in the file.
+    big = got["layers.0.big"]
+    (buf,) = [b for b in files if b.address <= big.ctypes.data < b.address + len(b)]
+    assert len(buf) == os.path.getsize(d / "model-00001-of-00003.safetensors")
+    # Copy-on-write: a write through the view never reaches the file.
+    before = (d / "model-00001-of-00003.safetensors").read_bytes()
+    big.reshape(-1).view("u1")[:4] = 0x77
+    assert (d / "model-00001-of-00003.safetensors").read_bytes() == before
+    with pytest.raises(ValueError, match='method="map" is for load_safetensors'):
+        iopath.load(d / "model-00001-of-00003.safetensors", method="map")
+    # Without "map", no tensor is a view of a file.
+    del got, big, buf, files
+    plain = iopath.load_safetensors(d)
+    assert not file_buffers()
+    assert plain["layers.0.big"].tobytes() == want["layers.0.big"][2]
+
+
+def test_map_a_second_process_attaches_to_the_file_views(sharded):
+    d, want = sharded
+    got = iopath.load_safetensors(d, method="map")
+    assert file_buffers()
+    share = iopath.share(got)
+    seen = run_attach(share.handle)
+    assert sorted(seen) == sorted(want)
+    for name, (dtype, shape, data) in want.items():
+        assert seen[name][1] == list(shape), name
+        assert seen[name][2] == hashlib.sha256(data).hexdigest(), name
+    # The attacher's write (to layers.1.big, a view) stayed in its process.
+    assert got["layers.1.big"].tobytes() == want["layers.1.big"][2]
+    share.close()
+
+
+def test_map_truncated_shards(sharded):
+    d, want = sharded
+    second = d / "model-00002-of-00003.safetensors"
+    whole = second.read_bytes()
+    second.write_bytes(whole[:-10])
+    with pytest.raises(ValueError, match=r"shard 2 of 3 \(.*model-00002-of-00003.safetensors\): .*the tensors' data ends"):
+        iopath.load_safetensors(d, method="map")
+    second.write_bytes(whole)
+    got = iopath.load_safetensors(d, method="map")
+    assert got["layers.1.big"].tobytes() == want["layers.1.big"][2]
+    # Cut under its views: the lost pages read as zeros, no SIGBUS.
+    os.truncate(second, 0)
+    assert not got["layers.1.big"].any()
+    assert got["layers.0.big"].tobytes() == want["layers.0.big"][2]
+
+
+def test_map_as_torch(sharded):
+    torch = torch_or_skip()
+    d, want = sharded
+    got = iopath.load_safetensors(d, method="map", framework="pt")
+    assert file_buffers()
+    for name, (_, shape, data) in want.items():
+        assert tuple(got[name].shape) == shape, name
+        assert got[name].view(torch.uint8).numpy().tobytes() == data, name

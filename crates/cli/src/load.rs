@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use iopath_heap::{
-    load, load_checkpoint, EngineOptions, LoadOptions, LoadStats, Method, Prefault, Tensors,
+    load, load_checkpoint, EngineOptions, LoadOptions, LoadStats, Prefault, Tensors,
     DEFAULT_SHARDS_AT_ONCE,
 };
 
@@ -21,7 +21,8 @@ Examples:
   iopath load model.bin --method buffered     # through the page cache
   iopath load disk.img --buffer-size 4M --verify --json
   iopath load model.safetensors --format safetensors --verify
-  iopath load llama/ --format safetensors --json   # every shard of its index")]
+  iopath load llama/ --format safetensors --json   # every shard of its index
+  iopath load llama/ --format safetensors --method map   # cached tensors: views of the files")]
 pub struct LoadArgs {
     /// The file to load (all of it, unless --buffers says how much). With
     /// --format safetensors also a sharded checkpoint: a directory (its
@@ -49,6 +50,10 @@ pub struct LoadArgs {
     /// (io_uring, fixed buffers, O_DIRECT), bounce (O_DIRECT io_uring into
     /// a memfd bounce buffer, then a copy). Direct methods fall back to
     /// buffered per request where direct I/O is refused, and count it.
+    /// With --format safetensors also map: every tensor the page cache
+    /// holds whole becomes a view of the file (mapped private, pages made
+    /// resident, no copy; later writes to the file show through, a
+    /// truncated file reads as zeros), the rest read as auto reads them.
     #[arg(long, default_value = "auto")]
     pub method: String,
     /// io_uring requests kept in flight (uring and auto), 1 to 4096.
@@ -91,7 +96,6 @@ pub struct LoadArgs {
 /// Bad input (missing file, directory, empty or short file, bad buffer size,
 /// unknown heap or method), I/O failures and verification differences.
 pub fn run(args: &LoadArgs) -> Result<()> {
-    let method: Method = args.method.parse().map_err(|e| at_fault(args, e))?;
     let (heap, heap_why) = if args.heap == "auto" {
         let c = iopath_heap::choose_heap();
         (c.heap, Some(c.why))
@@ -99,17 +103,24 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         let h = iopath_heap::open_heap(&args.heap).map_err(|e| at_fault(args, e))?;
         (h, None)
     };
-    let opts = LoadOptions {
+    let mut opts = LoadOptions {
         buffer_size: args.buffer_size,
         buffers: args.buffers,
-        method,
         engine: EngineOptions {
             queue_depth: args.queue_depth,
             chunk: args.request_size,
         },
         alloc_threads: args.alloc_threads,
         prefault: args.prefault,
+        ..LoadOptions::default()
     };
+    opts.set_method(&args.method)
+        .map_err(|e| at_fault(args, e))?;
+    if opts.map_cached && args.format != "safetensors" {
+        return Err(crate::usage::usage(
+            "--method map: only with --format safetensors (tensors are what is mapped)",
+        ));
+    }
     let mut bars = progress_bars(args);
     let mut on_progress = |p: &iopath_heap::Progress| {
         if let Some(bars) = &mut bars {
@@ -158,7 +169,9 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             "seconds": stats.elapsed.as_secs_f64(),
             "gib_per_s": stats.gib_per_s(),
             "method": stats.method.name(),
-            "requested_method": method.name(),
+            "requested_method": opts.method_name(),
+            "mapped_bytes": stats.mapped,
+            "populate": stats.populate,
             "heap": heap_name,
             "heap_why": heap_why,
             "buffers": stats.buffers,
@@ -179,21 +192,26 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         return Ok(());
     }
     let s = &stats;
+    let method = if s.mapped > 0 {
+        format!("map + {}", s.method)
+    } else {
+        s.method.to_string()
+    };
     let verified = if args.verify { "; verified" } else { "" };
     match tensors.as_ref().map(|t| (t.tensors.len(), t.shards.len())) {
         Some((n, shards)) => println!(
-            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s), {}{verified}",
+            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {method}{}, {} fallback(s), {}{}{verified}",
             if shards > 1 { format!(" from {shards} shards") } else { String::new() },
-            human(s.bytes),
-            s.bytes,
+            human(s.bytes + s.mapped),
+            s.bytes + s.mapped,
             s.buffers,
             human(s.buffer_size as u64),
             s.elapsed.as_secs_f64(),
             s.gib_per_s(),
-            s.method,
             auto_note(s),
             s.fallbacks,
             cache_note(s),
+            map_note(s),
         ),
         None => println!(
             "loaded {} ({} bytes) into {} x {} {heap_name} buffers in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s), {}; alloc {:.0} ms (overlapped), read {:.0} ms{verified}",
@@ -225,6 +243,17 @@ fn cache_note(s: &LoadStats) -> String {
         s.from_cache as f64 * 100.0 / s.bytes as f64
     };
     format!("{} ({pct:.0}%) from the page cache", human(s.from_cache))
+}
+
+/// How much was mapped rather than read, as the summary says it.
+fn map_note(s: &LoadStats) -> String {
+    match s.populate {
+        Some(how) => format!(
+            "; {} mapped from the page cache (views of the files, made resident with {how})",
+            human(s.mapped)
+        ),
+        None => String::new(),
+    }
 }
 
 /// Progress on stderr, when it is a terminal and the output is text: one
@@ -311,6 +340,7 @@ fn shards_json(t: &Tensors) -> serde_json::Value {
                 "done_seconds": s.stats.elapsed.as_secs_f64(),
                 "read_ms": s.stats.read_time.as_secs_f64() * 1e3,
                 "fallbacks": s.stats.fallbacks,
+                "mapped_bytes": s.stats.mapped,
             })
         })
         .collect()

@@ -158,3 +158,55 @@ fn a_missing_or_truncated_shard_is_one_line_naming_it() {
          model-00002-of-00004.safetensors (3 tensors), which does not exist",
     );
 }
+
+#[test]
+fn method_map_views_the_cached_tensors_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = write_checkpoint(dir.path());
+    let d = dir.path().to_str().unwrap();
+    // Just written: every page is in the page cache.
+    let v = json(&iopath(&[
+        "load",
+        d,
+        "--format",
+        "safetensors",
+        "--method",
+        "map",
+        "--verify",
+        "--json",
+    ]));
+    let (mapped, read) = (
+        v["mapped_bytes"].as_u64().unwrap(),
+        v["bytes"].as_u64().unwrap(),
+    );
+    assert!(mapped > 0, "{v}");
+    assert_eq!(mapped + read, all as u64, "{v}");
+    assert_eq!(v["requested_method"], "map");
+    assert_eq!(v["populate"], "MADV_POPULATE_READ");
+    assert_eq!(v["verified"], true);
+    let per_shard: u64 = v["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["mapped_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_shard, mapped);
+    let out = iopath(&["load", d, "--format", "safetensors", "--method", "map"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("mapped from the page cache (views of the files, made resident with MADV_POPULATE_READ)"),
+        "{text}"
+    );
+    let one = dir.path().join("model-00001-of-00004.safetensors");
+    fails_with(
+        &["load", one.to_str().unwrap(), "--method", "map"],
+        2,
+        "--method map: only with --format safetensors",
+    );
+    fails_with(
+        &["load", one.to_str().unwrap(), "--method", "mmap"],
+        1,
+        "map for safetensors",
+    );
+}

@@ -149,7 +149,7 @@ pub enum Error {
     UnknownPrefault(String),
     /// A method name that iopath does not know.
     #[error(
-        "unknown transfer method `{0}` (known: auto, buffered, direct, sendfile, uring, bounce)"
+        "unknown transfer method `{0}` (known: auto, buffered, direct, sendfile, uring, bounce; map for safetensors)"
     )]
     UnknownMethod(String),
     /// An io_uring queue depth out of range.

@@ -37,9 +37,43 @@ pub struct LoadOptions {
     pub prefault: Prefault,
     /// Allocator threads (default 1).
     pub alloc_threads: usize,
+    /// Safetensors loads only (`map` by name, see
+    /// [`LoadOptions::set_method`]): a tensor whose bytes are all in the
+    /// page cache when the load starts becomes a view of the file itself
+    /// (a [`crate::HeapKind::File`] buffer: the file mapped private, its
+    /// pages made resident, nothing copied) instead of a copy; the other
+    /// tensors are read by `method` as usual. Such views share the page
+    /// cache: a later write to the file shows through them, and a file
+    /// truncated under them loses its pages (read as zeros, see
+    /// [`crate::Buffer::map_file`]). Default off: every tensor is memory of
+    /// its own.
+    pub map_cached: bool,
 }
 
 impl LoadOptions {
+    /// Sets the method by its command-line name: one of [`Method`]'s, or
+    /// `map` ([`Method::Auto`] with [`LoadOptions::map_cached`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownMethod`] for any other name.
+    pub fn set_method(&mut self, name: &str) -> Result<()> {
+        (self.method, self.map_cached) = match name {
+            "map" => (Method::Auto, true),
+            other => (other.parse()?, false),
+        };
+        Ok(())
+    }
+
+    /// The method's command-line name (`map` with
+    /// [`LoadOptions::map_cached`]).
+    pub fn method_name(&self) -> &'static str {
+        if self.map_cached {
+            "map"
+        } else {
+            self.method.name()
+        }
+    }
+
     /// The page size, once `buffer_size` is checked to be a non-zero
     /// multiple of it (both loaders start here).
     pub(crate) fn checked_page(&self) -> Result<usize> {
@@ -63,6 +97,7 @@ impl Default for LoadOptions {
             engine: EngineOptions::default(),
             prefault: Prefault::Auto,
             alloc_threads: 1,
+            map_cached: false,
         }
     }
 }
@@ -157,12 +192,22 @@ pub struct LoadStats {
     /// What `auto` measured to choose its engine (`None` for the other
     /// methods).
     pub probe: Option<Probe>,
+    /// Bytes of tensors that are views of their file (cached when the
+    /// load began, [`LoadOptions::map_cached`]), made resident but neither
+    /// read nor copied; not counted in `bytes`.
+    pub mapped: u64,
+    /// How the mapped bytes were made resident
+    /// ([`crate::POPULATE_READ`]); `None` when none were mapped.
+    pub populate: Option<&'static str>,
 }
 
 impl LoadStats {
-    /// Bytes per second over the wall time, in GiB/s.
+    /// Bytes made resident (read, copied or mapped) per second over the
+    /// wall time, in GiB/s.
     pub fn gib_per_s(&self) -> f64 {
-        self.bytes as f64 / (1u64 << 30) as f64 / self.elapsed.as_secs_f64().max(1e-9)
+        (self.bytes + self.mapped) as f64
+            / (1u64 << 30) as f64
+            / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
 
@@ -428,6 +473,8 @@ pub(crate) fn fill(
             fallbacks: u64::from(tr.fallbacks),
             from_cache: tr.cached,
             probe: engine.probe(),
+            mapped: 0,
+            populate: None,
         };
         Ok((buffers, stats))
     })

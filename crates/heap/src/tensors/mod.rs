@@ -14,6 +14,8 @@
 //!
 //! - [`header`]: the header read and validated;
 //! - [`plan`]: which buffer and offset each tensor gets, and the reads;
+//! - [`map`]: the tensors the page cache holds, as views of the file
+//!   ([`crate::LoadOptions::map_cached`]);
 //! - [`index`]: which files make the checkpoint (a file, a directory, an
 //!   `*.index.json`);
 //! - [`shard`]: one file opened, planned, filled, and checked unchanged;
@@ -21,6 +23,7 @@
 
 mod header;
 mod index;
+mod map;
 mod plan;
 mod shard;
 mod shards;

@@ -1,10 +1,12 @@
 //! One safetensors file of a checkpoint: opened and its header checked,
-//! planned into buffers, filled through the engines, and checked
-//! unchanged afterwards.
+//! planned into buffers (the tensors the page cache holds mapped instead,
+//! with [`LoadOptions::map_cached`]), filled through the engines, and
+//! checked unchanged afterwards.
 
 use std::path::{Path, PathBuf};
 
 use super::header::{read_header, Header};
+use super::map::{cached_spans, map_spans};
 use super::plan::{plan, round_up, Plan};
 use crate::file::IoFile;
 use crate::loader::fill;
@@ -34,6 +36,24 @@ impl Stamp {
     }
 }
 
+/// What a shard whose every tensor is mapped (or empty) reads: nothing.
+fn nothing_read(method: crate::Method) -> LoadStats {
+    LoadStats {
+        bytes: 0,
+        buffers: 0,
+        buffer_size: 0,
+        alloc_time: std::time::Duration::ZERO,
+        read_time: std::time::Duration::ZERO,
+        elapsed: std::time::Duration::ZERO,
+        method,
+        fallbacks: 0,
+        from_cache: 0,
+        probe: None,
+        mapped: 0,
+        populate: None,
+    }
+}
+
 /// A shard opened, its header read and checked, its load planned.
 #[derive(Debug)]
 pub(super) struct OpenShard {
@@ -42,7 +62,13 @@ pub(super) struct OpenShard {
     pub header: Header,
     /// Each tensor's (file offset, length, alignment), in file order.
     pub spans: Vec<(u64, usize, usize)>,
+    /// Per tensor (file order): whether it is a view of the file rather
+    /// than planned (all false without [`LoadOptions::map_cached`]).
+    pub mapped: Vec<bool>,
+    /// The plan of the tensors not mapped, in file order.
     pub plan: Plan,
+    /// The file's size when opened.
+    pub size: u64,
     /// Buffer size cap the plan was made with.
     pub cap: usize,
     stamp: Stamp,
@@ -61,23 +87,44 @@ impl OpenShard {
         let stamp = Stamp::of(&st);
         let size = file.size()?;
         let header = {
-            let f = std::fs::File::from(
-                file.fd()
-                    .try_clone_to_owned()
-                    .map_err(|e| Error::sys("dup", e))?,
-            );
+            // A description of its own (the same inode, through /proc) with
+            // readahead off: the header's pages alone enter the page cache,
+            // not the tensors after them (read_ahead_kb can be megabytes),
+            // which would then count as cached.
+            let f = std::fs::File::open(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&file.fd())
+            ))
+            .map_err(|source| Error::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::Random);
             read_header(&f, path, size)?
         };
         let granule = heap.granule().max(page);
         let cap = round_up(opts.buffer_size, granule);
         let spans = header.spans();
-        let plan = plan(&spans, cap, page, granule);
+        let mapped = if opts.map_cached {
+            cached_spans(&file, &spans)?
+        } else {
+            vec![false; spans.len()]
+        };
+        let rest: Vec<_> = spans
+            .iter()
+            .zip(&mapped)
+            .filter(|(_, &m)| !m)
+            .map(|(&s, _)| s)
+            .collect();
+        let plan = plan(&rest, cap, page, granule);
         Ok(OpenShard {
             path: path.to_path_buf(),
             file,
             header,
             spans,
+            mapped,
             plan,
+            size,
             cap,
             stamp,
         })
@@ -89,10 +136,12 @@ impl OpenShard {
     }
 
     /// Allocates the planned buffers from `heap` and runs the planned
-    /// reads into them; `progress` after each read.
+    /// reads into them, `progress` after each read; meanwhile, on a thread
+    /// of its own, maps the file and makes the mapped tensors' pages
+    /// resident. The file's buffer, when any tensor is mapped, comes last.
     ///
     /// # Errors
-    /// Any allocation or transfer error.
+    /// Any allocation, transfer or mapping error.
     pub fn fill(
         &self,
         heap: &dyn Heap,
@@ -102,16 +151,48 @@ impl OpenShard {
         // A shard of many small tensors is read buffered under `auto`.
         let bytes = self.plan.reads.iter().map(|r| r.len as u64).sum();
         let opts = crate::choose::for_reads(opts, self.plan.reads.len(), bytes);
-        let (buffers, mut stats) = fill(
-            &self.file,
-            heap,
-            &self.plan.sizes,
-            &self.plan.reads,
-            &opts,
-            progress,
-        )?;
+        let mapped: u64 = self
+            .spans
+            .iter()
+            .zip(&self.mapped)
+            .filter(|(_, &m)| m)
+            .map(|(s, _)| s.1 as u64)
+            .sum();
+        let (filled, file_buf) = std::thread::scope(|s| {
+            let mapper = (mapped > 0)
+                .then(|| s.spawn(|| map_spans(&self.file, self.size, &self.spans, &self.mapped)));
+            let filled = if self.plan.reads.is_empty() && self.plan.sizes.is_empty() {
+                Ok((Vec::new(), nothing_read(opts.method)))
+            } else {
+                fill(
+                    &self.file,
+                    heap,
+                    &self.plan.sizes,
+                    &self.plan.reads,
+                    &opts,
+                    progress,
+                )
+            };
+            let file_buf = mapper.map(|m| {
+                m.join()
+                    .unwrap_or_else(|_| Err(Error::Loader("the mapping thread panicked".into())))
+            });
+            (filled, file_buf)
+        });
+        let (mut buffers, mut stats) = filled?;
+        if let Some(b) = file_buf {
+            buffers.push(b?);
+            stats.mapped = mapped;
+            stats.populate = Some(crate::POPULATE_READ);
+        }
         stats.buffer_size = self.cap;
         Ok((buffers, stats))
+    }
+
+    /// Index of the file's own buffer among those [`OpenShard::fill`]
+    /// returns, when a tensor is mapped.
+    pub fn file_buffer(&self) -> Option<usize> {
+        self.mapped.contains(&true).then_some(self.plan.sizes.len())
     }
 
     /// Fails unless the file at the shard's path is still the one opened,

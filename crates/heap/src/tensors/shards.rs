@@ -258,13 +258,17 @@ fn merge(ck: Checkpoint, opened: Vec<OpenShard>, filled: Filled, elapsed: Durati
     let mut stats: Option<LoadStats> = None;
     for (i, (s, (bufs, st))) in opened.into_iter().zip(filled).enumerate() {
         let base = buffers.len();
-        for (((name, info), &(b, off)), &(f, len, _)) in s
-            .header
-            .tensors
-            .into_iter()
-            .zip(&s.plan.places)
-            .zip(&s.spans)
+        let file_buf = s.file_buffer();
+        let mut places = s.plan.places.iter();
+        for (((name, info), &(f, len, _)), &mapped) in
+            s.header.tensors.into_iter().zip(&s.spans).zip(&s.mapped)
         {
+            // A mapped tensor is at its file offset in the file's buffer;
+            // the others where the plan put them (in file order).
+            let (b, off) = match (mapped, file_buf) {
+                (true, Some(fb)) => (fb, f as usize),
+                _ => *places.next().expect("a place per planned tensor"),
+            };
             let t = Tensor {
                 buffer: bufs[b].clone(),
                 buffer_index: base + b,
@@ -296,6 +300,8 @@ fn merge(ck: Checkpoint, opened: Vec<OpenShard>, filled: Filled, elapsed: Durati
                 read_time: a.read_time + st.read_time,
                 fallbacks: a.fallbacks + st.fallbacks,
                 from_cache: a.from_cache + st.from_cache,
+                mapped: a.mapped + st.mapped,
+                populate: a.populate.or(st.populate),
                 ..a
             },
         });

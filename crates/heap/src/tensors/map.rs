@@ -1,0 +1,126 @@
+//! Tensors that are views of their file: with
+//! [`crate::LoadOptions::map_cached`], a tensor whose bytes are all in the
+//! page cache when the load starts is not copied but mapped, in one
+//! private mapping of the whole file ([`Buffer::map_file`]), its pages made
+//! resident inside the load; the other tensors are planned and read as
+//! usual.
+//!
+//! ```text
+//!   file:   [hdr][t0 cached][t1 cold][t2 cached][t3 partly cached]
+//!   cache_runs ─► mapped: t0, t2  ─► Buffer::map_file + populate_read(t0), (t2)
+//!                 planned: t1, t3 ─► heap buffers, engines (auto: direct I/O)
+//! ```
+//!
+//! The header decides nothing here: every span is inside the file (the
+//! header check makes the data end exactly at the file's end), and the
+//! mapping is the file's own length, so a view can never reach past it.
+
+use std::os::fd::AsFd;
+
+use crate::engine::{cache_runs, CacheLookup, CacheRun};
+use crate::file::IoFile;
+use crate::{Buffer, Error, Result};
+
+/// Which of `spans` (file order; `(file offset, len, align)`) to map: a
+/// non-empty tensor aligned for its dtype in the file (so its view is
+/// too) whose every page is in the page cache now.
+///
+/// # Errors
+/// As [`cache_runs`].
+pub(super) fn cached_spans(file: &IoFile, spans: &[(u64, usize, usize)]) -> Result<Vec<bool>> {
+    let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
+        return Ok(Vec::new());
+    };
+    let (lo, hi) = (first.0, last.0 + last.1 as u64);
+    let runs = cache_runs(file, lo, hi.saturating_sub(lo), CacheLookup::Auto)?;
+    Ok(mark(&runs, spans))
+}
+
+/// For each span, whether the cached runs among `runs` (file order,
+/// disjoint) cover it whole.
+fn mark(runs: &[CacheRun], spans: &[(u64, usize, usize)]) -> Vec<bool> {
+    let cached: Vec<(u64, u64)> = runs
+        .iter()
+        .filter(|r| r.cached)
+        .map(|r| (r.off, r.off + r.len))
+        .collect();
+    spans
+        .iter()
+        .map(|&(f, len, align)| {
+            if len == 0 || f % align as u64 != 0 {
+                return false;
+            }
+            let end = f + len as u64;
+            // The last cached run starting at or before `f` must reach
+            // `end` (neighbouring cached runs are merged, so one run
+            // covers a cached span).
+            let i = cached.partition_point(|&(s, _)| s <= f);
+            i > 0 && cached[i - 1].1 >= end
+        })
+        .collect()
+}
+
+/// The file mapped private, with the pages of every span marked in
+/// `mapped` made resident (neighbouring spans in one call).
+///
+/// # Errors
+/// As [`Buffer::map_file`] and [`Buffer::populate_read`]; [`Error::Sys`]
+/// if the file's fd cannot be duplicated.
+pub(super) fn map_spans(
+    file: &IoFile,
+    size: u64,
+    spans: &[(u64, usize, usize)],
+    mapped: &[bool],
+) -> Result<Buffer> {
+    let fd = file
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| Error::sys("dup", e))?;
+    let len = usize::try_from(size).map_err(|_| Error::BadMessage("file too large to map"))?;
+    let buf = Buffer::map_file(fd, len)?;
+    let mut run: Option<(u64, u64)> = None;
+    for (&(f, n, _), _) in spans.iter().zip(mapped).filter(|(_, &m)| m) {
+        let end = f + n as u64;
+        run = match run {
+            // Contiguous or a gap inside one page apart: one call.
+            Some((s, e)) if f <= e + crate::page_size() as u64 => Some((s, e.max(end))),
+            Some((s, e)) => {
+                buf.populate_read(s as usize, (e - s) as usize)?;
+                Some((f, end))
+            }
+            None => Some((f, end)),
+        };
+    }
+    if let Some((s, e)) = run {
+        buf.populate_read(s as usize, (e - s) as usize)?;
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(off: u64, len: u64, cached: bool) -> CacheRun {
+        CacheRun { off, len, cached }
+    }
+
+    #[test]
+    fn only_whole_aligned_cached_spans_are_mapped() {
+        let runs = [run(0, 100, true), run(100, 50, false), run(150, 100, true)];
+        let spans = [
+            (8, 40, 4),   // inside the first run
+            (48, 60, 4),  // crosses into the cold run
+            (154, 8, 8),  // cached but misaligned for 8
+            (160, 90, 2), // cached to the end
+            (160, 91, 1), // one byte past the cached run
+            (200, 0, 1),  // empty
+        ];
+        assert_eq!(
+            mark(&runs, &spans),
+            vec![true, false, false, true, false, false]
+        );
+        assert_eq!(mark(&[], &spans[..1]), vec![false]);
+    }
+}
