@@ -22,6 +22,10 @@ rotates every round), each row in a fresh process pinned to --cpus:
                                     (a server's reload) through an
                                     iopath.Pool, whose buffers the first
                                     load left free; the second timed
+    iopath (map), and its reload    method="map": tensors cached whole are
+                                    views of their file (mapped private,
+                                    pages made resident in the load), the
+                                    rest read as auto reads them
     fio O_DIRECT read (limit)       the cold limit: every file, io_uring
     copy from a mapping (limit)     the warm limit: one thread copies each
                                     cached file's mapping (pages mapped
@@ -53,7 +57,12 @@ import bench_safetensors as bs  # noqa: E402
 GIB = 1 << 30
 SHARDS = 8
 PEERS = ["np", "pt", "runai", "fast"]
-ROWS = PEERS + ["iopath", "reload", "fio", "copy"]
+ROWS = PEERS + ["iopath", "reload", "map", "map-reload", "fio", "copy"]
+#: iopath's rows: (method, loads a second time through a pool).
+IOPATH_ROWS = {"iopath": ("auto", False), "reload": ("auto", True), "map": ("map", False), "map-reload": ("map", True)}
+#: Rows only measured where they mean something: the reloads and the copy
+#: limit warm, fio cold and half-warm.
+SKIP = {"cold": {"reload", "map-reload", "copy"}, "warm": {"fio"}, "half-warm": {"reload", "map-reload", "copy"}}
 LABELS = {
     "np": "safetensors.numpy.load_file",
     "pt": "safetensors.torch.load_file (every page touched)",
@@ -61,6 +70,8 @@ LABELS = {
     "fast": "fastsafetensors, cpu, nogds (cloned)",
     "iopath": "iopath.load_safetensors",
     "reload": "iopath.load_safetensors, second load in the process (pool)",
+    "map": "iopath.load_safetensors (map)",
+    "map-reload": "iopath.load_safetensors (map), second load in the process (pool)",
     "fio": "fio O_DIRECT read (cold limit)",
     "copy": "one-thread copy from a cached mapping (warm limit)",
 }
@@ -201,28 +212,30 @@ def one(row, files):
         fb.close()
         loader.close()
         n = len(keep)
-    elif row in ("iopath", "reload"):
+    elif row in IOPATH_ROWS:
         import iopath
 
         # A sharded checkpoint in one call, by its directory.
         what = files[0] if len(files) == 1 else os.path.dirname(files[0])
-
-        pool = iopath.Pool() if row == "reload" else None
+        method, reload = IOPATH_ROWS[row]
+        pool = iopath.Pool() if reload else None
 
         def load_all():
-            r, stats = iopath.load_safetensors(what, with_stats=True, pool=pool)
-            return r, stats.get("from_cache_bytes", 0), [stats["method"]]
+            return iopath.load_safetensors(what, method=method, with_stats=True, pool=pool)
 
-        if row == "reload":
-            first, _, _ = load_all()
+        if reload:
+            first, _ = load_all()
             del first
         t = time.perf_counter()
-        r, cached, methods = load_all()
+        r, stats = load_all()
         if pool is not None:
             out["reused"] = pool.reused
         n = len(r)
-        out["from_cache"] = cached
-        out["methods"] = sorted(set(methods))
+        out["from_cache"] = stats.get("from_cache_bytes", 0)
+        out["mapped"] = stats.get("mapped_bytes", 0)
+        # The engine's method, when it moved any bytes (a load that only
+        # mapped read nothing).
+        out["methods"] = [stats["method"]] if stats["bytes"] else []
     elif row == "copy":
         import mmap
 
@@ -357,9 +370,8 @@ def main():
             size = sum(map(os.path.getsize, files))
             for case in cases:
                 # Each case's limit, and the reload, only where they mean something.
-                skip = {"cold": {"reload", "copy"}, "warm": {"fio"}, "half-warm": {"reload", "copy"}}[case]
-                case_rows = [r for r in rows if r not in skip]
-                res = {r: {"gib_per_s": [], "growth": [], "rss": [], "from_cache": [], "methods": set()} for r in case_rows}
+                case_rows = [r for r in rows if r not in SKIP[case]]
+                res = {r: {"gib_per_s": [], "growth": [], "rss": [], "from_cache": [], "mapped": [], "methods": set()} for r in case_rows}
                 for rnd in range(args.rounds):
                     k = rnd % len(case_rows)
                     for row in case_rows[k:] + case_rows[:k]:
@@ -373,6 +385,7 @@ def main():
                             rss = ru.ru_maxrss * 1024 if ru else None
                             if "from_cache" in got:
                                 res[row]["from_cache"].append(got["from_cache"])
+                                res[row]["mapped"].append(got.get("mapped", 0))
                                 res[row]["methods"].update(got["methods"])
                         growth = max(0, sum(bs.resident_bytes(p) for p in files) - before)
                         res[row]["gib_per_s"].append(gib)
@@ -407,7 +420,7 @@ def report(results, args, cpus, notes, load_before, load_after):
         print()
         print(f"{layout} ({size / GIB:.2f} GiB in {1 if layout == 'single' else SHARDS} file(s)), {case}; ratios to {LABELS[limit_row]}")
         print()
-        print("| loader | GiB/s | min-max | vs limit | page-cache growth | peak RSS | from the cache |")
+        print("| loader | GiB/s | min-max | vs limit | page-cache growth | peak RSS | from the cache (copied, mapped) |")
         print("|---|---|---|---|---|---|---|")
         table = {"layout": layout, "case": case, "bytes": size, "limit": limit_row, "rows": []}
         for r, v in res.items():
@@ -418,25 +431,36 @@ def report(results, args, cpus, notes, load_before, load_after):
             rss_s = f"{max(rss) / GIB:.2f} GiB" if rss else "-"
             fc = med(v["from_cache"])
             fc_s = f"{fc / GIB:.2f} GiB" if fc is not None else "-"
+            mp = med(v["mapped"])
+            if mp:
+                fc_s += f", {mp / GIB:.2f} GiB mapped"
             label = LABELS[r] + (f" ({', '.join(sorted(v['methods']))})" if v["methods"] else "")
             print(f"| {label} | {m:.2f} | {min(g):.2f}-{max(g):.2f} | {vs} | {max(v['growth']) >> 20} MiB | {rss_s} | {fc_s} |")
             table["rows"].append({"row": r, "label": LABELS[r], "gib_per_s": g, "median": m, "vs_limit": m / limit if limit else None,
                                   "growth_max": max(v["growth"]), "peak_rss_max": max(rss) if rss else None, "from_cache": v["from_cache"],
+                                  "mapped": v["mapped"],
                                   "methods": sorted(v["methods"])})
-        peers = [med(res[r]["gib_per_s"]) for r in PEERS if r in res]
-        io = med(res.get("iopath", {}).get("gib_per_s", []))
+        peers = {r: med(res[r]["gib_per_s"]) for r in PEERS if r in res}
+        best_peer = max(peers, key=peers.get) if peers else None
+        fio = med(res["fio"]["gib_per_s"]) if "fio" in res else None
+        copy = med(res["copy"]["gib_per_s"]) if "copy" in res else None
         lines = []
-        if io and peers:
-            best = max(peers)
-            lines.append(f"iopath / fastest peer: {io / best:.2f}x")
-            table["iopath_vs_fastest_peer"] = io / best
-        if io and "fio" in res:
-            lines.append(f"iopath / fio: {io / med(res['fio']['gib_per_s']):.2f}x")
-            table["iopath_vs_fio"] = io / med(res["fio"]["gib_per_s"])
-        if "reload" in res and "copy" in res:
-            rl = med(res["reload"]["gib_per_s"]) / med(res["copy"]["gib_per_s"])
-            lines.append(f"iopath reload / copy limit: {rl:.2f}x")
-            table["reload_vs_copy"] = rl
+        # Each iopath row against the fastest peer and the case's limit.
+        for r in ("iopath", "map"):
+            io = med(res.get(r, {}).get("gib_per_s", []))
+            name = "iopath" if r == "iopath" else "iopath (map)"
+            if io and best_peer:
+                lines.append(f"{name} / fastest peer ({best_peer}): {io / peers[best_peer]:.2f}x")
+                table[f"{r}_vs_fastest_peer"] = io / peers[best_peer]
+            if io and fio:
+                lines.append(f"{name} / fio: {io / fio:.2f}x")
+                table[f"{r}_vs_fio"] = io / fio
+        for r in ("reload", "map-reload"):
+            if r in res and copy:
+                rl = med(res[r]["gib_per_s"]) / copy
+                name = "iopath reload" if r == "reload" else "iopath (map) reload"
+                lines.append(f"{name} / copy limit: {rl:.2f}x")
+                table[f"{r.replace('-', '_')}_vs_copy"] = rl
         if lines:
             print()
             print("; ".join(lines))
