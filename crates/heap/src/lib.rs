@@ -43,7 +43,10 @@
 //! checked by the `safetensors` crate) and returns name → [`Tensor`]
 //! (buffer, offset, dtype, shape): one file, or every shard of a sharded
 //! checkpoint (a directory or its `model.safetensors.index.json`), several
-//! shards at once, all or nothing. [`Loaded::verify`] and
+//! shards at once, all or nothing. With [`LoadOptions::map_cached`]
+//! (`map`), a tensor the page cache holds whole is not copied: it is a
+//! view of its file, a [`Buffer::map_file`] buffer (the file mapped
+//! private, its pages made resident). [`Loaded::verify`] and
 //! [`Tensors::verify`] compare what was loaded with the files, read again.
 //!
 //! A loaded model can be handed to other processes of the same user:
