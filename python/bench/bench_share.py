@@ -1,6 +1,6 @@
 """One load, many processes: PSS of N workers that attach to one loaded model.
 
-    python bench_share.py MODEL [--workers 8] [--make-gib 1 --shards 8]
+    python bench_share.py MODEL [--workers 8] [--make-gib 1 --shards 8] [--method map]
 
 The parent loads MODEL (a safetensors file, a directory or an index; with
 --make-gib a checkpoint of that many GiB in --shards shards is written there
@@ -10,7 +10,10 @@ of every process's Pss from /proc/PID/smaps_rollup (shared pages divided
 among the processes that map them), taken before the load (parent) and
 before the attach (workers), then with all workers attached. For comparison,
 one extra worker loads the model on its own and its Pss growth is reported:
-that is what each worker would add without sharing. Prints one JSON object.
+that is what each worker would add without sharing. With --method map the
+cached tensors are views of their files (mapped private in every process,
+the attaching ones too): the page cache's pages, counted once among all the
+processes that map them. Prints one JSON object.
 """
 
 import argparse
@@ -42,10 +45,10 @@ def touch(tensors):
         total += int(b[::4096].sum()) + (int(b[-1]) if b.size else 0)
     return total
 
-mode, arg = sys.argv[1], sys.argv[2]
+mode, arg, method = sys.argv[1], sys.argv[2], sys.argv[3]
 before = pss()
 t = time.perf_counter()
-tensors = iopath.attach(arg) if mode == "attach" else iopath.load_safetensors(arg)
+tensors = iopath.attach(arg) if mode == "attach" else iopath.load_safetensors(arg, method=method)
 took = time.perf_counter() - t
 touch(tensors)
 print(f"{before} {pss()} {took}", flush=True)
@@ -82,9 +85,9 @@ def make_checkpoint(d, gib, shards):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
-def start(mode, arg):
+def start(mode, arg, method):
     return subprocess.Popen(
-        [sys.executable, "-c", WORKER, mode, arg], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WORKER, mode, arg, method], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
 
 
@@ -95,15 +98,16 @@ def main():
     ap.add_argument("--make-gib", type=int, default=0)
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--heap", default="memfd")
+    ap.add_argument("--method", default="auto", help='load method: auto, map (cached tensors: views of the files), ...')
     args = ap.parse_args()
     if args.make_gib:
         make_checkpoint(args.model, args.make_gib, args.shards)
     parent_before = pss(os.getpid())
     t = time.perf_counter()
-    tensors, stats = iopath.load_safetensors(args.model, heap=args.heap, with_stats=True)
+    tensors, stats = iopath.load_safetensors(args.model, heap=args.heap, method=args.method, with_stats=True)
     load_s = time.perf_counter() - t
     share = iopath.share(tensors)
-    workers = [start("attach", share.handle) for _ in range(args.workers)]
+    workers = [start("attach", share.handle, args.method) for _ in range(args.workers)]
     lines = [w.stdout.readline().split() for w in workers]
     before = [int(x[0]) for x in lines]
     attach_s = sorted(float(x[2]) for x in lines)
@@ -114,12 +118,12 @@ def main():
         w.stdin.flush()
         w.wait()
     share.close()
-    alone = start("load", args.model)
+    alone = start("load", args.model, args.method)
     b, a, alone_s = alone.stdout.readline().split()
     alone.stdin.write("\n")
     alone.stdin.flush()
     alone.wait()
-    model = stats["bytes"]
+    model = stats["bytes"] + stats.get("mapped_bytes", 0)
     grown = sum(after) - sum(before) + parent_after - parent_before
     print(
         json.dumps(
@@ -128,6 +132,8 @@ def main():
                 "shards": stats["shards"],
                 "workers": args.workers,
                 "heap": stats["heap"],
+                "method": args.method,
+                "mapped_bytes": stats.get("mapped_bytes", 0),
                 "load_seconds": load_s,
                 "attach_seconds_median": attach_s[len(attach_s) // 2],
                 "attach_seconds_max": attach_s[-1],
