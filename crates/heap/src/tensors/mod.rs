@@ -47,12 +47,15 @@ use crate::{Buffer, Error, Heap, LoadOptions, LoadStats, Progress, Result};
 /// Where one tensor landed.
 #[derive(Debug, Clone)]
 pub struct Tensor {
-    /// The buffer that holds it (a handle to one of [`Tensors::buffers`]).
+    /// The buffer that holds it (a handle to one of [`Tensors::buffers`]):
+    /// a heap buffer, or for a tensor mapped from the page cache
+    /// ([`crate::LoadOptions::map_cached`]) its file's own
+    /// [`crate::HeapKind::File`] buffer.
     pub buffer: Buffer,
     /// Index of that buffer in [`Tensors::buffers`].
     pub buffer_index: usize,
     /// Offset of its first byte in the buffer (a multiple of
-    /// [`dtype_align`]).
+    /// [`dtype_align`]; in a file's buffer, its offset in the file).
     pub offset: usize,
     /// Length in bytes.
     pub len: usize,
