@@ -257,3 +257,46 @@ fn a_file_truncated_under_its_views_reads_as_zeros() {
     assert!(c.buffer.peer_truncated());
     assert_ne!(want[0].1, got);
 }
+
+#[test]
+fn a_hostile_header_is_refused_before_anything_is_mapped() {
+    let Some(dir) = common::shm_dir() else {
+        return;
+    };
+    let path = dir.path().join("model.safetensors");
+    // A tensor said to lie past the end of the file.
+    let header = br#"{"x":{"dtype":"F32","shape":[1024],"data_offsets":[0,4096]}}    "#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend_from_slice(&[7u8; 64]);
+    std::fs::write(&path, file).unwrap();
+    let heap = MemfdHeap::new(HugePages::None);
+    match load_checkpoint(&path, &heap, &map_opts(), 1, &mut |_| {}) {
+        Err(Error::Safetensors { path: p, .. }) => assert_eq!(p, path),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_pool_never_keeps_a_file_buffer() {
+    let Some(dir) = common::shm_dir() else {
+        return;
+    };
+    let (_, want) = checkpoint(dir.path());
+    let pool = iopath_heap::Pool::unbounded(Box::new(MemfdHeap::new(HugePages::None)));
+    for _ in 0..2 {
+        let t = load_checkpoint(dir.path(), &pool, &map_opts(), 2, &mut |_| {}).unwrap();
+        check(&t, &want);
+        // Only the read tensors' buffers are the pool's.
+        let heap_bytes: u64 = t
+            .buffers
+            .iter()
+            .filter(|b| b.kind() == HeapKind::Memfd)
+            .map(|b| b.len() as u64)
+            .sum();
+        assert_eq!(pool.kept_bytes(), heap_bytes);
+        assert!(t.buffers.iter().any(|b| b.kind() == HeapKind::File));
+    }
+    // The second load reused the first's buffers.
+    assert!(pool.counts().0 > 0);
+}
