@@ -18,6 +18,16 @@ use rustix::mm::{mmap, munmap, Advice, MapFlags, ProtFlags};
 
 use crate::{Error, Result};
 
+/// Bytes [`Mmap::populate_write`] populates per `madvise` call. The kernel
+/// holds the process's `mmap_lock` (for reading) across one call, and an
+/// `mmap`/`munmap` of another thread (an io_uring ring set up for the next
+/// shard, a thread's stack) waits for it, and every later reader of the
+/// lock (an io_uring buffer registration) waits behind that: a 32 MiB
+/// buffer populated in one call stalled them for its whole duration (a
+/// sharded load's context switches were half `mmap`/`munmap` waiting on
+/// the lock). 2 MiB per call keeps each hold to a millisecond or two.
+pub(crate) const POPULATE_STEP: usize = 2 << 20;
+
 /// A `MAP_SHARED` read/write mapping of a file descriptor, unmapped on drop;
 /// optionally [guarded](guard) against SIGBUS.
 #[derive(Debug)]
@@ -124,17 +134,26 @@ impl Mmap {
     }
 
     /// `madvise(MADV_POPULATE_WRITE)`: faults every page of the mapping in
-    /// now (Linux 5.14+).
+    /// now (Linux 5.14+), [`POPULATE_STEP`] bytes per call.
     pub(crate) fn populate_write(&self) -> Result<()> {
         const MADV_POPULATE_WRITE: libc::c_int = 23;
-        // SAFETY: the range is exactly this live mapping; populating only
-        // allocates its pages, it does not change their contents.
-        let rc = unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, MADV_POPULATE_WRITE) };
-        if rc != 0 {
-            return Err(Error::sys(
-                "madvise(MADV_POPULATE_WRITE)",
-                std::io::Error::last_os_error(),
-            ));
+        let mut off = 0;
+        while off < self.len {
+            let len = POPULATE_STEP.min(self.len - off);
+            // SAFETY: `off..off + len` is inside this live mapping (`off <
+            // self.len`, `len <= self.len - off`, both page multiples as
+            // the step and the mapping's length are); populating only
+            // allocates its pages, it does not change their contents.
+            let rc = unsafe {
+                libc::madvise(self.ptr.as_ptr().add(off).cast(), len, MADV_POPULATE_WRITE)
+            };
+            if rc != 0 {
+                return Err(Error::sys(
+                    "madvise(MADV_POPULATE_WRITE)",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            off += len;
         }
         Ok(())
     }
@@ -484,6 +503,18 @@ mod tests {
 
     use super::*;
     use crate::heap::{Heap, HugePages, MemfdHeap};
+
+    #[test]
+    fn populate_allocates_every_page_past_its_step() {
+        // Two steps and a page: a loop that stopped after its first call,
+        // or that missed the short last step, leaves pages out.
+        let page = crate::page_size();
+        let len = 2 * POPULATE_STEP + page;
+        let buf = MemfdHeap::new(HugePages::None).alloc(len).unwrap();
+        assert_eq!(resident_pages(buf.fd(), len).unwrap(), 0);
+        buf.populate().unwrap();
+        assert_eq!(resident_pages(buf.fd(), len).unwrap(), len / page);
+    }
 
     #[test]
     fn a_file_view_copies_and_says_when_the_file_shrank() {

@@ -31,7 +31,7 @@
 //! ([`Engine::probe`]) and logged.
 
 use std::cell::Cell;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{
@@ -131,7 +131,10 @@ impl Probe {
 pub struct AutoEngine {
     uring: UringEngine,
     direct: DirectEngine,
-    bounce: Option<BounceEngine>,
+    /// Made when a buffer first refuses direct I/O (its own ring: not
+    /// set up for loads that never need it).
+    bounce: OnceLock<Option<BounceEngine>>,
+    opts: EngineOptions,
     probe: Mutex<Probe>,
     /// The last batch: bytes read direct, bytes copied from the page cache.
     split: Mutex<(u64, u64)>,
@@ -146,7 +149,8 @@ impl AutoEngine {
         Ok(AutoEngine {
             uring: UringEngine::new(opts)?,
             direct: DirectEngine,
-            bounce: BounceEngine::new(opts).ok(),
+            bounce: OnceLock::new(),
+            opts,
             probe: Mutex::new(Probe::default()),
             split: Mutex::new((0, 0)),
         })
@@ -156,11 +160,20 @@ impl AutoEngine {
         *self.probe.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn bounce(&self) -> Option<&BounceEngine> {
+        self.bounce
+            .get_or_init(|| BounceEngine::new(self.opts).ok())
+            .as_ref()
+    }
+
     fn chosen(&self) -> &dyn Engine {
-        match (self.last().chosen, &self.bounce) {
-            (Some(Method::Direct), _) => &self.direct,
-            (Some(Method::Bounce), Some(b)) => b,
-            (Some(Method::Buffered), _) => &BufferedEngine,
+        match self.last().chosen {
+            Some(Method::Direct) => &self.direct,
+            Some(Method::Bounce) => match self.bounce() {
+                Some(b) => b,
+                None => &self.uring,
+            },
+            Some(Method::Buffered) => &BufferedEngine,
             _ => &self.uring,
         }
     }
@@ -231,10 +244,12 @@ impl AutoEngine {
         let Some(first) = pull(next)? else {
             return Ok(Transfer::default());
         };
-        let pair: [(Method, &dyn Engine); 2] = match (&self.bounce, first.buf.takes_direct_io()) {
-            (_, true) => [(Method::Uring, &self.uring), (Method::Direct, &self.direct)],
-            (Some(b), false) => [(Method::Bounce, b), (Method::Buffered, &BufferedEngine)],
-            (None, false) => [(Method::Buffered, &BufferedEngine); 2],
+        let pair: [(Method, &dyn Engine); 2] = match first.buf.takes_direct_io() {
+            true => [(Method::Uring, &self.uring), (Method::Direct, &self.direct)],
+            false => match self.bounce() {
+                Some(b) => [(Method::Bounce, b), (Method::Buffered, &BufferedEngine)],
+                None => [(Method::Buffered, &BufferedEngine); 2],
+            },
         };
         let mut first = Some(first);
         let mut next = |wait: bool| match first.take() {
