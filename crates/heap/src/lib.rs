@@ -90,9 +90,10 @@ pub use bounce::AlignedBuf;
 pub use buffer::{Buffer, DevicePin, POPULATE_READ};
 pub use choose::{choose_heap, HeapChoice};
 pub use engine::{
-    cache_runs, new_engine, AutoEngine, BounceEngine, BufferedEngine, CacheLookup, CacheRun,
-    DirectEngine, Engine, EngineOptions, Method, NextReq, Probe, Pull, ReadReq, ReqDone,
-    SendfileEngine, Transfer, UringEngine, CACHE_GRAIN, DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
+    cache_runs, new_engine, new_engine_sharing, AutoEngine, BounceEngine, BufferedEngine,
+    CacheLookup, CacheRun, DirectEngine, Engine, EngineOptions, Method, NextReq, Probe, Pull,
+    ReadReq, ReqDone, SendfileEngine, SharedChoice, Transfer, UringEngine, CACHE_GRAIN,
+    DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
 };
 pub use error::{error_chain, Error, Result};
 pub use file::IoFile;

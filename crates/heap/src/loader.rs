@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::engine::{new_engine, EngineOptions, Method, Probe, Pull, ReadReq, Transfer};
+use crate::engine::{new_engine, Engine, EngineOptions, Method, Probe, Pull, ReadReq, Transfer};
 use crate::file::IoFile;
 use crate::{Buffer, Error, Heap, Result};
 
@@ -35,7 +35,8 @@ pub struct LoadOptions {
     pub engine: EngineOptions,
     /// What the allocator threads do to a new buffer's pages.
     pub prefault: Prefault,
-    /// Allocator threads (default 1).
+    /// Allocator threads (default 1); for a sharded checkpoint, one set
+    /// for all its shards.
     pub alloc_threads: usize,
     /// Safetensors loads only (`map` by name, see
     /// [`LoadOptions::set_method`]): a tensor whose bytes are all in the
@@ -327,7 +328,9 @@ pub fn load(
         })
         .collect();
     let lens = reads.iter().map(|r| r.len).collect();
-    let (buffers, mut stats) = fill(&file, heap, &vec![buffer_size; n], &reads, opts, progress)?;
+    let engine = new_engine(opts.method, opts.engine)?;
+    let sizes = vec![buffer_size; n];
+    let (buffers, mut stats) = fill(&file, heap, engine.as_ref(), &sizes, &reads, opts, progress)?;
     stats.buffer_size = buffer_size;
     stats.elapsed = start.elapsed();
     Ok(Loaded {
@@ -347,28 +350,47 @@ pub(crate) struct Planned {
     pub len: usize,
 }
 
+/// One allocated buffer (its index among the load's buffers), or the
+/// allocation's error, with the time it took.
+pub(crate) type Allocated = (usize, Result<(Buffer, Duration)>);
+
+/// Allocates a buffer of `size` bytes from `heap` and prepares its pages
+/// as `prefault` says; the time it took.
+pub(crate) fn alloc_one(
+    heap: &dyn Heap,
+    size: usize,
+    prefault: Prefault,
+) -> Result<(Buffer, Duration)> {
+    let t = Instant::now();
+    let b = heap.alloc(size)?;
+    // Every engine does best with pages mapped by the allocator thread
+    // (io_uring registration then only pins them).
+    let r = match prefault {
+        Prefault::None => Ok(()),
+        Prefault::Allocate => b.allocate_pages(),
+        Prefault::Auto | Prefault::Map => b.populate(),
+    };
+    if let Err(e) = r {
+        tracing::debug!("prefault failed ({e}); pages fault in during I/O");
+    }
+    Ok((b, t.elapsed()))
+}
+
 /// Allocates buffers of `sizes` from `heap` on allocator threads and runs
-/// `reads` (ordered by buffer) through the engine as the buffers arrive, so
+/// `reads` (ordered by buffer) through `engine` as the buffers arrive, so
 /// allocation overlaps the I/O. `stats.elapsed` and `stats.buffer_size` are
 /// left for the caller.
 pub(crate) fn fill(
     file: &IoFile,
     heap: &dyn Heap,
+    engine: &dyn Engine,
     sizes: &[usize],
     reads: &[Planned],
     opts: &LoadOptions,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<(Vec<Buffer>, LoadStats)> {
     let n = sizes.len();
-    let total: u64 = reads.iter().map(|r| r.len as u64).sum();
-    let engine = new_engine(opts.method, opts.engine)?;
-    let (tx, rx) = mpsc::channel::<(usize, Result<(Buffer, Duration)>)>();
-    // Every engine does best with pages mapped by the allocator thread
-    // (io_uring registration then only pins them).
-    let prefault = match opts.prefault {
-        Prefault::Auto => Prefault::Map,
-        p => p,
-    };
+    let (tx, rx) = mpsc::channel::<Allocated>();
     let claimed = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..opts.alloc_threads.max(1) {
@@ -379,18 +401,7 @@ pub(crate) fn fill(
                 if i >= n {
                     break;
                 }
-                let t = Instant::now();
-                let r = heap.alloc(sizes[i]).map(|b| {
-                    let r = match prefault {
-                        Prefault::None | Prefault::Auto => Ok(()),
-                        Prefault::Allocate => b.allocate_pages(),
-                        Prefault::Map => b.populate(),
-                    };
-                    if let Err(e) = r {
-                        tracing::debug!("prefault failed ({e}); pages fault in during I/O");
-                    }
-                    (b, t.elapsed())
-                });
+                let r = alloc_one(heap, sizes[i], opts.prefault);
                 let stop = r.is_err();
                 if tx.send((i, r)).is_err() || stop {
                     break;
@@ -398,71 +409,94 @@ pub(crate) fn fill(
             });
         }
         drop(tx);
-        let mut arrived: Vec<Option<Buffer>> = vec![None; n];
-        let mut alloc_time = Duration::ZERO;
-        let mut waited = Duration::ZERO;
-        let mut next_read = 0;
-        let mut next = |wait: bool| -> Result<Pull> {
-            let Some(r) = reads.get(next_read) else {
-                return Ok(Pull::End);
-            };
-            while arrived.get(r.buf).is_some_and(Option::is_none) {
-                if wait {
-                    let t = Instant::now();
-                    let got = rx.recv().ok();
-                    waited += t.elapsed();
-                    let got =
-                        got.ok_or_else(|| Error::Loader("allocator thread stopped early".into()))?;
-                    take(&mut arrived, &mut alloc_time, got)?;
-                } else {
-                    match rx.try_recv() {
-                        Ok(g) => take(&mut arrived, &mut alloc_time, g)?,
-                        Err(mpsc::TryRecvError::Empty) => return Ok(Pull::Later),
-                        Err(mpsc::TryRecvError::Disconnected) => {
-                            return Err(Error::Loader("allocator thread stopped early".into()))
-                        }
+        fill_from(file, engine, n, reads, &rx, progress)
+    })
+}
+
+/// Runs `reads` (ordered by buffer) through `engine` as the `n` buffers
+/// they go into arrive on `rx` (from allocator threads that end by
+/// dropping their senders), so allocation overlaps the I/O.
+/// `stats.elapsed` and `stats.buffer_size` are left for the caller.
+pub(crate) fn fill_from(
+    file: &IoFile,
+    engine: &dyn Engine,
+    n: usize,
+    reads: &[Planned],
+    rx: &mpsc::Receiver<Allocated>,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<(Vec<Buffer>, LoadStats)> {
+    let total: u64 = reads.iter().map(|r| r.len as u64).sum();
+    let mut arrived: Vec<Option<Buffer>> = vec![None; n];
+    let mut alloc_time = Duration::ZERO;
+    let mut waited = Duration::ZERO;
+    let mut next_read = 0;
+    let mut next = |wait: bool| -> Result<Pull> {
+        let Some(r) = reads.get(next_read) else {
+            return Ok(Pull::End);
+        };
+        while arrived.get(r.buf).is_some_and(Option::is_none) {
+            if wait {
+                let t = Instant::now();
+                let got = rx.recv().ok();
+                waited += t.elapsed();
+                let got =
+                    got.ok_or_else(|| Error::Loader("allocator thread stopped early".into()))?;
+                take(&mut arrived, &mut alloc_time, got)?;
+            } else {
+                match rx.try_recv() {
+                    Ok(g) => take(&mut arrived, &mut alloc_time, g)?,
+                    Err(mpsc::TryRecvError::Empty) => return Ok(Pull::Later),
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        return Err(Error::Loader("allocator thread stopped early".into()))
                     }
                 }
             }
-            let buf = arrived.get(r.buf).and_then(Option::clone).ok_or_else(|| {
-                Error::Loader(format!("read planned into buffer {} of {n}", r.buf))
-            })?;
-            next_read += 1;
-            Ok(Pull::Req(ReadReq {
-                buf,
-                buf_off: r.buf_off,
-                file_off: r.file_off,
-                len: r.len,
-            }))
-        };
-        let mut bytes = 0;
-        let mut filled = 0;
-        let mut done = |_i: usize, t: Transfer| {
-            bytes += t.bytes;
-            filled += 1;
-            progress(&Progress {
-                bytes,
-                total,
-                buffers: filled,
-                buffers_total: reads.len(),
-                shard: 0,
-                shards: 1,
-                shard_bytes: bytes,
-                shard_total: total,
-            });
-        };
-        let t = Instant::now();
-        let tr = engine.read_batch(file, &mut next, &mut done)?;
-        let read_time = t.elapsed().saturating_sub(waited);
-        // Buffers no read went into (none today) still arrive.
-        for got in rx.iter() {
-            take(&mut arrived, &mut alloc_time, got)?;
         }
-        let buffers = arrived
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| Error::Loader("a buffer was never allocated".into()))?;
-        let stats = LoadStats {
+        let buf = arrived
+            .get(r.buf)
+            .and_then(Option::clone)
+            .ok_or_else(|| Error::Loader(format!("read planned into buffer {} of {n}", r.buf)))?;
+        next_read += 1;
+        Ok(Pull::Req(ReadReq {
+            buf,
+            buf_off: r.buf_off,
+            file_off: r.file_off,
+            len: r.len,
+        }))
+    };
+    let mut bytes = 0;
+    let mut filled = 0;
+    let mut done = |_i: usize, t: Transfer| {
+        bytes += t.bytes;
+        filled += 1;
+        progress(&Progress {
+            bytes,
+            total,
+            buffers: filled,
+            buffers_total: reads.len(),
+            shard: 0,
+            shards: 1,
+            shard_bytes: bytes,
+            shard_total: total,
+        });
+    };
+    let t = Instant::now();
+    let tr = engine.read_batch(file, &mut next, &mut done)?;
+    let read_time = t.elapsed().saturating_sub(waited);
+    // Buffers no read went into (none today) still arrive.
+    while arrived.iter().any(Option::is_none) {
+        let got = rx
+            .recv()
+            .map_err(|_| Error::Loader("a buffer was never allocated".into()))?;
+        take(&mut arrived, &mut alloc_time, got)?;
+    }
+    let buffers = arrived
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::Loader("a buffer was never allocated".into()))?;
+    Ok((
+        buffers,
+        LoadStats {
             bytes: tr.bytes,
             buffers: n,
             buffer_size: 0,
@@ -475,9 +509,8 @@ pub(crate) fn fill(
             probe: engine.probe(),
             mapped: 0,
             populate: None,
-        };
-        Ok((buffers, stats))
-    })
+        },
+    ))
 }
 
 /// Files an allocated buffer (or its allocation error) under its index.

@@ -264,3 +264,138 @@ fn one_file_keeps_its_own_errors() {
     let r = load_safetensors(&one, &heap, &opts(), &mut |_| {});
     assert!(matches!(r, Err(Error::Safetensors { .. })), "{r:?}");
 }
+
+/// A cold checkpoint of `shards` shards of 12 F32 tensors of 3 MiB each
+/// (36 MiB a shard: more than one probe slice, so `auto` measures both
+/// engines on a shard), written back and dropped from the page cache.
+/// `None` (skipped) without a disk directory or direct I/O.
+fn cold_checkpoint(shards: u64) -> Option<(tempfile::TempDir, BTreeMap<String, Vec<u8>>)> {
+    let dir = common::disk_dir()?;
+    let mut want = BTreeMap::new();
+    for s in 0..shards {
+        let path = dir
+            .path()
+            .join(format!("model-{:05}-of-{shards:05}.safetensors", s + 1));
+        let tensors: Vec<Spec> = (0..12u64)
+            .map(|t| {
+                let data = common::pattern(3 << 20, s * 100 + t);
+                (format!("layers.{s}.w{t}"), "F32", vec![(3 << 20) / 4], data)
+            })
+            .collect();
+        for (name, _, _, data) in &tensors {
+            want.insert(name.clone(), data.clone());
+        }
+        common::write_safetensors(&path, &tensors);
+        std::fs::File::open(&path).unwrap().sync_all().unwrap();
+        let f = iopath_heap::IoFile::open(&path).unwrap();
+        if f.dio_align().is_none() {
+            iopath_testkit::skip(
+                iopath_testkit::Feature::DirectIo,
+                "no direct I/O on the scratch file system",
+            );
+            return None;
+        }
+        f.drop_cache().unwrap();
+        assert_eq!(f.cached_bytes().unwrap(), 0, "cache not dropped");
+    }
+    Some((dir, want))
+}
+
+#[test]
+fn the_shards_of_a_cold_checkpoint_share_one_probe() {
+    let heap = MemfdHeap::new(HugePages::None);
+    let opts = LoadOptions {
+        buffer_size: 4 << 20,
+        ..LoadOptions::default()
+    };
+    for at_once in [1, 3] {
+        let Some((dir, want)) = cold_checkpoint(3) else {
+            return;
+        };
+        let t = load_checkpoint(dir.path(), &heap, &opts, at_once, &mut |_| {})
+            .unwrap_or_else(|e| panic!("{at_once} at once: {e}"));
+        for (name, x) in &t.tensors {
+            let mut got = vec![0u8; x.len];
+            x.buffer.read_at(x.offset, &mut got).unwrap();
+            assert!(got == want[name], "{at_once} at once, {name}: bytes differ");
+        }
+        // Cold but for the header's page or so that the header read cached.
+        assert!(t.stats.from_cache < 1 << 20, "{at_once} at once: not cold");
+        let probes: Vec<_> = t.shards.iter().map(|s| s.stats.probe).collect();
+        let Some(Some(p)) = probes.iter().find(|p| p.is_some_and(|p| p.uring.0 > 0)) else {
+            // No probe at all: io_uring is not available here, and `auto`
+            // read direct.
+            iopath_testkit::skip(iopath_testkit::Feature::IoUring, "auto did not probe");
+            return;
+        };
+        // One shard measured both engines; every shard that reports a
+        // measurement reports that one (one probe per shard would time
+        // each shard's slices apart).
+        assert!(p.direct.0 > 0, "{at_once} at once: {p:?}");
+        for (i, q) in probes.iter().enumerate() {
+            let q = q.unwrap();
+            if q.uring.0 > 0 || q.direct.0 > 0 {
+                assert_eq!(q, *p, "{at_once} at once, shard {i}");
+            }
+        }
+        if at_once == 1 {
+            // One after the other: the first measures, the others take its
+            // choice.
+            for (i, s) in t.shards.iter().enumerate() {
+                assert_eq!(s.stats.probe, Some(*p), "shard {i}");
+                assert_eq!(Some(s.stats.method), p.chosen, "shard {i}");
+            }
+        }
+    }
+}
+
+/// A memfd heap whose allocations take 10 ms each: slower than the reads,
+/// so shards wait for their buffers.
+#[derive(Debug)]
+struct SlowHeap(MemfdHeap);
+
+impl iopath_heap::Heap for SlowHeap {
+    fn name(&self) -> String {
+        "slow memfd".into()
+    }
+
+    fn alloc(&self, len: usize) -> iopath_heap::Result<iopath_heap::Buffer> {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        self.0.alloc(len)
+    }
+}
+
+#[test]
+fn a_shard_truncated_during_the_load_is_the_one_named() {
+    // With slow allocation the first shard is still waiting for buffers
+    // when the second fails and the allocator stops: its own error then
+    // (no buffer came) is an echo, and the load names the second.
+    let heap = SlowHeap(MemfdHeap::new(HugePages::None));
+    for alloc_threads in [1, 2] {
+        let Some((dir, _)) = cold_checkpoint(3) else {
+            return;
+        };
+        let second = dir.path().join("model-00002-of-00003.safetensors");
+        let opts = LoadOptions {
+            buffer_size: 4 << 20,
+            alloc_threads,
+            ..LoadOptions::default()
+        };
+        let mut cut = false;
+        let r = load_checkpoint(dir.path(), &heap, &opts, 2, &mut |p| {
+            if !cut && p.shard == 1 {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&second)
+                    .unwrap()
+                    .set_len(1 << 20)
+                    .unwrap();
+                cut = true;
+            }
+        });
+        match r {
+            Err(Error::Shard { index: 2, path, .. }) => assert_eq!(path, second),
+            other => panic!("{alloc_threads} allocator thread(s): {other:?}"),
+        }
+    }
+}

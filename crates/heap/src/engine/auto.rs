@@ -29,11 +29,16 @@
 //! measurement without allocation in the way (`examples/engines.rs`): a
 //! small lead of direct is noise more often than not. The figures are kept
 //! ([`Engine::probe`]) and logged.
+//!
+//! The engines of one load's files (the shards of a checkpoint) can share
+//! one probe ([`SharedChoice`]): the first cold batch measures, the others
+//! run io_uring until it has chosen and then take its choice.
 
 use std::cell::Cell;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::shared::{Claim, SharedChoice};
 use super::{
     cached, pull, read_as_batch, BounceEngine, BufferedEngine, DirectEngine, Engine, EngineOptions,
     Method, NextReq, Pull, ReqDone, Transfer, UringEngine,
@@ -107,7 +112,7 @@ impl Probe {
         }
     }
 
-    fn choose(&mut self) -> Method {
+    pub(super) fn choose(&mut self) -> Method {
         let m = if self.mapping_refused_direct() {
             // The faster of the two; bounce keeps the page cache out on a tie.
             if self.bounce.0 > 0 && Self::rate(self.bounce) >= Self::rate(self.buffered) {
@@ -138,6 +143,8 @@ pub struct AutoEngine {
     probe: Mutex<Probe>,
     /// The last batch: bytes read direct, bytes copied from the page cache.
     split: Mutex<(u64, u64)>,
+    /// The probe shared with the other engines of the load, if any.
+    shared: Option<Arc<SharedChoice>>,
 }
 
 impl AutoEngine {
@@ -153,6 +160,19 @@ impl AutoEngine {
             opts,
             probe: Mutex::new(Probe::default()),
             split: Mutex::new((0, 0)),
+            shared: None,
+        })
+    }
+
+    /// As [`AutoEngine::new`], measuring once with the other engines that
+    /// share `choice` (see [`SharedChoice`]).
+    ///
+    /// # Errors
+    /// As [`UringEngine::new`].
+    pub fn sharing(opts: EngineOptions, choice: Arc<SharedChoice>) -> Result<Self> {
+        Ok(AutoEngine {
+            shared: Some(choice),
+            ..Self::new(opts)?
         })
     }
 
@@ -244,7 +264,8 @@ impl AutoEngine {
         let Some(first) = pull(next)? else {
             return Ok(Transfer::default());
         };
-        let pair: [(Method, &dyn Engine); 2] = match first.buf.takes_direct_io() {
+        let direct_ok = first.buf.takes_direct_io();
+        let pair: [(Method, &dyn Engine); 2] = match direct_ok {
             true => [(Method::Uring, &self.uring), (Method::Direct, &self.direct)],
             false => match self.bounce() {
                 Some(b) => [(Method::Bounce, b), (Method::Buffered, &BufferedEngine)],
@@ -256,6 +277,79 @@ impl AutoEngine {
             Some(r) => Ok(Pull::Req(r)),
             None => next(wait),
         };
+        let mut total = Transfer::default();
+        match self.shared.as_ref().map(|s| (s, s.claim(direct_ok))) {
+            None | Some((_, Claim::Measure)) => {}
+            Some((shared, Claim::Wait)) => {
+                // The first engine of the pair until the measuring batch
+                // has chosen the other one, then that one; a choice for
+                // the other pair is not this batch's.
+                let ours = || {
+                    shared
+                        .chosen()
+                        .filter(|p| p.mapping_refused_direct() != direct_ok)
+                };
+                let mut ended = false;
+                let pulled = Cell::new(0usize);
+                let mut until = |wait: bool| -> Result<Pull> {
+                    if ours().is_some_and(|p| p.chosen != Some(pair[0].0)) {
+                        return Ok(Pull::End);
+                    }
+                    let p = next(wait)?;
+                    match &p {
+                        Pull::Req(_) => pulled.set(pulled.get() + 1),
+                        Pull::End => ended = true,
+                        Pull::Later => {}
+                    }
+                    Ok(p)
+                };
+                total += pair[0].1.read_batch(file, &mut until, done)?;
+                let base = pulled.get();
+                match ours() {
+                    Some(p) if !ended => total += self.take(p, file, &mut next, done, base)?,
+                    Some(p) => *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = p,
+                    None => {
+                        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = Probe {
+                            chosen: Some(pair[0].0),
+                            ..Probe::default()
+                        }
+                    }
+                }
+                return Ok(total);
+            }
+            Some((_, Claim::Take(p))) => return self.take(p, file, &mut next, done, 0),
+        }
+        let r = self.measure(file, pair, &mut next, done);
+        if let (Err(_), Some(s)) = (&r, &self.shared) {
+            s.abandon();
+        }
+        r
+    }
+
+    /// Runs the batch through the engine a shared probe `p` chose,
+    /// request numbers from `base`.
+    fn take(
+        &self,
+        p: Probe,
+        file: &IoFile,
+        next: &mut NextReq<'_>,
+        done: &mut ReqDone<'_>,
+        base: usize,
+    ) -> Result<Transfer> {
+        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = p;
+        let mut rest_done = |j: usize, t: Transfer| done(base + j, t);
+        self.chosen().read_batch(file, next, &mut rest_done)
+    }
+
+    /// The probe over the first requests, then the engine it chose.
+    /// Publishes the choice to the shared probe, if any.
+    fn measure(
+        &self,
+        file: &IoFile,
+        pair: [(Method, &dyn Engine); 2],
+        next: &mut NextReq<'_>,
+        done: &mut ReqDone<'_>,
+    ) -> Result<Transfer> {
         let mut probe = Probe::default();
         let mut total = Transfer::default();
         let mut base = 0;
@@ -321,11 +415,14 @@ impl AutoEngine {
             );
         }
         *self.probe.lock().unwrap_or_else(|p| p.into_inner()) = probe;
+        if let Some(s) = &self.shared {
+            s.publish(&probe);
+        }
         if ended {
             return Ok(total);
         }
         let mut rest_done = |j: usize, t: Transfer| done(base + j, t);
-        total += self.chosen().read_batch(file, &mut next, &mut rest_done)?;
+        total += self.chosen().read_batch(file, next, &mut rest_done)?;
         Ok(total)
     }
 }

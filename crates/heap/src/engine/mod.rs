@@ -22,10 +22,12 @@ mod cached;
 mod direct;
 mod residency;
 mod sendfile;
+mod shared;
 mod uring;
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 pub use auto::{AutoEngine, Probe, DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES};
 pub use bounce::BounceEngine;
@@ -33,6 +35,7 @@ pub use buffered::BufferedEngine;
 pub use direct::DirectEngine;
 pub use residency::{cache_runs, CacheLookup, CacheRun, CACHE_GRAIN};
 pub use sendfile::SendfileEngine;
+pub use shared::SharedChoice;
 pub use uring::UringEngine;
 
 use crate::file::IoFile;
@@ -289,6 +292,20 @@ pub trait Engine: Send + Sync + fmt::Debug {
 /// set up (disabled by `kernel.io_uring_disabled`, seccomp, old kernel);
 /// for `uring` and `auto`, [`EngineOptions::check`]'s errors.
 pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>> {
+    new_engine_sharing(method, opts, None)
+}
+
+/// As [`new_engine`]; an `auto` engine measures once with the other
+/// engines given the same `choice` ([`SharedChoice`]: one probe for the
+/// files of one load).
+///
+/// # Errors
+/// As [`new_engine`].
+pub fn new_engine_sharing(
+    method: Method,
+    opts: EngineOptions,
+    choice: Option<Arc<SharedChoice>>,
+) -> Result<Box<dyn Engine>> {
     if matches!(method, Method::Uring | Method::Auto | Method::Bounce) {
         opts.check()?;
     }
@@ -298,13 +315,15 @@ pub fn new_engine(method: Method, opts: EngineOptions) -> Result<Box<dyn Engine>
         Method::Sendfile => Box::new(SendfileEngine),
         Method::Uring => Box::new(UringEngine::new(opts)?),
         Method::Bounce => Box::new(BounceEngine::new(opts)?),
-        Method::Auto => match AutoEngine::new(opts) {
-            Ok(u) => Box::new(u),
-            Err(e) => {
-                tracing::info!("io_uring unavailable ({e}); auto uses direct");
-                Box::new(DirectEngine)
+        Method::Auto => {
+            match choice.map_or_else(|| AutoEngine::new(opts), |c| AutoEngine::sharing(opts, c)) {
+                Ok(u) => Box::new(u),
+                Err(e) => {
+                    tracing::info!("io_uring unavailable ({e}); auto uses direct");
+                    Box::new(DirectEngine)
+                }
             }
-        },
+        }
     })
 }
 

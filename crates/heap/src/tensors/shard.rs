@@ -4,12 +4,14 @@
 //! checked unchanged afterwards.
 
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 
 use super::header::{read_header, Header};
 use super::map::{cached_spans, map_spans};
 use super::plan::{plan, round_up, Plan};
+use crate::engine::{new_engine_sharing, SharedChoice};
 use crate::file::IoFile;
-use crate::loader::fill;
+use crate::loader::{fill_from, Allocated};
 use crate::{Buffer, Error, Heap, LoadOptions, LoadStats, Progress, Result};
 
 /// What identifies a file's contents cheaply: if any of it moved between
@@ -135,17 +137,20 @@ impl OpenShard {
         self.plan.sizes.iter().map(|&s| s as u64).sum()
     }
 
-    /// Allocates the planned buffers from `heap` and runs the planned
-    /// reads into them, `progress` after each read; meanwhile, on a thread
-    /// of its own, maps the file and makes the mapped tensors' pages
-    /// resident. The file's buffer, when any tensor is mapped, comes last.
+    /// Runs the planned reads into the planned buffers as they arrive on
+    /// `rx` (allocated by the checkpoint's allocator threads), `progress`
+    /// after each read; meanwhile, on a thread of its own, maps the file
+    /// and makes the mapped tensors' pages resident. Under `auto` the
+    /// engine measures once with the other shards' (`choice`). The file's
+    /// buffer, when any tensor is mapped, comes last.
     ///
     /// # Errors
     /// Any allocation, transfer or mapping error.
-    pub fn fill(
+    pub fn fill_from(
         &self,
-        heap: &dyn Heap,
         opts: &LoadOptions,
+        choice: &Arc<SharedChoice>,
+        rx: &mpsc::Receiver<Allocated>,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<(Vec<Buffer>, LoadStats)> {
         // A shard of many small tensors is read buffered under `auto`.
@@ -164,13 +169,17 @@ impl OpenShard {
             let filled = if self.plan.reads.is_empty() && self.plan.sizes.is_empty() {
                 Ok((Vec::new(), nothing_read(opts.method)))
             } else {
-                fill(
-                    &self.file,
-                    heap,
-                    &self.plan.sizes,
-                    &self.plan.reads,
-                    &opts,
-                    progress,
+                new_engine_sharing(opts.method, opts.engine, Some(choice.clone())).and_then(
+                    |engine| {
+                        fill_from(
+                            &self.file,
+                            engine.as_ref(),
+                            self.plan.sizes.len(),
+                            &self.plan.reads,
+                            rx,
+                            progress,
+                        )
+                    },
                 )
             };
             let file_buf = mapper.map(|m| {
@@ -189,7 +198,7 @@ impl OpenShard {
         Ok((buffers, stats))
     }
 
-    /// Index of the file's own buffer among those [`OpenShard::fill`]
+    /// Index of the file's own buffer among those [`OpenShard::fill_from`]
     /// returns, when a tensor is mapped.
     pub fn file_buffer(&self) -> Option<usize> {
         self.mapped.contains(&true).then_some(self.plan.sizes.len())
