@@ -64,7 +64,8 @@ pub struct LoadArgs {
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub request_size: usize,
     /// Threads allocating buffers (and their pages) while the reads run,
-    /// 1 to 64; for a sharded checkpoint, for all its shards together.
+    /// 1 to 64; for a sharded checkpoint, that many for each shard loading
+    /// at once.
     #[arg(long, default_value_t = 1, value_parser = parse_alloc_threads)]
     pub alloc_threads: usize,
     /// What the allocator thread does to new buffers' pages: allocate

@@ -35,8 +35,9 @@ pub struct LoadOptions {
     pub engine: EngineOptions,
     /// What the allocator threads do to a new buffer's pages.
     pub prefault: Prefault,
-    /// Allocator threads (default 1); for a sharded checkpoint, one set
-    /// for all its shards.
+    /// Allocator threads (default 1); for a sharded checkpoint, that many
+    /// for each shard loading at once, all of them making every shard's
+    /// buffers in turn.
     pub alloc_threads: usize,
     /// Safetensors loads only (`map` by name, see
     /// [`LoadOptions::set_method`]): a tensor whose bytes are all in the
