@@ -9,7 +9,9 @@
 //! and writes go to the image through io_uring straight from and into the
 //! front end's memory when the buffers suit `O_DIRECT` (else through an
 //! aligned bounce buffer), flushes as `fdatasync`; completions fill in the
-//! status byte and the used ring.
+//! status byte and the used ring. On a file system that cannot read
+//! without blocking (tmpfs: io_uring would hand every request to a worker
+//! thread) reads and writes of up to 128 KiB are copied inline instead.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -156,6 +158,7 @@ impl BlkBackend {
         id[..n].copy_from_slice(&label.as_bytes()[..n]);
         Ok(Self {
             image: Arc::new(Image {
+                nowait: image::reads_nowait(&file),
                 file,
                 direct,
                 limits,

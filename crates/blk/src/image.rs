@@ -16,6 +16,12 @@ use crate::request::Limits;
 pub(crate) const DIRECT_ALIGN: usize = 512;
 pub(crate) const BOUNCE_ALIGN: usize = 4096;
 
+/// Largest read or write done inline with `preadv`/`pwritev` on an image
+/// without [`Image::nowait`]: a small copy costs less than handing it to
+/// an io_uring worker; a large one is left to io_uring, whose workers may
+/// copy on other CPUs.
+pub(crate) const INLINE_MAX: usize = 128 << 10;
+
 /// The image being served, shared by the queues' executors.
 #[derive(Debug)]
 pub(crate) struct Image {
@@ -23,6 +29,12 @@ pub(crate) struct Image {
     pub(crate) file: File,
     /// Whether `file` was opened with `O_DIRECT`.
     pub(crate) direct: bool,
+    /// Whether the file system reads without blocking where it can
+    /// (`preadv2(RWF_NOWAIT)` is accepted). Without it (tmpfs) io_uring
+    /// hands every read and write to one of its worker threads, a
+    /// wake-up and a context switch per request, so small ones are done
+    /// inline by the queue thread instead ([`INLINE_MAX`]).
+    pub(crate) nowait: bool,
     /// What requests may address.
     pub(crate) limits: Limits,
 }
@@ -53,4 +65,53 @@ fn direct_read_works(file: &File) -> bool {
         return false;
     };
     rustix::io::pread(file, buf.as_mut_slice(), 0).is_ok()
+}
+
+/// Whether `file` accepts `preadv2(RWF_NOWAIT)` ([`Image::nowait`]): only
+/// `EOPNOTSUPP` says no (`EAGAIN` means data not cached, which is a yes).
+/// [`preadv2(2)`](https://man7.org/linux/man-pages/man2/preadv2.2.html).
+pub(crate) fn reads_nowait(file: &File) -> bool {
+    let Ok(mut buf) = AlignedBuf::new(DIRECT_ALIGN, BOUNCE_ALIGN) else {
+        return true;
+    };
+    let mut iov = [io::IoSliceMut::new(buf.as_mut_slice())];
+    !matches!(
+        rustix::io::preadv2(file, &mut iov, 0, rustix::io::ReadWriteFlags::NOWAIT),
+        Err(rustix::io::Errno::OPNOTSUPP)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nowait_is_probed_per_file_system() {
+        // tmpfs has no non-blocking reads (Linux 6.x); the probe must say so
+        // there, and yes on the build's own file system if that is not tmpfs.
+        let dir = std::path::Path::new("/dev/shm");
+        if !dir.is_dir() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        let path = dir.join(format!("iopath-nowait-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let (file, _) = open(&path, true).unwrap();
+        let on_tmpfs = reads_nowait(&file);
+        std::fs::remove_file(&path).unwrap();
+        let manifest = File::open(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
+        let stat = rustix::fs::fstatfs(&manifest).unwrap();
+        if stat.f_type != libc::TMPFS_MAGIC {
+            assert!(
+                reads_nowait(&manifest),
+                "ext4-like file systems read with RWF_NOWAIT"
+            );
+        }
+        let tmp = rustix::fs::statfs(dir).unwrap();
+        if tmp.f_type == libc::TMPFS_MAGIC {
+            // Linux added FMODE_NOWAIT to shmem nowhere up to 6.18; should
+            // a later one, the inline path is simply not taken.
+            eprintln!("tmpfs RWF_NOWAIT: {on_tmpfs}");
+        }
+    }
 }

@@ -9,7 +9,19 @@ use vm_memory::ByteValued;
 
 #[test]
 fn reads_writes_flush_and_id_reach_the_image() {
-    let srv = Server::start(16 << 20, &[]);
+    reads_writes_flush_and_id(&Server::start(16 << 20, &[]));
+}
+
+/// The same on an image in RAM, where requests of up to 128 KiB are
+/// copied inline and larger ones still go through io_uring.
+#[test]
+fn reads_writes_flush_and_id_reach_an_image_in_ram() {
+    if let Some(srv) = Server::start_in_ram(16 << 20, &[]) {
+        reads_writes_flush_and_id(&srv);
+    }
+}
+
+fn reads_writes_flush_and_id(srv: &Server) {
     let mut c = Client::new(&srv.socket, VERSION_1 | BLK_F_FLUSH | INDIRECT_DESC, 1);
     let cfg = iopath_blk::config::BlkConfig::from_bytes(&c.config());
     assert_eq!(cfg.capacity, (16 << 20) / SECTOR);
@@ -36,6 +48,14 @@ fn reads_writes_flush_and_id_reach_the_image() {
     assert!(back == odd);
     assert_eq!(c.flush(0), S_OK);
     assert!(srv.image_bytes(9000 * SECTOR, 8 * 512) == odd);
+
+    // 4 KiB, page-aligned, one segment: the small-block case.
+    let small = pattern(4096 * SECTOR, 4096, 0x77);
+    assert_eq!(c.write(0, 4096, &small), S_OK);
+    let (st, back) = c.read(0, 4096, 4096);
+    assert_eq!(st, S_OK);
+    assert!(back == small);
+    assert!(srv.image_bytes(4096 * SECTOR, 4096) == small);
 
     // The last sector is in range, one past it is not.
     let last = (16 << 20) / SECTOR - 1;
@@ -92,7 +112,17 @@ fn write_zeroes_and_discard_clear_data() {
 
 #[test]
 fn many_requests_in_flight_on_two_queues() {
-    let srv = Server::start(8 << 20, &["--queues", "2"]);
+    many_in_flight(&Server::start(8 << 20, &["--queues", "2"]));
+}
+
+#[test]
+fn many_requests_in_flight_on_two_queues_in_ram() {
+    if let Some(srv) = Server::start_in_ram(8 << 20, &["--queues", "2"]) {
+        many_in_flight(&srv);
+    }
+}
+
+fn many_in_flight(srv: &Server) {
     let mut c = Client::new(&srv.socket, VERSION_1 | BLK_F_MQ | EVENT_IDX, 2);
     let cfg = iopath_blk::config::BlkConfig::from_bytes(&c.config());
     assert_eq!(cfg.num_queues, 2);

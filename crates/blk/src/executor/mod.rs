@@ -18,7 +18,7 @@ use iopath_virtio::{PollMode, Poller};
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, Permissions};
 
-use crate::image::{Image, BOUNCE_ALIGN, DIRECT_ALIGN};
+use crate::image::{Image, BOUNCE_ALIGN, DIRECT_ALIGN, INLINE_MAX};
 use crate::request::{Rejected, Request, RequestKind, Segment};
 use crate::wire::{SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use uring::{guest_iovecs, InFlight, IoState, Op, IOV_MAX};
@@ -391,8 +391,27 @@ impl Executor {
             };
             (vec![iov].into_boxed_slice(), Some(buf))
         };
-        let fd = types::Fd(self.image.file.as_raw_fd());
         let offset = sector * SECTOR_SIZE;
+        if !self.image.nowait && total <= INLINE_MAX {
+            // io_uring would hand this to a worker thread: copy it here,
+            // under the batch's ticket (the caller's `dma_batch`).
+            let flight = InFlight {
+                head,
+                status,
+                op,
+                data,
+                offset,
+                total,
+                iovecs,
+                bounce,
+                _mem: mem.clone(),
+                _dma: None,
+            };
+            let (st, len) = flight.run_inline(&self.image.file, mem);
+            self.complete(ctx, mem, head, Some(status), st, len);
+            return;
+        }
+        let fd = types::Fd(self.image.file.as_raw_fd());
         let n_iov = iovecs.len() as u32;
         let sqe = match op {
             Op::Read => opcode::Readv::new(fd, iovecs.as_ptr(), n_iov)

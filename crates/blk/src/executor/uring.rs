@@ -149,6 +149,18 @@ impl InFlight {
         (VIRTIO_BLK_S_OK, 0)
     }
 
+    /// Does the whole read or write now with `preadv`/`pwritev` (see
+    /// [`crate::image::Image::nowait`]) and turns it into a status and the
+    /// number of data bytes written to the front end, as
+    /// [`InFlight::finish`] does for a completion.
+    pub(super) fn run_inline(&self, file: &File, mem: &DeviceMemory) -> (u8, u32) {
+        if let Err(e) = self.finish_sync(file, 0) {
+            tracing::warn!("{:?} at {}: {e}", self.op, self.offset);
+            return (VIRTIO_BLK_S_IOERR, 0);
+        }
+        self.finish(file, mem, self.total as i32)
+    }
+
     /// Finishes a short read or write with plain `preadv`/`pwritev`.
     fn finish_sync(&self, file: &File, mut done: usize) -> io::Result<()> {
         let f = self;

@@ -55,6 +55,31 @@ impl Server {
         Self::start_on(dir, image, extra)
     }
 
+    /// [`Server::start`] with the image in RAM (a tmpfs `/dev/shm`, where
+    /// the back end copies small requests inline rather than through
+    /// io_uring's workers), or `None` (reported as skipped) without one.
+    pub fn start_in_ram(size: u64, extra: &[&str]) -> Option<Server> {
+        let base = Path::new("/dev/shm");
+        let tmpfs = rustix::fs::statfs(base).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC);
+        if !tmpfs {
+            iopath_testkit::skip(
+                iopath_testkit::Feature::ShmTmpfs,
+                "/dev/shm is not a tmpfs here",
+            );
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("iopath-blk-")
+            .tempdir_in(base)
+            .unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        Some(Self::start_on(dir, image, extra))
+    }
+
     pub fn start_on(dir: tempfile::TempDir, image: PathBuf, extra: &[&str]) -> Server {
         let socket = dir.path().join("blk.sock");
         let child = Self::spawn(&image, &socket, extra);
