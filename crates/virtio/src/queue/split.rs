@@ -89,6 +89,9 @@ pub struct SplitQueue<O: DmaOps + ?Sized> {
     last_used: u16,
     avail_flags: u16,
     inflight: Vec<Option<InFlight>>,
+    /// Entries of `inflight` that are `Some` (asked per submission: not
+    /// counted by a scan).
+    in_flight: usize,
     broken: bool,
     /// The rings are a [`RingPlacement`]: not ours to free.
     placed: bool,
@@ -188,6 +191,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             last_used: 0,
             avail_flags: 0,
             inflight: (0..size).map(|_| None).collect(),
+            in_flight: 0,
             broken: false,
             placed,
             ignore_readonly_len: false,
@@ -223,7 +227,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
 
     /// Requests added and not yet completed.
     pub fn in_flight(&self) -> usize {
-        self.inflight.iter().filter(|f| f.is_some()).count()
+        self.in_flight
     }
 
     /// Whether an earlier device error broke the queue.
@@ -330,6 +334,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             return Err(self.break_queue(DeviceError::UsedLenTooLarge { id, len, max }));
         }
         self.last_used = self.last_used.wrapping_add(1);
+        self.in_flight -= 1;
         self.free_chain(id as u16, req.ndesc);
         if self.avail_flags & AVAIL_F_NO_INTERRUPT == 0 && self.features.event_idx {
             // §2.7.10: ask for an interrupt at the next used entry; the full
@@ -412,6 +417,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         let mut first_err = None;
         for i in 0..self.inflight.len() {
             if let Some(req) = self.inflight[i].take() {
+                self.in_flight -= 1;
                 for m in &req.maps {
                     if let Err(e) = self.ops.unmap(m) {
                         first_err.get_or_insert(e);

@@ -189,6 +189,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             self.free_head = self.next[id as usize];
         }
         self.num_free -= needed as u16;
+        self.in_flight += 1;
         self.inflight[head as usize] = Some(InFlight {
             token,
             maps,
