@@ -227,9 +227,18 @@ impl Executor {
         Ok(())
     }
 
+    /// Submits what [`Self::push`] left queued (it submits at once; what
+    /// stays is what the kernel refused then). Nothing queued, no system
+    /// call.
     fn submit(&mut self) -> io::Result<()> {
         loop {
-            let r = self.io().ring.submit();
+            let r = {
+                let mut st = self.io();
+                if st.ring.submission().is_empty() {
+                    return Ok(());
+                }
+                st.ring.submit()
+            };
             match r {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,

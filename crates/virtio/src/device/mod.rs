@@ -158,6 +158,10 @@ struct FenceState {
     generation: u64,
     live: [u64; 2],
     parked: [u64; 2],
+    /// Threads in [`DmaFence::wait_older`]: a ticket dropped or parked
+    /// wakes them, and with none it makes no `futex` call (one per batch
+    /// of requests otherwise).
+    waiters: usize,
 }
 
 thread_local! {
@@ -209,8 +213,11 @@ impl DmaFence {
         for &slot in &slots {
             st.parked[slot] += 1;
         }
+        let wake = st.waiters > 0;
         drop(st);
-        self.idle.notify_all();
+        if wake {
+            self.idle.notify_all();
+        }
         Parked { fence: self, slots }
     }
 
@@ -221,10 +228,14 @@ impl DmaFence {
         let mut st = self.lock();
         let old = (st.generation % 2) as usize;
         st.generation += 1;
-        let (st, timeout) = self
+        // Counted under the lock, so a ticket dropped after this sees a
+        // waiter to wake, and one dropped before is seen by the predicate.
+        st.waiters += 1;
+        let (mut st, timeout) = self
             .idle
             .wait_timeout_while(st, limit, |st| st.live[old] > st.parked[old])
             .unwrap_or_else(|e| e.into_inner());
+        st.waiters -= 1;
         drop(st);
         !timeout.timed_out()
     }
@@ -268,8 +279,11 @@ impl Drop for DmaTicket {
         }
         let mut st = self.fence.lock();
         st.live[self.slot] -= 1;
+        let wake = st.waiters > 0;
         drop(st);
-        self.fence.idle.notify_all();
+        if wake {
+            self.fence.idle.notify_all();
+        }
     }
 }
 
