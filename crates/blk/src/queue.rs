@@ -101,6 +101,8 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         poll: PollMode,
     ) -> Self {
         let size = vq.size();
+        let mut poller = Poller::new(poll);
+        poller.set_peer(transport.peer());
         BlkQueue {
             transport,
             config,
@@ -112,7 +114,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             done: VecDeque::new(),
             timeout,
             indirect,
-            poller: Poller::new(poll),
+            poller,
             submitted: 0,
         }
     }

@@ -51,6 +51,10 @@ const STALL: Duration = Duration::from_secs(2);
 /// Every request must complete, within [`STALL`].
 fn one_at_a_time(server_args: &[&str], driver_poll: PollMode, n: usize, gap_ns: u64) {
     let srv = Server::start(IMAGE, server_args);
+    run_one_at_a_time(&srv, driver_poll, n, gap_ns);
+}
+
+fn run_one_at_a_time(srv: &Server, driver_poll: PollMode, n: usize, gap_ns: u64) {
     let (wbuf, rbuf) = (alloc(BS), alloc(BS));
     let opts = DriverOptions {
         timeout: Duration::from_secs(5),
@@ -58,7 +62,13 @@ fn one_at_a_time(server_args: &[&str], driver_poll: PollMode, n: usize, gap_ns: 
         ..DriverOptions::default()
     };
     let bufs = [wbuf.clone(), rbuf.clone()];
-    let mut drv = driver(Mode::Direct, connect(&srv.socket), &bufs, &opts).unwrap();
+    let transport = connect(&srv.socket);
+    // The driver's poller is told where the back end runs.
+    assert_eq!(
+        transport.peer(),
+        Some(rustix::process::Pid::from_child(&srv.child))
+    );
+    let mut drv = driver(Mode::Direct, transport, &bufs, &opts).unwrap();
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let blocks = IMAGE / BS as u64;
     let mut got = vec![0u8; BS];
@@ -99,6 +109,27 @@ fn no_kick_is_lost_when_both_sides_poll_briefly() {
     // notifications around almost every request.
     one_at_a_time(&["--poll-us", "2"], us(3), 6000, 4_000);
     one_at_a_time(&["--poll-us", "20"], us(20), 4000, 40_000);
+}
+
+/// Both sides pinned to one CPU, the back end's image in RAM: each
+/// poller hands the CPU over rather than spinning, and sleeps as soon as
+/// a yield finds nothing else to run.
+#[test]
+fn no_kick_is_lost_when_both_sides_share_one_cpu() {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let Some(srv) = Server::start_in_ram(IMAGE, &["--poll-us", "20"]) else {
+        return;
+    };
+    let mine = sched_getaffinity(None).unwrap();
+    let cpu = (0..CpuSet::MAX_CPU).find(|&c| mine.is_set(c)).unwrap();
+    let mut one = CpuSet::new();
+    one.set(cpu);
+    // The back end's queue thread starts at the connection, from its
+    // main thread, and inherits this.
+    sched_setaffinity(Some(rustix::process::Pid::from_child(&srv.child)), &one).unwrap();
+    sched_setaffinity(None, &one).unwrap();
+    run_one_at_a_time(&srv, us(20), 4000, 40_000);
+    sched_setaffinity(None, &mine).unwrap();
 }
 
 #[test]

@@ -16,7 +16,9 @@ pub struct PollArgs {
     pub poll_us: Option<u64>,
     /// Poll the ring and never sleep: one CPU spins per queue, for a CPU
     /// given to it. The poller still yields the CPU to a peer that needs
-    /// it.
+    /// it, and when the other side may run only on this side's one CPU
+    /// (both pinned to it), it hands the CPU over and sleeps rather than
+    /// spin.
     #[arg(long)]
     pub poll: bool,
 }

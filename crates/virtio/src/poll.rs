@@ -29,6 +29,13 @@
 //! yielding (a peer that busy-waits); several of those close together turn
 //! polling off for a while ([`HogGuard`]), and the waiter sleeps on
 //! notifications instead.
+//!
+//! A poller told its peer's process ([`Poller::set_peer`]) also looks
+//! where that peer may run. When both may run only on one and the same
+//! CPU, spinning cannot bring the answer closer: the peer needs that very
+//! CPU. The poller then only hands it over (a yield on every empty look),
+//! and when a yield ran nothing else, the peer is not runnable and the
+//! waiter re-enables notifications and sleeps at once.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -48,7 +55,9 @@ pub enum PollMode {
     /// Poll up to this long after work, then sleep on notifications
     /// (zero: sleep at once).
     Window(Duration),
-    /// Poll and never sleep (a CPU given to the queue).
+    /// Poll and never sleep (a CPU given to the queue); except that a
+    /// poller whose peer may run only on its own one CPU hands that CPU
+    /// over and sleeps when nothing else runs (see [`Poller::set_peer`]).
     Busy,
 }
 
@@ -232,6 +241,53 @@ impl HogGuard {
     }
 }
 
+/// Where the peer process may run, checked against this thread now and
+/// then ([`PeerCpu::RECHECK`]): affinities change (`taskset -p`).
+#[derive(Debug, Clone)]
+struct PeerCpu {
+    pid: rustix::process::Pid,
+    checked: Option<Instant>,
+    shared: bool,
+}
+
+impl PeerCpu {
+    /// How often the affinities are looked at again.
+    const RECHECK: Duration = Duration::from_millis(100);
+
+    /// Whether this thread and the peer may both run only on the same one
+    /// CPU (an error, e.g. a peer that exited, counts as no).
+    fn shares_one_cpu(&mut self, now: Instant) -> bool {
+        if self
+            .checked
+            .is_some_and(|t| now.saturating_duration_since(t) < Self::RECHECK)
+        {
+            return self.shared;
+        }
+        self.checked = Some(now);
+        let ours = rustix::thread::sched_getaffinity(None);
+        let theirs = rustix::thread::sched_getaffinity(Some(self.pid));
+        self.shared = match (ours, theirs) {
+            (Ok(a), Ok(b)) => a.count() == 1 && a == b,
+            _ => false,
+        };
+        self.shared
+    }
+}
+
+/// Context switches of this thread that it did not ask for by sleeping
+/// (`getrusage(RUSAGE_THREAD)`'s `ru_nivcsw`): a `sched_yield` that ran
+/// another task adds one. `None` if the call fails.
+/// [`getrusage(2)`](https://man7.org/linux/man-pages/man2/getrusage.2.html).
+fn involuntary_switches() -> Option<i64> {
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+        return None;
+    }
+    Some(ru.ru_nivcsw)
+}
+
 /// Waits on a [`Polled`] ring the way its [`PollMode`] says, sharing the
 /// CPU with a peer that needs it.
 #[derive(Debug, Clone)]
@@ -241,6 +297,7 @@ pub struct Poller {
     guard: HogGuard,
     /// End of the current spin slice (`None`: the next empty pass yields).
     spin_until: Option<Instant>,
+    peer: Option<PeerCpu>,
 }
 
 impl Poller {
@@ -262,7 +319,37 @@ impl Poller {
             slice,
             guard: HogGuard::default(),
             spin_until: None,
+            peer: None,
         }
+    }
+
+    /// Tells the poller which process answers it (`None`: unknown), so
+    /// that it stops spinning while both may run only on one CPU.
+    pub fn set_peer(&mut self, pid: Option<rustix::process::Pid>) {
+        self.peer = pid.map(|pid| PeerCpu {
+            pid,
+            checked: None,
+            shared: false,
+        });
+    }
+
+    /// Whether this thread and its peer may both run only on one and
+    /// the same CPU (as last checked; rechecked every
+    /// [`PeerCpu::RECHECK`]). `false` without a peer.
+    pub fn shares_cpu_with_peer(&mut self) -> bool {
+        let now = Instant::now();
+        self.peer.as_mut().is_some_and(|p| p.shares_one_cpu(now))
+    }
+
+    /// One empty pass on a CPU shared with the peer: yields it. Returns
+    /// whether the yield ran another task (`false`: nothing else was
+    /// runnable, the peer is asleep, and polling is over; a failed count
+    /// says the same).
+    fn hand_over(&mut self) -> bool {
+        let before = involuntary_switches();
+        std::thread::yield_now();
+        let after = involuntary_switches();
+        matches!((before, after), (Some(b), Some(a)) if a > b)
     }
 
     /// The mode.
@@ -325,10 +412,15 @@ impl Poller {
             return Ok(Waited::Ready);
         }
         if self.may_poll(start) {
+            let shared = self.peer.as_mut().is_some_and(|p| p.shares_one_cpu(start));
             ring.suppress()?;
             let until = self.window().map(|w| start + w);
             loop {
-                let goes_on = self.pass();
+                let goes_on = if shared {
+                    self.hand_over()
+                } else {
+                    self.pass()
+                };
                 if ring.ready()? {
                     self.worked();
                     return Ok(Waited::Ready);

@@ -106,6 +106,7 @@ impl Executor {
         self.resubmit(ctx)?;
         self.process_avail(ctx)?;
         let mut poller = Poller::new(self.poll);
+        poller.set_peer(ctx.peer());
         loop {
             if self.stopping {
                 let (in_flight, done) = {

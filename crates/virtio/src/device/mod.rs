@@ -316,6 +316,8 @@ pub struct QueueContext {
     /// Signal the driver at the next [`QueueContext::notify`] whatever
     /// `EVENT_IDX` says (set after a restart).
     force_notify: bool,
+    /// The front end's process, if known.
+    peer: Option<rustix::process::Pid>,
 }
 
 impl QueueContext {
@@ -458,6 +460,12 @@ impl QueueContext {
             .memory()
             .iommu()
             .set_before_miss_wait(Some(Box::new(hook)));
+    }
+
+    /// The front end's process (`SO_PEERCRED` of its connection), for a
+    /// [`crate::Poller::set_peer`]; `None` when the socket does not say.
+    pub fn peer(&self) -> Option<rustix::process::Pid> {
+        self.peer
     }
 
     /// Index of the queue.

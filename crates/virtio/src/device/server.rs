@@ -185,7 +185,13 @@ pub fn serve_connection_with<D: VirtioDevice>(
 ) -> Result<(), ServerError> {
     let mut side = stream.try_clone().map_err(ServerError::Socket)?;
     let handler = Arc::new(Mutex::new(Handler::new(device, options)));
-    lock(&handler).conn = side.as_raw_fd();
+    {
+        let mut h = lock(&handler);
+        h.conn = side.as_raw_fd();
+        h.peer = rustix::net::sockopt::socket_peercred(&side)
+            .ok()
+            .map(|c| c.pid);
+    }
     let mut requests = BackendReqHandler::from_stream(stream, Arc::clone(&handler));
     let result = loop {
         let mut hdr = [0u8; HEADER_SIZE];

@@ -235,6 +235,84 @@ impl Polled for Consumer {
 /// a lost notification leaves one unseen and the wait times out.
 #[test]
 fn no_notification_is_lost_around_the_rearm() {
+    lost_kick_race(false);
+}
+
+/// The same with the poller handing its CPU over instead of spinning (a
+/// peer on its only CPU): it sleeps as soon as a yield runs nothing else.
+#[test]
+fn no_notification_is_lost_around_the_rearm_when_handing_over() {
+    lost_kick_race(true);
+}
+
+/// A poller that takes its peer to share its only CPU (not rechecked).
+fn sharing(mode: PollMode) -> Poller {
+    let mut p = Poller::new(mode);
+    p.peer = Some(PeerCpu {
+        pid: rustix::process::getpid(),
+        checked: Some(Instant::now() + Duration::from_secs(3600)),
+        shared: true,
+    });
+    assert!(p.shares_cpu_with_peer());
+    p
+}
+
+#[test]
+fn a_peer_pinned_to_this_threads_only_cpu_is_seen_and_rechecked() {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let mine = sched_getaffinity(None).unwrap();
+    let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| mine.is_set(c)).collect();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = rustix::process::Pid::from_child(&child);
+    let mut one = CpuSet::new();
+    one.set(cpus[0]);
+    sched_setaffinity(None, &one).unwrap();
+    sched_setaffinity(Some(pid), &one).unwrap();
+    let mut p = Poller::new(PollMode::default());
+    assert!(!p.shares_cpu_with_peer(), "no peer given");
+    p.set_peer(Some(pid));
+    let shared = p.shares_cpu_with_peer();
+    // The peer may run elsewhere too: the next check says so.
+    sched_setaffinity(Some(pid), &mine).unwrap();
+    p.peer.as_mut().unwrap().checked = None;
+    let widened = p.shares_cpu_with_peer();
+    // This thread may run elsewhere too.
+    sched_setaffinity(None, &mine).unwrap();
+    sched_setaffinity(Some(pid), &one).unwrap();
+    p.peer.as_mut().unwrap().checked = None;
+    let both_wide = p.shares_cpu_with_peer();
+    // A peer that is gone shares nothing.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    sched_setaffinity(None, &one).unwrap();
+    p.peer.as_mut().unwrap().checked = None;
+    let gone = p.shares_cpu_with_peer();
+    sched_setaffinity(None, &mine).unwrap();
+    assert!(shared, "both pinned to CPU {}", cpus[0]);
+    assert_eq!(widened, cpus.len() == 1);
+    assert_eq!(both_wide, cpus.len() == 1);
+    assert!(!gone);
+}
+
+#[test]
+fn a_waiter_sharing_its_cpu_hands_it_over_instead_of_spinning() {
+    // Nothing else runnable on this CPU (or a yield that ran another
+    // task, then still nothing): the waiter ends polling early and sleeps,
+    // long before its hour-long window.
+    let mut p = sharing(PollMode::Window(Duration::from_secs(3600)));
+    let mut r = Script::default();
+    let t = Instant::now();
+    assert_eq!(p.wait(&mut r, None), Ok(Waited::Ready));
+    assert!(t.elapsed() < Duration::from_secs(60));
+    let tail: Vec<_> = r.calls.iter().rev().take(3).rev().copied().collect();
+    assert_eq!(tail, ["rearm", "sleep", "ready"]);
+    assert_eq!(r.calls[..2], ["ready", "suppress"]);
+}
+
+fn lost_kick_race(shared: bool) {
     const ITEMS: u16 = 3_000;
     let efd = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
     let s = Arc::new(Shared {
@@ -279,7 +357,11 @@ fn no_notification_is_lost_around_the_rearm() {
     };
     for i in 0..ITEMS {
         let mode = PollMode::Window(Duration::from_micros(u64::from(i % 4)));
-        let mut p = Poller::new(mode);
+        let mut p = if shared {
+            sharing(mode)
+        } else {
+            Poller::new(mode)
+        };
         let t = Instant::now();
         let got = p.wait(&mut c, Some(Duration::from_secs(5))).unwrap();
         // A lost notification shows as a sleep that lasts its whole

@@ -114,6 +114,13 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// A pollable fd that becomes readable on interrupts of queue `index`
     /// (an eventfd), for event loops; read it (8 bytes) to consume.
     fn interrupt_fd(&self, index: u16) -> Option<BorrowedFd<'_>>;
+
+    /// The device's process, when it is another process on this machine
+    /// and the transport can tell (a vhost-user socket's `SO_PEERCRED`):
+    /// a [`crate::Poller`] looks where it may run.
+    fn peer(&self) -> Option<rustix::process::Pid> {
+        None
+    }
 }
 
 /// Connects DMA ops to a transport: hooks up the IOTLB enforcer when the ops

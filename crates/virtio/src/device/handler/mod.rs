@@ -62,6 +62,8 @@ pub(super) struct Handler<D: VirtioDevice> {
     offered: u64,
     /// The front end's connection (shut down if it truncates its memory).
     pub(super) conn: RawFd,
+    /// The front end's process (`SO_PEERCRED`), if known.
+    pub(super) peer: Option<rustix::process::Pid>,
     acked_features: u64,
     pub(super) acked_protocol: u64,
     regions: Vec<Region>,
@@ -99,6 +101,7 @@ impl<D: VirtioDevice> Handler<D> {
             device,
             offered,
             conn: -1,
+            peer: None,
             acked_features: 0,
             acked_protocol: 0,
             regions: Vec::new(),
@@ -268,6 +271,7 @@ impl<D: VirtioDevice> Handler<D> {
             }),
             resubmit: Vec::new(),
             force_notify: false,
+            peer: self.peer,
         };
         let device = Arc::clone(&self.device);
         let spawned = std::thread::Builder::new()

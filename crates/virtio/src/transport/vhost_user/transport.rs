@@ -190,4 +190,10 @@ impl Transport for VhostUser {
         // `self`, which bounds the returned borrow.
         Some(unsafe { BorrowedFd::borrow_raw(ev.call.as_raw_fd()) })
     }
+
+    fn peer(&self) -> Option<rustix::process::Pid> {
+        rustix::net::sockopt::socket_peercred(&self.hangup)
+            .ok()
+            .map(|c| c.pid)
+    }
 }
