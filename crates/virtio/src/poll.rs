@@ -35,7 +35,10 @@
 //! CPU, spinning cannot bring the answer closer: the peer needs that very
 //! CPU. The poller then only hands it over (a yield on every empty look),
 //! and when a yield ran nothing else, the peer is not runnable and the
-//! waiter re-enables notifications and sleeps at once.
+//! waiter re-enables notifications and sleeps at once. When the peer may
+//! not run on any CPU this thread may, no yield can help it either: the
+//! poller spins without yielding (the scheduler still preempts it for
+//! other tasks).
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -248,6 +251,8 @@ struct PeerCpu {
     pid: rustix::process::Pid,
     checked: Option<Instant>,
     shared: bool,
+    /// No CPU this thread may run on is one the peer may.
+    apart: bool,
 }
 
 impl PeerCpu {
@@ -257,20 +262,28 @@ impl PeerCpu {
     /// Whether this thread and the peer may both run only on the same one
     /// CPU (an error, e.g. a peer that exited, counts as no).
     fn shares_one_cpu(&mut self, now: Instant) -> bool {
+        self.check(now);
+        self.shared
+    }
+
+    /// Looks at both affinities again if the last look is old.
+    fn check(&mut self, now: Instant) {
         if self
             .checked
             .is_some_and(|t| now.saturating_duration_since(t) < Self::RECHECK)
         {
-            return self.shared;
+            return;
         }
         self.checked = Some(now);
         let ours = rustix::thread::sched_getaffinity(None);
         let theirs = rustix::thread::sched_getaffinity(Some(self.pid));
-        self.shared = match (ours, theirs) {
-            (Ok(a), Ok(b)) => a.count() == 1 && a == b,
-            _ => false,
+        (self.shared, self.apart) = match (ours, theirs) {
+            (Ok(a), Ok(b)) => (
+                a.count() == 1 && a == b,
+                (0..rustix::thread::CpuSet::MAX_CPU).all(|c| !(a.is_set(c) && b.is_set(c))),
+            ),
+            _ => (false, false),
         };
-        self.shared
     }
 }
 
@@ -330,6 +343,7 @@ impl Poller {
             pid,
             checked: None,
             shared: false,
+            apart: false,
         });
     }
 
@@ -412,12 +426,21 @@ impl Poller {
             return Ok(Waited::Ready);
         }
         if self.may_poll(start) {
-            let shared = self.peer.as_mut().is_some_and(|p| p.shares_one_cpu(start));
+            let (shared, apart) = match self.peer.as_mut() {
+                Some(p) => {
+                    p.check(start);
+                    (p.shared, p.apart)
+                }
+                None => (false, false),
+            };
             ring.suppress()?;
             let until = self.window().map(|w| start + w);
             loop {
                 let goes_on = if shared {
                     self.hand_over()
+                } else if apart {
+                    std::hint::spin_loop();
+                    true
                 } else {
                     self.pass()
                 };

@@ -252,6 +252,7 @@ fn sharing(mode: PollMode) -> Poller {
         pid: rustix::process::getpid(),
         checked: Some(Instant::now() + Duration::from_secs(3600)),
         shared: true,
+        apart: false,
     });
     assert!(p.shares_cpu_with_peer());
     p
@@ -275,6 +276,16 @@ fn a_peer_pinned_to_this_threads_only_cpu_is_seen_and_rechecked() {
     assert!(!p.shares_cpu_with_peer(), "no peer given");
     p.set_peer(Some(pid));
     let shared = p.shares_cpu_with_peer();
+    let apart_when_shared = p.peer.as_ref().unwrap().apart;
+    // The peer on another CPU (when there is one): apart.
+    let apart = cpus.get(1).map(|&other| {
+        let mut set = CpuSet::new();
+        set.set(other);
+        sched_setaffinity(Some(pid), &set).unwrap();
+        p.peer.as_mut().unwrap().checked = None;
+        let sh = p.shares_cpu_with_peer();
+        (sh, p.peer.as_ref().unwrap().apart)
+    });
     // The peer may run elsewhere too: the next check says so.
     sched_setaffinity(Some(pid), &mine).unwrap();
     p.peer.as_mut().unwrap().checked = None;
@@ -292,6 +303,10 @@ fn a_peer_pinned_to_this_threads_only_cpu_is_seen_and_rechecked() {
     let gone = p.shares_cpu_with_peer();
     sched_setaffinity(None, &mine).unwrap();
     assert!(shared, "both pinned to CPU {}", cpus[0]);
+    assert!(!apart_when_shared);
+    if let Some(a) = apart {
+        assert_eq!(a, (false, true), "the peer pinned to another CPU");
+    }
     assert_eq!(widened, cpus.len() == 1);
     assert_eq!(both_wide, cpus.len() == 1);
     assert!(!gone);
