@@ -21,7 +21,19 @@ fn map(c: &Client, gpa: u64, size: u64, perm: Perm) {
 
 #[test]
 fn iommu_mode_translates_through_the_iotlb_and_enforces_it() {
-    let mut srv = Server::start(4 << 20, &[]);
+    translates_and_enforces(Server::start(4 << 20, &[]));
+}
+
+/// The same with the image in RAM, where the back end copies small
+/// requests itself (through the same translations) instead of io_uring.
+#[test]
+fn iommu_mode_translates_and_enforces_on_an_image_in_ram() {
+    if let Some(srv) = Server::start_in_ram(4 << 20, &[]) {
+        translates_and_enforces(srv);
+    }
+}
+
+fn translates_and_enforces(mut srv: Server) {
     let mut c = Client::negotiate(&srv.socket, VERSION_1 | ACCESS_PLATFORM | BLK_F_FLUSH);
     assert_ne!(
         c.features & ACCESS_PLATFORM,
@@ -165,6 +177,17 @@ fn iommu_mode_translates_through_the_iotlb_and_enforces_it() {
 /// it will not map stay misses, and those requests fail.
 #[test]
 fn iotlb_misses_are_reported_and_answered_pages_are_used() {
+    misses_answered(Server::start(4 << 20, &[]));
+}
+
+#[test]
+fn iotlb_misses_are_answered_on_an_image_in_ram() {
+    if let Some(srv) = Server::start_in_ram(4 << 20, &[]) {
+        misses_answered(srv);
+    }
+}
+
+fn misses_answered(mut srv: Server) {
     use std::io::{Read, Write};
     use std::os::fd::{AsRawFd, FromRawFd};
     use std::os::unix::net::UnixStream;
@@ -173,7 +196,6 @@ fn iotlb_misses_are_reported_and_answered_pages_are_used() {
     use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
     use vhost::vhost_user::VhostUserFrontend;
 
-    let mut srv = Server::start(4 << 20, &[]);
     let mut c = Client::negotiate_with(
         &srv.socket,
         VERSION_1 | ACCESS_PLATFORM | BLK_F_FLUSH,
@@ -278,7 +300,17 @@ fn iotlb_misses_are_reported_and_answered_pages_are_used() {
 /// refused write aimed.
 #[test]
 fn hostile_iommu_requests_fail_alone_and_canaries_survive() {
-    let mut srv = Server::start(4 << 20, &[]);
+    fail_alone(Server::start(4 << 20, &[]));
+}
+
+#[test]
+fn hostile_iommu_requests_fail_alone_on_an_image_in_ram() {
+    if let Some(srv) = Server::start_in_ram(4 << 20, &[]) {
+        fail_alone(srv);
+    }
+}
+
+fn fail_alone(mut srv: Server) {
     let mut c = Client::negotiate(&srv.socket, VERSION_1 | ACCESS_PLATFORM | BLK_F_FLUSH);
     assert_ne!(c.features & ACCESS_PLATFORM, 0);
     // Rings, headers and statuses: RW. A: 16 KiB RW. B: 4 KiB RO. The
