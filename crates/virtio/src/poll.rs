@@ -38,7 +38,8 @@
 //! waiter re-enables notifications and sleeps at once. When the peer may
 //! not run on any CPU this thread may, no yield can help it either: the
 //! poller spins without yielding (the scheduler still preempts it for
-//! other tasks).
+//! other tasks), unless helpers of its own may need the CPU
+//! ([`Polled::helpers_busy`]: a back end's io_uring workers).
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -149,6 +150,13 @@ pub trait Polled {
     /// # Errors
     /// The ring cannot be read or written.
     fn rearm(&mut self) -> Result<bool, Self::Error>;
+
+    /// Whether work of the waiter's own is under way on other threads
+    /// that may need this CPU (a back end's io_uring workers): then a
+    /// poller yields now and then even when its peer runs elsewhere.
+    fn helpers_busy(&self) -> bool {
+        false
+    }
 
     /// Sleeps until notified or until `timeout` (`None`: no limit) has
     /// passed. Whatever it returns, the waiter looks with
@@ -438,7 +446,7 @@ impl Poller {
             loop {
                 let goes_on = if shared {
                     self.hand_over()
-                } else if apart {
+                } else if apart && !ring.helpers_busy() {
                     std::hint::spin_loop();
                     true
                 } else {

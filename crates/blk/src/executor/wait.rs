@@ -55,6 +55,12 @@ impl Polled for QueueSources<'_> {
         Ok(self.stop)
     }
 
+    fn helpers_busy(&self) -> bool {
+        // Requests on io_uring (large ones, or any on a file system with
+        // non-blocking reads): its workers may run on this thread's CPU.
+        self.io.lock().unwrap_or_else(|e| e.into_inner()).in_flight > 0
+    }
+
     fn suppress(&mut self) -> std::io::Result<()> {
         let mem = self.ctx.memory();
         self.ctx.suppress_kicks(&mem);

@@ -396,3 +396,42 @@ fn lost_kick_race(shared: bool) {
     let kicks = s.kicks.load(Ordering::Relaxed);
     assert!(kicks > 0 && kicks < u64::from(ITEMS), "{kicks} kicks");
 }
+
+#[test]
+fn a_poller_apart_from_its_peer_yields_only_while_its_helpers_work() {
+    struct Idle {
+        helpers: bool,
+    }
+    impl Polled for Idle {
+        type Error = ();
+        fn ready(&mut self) -> Result<bool, ()> {
+            Ok(false)
+        }
+        fn helpers_busy(&self) -> bool {
+            self.helpers
+        }
+        fn suppress(&mut self) -> Result<(), ()> {
+            Ok(())
+        }
+        fn rearm(&mut self) -> Result<bool, ()> {
+            Ok(false)
+        }
+        fn sleep(&mut self, t: Option<Duration>) -> Result<(), ()> {
+            std::thread::sleep(t.unwrap_or_default());
+            Ok(())
+        }
+    }
+    for helpers in [false, true] {
+        let mut p = Poller::new(PollMode::Busy);
+        p.peer = Some(PeerCpu {
+            pid: rustix::process::getpid(),
+            checked: Some(Instant::now() + Duration::from_secs(3600)),
+            shared: false,
+            apart: true,
+        });
+        let got = p.wait(&mut Idle { helpers }, Some(Duration::from_millis(2)));
+        assert_eq!(got, Ok(Waited::TimedOut));
+        // A yield opens a spin slice; pure spinning never does.
+        assert_eq!(p.spin_until.is_some(), helpers, "helpers busy: {helpers}");
+    }
+}
