@@ -402,36 +402,7 @@ impl Executor {
             (vec![iov].into_boxed_slice(), Some(buf))
         };
         let offset = sector * SECTOR_SIZE;
-        if !self.image.nowait && total <= INLINE_MAX {
-            // io_uring would hand this to a worker thread: copy it here,
-            // under the batch's ticket (the caller's `dma_batch`).
-            let flight = InFlight {
-                head,
-                status,
-                op,
-                data,
-                offset,
-                total,
-                iovecs,
-                bounce,
-                _mem: mem.clone(),
-                _dma: None,
-            };
-            let (st, len) = flight.run_inline(&self.image.file, mem);
-            self.complete(ctx, mem, head, Some(status), st, len);
-            return;
-        }
-        let fd = types::Fd(self.image.file.as_raw_fd());
-        let n_iov = iovecs.len() as u32;
-        let sqe = match op {
-            Op::Read => opcode::Readv::new(fd, iovecs.as_ptr(), n_iov)
-                .offset(offset)
-                .build(),
-            _ => opcode::Writev::new(fd, iovecs.as_ptr(), n_iov)
-                .offset(offset)
-                .build(),
-        };
-        let flight = InFlight {
+        let mut flight = InFlight {
             head,
             status,
             op,
@@ -439,10 +410,26 @@ impl Executor {
             offset,
             total,
             iovecs,
-            // A bounced write has already read the front end's memory.
-            _dma: (op == Op::Read || bounce.is_none()).then(|| ctx.dma_ticket()),
             bounce,
             _mem: mem.clone(),
+            _dma: None,
+        };
+        if !self.image.nowait && total <= INLINE_MAX {
+            // io_uring would hand this to a worker thread: copy it here,
+            // under the batch's ticket (the caller's `dma_batch`).
+            let (st, len) = flight.run_inline(&self.image.file, mem);
+            self.complete(ctx, mem, head, Some(status), st, len);
+            return;
+        }
+        // A bounced write has already read the front end's memory.
+        flight._dma = (op == Op::Read || flight.bounce.is_none()).then(|| ctx.dma_ticket());
+        let fd = types::Fd(self.image.file.as_raw_fd());
+        // The iovecs are on the heap: moving them into `flight` left them
+        // where the entry points.
+        let (iov, n_iov) = (flight.iovecs.as_ptr(), flight.iovecs.len() as u32);
+        let sqe = match op {
+            Op::Read => opcode::Readv::new(fd, iov, n_iov).offset(offset).build(),
+            _ => opcode::Writev::new(fd, iov, n_iov).offset(offset).build(),
         };
         self.push(ctx, mem, flight, sqe);
     }
