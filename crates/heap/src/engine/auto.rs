@@ -427,17 +427,19 @@ impl AutoEngine {
     }
 }
 
+/// A probe that saw each method move so many MiB in one second.
+#[cfg(test)]
+pub(super) fn probe(uring_mib: u64, direct_mib: u64) -> Probe {
+    Probe {
+        uring: (uring_mib << 20, Duration::from_secs(1)),
+        direct: (direct_mib << 20, Duration::from_secs(1)),
+        ..Probe::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn probe(uring_mib: u64, direct_mib: u64) -> Probe {
-        Probe {
-            uring: (uring_mib << 20, Duration::from_secs(1)),
-            direct: (direct_mib << 20, Duration::from_secs(1)),
-            ..Probe::default()
-        }
-    }
 
     #[test]
     fn direct_must_lead_by_the_margin() {

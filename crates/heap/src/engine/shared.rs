@@ -112,17 +112,8 @@ impl SharedChoice {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
+    use super::super::auto::probe;
     use super::*;
-
-    fn probe(uring_mib: u64, direct_mib: u64) -> Probe {
-        Probe {
-            uring: (uring_mib << 20, Duration::from_secs(1)),
-            direct: (direct_mib << 20, Duration::from_secs(1)),
-            ..Probe::default()
-        }
-    }
 
     #[test]
     fn a_shared_probe_is_measured_once_and_reopened_when_it_could_not_choose() {
