@@ -43,9 +43,14 @@ pub struct Server {
 impl Server {
     /// Creates a sparse image of `size` bytes and serves it.
     pub fn start(size: u64, extra: &[&str]) -> Server {
+        Self::start_in(&std::env::temp_dir(), size, extra)
+    }
+
+    /// [`Server::start`] with the image in a directory made in `base`.
+    fn start_in(base: &Path, size: u64, extra: &[&str]) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("iopath-blk-")
-            .tempdir_in(std::env::temp_dir())
+            .tempdir_in(base)
             .unwrap();
         let image = dir.path().join("disk.img");
         std::fs::File::create(&image)
@@ -68,16 +73,7 @@ impl Server {
             );
             return None;
         }
-        let dir = tempfile::Builder::new()
-            .prefix("iopath-blk-")
-            .tempdir_in(base)
-            .unwrap();
-        let image = dir.path().join("disk.img");
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(size)
-            .unwrap();
-        Some(Self::start_on(dir, image, extra))
+        Some(Self::start_in(base, size, extra))
     }
 
     pub fn start_on(dir: tempfile::TempDir, image: PathBuf, extra: &[&str]) -> Server {
