@@ -277,45 +277,10 @@ impl AutoEngine {
             Some(r) => Ok(Pull::Req(r)),
             None => next(wait),
         };
-        let mut total = Transfer::default();
         match self.shared.as_ref().map(|s| (s, s.claim(direct_ok))) {
             None | Some((_, Claim::Measure)) => {}
             Some((shared, Claim::Wait)) => {
-                // The first engine of the pair until the measuring batch
-                // has chosen the other one, then that one; a choice for
-                // the other pair is not this batch's.
-                let ours = || {
-                    shared
-                        .chosen()
-                        .filter(|p| p.mapping_refused_direct() != direct_ok)
-                };
-                let mut ended = false;
-                let pulled = Cell::new(0usize);
-                let mut until = |wait: bool| -> Result<Pull> {
-                    if ours().is_some_and(|p| p.chosen != Some(pair[0].0)) {
-                        return Ok(Pull::End);
-                    }
-                    let p = next(wait)?;
-                    match &p {
-                        Pull::Req(_) => pulled.set(pulled.get() + 1),
-                        Pull::End => ended = true,
-                        Pull::Later => {}
-                    }
-                    Ok(p)
-                };
-                total += pair[0].1.read_batch(file, &mut until, done)?;
-                let base = pulled.get();
-                match ours() {
-                    Some(p) if !ended => total += self.take(p, file, &mut next, done, base)?,
-                    Some(p) => *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = p,
-                    None => {
-                        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = Probe {
-                            chosen: Some(pair[0].0),
-                            ..Probe::default()
-                        }
-                    }
-                }
-                return Ok(total);
+                return self.follow(shared, direct_ok, pair, file, &mut next, done)
             }
             Some((_, Claim::Take(p))) => return self.take(p, file, &mut next, done, 0),
         }
@@ -324,6 +289,53 @@ impl AutoEngine {
             s.abandon();
         }
         r
+    }
+
+    /// While another engine measures for `shared`: the first engine of
+    /// `pair` until the measuring batch has chosen the other one, then that
+    /// one (a choice for the other pair is not this batch's).
+    fn follow(
+        &self,
+        shared: &SharedChoice,
+        direct_ok: bool,
+        pair: [(Method, &dyn Engine); 2],
+        file: &IoFile,
+        next: &mut NextReq<'_>,
+        done: &mut ReqDone<'_>,
+    ) -> Result<Transfer> {
+        let ours = || {
+            shared
+                .chosen()
+                .filter(|p| p.mapping_refused_direct() != direct_ok)
+        };
+        let mut ended = false;
+        let mut pulled = 0usize;
+        let mut until = |wait: bool| -> Result<Pull> {
+            if ours().is_some_and(|p| p.chosen != Some(pair[0].0)) {
+                return Ok(Pull::End);
+            }
+            let p = next(wait)?;
+            match &p {
+                Pull::Req(_) => pulled += 1,
+                Pull::End => ended = true,
+                Pull::Later => {}
+            }
+            Ok(p)
+        };
+        let mut total = pair[0].1.read_batch(file, &mut until, done)?;
+        match ours() {
+            Some(p) if !ended => total += self.take(p, file, next, done, pulled)?,
+            Some(p) => self.set_probe(p),
+            None => self.set_probe(Probe {
+                chosen: Some(pair[0].0),
+                ..Probe::default()
+            }),
+        }
+        Ok(total)
+    }
+
+    fn set_probe(&self, p: Probe) {
+        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = p;
     }
 
     /// Runs the batch through the engine a shared probe `p` chose,
@@ -336,7 +348,7 @@ impl AutoEngine {
         done: &mut ReqDone<'_>,
         base: usize,
     ) -> Result<Transfer> {
-        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = p;
+        self.set_probe(p);
         let mut rest_done = |j: usize, t: Transfer| done(base + j, t);
         self.chosen().read_batch(file, next, &mut rest_done)
     }
@@ -414,7 +426,7 @@ impl AutoEngine {
                 probe.direct.0,
             );
         }
-        *self.probe.lock().unwrap_or_else(|p| p.into_inner()) = probe;
+        self.set_probe(probe);
         if let Some(s) = &self.shared {
             s.publish(&probe);
         }
