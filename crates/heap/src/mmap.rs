@@ -28,6 +28,12 @@ use crate::{Error, Result};
 /// the lock). 2 MiB per call keeps each hold to a millisecond or two.
 pub(crate) const POPULATE_STEP: usize = 2 << 20;
 
+/// `off..off + len` rounded out to whole pages: `(first byte, end)`.
+fn page_bounds(off: usize, len: usize) -> (usize, usize) {
+    let page = crate::page_size();
+    (off / page * page, (off + len).div_ceil(page) * page)
+}
+
 /// A `MAP_SHARED` read/write mapping of a file descriptor, unmapped on drop;
 /// optionally [guarded](guard) against SIGBUS.
 #[derive(Debug)]
@@ -136,23 +142,11 @@ impl Mmap {
     /// `madvise(MADV_POPULATE_WRITE)`: faults every page of the mapping in
     /// now (Linux 5.14+), [`POPULATE_STEP`] bytes per call.
     pub(crate) fn populate_write(&self) -> Result<()> {
-        const MADV_POPULATE_WRITE: libc::c_int = 23;
         let mut off = 0;
         while off < self.len {
             let len = POPULATE_STEP.min(self.len - off);
-            // SAFETY: `off..off + len` is inside this live mapping (`off <
-            // self.len`, `len <= self.len - off`, both page multiples as
-            // the step and the mapping's length are); populating only
-            // allocates its pages, it does not change their contents.
-            let rc = unsafe {
-                libc::madvise(self.ptr.as_ptr().add(off).cast(), len, MADV_POPULATE_WRITE)
-            };
-            if rc != 0 {
-                return Err(Error::sys(
-                    "madvise(MADV_POPULATE_WRITE)",
-                    std::io::Error::last_os_error(),
-                ));
-            }
+            self.populate(off, len, Advice::LinuxPopulateWrite)
+                .map_err(|e| Error::sys("madvise(MADV_POPULATE_WRITE)", e))?;
             off += len;
         }
         Ok(())
@@ -163,7 +157,6 @@ impl Mmap {
     /// writing them (a private file mapping's pages stay the page cache's,
     /// not copied). A page not in the page cache is read into it.
     pub(crate) fn populate_read(&self, off: usize, len: usize) -> Result<()> {
-        const MADV_POPULATE_READ: libc::c_int = 22;
         if off.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Error::OutOfRange {
                 offset: off,
@@ -174,26 +167,20 @@ impl Mmap {
         if len == 0 {
             return Ok(());
         }
-        let page = crate::page_size();
-        let lo = off / page * page;
-        let hi = (off + len).div_ceil(page) * page;
-        // SAFETY: `lo..hi` is inside this live mapping, rounded out to its
-        // pages (a mapping covers whole pages); populating for read maps
-        // pages without changing their contents.
-        let rc = unsafe {
-            libc::madvise(
-                self.ptr.as_ptr().wrapping_add(lo).cast(),
-                hi - lo,
-                MADV_POPULATE_READ,
-            )
-        };
-        if rc != 0 {
-            return Err(Error::sys(
-                "madvise(MADV_POPULATE_READ)",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        Ok(())
+        let (lo, hi) = page_bounds(off, len);
+        self.populate(lo, hi - lo, Advice::LinuxPopulateRead)
+            .map_err(|e| Error::sys("madvise(MADV_POPULATE_READ)", e))
+    }
+
+    /// `madvise(advice)`, one of the populate advices, over
+    /// `off..off + len`: page-aligned and inside the mapping (a mapping
+    /// covers whole pages), as both callers make it.
+    fn populate(&self, off: usize, len: usize, advice: Advice) -> rustix::io::Result<()> {
+        debug_assert!(off + len <= self.len.div_ceil(crate::page_size()) * crate::page_size());
+        // SAFETY: `off..off + len` is inside this live mapping (the
+        // callers' bounds); populating maps or allocates its pages, it
+        // does not change their contents.
+        unsafe { rustix::mm::madvise(self.ptr.as_ptr().wrapping_add(off).cast(), len, advice) }
     }
 
     /// `madvise(MADV_HUGEPAGE)` over the whole mapping.
@@ -262,26 +249,10 @@ impl FileView {
                 buf_len: self.map.len(),
             });
         }
-        const MADV_POPULATE_READ: libc::c_int = 22;
-        let page = crate::page_size();
-        let lo = off / page * page;
-        let hi = (off + len).div_ceil(page) * page;
-        let hi = hi.min(self.map.len().div_ceil(page) * page);
-        // SAFETY: `lo..hi` lies inside this live mapping (page-rounded);
-        // populating maps pages without changing them.
-        let rc = unsafe {
-            libc::madvise(
-                self.map.as_ptr().wrapping_add(lo).cast(),
-                hi - lo,
-                MADV_POPULATE_READ,
-            )
-        };
-        if rc != 0 {
-            tracing::debug!(
-                "madvise(MADV_POPULATE_READ): {}; the copy faults pages in",
-                std::io::Error::last_os_error()
-            );
+        if let Err(e) = self.map.populate_read(off, len) {
+            tracing::debug!("{e}; the copy faults pages in");
         }
+        let (lo, hi) = page_bounds(off, len);
         // SAFETY: `off..off + len` is inside the mapping (checked above),
         // which lives while `self` does; it is a file mapping, so it cannot
         // overlap the buffer's memfd or dma-buf mapping. A page the file
@@ -290,7 +261,8 @@ impl FileView {
         // Unmap the pages again (they stay in the page cache), so the
         // process's resident size counts the buffers once, not the file's
         // pages as well.
-        // SAFETY: as for the populate above; dropping a shared file
+        // SAFETY: `lo..hi` lies inside this live mapping (`off..off + len`
+        // does, rounded out to its pages); dropping a shared file
         // mapping's pages changes no data.
         let _ = unsafe {
             rustix::mm::madvise(
