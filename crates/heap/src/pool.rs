@@ -149,8 +149,7 @@ impl Heap for Pool {
         let mut kept = self.lock();
         forget_exported(&mut kept);
         let bytes: u64 = kept.iter().map(|b| b.len() as u64).sum();
-        // A file's own pages are never a load's destination again.
-        if bytes.saturating_add(len as u64) <= self.capacity && b.kind() != crate::HeapKind::File {
+        if bytes.saturating_add(len as u64) <= self.capacity {
             kept.push(b.clone());
         }
         Ok(b)
