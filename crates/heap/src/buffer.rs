@@ -19,7 +19,7 @@ use crate::range::BufRange;
 use crate::{Error, Result};
 
 mod of_file;
-pub use of_file::POPULATE_READ;
+pub use of_file::{POPULATE_READ, TOUCH_READ};
 
 /// Magic that starts an exported-buffer message ("IOPB").
 const EXPORT_MAGIC: u32 = 0x4250_4f49;

@@ -87,7 +87,7 @@ mod verify;
 
 pub use align::DioAlign;
 pub use bounce::AlignedBuf;
-pub use buffer::{Buffer, DevicePin, POPULATE_READ};
+pub use buffer::{Buffer, DevicePin, POPULATE_READ, TOUCH_READ};
 pub use choose::{choose_heap, HeapChoice};
 pub use engine::{
     cache_runs, new_engine, new_engine_sharing, AutoEngine, BounceEngine, BufferedEngine,

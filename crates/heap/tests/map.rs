@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use iopath_heap::{
     dtype_align, load_checkpoint, Error, HeapKind, HugePages, IoFile, LoadOptions, MemfdHeap,
-    Tensors, POPULATE_READ,
+    Tensors, TOUCH_READ,
 };
 
 const MIB: usize = 1 << 20;
@@ -113,8 +113,8 @@ fn cached_tensors_are_views_of_the_file_and_the_rest_is_read() {
     assert_eq!(mapped_sorted, expect);
     assert_eq!(t.stats.mapped, 3 * (2 * MIB as u64 + 3));
     assert_eq!(t.stats.bytes, 3 * MIB as u64);
-    assert_eq!(t.stats.populate, Some(POPULATE_READ));
-    assert_eq!(t.stats.populate, Some("MADV_POPULATE_READ"));
+    assert_eq!(t.stats.populate, Some(TOUCH_READ));
+    assert_eq!(t.stats.populate, Some("read faults"));
     // A write through a view is private (copy-on-write)...
     let a = &t.tensors["s0.a"];
     a.buffer.write_at(a.offset, b"mine").unwrap();

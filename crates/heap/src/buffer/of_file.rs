@@ -28,8 +28,14 @@ use crate::mmap::Mmap;
 use crate::{Error, Result};
 
 /// How [`Buffer::populate_read`] makes pages resident, as load statistics
-/// name it.
+/// name it: `madvise(MADV_POPULATE_READ)`, where the mapping is not guarded
+/// against SIGBUS.
 pub const POPULATE_READ: &str = "MADV_POPULATE_READ";
+
+/// How [`Buffer::populate_read`] makes pages resident where the mapping is
+/// guarded (every file buffer, unless the guard's slots ran out): one read
+/// of every page, whose faults map the pages around them.
+pub const TOUCH_READ: &str = "read faults";
 
 impl Buffer {
     /// Maps the first `len` bytes of the regular file `fd` (opened
@@ -67,7 +73,8 @@ impl Buffer {
     }
 
     /// Maps the pages holding `offset..offset + len` now, readable, without
-    /// writing them ([`POPULATE_READ`]): for a buffer of
+    /// writing them ([`TOUCH_READ`], or [`POPULATE_READ`] on a mapping not
+    /// guarded against SIGBUS, which it returns): for a buffer of
     /// [`HeapKind::File`], its bytes become resident (a page not in the
     /// page cache is read into it), and still the page cache's own pages,
     /// not copies.
@@ -75,8 +82,9 @@ impl Buffer {
     /// # Errors
     /// [`Error::OutOfRange`] unless the range is inside the buffer;
     /// [`Error::Sys`] if the kernel refuses (before Linux 5.14, or an I/O
-    /// error reading a page in).
-    pub fn populate_read(&self, offset: usize, len: usize) -> Result<()> {
+    /// error reading a page in), or for a page past the file's end (the
+    /// file shrank).
+    pub fn populate_read(&self, offset: usize, len: usize) -> Result<&'static str> {
         self.inner.map.populate_read(offset, len)
     }
 }
@@ -106,7 +114,7 @@ mod tests {
         let buf = Buffer::map_file(fd, data.len()).unwrap();
         assert_eq!((buf.kind(), buf.len()), (HeapKind::File, data.len()));
         assert!(!buf.takes_direct_io());
-        buf.populate_read(page - 1, 2).unwrap();
+        assert_eq!(buf.populate_read(page - 1, 2).unwrap(), TOUCH_READ);
         let mut got = vec![0u8; data.len()];
         buf.read_at(0, &mut got).unwrap();
         assert_eq!(got, data);
@@ -130,6 +138,30 @@ mod tests {
             Buffer::map_file(dir, 1),
             Err(Error::BadMessage(_))
         ));
+    }
+
+    #[test]
+    fn populating_a_file_buffer_past_a_shrunk_file_fails() {
+        let page = crate::page_size();
+        let data = vec![7u8; 4 * page];
+        let (_dir, path) = file_of(&data);
+        let fd = OwnedFd::from(std::fs::File::open(&path).unwrap());
+        let buf = Buffer::map_file(fd, data.len()).unwrap();
+        assert_eq!(buf.populate_read(0, page).unwrap(), TOUCH_READ);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(page as u64)
+            .unwrap();
+        // Its first page is still there; past it the file is gone, and the
+        // guard's zeros are reported, not taken for the file's bytes.
+        buf.populate_read(0, page).unwrap();
+        assert!(matches!(
+            buf.populate_read(page, 3 * page),
+            Err(Error::Sys { source, .. }) if source.raw_os_error() == Some(libc::EFAULT)
+        ));
+        assert!(buf.peer_truncated());
     }
 
     #[test]

@@ -190,9 +190,10 @@ impl OpenShard {
         });
         let (mut buffers, mut stats) = filled?;
         if let Some(b) = file_buf {
-            buffers.push(b?);
+            let (b, how) = b?;
+            buffers.push(b);
             stats.mapped = mapped;
-            stats.populate = Some(crate::POPULATE_READ);
+            stats.populate = Some(how);
         }
         stats.buffer_size = self.cap;
         Ok((buffers, stats))
