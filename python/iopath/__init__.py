@@ -182,7 +182,9 @@ def load_safetensors(
     map them, and writes are not seen across processes. The stats say
     ``mapped_bytes``, ``read_bytes`` (from the device) and
     ``copied_bytes`` (from the page cache), and ``populate``, how the
-    mapped bytes were made resident.
+    mapped bytes were made resident (``"read faults"``: a read of every
+    page; ``"MADV_POPULATE_READ"`` where the mapping could not be guarded
+    against SIGBUS).
 
     With ``with_stats`` the result is ``(tensors, stats)``. The GIL is
     released while loading; ``progress=True`` shows progress on stderr.

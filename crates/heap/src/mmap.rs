@@ -270,8 +270,8 @@ impl FileView {
     }
 
     /// Copies `dst.len()` bytes of the file at `off` into `dst`, mapping
-    /// their pages first in one call (`MADV_POPULATE_READ`, Linux 5.14+;
-    /// where it fails, the copy faults them in).
+    /// their pages first ([`Mmap::populate_read`]; where it fails, the copy
+    /// faults them in).
     ///
     /// # Errors
     /// [`Error::OutOfRange`] unless `off..off + dst.len()` is inside the

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   file (O_RDONLY, its own fd) ── mmap MAP_PRIVATE ──► Buffer { kind: File }
-//!        page cache pages ◄── MADV_POPULATE_READ (mapped, read-only, shared)
+//!        page cache pages ◄── a read of each page (mapped, read-only, shared)
 //!        a write ──► copy-on-write page, private to this process
 //! ```
 //!

@@ -93,7 +93,7 @@ pub(super) fn map_spans(
     Ok((buf, how))
 }
 
-/// Bytes per `MADV_POPULATE_READ` call: pieces the threads share.
+/// Bytes per [`Buffer::populate_read`] call: pieces the threads share.
 const PIECE: u64 = 32 << 20;
 
 /// Threads making a shard's mapped tensors resident. Two measured faster
