@@ -72,7 +72,7 @@ struct Batch {
 }
 
 impl BounceEngine {
-    /// Sets up the ring; the bounce memfd ([`SLOTS`] x `opts.chunk` bytes)
+    /// Sets up the ring; the bounce memfd (`SLOTS` x `opts.chunk` bytes)
     /// is made on first use.
     ///
     /// # Errors
