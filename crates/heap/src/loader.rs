@@ -198,9 +198,9 @@ pub struct LoadStats {
     /// load began, [`LoadOptions::map_cached`]), made resident but neither
     /// read nor copied; not counted in `bytes`.
     pub mapped: u64,
-    /// How the mapped bytes were made resident ([`crate::TOUCH_READ`], or
-    /// [`crate::POPULATE_READ`] where the guard had no slot); `None` when
-    /// none were mapped.
+    /// How the mapped bytes were made resident
+    /// ([`crate::Buffer::populate_read_how`]); `None` when none were
+    /// mapped.
     pub populate: Option<&'static str>,
 }
 

@@ -158,9 +158,8 @@ impl Mmap {
     /// guarded mapping this reads one byte of every page
     /// ([`Mmap::touch_pages`]); else `madvise(MADV_POPULATE_READ)` (Linux
     /// 5.14+), which cannot raise SIGBUS. A page past the file's end fails
-    /// either way. Returns which of the two did it:
-    /// [`crate::TOUCH_READ`] or [`crate::POPULATE_READ`].
-    pub(crate) fn populate_read(&self, off: usize, len: usize) -> Result<&'static str> {
+    /// either way.
+    pub(crate) fn populate_read(&self, off: usize, len: usize) -> Result<()> {
         if off.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Error::OutOfRange {
                 offset: off,
@@ -179,13 +178,13 @@ impl Mmap {
                     rustix::io::Errno::FAULT,
                 ));
             }
-            return Ok(crate::TOUCH_READ);
+            return Ok(());
         }
-        if len > 0 {
-            self.populate(lo, hi - lo, Advice::LinuxPopulateRead)
-                .map_err(|e| Error::sys("madvise(MADV_POPULATE_READ)", e))?;
+        if len == 0 {
+            return Ok(());
         }
-        Ok(crate::POPULATE_READ)
+        self.populate(lo, hi - lo, Advice::LinuxPopulateRead)
+            .map_err(|e| Error::sys("madvise(MADV_POPULATE_READ)", e))
     }
 
     /// Reads one byte of every page of `lo..hi` (page-aligned, inside this

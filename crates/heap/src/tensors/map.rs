@@ -61,8 +61,7 @@ fn mark(runs: &[CacheRun], spans: &[(u64, usize, usize)]) -> Vec<bool> {
 }
 
 /// The file mapped private, with the pages of every span marked in
-/// `mapped` made resident (neighbouring spans in one call), and how they
-/// were (as [`Buffer::populate_read`] names it).
+/// `mapped` made resident (neighbouring spans in one call).
 ///
 /// # Errors
 /// As [`Buffer::map_file`] and [`Buffer::populate_read`]; [`Error::Sys`]
@@ -72,7 +71,7 @@ pub(super) fn map_spans(
     size: u64,
     spans: &[(u64, usize, usize)],
     mapped: &[bool],
-) -> Result<(Buffer, &'static str)> {
+) -> Result<Buffer> {
     let fd = file
         .fd()
         .as_fd()
@@ -89,8 +88,8 @@ pub(super) fn map_spans(
             _ => ranges.push((f, end)),
         }
     }
-    let how = populate(&buf, &ranges)?;
-    Ok((buf, how))
+    populate(&buf, &ranges)?;
+    Ok(buf)
 }
 
 /// Bytes per [`Buffer::populate_read`] call: pieces the threads share.
@@ -104,8 +103,8 @@ const POPULATE_THREADS: usize = 2;
 
 /// Makes `ranges` of `buf` resident, in pieces of [`PIECE`] shared by up
 /// to two threads (the page-table work of mapping a page is CPU work; a
-/// second CPU halves it); returns how, as [`Buffer::populate_read`].
-fn populate(buf: &Buffer, ranges: &[(u64, u64)]) -> Result<&'static str> {
+/// second CPU halves it).
+fn populate(buf: &Buffer, ranges: &[(u64, u64)]) -> Result<()> {
     let pieces: Vec<(u64, u64)> = ranges
         .iter()
         .flat_map(|&(s, e)| {
@@ -116,16 +115,13 @@ fn populate(buf: &Buffer, ranges: &[(u64, u64)]) -> Result<&'static str> {
         .collect();
     let threads = POPULATE_THREADS.min(pieces.len()).max(1);
     let next = std::sync::atomic::AtomicUsize::new(0);
-    // Every piece is made resident the same way (the mapping's guard
-    // decides): the last one's answer is the load's.
-    let work = || -> Result<&'static str> {
-        let mut how = crate::TOUCH_READ;
+    let work = || -> Result<()> {
         loop {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let Some(&(s, e)) = pieces.get(i) else {
-                return Ok(how);
+                return Ok(());
             };
-            how = buf.populate_read(s as usize, (e - s) as usize)?;
+            buf.populate_read(s as usize, (e - s) as usize)?;
         }
     };
     std::thread::scope(|sc| {

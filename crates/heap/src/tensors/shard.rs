@@ -190,10 +190,10 @@ impl OpenShard {
         });
         let (mut buffers, mut stats) = filled?;
         if let Some(b) = file_buf {
-            let (b, how) = b?;
-            buffers.push(b);
+            let b = b?;
+            stats.populate = Some(b.populate_read_how());
             stats.mapped = mapped;
-            stats.populate = Some(how);
+            buffers.push(b);
         }
         stats.buffer_size = self.cap;
         Ok((buffers, stats))
