@@ -42,10 +42,12 @@ pub struct LoadArgs {
     /// Default: as many as the whole file needs.
     #[arg(long)]
     pub buffers: Option<usize>,
-    /// How to move the bytes: auto (uring or direct, whichever measures
-    /// faster over 48 MiB each, in alternating slices; direct only when
-    /// more than 10% faster; for a dma-heap, whose mapping refuses direct
-    /// I/O, bounce or buffered, whichever measures faster), buffered
+    /// How to move the bytes: auto (what the page cache holds is copied
+    /// out of it, the rest read with uring or direct at the same time,
+    /// whichever measures faster over 48 MiB each, in alternating slices;
+    /// direct only when more than 10% faster; for a dma-heap, whose
+    /// mapping refuses direct I/O, bounce or buffered, whichever measures
+    /// faster), buffered
     /// (pread), direct (O_DIRECT), sendfile (sendfile/splice), uring
     /// (io_uring, fixed buffers, O_DIRECT), bounce (O_DIRECT io_uring into
     /// a memfd bounce buffer, then a copy). Direct methods fall back to
@@ -53,7 +55,8 @@ pub struct LoadArgs {
     /// With --format safetensors also map: every tensor the page cache
     /// holds whole becomes a view of the file (mapped private, pages made
     /// resident, no copy; later writes to the file show through, a
-    /// truncated file reads as zeros), the rest read as auto reads them.
+    /// truncated file reads as zeros), the rest read as auto reads them:
+    /// the fastest on a warm page cache, where auto copies.
     #[arg(long, default_value = "auto")]
     pub method: String,
     /// io_uring requests kept in flight (uring and auto), 1 to 4096.
