@@ -122,6 +122,13 @@ impl Mmap {
         self.guard.as_ref().is_some_and(Guard::faulted)
     }
 
+    /// Whether the guard caught a SIGBUS in a page below offset `end`:
+    /// the file lost a page there (or could not read it in).
+    fn faulted_below(&self, end: usize) -> bool {
+        let first = self.guard.as_ref().and_then(Guard::first_fault);
+        first.is_some_and(|at| at < self.ptr.as_ptr() as usize + end)
+    }
+
     /// On a caught SIGBUS, also `shutdown(2)` the socket `sock` (a duplicate
     /// of it is kept, so the number cannot be reused meanwhile).
     pub(crate) fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
@@ -157,8 +164,9 @@ impl Mmap {
     /// not copied). A page not in the page cache is read into it. On a
     /// guarded mapping this reads one byte of every page
     /// ([`Mmap::touch_pages`]); else `madvise(MADV_POPULATE_READ)` (Linux
-    /// 5.14+), which cannot raise SIGBUS. A page past the file's end fails
-    /// either way.
+    /// 5.14+), which cannot raise SIGBUS. A page past the file's end (or
+    /// one that cannot be read in) fails the call either way; on a guarded
+    /// mapping it reads as zeros from then on.
     pub(crate) fn populate_read(&self, off: usize, len: usize) -> Result<()> {
         if off.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Error::OutOfRange {
@@ -167,20 +175,22 @@ impl Mmap {
                 buf_len: self.len,
             });
         }
+        if len == 0 {
+            return Ok(());
+        }
         let (lo, hi) = page_bounds(off, len);
         if self.guard.is_some() {
             self.touch_pages(lo, hi);
-            if self.faulted() {
-                // The file shrank under the mapping: as MADV_POPULATE_READ
-                // would have failed there.
+            // A page of the range the file lost faulted just now (or did
+            // before, and reads the guard's zeros since), so the lowest
+            // fault is below the range's end: fail, as MADV_POPULATE_READ
+            // would have.
+            if self.faulted_below(hi) {
                 return Err(Error::sys(
                     "reading a mapped file's pages",
                     rustix::io::Errno::FAULT,
                 ));
             }
-            return Ok(());
-        }
-        if len == 0 {
             return Ok(());
         }
         self.populate(lo, hi - lo, Advice::LinuxPopulateRead)
@@ -202,7 +212,9 @@ impl Mmap {
         for at in (lo..hi).step_by(page) {
             // SAFETY: `at` is inside this live mapping (the caller's
             // bounds), which is readable; it is guarded, so a page the
-            // file lost reads as zeros instead of raising SIGBUS.
+            // file lost reads as zeros instead of raising SIGBUS (unless
+            // the handler cannot map its zero page, as for any access to
+            // a guarded mapping).
             unsafe { std::ptr::read_volatile(self.ptr.as_ptr().wrapping_add(at)) };
         }
     }
@@ -269,8 +281,10 @@ impl FileView {
     }
 
     /// Copies `dst.len()` bytes of the file at `off` into `dst`, mapping
-    /// their pages first ([`Mmap::populate_read`]; where it fails, the copy
-    /// faults them in).
+    /// their pages first ([`Mmap::populate_read`]: a read of each page
+    /// before the copy measured faster than the copy's own faults). Where
+    /// the file lost pages, they are copied as the guard's zeros and
+    /// [`FileView::truncated`] says so.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] unless `off..off + dst.len()` is inside the
@@ -285,7 +299,7 @@ impl FileView {
             });
         }
         if let Err(e) = self.map.populate_read(off, len) {
-            tracing::debug!("{e}; the copy faults pages in");
+            tracing::debug!("{e}: pages the file lost are copied as zeros");
         }
         let (lo, hi) = page_bounds(off, len);
         // SAFETY: `off..off + len` is inside the mapping (checked above),
@@ -427,6 +441,14 @@ impl SigbusGuard {
         guard::WATCHED[self.slot].faulted.load(Ordering::Acquire)
     }
 
+    /// The address of the lowest page a SIGBUS was caught in, if any.
+    fn first_fault(&self) -> Option<usize> {
+        let at = guard::WATCHED[self.slot]
+            .first_fault
+            .load(Ordering::Acquire);
+        (at != guard::NO_FAULT).then_some(at)
+    }
+
     /// On a caught SIGBUS, also shut the socket `sock` down (for both
     /// directions). A duplicate of the descriptor is kept while the guard
     /// lives, so the number cannot be reused meanwhile.
@@ -448,6 +470,7 @@ impl Drop for SigbusGuard {
         s.end.store(0, Ordering::Release);
         guard::close(s.conn.swap(-1, Ordering::AcqRel));
         s.faulted.store(false, Ordering::Release);
+        s.first_fault.store(guard::NO_FAULT, Ordering::Release);
         s.start.store(guard::FREE, Ordering::Release);
     }
 }
@@ -510,6 +533,74 @@ mod tests {
 
     use super::*;
     use crate::heap::{Heap, HugePages, MemfdHeap};
+
+    /// A file of `pages` pages of `byte`, opened read-only.
+    fn pages_file(
+        pages: usize,
+        byte: u8,
+    ) -> (tempfile::TempDir, std::path::PathBuf, std::fs::File) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![byte; pages * crate::page_size()]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        (dir, path, file)
+    }
+
+    /// Whether the page at `addr` is mapped in this process (bit 63 of its
+    /// `/proc/self/pagemap` entry).
+    fn present(addr: usize) -> bool {
+        use std::os::unix::fs::FileExt;
+        let page = crate::page_size();
+        let map = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mut e = [0u8; 8];
+        map.read_exact_at(&mut e, (addr / page * 8) as u64).unwrap();
+        u64::from_le_bytes(e) >> 63 == 1
+    }
+
+    #[test]
+    fn populate_read_maps_every_page_of_the_range() {
+        let page = crate::page_size();
+        // Four times the kernel's default fault-around window (64 KiB), so
+        // a populate that faulted only the first page of each window, or
+        // of the range, leaves pages unmapped.
+        let (_dir, _path, file) = pages_file(64, 3);
+        for guarded in [true, false] {
+            let map = Mmap::map_private(file.as_fd(), 64 * page, guarded).unwrap();
+            assert_eq!(map.is_guarded(), guarded);
+            let at = |i: usize| map.as_ptr() as usize + i * page;
+            assert!((0..64).all(|i| !present(at(i))), "guarded {guarded}");
+            map.populate_read(20 * page + 1, 30 * page).unwrap();
+            assert!((20..51).all(|i| present(at(i))), "guarded {guarded}");
+            map.populate_read(0, 64 * page).unwrap();
+            assert!((0..64).all(|i| present(at(i))), "guarded {guarded}");
+        }
+    }
+
+    #[test]
+    fn populate_read_fails_only_for_pages_a_shrunk_file_lost() {
+        let page = crate::page_size();
+        for guarded in [true, false] {
+            let (_dir, path, file) = pages_file(8, 9);
+            let map = Mmap::map_private(file.as_fd(), 8 * page, guarded).unwrap();
+            let shrink = std::fs::OpenOptions::new().write(true).open(&path);
+            shrink.and_then(|f| f.set_len(2 * page as u64)).unwrap();
+            map.populate_read(0, 2 * page).unwrap();
+            let lost = map.populate_read(page, 2 * page);
+            assert!(
+                matches!(&lost, Err(Error::Sys { source, .. }) if source.raw_os_error() == Some(libc::EFAULT)),
+                "guarded {guarded}: {lost:?}"
+            );
+            // The pages the file still has populate as before, and keep
+            // its bytes.
+            map.populate_read(0, 2 * page).unwrap();
+            map.populate_read(page, 0).unwrap();
+            // SAFETY: the first two pages are inside the mapping and the
+            // file; nothing writes them meanwhile.
+            let kept = unsafe { std::slice::from_raw_parts(map.as_ptr(), 2 * page) };
+            assert!(kept.iter().all(|&b| b == 9), "guarded {guarded}");
+            assert_eq!(map.faulted(), guarded);
+        }
+    }
 
     #[test]
     fn populate_allocates_every_page_past_its_step() {

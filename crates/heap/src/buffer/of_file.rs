@@ -33,8 +33,9 @@ use crate::{Error, Result};
 pub const POPULATE_READ: &str = "MADV_POPULATE_READ";
 
 /// How [`Buffer::populate_read`] makes pages resident where the mapping is
-/// guarded (every file buffer, unless the guard's slots ran out): one read
-/// of every page, whose faults map the pages around them.
+/// guarded (every file buffer, unless the guard's slots ran out or its
+/// SIGBUS handler could not be installed): one read of every page, whose
+/// faults map the pages around them.
 pub const TOUCH_READ: &str = "read faults";
 
 impl Buffer {
@@ -80,9 +81,10 @@ impl Buffer {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] unless the range is inside the buffer;
-    /// [`Error::Sys`] if the kernel refuses (before Linux 5.14, or an I/O
-    /// error reading a page in), or for a page past the file's end (the
-    /// file shrank).
+    /// [`Error::Sys`] for a page past the file's end (the file shrank) or
+    /// one that cannot be read in (`EFAULT` where the buffer is guarded:
+    /// such a page then reads as zeros and [`Buffer::peer_truncated`] is
+    /// true; else the madvise's error, which needs Linux 5.14).
     pub fn populate_read(&self, offset: usize, len: usize) -> Result<()> {
         self.inner.map.populate_read(offset, len)
     }
@@ -170,6 +172,13 @@ mod tests {
             Err(Error::Sys { source, .. }) if source.raw_os_error() == Some(libc::EFAULT)
         ));
         assert!(buf.peer_truncated());
+        // What the file still has populates and reads as before; what it
+        // lost reads as zeros.
+        buf.populate_read(0, page).unwrap();
+        let mut got = vec![1u8; data.len()];
+        buf.read_at(0, &mut got).unwrap();
+        assert_eq!(got[..page], data[..page]);
+        assert!(got[page..].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -14,7 +14,12 @@ pub(super) struct Slot {
     /// A socket to shut down on a fault (our own duplicate), or -1.
     pub(super) conn: AtomicI32,
     pub(super) faulted: AtomicBool,
+    /// The lowest page a SIGBUS was caught in ([`NO_FAULT`] before one).
+    pub(super) first_fault: AtomicUsize,
 }
+
+/// `first_fault` of a slot that caught no SIGBUS.
+pub(super) const NO_FAULT: usize = usize::MAX;
 
 pub(super) static WATCHED: [Slot; SLOTS] = [const {
     Slot {
@@ -22,6 +27,7 @@ pub(super) static WATCHED: [Slot; SLOTS] = [const {
         end: AtomicUsize::new(0),
         conn: AtomicI32::new(-1),
         faulted: AtomicBool::new(false),
+        first_fault: AtomicUsize::new(NO_FAULT),
     }
 }; SLOTS];
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
@@ -51,6 +57,7 @@ pub(super) fn watch(start: usize, len: usize) -> Option<Guard> {
         {
             s.conn.store(-1, Ordering::Release);
             s.faulted.store(false, Ordering::Release);
+            s.first_fault.store(NO_FAULT, Ordering::Release);
             s.end.store(end, Ordering::Release);
             s.start.store(start, Ordering::Release);
             return Some(Guard { slot: i });
@@ -128,7 +135,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         if p == libc::MAP_FAILED {
             break;
         }
-        // An atomic store: as above.
+        // Atomic operations: as above (`fetch_min` on a usize is a
+        // lock-free compare-and-swap loop).
+        s.first_fault.fetch_min(at, Ordering::AcqRel);
         s.faulted.store(true, Ordering::Release);
         let conn = s.conn.load(Ordering::Acquire);
         if conn >= 0 {
