@@ -204,7 +204,7 @@ fn a_polling_driver_times_out_naming_the_request() {
     .unwrap();
     drv.write(0, &buf, 0, BS).unwrap();
     let pid = rustix::process::Pid::from_child(&srv.child);
-    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    common::stop(pid);
     let t = Instant::now();
     let err = drv.read(3 * 4096, &buf, 0, BS).unwrap_err();
     let took = t.elapsed();

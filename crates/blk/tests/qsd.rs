@@ -148,7 +148,7 @@ fn a_back_end_that_stops_answering_is_a_timeout() {
     )
     .unwrap();
     drv.write(0, &buf, 0, 1 << 20).unwrap();
-    peer.signal(rustix::process::Signal::STOP);
+    peer.stop();
     let err = drv.write(0, &buf, 0, 1 << 20).unwrap_err();
     peer.signal(rustix::process::Signal::CONT);
     assert!(

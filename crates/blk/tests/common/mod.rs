@@ -49,6 +49,11 @@ impl Peer {
         rustix::process::kill_process(pid, sig).unwrap();
     }
 
+    /// Stops the back end ([`stop`]).
+    pub fn stop(&self) {
+        stop(rustix::process::Pid::from_child(&self.child));
+    }
+
     /// SIGKILL the back end and reap it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -332,4 +337,33 @@ pub fn write_read_verify(
         img[dev_off as usize + total..].iter().all(|&b| b == 0),
         "{mode:?}: bytes after the range changed"
     );
+}
+
+/// Sends SIGSTOP to `pid` and waits until every thread of it has stopped
+/// (`/proc/PID/task/*/stat` says `T`): `kill` returns once the signal is
+/// queued, and a thread polling on another CPU runs on until it takes it,
+/// long enough to serve a request.
+pub fn stop(pid: rustix::process::Pid) {
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let tasks = format!("/proc/{}/task", pid.as_raw_nonzero());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // The state is the field after the command name's closing parenthesis.
+    let stopped = |stat: String| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with(['T', 't']))
+    };
+    loop {
+        let all = std::fs::read_dir(&tasks)
+            .unwrap()
+            .filter_map(Result::ok)
+            .all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(stopped));
+        if all {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{tasks}: not all stopped after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
