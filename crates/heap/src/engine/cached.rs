@@ -10,8 +10,8 @@
 //! Each request of a batch is cut into runs by [`cache_runs`]. Cached runs
 //! go, in pieces of at most [`COPY_PIECE`] bytes, to [`COPIERS`] copier
 //! threads (started on the first one), which copy them out of a read-only
-//! shared mapping of the file ([`FileView`]: its pages mapped by a read of
-//! each before the copy, `MADV_RANDOM` so touching a page never
+//! shared mapping of the file ([`FileView`]: its pages faulted in by the
+//! copy, `MADV_RANDOM` so touching a page never
 //! reads ahead into the cold part of the file, SIGBUS guarded; one mapping
 //! shared by the copiers). Buffered `pread` would read ahead: a cached page
 //! that readahead marked starts reading the pages after it, cold ones included,
