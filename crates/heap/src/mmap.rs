@@ -402,77 +402,8 @@ impl SharedMapping {
     }
 }
 
-/// The SIGBUS guard of one mapping; dropping it stops the watch.
-///
-/// [`SharedMapping`] and [`crate::Buffer`] make one for their own mappings. For a
-/// mapping someone else owns (e.g. a `vm-memory` `MmapRegion`),
-/// [`SigbusGuard::watch`] guards it the same way: while the guard lives, a
-/// SIGBUS inside the range replaces the faulting page with a private zero
-/// page, marks the guard ([`SigbusGuard::peer_truncated`]) and shuts down
-/// the socket given to [`SigbusGuard::shutdown_on_fault`].
-#[derive(Debug)]
-pub struct SigbusGuard {
-    slot: usize,
-}
-
 /// What [`Mmap`] holds.
 type Guard = SigbusGuard;
-
-impl SigbusGuard {
-    /// Guards the `len` bytes mapped at `start`. `None` when every guard slot
-    /// (1024) is taken or the SIGBUS handler cannot be installed.
-    ///
-    /// # Safety
-    /// `start..start + len` must be a mapping of this process that stays
-    /// mapped until the guard is dropped: on a SIGBUS inside it the handler
-    /// maps a page over the faulting one (`MAP_FIXED`), which would clobber
-    /// whatever reused the addresses if the range had been unmapped.
-    pub unsafe fn watch(start: *const u8, len: usize) -> Option<Self> {
-        guard::watch(start as usize, len)
-    }
-
-    /// Whether a SIGBUS was caught in the range: the file under it shrank.
-    pub fn peer_truncated(&self) -> bool {
-        self.faulted()
-    }
-
-    fn faulted(&self) -> bool {
-        guard::WATCHED[self.slot].faulted.load(Ordering::Acquire)
-    }
-
-    /// The address of the lowest page a SIGBUS was caught in, if any.
-    fn first_fault(&self) -> Option<usize> {
-        let at = guard::WATCHED[self.slot]
-            .first_fault
-            .load(Ordering::Acquire);
-        (at != guard::NO_FAULT).then_some(at)
-    }
-
-    /// On a caught SIGBUS, also shut the socket `sock` down (for both
-    /// directions). A duplicate of the descriptor is kept while the guard
-    /// lives, so the number cannot be reused meanwhile.
-    ///
-    /// # Errors
-    /// [`Error::Sys`] if the descriptor cannot be duplicated.
-    pub fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
-        let dup = rustix::io::fcntl_dupfd_cloexec(sock, 0).map_err(|e| Error::sys("dup", e))?;
-        let raw = std::os::fd::IntoRawFd::into_raw_fd(dup);
-        let old = guard::WATCHED[self.slot].conn.swap(raw, Ordering::AcqRel);
-        guard::close(old);
-        Ok(())
-    }
-}
-
-impl Drop for SigbusGuard {
-    fn drop(&mut self) {
-        let s = &guard::WATCHED[self.slot];
-        s.end.store(0, Ordering::Release);
-        guard::close(s.conn.swap(-1, Ordering::AcqRel));
-        s.faulted.store(false, Ordering::Release);
-        s.first_fault.store(guard::NO_FAULT, Ordering::Release);
-        s.start.store(guard::FREE, Ordering::Release);
-    }
-}
 
 /// The process-wide SIGBUS handler and its table of guarded mappings.
 ///
@@ -486,6 +417,7 @@ impl Drop for SigbusGuard {
 /// can fault needs a live borrow of the owner, so the owner cannot be
 /// dropped while the handler repairs one of its pages.
 mod guard;
+pub use guard::SigbusGuard;
 
 /// Resident pages of the first `len` bytes of `fd`.
 pub(crate) fn resident_pages(fd: BorrowedFd<'_>, len: usize) -> Result<usize> {

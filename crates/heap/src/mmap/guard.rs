@@ -179,3 +179,70 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
+
+/// The SIGBUS guard of one mapping; dropping it stops the watch.
+///
+/// [`SharedMapping`] and [`crate::Buffer`] make one for their own mappings. For a
+/// mapping someone else owns (e.g. a `vm-memory` `MmapRegion`),
+/// [`SigbusGuard::watch`] guards it the same way: while the guard lives, a
+/// SIGBUS inside the range replaces the faulting page with a private zero
+/// page, marks the guard ([`SigbusGuard::peer_truncated`]) and shuts down
+/// the socket given to [`SigbusGuard::shutdown_on_fault`].
+#[derive(Debug)]
+pub struct SigbusGuard {
+    slot: usize,
+}
+
+impl SigbusGuard {
+    /// Guards the `len` bytes mapped at `start`. `None` when every guard slot
+    /// (1024) is taken or the SIGBUS handler cannot be installed.
+    ///
+    /// # Safety
+    /// `start..start + len` must be a mapping of this process that stays
+    /// mapped until the guard is dropped: on a SIGBUS inside it the handler
+    /// maps a page over the faulting one (`MAP_FIXED`), which would clobber
+    /// whatever reused the addresses if the range had been unmapped.
+    pub unsafe fn watch(start: *const u8, len: usize) -> Option<Self> {
+        watch(start as usize, len)
+    }
+
+    /// Whether a SIGBUS was caught in the range: the file under it shrank.
+    pub fn peer_truncated(&self) -> bool {
+        self.faulted()
+    }
+
+    pub(super) fn faulted(&self) -> bool {
+        WATCHED[self.slot].faulted.load(Ordering::Acquire)
+    }
+
+    /// The address of the lowest page a SIGBUS was caught in, if any.
+    pub(super) fn first_fault(&self) -> Option<usize> {
+        let at = WATCHED[self.slot].first_fault.load(Ordering::Acquire);
+        (at != NO_FAULT).then_some(at)
+    }
+
+    /// On a caught SIGBUS, also shut the socket `sock` down (for both
+    /// directions). A duplicate of the descriptor is kept while the guard
+    /// lives, so the number cannot be reused meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Sys`] if the descriptor cannot be duplicated.
+    pub fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
+        let dup = rustix::io::fcntl_dupfd_cloexec(sock, 0).map_err(|e| Error::sys("dup", e))?;
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(dup);
+        let old = WATCHED[self.slot].conn.swap(raw, Ordering::AcqRel);
+        close(old);
+        Ok(())
+    }
+}
+
+impl Drop for SigbusGuard {
+    fn drop(&mut self) {
+        let s = &WATCHED[self.slot];
+        s.end.store(0, Ordering::Release);
+        close(s.conn.swap(-1, Ordering::AcqRel));
+        s.faulted.store(false, Ordering::Release);
+        s.first_fault.store(NO_FAULT, Ordering::Release);
+        s.start.store(FREE, Ordering::Release);
+    }
+}
