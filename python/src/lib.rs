@@ -266,7 +266,7 @@ fn progress_printer(show: bool) -> impl FnMut(&iopath_heap::Progress) {
 /// The Rust error as a Python exception: input errors as `ValueError`,
 /// the rest as `OSError`, with the whole error chain as the message.
 fn to_py(e: iopath_heap::Error) -> PyErr {
-    let msg = iopath_heap::error_chain(&e);
+    let msg = iopath_sys::error_chain(&e);
     if is_bad_input(&e) {
         PyValueError::new_err(msg)
     } else {

@@ -137,7 +137,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// The error and its sources on one line.
     pub fn chain(&self) -> String {
-        iopath_heap::error_chain(self)
+        iopath_sys::error_chain(self)
     }
 
     /// `Error::Io` for `path`.

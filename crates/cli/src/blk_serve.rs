@@ -1,11 +1,10 @@
 //! `iopath blk serve`: iopath's vhost-user-blk back end.
 
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use iopath_blk::{BlkBackend, BlkOptions};
 use iopath_virtio::device::{ServerOptions, VhostUserServer};
 
@@ -43,23 +42,11 @@ pub struct ServeArgs {
     poll: crate::blk_poll::PollArgs,
 }
 
-/// Binds `path` with `mode`, replacing a socket file nobody listens on any
-/// more.
+/// Claims `path` (a stale socket is replaced) and listens there with
+/// `mode`.
 fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            bail!("{} exists and is not a socket", path.display());
-        }
-        if UnixStream::connect(path).is_ok() {
-            bail!("{} is in use by another server", path.display());
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
-    }
-    let fd =
-        iopath_virtio::unix_socket::bind_listener(path, rustix::net::SocketType::STREAM, mode, 16)
-            .map_err(|(op, e)| anyhow::Error::new(e).context(op))
-            .with_context(|| format!("cannot listen on {}", path.display()))?;
+    let fd = iopath_sys::unix_socket::listen(path, rustix::net::SocketType::STREAM, mode, 16)
+        .context("--socket")?;
     Ok(UnixListener::from(fd))
 }
 

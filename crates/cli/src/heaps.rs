@@ -1,7 +1,8 @@
 //! `iopath heaps`: which heaps this kernel has, what direct I/O can do with
 //! each, and what `--heap auto` takes.
 
-use iopath_heap::{error_chain, open_heap, page_size, DmaHeap, Heap, UdmabufHeap};
+use iopath_heap::{open_heap, page_size, DmaHeap, Heap, UdmabufHeap};
+use iopath_sys::error_chain;
 
 /// One line per heap: `NAME available (notes)` or `NAME unavailable: why`,
 /// then the `auto` line.

@@ -10,7 +10,8 @@
 use std::fmt;
 
 use crate::heap::{DmaHeap, Heap, HugePages, MemfdHeap, UdmabufHeap};
-use crate::{error_chain, page_size, LoadOptions, Method};
+use crate::{page_size, LoadOptions, Method};
+use iopath_sys::error_chain;
 
 /// Mean read below which `auto` takes `buffered`: 16 pages (64 KiB).
 /// io_uring and direct I/O move whole blocks and pay a submission per read

@@ -312,25 +312,6 @@ impl Error {
 /// Result with the heap [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An error and its sources on one line, outermost first, joined by `": "`
-/// (`"open failed: Permission denied (os error 13)"`): what logs, reports
-/// and exception messages print.
-///
-/// It lives in this crate, the floor of the workspace, because layers that
-/// share no other crate above it need it: the device side's server
-/// (`iopath-virtio`), the bench (`iopath-bench`) and the Python bindings
-/// (which use only this crate).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,12 +325,12 @@ mod tests {
     fn error_chain_joins_every_source_outermost_first() {
         let e = Outer(Error::sys("pread", io::Error::from_raw_os_error(5)));
         assert_eq!(
-            error_chain(&e),
+            iopath_sys::error_chain(&e),
             "loading model.bin: pread failed: Input/output error (os error 5)"
         );
         // No source: the message alone.
         assert_eq!(
-            error_chain(&Error::NoBuffers),
+            iopath_sys::error_chain(&Error::NoBuffers),
             "0 buffers asked for: ask for at least 1, or leave the count out to fit the file"
         );
     }

@@ -95,7 +95,7 @@ pub use engine::{
     ReadReq, ReqDone, SendfileEngine, SharedChoice, Transfer, UringEngine, CACHE_GRAIN,
     DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
 };
-pub use error::{error_chain, Error, Result};
+pub use error::{Error, Result};
 pub use file::IoFile;
 pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};

@@ -169,7 +169,7 @@ fn a_truncated_or_hostile_shard_fails_the_load_naming_it() {
     std::fs::write(&second, hostile).unwrap();
     let (index, _, e) = shard_error(dir.path());
     assert_eq!(index, 2);
-    let msg = iopath_heap::error_chain(&Error::Shard {
+    let msg = iopath_sys::error_chain(&Error::Shard {
         index,
         count: 3,
         path: second.clone(),

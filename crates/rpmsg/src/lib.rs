@@ -61,7 +61,6 @@
 
 pub mod bufsz;
 mod bus;
-mod claim;
 pub mod ctrl;
 pub mod elf;
 pub mod exec;

@@ -66,7 +66,6 @@ pub mod policy;
 pub mod poll;
 pub mod queue;
 pub mod transport;
-pub mod unix_socket;
 pub mod vhost_wire;
 
 pub use error::{DeviceError, Error, Result};

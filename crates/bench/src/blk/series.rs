@@ -2,7 +2,7 @@
 //! figures against the limit.
 
 use iopath_blk::workload::Stats;
-use iopath_heap::error_chain;
+use iopath_sys::error_chain;
 use serde::Serialize;
 
 use crate::{Error, Missing, Result};

@@ -352,7 +352,7 @@ pub(super) fn run(
             let m = rows[i].1.as_ref().expect("not skipped");
             match m(op, qd, run as u64 + 1) {
                 Ok(r) => cells[c].runs.push(r),
-                Err(e) => cells[c].skipped = Some(iopath_heap::error_chain(&e)),
+                Err(e) => cells[c].skipped = Some(iopath_sys::error_chain(&e)),
             }
             bar.inc(1);
         }

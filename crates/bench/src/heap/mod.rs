@@ -11,7 +11,8 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use iopath_heap::{error_chain, load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
+use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
+use iopath_sys::error_chain;
 
 use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};

@@ -28,9 +28,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use iopath_heap::{
-    error_chain, load, open_heap, BufferedEngine, DirectEngine, Engine, Heap, IoFile, LoadOptions,
-    Method, Pool, SendfileEngine,
+    load, open_heap, BufferedEngine, DirectEngine, Engine, Heap, IoFile, LoadOptions, Method, Pool,
+    SendfileEngine,
 };
+use iopath_sys::error_chain;
 
 /// One row of the dma-buf table.
 #[derive(Debug)]

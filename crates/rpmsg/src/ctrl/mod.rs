@@ -100,16 +100,16 @@ pub enum CtrlError {
 
 impl CtrlError {
     /// Maps a refused claim of `path`.
-    pub(crate) fn from_claim(path: &std::path::Path, r: crate::claim::Refusal) -> Self {
-        use crate::claim::Refusal;
+    pub(crate) fn from_claim(r: iopath_sys::unix_socket::SocketError) -> Self {
+        use iopath_sys::unix_socket::SocketError;
         match r {
-            Refusal::InUse => CtrlError::InUse {
-                path: path.to_owned(),
+            SocketError::InUse { path } => CtrlError::InUse { path },
+            SocketError::NotSocket { path } => CtrlError::NotSocket { path },
+            SocketError::Io { op, source, .. } => CtrlError::Io { op, source },
+            e @ SocketError::TooLong { .. } => CtrlError::Io {
+                op: "socket path",
+                source: std::io::Error::other(e),
             },
-            Refusal::NotSocket => CtrlError::NotSocket {
-                path: path.to_owned(),
-            },
-            Refusal::Io(op, source) => CtrlError::Io { op, source },
         }
     }
 }

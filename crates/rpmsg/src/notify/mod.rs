@@ -96,6 +96,21 @@ pub enum NotifyError {
     Spec(String),
 }
 
+impl From<iopath_sys::unix_socket::SocketError> for NotifyError {
+    fn from(r: iopath_sys::unix_socket::SocketError) -> Self {
+        use iopath_sys::unix_socket::SocketError;
+        match r {
+            SocketError::InUse { path } => NotifyError::InUse { path },
+            SocketError::NotSocket { path } => NotifyError::NotSocket { path },
+            SocketError::Io { op, source, .. } => NotifyError::Io { op, source },
+            e @ SocketError::TooLong { .. } => NotifyError::Io {
+                op: "socket path",
+                source: std::io::Error::other(e),
+            },
+        }
+    }
+}
+
 fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> NotifyError {
     move |source| NotifyError::Io { op, source }
 }

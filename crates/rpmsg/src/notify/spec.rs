@@ -64,7 +64,7 @@ impl NotifySpec {
     /// # Errors
     /// As [`NotifySpec::bind_with_mode`].
     pub fn bind(&self) -> Result<NotifyListener, NotifyError> {
-        self.bind_with_mode(iopath_virtio::unix_socket::PRIVATE_MODE)
+        self.bind_with_mode(iopath_sys::unix_socket::PRIVATE_MODE)
     }
 
     /// As [`NotifySpec::bind`], with permission bits `mode`. A host that
@@ -78,19 +78,8 @@ impl NotifySpec {
     pub fn bind_with_mode(&self, mode: u32) -> Result<NotifyListener, NotifyError> {
         let listener = match self {
             NotifySpec::Eventfd(p) | NotifySpec::Unix(p) => {
-                use crate::claim::{claim, Refusal};
-                claim(p, rustix::net::SocketType::STREAM).map_err(|r| match r {
-                    Refusal::InUse => NotifyError::InUse { path: p.clone() },
-                    Refusal::NotSocket => NotifyError::NotSocket { path: p.clone() },
-                    Refusal::Io(op, source) => NotifyError::Io { op, source },
-                })?;
-                let fd = iopath_virtio::unix_socket::bind_listener(
-                    p,
-                    rustix::net::SocketType::STREAM,
-                    mode,
-                    16,
-                )
-                .map_err(|(op, source)| NotifyError::Io { op, source })?;
+                let fd =
+                    iopath_sys::unix_socket::listen(p, rustix::net::SocketType::STREAM, mode, 16)?;
                 Some(UnixListener::from(fd))
             }
             NotifySpec::Poll => None,
@@ -161,7 +150,7 @@ impl NotifyListener {
             return Ok(Box::new(PollNotifier));
         };
         let (sock, _) = l.accept().map_err(io("accept"))?;
-        if let Err(peer) = iopath_virtio::unix_socket::admit(&sock, self.mode) {
+        if let Err(peer) = iopath_sys::unix_socket::admit(&sock, self.mode) {
             return Err(NotifyError::PeerRefused {
                 peer,
                 mode: self.mode,

@@ -122,10 +122,7 @@ fn bind(path: &std::path::Path, mode: u32) -> Result<OwnedFd, i32> {
     )
     .map_err(|e| e.raw_os_error())?;
     // A stale node (its server died) is replaced; a live one is not ours.
-    crate::claim::claim(path, SocketType::SEQPACKET).map_err(|r| match r {
-        crate::claim::Refusal::InUse | crate::claim::Refusal::NotSocket => libc::EADDRINUSE,
-        crate::claim::Refusal::Io(_, e) => e.raw_os_error().unwrap_or(libc::EIO),
-    })?;
+    iopath_sys::unix_socket::claim(path, SocketType::SEQPACKET).map_err(|r| r.errno())?;
     let addr = SocketAddrUnix::new(path).map_err(|e| e.raw_os_error())?;
     rustix::net::bind(&fd, &addr).map_err(|e| e.raw_os_error())?;
     let done = rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(mode))

@@ -79,8 +79,8 @@ impl CtrlServer {
     /// [`CtrlError::InUse`] if another server listens there,
     /// [`CtrlError::NotSocket`] for another kind of file.
     pub fn check_free(path: &Path) -> Result<(), CtrlError> {
-        crate::claim::claim(path, rustix::net::SocketType::SEQPACKET)
-            .map_err(|r| CtrlError::from_claim(path, r))
+        iopath_sys::unix_socket::claim(path, rustix::net::SocketType::SEQPACKET)
+            .map_err(CtrlError::from_claim)
     }
 
     /// As [`CtrlServer::start`], with a socket mode and runtime directory.
@@ -100,7 +100,7 @@ impl CtrlServer {
         // Bound under a temporary name with its mode, listening, then
         // renamed into place: once `path` exists, a client's connect
         // succeeds.
-        let fd = iopath_virtio::unix_socket::bind_listener(
+        let fd = iopath_sys::unix_socket::bind_listener(
             path,
             rustix::net::SocketType::SEQPACKET,
             opts.mode,
@@ -124,7 +124,7 @@ impl CtrlServer {
                     match rustix::net::accept_with(&*fd, SocketFlags::CLOEXEC) {
                         Ok(c) => {
                             conn += 1;
-                            let peer = match iopath_virtio::unix_socket::admit(&c, mode) {
+                            let peer = match iopath_sys::unix_socket::admit(&c, mode) {
                                 Ok(peer) => peer,
                                 Err(peer) => {
                                     warn!(target: "iopath_rpmsg", "control client {conn} refused: {peer} is another user and the socket is private (mode {mode:o})");

@@ -69,7 +69,7 @@ pub fn serve_drivers(
     // user is refused even if its mode was changed.
     let server = VhostUserServer::new(cfg.listener, Arc::new(device.clone())).with_options(
         iopath_virtio::device::ServerOptions {
-            socket_mode: Some(iopath_virtio::unix_socket::PRIVATE_MODE),
+            socket_mode: Some(iopath_sys::unix_socket::PRIVATE_MODE),
             ..Default::default()
         },
     );

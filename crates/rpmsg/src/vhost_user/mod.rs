@@ -48,24 +48,13 @@ use crate::wire::VIRTIO_RPMSG_F_NS;
 /// [`NotifyError::NotSocket`] for another kind of file,
 /// [`NotifyError::Io`] if the socket cannot be bound.
 pub fn bind(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, NotifyError> {
-    use crate::claim::{claim, Refusal};
-    claim(path, rustix::net::SocketType::STREAM).map_err(|r| match r {
-        Refusal::InUse => NotifyError::InUse {
-            path: path.to_owned(),
-        },
-        Refusal::NotSocket => NotifyError::NotSocket {
-            path: path.to_owned(),
-        },
-        Refusal::Io(op, source) => NotifyError::Io { op, source },
-    })?;
     // Private from the start, whatever the umask: see bind_listener.
-    let fd = iopath_virtio::unix_socket::bind_listener(
+    let fd = iopath_sys::unix_socket::listen(
         path,
         rustix::net::SocketType::STREAM,
-        iopath_virtio::unix_socket::PRIVATE_MODE,
+        iopath_sys::unix_socket::PRIVATE_MODE,
         16,
-    )
-    .map_err(|(op, source)| NotifyError::Io { op, source })?;
+    )?;
     Ok(std::os::unix::net::UnixListener::from(fd))
 }
 

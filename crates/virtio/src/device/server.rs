@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use iopath_heap::error_chain;
+use iopath_sys::error_chain;
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 
 use super::handler::Handler;
@@ -84,7 +84,7 @@ pub struct ServerOptions {
     pub access_platform: bool,
     /// The listening socket's permission bits, when the server is to
     /// refuse front ends of another user unless they let group or others
-    /// in ([`crate::unix_socket::Peer::admitted`]); `None`: every front end
+    /// in ([`iopath_sys::unix_socket::Peer::admitted`]); `None`: every front end
     /// that could connect is served. Each front end's pid and uid are
     /// logged either way.
     pub socket_mode: Option<u32>,
@@ -139,7 +139,7 @@ impl<D: VirtioDevice> VhostUserServer<D> {
     pub fn serve_one(&self) -> Result<(), ServerError> {
         let (stream, _) = self.listener.accept().map_err(ServerError::Accept)?;
         let mode = self.options.socket_mode.unwrap_or(0o777);
-        match crate::unix_socket::admit(&stream, mode) {
+        match iopath_sys::unix_socket::admit(&stream, mode) {
             Ok(peer) => tracing::info!("front end connected: {peer}"),
             Err(peer) => return Err(ServerError::PeerRefused { peer, mode }),
         }
