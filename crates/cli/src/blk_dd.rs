@@ -30,7 +30,7 @@ pub struct DdArgs {
     pub socket: PathBuf,
     /// Block size of each transfer, a multiple of 512 (suffixes K, M, G;
     /// powers of 1024).
-    #[arg(long, default_value = "8M", value_parser = crate::size::parse_size)]
+    #[arg(long, default_value = "8M", value_parser = iopath_sys::parse_size::<usize>)]
     pub bs: usize,
     /// Number of blocks per run.
     #[arg(long, default_value_t = 1024)]
@@ -70,11 +70,11 @@ pub struct DdArgs {
     pub dma: Option<DmaMode>,
     /// Size of the bounce window when bounce ops are used (default 64M,
     /// swiotlb's).
-    #[arg(long, value_parser = crate::size::parse_size)]
+    #[arg(long, value_parser = iopath_sys::parse_size::<usize>)]
     pub bounce_window: Option<usize>,
     /// Size of the bounce window's slots, a power of two (default 2K,
     /// swiotlb's IO_TLB_SIZE).
-    #[arg(long, value_parser = crate::size::parse_size)]
+    #[arg(long, value_parser = iopath_sys::parse_size::<usize>)]
     pub bounce_slot: Option<usize>,
     /// Number of timed runs.
     #[arg(long, default_value_t = 1)]
@@ -87,7 +87,7 @@ pub struct DdArgs {
     #[arg(long, default_value_t = 1)]
     pub queues: usize,
     /// Byte offset on the device where the range starts, a multiple of 512.
-    #[arg(long, default_value = "0", value_parser = crate::size::parse_size)]
+    #[arg(long, default_value = "0", value_parser = iopath_sys::parse_size::<usize>)]
     pub offset: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]

@@ -11,7 +11,7 @@ use iopath_heap::{
     DEFAULT_SHARDS_AT_ONCE,
 };
 
-use crate::size::{human, parse_size};
+use iopath_sys::{human, parse_size};
 
 /// Arguments of `iopath load`.
 #[derive(Debug, clap::Args)]
@@ -36,7 +36,7 @@ pub struct LoadArgs {
     pub heap: String,
     /// Size of each buffer (a multiple of the page size), e.g. 4M, 32M. A
     /// file smaller than this gets one buffer of its own size.
-    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    #[arg(long, default_value = "32M", value_parser = parse_size::<usize>)]
     pub buffer_size: usize,
     /// Fill exactly this many buffers; the file must hold that many bytes.
     /// Default: as many as the whole file needs.
@@ -64,7 +64,7 @@ pub struct LoadArgs {
     pub queue_depth: u32,
     /// io_uring bytes per request (uring and auto), a multiple of 4096 up
     /// to 1G, e.g. 1M, 4M.
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    #[arg(long, default_value = "4M", value_parser = parse_size::<usize>)]
     pub request_size: usize,
     /// Threads allocating buffers (and their pages) while the reads run,
     /// 1 to 64; for a sharded checkpoint, that many for each shard loading

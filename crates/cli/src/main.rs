@@ -13,7 +13,6 @@ mod blk_serve;
 mod heaps;
 mod load;
 mod rpmsg;
-mod size;
 mod usage;
 
 use anyhow::Result;
@@ -78,6 +77,8 @@ fn run() -> Result<()> {
             }),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, never into a pipe or a log.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.cmd {

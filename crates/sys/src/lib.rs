@@ -31,5 +31,5 @@ pub mod unix_socket;
 
 pub use error::error_chain;
 pub use limits::raise_fd_limit;
-pub use size::{format_size, parse_size, SizeError};
+pub use size::{format_size, human, parse_size, SizeError};
 pub use sync::lock;

@@ -69,6 +69,24 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// Bytes as a short binary size for people: `512 B`, `32 MiB`, `1.50 GiB`.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +125,13 @@ mod tests {
             parse_size::<u64>("99999999999999999999"),
             Err(SizeError::TooLarge(_))
         ));
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(32 << 20), "32 MiB");
+        assert_eq!(human(3 << 29), "1.50 GiB");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use iopath_bench::blk::{BlkConfig, DmaMode, SmallConfig};
 use iopath_bench::Report;
 
 use super::{Outputs, PlacementArg};
-use crate::size::parse_size;
+use iopath_sys::parse_size;
 
 /// Arguments of `iopath bench blk`.
 #[derive(Debug, Clone, clap::Args)]
@@ -19,13 +19,13 @@ run; without fio, the bench's own O_DIRECT write of the image (labelled so).
 Without qemu-storage-daemon its row is a note and its ratio n/a.")]
 pub struct BenchBlkArgs {
     /// Bytes written per run (the image is this large).
-    #[arg(long, default_value = "8G", value_parser = parse_size)]
+    #[arg(long, default_value = "8G", value_parser = parse_size::<usize>)]
     pub size: usize,
     /// Runs per row.
     #[arg(long, default_value_t = 10)]
     pub runs: usize,
     /// Block size of every transfer.
-    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    #[arg(long, default_value = "8M", value_parser = parse_size::<usize>)]
     pub bs: usize,
     /// Blocks in flight.
     #[arg(long, default_value_t = 4)]

@@ -6,7 +6,7 @@ use iopath_bench::heap::HeapConfig;
 use iopath_bench::Report;
 
 use super::Outputs;
-use crate::size::parse_size;
+use iopath_sys::parse_size;
 
 /// Arguments of `iopath bench heap`.
 #[derive(Debug, clap::Args)]
@@ -25,13 +25,13 @@ pub struct HeapArgs {
     pub file: Option<PathBuf>,
     /// Make a scratch file of this size in /var/tmp (or the current
     /// directory, never a tmpfs), removed afterwards [default: 1G].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size::<usize>)]
     pub size: Option<usize>,
     /// Buffers per load [default: file size / buffer size].
     #[arg(long)]
     pub buffers: Option<usize>,
     /// Bytes per buffer.
-    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    #[arg(long, default_value = "32M", value_parser = parse_size::<usize>)]
     pub buffer_size: usize,
     /// Runs per row (median and spread are reported).
     #[arg(long, default_value_t = 3)]
