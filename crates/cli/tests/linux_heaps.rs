@@ -36,11 +36,14 @@ const CHILD_FD_ENV: &str = "IOPATH_HEAPS_CHILD_FD";
 /// The file the guest test loads.
 const FILE_ENV: &str = "IOPATH_HEAPS_FILE";
 
-/// What runs in the guest, as `sh SCRIPT IOPATH TEST_EXE OUT`.
+/// What runs in the guest, as `sh SCRIPT IOPATH TEST_EXE OUT MNT`. The
+/// guest's root is the host's tree (hostfs), so the disk is mounted on
+/// MNT, an empty directory of this test's own: a fixed path such as
+/// `/tmp/m` could hide the checkout (and OUT) from the guest.
 const GUEST: &str = r#"
-iopath=$1 exe=$2 out=$3
-mkdir -p /tmp/m && mount -t ext4 /dev/ubda /tmp/m || { echo "linux-heaps: mount failed"; exit 3; }
-f=/tmp/m/f.bin
+iopath=$1 exe=$2 out=$3 mnt=$4
+mount -t ext4 /dev/ubda "$mnt" || { echo "linux-heaps: mount failed"; exit 3; }
+f=$mnt/f.bin
 "$iopath" heaps >"$out/heaps.txt" 2>&1
 for h in udmabuf dma-heap:system; do
     for m in auto buffered direct sendfile uring bounce; do
@@ -53,8 +56,8 @@ for h in udmabuf dma-heap:system; do
 done
 echo 1 >/proc/sys/vm/drop_caches
 "$iopath" load "$f" --buffer-size 8M --verify --json >"$out/auto.json" 2>&1
-truncate -s 80M /tmp/m/big.bin
-"$iopath" load /tmp/m/big.bin --heap udmabuf --buffer-size 80M >"$out/limit.txt" 2>&1
+truncate -s 80M "$mnt/big.bin"
+"$iopath" load "$mnt/big.bin" --heap udmabuf --buffer-size 80M >"$out/limit.txt" 2>&1
 "$iopath" load "$f" --heap dma-heap:nope >"$out/noheap.txt" 2>&1
 IOPATH_HEAPS_FILE=$f "$exe" --ignored --exact guest_busy_rule_and_export --nocapture \
     --test-threads 1 >"$out/guest.txt" 2>&1
@@ -120,6 +123,8 @@ fn heaps_load_verify_and_share_in_uml() {
     let img = ext4_image(dir, &data);
     let script = dir.join("guest.sh");
     std::fs::write(&script, GUEST).unwrap();
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
     let out = Command::new(lab::repo_root().join("scripts/linux-lab"))
         .arg("run")
         .arg("--ubd")
@@ -131,6 +136,7 @@ fn heaps_load_verify_and_share_in_uml() {
         .arg(BIN)
         .arg(std::env::current_exe().unwrap())
         .arg(dir)
+        .arg(&mnt)
         .stdin(Stdio::null())
         .output()
         .expect("run scripts/linux-lab run");
