@@ -28,10 +28,14 @@
 //! assert!(iopath_testkit::have_peer("sh", "dash"));
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod peer;
+mod report;
 mod skip;
 mod wait;
 
 pub use peer::{find_program, have_peer, have_peers, peers_required};
-pub use skip::{skip, Feature, SKIP_LOG};
+pub use report::SKIP_LOG;
+pub use skip::{skip, Feature};
 pub use wait::wait_for_line;

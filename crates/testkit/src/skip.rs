@@ -1,17 +1,11 @@
-//! Skipping a test the machine cannot run: the features a test may need,
-//! which of them this machine type has, and the report of each skip.
+//! Skipping a test the machine cannot run: the features a test may need
+//! and which of them this machine type has.
 
 use std::fmt;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::panic::Location;
 
 use crate::peers_required;
-
-/// The environment variable naming a file every skip is appended to, one
-/// `<test>\t<reason>` line each: `scripts/test` sets it and ends with a
-/// count of the lines by reason.
-pub const SKIP_LOG: &str = "IOPATH_SKIP_LOG";
+use crate::report::report;
 
 /// Where `shmem_enabled` says whether memfd (shmem) memory gets
 /// transparent huge pages.
@@ -113,7 +107,7 @@ fn shmem_allows_huge_pages(setting: &str) -> bool {
 /// Reports that the running test skips its work, or part of it, because
 /// this machine lacks `feature`: prints `skipped: <test>: <reason>` on
 /// stderr, past libtest's capture so it shows for a passing test too, and
-/// appends the skip to the file named by [`SKIP_LOG`], if set. The caller
+/// appends the skip to the file named by [`crate::SKIP_LOG`], if set. The caller
 /// then returns (or leaves out the part that needs the feature).
 ///
 /// # Panics
@@ -132,48 +126,10 @@ pub fn skip(feature: Feature, reason: impl fmt::Display) {
     report(Location::caller(), &reason);
 }
 
-/// Prints the skip line and appends it to the skip log.
-pub(crate) fn report(caller: &Location<'_>, reason: &str) {
-    let test = test_name(caller);
-    // libtest captures `print!` and `eprint!` of passing tests; a write to
-    // the stderr handle itself is not captured.
-    let _ = std::io::stderr().write_all(format!("skipped: {test}: {reason}\n").as_bytes());
-    if let Some(path) = std::env::var_os(SKIP_LOG) {
-        let line = format!("{test}\t{}\n", reason.replace(['\n', '\t'], " "));
-        // One append of one whole line: lines from tests running at the
-        // same time, in threads or in processes, do not interleave.
-        if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
-            let _ = f.write_all(line.as_bytes());
-        }
-    }
-}
-
-/// The running test as `<test binary>::<test path>`: libtest runs each test
-/// on a thread named after it. On another thread, the caller's source
-/// location stands in for the test path.
-fn test_name(caller: &Location<'_>) -> String {
-    let exe = std::env::current_exe().ok();
-    let stem = exe
-        .as_deref()
-        .and_then(|p| p.file_stem())
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Cargo names test binaries `<name>-<16 hex digits>`.
-    let binary = match stem.rsplit_once('-') {
-        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            name
-        }
-        _ => stem.as_str(),
-    };
-    match std::thread::current().name() {
-        Some(name) if name != "main" => format!("{binary}::{name}"),
-        _ => format!("{binary} ({}:{})", caller.file(), caller.line()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SKIP_LOG;
     use std::process::Command;
 
     /// Run in a child by the tests below: skips for want of io_uring,
