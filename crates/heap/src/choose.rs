@@ -1,16 +1,16 @@
-//! `auto`: the heap this kernel does best, and why; and the method for a
-//! load whose reads are small.
+//! Which heap: one named ([`open_heap`]), or `auto`, the heap this kernel
+//! does best, and why; and the method for a load whose reads are small.
 //!
-//! A dma-heap (`/dev/dma_heap/system`) when the kernel has one and direct
-//! I/O can fill its buffers through their mapping; else udmabuf (direct
-//! I/O fills the memfd under it, which then backs the dma-buf); else memfd.
-//! On Linux 6.12 the `system` heap maps its pages as PFNs, which direct I/O
-//! cannot pin, so udmabuf is chosen where it exists.
+//! For `auto`: a dma-heap (`/dev/dma_heap/system`) when the kernel has
+//! one and direct I/O can fill its buffers through their mapping; else
+//! udmabuf (direct I/O fills the memfd under it, which then backs the
+//! dma-buf); else memfd. On Linux 6.12 the `system` heap maps its pages as
+//! PFNs, which direct I/O cannot pin, so udmabuf is chosen where it exists.
 
 use std::fmt;
 
 use crate::heap::{DmaHeap, Heap, HugePages, MemfdHeap, UdmabufHeap};
-use crate::{page_size, LoadOptions, Method};
+use crate::{page_size, Error, LoadOptions, Method, Result};
 use iopath_sys::error_chain;
 
 /// Mean read below which `auto` takes `buffered`: 16 pages (64 KiB).
@@ -89,9 +89,63 @@ pub fn choose_heap() -> HeapChoice {
     }
 }
 
+/// Opens a heap by name: `memfd`, `memfd:thp`, `memfd:hugetlb`, `udmabuf`,
+/// `dma-heap` (the `system` heap), `dma-heap:NAME`, or `auto` (the best this
+/// kernel has, see [`choose_heap`]).
+///
+/// # Errors
+/// [`Error::UnknownHeap`] for another name, [`Error::Unavailable`] when the
+/// heap's device node does not exist here, [`Error::NoSuchDmaHeap`] for a
+/// dma-heap name the kernel does not have.
+pub fn open_heap(name: &str) -> Result<Box<dyn Heap>> {
+    Ok(match name {
+        "auto" => {
+            let c = choose_heap();
+            tracing::info!("heap auto: {}: {}", c.heap.name(), c.why);
+            c.heap
+        }
+        "memfd" => Box::new(MemfdHeap::new(HugePages::None)),
+        "memfd:thp" => Box::new(MemfdHeap::new(HugePages::Transparent)),
+        "memfd:hugetlb" => Box::new(MemfdHeap::new(HugePages::Hugetlb)),
+        "udmabuf" => Box::new(UdmabufHeap::open()?),
+        "dma-heap" => Box::new(DmaHeap::open("system")?),
+        other => match other.strip_prefix("dma-heap:") {
+            Some(heap) if !heap.is_empty() && !heap.contains('/') => Box::new(DmaHeap::open(heap)?),
+            _ => return Err(Error::UnknownHeap(other.to_string())),
+        },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn unknown_names_are_refused() {
+        assert!(matches!(open_heap("nope"), Err(Error::UnknownHeap(n)) if n == "nope"));
+        assert!(matches!(
+            open_heap("dma-heap:../x"),
+            Err(Error::UnknownHeap(_))
+        ));
+    }
+
+    #[test]
+    fn absent_devices_say_so() {
+        if !Path::new(UdmabufHeap::PATH).exists() {
+            let err = open_heap("udmabuf").unwrap_err();
+            assert!(
+                matches!(&err, Error::Unavailable { heap, .. } if heap == "udmabuf"),
+                "{err}"
+            );
+        }
+        if !Path::new("/dev/dma_heap/system").exists() {
+            assert!(matches!(
+                open_heap("dma-heap"),
+                Err(Error::Unavailable { .. })
+            ));
+        }
+    }
 
     #[test]
     fn small_reads_take_buffered_others_keep_their_method() {

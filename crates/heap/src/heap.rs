@@ -73,7 +73,7 @@ impl fmt::Display for HeapKind {
 
 /// A source of [`Buffer`]s.
 pub trait Heap: Send + Sync + fmt::Debug {
-    /// Short name, as accepted by [`open_heap`].
+    /// Short name, as accepted by [`crate::open_heap`].
     fn name(&self) -> String;
 
     /// Allocates a zero-filled buffer of `len` bytes (a page multiple).
@@ -105,33 +105,6 @@ pub trait Heap: Send + Sync + fmt::Debug {
         let _ = len;
         Ok(())
     }
-}
-
-/// Opens a heap by name: `memfd`, `memfd:thp`, `memfd:hugetlb`, `udmabuf`,
-/// `dma-heap` (the `system` heap), `dma-heap:NAME`, or `auto` (the best this
-/// kernel has, see [`crate::choose_heap`]).
-///
-/// # Errors
-/// [`Error::UnknownHeap`] for another name, [`Error::Unavailable`] when the
-/// heap's device node does not exist here, [`Error::NoSuchDmaHeap`] for a
-/// dma-heap name the kernel does not have.
-pub fn open_heap(name: &str) -> Result<Box<dyn Heap>> {
-    Ok(match name {
-        "auto" => {
-            let c = crate::choose_heap();
-            tracing::info!("heap auto: {}: {}", c.heap.name(), c.why);
-            c.heap
-        }
-        "memfd" => Box::new(MemfdHeap::new(HugePages::None)),
-        "memfd:thp" => Box::new(MemfdHeap::new(HugePages::Transparent)),
-        "memfd:hugetlb" => Box::new(MemfdHeap::new(HugePages::Hugetlb)),
-        "udmabuf" => Box::new(UdmabufHeap::open()?),
-        "dma-heap" => Box::new(DmaHeap::open("system")?),
-        other => match other.strip_prefix("dma-heap:") {
-            Some(heap) if !heap.is_empty() && !heap.contains('/') => Box::new(DmaHeap::open(heap)?),
-            _ => return Err(Error::UnknownHeap(other.to_string())),
-        },
-    })
 }
 
 fn check_size(len: usize) -> Result<()> {
@@ -424,35 +397,13 @@ mod tests {
     }
 
     #[test]
-    fn bad_sizes_and_names() {
+    fn bad_sizes() {
         let heap = MemfdHeap::new(HugePages::None);
         assert!(matches!(heap.alloc(0), Err(Error::BadSize { size: 0, .. })));
         assert!(matches!(
             heap.alloc(100),
             Err(Error::BadSize { size: 100, .. })
         ));
-        assert!(matches!(open_heap("nope"), Err(Error::UnknownHeap(n)) if n == "nope"));
-        assert!(matches!(
-            open_heap("dma-heap:../x"),
-            Err(Error::UnknownHeap(_))
-        ));
-    }
-
-    #[test]
-    fn absent_devices_say_so() {
-        if !Path::new(UdmabufHeap::PATH).exists() {
-            let err = open_heap("udmabuf").unwrap_err();
-            assert!(
-                matches!(&err, Error::Unavailable { heap, .. } if heap == "udmabuf"),
-                "{err}"
-            );
-        }
-        if !Path::new("/dev/dma_heap/system").exists() {
-            assert!(matches!(
-                open_heap("dma-heap"),
-                Err(Error::Unavailable { .. })
-            ));
-        }
     }
 
     #[test]

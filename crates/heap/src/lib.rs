@@ -88,7 +88,7 @@ mod verify;
 pub use align::DioAlign;
 pub use bounce::AlignedBuf;
 pub use buffer::{Buffer, DevicePin, POPULATE_READ, TOUCH_READ};
-pub use choose::{choose_heap, HeapChoice};
+pub use choose::{choose_heap, open_heap, HeapChoice};
 pub use engine::{
     cache_runs, new_engine, new_engine_sharing, AutoEngine, BounceEngine, BufferedEngine,
     CacheLookup, CacheRun, DirectEngine, Engine, EngineOptions, Method, NextReq, Probe, Pull,
@@ -97,7 +97,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use file::IoFile;
-pub use heap::{open_heap, DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
+pub use heap::{DmaHeap, Heap, HeapKind, HugePages, MemfdHeap, UdmabufHeap};
 pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 pub use mmap::{SharedMapping, SigbusGuard};
 pub use pool::Pool;
