@@ -15,7 +15,7 @@
 
 use std::sync::Mutex;
 
-use super::Probe;
+use super::probe::Probe;
 
 /// Where a shared probe stands.
 #[derive(Debug, Clone, Copy, Default)]
@@ -112,7 +112,7 @@ impl SharedChoice {
 
 #[cfg(test)]
 mod tests {
-    use super::super::auto::probe;
+    use super::super::probe::probe;
     use super::*;
 
     #[test]
