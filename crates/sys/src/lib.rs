@@ -6,7 +6,7 @@
 //!        │ call
 //!        ▼
 //!   iopath-sys: unix_socket (claim, bind, peer) · signals (stop) ·
-//!               limits (fd limit) · sync (lock past poison) ·
+//!               limits (fd limit) · sync (lock and wait past poison) ·
 //!               size (one size grammar) · error (an error and its chain)
 //! ```
 //!
@@ -32,4 +32,4 @@ pub mod unix_socket;
 pub use error::error_chain;
 pub use limits::raise_fd_limit;
 pub use size::{format_size, human, parse_size, SizeError};
-pub use sync::lock;
+pub use sync::{lock, read_lock, wait, wait_timeout, write_lock};
