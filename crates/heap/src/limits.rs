@@ -81,26 +81,25 @@ pub(crate) fn available_hugetlb() -> Option<Available> {
 
 /// How many more buffers may exist at once: each holds an open file
 /// (`RLIMIT_NOFILE`) and a mapping (`vm.max_map_count`). Raises the soft
-/// open-file limit to the hard one first when `want` would not fit under
-/// it. Keeps a margin for the files and mappings everything else needs.
+/// open-file limit to the hard one first ([`iopath_sys::raise_fd_limit`])
+/// when `want` would not fit under it. Keeps a margin for the files and
+/// mappings everything else needs.
 pub(crate) fn buffer_room(want: usize) -> Room {
     const MARGIN: u64 = 64;
-    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
-    let mut lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let open = iopath_sys::limits::open_fds();
     let need = open + want as u64 + MARGIN;
-    if lim.current.is_some_and(|cur| cur < need) && lim.current != lim.maximum {
-        let raised = rustix::process::Rlimit {
-            current: lim.maximum,
-            maximum: lim.maximum,
-        };
-        if rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).is_ok() {
-            tracing::debug!("raised the open-file limit to {:?}", lim.maximum);
-            lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let mut limit = iopath_sys::limits::fd_limit();
+    if limit < need {
+        let raised = iopath_sys::raise_fd_limit(None);
+        if raised != limit {
+            tracing::debug!("raised the open-file limit to {raised}");
         }
+        limit = raised;
     }
-    let files = lim
-        .current
-        .map_or(u64::MAX, |cur| cur.saturating_sub(open + MARGIN));
+    let files = match limit {
+        u64::MAX => u64::MAX,
+        cur => cur.saturating_sub(open + MARGIN),
+    };
     let max_maps = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok());

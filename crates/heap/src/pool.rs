@@ -23,6 +23,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use iopath_sys::lock;
+
 use crate::{Buffer, Error, Heap, Result};
 
 /// A pool of buffers over a heap (see the module docs).
@@ -84,14 +86,14 @@ impl Pool {
     /// Bytes of buffers the pool keeps (free or in use; exported ones are
     /// not kept).
     pub fn kept_bytes(&self) -> u64 {
-        let mut kept = self.lock();
+        let mut kept = lock(&self.kept);
         forget_exported(&mut kept);
         kept.iter().map(|b| b.len() as u64).sum()
     }
 
     /// Bytes of kept buffers that are free now.
     pub fn free_bytes(&self) -> u64 {
-        let mut kept = self.lock();
+        let mut kept = lock(&self.kept);
         forget_exported(&mut kept);
         kept.iter()
             .filter(|b| b.handles() == 1)
@@ -109,11 +111,7 @@ impl Pool {
 
     /// Frees every buffer that is not in use.
     pub fn shrink(&self) {
-        self.lock().retain(|b| b.handles() > 1 && !b.exported());
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Buffer>> {
-        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.kept).retain(|b| b.handles() > 1 && !b.exported());
     }
 }
 
@@ -133,7 +131,7 @@ impl Heap for Pool {
     fn alloc(&self, len: usize) -> Result<Buffer> {
         self.heap.check_len(len)?;
         {
-            let mut kept = self.lock();
+            let mut kept = lock(&self.kept);
             forget_exported(&mut kept);
             // Under the lock no other handle can be made to a buffer only
             // the pool holds, so a count of 1 means free (a device pin holds
@@ -146,7 +144,7 @@ impl Heap for Pool {
         }
         let b = self.heap.alloc(len)?;
         self.made.fetch_add(1, Ordering::Relaxed);
-        let mut kept = self.lock();
+        let mut kept = lock(&self.kept);
         forget_exported(&mut kept);
         let bytes: u64 = kept.iter().map(|b| b.len() as u64).sum();
         if bytes.saturating_add(len as u64) <= self.capacity {

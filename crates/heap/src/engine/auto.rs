@@ -38,6 +38,8 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use iopath_sys::lock;
+
 use super::probe::{Probe, PROBE_BYTES, PROBE_SLICES};
 use super::shared::{Claim, SharedChoice};
 use super::{
@@ -94,7 +96,7 @@ impl AutoEngine {
     }
 
     fn last(&self) -> Probe {
-        *self.probe.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.probe)
     }
 
     fn bounce(&self) -> Option<&BounceEngine> {
@@ -121,7 +123,7 @@ impl Engine for AutoEngine {
     /// chose; buffered when the last batch was all copied from the page
     /// cache.
     fn method(&self) -> Method {
-        let (direct, cached) = *self.split.lock().unwrap_or_else(|p| p.into_inner());
+        let (direct, cached) = *lock(&self.split);
         if direct == 0 && cached > 0 {
             return Method::Buffered;
         }
@@ -152,7 +154,7 @@ impl Engine for AutoEngine {
         let (t, direct) = cached::read_split(file, next, done, &mut |next, done| {
             self.read_cold(file, next, done)
         })?;
-        *self.split.lock().unwrap_or_else(|p| p.into_inner()) = (direct, t.cached);
+        *lock(&self.split) = (direct, t.cached);
         Ok(t)
     }
 
@@ -252,7 +254,7 @@ impl AutoEngine {
     }
 
     fn set_probe(&self, p: Probe) {
-        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = p;
+        *lock(&self.probe) = p;
     }
 
     /// Runs the batch through the engine a shared probe `p` chose,

@@ -20,6 +20,8 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
+use iopath_sys::lock;
+
 use super::{
     check_read, check_write, read_as_batch, Engine, EngineOptions, Method, NextReq, Pull, ReadReq,
     ReqDone, Transfer, UringEngine,
@@ -90,7 +92,7 @@ impl BounceEngine {
     }
 
     fn bounce(&self) -> Result<Buffer> {
-        let mut b = self.bounce.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = lock(&self.bounce);
         if let Some(b) = &*b {
             return Ok(b.clone());
         }

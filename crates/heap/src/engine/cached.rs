@@ -25,6 +25,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
+use iopath_sys::lock;
+
 use super::residency::{cache_runs, CacheLookup, CacheRun};
 use super::{buffered, check_read, NextReq, Pull, ReadReq, ReqDone, Transfer};
 use crate::file::IoFile;
@@ -259,7 +261,7 @@ pub(crate) fn read_split(
                             loop {
                                 // The lock is held while waiting: the
                                 // other copier is copying meanwhile.
-                                let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                                let job = lock(&jobs).recv();
                                 let Ok((o, r)) = job else { break };
                                 if stop.load(Ordering::Relaxed) {
                                     break;

@@ -15,6 +15,8 @@
 
 use std::sync::Mutex;
 
+use iopath_sys::lock;
+
 use super::probe::Probe;
 
 /// Where a shared probe stands.
@@ -55,13 +57,9 @@ impl SharedChoice {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Choosing> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The choice made, if any.
     pub fn chosen(&self) -> Option<Probe> {
-        match *self.lock() {
+        match *lock(&self.state) {
             Choosing::Chosen(p) => Some(p),
             _ => None,
         }
@@ -70,7 +68,7 @@ impl SharedChoice {
     /// What a batch whose buffers take direct I/O (or not: `direct`) does.
     /// A choice made for the other pair is not taken.
     pub(super) fn claim(&self, direct: bool) -> Claim {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         match *s {
             Choosing::Chosen(p) if p.mapping_refused_direct() != direct => Claim::Take(p),
             Choosing::Chosen(_) => Claim::Measure,
@@ -85,7 +83,7 @@ impl SharedChoice {
     /// The measuring batch's result: a probe that weighed both engines is
     /// the choice; one that did not (its batch ended first) reopens it.
     pub(super) fn publish(&self, p: &Probe) {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         if matches!(*s, Choosing::Chosen(_)) {
             return;
         }
@@ -103,7 +101,7 @@ impl SharedChoice {
 
     /// The measuring batch failed: another may measure.
     pub(super) fn abandon(&self) {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         if matches!(*s, Choosing::Probing) {
             *s = Choosing::Open;
         }

@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::BorrowedFd;
 use std::sync::Mutex;
 
+use iopath_sys::lock;
+
 use super::direct::{self, Fail, Piece};
 use super::{
     check_read, check_write, fall_back, one_by_one, Dir, Engine, EngineOptions, Method, NextReq,
@@ -167,7 +169,7 @@ impl UringEngine {
         if mem.is_empty() {
             return Ok(Transfer::default());
         }
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ring = lock(&self.ring);
         let mut mid = |dfd: BorrowedFd<'_>, p: Piece<'_>| self.middle(&mut ring, file, dir, dfd, p);
         let r = direct::run(file, dir, file_off, mem, &mut mid);
         direct::finish(r, file, dir, file_off, mem)
@@ -434,7 +436,7 @@ impl Engine for UringEngine {
                 })
             }
         };
-        let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.ring);
         let ring = &mut *guard;
         let mut b = Batch {
             file,

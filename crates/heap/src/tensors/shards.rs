@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use iopath_sys::lock;
+
 use super::index::{resolve, Checkpoint};
 use super::shard::OpenShard;
 use super::{Shard, Tensor, Tensors};
@@ -259,10 +261,7 @@ fn fill_all(
                 }
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(shard) = opened.get(i) else { break };
-                let buffers = receivers[i]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take();
+                let buffers = lock(&receivers[i]).take();
                 let r = match buffers {
                     Some(rx) => shard.fill_from(opts, choice, &rx, &mut |p| {
                         let _ = tx.send(Msg::Progress(i, *p));
@@ -274,10 +273,7 @@ fn fill_all(
                     (b, stats)
                 });
                 if r.is_err() {
-                    first_failure
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get_or_insert(i);
+                    lock(first_failure).get_or_insert(i);
                     failed.store(true, Ordering::Release);
                 }
                 let _ = tx.send(Msg::Done(i, r));
@@ -307,9 +303,7 @@ fn fill_all(
             }
         }
     });
-    let first = first_failure
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner());
+    let first = *lock(&first_failure);
     if let Some(i) = first {
         if let Some(Some(Err(e))) = results.get_mut(i).map(Option::take) {
             return Err((i, e));
