@@ -1,9 +1,10 @@
 //! [`Bounce`]: every mapping is copied through a small shared window (like
 //! the kernel's SWIOTLB for protected guests).
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 
 use iopath_heap::Buffer;
+use iopath_sys::lock;
 
 use crate::table::{alloc_shared, check_map, copy, take_space, MapTable, Pinned, RegionTable};
 use crate::{Coherent, Direction, DmaAddr, DmaOps, Error, MapWait, Mapping, Result, SharedRegion};
@@ -113,10 +114,6 @@ impl Bounce {
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Slot size in bytes.
     pub fn slot_size(&self) -> usize {
         self.slot
@@ -124,7 +121,7 @@ impl Bounce {
 
     /// Free slots (for leak checks).
     pub fn free_slots(&self) -> usize {
-        self.state().free
+        lock(&self.state).free
     }
 
     /// Total slots.
@@ -161,21 +158,25 @@ impl DmaOps for Bounce {
     ) -> Result<Mapping> {
         check_map(buf, offset, len, self.max_mapping_size())?;
         let n = len.div_ceil(self.slot);
-        let (mut st, first) =
-            take_space(&self.freed, self.state(), wait, len, "bounce slots", |s| {
-                s.take(n)
-            })?;
+        let (mut st, first) = take_space(
+            &self.freed,
+            lock(&self.state),
+            wait,
+            len,
+            "bounce slots",
+            |s| s.take(n),
+        )?;
         let pinned = Pinned::new(buf, offset);
         let id = st.maps.next_id();
         drop(st);
         // Copy outside the lock: the slots are ours.
         if let Err(e) = copy(buf, offset, &self.window, self.slot_off(first), len) {
-            self.state().give(first, n);
+            lock(&self.state).give(first, n);
             self.freed.notify_all();
             return Err(e);
         }
         let m = Mapping::new(id, self.window_gpa + self.slot_off(first) as u64, len, dir);
-        self.state().maps.insert(
+        lock(&self.state).maps.insert(
             m,
             Entry {
                 pinned,
@@ -187,7 +188,7 @@ impl DmaOps for Bounce {
     }
 
     fn unmap(&self, mapping: &Mapping) -> Result<()> {
-        let e = self.state().maps.remove(mapping)?;
+        let e = lock(&self.state).maps.remove(mapping)?;
         let res = if mapping.dir().device_writes() {
             // The device's bytes go back to the driver's buffer.
             copy(
@@ -200,7 +201,7 @@ impl DmaOps for Bounce {
         } else {
             Ok(())
         };
-        self.state().give(e.first, e.count);
+        lock(&self.state).give(e.first, e.count);
         self.freed.notify_all();
         drop(e);
         res
@@ -208,7 +209,7 @@ impl DmaOps for Bounce {
 
     fn sync_for_cpu(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let e = st.maps.get_mut(mapping)?;
         let at = self.slot_off(e.first);
         e.pinned
@@ -217,7 +218,7 @@ impl DmaOps for Bounce {
 
     fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let e = st.maps.get_mut(mapping)?;
         let at = self.slot_off(e.first);
         e.pinned
@@ -226,11 +227,13 @@ impl DmaOps for Bounce {
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
         let buf = alloc_shared(len)?;
-        self.state().regions.add_coherent(buf)
+        lock(&self.state).regions.add_coherent(buf)
     }
 
     fn free_coherent(&self, mem: Coherent) -> Result<()> {
-        self.state().regions.free_coherent(&mem, Some(&self.window))
+        lock(&self.state)
+            .regions
+            .free_coherent(&mem, Some(&self.window))
     }
 
     fn max_mapping_size(&self) -> usize {
@@ -238,14 +241,14 @@ impl DmaOps for Bounce {
     }
 
     fn regions(&self) -> Vec<SharedRegion> {
-        self.state().regions.regions()
+        lock(&self.state).regions.regions()
     }
 
     fn regions_generation(&self) -> u64 {
-        self.state().regions.generation()
+        lock(&self.state).regions.generation()
     }
 
     fn live_mappings(&self) -> usize {
-        self.state().maps.len()
+        lock(&self.state).maps.len()
     }
 }

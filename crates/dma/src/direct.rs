@@ -3,6 +3,7 @@
 use std::sync::Mutex;
 
 use iopath_heap::Buffer;
+use iopath_sys::lock;
 
 use crate::table::{alloc_shared, check_map, MapTable, Pinned, RegionTable};
 use crate::{Coherent, Direction, DmaOps, MapWait, Mapping, Result, SharedRegion};
@@ -42,7 +43,7 @@ impl Direct {
     /// [`Error::AlreadyRegistered`]: crate::Error::AlreadyRegistered
     /// [`Error::AddressSpace`]: crate::Error::AddressSpace
     pub fn register_at(&self, buf: &Buffer, gpa: u64) -> Result<u64> {
-        self.state().regions.register_at(buf, gpa)
+        lock(&self.state).regions.register_at(buf, gpa)
     }
 }
 
@@ -62,10 +63,6 @@ impl Direct {
             }),
         }
     }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 impl DmaOps for Direct {
@@ -74,11 +71,11 @@ impl DmaOps for Direct {
     }
 
     fn register(&self, buf: &Buffer) -> Result<()> {
-        self.state().regions.register(buf).map(drop)
+        lock(&self.state).regions.register(buf).map(drop)
     }
 
     fn unregister(&self, buf: &Buffer) -> Result<()> {
-        self.state().regions.unregister_idle(buf, "direct")
+        lock(&self.state).regions.unregister_idle(buf, "direct")
     }
 
     fn map(
@@ -90,7 +87,7 @@ impl DmaOps for Direct {
         _wait: MapWait,
     ) -> Result<Mapping> {
         check_map(buf, offset, len, self.max_mapping_size())?;
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let base = st.regions.registered(buf, "direct")?.gpa;
         let id = st.maps.next_id();
         let m = Mapping::new(id, base + offset as u64, len, dir);
@@ -101,28 +98,28 @@ impl DmaOps for Direct {
     fn unmap(&self, mapping: &Mapping) -> Result<()> {
         // The pin drops with the entry: the buffer is the CPU's again. No copy:
         // the device wrote the buffer itself.
-        self.state().maps.remove(mapping).map(drop)
+        lock(&self.state).maps.remove(mapping).map(drop)
     }
 
     fn sync_for_cpu(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        self.state().maps.get_mut(mapping)?.release();
+        lock(&self.state).maps.get_mut(mapping)?.release();
         Ok(())
     }
 
     fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        self.state().maps.get_mut(mapping)?.repin();
+        lock(&self.state).maps.get_mut(mapping)?.repin();
         Ok(())
     }
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
         let buf = alloc_shared(len)?;
-        self.state().regions.add_coherent(buf)
+        lock(&self.state).regions.add_coherent(buf)
     }
 
     fn free_coherent(&self, mem: Coherent) -> Result<()> {
-        self.state().regions.free_coherent(&mem, None)
+        lock(&self.state).regions.free_coherent(&mem, None)
     }
 
     fn max_mapping_size(&self) -> usize {
@@ -130,14 +127,14 @@ impl DmaOps for Direct {
     }
 
     fn regions(&self) -> Vec<SharedRegion> {
-        self.state().regions.regions()
+        lock(&self.state).regions.regions()
     }
 
     fn regions_generation(&self) -> u64 {
-        self.state().regions.generation()
+        lock(&self.state).regions.generation()
     }
 
     fn live_mappings(&self) -> usize {
-        self.state().maps.len()
+        lock(&self.state).maps.len()
     }
 }

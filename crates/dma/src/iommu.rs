@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use iopath_heap::Buffer;
+use iopath_sys::lock;
 
 use crate::iova::IovaAllocator;
 use crate::table::{alloc_shared, check_map, take_space, MapTable, Pinned, RegionTable};
@@ -91,13 +92,9 @@ impl Iommu {
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Free IOVA bytes (for leak checks).
     pub fn free_iova_bytes(&self) -> u64 {
-        self.state().iova.free_bytes()
+        lock(&self.state).iova.free_bytes()
     }
 
     /// Waits per `wait` until `len` bytes of IOVA space can be allocated.
@@ -119,11 +116,11 @@ impl DmaOps for Iommu {
     }
 
     fn register(&self, buf: &Buffer) -> Result<()> {
-        self.state().regions.register(buf).map(drop)
+        lock(&self.state).regions.register(buf).map(drop)
     }
 
     fn unregister(&self, buf: &Buffer) -> Result<()> {
-        self.state().regions.unregister_idle(buf, "iommu")
+        lock(&self.state).regions.unregister_idle(buf, "iommu")
     }
 
     fn map(
@@ -135,7 +132,7 @@ impl DmaOps for Iommu {
         wait: MapWait,
     ) -> Result<Mapping> {
         check_map(buf, offset, len, self.max_mapping_size())?;
-        let st = self.state();
+        let st = lock(&self.state);
         st.regions.registered(buf, "iommu")?;
         let (mut st, iova) = self.alloc_iova(st, len, wait)?;
         let rec = IotlbRecord::Update {
@@ -163,7 +160,7 @@ impl DmaOps for Iommu {
     }
 
     fn unmap(&self, mapping: &Mapping) -> Result<()> {
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let e = st.maps.remove(mapping)?;
         // Invalidate before the IOVA can be handed out again.
         let sent = st.send(IotlbRecord::Invalidate {
@@ -178,19 +175,19 @@ impl DmaOps for Iommu {
 
     fn sync_for_cpu(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        self.state().maps.get_mut(mapping)?.pinned.release();
+        lock(&self.state).maps.get_mut(mapping)?.pinned.release();
         Ok(())
     }
 
     fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        self.state().maps.get_mut(mapping)?.pinned.repin();
+        lock(&self.state).maps.get_mut(mapping)?.pinned.repin();
         Ok(())
     }
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
         let buf = alloc_shared(len)?;
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         st.regions.register(&buf)?;
         let Some(iova) = st.iova.alloc(buf.len() as u64) else {
             st.regions.unregister(&buf);
@@ -221,7 +218,7 @@ impl DmaOps for Iommu {
     }
 
     fn free_coherent(&self, mem: Coherent) -> Result<()> {
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         match st.coherent.get(&mem.addr()) {
             Some(c) if c.buffer.same_as(mem.buffer()) => {}
             _ => {
@@ -244,15 +241,15 @@ impl DmaOps for Iommu {
     }
 
     fn max_mapping_size(&self) -> usize {
-        usize::try_from(self.state().iova.size()).unwrap_or(usize::MAX)
+        usize::try_from(lock(&self.state).iova.size()).unwrap_or(usize::MAX)
     }
 
     fn regions(&self) -> Vec<SharedRegion> {
-        self.state().regions.regions()
+        lock(&self.state).regions.regions()
     }
 
     fn regions_generation(&self) -> u64 {
-        self.state().regions.generation()
+        lock(&self.state).regions.generation()
     }
 
     fn uses_iotlb(&self) -> bool {
@@ -260,7 +257,7 @@ impl DmaOps for Iommu {
     }
 
     fn set_iotlb_sink(&self, sink: Arc<dyn IotlbSink>) -> Result<()> {
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         // Replay what is live, so the enforcer starts complete.
         for (m, e) in st.maps.iter() {
             sink.send(IotlbRecord::Update {
@@ -285,6 +282,6 @@ impl DmaOps for Iommu {
     }
 
     fn live_mappings(&self) -> usize {
-        self.state().maps.len()
+        lock(&self.state).maps.len()
     }
 }

@@ -342,16 +342,13 @@ pub(crate) fn take_space<'a, S, T>(
         let no_space = Error::NoSpace { len, what };
         st = match (wait, deadline) {
             (MapWait::Fail, _) | (MapWait::Timeout(_), None) => return Err(no_space),
-            (MapWait::Block, _) => freed.wait(st).unwrap_or_else(|e| e.into_inner()),
+            (MapWait::Block, _) => iopath_sys::wait(freed, st),
             (MapWait::Timeout(_), Some(d)) => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(no_space);
                 }
-                freed
-                    .wait_timeout(st, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0
+                iopath_sys::wait_timeout(freed, st, left).0
             }
         };
     }

@@ -10,9 +10,10 @@
 //! `FakeHal` does).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use iopath_heap::{Buffer, HeapKind};
+use iopath_sys::{lock, read_lock, write_lock};
 
 use crate::table::{alloc_shared, check_map, copy, MapTable, Pinned, RegionTable};
 use crate::{
@@ -68,15 +69,12 @@ pub struct TestIotlb {
 impl TestIotlb {
     /// Every record received, in order.
     pub fn records(&self) -> Vec<IotlbRecord> {
-        self.records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.records).clone()
     }
 
     /// Live entries.
     pub fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock(&self.entries).len()
     }
 
     /// Whether no entry is live.
@@ -85,7 +83,7 @@ impl TestIotlb {
     }
 
     fn translate(&self, addr: u64, len: usize, need: Perm) -> Result<u64, Fault> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = lock(&self.entries);
         let end = addr
             .checked_add(len as u64)
             .ok_or(Fault::NotMapped { addr, len })?;
@@ -103,7 +101,7 @@ impl TestIotlb {
 
 impl IotlbSink for TestIotlb {
     fn send(&self, record: IotlbRecord) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = lock(&self.entries);
         match record {
             IotlbRecord::Update {
                 iova,
@@ -120,10 +118,7 @@ impl IotlbSink for TestIotlb {
                 _ => return Err(format!("invalidate of unknown range {iova:#x}+{size}").into()),
             },
         }
-        self.records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(record);
+        lock(&self.records).push(record);
         Ok(())
     }
 }
@@ -185,7 +180,7 @@ impl DeviceView {
                 map: Buffer::from_fd(fd, r.len(), HeapKind::Memfd)?,
             });
         }
-        *self.regions.write().unwrap_or_else(|e| e.into_inner()) = list;
+        *write_lock(&self.regions) = list;
         Ok(())
     }
 
@@ -199,7 +194,7 @@ impl DeviceView {
             Some(t) => (t.translate(addr, len, need)?, true),
             None => (addr, false),
         };
-        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let regions = read_lock(&self.regions);
         let end = key.checked_add(len as u64);
         regions
             .iter()
@@ -218,7 +213,7 @@ impl DeviceView {
     /// A [`Fault`].
     pub fn read(&self, addr: DmaAddr, dst: &mut [u8]) -> Result<(), Fault> {
         let (i, off) = self.locate(addr, dst.len(), Perm::ReadOnly)?;
-        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let regions = read_lock(&self.regions);
         regions[i].map.read_at(off, dst).expect("range checked");
         Ok(())
     }
@@ -229,7 +224,7 @@ impl DeviceView {
     /// A [`Fault`].
     pub fn write(&self, addr: DmaAddr, src: &[u8]) -> Result<(), Fault> {
         let (i, off) = self.locate(addr, src.len(), Perm::WriteOnly)?;
-        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let regions = read_lock(&self.regions);
         regions[i]
             .map
             .write_at(off, src)
@@ -282,13 +277,9 @@ impl AlwaysBounce {
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, FakeState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Free window bytes (for leak checks).
     pub fn free_bytes(&self) -> u64 {
-        self.state().space.free_bytes()
+        lock(&self.state).space.free_bytes()
     }
 }
 
@@ -314,7 +305,7 @@ impl DmaOps for AlwaysBounce {
         _wait: MapWait,
     ) -> Result<Mapping> {
         check_map(buf, offset, len, Self::WINDOW)?;
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let at = st.space.alloc(len as u64).ok_or(Error::NoSpace {
             len,
             what: "fake bounce window",
@@ -331,7 +322,7 @@ impl DmaOps for AlwaysBounce {
     }
 
     fn unmap(&self, mapping: &Mapping) -> Result<()> {
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let (pinned, at) = st.maps.remove(mapping)?;
         if mapping.dir().device_writes() {
             copy(
@@ -349,25 +340,27 @@ impl DmaOps for AlwaysBounce {
 
     fn sync_for_cpu(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let (pinned, at) = st.maps.get_mut(mapping)?;
         pinned.bounce_for_cpu(mapping.dir(), &self.window, *at as usize, offset, len)
     }
 
     fn sync_for_device(&self, mapping: &Mapping, offset: usize, len: usize) -> Result<()> {
         mapping.check_range(offset, len)?;
-        let mut st = self.state();
+        let mut st = lock(&self.state);
         let (pinned, at) = st.maps.get_mut(mapping)?;
         pinned.bounce_for_device(mapping.dir(), &self.window, *at as usize, offset, len)
     }
 
     fn alloc_coherent(&self, len: usize) -> Result<Coherent> {
         let buf = alloc_shared(len)?;
-        self.state().regions.add_coherent(buf)
+        lock(&self.state).regions.add_coherent(buf)
     }
 
     fn free_coherent(&self, mem: Coherent) -> Result<()> {
-        self.state().regions.free_coherent(&mem, Some(&self.window))
+        lock(&self.state)
+            .regions
+            .free_coherent(&mem, Some(&self.window))
     }
 
     fn max_mapping_size(&self) -> usize {
@@ -375,14 +368,14 @@ impl DmaOps for AlwaysBounce {
     }
 
     fn regions(&self) -> Vec<SharedRegion> {
-        self.state().regions.regions()
+        lock(&self.state).regions.regions()
     }
 
     fn regions_generation(&self) -> u64 {
-        self.state().regions.generation()
+        lock(&self.state).regions.generation()
     }
 
     fn live_mappings(&self) -> usize {
-        self.state().maps.len()
+        lock(&self.state).maps.len()
     }
 }
