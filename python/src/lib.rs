@@ -454,7 +454,7 @@ impl PyShare {
 
     /// Stops serving; processes already attached keep their views.
     fn close(&self, py: Python<'_>) {
-        let taken = self.share.lock().ok().and_then(|mut s| s.take());
+        let taken = iopath_sys::lock(&self.share).take();
         py.allow_threads(move || drop(taken));
     }
 
