@@ -91,9 +91,9 @@ pub use buffer::{Buffer, DevicePin, POPULATE_READ, TOUCH_READ};
 pub use choose::{choose_heap, open_heap, HeapChoice};
 pub use engine::{
     cache_runs, new_engine, new_engine_sharing, AutoEngine, BounceEngine, BufferedEngine,
-    CacheLookup, CacheRun, DirectEngine, Engine, EngineOptions, Method, NextReq, Probe, Pull,
-    ReadReq, ReqDone, SendfileEngine, SharedChoice, Transfer, UringEngine, CACHE_GRAIN,
-    DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
+    CacheLookup, CacheRun, CheckedRead, DirectEngine, Engine, EngineOptions, Method, NextReq,
+    Probe, Pull, ReadReq, ReqDone, SendfileEngine, SharedChoice, Transfer, UringEngine,
+    CACHE_GRAIN, DIRECT_MARGIN, PROBE_BYTES, PROBE_SLICES,
 };
 pub use error::{Error, Result};
 pub use file::IoFile;

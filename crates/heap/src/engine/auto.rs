@@ -43,11 +43,12 @@ use iopath_sys::lock;
 use super::probe::{Probe, PROBE_BYTES, PROBE_SLICES};
 use super::shared::{Claim, SharedChoice};
 use super::{
-    cached, pull, read_as_batch, BounceEngine, BufferedEngine, DirectEngine, Engine, EngineOptions,
-    Method, NextReq, Pull, ReqDone, Transfer, UringEngine,
+    cached, pull, read_as_batch, BounceEngine, BufferedEngine, CheckedRead, DirectEngine, Engine,
+    EngineOptions, Method, NextReq, Pull, ReqDone, Transfer, UringEngine,
 };
 use crate::file::IoFile;
-use crate::{Buffer, Result};
+use crate::range::BufRange;
+use crate::Result;
 
 /// io_uring or direct, chosen per batch by measurement (see the module
 /// docs).
@@ -134,15 +135,8 @@ impl Engine for AutoEngine {
         Some(self.last())
     }
 
-    fn read(
-        &self,
-        file: &IoFile,
-        file_off: u64,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-    ) -> Result<Transfer> {
-        read_as_batch(self, file, file_off, buf, buf_off, len)
+    fn read_checked(&self, r: CheckedRead<'_>) -> Result<Transfer> {
+        read_as_batch(self, r)
     }
 
     fn read_batch(
@@ -158,15 +152,8 @@ impl Engine for AutoEngine {
         Ok(t)
     }
 
-    fn write(
-        &self,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-        file: &IoFile,
-        file_off: u64,
-    ) -> Result<Transfer> {
-        self.chosen().write(buf, buf_off, len, file, file_off)
+    fn write_range(&self, src: BufRange<'_>, file: &IoFile, file_off: u64) -> Result<Transfer> {
+        self.chosen().write_range(src, file, file_off)
     }
 }
 

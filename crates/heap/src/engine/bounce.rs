@@ -23,11 +23,12 @@ use std::sync::Mutex;
 use iopath_sys::lock;
 
 use super::{
-    check_read, check_write, read_as_batch, Engine, EngineOptions, Method, NextReq, Pull, ReadReq,
+    check_read, read_as_batch, CheckedRead, Engine, EngineOptions, Method, NextReq, Pull, ReadReq,
     ReqDone, Transfer, UringEngine,
 };
 use crate::file::IoFile;
 use crate::heap::{Heap, HugePages, MemfdHeap};
+use crate::range::BufRange;
 use crate::{Buffer, Error, Result};
 
 /// Bounce slots, each one request of the engine's request size.
@@ -109,15 +110,8 @@ impl Engine for BounceEngine {
         Method::Bounce
     }
 
-    fn read(
-        &self,
-        file: &IoFile,
-        file_off: u64,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-    ) -> Result<Transfer> {
-        read_as_batch(self, file, file_off, buf, buf_off, len)
+    fn read_checked(&self, r: CheckedRead<'_>) -> Result<Transfer> {
+        read_as_batch(self, r)
     }
 
     fn read_batch(
@@ -252,16 +246,9 @@ impl Engine for BounceEngine {
         Ok(b.total)
     }
 
-    fn write(
-        &self,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-        file: &IoFile,
-        file_off: u64,
-    ) -> Result<Transfer> {
+    fn write_range(&self, src: BufRange<'_>, file: &IoFile, file_off: u64) -> Result<Transfer> {
         // Out through the bounce: copy a slot's worth, write it direct.
-        let src = check_write(buf, buf_off, len)?;
+        let len = src.len();
         let bounce = self.bounce()?;
         let cap = self.slot * SLOTS;
         let mut total = Transfer::default();

@@ -1,9 +1,9 @@
 //! `buffered`: `pread`/`pwrite` through the page cache.
 
-use super::{check_read, check_write, Engine, Method, Transfer};
+use super::{CheckedRead, Engine, Method, Transfer};
 use crate::file::IoFile;
 use crate::range::BufRange;
-use crate::{sys, Buffer, Result};
+use crate::{sys, Result};
 
 /// `pread(2)`/`pwrite(2)` through the page cache. Works on every file system.
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,31 +43,13 @@ impl Engine for BufferedEngine {
         Method::Buffered
     }
 
-    fn read(
-        &self,
-        file: &IoFile,
-        file_off: u64,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-    ) -> Result<Transfer> {
-        read_into(
-            file,
-            file_off,
-            check_read(file, file_off, buf, buf_off, len)?,
-        )?;
-        Ok(Transfer::moved(len as u64))
+    fn read_checked(&self, r: CheckedRead<'_>) -> Result<Transfer> {
+        read_into(r.file(), r.file_off(), r.mem())?;
+        Ok(Transfer::moved(r.mem().len() as u64))
     }
 
-    fn write(
-        &self,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-        file: &IoFile,
-        file_off: u64,
-    ) -> Result<Transfer> {
-        write_from(file, file_off, check_write(buf, buf_off, len)?)?;
-        Ok(Transfer::moved(len as u64))
+    fn write_range(&self, src: BufRange<'_>, file: &IoFile, file_off: u64) -> Result<Transfer> {
+        write_from(file, file_off, src)?;
+        Ok(Transfer::moved(src.len() as u64))
     }
 }

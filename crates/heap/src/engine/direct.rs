@@ -9,12 +9,12 @@
 
 use std::os::fd::BorrowedFd;
 
-use super::{buffered, check_read, check_write, fall_back, Dir, Engine, Method, Transfer};
+use super::{buffered, fall_back, CheckedRead, Dir, Engine, Method, Transfer};
 use crate::align::{align_down, align_up, direct_split, DioAlign};
 use crate::bounce::AlignedBuf;
 use crate::file::IoFile;
 use crate::range::BufRange;
-use crate::{sys, Buffer, Error, Result};
+use crate::{sys, Error, Result};
 
 /// Bounce buffer size.
 const BOUNCE: usize = 1 << 20;
@@ -269,42 +269,27 @@ fn middle_sync(file: &IoFile, dir: Dir, dfd: BorrowedFd<'_>, p: Piece<'_>) -> Re
     Ok(())
 }
 
+/// One direct transfer of `mem` at `file_off`, the middle by `pread` or
+/// `pwrite` on this thread.
+fn transfer(file: &IoFile, dir: Dir, file_off: u64, mem: BufRange<'_>) -> Result<Transfer> {
+    if mem.is_empty() {
+        return Ok(Transfer::default());
+    }
+    let mut mid = |dfd: BorrowedFd<'_>, p: Piece<'_>| middle_sync(file, dir, dfd, p);
+    let r = run(file, dir, file_off, mem, &mut mid);
+    finish(r, file, dir, file_off, mem)
+}
+
 impl Engine for DirectEngine {
     fn method(&self) -> Method {
         Method::Direct
     }
 
-    fn read(
-        &self,
-        file: &IoFile,
-        file_off: u64,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-    ) -> Result<Transfer> {
-        let mem = check_read(file, file_off, buf, buf_off, len)?;
-        if len == 0 {
-            return Ok(Transfer::default());
-        }
-        let mut mid = |dfd: BorrowedFd<'_>, p: Piece<'_>| middle_sync(file, Dir::Read, dfd, p);
-        let r = run(file, Dir::Read, file_off, mem, &mut mid);
-        finish(r, file, Dir::Read, file_off, mem)
+    fn read_checked(&self, r: CheckedRead<'_>) -> Result<Transfer> {
+        transfer(r.file(), Dir::Read, r.file_off(), r.mem())
     }
 
-    fn write(
-        &self,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-        file: &IoFile,
-        file_off: u64,
-    ) -> Result<Transfer> {
-        let mem = check_write(buf, buf_off, len)?;
-        if len == 0 {
-            return Ok(Transfer::default());
-        }
-        let mut mid = |dfd: BorrowedFd<'_>, p: Piece<'_>| middle_sync(file, Dir::Write, dfd, p);
-        let r = run(file, Dir::Write, file_off, mem, &mut mid);
-        finish(r, file, Dir::Write, file_off, mem)
+    fn write_range(&self, src: BufRange<'_>, file: &IoFile, file_off: u64) -> Result<Transfer> {
+        transfer(file, Dir::Write, file_off, src)
     }
 }

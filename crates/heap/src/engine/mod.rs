@@ -233,7 +233,9 @@ pub trait Engine: Send + Sync + fmt::Debug {
         None
     }
 
-    /// Copies `len` bytes of `file` at `file_off` into `buf` at `buf_off`.
+    /// Copies `len` bytes of `file` at `file_off` into `buf` at `buf_off`:
+    /// checks the request ([`CheckedRead`]), then moves it the engine's way
+    /// ([`Engine::read_checked`]).
     ///
     /// # Errors
     /// [`Error::Busy`] while `buf` is mapped for a device;
@@ -247,7 +249,17 @@ pub trait Engine: Send + Sync + fmt::Debug {
         buf: &Buffer,
         buf_off: usize,
         len: usize,
-    ) -> Result<Transfer>;
+    ) -> Result<Transfer> {
+        self.read_checked(CheckedRead::new(file, file_off, buf, buf_off, len)?)
+    }
+
+    /// Moves a read that [`Engine::read`] has checked: what each engine
+    /// does its own way.
+    ///
+    /// # Errors
+    /// [`Error::ShortFile`] if the file shrank meanwhile;
+    /// [`Error::FileIo`] when the kernel fails a read.
+    fn read_checked(&self, req: CheckedRead<'_>) -> Result<Transfer>;
 
     /// Runs a stream of reads, possibly overlapping them (io_uring keeps the
     /// next buffer's requests in flight while the last ones complete). The
@@ -269,7 +281,8 @@ pub trait Engine: Send + Sync + fmt::Debug {
 
     /// Copies `len` bytes of `buf` at `buf_off` into `file` at `file_off`,
     /// growing the file if needed (`file` must be opened with
-    /// [`IoFile::open_rw`]).
+    /// [`IoFile::open_rw`]): takes the range, then moves it the engine's way
+    /// ([`Engine::write_range`]).
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if the range is not inside `buf`;
@@ -282,7 +295,66 @@ pub trait Engine: Send + Sync + fmt::Debug {
         len: usize,
         file: &IoFile,
         file_off: u64,
-    ) -> Result<Transfer>;
+    ) -> Result<Transfer> {
+        self.write_range(buf.range(buf_off, len)?, file, file_off)
+    }
+
+    /// Copies all of `src` into `file` at `file_off`, growing the file if
+    /// needed: what each engine does its own way.
+    ///
+    /// # Errors
+    /// [`Error::FileIo`] when the kernel fails a write;
+    /// [`Error::Unsupported`] when the method cannot write from this buffer.
+    fn write_range(&self, src: BufRange<'_>, file: &IoFile, file_off: u64) -> Result<Transfer>;
+}
+
+/// A read [`Engine::read`] has checked: its destination lies inside its
+/// buffer, the buffer is not mapped for a device, and the file holds the
+/// bytes. Only this crate makes one, so [`Engine::read_checked`] is never
+/// reached past the checks.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedRead<'a> {
+    file: &'a IoFile,
+    file_off: u64,
+    mem: BufRange<'a>,
+}
+
+impl<'a> CheckedRead<'a> {
+    /// Checks a read of `len` bytes of `file` at `file_off` into `buf` at
+    /// `buf_off`.
+    ///
+    /// # Errors
+    /// As [`Engine::read`]'s checks: [`Error::Busy`],
+    /// [`Error::OutOfRange`], [`Error::ShortFile`].
+    fn new(
+        file: &'a IoFile,
+        file_off: u64,
+        buf: &'a Buffer,
+        buf_off: usize,
+        len: usize,
+    ) -> Result<Self> {
+        let mem = check_read(file, file_off, buf, buf_off, len)?;
+        Ok(CheckedRead {
+            file,
+            file_off,
+            mem,
+        })
+    }
+
+    /// The file read from.
+    pub fn file(&self) -> &'a IoFile {
+        self.file
+    }
+
+    /// Offset in the file.
+    pub fn file_off(&self) -> u64 {
+        self.file_off
+    }
+
+    /// The destination: a range of the buffer.
+    pub fn mem(&self) -> BufRange<'a> {
+        self.mem
+    }
 }
 
 /// Makes the engine for `method`. `auto` is an [`AutoEngine`] (io_uring or
@@ -329,7 +401,7 @@ pub fn new_engine_sharing(
     })
 }
 
-/// Checks shared by every engine's `read`; returns the destination range.
+/// The checks of every read ([`CheckedRead`]); returns the destination range.
 fn check_read<'b>(
     file: &IoFile,
     file_off: u64,
@@ -341,11 +413,6 @@ fn check_read<'b>(
     let mem = buf.range(buf_off, len)?;
     file.check_range(file_off, len)?;
     Ok(mem)
-}
-
-/// Checks shared by every engine's `write`; returns the source range.
-fn check_write(buf: &Buffer, buf_off: usize, len: usize) -> Result<BufRange<'_>> {
-    buf.range(buf_off, len)
 }
 
 /// The next request of a batch, waiting for it; `None` at the end.
@@ -377,25 +444,17 @@ fn one_by_one(
     Ok(total)
 }
 
-/// One read as a batch of one, for engines whose `read` is their
+/// One checked read as a batch of one, for engines whose `read` is their
 /// `read_batch`.
-fn read_as_batch(
-    engine: &dyn Engine,
-    file: &IoFile,
-    file_off: u64,
-    buf: &Buffer,
-    buf_off: usize,
-    len: usize,
-) -> Result<Transfer> {
-    check_read(file, file_off, buf, buf_off, len)?;
+fn read_as_batch(engine: &dyn Engine, r: CheckedRead<'_>) -> Result<Transfer> {
     let mut req = Some(ReadReq {
-        buf: buf.clone(),
-        buf_off,
-        file_off,
-        len,
+        buf: r.mem.buffer().clone(),
+        buf_off: r.mem.offset(),
+        file_off: r.file_off,
+        len: r.mem.len(),
     });
     let mut next = |_wait: bool| Ok(req.take().map_or(Pull::End, Pull::Req));
-    engine.read_batch(file, &mut next, &mut |_, _| {})
+    engine.read_batch(r.file, &mut next, &mut |_, _| {})
 }
 
 /// Direction of a transfer.

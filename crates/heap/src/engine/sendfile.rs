@@ -22,7 +22,7 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
 
-use super::{check_read, check_write, fall_back, Dir, Engine, Method, Transfer};
+use super::{fall_back, CheckedRead, Dir, Engine, Method, Transfer};
 use crate::file::IoFile;
 use crate::range::BufRange;
 use crate::{sys, Buffer, Error, HeapKind, Result};
@@ -110,35 +110,22 @@ impl Engine for SendfileEngine {
         Method::Sendfile
     }
 
-    fn read(
-        &self,
-        file: &IoFile,
-        file_off: u64,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-    ) -> Result<Transfer> {
-        let dst = check_read(file, file_off, buf, buf_off, len)?;
+    fn read_checked(&self, r: CheckedRead<'_>) -> Result<Transfer> {
+        let (file, file_off, dst) = (r.file(), r.file_off(), r.mem());
+        let len = dst.len();
         if len == 0 {
             return Ok(Transfer::default());
         }
-        match reopen(buf) {
-            Some(out) => Self::read_sendfile(file, &out, file_off, buf_off, len)?,
+        match reopen(dst.buffer()) {
+            Some(out) => Self::read_sendfile(file, &out, file_off, dst.offset(), len)?,
             None => Self::read_splice(file, file_off, dst)?,
         }
         Ok(Transfer::moved(len as u64))
     }
 
-    fn write(
-        &self,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-        file: &IoFile,
-        file_off: u64,
-    ) -> Result<Transfer> {
-        let src = check_write(buf, buf_off, len)?;
-        if !buf.takes_direct_io() {
+    fn write_range(&self, src: BufRange<'_>, file: &IoFile, file_off: u64) -> Result<Transfer> {
+        let len = src.len();
+        if !src.buffer().takes_direct_io() {
             // `vmsplice` pins the pages, which a dma-buf's mapping refuses.
             return fall_back(file, Dir::Write, file_off, src);
         }

@@ -16,13 +16,13 @@ use iopath_sys::lock;
 
 use super::direct::{self, Fail, Piece};
 use super::{
-    check_read, check_write, fall_back, one_by_one, Dir, Engine, EngineOptions, Method, NextReq,
+    check_read, fall_back, one_by_one, CheckedRead, Dir, Engine, EngineOptions, Method, NextReq,
     Pull, ReadReq, ReqDone, Transfer,
 };
 use crate::file::IoFile;
 use crate::range::BufRange;
 use crate::ring::{Op, Ring};
-use crate::{AlignedBuf, Buffer, Error, Result};
+use crate::{AlignedBuf, Error, Result};
 
 /// Largest range one fixed buffer may cover (the kernel's limit).
 const MAX_FIXED: usize = 1 << 30;
@@ -526,27 +526,11 @@ impl Engine for UringEngine {
         Method::Uring
     }
 
-    fn read(
-        &self,
-        file: &IoFile,
-        file_off: u64,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-    ) -> Result<Transfer> {
-        let mem = check_read(file, file_off, buf, buf_off, len)?;
-        self.transfer(file, Dir::Read, file_off, mem)
+    fn read_checked(&self, r: CheckedRead<'_>) -> Result<Transfer> {
+        self.transfer(r.file(), Dir::Read, r.file_off(), r.mem())
     }
 
-    fn write(
-        &self,
-        buf: &Buffer,
-        buf_off: usize,
-        len: usize,
-        file: &IoFile,
-        file_off: u64,
-    ) -> Result<Transfer> {
-        let mem = check_write(buf, buf_off, len)?;
-        self.transfer(file, Dir::Write, file_off, mem)
+    fn write_range(&self, src: BufRange<'_>, file: &IoFile, file_off: u64) -> Result<Transfer> {
+        self.transfer(file, Dir::Write, file_off, src)
     }
 }
