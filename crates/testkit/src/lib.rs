@@ -23,6 +23,10 @@
 //! it ([`Feature::expected_under_ci`]); the others (udmabuf, dma-heaps)
 //! stay honest skips.
 //!
+//! What a test cannot be told directly (a child saying a line, another
+//! thread blocking) it waits for with a deadline ([`wait_until`],
+//! [`wait_for_line`]), never with a fixed sleep.
+//!
 //! ```
 //! // `sh` is everywhere; a test asks for its peer the same way.
 //! assert!(iopath_testkit::have_peer("sh", "dash"));
@@ -38,4 +42,4 @@ mod wait;
 pub use peer::{find_program, have_peer, have_peers, peers_required};
 pub use report::SKIP_LOG;
 pub use skip::{skip, Feature};
-pub use wait::wait_for_line;
+pub use wait::{wait_for_line, wait_until};
