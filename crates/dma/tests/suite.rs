@@ -13,6 +13,27 @@ fn alloc(len: usize) -> Buffer {
     MemfdHeap::new(HugePages::None).alloc(len).unwrap()
 }
 
+/// Whether this process's thread `name` sleeps in a futex wait (a condition
+/// variable or a mutex): its state in `/proc/self/task/<tid>/stat` is `S`
+/// and its `wchan` a futex function (or `0` where the kernel hides it). See
+/// proc_pid_stat(5) and proc_pid_wchan(5).
+fn waits_on_futex(name: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        let asleep = |stat: String| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
+        };
+        let wchan = read("wchan");
+        read("comm").trim_end() == name
+            && asleep(read("stat"))
+            && (wchan.contains("futex") || wchan == "0")
+    })
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
@@ -413,11 +434,18 @@ fn bounce_window_limits_and_waiting() {
         ),
         Err(Error::NoSpace { .. })
     ));
-    // A blocked map proceeds once another thread unmaps.
+    // A blocked map proceeds once another thread unmaps: the waiter is
+    // seen asleep in its wait for free slots before the unmap.
     let (ops2, buf2) = (ops.clone(), buf.clone());
-    let waiter =
-        std::thread::spawn(move || ops2.map(&buf2, 0, 4096, Direction::ToDevice, MapWait::Block));
-    std::thread::sleep(Duration::from_millis(50));
+    let waiter = std::thread::Builder::new()
+        .name("map-waiter".into())
+        .spawn(move || ops2.map(&buf2, 0, 4096, Direction::ToDevice, MapWait::Block))
+        .unwrap();
+    iopath_testkit::wait_until(
+        "the blocked map waiting on a futex",
+        Duration::from_secs(10),
+        || waiter.is_finished() || waits_on_futex("map-waiter"),
+    );
     assert!(!waiter.is_finished(), "map did not wait for free slots");
     ops.unmap(&whole).unwrap();
     let m = waiter.join().unwrap().unwrap();
