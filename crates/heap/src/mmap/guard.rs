@@ -1,4 +1,21 @@
-use super::*;
+//! The process-wide SIGBUS handler and its table of guarded mappings.
+//!
+//! Written by hand: no crate catches SIGBUS for a set of mappings. The
+//! handler is installed once, on the first guarded mapping, and runs for
+//! every SIGBUS in the process: inside a guarded mapping it repairs the page
+//! and returns; anywhere else it puts the previous disposition back, so the
+//! access faults again and gets what it would have got without us.
+//!
+//! A mapping stops being watched before it is unmapped, and an access that
+//! can fault needs a live borrow of the owner, so the owner cannot be
+//! dropped while the handler repairs one of its pages.
+
+use std::mem::MaybeUninit;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
+
+use crate::{Error, Result};
 
 /// Mappings watched at once (a vhost-user front end has at most 509
 /// regions; an rpmsg link one).
@@ -45,7 +62,7 @@ pub(super) fn close(fd: i32) {
 
 /// Watches `start..start + len`. `None` when every slot is taken or the
 /// handler cannot be installed.
-pub(super) fn watch(start: usize, len: usize) -> Option<Guard> {
+pub(super) fn watch(start: usize, len: usize) -> Option<SigbusGuard> {
     if !install() {
         return None;
     }
@@ -60,7 +77,7 @@ pub(super) fn watch(start: usize, len: usize) -> Option<Guard> {
             s.first_fault.store(NO_FAULT, Ordering::Release);
             s.end.store(end, Ordering::Release);
             s.start.store(start, Ordering::Release);
-            return Some(Guard { slot: i });
+            return Some(SigbusGuard { slot: i });
         }
     }
     None
@@ -182,7 +199,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 
 /// The SIGBUS guard of one mapping; dropping it stops the watch.
 ///
-/// [`SharedMapping`] and [`crate::Buffer`] make one for their own mappings. For a
+/// [`crate::SharedMapping`] and [`crate::Buffer`] make one for their own mappings. For a
 /// mapping someone else owns (e.g. a `vm-memory` `MmapRegion`),
 /// [`SigbusGuard::watch`] guards it the same way: while the guard lives, a
 /// SIGBUS inside the range replaces the faulting page with a private zero

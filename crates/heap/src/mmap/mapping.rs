@@ -1,21 +1,12 @@
-//! The one owning type around a shared mapping, and the SIGBUS guard that
-//! keeps a peer who truncates a shared file from killing the process.
-//!
-//! Raw pointers into buffer memory live here, in the borrowed range
-//! ([`crate::BufRange`]) that everything else goes through, and in the
-//! syscall wrappers ([`crate::sys`], [`crate::ring`]) that take a range: its
-//! lifetime borrows the [`crate::Buffer`], so the mapping outlives every use
-//! of the pointer, and its bounds are checked once, when it is made.
-//! Engines never see a pointer.
+//! [`Mmap`]: the one owning type around a mapping of a file descriptor,
+//! with the populate and advice calls the buffers make on it.
 
-use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
 
 use rustix::mm::{mmap, munmap, Advice, MapFlags, ProtFlags};
 
+use super::guard::{self, SigbusGuard};
 use crate::{Error, Result};
 
 /// Bytes [`Mmap::populate_write`] populates per `madvise` call. The kernel
@@ -26,20 +17,20 @@ use crate::{Error, Result};
 /// buffer populated in one call stalled them for its whole duration (a
 /// sharded load's context switches were half `mmap`/`munmap` waiting on
 /// the lock). 2 MiB per call keeps each hold to a millisecond or two.
-pub(crate) const POPULATE_STEP: usize = 2 << 20;
+const POPULATE_STEP: usize = 2 << 20;
 
 /// `off..off + len` rounded out to whole pages: `(first byte, end)`.
-fn page_bounds(off: usize, len: usize) -> (usize, usize) {
+pub(super) fn page_bounds(off: usize, len: usize) -> (usize, usize) {
     let page = crate::page_size();
     (off / page * page, (off + len).div_ceil(page) * page)
 }
 
 /// A `MAP_SHARED` read/write mapping of a file descriptor, unmapped on drop;
-/// optionally [guarded](guard) against SIGBUS.
+/// optionally guarded against SIGBUS ([`SigbusGuard`]).
 #[derive(Debug)]
 pub(crate) struct Mmap {
     // Declared first: the guard stops watching before the mapping goes.
-    guard: Option<Guard>,
+    guard: Option<SigbusGuard>,
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -53,7 +44,7 @@ unsafe impl Sync for Mmap {}
 impl Mmap {
     /// Maps `len` bytes of `fd` from `offset` (a page multiple), shared and
     /// read/write; with `guarded`, a SIGBUS in it (the file shrunk under
-    /// the mapping) is caught (see [`guard`]) when a guard slot is free.
+    /// the mapping) is caught (see [`SigbusGuard`]) when a guard slot is free.
     pub(crate) fn map(fd: BorrowedFd<'_>, offset: u64, len: usize, guarded: bool) -> Result<Self> {
         Self::map_prot(
             fd,
@@ -80,7 +71,7 @@ impl Mmap {
         )
     }
 
-    fn map_prot(
+    pub(super) fn map_prot(
         fd: BorrowedFd<'_>,
         offset: u64,
         len: usize,
@@ -119,13 +110,13 @@ impl Mmap {
     /// Whether the guard caught a SIGBUS in the mapping: the file was
     /// shrunk under it, and the pages past its end now read as zeros.
     pub(crate) fn faulted(&self) -> bool {
-        self.guard.as_ref().is_some_and(Guard::faulted)
+        self.guard.as_ref().is_some_and(SigbusGuard::faulted)
     }
 
     /// Whether the guard caught a SIGBUS in a page below offset `end`:
     /// the file lost a page there (or could not read it in).
     fn faulted_below(&self, end: usize) -> bool {
-        let first = self.guard.as_ref().and_then(Guard::first_fault);
+        let first = self.guard.as_ref().and_then(SigbusGuard::first_fault);
         first.is_some_and(|at| at < self.ptr.as_ptr() as usize + end)
     }
 
@@ -250,220 +241,13 @@ impl Drop for Mmap {
     }
 }
 
-/// A read-only shared mapping of a file to copy its cached pages out of:
-/// readahead off (`MADV_RANDOM`, so touching a page never reads the ones
-/// after it into the page cache), guarded against SIGBUS (a file shrunk
-/// during the copy reads as zeros and [`FileView::truncated`] says so).
-#[derive(Debug)]
-pub(crate) struct FileView {
-    map: Mmap,
-}
-
-impl FileView {
-    /// Maps the first `len` bytes of `fd`.
-    ///
-    /// # Errors
-    /// [`Error::BadSize`] for a zero length; [`Error::Sys`] if `mmap` or
-    /// `madvise` fails, or when the mapping cannot be guarded.
-    pub(crate) fn new(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
-        let map = Mmap::map_prot(fd, 0, len, true, ProtFlags::READ, MapFlags::SHARED)?;
-        if !map.is_guarded() {
-            return Err(Error::sys(
-                "SIGBUS guard of a file mapping",
-                std::io::Error::from(std::io::ErrorKind::OutOfMemory),
-            ));
-        }
-        // SAFETY: the range is exactly this live mapping; advice does not
-        // change its contents.
-        unsafe { rustix::mm::madvise(map.as_ptr().cast(), map.len(), Advice::Random) }
-            .map_err(|e| Error::sys("madvise(MADV_RANDOM)", e))?;
-        Ok(FileView { map })
-    }
-
-    /// Copies `dst.len()` bytes of the file at `off` into `dst`, the copy
-    /// faulting the pages in. (Populating them first does not pay: the
-    /// first copy of a 1 GiB file warmed by `pread`, 8 MiB pieces, one
-    /// thread, 4 alternating runs each, took 241-272 ms this way, 232-313
-    /// ms after a read of every page and 259-268 ms after
-    /// `MADV_POPULATE_READ`.) Where the file lost pages, they are copied
-    /// as the guard's zeros and [`FileView::truncated`] says so.
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] unless `off..off + dst.len()` is inside the
-    /// mapping; [`Error::Busy`] as [`crate::BufRange::copy_from`].
-    pub(crate) fn copy_out(&self, off: usize, dst: &crate::BufRange<'_>) -> Result<()> {
-        let len = dst.len();
-        if off.checked_add(len).is_none_or(|end| end > self.map.len()) {
-            return Err(Error::OutOfRange {
-                offset: off,
-                len,
-                buf_len: self.map.len(),
-            });
-        }
-        let (lo, hi) = page_bounds(off, len);
-        // SAFETY: `off..off + len` is inside the mapping (checked above),
-        // which lives while `self` does; it is a file mapping, so it cannot
-        // overlap the buffer's memfd or dma-buf mapping. A page the file
-        // lost meanwhile reads as zeros (the guard), never faults.
-        let copied = unsafe { dst.copy_from_ptr(self.map.as_ptr().wrapping_add(off)) };
-        // Unmap the pages again (they stay in the page cache), so the
-        // process's resident size counts the buffers once, not the file's
-        // pages as well.
-        // SAFETY: `lo..hi` lies inside this live mapping (`off..off + len`
-        // does, rounded out to its pages); dropping a shared file
-        // mapping's pages changes no data.
-        let _ = unsafe {
-            rustix::mm::madvise(
-                self.map.as_ptr().wrapping_add(lo).cast(),
-                hi - lo,
-                Advice::LinuxDontNeed,
-            )
-        };
-        copied
-    }
-
-    /// Bytes mapped.
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// Whether the file shrank under the mapping since it was made (a copy
-    /// may have read zeros).
-    pub(crate) fn truncated(&self) -> bool {
-        self.map.faulted()
-    }
-}
-
-/// A shared read/write mapping of part of a file that a peer may shrink (a
-/// vhost-user front end's memory region, an rpmsg shared-memory file),
-/// guarded against SIGBUS and unmapped on drop.
-///
-/// If the peer truncates the file, the next access past its new end would
-/// raise SIGBUS and kill the process. While the mapping lives, such a fault
-/// is caught instead: the faulting page is replaced by a private zero page
-/// (the access completes on zeros, and writes reach no one else),
-/// [`SharedMapping::peer_truncated`] turns true, and the socket given to
-/// [`SharedMapping::shutdown_on_fault`] (the peer's connection) is shut
-/// down, so its owner drops that peer. A SIGBUS anywhere else gets the
-/// disposition that was in place before.
-#[derive(Debug)]
-pub struct SharedMapping {
-    map: Mmap,
-}
-
-impl SharedMapping {
-    /// Maps `len` bytes of `fd` from `offset` (a multiple of the page size)
-    /// and guards them. Check that the file holds the range first: a mapping
-    /// past the end of a file faults at once.
-    ///
-    /// # Errors
-    /// [`Error::BadSize`] for a zero length, [`Error::Sys`] if `mmap` fails.
-    pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Self> {
-        Ok(SharedMapping {
-            map: Mmap::map(fd, offset, len, true)?,
-        })
-    }
-
-    /// Start of the mapping. Dereferencing it is up to the caller (e.g. to
-    /// build a `vm-memory` region over it); it stays valid while `self` does.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_ptr()
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// Whether it has no bytes (never true).
-    pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
-    }
-
-    /// Whether a SIGBUS in it is caught (false only when every guard slot
-    /// was taken or the handler could not be installed).
-    pub fn is_guarded(&self) -> bool {
-        self.map.is_guarded()
-    }
-
-    /// Whether a SIGBUS was caught in it: the peer shrank the file.
-    pub fn peer_truncated(&self) -> bool {
-        self.map.faulted()
-    }
-
-    /// On a caught SIGBUS, also shut the socket `sock` down (for both
-    /// directions), so whoever serves that peer sees it disconnect. A
-    /// duplicate of the descriptor is kept while the mapping lives.
-    ///
-    /// # Errors
-    /// [`Error::Sys`] if the descriptor cannot be duplicated.
-    pub fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
-        self.map.shutdown_on_fault(sock)
-    }
-}
-
-/// What [`Mmap`] holds.
-type Guard = SigbusGuard;
-
-/// The process-wide SIGBUS handler and its table of guarded mappings.
-///
-/// Written by hand: no crate catches SIGBUS for a set of mappings. The
-/// handler is installed once, on the first guarded mapping, and runs for
-/// every SIGBUS in the process: inside a guarded mapping it repairs the page
-/// and returns; anywhere else it puts the previous disposition back, so the
-/// access faults again and gets what it would have got without us.
-///
-/// A mapping stops being watched before it is unmapped, and an access that
-/// can fault needs a live borrow of the owner, so the owner cannot be
-/// dropped while the handler repairs one of its pages.
-mod guard;
-pub use guard::SigbusGuard;
-
-/// Resident pages of the first `len` bytes of `fd`.
-pub(crate) fn resident_pages(fd: BorrowedFd<'_>, len: usize) -> Result<usize> {
-    Ok(resident_map(fd, 0, len)?.into_iter().filter(|&r| r).count())
-}
-
-/// Whether each page of `fd[off..off + len]` is in the page cache
-/// (`mincore(2)` on a temporary read-only shared mapping; `off` a page
-/// multiple).
-pub(crate) fn resident_map(fd: BorrowedFd<'_>, off: u64, len: usize) -> Result<Vec<bool>> {
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: a fresh read-only mapping that no Rust reference points into;
-    // unmapped below before returning.
-    let ptr = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ,
-            MapFlags::SHARED,
-            fd,
-            off,
-        )
-    }
-    .map_err(|e| Error::sys("mmap(file)", e))?;
-    let page = crate::page_size();
-    let mut vec = vec![0u8; len.div_ceil(page)];
-    // SAFETY: `ptr..ptr+len` is the mapping made above; `vec` has one byte
-    // per page of it.
-    let rc = unsafe { libc::mincore(ptr, len, vec.as_mut_ptr()) };
-    let err = std::io::Error::last_os_error();
-    // SAFETY: exactly the mapping made above, no longer used.
-    let _ = unsafe { munmap(ptr, len) };
-    if rc != 0 {
-        return Err(Error::sys("mincore", err));
-    }
-    Ok(vec.iter().map(|&b| b & 1 != 0).collect())
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
     use crate::heap::{Heap, HugePages, MemfdHeap};
+    use crate::mmap::mincore::resident_pages;
 
     /// A file of `pages` pages of `byte`, opened read-only.
     fn pages_file(
@@ -543,38 +327,5 @@ mod tests {
         assert_eq!(resident_pages(buf.fd(), len).unwrap(), 0);
         buf.populate().unwrap();
         assert_eq!(resident_pages(buf.fd(), len).unwrap(), len / page);
-    }
-
-    #[test]
-    fn a_file_view_copies_and_says_when_the_file_shrank() {
-        let page = crate::page_size();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        let data: Vec<u8> = (0..4 * page).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&path, &data).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let view = FileView::new(file.as_fd(), data.len()).unwrap();
-        let buf = MemfdHeap::new(HugePages::None).alloc(4 * page).unwrap();
-        view.copy_out(7, &buf.range(0, 3 * page).unwrap()).unwrap();
-        let mut got = vec![0u8; 3 * page];
-        buf.read_at(0, &mut got).unwrap();
-        assert_eq!(got, data[7..7 + 3 * page]);
-        assert!(!view.truncated());
-        assert!(matches!(
-            view.copy_out(page, &buf.range(0, 3 * page + 1).unwrap()),
-            Err(Error::OutOfRange { .. })
-        ));
-        // Shrunk to one page: the rest reads as zeros and is reported.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(page as u64)
-            .unwrap();
-        view.copy_out(0, &buf.range(0, 4 * page).unwrap()).unwrap();
-        assert!(view.truncated());
-        buf.read_at(0, &mut got).unwrap();
-        assert_eq!(got[..page], data[..page]);
-        assert!(got[page..].iter().all(|&b| b == 0));
     }
 }
