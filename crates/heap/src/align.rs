@@ -1,5 +1,6 @@
 //! Alignment maths for direct I/O: which part of a transfer can go straight
-//! between the file and the buffer, and which part needs an aligned bounce.
+//! between the file and the buffer, and which part is staged through an
+//! aligned buffer.
 
 /// Direct-I/O alignment constraints of one file (`statx(2)` `STATX_DIOALIGN`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +33,8 @@ pub(crate) fn align_up(x: u64, align: u64) -> Option<u64> {
 }
 
 /// How a transfer of `len` bytes between file offset `file_off` and memory
-/// address `addr` splits into `head` (bounced), `middle` (direct, in place)
-/// and `tail` (bounced). `head + middle + tail == len`.
+/// address `addr` splits into `head` (staged), `middle` (direct, in place)
+/// and `tail` (staged). `head + middle + tail == len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Split {
     pub head: usize,
@@ -44,7 +45,7 @@ pub(crate) struct Split {
 /// Splits a transfer for direct I/O. The middle is the longest run that
 /// starts and ends on `align.offset` boundaries in the file and whose memory
 /// address is `align.mem`-aligned. When the memory address and the file offset
-/// are not congruent, no run can satisfy both, and everything is bounced.
+/// are not congruent, no run can satisfy both, and everything is staged.
 pub(crate) fn direct_split(file_off: u64, addr: usize, len: usize, align: DioAlign) -> Split {
     let oa = align.offset as u64;
     let Some(first) = align_up(file_off, oa) else {
@@ -99,7 +100,7 @@ mod tests {
                 prop_assert_eq!(mid_off % align.offset as u64, 0);
                 prop_assert_eq!(s.middle % align.offset, 0);
                 prop_assert_eq!((addr + s.head) % align.mem, 0);
-                // Maximal: what is bounced is less than one block each side.
+                // Maximal: what is staged is less than one block each side.
                 prop_assert!(s.head < align.offset);
                 prop_assert!(s.tail < align.offset);
             } else {
@@ -149,7 +150,7 @@ mod tests {
                 tail: 52
             }
         );
-        // Not congruent: all bounced.
+        // Not congruent: all staged.
         assert_eq!(
             direct_split(100, 0, 2000, al),
             Split {

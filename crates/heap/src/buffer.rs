@@ -462,8 +462,8 @@ impl DevicePin {
         &self.buf
     }
 
-    /// Writes device-produced bytes back into the pinned buffer (what a
-    /// bounce unmap or a sync-for-CPU does); allowed while busy because the
+    /// Writes device-produced bytes back into the pinned buffer (what the
+    /// DMA ops' copy-out at unmap or a sync-for-CPU does); allowed while busy because the
     /// pin holder is the device side.
     ///
     /// # Errors

@@ -15,7 +15,7 @@ use iopath_sys::error_chain;
 
 /// Mean read below which `auto` takes `buffered`: 16 pages (64 KiB).
 /// io_uring and direct I/O move whole blocks and pay a submission per read
-/// (an unaligned tail costs a bounced block), so for a safetensors file of
+/// (an unaligned tail costs a staged block), so for a safetensors file of
 /// many small tensors (100,000 of about 70 bytes: 6 to 14 s with io_uring
 /// against 2 to 4 s buffered) they move far more than the data; from a few
 /// dozen KiB per read on, they win on a cold file as the probe measures.

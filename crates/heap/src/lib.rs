@@ -18,7 +18,7 @@
 //!
 //! Files are moved in and out of buffers by an [`Engine`] (chosen at run
 //! time with [`new_engine`]): file range to buffer range and back, unaligned
-//! heads and tails bounced for direct I/O, a per-request fall-back to
+//! heads and tails staged through an aligned buffer for direct I/O, a per-request fall-back to
 //! buffered I/O where the file system refuses `O_DIRECT`. `auto` is
 //! cache-aware: the runs of a file already in the page cache
 //! ([`cache_runs`]) are copied out of it while the cold ones are read with
@@ -66,7 +66,7 @@
 //! mapping is gone.
 
 mod align;
-mod bounce;
+mod aligned;
 mod buffer;
 mod choose;
 mod engine;
@@ -86,7 +86,7 @@ mod tensors;
 mod verify;
 
 pub use align::DioAlign;
-pub use bounce::AlignedBuf;
+pub use aligned::AlignedBuf;
 pub use buffer::{Buffer, DevicePin, POPULATE_READ, TOUCH_READ};
 pub use choose::{choose_heap, open_heap, HeapChoice};
 pub use engine::{

@@ -44,7 +44,7 @@ fn exercise(engine: &dyn Engine, dir: &Path, disk: bool) {
         (0, 0, SIZE),                 // whole file, unaligned tail at EOF
         (4096, 8192, 1 << 20),        // all aligned
         (100, 100, (1 << 20) + 3),    // congruent, unaligned head and tail
-        (100, 0, 70_000),             // offsets disagree: all bounced
+        (100, 0, 70_000),             // offsets disagree: all staged
         ((SIZE - 5) as u64, 7, 5),    // the last bytes
         (1, 4095, 1),                 // one byte
         (SIZE as u64, 0, 0),          // nothing, at EOF

@@ -4,20 +4,20 @@
 //! offset agree modulo the file system's direct-I/O alignment, the aligned
 //! middle of a transfer goes straight between the disk and the mapping. The
 //! unaligned head and tail (and a whole transfer whose offsets disagree) go
-//! through a small aligned bounce buffer; writes read-modify-write the
+//! through a small aligned staging buffer; writes read-modify-write the
 //! partial blocks and trim the file back if the last block overshot it.
 
 use std::os::fd::BorrowedFd;
 
 use super::{buffered, fall_back, CheckedRead, Dir, Engine, Method, Transfer};
 use crate::align::{align_down, align_up, direct_split, DioAlign};
-use crate::bounce::AlignedBuf;
+use crate::aligned::AlignedBuf;
 use crate::file::IoFile;
 use crate::range::BufRange;
 use crate::{sys, Error, Result};
 
-/// Bounce buffer size.
-const BOUNCE: usize = 1 << 20;
+/// Size of the staging buffer for unaligned heads and tails.
+const STAGING: usize = 1 << 20;
 /// Bytes per direct `pread`/`pwrite` of the middle.
 const DIRECT_CHUNK: usize = 64 << 20;
 
@@ -49,8 +49,8 @@ pub(crate) struct Piece<'a> {
 }
 
 /// Runs a direct transfer of `mem` at `file_off`: head and tail through the
-/// bounce, the aligned middle through `middle` (direct `pread`/`pwrite` here,
-/// io_uring there).
+/// staging buffer, the aligned middle through `middle` (direct
+/// `pread`/`pwrite` here, io_uring there).
 pub(crate) fn run(
     file: &IoFile,
     dir: Dir,
@@ -67,14 +67,14 @@ pub(crate) fn run(
     let len = mem.len();
     let old_size = file.size()?;
     let s = direct_split(file_off, mem.addr(), len, align);
-    let mut bounce = None;
+    let mut staging = None;
     if s.head > 0 {
-        bounce_io(
+        staged_io(
             file,
             dfd,
             align,
             dir,
-            &mut bounce,
+            &mut staging,
             file_off,
             mem.sub(0, s.head)?,
         )?;
@@ -90,18 +90,18 @@ pub(crate) fn run(
     }
     if s.tail > 0 {
         let skip = s.head + s.middle;
-        bounce_io(
+        staged_io(
             file,
             dfd,
             align,
             dir,
-            &mut bounce,
+            &mut staging,
             file_off + skip as u64,
             mem.sub(skip, s.tail)?,
         )?;
     }
     if dir == Dir::Write {
-        // A bounced last block may have grown the file past the range.
+        // A staged last block may have grown the file past the range.
         let want = old_size.max(file_off + len as u64);
         if file.size()? > want {
             rustix::fs::ftruncate(file.fd(), want)
@@ -111,24 +111,24 @@ pub(crate) fn run(
     Ok(())
 }
 
-/// Moves `mem` to or from the file at `file_off` through an aligned bounce
+/// Moves `mem` to or from the file at `file_off` through an aligned staging
 /// buffer, whole blocks at a time (read-modify-write for partial blocks of a
 /// write).
-pub(crate) fn bounce_io(
+pub(crate) fn staged_io(
     file: &IoFile,
     dfd: BorrowedFd<'_>,
     align: DioAlign,
     dir: Dir,
-    bounce: &mut Option<AlignedBuf>,
+    staging: &mut Option<AlignedBuf>,
     file_off: u64,
     mem: BufRange<'_>,
 ) -> Result<(), Fail> {
     let len = mem.len();
     let oa = align.offset as u64;
-    let size = align_up(BOUNCE as u64, oa).unwrap_or(oa).max(2 * oa) as usize;
-    let b = match bounce {
+    let size = align_up(STAGING as u64, oa).unwrap_or(oa).max(2 * oa) as usize;
+    let b = match staging {
         Some(b) => b,
-        None => bounce.insert(AlignedBuf::new(size, align.mem.max(align.offset))?),
+        None => staging.insert(AlignedBuf::new(size, align.mem.max(align.offset))?),
     };
     let end = file_off + len as u64;
     let mut pos = file_off;
@@ -176,7 +176,7 @@ fn retry(mut call: impl FnMut() -> rustix::io::Result<usize>) -> std::io::Result
     }
 }
 
-/// Reads up to `dst.len()` bytes at `off` into private bounce memory; fewer
+/// Reads up to `dst.len()` bytes at `off` into private staging memory; fewer
 /// only at EOF.
 fn direct_pread(
     file: &IoFile,

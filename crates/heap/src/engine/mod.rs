@@ -3,7 +3,7 @@
 //! | method | how | page cache |
 //! |---|---|---|
 //! | `buffered` | `pread`/`pwrite` | fills it |
-//! | `direct` | `O_DIRECT` `pread`/`pwrite` straight into the buffer's mapping; unaligned heads and tails through an aligned bounce | bypassed |
+//! | `direct` | `O_DIRECT` `pread`/`pwrite` straight into the buffer's mapping; unaligned heads and tails staged through an aligned buffer | bypassed |
 //! | `sendfile` | file → memfd: `sendfile(2)` into the memfd; other buffers: `splice(2)` into a pipe, `read(2)` out of it. buffer → file: `vmsplice(2)` into a pipe, `splice(2)` to the file | fills it |
 //! | `uring` | io_uring `READ_FIXED`/`WRITE_FIXED` on `O_DIRECT`, the buffer registered as a fixed buffer, many requests in flight | bypassed |
 //! | `bounce` | io_uring `READ_FIXED` on `O_DIRECT` into a registered memfd bounce buffer, then a copy into the buffer | bypassed |

@@ -222,13 +222,13 @@ struct Batch<'f> {
     free_slots: Vec<u16>,
     total: Transfer,
     fatal: Option<Error>,
-    bounce: Option<AlignedBuf>,
+    staging: Option<AlignedBuf>,
 }
 
 impl UringEngine {
-    /// Starts request `index`: head and tail through the bounce now, the
-    /// middle queued as chunks. Returns the transfer when it finished at
-    /// once.
+    /// Starts request `index`: head and tail through the staging buffer
+    /// now, the middle queued as chunks. Returns the transfer when it
+    /// finished at once.
     fn start(
         &self,
         ring: &mut Ring,
@@ -257,12 +257,12 @@ impl UringEngine {
         let mut ends = Ok(());
         if s.head > 0 {
             let head = mem.sub(0, s.head)?;
-            ends = direct::bounce_io(
+            ends = direct::staged_io(
                 file,
                 dfd,
                 align,
                 Dir::Read,
-                &mut b.bounce,
+                &mut b.staging,
                 req.file_off,
                 head,
             );
@@ -271,7 +271,7 @@ impl UringEngine {
             let skip = s.head + s.middle;
             let tail = mem.sub(skip, s.tail)?;
             let at = req.file_off + skip as u64;
-            ends = direct::bounce_io(file, dfd, align, Dir::Read, &mut b.bounce, at, tail);
+            ends = direct::staged_io(file, dfd, align, Dir::Read, &mut b.staging, at, tail);
         }
         match ends {
             Ok(()) => {}
@@ -447,7 +447,7 @@ impl Engine for UringEngine {
             free_slots: (1..SLOTS).rev().collect(),
             total: Transfer::default(),
             fatal: None,
-            bounce: None,
+            staging: None,
         };
         let mut index = 0;
         let mut more = true;

@@ -36,7 +36,7 @@ impl AlignedBuf {
         let mut storage = Vec::new();
         storage.try_reserve_exact(total).map_err(|_| {
             Error::sys(
-                "allocate bounce buffer",
+                "allocate aligned buffer",
                 std::io::Error::from(std::io::ErrorKind::OutOfMemory),
             )
         })?;
