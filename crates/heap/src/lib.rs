@@ -11,28 +11,39 @@
 //! [`BufRange::ptr_guard`], for code that can take nothing else.
 //!
 //! ```text
-//!   Heap::alloc ──► Buffer { fd, len, mapping } ──export──► other process
-//!                        ▲
-//!   IoFile ──Engine──────┘   (buffered | direct | sendfile | uring | bounce | auto)
+//!   open_heap / choose_heap ──► Heap::alloc ──► Buffer { fd, len, mapping } ──export / Share──► other process
+//!                                                 ▲
+//!   IoFile ──Engine::read─────────────────────────┘  (buffered | direct | sendfile | uring | bounce | auto)
+//!              ▲
+//!   load, load_safetensors (buffers allocated on a thread of their own,
+//!                           overlapped with the reads)
 //! ```
 //!
 //! Files are moved in and out of buffers by an [`Engine`] (chosen at run
 //! time with [`new_engine`]): file range to buffer range and back, unaligned
-//! heads and tails staged through an aligned buffer for direct I/O, a per-request fall-back to
-//! buffered I/O where the file system refuses `O_DIRECT`. `auto` is
-//! cache-aware: the runs of a file already in the page cache
-//! ([`cache_runs`]) are copied out of it while the cold ones are read with
-//! direct I/O, at the same time, and the cold ones stay out of the cache. [`load`] fills N
-//! buffers from a file with allocation on its own thread, overlapped with
-//! the reads:
+//! heads and tails staged through an aligned buffer for direct I/O, a
+//! per-request fall-back to buffered I/O where the file system refuses
+//! `O_DIRECT`. `auto` is cache-aware: the runs of a file already in the
+//! page cache ([`cache_runs`]) are copied out of it while the cold ones are
+//! read with direct I/O, at the same time, and the cold ones stay out of
+//! the cache. [`load`] fills N buffers from a file with allocation on its
+//! own thread, overlapped with the reads:
 //!
-//! ```no_run
+//! ```
 //! use iopath_heap::{load, open_heap, LoadOptions};
-//! # fn main() -> iopath_heap::Result<()> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.bin");
+//! let data: Vec<u8> = (0..3 << 20).map(|i| (i % 251) as u8).collect();
+//! std::fs::write(&path, &data)?;
 //! let heap = open_heap("memfd")?;
-//! let loaded = load("model.bin".as_ref(), heap.as_ref(), &LoadOptions::default(), &mut |p| {
+//! let loaded = load(&path, heap.as_ref(), &LoadOptions::default(), &mut |p| {
 //!     eprintln!("{}/{} bytes", p.bytes, p.total);
 //! })?;
+//! loaded.verify(&path)?; // every buffer equals its part of the file
+//! let mut head = [0u8; 4];
+//! loaded.buffers[0].read_at(0, &mut head)?;
+//! assert_eq!(head, [0, 1, 2, 3]);
 //! println!("{:.2} GiB/s with {}", loaded.stats.gib_per_s(), loaded.stats.method);
 //! # Ok(())
 //! # }
