@@ -37,6 +37,7 @@
 //! buf.write_at(0, b"x")?;                    // the CPU's again
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![forbid(unsafe_code)]
 
 mod bounce;
 mod direct;
