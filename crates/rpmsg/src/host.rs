@@ -25,7 +25,8 @@ use iopath_virtio::{Platform, Policy, PolicyOps, QueueFeatures, RingPlacement, S
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 use crate::bufsz::{self, BufSizes, Convention, VIRTIO_RPMSG_F_BUFSZ};
-use crate::link::{Held, Link, LinkError, LinkMemory, Role, Slot};
+use crate::link::{Held, Link, LinkError, LinkMemory, Slot};
+use crate::role::Role;
 use crate::rsc_table::{status, ResourceTable, VringRsc};
 use crate::shm::SharedMem;
 use crate::wire::VIRTIO_RPMSG_F_NS;

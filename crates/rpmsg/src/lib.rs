@@ -71,12 +71,11 @@ pub mod openamp;
 pub mod ping;
 mod remote;
 mod remote_services;
+mod role;
 pub mod rsc_table;
 mod service;
 pub mod session;
 mod shm;
-mod shm_owner;
-mod sock_rx;
 pub mod vhost_user;
 pub mod vring;
 pub mod wire;
@@ -87,11 +86,11 @@ pub use bus::{
     KickHold, Message, RxBuffer, ServiceHook, Stats, TxBuffer, ZeroCopyEndpoint,
 };
 pub use host::{HostLink, HostOptions, HOST_FEATURES};
-pub use link::{Held, Link, LinkError, LinkMemory, Role, Rx, Slot};
+pub use link::{Held, Link, LinkError, LinkMemory, Rx, Slot};
 pub use notify::{Notifier, NotifySpec};
 pub use remote::RemoteLink;
 pub use remote_services::{AnnounceError, RemoteServices, ServiceSession, SessionEnd, SINK_SYNC};
+pub use role::Role;
 pub use rsc_table::{ResourceTable, ShmLayout};
 pub use service::{CtrlOptions, CtrlServer};
-pub use shm::{shm_path, SharedMem, ShmError, ShmOptions};
-pub use shm_owner::{ShmHolder, ShmOwner, ShmRole};
+pub use shm::{shm_path, SharedMem, ShmError, ShmHolder, ShmOptions, ShmOwner, ShmRole};

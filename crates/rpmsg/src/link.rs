@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::role::Role;
 use crate::shm::{SharedMem, ShmError};
 
 /// The memory a link's buffers live in, addressed as the peer's
@@ -59,7 +60,7 @@ impl LinkMemory for SharedMem {
         ranges: &[(u64, usize)],
         full: &mut [usize],
     ) -> Option<rustix::io::Result<usize>> {
-        Some(crate::sock_rx::recv_into(self, fd, ranges, full))
+        Some(crate::shm::sock_rx::recv_into(self, fd, ranges, full))
     }
 }
 
@@ -104,24 +105,6 @@ pub enum Rx {
     /// The peer's buffer was unusable (reason given); it went back to the
     /// peer and nothing was delivered.
     Refused(String),
-}
-
-/// Which side of the link this is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Virtio driver: owns the buffers.
-    Host,
-    /// Virtio device.
-    Remote,
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Role::Host => "host",
-            Role::Remote => "remote",
-        })
-    }
 }
 
 /// A buffer the peer filled, held until [`Link::release_rx`] gives it back.

@@ -17,8 +17,9 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 use crate::bufsz::BufSizes;
-use crate::link::{Held, Link, LinkError, LinkMemory, Role, Slot};
+use crate::link::{Held, Link, LinkError, LinkMemory, Slot};
 use crate::notify::Notifier;
+use crate::role::Role;
 use crate::rsc_table::{status, ResourceTable};
 use crate::shm::{SharedMem, ShmError};
 use crate::wire::HDR_LEN;

@@ -38,6 +38,7 @@ use std::str::FromStr;
 use thiserror::Error;
 use vm_memory::ByteValued;
 
+use crate::role::Role;
 use crate::wire::{BUF_SIZE, HDR_LEN};
 
 /// Linux's proposal: the device takes its buffer sizes from config space.
@@ -236,18 +237,18 @@ impl BufSizes {
     }
 
     /// Bytes one message this role sends may take (header included).
-    pub fn tx(&self, role: crate::Role) -> usize {
+    pub fn tx(&self, role: Role) -> usize {
         match role {
-            crate::Role::Host => self.to_remote as usize,
-            crate::Role::Remote => self.to_host as usize,
+            Role::Host => self.to_remote as usize,
+            Role::Remote => self.to_host as usize,
         }
     }
 
     /// Bytes one message this role receives may take (header included).
-    pub fn rx(&self, role: crate::Role) -> usize {
+    pub fn rx(&self, role: Role) -> usize {
         match role {
-            crate::Role::Host => self.to_host as usize,
-            crate::Role::Remote => self.to_remote as usize,
+            Role::Host => self.to_host as usize,
+            Role::Remote => self.to_remote as usize,
         }
     }
 }

@@ -48,9 +48,10 @@ use foldhash::HashMap;
 
 use self::state::{lock, mark_down, Shared, State};
 use crate::host::{HostLink, HostOptions};
-use crate::link::{Link, Role};
+use crate::link::Link;
 use crate::notify::Notifier;
 use crate::remote::RemoteLink;
+use crate::role::Role;
 use crate::shm::SharedMem;
 use crate::wire::{Endian, HDR_LEN, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS};
 

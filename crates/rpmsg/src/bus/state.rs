@@ -10,8 +10,9 @@ use std::time::Duration;
 use foldhash::HashMap;
 
 use super::{BusError, Channel, EndpointRef, Event, InPlace, RxBuffer, ServiceHook, Stats};
-use crate::link::{Link, LinkMemory, Role};
+use crate::link::{Link, LinkMemory};
 use crate::notify::Notifier;
+use crate::role::Role;
 use crate::wire::Endian;
 
 /// A callback endpoint's callback: one allocation with its lock, shared

@@ -4,7 +4,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use crate::sock_rx::{recv_iovecs, MAX_RANGES};
+use crate::shm::sock_rx::{recv_iovecs, MAX_RANGES};
 
 /// Messages per call.
 pub(super) const BATCH: usize = MAX_RANGES;

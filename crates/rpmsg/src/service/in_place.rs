@@ -13,7 +13,7 @@ use rustix::net::Shutdown;
 
 use super::{lock, EptService, DRAIN};
 use crate::bus::{BusError, EndpointRef};
-use crate::sock_rx::MAX_RANGES;
+use crate::shm::sock_rx::MAX_RANGES;
 use crate::wire::{ADDR_ANY, HDR_LEN};
 
 /// What ends a batch after its messages went.

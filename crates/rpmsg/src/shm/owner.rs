@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::shm::ShmError;
+use super::{ShmError, ShmHolder};
 
 /// The role a process plays on a shared-memory file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,28 +41,6 @@ pub enum ShmRole {
     Remote,
     /// The driver side (`iopath rpmsg host`).
     Host,
-}
-
-/// Who was found holding a shared-memory file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShmHolder {
-    /// A remote holds it.
-    Remote,
-    /// A host holds it.
-    Host,
-    /// A process has it mapped in a session (a host whose remote is not
-    /// iopath's, or one that has not yet seen its remote go).
-    Session,
-}
-
-impl std::fmt::Display for ShmHolder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ShmHolder::Remote => "remote",
-            ShmHolder::Host => "host",
-            ShmHolder::Session => "process that has it mapped",
-        })
-    }
 }
 
 const REMOTE: i64 = 0;

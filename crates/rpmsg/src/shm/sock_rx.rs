@@ -5,7 +5,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::shm::SharedMem;
+use super::SharedMem;
 
 /// Buffers per call, at most.
 pub(crate) const MAX_RANGES: usize = 16;

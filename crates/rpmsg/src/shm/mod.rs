@@ -11,6 +11,13 @@
 //! lives on. A memfd from iopath-heap's memfd heap is sealed against
 //! shrinking, which rules the fault out ([`SharedMem::from_buffer`]).
 
+mod error;
+mod owner;
+pub(crate) mod sock_rx;
+
+pub use error::{ShmError, ShmHolder};
+pub use owner::{ShmOwner, ShmRole};
+
 use std::fs::OpenOptions;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -19,79 +26,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iopath_heap::{Buffer, HeapKind};
-use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
-use crate::rsc_table::{ResourceTable, RscError, ShmLayout};
-use crate::shm_owner::{ShmHolder, ShmOwner, ShmRole};
+use crate::rsc_table::{ResourceTable, ShmLayout};
 
 /// Largest resource table read from the shared memory.
 pub const MAX_TABLE_BYTES: usize = 0x4000;
-
-/// Why the shared memory could not be used.
-#[derive(Debug, Error)]
-pub enum ShmError {
-    /// Opening, creating or sizing the file failed.
-    #[error("Shared memory {path}: {op} failed")]
-    File {
-        /// The file.
-        path: PathBuf,
-        /// What was being done.
-        op: &'static str,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Mapping it failed.
-    #[error("Mapping the shared memory failed")]
-    Map(#[source] iopath_heap::Error),
-    /// Building the guest-memory view failed.
-    #[error("Guest memory view of the shared memory: {0}")]
-    View(String),
-    /// An access outside the shared memory.
-    #[error("Access of {len} bytes at {addr:#x} lies outside the shared memory")]
-    Outside {
-        /// Device address.
-        addr: u64,
-        /// Length.
-        len: usize,
-    },
-    /// The resource table is refused.
-    #[error("Resource table refused")]
-    Table(#[from] RscError),
-    /// A file whose size no shared memory has.
-    #[error("Shared memory {} is {len} bytes, not a non-zero multiple of the page size ({page})", path.display())]
-    Size {
-        /// The file.
-        path: PathBuf,
-        /// Its size.
-        len: u64,
-        /// The page size.
-        page: usize,
-    },
-    /// A file users other than its owner (or an owner other than this user
-    /// or root) can write: whoever can write it can forge any message.
-    #[error("Shared memory {} (mode {mode:o}, owner uid {uid}) can be written by other users", path.display())]
-    Writable {
-        /// The file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-        /// Its owner.
-        uid: u32,
-    },
-    /// Another process holds the file (see [`crate::shm_owner`]).
-    #[error("Shared memory {} is in use by another {holder}{}", path.display(),
-        pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
-    InUse {
-        /// The file.
-        path: PathBuf,
-        /// Who holds it.
-        holder: ShmHolder,
-        /// Its pid, where the kernel tells it.
-        pid: Option<u32>,
-    },
-}
 
 /// How a shared-memory file is created or opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +90,7 @@ impl SharedMem {
     /// As [`SharedMem::create`], with `opts.mode`. The remote's role on the
     /// file is held while this memory (any clone) lives, so a second remote
     /// cannot truncate it under a running one, and it is truncated only
-    /// while no session (a host) has it mapped: see [`crate::shm_owner`].
+    /// while no session (a host) has it mapped: see [`owner`].
     ///
     /// # Errors
     /// [`ShmError::InUse`] if another remote holds it or a host has it
