@@ -4,7 +4,8 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use super::state::lock;
+use iopath_sys::lock;
+
 use super::{Bus, BusError, Event, Message};
 use crate::wire::ADDR_ANY;
 

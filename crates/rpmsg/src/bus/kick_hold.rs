@@ -10,7 +10,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::state::{kick as kick_peer, lock, Shared};
+use iopath_sys::lock;
+
+use super::state::{kick as kick_peer, Shared};
 use super::Bus;
 
 /// While alive, sends on its bus publish their buffers but notify the

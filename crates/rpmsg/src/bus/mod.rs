@@ -45,8 +45,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
+use iopath_sys::lock;
 
-use self::state::{lock, mark_down, Shared, State};
+use self::state::{mark_down, Shared, State};
 use crate::host::{HostLink, HostOptions};
 use crate::link::Link;
 use crate::notify::Notifier;

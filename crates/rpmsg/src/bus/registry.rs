@@ -5,9 +5,10 @@
 
 use std::sync::{mpsc, Arc, Mutex};
 
+use iopath_sys::lock;
 use tracing::debug;
 
-use super::state::{lock, Callback, EptSlot, Sink};
+use super::state::{Callback, EptSlot, Sink};
 use super::{Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event, ZeroCopyEndpoint};
 use crate::wire::{check_name, ADDR_ANY, NS_ADDR, RESERVED_ADDRESSES};
 

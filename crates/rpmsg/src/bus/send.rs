@@ -6,7 +6,9 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use super::state::{kick as kick_peer, lock, notify_down, wait_for_buffer};
+use iopath_sys::lock;
+
+use super::state::{kick as kick_peer, notify_down, wait_for_buffer};
 use super::{Bus, BusError};
 use crate::link::{Link, Slot};
 use crate::wire::{self, HDR_LEN};

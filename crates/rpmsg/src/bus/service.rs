@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use iopath_sys::lock;
 use tracing::{debug, warn};
 
 use super::name_service::handle_ns;
-use super::state::{lock, mark_down, notify_down, Delivery, Held, Shared, Sink, State};
+use super::state::{mark_down, notify_down, Delivery, Held, Shared, Sink, State};
 use super::{Bus, EndpointRef, Event, HookRun, InPlace, Message, RxBuffer};
 use crate::link;
 use crate::notify::{NotifyError, PollSpin};

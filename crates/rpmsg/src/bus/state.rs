@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use foldhash::HashMap;
+use iopath_sys::lock;
 
 use super::{BusError, Channel, EndpointRef, Event, InPlace, RxBuffer, ServiceHook, Stats};
 use crate::link::{Link, LinkMemory};
@@ -107,10 +108,6 @@ pub(super) struct Shared {
     /// The bus owner's sources the service thread serves too (see
     /// [`Bus::set_hook`](super::Bus::set_hook)).
     pub(super) hook: Mutex<Option<Box<dyn ServiceHook>>>,
-}
-
-pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Marks the link down; the service thread tells the endpoints.

@@ -6,8 +6,10 @@ use std::fmt;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use iopath_sys::lock;
+
 use super::service::release;
-use super::state::{kick as kick_peer, lock, wait_for_buffer, Held, InPlaceCallback, Shared, Sink};
+use super::state::{kick as kick_peer, wait_for_buffer, Held, InPlaceCallback, Shared, Sink};
 use super::{Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event};
 use crate::link::{self, Slot};
 use crate::wire::{self, ADDR_ANY, HDR_LEN};

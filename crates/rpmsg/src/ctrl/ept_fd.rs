@@ -118,7 +118,7 @@ impl EptFd {
         if fd <= 2 {
             return Err(not("0, 1, 2 are stdio"));
         }
-        let _taking = TAKING.lock().unwrap_or_else(|e| e.into_inner());
+        let _taking = iopath_sys::lock(&TAKING);
         // SAFETY: only borrowed for the checks below, which do not close
         // it; fstat and F_GETFD on any number are harmless.
         let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };

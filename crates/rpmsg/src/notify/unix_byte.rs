@@ -25,6 +25,27 @@ impl UnixByteNotifier {
         sock.set_nonblocking(true).map_err(io("set_nonblocking"))?;
         Ok(UnixByteNotifier { sock })
     }
+
+    /// Reads every kick byte pending, without waiting; whether there was
+    /// any. A hang-up is a zero-byte read, reported only once the kicks
+    /// before it were seen (the peer's last messages count).
+    fn drain(&self) -> Result<bool, NotifyError> {
+        let mut buf = [0u8; 64];
+        let mut got = false;
+        loop {
+            match (&self.sock).read(&mut buf) {
+                Ok(0) if got => return Ok(true),
+                Ok(0) => return Err(NotifyError::PeerGone),
+                Ok(_) => got = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(got),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Err(NotifyError::PeerGone)
+                }
+                Err(e) => return Err(io("read")(e)),
+            }
+        }
+    }
 }
 
 impl Notifier for UnixByteNotifier {
@@ -44,44 +65,18 @@ impl Notifier for UnixByteNotifier {
     }
 
     fn wait(&self, timeout: Duration) -> Result<Wake, NotifyError> {
-        let mut buf = [0u8; 64];
-        let mut got = false;
-        loop {
-            match (&self.sock).read(&mut buf) {
-                Ok(0) if got => break,
-                Ok(0) => return Err(NotifyError::PeerGone),
-                Ok(_) => got = true,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                    return Err(NotifyError::PeerGone)
-                }
-                Err(e) => return Err(io("read")(e)),
-            }
-        }
-        if got {
+        if self.drain()? {
             return Ok(Wake::Kicked);
         }
         let r = poll_in(&[self.sock.as_fd()], timeout)?;
         if r[0].is_empty() {
             return Ok(Wake::Timeout);
         }
-        // Drain; a hang-up is a zero-byte read, reported only once the
-        // kicks before it were seen (the peer's last messages count).
-        loop {
-            match (&self.sock).read(&mut buf) {
-                Ok(0) if got => break,
-                Ok(0) => return Err(NotifyError::PeerGone),
-                Ok(_) => got = true,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                    return Err(NotifyError::PeerGone)
-                }
-                Err(e) => return Err(io("read")(e)),
-            }
-        }
-        Ok(if got { Wake::Kicked } else { Wake::Timeout })
+        Ok(if self.drain()? {
+            Wake::Kicked
+        } else {
+            Wake::Timeout
+        })
     }
 
     fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {

@@ -5,11 +5,12 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use iopath_sys::lock;
 use rustix::event::epoll;
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use tracing::{debug, info, warn};
 
-use super::{attach::attach, lock, sys, Conn, EptService, TAG_CTRL};
+use super::{attach::attach, sys, Conn, EptService, TAG_CTRL};
 use crate::ctrl::proto::{self, attach_reply, OP_ATTACH};
 use crate::ctrl::CtrlError;
 

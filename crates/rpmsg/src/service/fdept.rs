@@ -6,6 +6,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
+use iopath_sys::lock;
 use rustix::net::{
     AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, Shutdown, SocketFlags,
     SocketType,
@@ -14,7 +15,7 @@ use rustix::net::{
 /// `O_ACCMODE`.
 const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
 
-use super::{lock, Client, Ept, EptService, Kind, Sink, TAG_SOCK};
+use super::{Client, Ept, EptService, Kind, Sink, TAG_SOCK};
 use crate::ctrl::proto::{
     create_ept_fd_reply, set_ept_fd_reply_addrs, set_reply_max_payload, EptInfo, O_NONBLOCK,
     O_RDONLY, O_WRONLY,

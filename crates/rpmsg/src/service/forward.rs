@@ -6,12 +6,13 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
+use iopath_sys::lock;
 use rustix::event::epoll;
 use rustix::net::Shutdown;
 use tracing::{debug, warn};
 
 use super::batch::{RecvBatch, BATCH};
-use super::{legacy, lock, EptService, Kind, Stalled, DRAIN, SEND_WAIT, TAG_SOCK};
+use super::{legacy, EptService, Kind, Stalled, DRAIN, SEND_WAIT, TAG_SOCK};
 use crate::bus::{BusError, EndpointRef};
 
 impl EptService {

@@ -8,10 +8,11 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
+use iopath_sys::lock;
 use rustix::event::epoll;
 use rustix::net::Shutdown;
 
-use super::{lock, EptService, DRAIN};
+use super::{EptService, DRAIN};
 use crate::bus::{BusError, EndpointRef};
 use crate::shm::sock_rx::MAX_RANGES;
 use crate::wire::{ADDR_ANY, HDR_LEN};

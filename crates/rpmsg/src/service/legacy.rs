@@ -13,10 +13,11 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use iopath_sys::lock;
 use rustix::net::{SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tracing::debug;
 
-use super::{lock, Client, Ept, EptService, Kind, Sink, TAG_LISTENER, TAG_SOCK};
+use super::{Client, Ept, EptService, Kind, Sink, TAG_LISTENER, TAG_SOCK};
 use crate::ctrl::proto::{
     create_ept_reply, reply_head, set_reply_max_payload, EptInfo, OPEN_REPLY_LEN, OP_OPEN,
 };

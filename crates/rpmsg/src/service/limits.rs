@@ -14,6 +14,7 @@
 //! destroyed.
 
 use foldhash::HashMap;
+use iopath_sys::limits::{fd_limit, open_fds};
 
 /// Fds the service never gives to endpoints: accepting a control
 /// connection, a legacy node's open, the bus's own work still get theirs.
@@ -58,11 +59,7 @@ impl Limits {
     /// (`ulimit -n 1024`) the others still find room; bounds given
     /// explicitly are the operator's, held only by the reserve.
     pub fn new(per_client: Option<u32>, per_uid: Option<u32>, spare_fds: u64) -> Self {
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-            .current
-            .unwrap_or(u64::MAX);
-        let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
-        let fd_budget = limit.saturating_sub(open + spare_fds + RESERVE);
+        let fd_budget = fd_limit().saturating_sub(open_fds() + spare_fds + RESERVE);
         let share = u32::try_from(fd_budget / 4).unwrap_or(u32::MAX).max(1);
         let per_uid = per_uid.unwrap_or(DEFAULT_PER_UID.min(share));
         Limits {

@@ -80,13 +80,14 @@ pub use server::{CtrlOptions, CtrlServer};
 
 use batch::RecvBatch;
 use event_loop::Hook;
+use iopath_sys::lock;
 use limits::{Client, Limits, Usage};
 
 use std::collections::BTreeSet;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use foldhash::HashMap;
@@ -121,10 +122,6 @@ const RETRY_EVERY: Duration = Duration::from_millis(1);
 /// the events each takes.
 const SETTLE_WAITS: usize = 16;
 const SETTLE_EVENTS: usize = 64;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The errno a bus error is answered with.
 pub(crate) fn errno_of(e: &BusError) -> i32 {
@@ -279,7 +276,8 @@ impl EptService {
         }
         rustix::fs::chmod(rundir, rustix::fs::Mode::from_raw_mode(dir_mode))
             .map_err(sys("chmod"))?;
-        raise_fd_limit();
+        // Every endpoint costs the service one or two fds.
+        iopath_sys::raise_fd_limit(None);
         let limits = Limits::new(
             opts.max_endpoints_per_client,
             opts.max_endpoints_per_uid,
@@ -582,16 +580,5 @@ impl EptService {
             self.destroy(id);
         }
         let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
-    }
-}
-
-/// Raises the soft open-file limit to the hard one: every endpoint costs
-/// the service one or two fds.
-fn raise_fd_limit() {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let mut r = getrlimit(Resource::Nofile);
-    if r.current < r.maximum {
-        r.current = r.maximum;
-        let _ = setrlimit(Resource::Nofile, r);
     }
 }

@@ -40,7 +40,7 @@ impl Cleanup {
     }
 
     fn what(&self) -> MutexGuard<'_, What> {
-        self.what.lock().unwrap_or_else(|e| e.into_inner())
+        iopath_sys::lock(&self.what)
     }
 
     /// The bus to stop on the way out (`None`: none any more).

@@ -89,7 +89,7 @@ pub(crate) struct Slots {
 
 impl Slots {
     fn lock(&self) -> MutexGuard<'_, [Slot; 2]> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        iopath_sys::lock(&self.slots)
     }
 
     /// Gives the contexts a session used back to their workers.
