@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use iopath_rpmsg::ctrl::uapi::{RpmsgEndpointFdInfo, RpmsgEndpointInfo, ADDR_ANY, EPT_FD_FLAGS};
 use iopath_rpmsg::ctrl::{CtrlClient, CtrlError, EptFd, EptInfo};
+use iopath_sys::lock;
 use libc::c_int;
 
 use crate::fds::{self, Ctrl, Ept, Kind};
@@ -50,7 +51,7 @@ type Channel = ([u8; 32], u32, u32);
 static CHANNELS: Mutex<Vec<Channel>> = Mutex::new(Vec::new());
 
 fn channels() -> MutexGuard<'static, Vec<Channel>> {
-    CHANNELS.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&CHANNELS)
 }
 
 /// The fork handlers for this module's locks (see [`crate::fork`]).
@@ -74,7 +75,7 @@ pub(crate) mod fork {
 
     /// Before fork: takes the node directory and the channel list.
     fn prepare() {
-        let r = RUNDIR.lock().unwrap_or_else(|e| e.into_inner());
+        let r = lock(&RUNDIR);
         // SAFETY: called only from the prepare handler.
         unsafe { HELD.hold((r, channels())) };
     }
@@ -98,7 +99,7 @@ fn rundir(ctrl: &std::path::Path) -> PathBuf {
     if let Some(d) = std::env::var_os(iopath_rpmsg::exec::ENV_RUNDIR).filter(|v| !v.is_empty()) {
         return PathBuf::from(d);
     }
-    if let Some(d) = RUNDIR.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+    if let Some(d) = lock(&RUNDIR).clone() {
         return d;
     }
     iopath_rpmsg::ctrl::default_run_dir(ctrl)
@@ -244,7 +245,7 @@ fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int,
         (uapi::copy_in_value::<RpmsgEndpointInfo>(arg)?, 0)
     };
     let (info, name) = ept_info(&raw)?;
-    let _one_at_a_time = c.lock.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = lock(&c.lock);
     if c.inherited.load(Ordering::Relaxed) {
         reconnect(c)?;
     }
@@ -254,7 +255,7 @@ fn ctrl_request(fd: c_int, c: &Arc<Ctrl>, cmd: u32, arg: usize) -> Result<c_int,
             // (A service started with a relative --ctrl answers paths
             // relative to its own directory: not ours to resolve.)
             if let Some(dir) = node.parent().filter(|d| d.is_absolute()) {
-                *RUNDIR.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_owned());
+                *lock(&RUNDIR) = Some(dir.to_owned());
             }
             // The node's N, to close a kept connection once its last
             // endpoint is destroyed (one named otherwise is kept for good).

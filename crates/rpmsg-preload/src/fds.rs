@@ -17,6 +17,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use iopath_sys::lock;
 use libc::c_int;
 
 /// fds at or above this number cannot be rpmsg fds (one is moved below it
@@ -132,11 +133,11 @@ static LEGACY: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
 static KEPT: Mutex<Vec<(u64, OwnedFd)>> = Mutex::new(Vec::new());
 
 fn legacy() -> MutexGuard<'static, Vec<(u32, u64)>> {
-    LEGACY.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&LEGACY)
 }
 
 fn kept() -> MutexGuard<'static, Vec<(u64, OwnedFd)>> {
-    KEPT.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&KEPT)
 }
 
 /// Forgets the legacy endpoint of `/dev/rpmsg<node>`, and returns the
@@ -188,7 +189,7 @@ pub(crate) fn legacy_destroyed(node: u32) {
 }
 
 fn table() -> MutexGuard<'static, BTreeMap<c_int, Kind>> {
-    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&TABLE)
 }
 
 /// Records `fd` as `kind`; false if its number is too high to track.

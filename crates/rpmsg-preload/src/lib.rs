@@ -43,11 +43,22 @@
 //! `fds` (which fds are rpmsg fds); `fork` (the handlers the others
 //! register); `uapi` (ioctl numbers, user copies), `path`, `real`.
 
-// The exports' safety contracts are libc's.
-#![allow(clippy::missing_safety_doc)]
 // Test builds leave the exports out (they would interpose in the test
 // binary itself), and with them the only callers of much of the rest.
 #![cfg_attr(test, allow(dead_code))]
+
+// The exports take variadic arguments (`open`'s `mode`, `ioctl`'s and
+// `fcntl`'s `arg`) as fixed parameters: sound only where a variadic caller
+// passes them as a fixed one, which `exports` relies on.
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!(
+    "iopath-rpmsg-preload builds for x86_64 and aarch64 Linux only: its \
+     exports take C's variadic arguments as fixed parameters, known sound \
+     on those ABIs alone (src/exports/mod.rs)"
+);
 
 mod ctrl;
 mod ept;

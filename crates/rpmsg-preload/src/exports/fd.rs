@@ -35,6 +35,13 @@ unsafe extern "C" fn ioctl_slow(fd: c_int, request: c_ulong, arg: *mut c_void) -
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's `ioctl`: `arg` is what `request` takes. On an rpmsg fd the
+/// rpmsg requests read (and `RPMSG_CREATE_EPT_FD_IOCTL` writes back) the
+/// uAPI struct it points to, through `process_vm_readv`/`writev` so that
+/// a bad pointer is `EFAULT` as in the kernel (trusted where a sandbox
+/// forbids those calls); any other call is passed on untouched.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
     if fds::is_ours(fd) {
@@ -55,6 +62,10 @@ unsafe extern "C" fn close_slow(fd: c_int) -> c_int {
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: nothing is dereferenced; closing an fd another part of the
+/// program still uses is the program's own bug, as without the library.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if fds::is_ours(fd) {
@@ -79,6 +90,10 @@ unsafe extern "C" fn close_range_slow(first: c_uint, last: c_uint, flags: c_int)
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: nothing is dereferenced; closing an fd another part of the
+/// program still uses is the program's own bug, as without the library.
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     if fds::any() {
@@ -124,6 +139,10 @@ unsafe extern "C" fn dup_slow(old: c_int) -> c_int {
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: nothing is dereferenced; closing an fd another part of the
+/// program still uses is the program's own bug, as without the library.
 #[no_mangle]
 pub unsafe extern "C" fn dup(old: c_int) -> c_int {
     if fds::any() {
@@ -150,6 +169,10 @@ unsafe extern "C" fn dup2_slow(old: c_int, new: c_int) -> c_int {
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: nothing is dereferenced; closing an fd another part of the
+/// program still uses is the program's own bug, as without the library.
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     if fds::any() {
@@ -176,6 +199,10 @@ unsafe extern "C" fn dup3_slow(old: c_int, new: c_int, flags: c_int) -> c_int {
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: nothing is dereferenced; closing an fd another part of the
+/// program still uses is the program's own bug, as without the library.
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     if fds::any() {
@@ -209,6 +236,11 @@ unsafe extern "C" fn fcntl_slow(is64: bool, fd: c_int, cmd: c_int, arg: c_ulong)
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's `fcntl`: `arg` is what `cmd` takes, read only as a number
+/// here (`F_DUPFD*`) and passed on untouched ([`super`] says why a fixed
+/// parameter is sound for the variadic one).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if fds::any() {
@@ -220,6 +252,11 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's `fcntl`: `arg` is what `cmd` takes, read only as a number
+/// here (`F_DUPFD*`) and passed on untouched ([`super`] says why a fixed
+/// parameter is sound for the variadic one).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if fds::any() {

@@ -43,6 +43,12 @@ macro_rules! interpose {
         }
 
         /// Interposed; see the module doc.
+        ///
+        /// # Safety
+        /// As libc's: `buf` is valid for `n` bytes (`iov` for `n` iovecs, each
+        /// valid for its length), writable for a read, readable for a write, and
+        /// a fortified variant's `buflen` is `buf`'s size. An rpmsg fd's message
+        /// is copied in or out within those bounds only.
         #[no_mangle]
         pub unsafe extern "C" fn $name($fd: c_int $(, $arg: $ty)*) -> ssize_t {
             if $guard && fds::is_ours($fd) {

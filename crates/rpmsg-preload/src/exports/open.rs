@@ -56,6 +56,11 @@ macro_rules! open_like {
         }
 
         /// Interposed; see the module doc.
+        ///
+        /// # Safety
+        /// As libc's: `path` is null or a NUL-terminated string, a `dirfd` is an
+        /// fd or `AT_FDCWD`, and `mode` is read only with `O_CREAT` or `O_TMPFILE`
+        /// ([`super`] says why a fixed parameter is sound for the variadic one).
         #[no_mangle]
         pub unsafe extern "C" fn $name($($pre: $pt,)* path: *const c_char, flags: c_int $(, $mode: c_uint)?) -> c_int {
             // SAFETY: `path` is the program's NUL-terminated path.

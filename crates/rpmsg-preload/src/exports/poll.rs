@@ -19,6 +19,12 @@ extern "C" fn after_poll(fds_: *mut pollfd, n: nfds_t, r: c_int) -> c_int {
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: `fds_` points to `n` `pollfd`s the call may write (null
+/// only with `n` 0), `ts` and `mask` are null or valid, and a fortified
+/// variant's `fdslen` is the array's size; the entries of rpmsg fds are
+/// read and written after the kernel's poll has written them.
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds_: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     if !fds::any() {
@@ -31,6 +37,12 @@ pub unsafe extern "C" fn poll(fds_: *mut pollfd, n: nfds_t, timeout: c_int) -> c
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: `fds_` points to `n` `pollfd`s the call may write (null
+/// only with `n` 0), `ts` and `mask` are null or valid, and a fortified
+/// variant's `fdslen` is the array's size; the entries of rpmsg fds are
+/// read and written after the kernel's poll has written them.
 #[no_mangle]
 pub unsafe extern "C" fn ppoll(
     fds_: *mut pollfd,
@@ -50,6 +62,12 @@ pub unsafe extern "C" fn ppoll(
 // (which aborts the program, as without the preload).
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: `fds_` points to `n` `pollfd`s the call may write (null
+/// only with `n` 0), `ts` and `mask` are null or valid, and a fortified
+/// variant's `fdslen` is the array's size; the entries of rpmsg fds are
+/// read and written after the kernel's poll has written them.
 #[no_mangle]
 pub unsafe extern "C" fn __poll_chk(
     fds_: *mut pollfd,
@@ -67,6 +85,12 @@ pub unsafe extern "C" fn __poll_chk(
 }
 
 /// Interposed; see the module doc.
+///
+/// # Safety
+/// As libc's: `fds_` points to `n` `pollfd`s the call may write (null
+/// only with `n` 0), `ts` and `mask` are null or valid, and a fortified
+/// variant's `fdslen` is the array's size; the entries of rpmsg fds are
+/// read and written after the kernel's poll has written them.
 #[no_mangle]
 pub unsafe extern "C" fn __ppoll_chk(
     fds_: *mut pollfd,
