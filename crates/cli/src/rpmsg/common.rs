@@ -23,25 +23,6 @@ pub(crate) fn parse_mode(s: &str) -> Result<u32, String> {
     }
 }
 
-/// Parses 0x80000, 524288, 512K, 2M, 1G.
-pub(super) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    let v = if let Some(h) = num.strip_prefix("0x").or_else(|| num.strip_prefix("0X")) {
-        u64::from_str_radix(h, 16)
-    } else {
-        num.parse()
-    }
-    .map_err(|_| format!("not a size: {s:?} (try 0x80000, 524288, 512K)"))?;
-    v.checked_mul(mul)
-        .ok_or_else(|| format!("size too large: {s}"))
-}
-
 pub(super) fn stats_json(s: &Stats) -> serde_json::Value {
     serde_json::json!({
         "rx_msgs": s.rx_msgs, "tx_msgs": s.tx_msgs, "rx_refused": s.rx_refused,
@@ -102,16 +83,6 @@ pub(super) fn buf_sizes(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("0x80000"), Ok(0x80000));
-        assert_eq!(parse_size("524288"), Ok(0x80000));
-        assert_eq!(parse_size("512K"), Ok(0x80000));
-        assert_eq!(parse_size("2M"), Ok(2 << 20));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("0xzz").is_err());
-    }
 
     #[test]
     fn names_checked() {

@@ -86,15 +86,15 @@ pub struct HostArgs {
     buf_size_convention: Convention,
     /// With --buf-size-convention fixed: buffers of SIZE bytes both ways,
     /// header included (512 to 64K, a multiple of 4).
-    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
     buf_size: Option<u64>,
     /// With --buf-size-convention fixed: SIZE-byte buffers for messages
     /// from the host to the remote (overrides --buf-size that way).
-    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
     tx_buf_size: Option<u64>,
     /// With --buf-size-convention fixed: SIZE-byte buffers for messages
     /// from the remote to the host (overrides --buf-size that way).
-    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
     rx_buf_size: Option<u64>,
     /// Decline buffer sizes the remote offers: 512 bytes each way.
     #[arg(long)]

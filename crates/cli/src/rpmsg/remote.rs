@@ -52,7 +52,7 @@ pub struct RemoteArgs {
     /// Create the file with SIZE bytes (e.g. 0x80000, 512K, 2M) and write a
     /// fresh resource table: OpenAMP demo layout (table at 0, vrings at
     /// 0x4000 and 0x8000 aligned 0x1000, buffers from 0x10000).
-    #[arg(long, value_parser = super::common::parse_size)]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>)]
     create: Option<u64>,
     /// Entries per vring (with --create).
     #[arg(long, default_value_t = 256)]
@@ -66,15 +66,15 @@ pub struct RemoteArgs {
     /// host that takes it lays its buffers out for them. Without it (or
     /// --tx-buf-size/--rx-buf-size) nothing is offered: 512 bytes, the
     /// table as without this option.
-    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE", requires = "create")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE", requires = "create")]
     buf_size: Option<u64>,
     /// Offer SIZE-byte buffers for messages from the remote to the host
     /// (overrides --buf-size that way).
-    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE", requires = "create")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE", requires = "create")]
     tx_buf_size: Option<u64>,
     /// Offer SIZE-byte buffers for messages from the host to the remote
     /// (overrides --buf-size that way).
-    #[arg(long, value_parser = super::common::parse_size, value_name = "SIZE", requires = "create")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE", requires = "create")]
     rx_buf_size: Option<u64>,
     /// How the sizes are offered: linux (feature bit 1, a versioned
     /// config: Linux's proposal), nuttx (bit 2, the sizes first in the

@@ -11,22 +11,13 @@ use iopath_rpmsg::session::Cleanup;
 /// runs. Call it before any thread is started, so every thread leaves the
 /// signals to the handler's.
 pub fn install(role: &'static str) -> Result<Cleanup> {
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("cannot install signal handlers")?;
     let stop = Cleanup::new();
     let s2 = stop.clone();
-    std::thread::Builder::new()
-        .name("rpmsg-signals".into())
-        .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                s2.stop_requested();
-                eprintln!("{role}: stopped by signal {sig}");
-                std::process::exit(0);
-            }
-        })
-        .context("cannot start the signal thread")?;
+    iopath_sys::signals::on_stop("rpmsg-signals", move |sig| {
+        s2.stop_requested();
+        eprintln!("{role}: stopped by signal {sig}");
+        0
+    })
+    .context("cannot install the SIGINT/SIGTERM handling")?;
     Ok(stop)
 }
