@@ -34,7 +34,7 @@ use crate::uapi;
 
 /// The endpoint service's control socket (`IOPATH_RPMSG_CTRL`), if set.
 pub(crate) fn service_path() -> Option<PathBuf> {
-    std::env::var_os(iopath_rpmsg::exec::ENV_CTRL)
+    std::env::var_os(iopath_rpmsg::tools::exec::ENV_CTRL)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
 }
@@ -96,7 +96,9 @@ pub(crate) mod fork {
 /// The service's node directory: `IOPATH_RPMSG_RUNDIR`, else where its
 /// answers put nodes, else its default (the socket path and `.d`).
 fn rundir(ctrl: &std::path::Path) -> PathBuf {
-    if let Some(d) = std::env::var_os(iopath_rpmsg::exec::ENV_RUNDIR).filter(|v| !v.is_empty()) {
+    if let Some(d) =
+        std::env::var_os(iopath_rpmsg::tools::exec::ENV_RUNDIR).filter(|v| !v.is_empty())
+    {
         return PathBuf::from(d);
     }
     if let Some(d) = lock(&RUNDIR).clone() {

@@ -1,95 +1,95 @@
 //! iopath-rpmsg: rpmsg over virtio rings in shared memory, wire-compatible
-//! with Linux's `virtio_rpmsg_bus` and OpenAMP.
-//!
-//! A shared-memory file holds a remoteproc resource table (one rpmsg vdev,
-//! two legacy vrings) and a pool of buffers, 512 bytes each unless the
-//! remote offered other sizes per direction ([`bufsz`]: Linux's proposed
-//! `VIRTIO_RPMSG_F_BUFSZ`, or NuttX's); device addresses are offsets into
-//! the file, as in OpenAMP's Linux demo.
+//! with Linux's `virtio_rpmsg_bus` and OpenAMP, and its endpoints handed
+//! to local processes as plain fds.
 //!
 //! ```text
-//!   host (virtio driver)                       remote (virtio device)
+//!   host (virtio driver, HostLink)             remote (virtio device, RemoteLink)
 //!   owns the buffers, pre-posts rx             waits for DRIVER_OK
 //!        vq1 (tx) ── avail ──────────────────►  rx: read, return used
 //!        vq0 (rx) ◄── used ───────────────────  tx: fill a posted buffer
 //!                 ◄──── notifier (eventfd | unix byte | poll) ────►
+//!        │                                           │
+//!   Bus: endpoints, name service (53), channels    Bus
+//!        │
+//!   CtrlServer (control socket) ── endpoint service ──► client fds (ctrl)
 //! ```
 //!
-//! Parsing ([`wire`], [`rsc_table`]) is apart from execution; the notifier
-//! is a trait ([`notify::Notifier`]). The shared memory is one heap
-//! `Buffer` ([`SharedMem`]). The host's rings are `iopath-virtio`'s
-//! `SplitQueue`s placed where the table says, every buffer mapped through
-//! `iopath-dma`'s `Direct` ops (device address = offset); the remote's are
-//! rust-vmm `virtio-queue` over a `vm-memory` view of the same file.
+//! A shared-memory file ([`SharedMem`]) holds a remoteproc resource table
+//! ([`rsc_table`]: one rpmsg vdev, two legacy vrings) and a pool of
+//! buffers, 512 bytes each unless the remote offered other sizes per
+//! direction ([`bufsz`]); device addresses are offsets into the file, as
+//! in OpenAMP's Linux demo. A [`Link`] is one role over the two rings: the
+//! host's rings are `iopath-virtio`'s `SplitQueue`s mapped through
+//! `iopath-dma`'s `Direct` ops, the remote's rust-vmm `virtio-queue`s over
+//! a `vm-memory` view of the same file. [`vhost_user`] is the remote's
+//! second transport: a virtio-rpmsg device (ID 7) served to a vhost-user
+//! front end, whose link and notifier implement the same traits.
 //!
-//! The remote has a second transport, [`vhost_user`]: a virtio-rpmsg
-//! device (ID 7) served by `iopath-virtio`'s vhost-user device side, whose
-//! rings and buffers are in the front end's memory (Linux's
-//! `virtio_rpmsg_bus` in User-Mode Linux is then the host). Its link and
-//! notifier implement the same [`Link`] and [`Notifier`], so the bus and
-//! the services below run unchanged; [`session::serve_drivers`] is its
-//! outer loop.
+//! On a link, the [`Bus`] (one thread per link) parses the [`wire`] format
+//! apart from executing it: endpoints with addresses from 1024, the name
+//! service at 53, channels the peer announced, delivery to a queue, a
+//! callback or in place ([`ZeroCopyEndpoint`]). The notifier is a trait
+//! ([`Notifier`]). [`CtrlServer`] is the bus owner's endpoint service
+//! behind a control socket: `/dev/rpmsg_ctrlN` for local processes,
+//! whose side of it is [`ctrl`].
 //!
-//! On top, the [`Bus`] (one service thread per link): endpoints with
-//! addresses from 1024, the name service at 53 (announce and destroy both
-//! ways), channels the peer announced, delivery to a queue
-//! ([`Endpoint::recv`]), a callback, or in place ([`ZeroCopyEndpoint`],
-//! [`TxBuffer`]); sends that block or fail at once. [`CtrlServer`] is the
-//! bus owner's control socket for local clients, [`ctrl`] their side of it.
+//! What runs on all that lives apart, in [`tools`]: a remote's echo and
+//! sink channels, the host's start-up and the loops that serve one peer
+//! after another, echo round trips, unmodified programs on the preload
+//! library, OpenAMP's demo.
 //!
-//! What runs on those, whatever carries the bus: a remote's echo and sink
-//! services ([`RemoteServices`]), echo round trips with every byte checked
-//! ([`ping`], OpenAMP's demo payloads from [`openamp`]), and unmodified
-//! programs on the endpoint service through the preload library ([`exec`],
-//! its ELF check in [`elf`]). A host or remote that outlives its peer
-//! finds the next one with [`session`].
-//!
-//! ```no_run
+//! ```
 //! use std::time::Duration;
+//! use iopath_rpmsg::rsc_table::ShmLayout;
+//! use iopath_rpmsg::tools::RemoteChannels;
 //! use iopath_rpmsg::{Bus, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 //!
-//! // Host side of a file a remote created (`iopath rpmsg remote --create`).
-//! let notify: NotifySpec = "eventfd:/tmp/rp.ev".parse()?;
-//! let n = notify.connect(Duration::from_secs(10))?;
-//! let bus = Bus::host(SharedMem::open("/dev/shm/rp".as_ref())?, n, HOST_FEATURES)?;
-//! let ch = bus.wait_channel("echo", Duration::from_secs(10))?;
-//! let ep = bus.create(EndpointOptions::new("echo").dst(ch.addr))?;
+//! let t = Duration::from_secs(10);
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("shm");
+//! let notify = NotifySpec::Eventfd(dir.path().join("ev"));
+//! // The remote writes the table, waits for a host and announces "echo".
+//! let shm = SharedMem::create(&path, &ShmLayout::openamp_demo())?;
+//! let listener = notify.bind()?;
+//! let remote = std::thread::spawn(move || {
+//!     let bus = Bus::remote(shm, listener.accept().unwrap(), Some(t)).unwrap();
+//!     let echo = RemoteChannels { echo: vec!["echo".into()], ..Default::default() };
+//!     let session = echo.announce(&bus, |_, _| {}).unwrap();
+//!     (bus, session)
+//! });
+//! // The host maps the same file, starts the bus and talks to "echo".
+//! let host = Bus::host(SharedMem::open(&path)?, notify.connect(t)?, HOST_FEATURES)?;
+//! let ch = host.wait_channel("echo", t)?;
+//! let ep = host.create(EndpointOptions::new("echo").dst(ch.addr))?;
 //! ep.send(b"hello")?;
-//! assert_eq!(ep.recv(Some(Duration::from_secs(5)))?.data, b"hello");
+//! assert_eq!(ep.recv(Some(t))?.data, b"hello");
+//! let (_remote, _session) = remote.join().unwrap();
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub mod bufsz;
 mod bus;
 pub mod ctrl;
-pub mod elf;
-pub mod exec;
-mod host;
 mod link;
 pub mod notify;
-pub mod openamp;
-pub mod ping;
-mod remote;
-mod remote_services;
 mod role;
 pub mod rsc_table;
 mod service;
-pub mod session;
 mod shm;
+pub mod tools;
 pub mod vhost_user;
 pub mod vring;
 pub mod wire;
 
 pub use bufsz::{BufSizes, Convention};
 pub use bus::{
-    Bus, BusError, Channel, Endpoint, EndpointOptions, EndpointRef, Event, HookRun, InPlace,
-    KickHold, Message, RxBuffer, ServiceHook, Stats, TxBuffer, ZeroCopyEndpoint,
+    Bus, BusError, BusHook, Channel, Endpoint, EndpointOptions, EndpointRef, Event, HookRun,
+    InPlace, KickHold, Message, RxBuffer, Stats, TxBuffer, ZeroCopyEndpoint,
 };
-pub use host::{HostLink, HostOptions, HOST_FEATURES};
-pub use link::{Held, Link, LinkError, LinkMemory, Rx, Slot};
+pub use link::{
+    Held, HostLink, HostOptions, Link, LinkError, LinkMemory, RemoteLink, Rx, Slot, HOST_FEATURES,
+};
 pub use notify::{Notifier, NotifySpec};
-pub use remote::RemoteLink;
-pub use remote_services::{AnnounceError, RemoteServices, ServiceSession, SessionEnd, SINK_SYNC};
 pub use role::Role;
 pub use rsc_table::{ResourceTable, ShmLayout};
 pub use service::{CtrlOptions, CtrlServer};

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use iopath_dma::{Direct, DmaOps, Iommu};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
-use iopath_rpmsg::session::{serve_drivers, Cleanup, RemoteEvent, ServeDrivers};
+use iopath_rpmsg::tools::session::{serve_drivers, Cleanup, RemoteEvent, ServeDrivers};
+use iopath_rpmsg::tools::RemoteChannels;
 use iopath_rpmsg::wire::{self, Endian, Header, NsMsg, NsOp, BUF_SIZE, HDR_LEN, NS_ADDR};
-use iopath_rpmsg::{RemoteServices, Stats};
+use iopath_rpmsg::Stats;
 use iopath_virtio::transport::vhost_user::VhostUser;
 use iopath_virtio::{features, share_memory, QueueFeatures, Seg, SplitQueue, Transport};
 
@@ -176,14 +177,14 @@ fn remote(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<Ev>) {
     let listener = iopath_rpmsg::vhost_user::bind(&sock).unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let services = RemoteServices {
+        let channels = RemoteChannels {
             echo: vec!["echo".into()],
-            ..RemoteServices::default()
+            ..RemoteChannels::default()
         };
         let cfg = ServeDrivers {
             listener,
             ready_timeout: None,
-            services: &services,
+            channels: &channels,
             once: false,
             access_platform: true,
         };

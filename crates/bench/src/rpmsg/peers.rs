@@ -31,7 +31,7 @@ use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::{Error, Latency, Progress as ProgressBar, Result};
 
-pub use iopath_rpmsg::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
+pub use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
 /// The programs `--openamp DIR` must hold.
 pub const OPENAMP_PROGRAMS: [&str; 2] = ["rpmsg-echo", "rpmsg-ping-timed"];
 /// Unmeasured round trips before each row's measured ones.

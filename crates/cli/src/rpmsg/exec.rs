@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use iopath_rpmsg::exec::{find_preload, ExecError, PreloadExec, ENV_PRELOAD};
+use iopath_rpmsg::tools::exec::{find_preload, ExecError, PreloadExec, ENV_PRELOAD};
 
 /// Options of `iopath rpmsg exec`.
 #[derive(Debug, clap::Args)]

@@ -4,22 +4,20 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Result};
 use iopath_rpmsg::bufsz::{BufSizes, VIRTIO_RPMSG_F_BUFSZ};
-use iopath_rpmsg::ctrl::CtrlError;
-use iopath_rpmsg::session::{serve_remotes, HostEvent, ServeRemotes, ServeRemotesError};
+use iopath_rpmsg::tools::openamp;
+use iopath_rpmsg::tools::ping::openamp_demo;
+use iopath_rpmsg::tools::session::{
+    Cleanup, HostConfig, HostEvent, HostSession, HostStartError, ServeRemotesError,
+};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
-    shm_path, Bus, Convention, CtrlOptions, CtrlServer, HostOptions, NotifySpec, SharedMem,
-    ShmError, ShmOptions, ShmOwner, ShmRole, HOST_FEATURES,
+    shm_path, Bus, Convention, CtrlOptions, HostOptions, NotifySpec, ShmError, ShmOptions,
+    HOST_FEATURES,
 };
 
-use iopath_rpmsg::openamp;
-use iopath_rpmsg::ping::openamp_demo;
-
 use super::common::{stats_json, stats_line};
-use iopath_rpmsg::session::Cleanup;
-
 use super::stop;
 
 /// Options of `iopath rpmsg host`.
@@ -107,11 +105,6 @@ pub struct HostArgs {
     json: bool,
 }
 
-/// Opens the remote's shared memory, waiting while it is being created.
-fn open_shm(path: &Path, opts: &ShmOptions, timeout: Duration) -> Result<SharedMem> {
-    SharedMem::open_waiting(path, opts, timeout).map_err(|e| open_shm_error(e, path, timeout))
-}
-
 /// Says why the remote's shared memory could not be opened.
 fn open_shm_error(e: ShmError, path: &Path, timeout: Duration) -> anyhow::Error {
     match e {
@@ -143,8 +136,8 @@ pub fn run(a: HostArgs) -> Result<()> {
     r
 }
 
-/// Connects to the remote, starts the bus and serves one remote after
-/// another (with `--once` until the link goes down).
+/// Starts the host (iopath_rpmsg's [`HostSession`]) and serves one remote
+/// after another (with `--once` until the link goes down).
 fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     // Sizes are checked before anything is touched.
     let fixed = super::common::buf_sizes(a.buf_size, a.tx_buf_size, a.rx_buf_size)?;
@@ -157,30 +150,6 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         to_remote,
         to_host,
     });
-    // Refuse a live control socket before the device is touched: a second
-    // host would reset the running one's device.
-    if let Some(ctrl) = &a.ctrl {
-        CtrlServer::check_free(ctrl).with_context(|| format!("--ctrl {}", ctrl.display()))?;
-    }
-    let path = shm_path(&a.shm);
-    // A host already on this file: say so at once, before the remote's
-    // notify socket is touched (a busy remote would keep this one waiting).
-    ShmOwner::check(&path, ShmRole::Host).with_context(|| format!("--shm {}", path.display()))?;
-    let timeout = Duration::from_secs(a.timeout);
-    let notifier = a
-        .notify
-        .connect(timeout)
-        .with_context(|| format!("connecting to the remote on {}", a.notify))?;
-    let shm_opts = ShmOptions {
-        allow_others_write: a.allow_writable_shm,
-        ..ShmOptions::default()
-    };
-    let shm = open_shm(&path, &shm_opts, timeout)?;
-    // The host's role for this process's life, across remotes; the session
-    // lock while the link is up (see iopath_rpmsg::ShmOwner).
-    let owner = ShmOwner::claim(&path, ShmRole::Host)
-        .and_then(|o| o.attach().map(|()| o))
-        .with_context(|| format!("--shm {}", path.display()))?;
     let mut features = HOST_FEATURES;
     if a.no_event_idx {
         features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
@@ -188,52 +157,59 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     if a.no_buf_size {
         features &= !(1 << VIRTIO_RPMSG_F_BUFSZ);
     }
-    let host_opts = HostOptions {
-        features,
-        convention: a.buf_size_convention,
-        fixed,
+    let path = shm_path(&a.shm);
+    let timeout = Duration::from_secs(a.timeout);
+    let cfg = HostConfig {
+        shm: path.clone(),
+        shm_opts: ShmOptions {
+            allow_others_write: a.allow_writable_shm,
+            ..ShmOptions::default()
+        },
+        notify: a.notify.clone(),
+        timeout,
+        host: HostOptions {
+            features,
+            convention: a.buf_size_convention,
+            fixed,
+        },
+        ctrl: a.ctrl.clone(),
+        ctrl_opts: CtrlOptions {
+            mode: a.ctrl_mode,
+            rundir: a.rundir.clone(),
+            max_endpoints_per_client: a.max_endpoints_per_client,
+            max_endpoints_per_uid: a.max_endpoints_per_uid,
+        },
+        once: a.once,
     };
-    let bus = Bus::host_with(shm, notifier, &host_opts).with_context(|| {
-        format!(
+    let ctrl = a.ctrl.as_deref().unwrap_or(Path::new(""));
+    let host = HostSession::start(cfg, stop).map_err(|e| match e {
+        HostStartError::CtrlInUse(e) => {
+            anyhow::Error::new(e).context(format!("--ctrl {}", ctrl.display()))
+        }
+        HostStartError::Owner(e) => {
+            anyhow::Error::new(e).context(format!("--shm {}", path.display()))
+        }
+        HostStartError::Connect(e) => {
+            anyhow::Error::new(e).context(format!("connecting to the remote on {}", a.notify))
+        }
+        HostStartError::Shm(e) => open_shm_error(e, &path, timeout),
+        HostStartError::Bus(e) => anyhow::Error::new(e).context(format!(
             "starting the host (--buf-size-convention {})",
             a.buf_size_convention
-        )
+        )),
+        HostStartError::Ctrl(e) => {
+            anyhow::Error::new(e).context(format!("control socket {}", ctrl.display()))
+        }
     })?;
+    let bus = host.bus();
     eprintln!(
         "host: payloads up to {} bytes to the remote, {} from it",
         bus.max_payload(),
         bus.max_rx_payload()
     );
-    stop.set_bus(Some(bus.clone()));
-    if a.openamp_ping {
-        return openamp_ping(&bus, timeout, a.json);
-    }
-    let ctrl = a.ctrl.as_deref().expect("checked above");
-    let opts = CtrlOptions {
-        mode: a.ctrl_mode,
-        rundir: a.rundir.clone(),
-        max_endpoints_per_client: a.max_endpoints_per_client,
-        max_endpoints_per_uid: a.max_endpoints_per_uid,
+    let Some(server) = host.server() else {
+        return openamp_ping(bus, timeout, a.json);
     };
-    // Registered before the socket appears: a signal that comes as soon as
-    // a client could connect still finds it to remove.
-    stop.add_file(ctrl);
-    let rundir = a
-        .rundir
-        .clone()
-        .unwrap_or_else(|| iopath_rpmsg::ctrl::default_run_dir(ctrl));
-    stop.set_rundir(Some(&rundir));
-    let server = match CtrlServer::start_with(bus.clone(), ctrl, &opts) {
-        Ok(server) => server,
-        Err(e) => {
-            if matches!(e, CtrlError::InUse { .. } | CtrlError::NotSocket { .. }) {
-                stop.forget_file(ctrl); // someone else's
-                stop.set_rundir(None);
-            }
-            return Err(e).with_context(|| format!("control socket {}", ctrl.display()));
-        }
-    };
-    stop.set_rundir(Some(server.rundir()));
     eprintln!(
         "host: {} via {}, control socket {} (mode {:o}), nodes in {}",
         path.display(),
@@ -242,20 +218,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         a.ctrl_mode,
         server.rundir().display()
     );
-    let cfg = ServeRemotes {
-        notify: &a.notify,
-        timeout,
-        shm: &path,
-        shm_opts: &shm_opts,
-        features,
-        convention: a.buf_size_convention,
-        fixed,
-        ctrl,
-        ctrl_opts: &opts,
-        once: a.once,
-        owner: Some(&owner),
-    };
-    let Err(e) = serve_remotes(&cfg, bus, server, stop, |ev| match ev {
+    let Err(e) = host.serve(stop, |ev| match ev {
         HostEvent::LinkDown { reason, stats } => {
             if a.json {
                 println!(
@@ -270,9 +233,10 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
             "host: the link to the remote went down ({reason}); waiting for a remote on {}",
             a.notify
         ),
-        HostEvent::RemoteBack { ctrl } => {
+        HostEvent::RemoteBack { ctrl: Some(ctrl) } => {
             eprintln!("host: remote back, serving on {} again", ctrl.display())
         }
+        HostEvent::RemoteBack { ctrl: None } => eprintln!("host: remote back"),
     });
     Err(match e {
         ServeRemotesError::LinkDown { reason } => {

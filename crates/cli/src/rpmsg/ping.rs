@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use iopath_bench::rpmsg::RawPingPong;
 use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::EptFd;
-use iopath_rpmsg::openamp::{MAX_DATA as OPENAMP_MAX, SERVICE as OPENAMP_SERVICE};
-use iopath_rpmsg::ping::{Payloads, PingEndpoint, PingOptions, MAX_FIXED};
+use iopath_rpmsg::tools::openamp::{MAX_DATA as OPENAMP_MAX, SERVICE as OPENAMP_SERVICE};
+use iopath_rpmsg::tools::ping::{Payloads, PingEndpoint, PingOptions, MAX_FIXED};
 
 use super::common::parse_name;
 
@@ -94,7 +94,7 @@ pub fn run(a: PingArgs) -> Result<()> {
         timeout,
         busy: a.poll,
     };
-    let r = iopath_rpmsg::ping::ping(&ep, &opts, || bar.inc(1))?;
+    let r = iopath_rpmsg::tools::ping::ping(&ep, &opts, || bar.inc(1))?;
     bar.finish_and_clear();
     let echo = Latency::from(r.round_trips_us, r.elapsed);
     // What the round trips went through: the channel name, or the fd.

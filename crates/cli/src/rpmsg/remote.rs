@@ -6,24 +6,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
+use iopath_rpmsg::bufsz::{BufSizes, NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ};
 use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::rsc_table::ShmLayout;
-use iopath_rpmsg::session::{
-    serve_drivers, serve_hosts, AcceptError, RemoteEvent, ServeDrivers, ServeDriversError,
-    ServeHosts, ServeHostsError, Skipped,
+use iopath_rpmsg::tools::session::{
+    serve_drivers, serve_hosts, AcceptError, Cleanup, RemoteEvent, RemoteShm, RemoteShmConfig,
+    RemoteStartError, ServeDrivers, ServeDriversError, ServeHosts, ServeHostsError, Skipped,
 };
+use iopath_rpmsg::tools::{openamp, RemoteChannels};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
-use iopath_rpmsg::{
-    shm_path, NotifySpec, RemoteServices, SharedMem, ShmOptions, ShmOwner, ShmRole,
-};
-
-use iopath_rpmsg::bufsz::{BufSizes, NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ};
-use iopath_rpmsg::openamp;
-use iopath_rpmsg::Convention;
+use iopath_rpmsg::{shm_path, Convention, NotifySpec, ShmOptions};
 
 use super::common::{stats_json, stats_line};
-use iopath_rpmsg::session::Cleanup;
-
 use super::stop;
 
 /// Options of `iopath rpmsg remote`.
@@ -144,8 +138,8 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     r
 }
 
-fn services(a: &RemoteArgs) -> RemoteServices {
-    RemoteServices {
+fn channels(a: &RemoteArgs) -> RemoteChannels {
+    RemoteChannels {
         echo: a.echo.clone(),
         sink: a.sink.clone(),
         openamp: a.openamp,
@@ -172,11 +166,11 @@ fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
         "remote: virtio-rpmsg over vhost-user on {}, waiting for a driver",
         sock.display()
     );
-    let services = services(a);
+    let channels = channels(a);
     let cfg = ServeDrivers {
         listener,
         ready_timeout: a.ready_timeout.map(Duration::from_secs),
-        services: &services,
+        channels: &channels,
         once: a.once,
         access_platform: a.access_platform,
     };
@@ -253,94 +247,83 @@ fn offered_sizes(a: &RemoteArgs) -> Result<Option<BufSizes>> {
     Ok(s.map(|(to_host, to_remote)| BufSizes { to_host, to_remote }))
 }
 
-/// Binds, opens the shared memory and serves one host after another.
+/// The layout `--create SIZE` writes: OpenAMP's demo layout for 0x80000
+/// with rings of 256, with `--event-idx` and the offered buffer sizes.
+fn layout(a: &RemoteArgs, size: u64) -> Result<ShmLayout> {
+    let mut layout = ShmLayout::for_size(size, a.ring)
+        .with_context(|| format!("--create {size:#x} with --ring {}: no layout fits", a.ring))?;
+    if a.event_idx {
+        layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
+    }
+    if let Some(sizes) = offered_sizes(a)? {
+        layout = layout
+            .with_buf_sizes(a.buf_size_convention, sizes)
+            .map_err(|e| {
+                let fits = ShmLayout::size_for(a.ring, sizes)
+                    .map_or(String::new(), |s| format!("; --create {s:#x} holds them"));
+                anyhow::Error::new(e).context(format!("--buf-size on --create {size:#x}{fits}"))
+            })?;
+    }
+    Ok(layout)
+}
+
+/// Makes or opens the shared memory, binds the notify socket
+/// (iopath_rpmsg's [`RemoteShm`]) and serves one host after another.
 fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
     let path = shm_path(shm);
-    let opts = ShmOptions {
-        mode: a.shm_mode,
-        allow_others_write: a.allow_writable_shm,
-    };
-    // A file --create makes is removed again if the remote cannot start.
-    let mut made = None;
-    let mut _owner = None;
-    let shm = match a.create {
-        Some(size) => {
-            // 0x80000 with rings of 256 is OpenAMP's demo layout.
-            let mut layout = ShmLayout::for_size(size, a.ring).with_context(|| {
-                format!("--create {size:#x} with --ring {}: no layout fits", a.ring)
-            })?;
-            if a.event_idx {
-                layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
-            }
-            if let Some(sizes) = offered_sizes(a)? {
-                layout = layout
-                    .with_buf_sizes(a.buf_size_convention, sizes)
-                    .map_err(|e| {
-                        let fits = ShmLayout::size_for(a.ring, sizes)
-                            .map_or(String::new(), |s| format!("; --create {s:#x} holds them"));
-                        anyhow::Error::new(e)
-                            .context(format!("--buf-size on --create {size:#x}{fits}"))
-                    })?;
-            }
-            if !path.exists() {
-                made = Some(path.clone());
-            }
-            SharedMem::create_with(&path, &layout, &opts)
-                .with_context(|| format!("creating {}", path.display()))?
-        }
+    let create = match a.create {
+        Some(size) => Some(layout(a, size)?),
         None => {
             ensure!(
                 !a.event_idx,
                 "--event-idx needs --create (the table is written then)"
             );
-            let shm = SharedMem::open_with(&path, &opts).with_context(|| {
-                format!(
-                    "opening {} (--allow-writable-shm attaches to a file others can write)",
-                    path.display()
-                )
-            })?;
-            shm.table(0)
-                .with_context(|| format!("resource table in {}", path.display()))?;
-            // The remote's role, as --create takes it: a second remote (with
-            // or without --create) is refused, whatever its notify socket.
-            let owner = ShmOwner::claim(&path, ShmRole::Remote)
-                .and_then(|o| o.attach().map(|()| o))
-                .with_context(|| format!("--shm {}", path.display()))?;
-            _owner = Some(owner);
-            shm
+            None
         }
     };
-    // Bound once the table is written: a host that connects finds it (a
-    // second remote on the same file was refused by its lock above).
-    let listener = match a.notify.bind_with_mode(a.notify_mode) {
-        Ok(l) => l,
-        Err(e) => {
-            if let Some(p) = made {
-                drop(shm);
-                let _ = std::fs::remove_file(p);
+    let cfg = RemoteShmConfig {
+        shm: path.clone(),
+        shm_opts: ShmOptions {
+            mode: a.shm_mode,
+            allow_others_write: a.allow_writable_shm,
+        },
+        create,
+        notify: a.notify.clone(),
+        notify_mode: a.notify_mode,
+    };
+    let remote = RemoteShm::start(&cfg, stop).map_err(|e| {
+        let p = path.display();
+        match e {
+            RemoteStartError::Create(e) => anyhow::Error::new(e).context(format!("creating {p}")),
+            RemoteStartError::Open(e) => anyhow::Error::new(e).context(format!(
+                "opening {p} (--allow-writable-shm attaches to a file others can write)"
+            )),
+            RemoteStartError::Table(e) => {
+                anyhow::Error::new(e).context(format!("resource table in {p}"))
             }
-            return Err(e).with_context(|| format!("notify socket {}", a.notify));
+            RemoteStartError::Owner(e) => anyhow::Error::new(e).context(format!("--shm {p}")),
+            RemoteStartError::Bind(e) => {
+                anyhow::Error::new(e).context(format!("notify socket {}", a.notify))
+            }
         }
-    };
-    if let Some(p) = listener.path() {
-        stop.add_file(p);
-    }
+    })?;
+    let (shm, listener) = (&remote.shm, &remote.listener);
     eprintln!(
         "remote: {} ({} bytes), waiting for the host on {}",
         path.display(),
         shm.len(),
         a.notify
     );
-    let services = services(a);
+    let channels = channels(a);
     let fixed = match a.buf_size_convention {
         Convention::Fixed => offered_sizes(a)?,
         _ => None,
     };
     let cfg = ServeHosts {
-        listener: &listener,
-        shm: &shm,
+        listener,
+        shm,
         ready_timeout: a.ready_timeout.map(Duration::from_secs),
-        services: &services,
+        channels: &channels,
         once: a.once,
         fixed,
     };

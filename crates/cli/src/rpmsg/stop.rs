@@ -5,7 +5,7 @@
 //! way out runs the same cleanup.
 
 use anyhow::{Context, Result};
-use iopath_rpmsg::session::Cleanup;
+use iopath_rpmsg::tools::session::Cleanup;
 
 /// Installs the SIGINT/SIGTERM handling and returns the cleanup its thread
 /// runs. Call it before any thread is started, so every thread leaves the

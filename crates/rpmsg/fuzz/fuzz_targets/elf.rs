@@ -5,7 +5,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use iopath_rpmsg::elf::{linkage, Linkage};
+use iopath_rpmsg::tools::elf::{linkage, Linkage};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]

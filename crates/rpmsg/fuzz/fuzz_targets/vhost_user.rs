@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iopath_rpmsg::vhost_user::{RpmsgDevice, WaitDriverError};
-use iopath_rpmsg::{Bus, RemoteServices};
+use iopath_rpmsg::tools::RemoteChannels;
+use iopath_rpmsg::Bus;
 use iopath_virtio::device::serve_connection;
 use libfuzzer_sys::fuzz_target;
 
@@ -28,17 +29,17 @@ use input::Input;
 
 /// Serves drivers on `device` until `done` and no driver is there.
 fn sessions(device: RpmsgDevice, done: Arc<AtomicBool>) {
-    let services = RemoteServices {
+    let channels = RemoteChannels {
         echo: vec!["echo".into()],
         sink: vec!["sink".into()],
-        ..RemoteServices::default()
+        ..RemoteChannels::default()
     };
     loop {
         match device.wait_driver(Some(Duration::from_millis(20))) {
             Ok((link, notifier)) => {
                 let bus = Bus::start(Box::new(link), Box::new(notifier));
                 // Announcing may fail (no buffers, a reset): served anyway.
-                let session = services.announce(&bus, |_, _| {});
+                let session = channels.announce(&bus, |_, _| {});
                 bus.wait_down(Some(Duration::from_secs(30)));
                 if let Ok(s) = session {
                     drop(s);

@@ -1,10 +1,10 @@
-//! The bus owner's own sources, served by the bus's service thread beside
+//! The bus owner's own sources, served by the bus thread beside
 //! the rings, so that a message between such a source (a client's socket)
 //! and the rings crosses no thread hand-off.
 //!
 //! ```text
-//!  service thread: pass over the rings ─► nothing left ─► arm
-//!      ─► ServiceHook::run(timeout): one wait on the hook's fds and the
+//!  bus thread: pass over the rings ─► nothing left ─► arm
+//!      ─► BusHook::run(timeout): one wait on the hook's fds and the
 //!         notifier's ─► serves what the hook's fds report (it may send)
 //!      ─► the notifier's fds were ready: Notifier::wait(0) takes the kicks
 //! ```
@@ -12,7 +12,7 @@
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-/// What one [`ServiceHook::run`] saw.
+/// What one [`BusHook::run`] saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HookRun {
     /// The hook found work of its own.
@@ -24,12 +24,12 @@ pub struct HookRun {
     pub done: bool,
 }
 
-/// Sources of the bus owner's that the service thread serves too (see
-/// [`Bus::set_hook`](super::Bus::set_hook)). It runs on the service thread,
+/// Sources of the bus owner's that the bus thread serves too (see
+/// [`Bus::set_hook`](super::Bus::set_hook)). It runs on the bus thread,
 /// outside the bus lock, so it may send on the bus.
-pub trait ServiceHook: Send {
+pub trait BusHook: Send {
     /// Takes the notifier's fds into the hook's wait (an epoll set), once,
-    /// before the first [`ServiceHook::run`].
+    /// before the first [`BusHook::run`].
     ///
     /// # Errors
     /// When they cannot be added (the hook is not used then).
@@ -40,7 +40,7 @@ pub trait ServiceHook: Send {
     fn run(&mut self, timeout: Duration) -> HookRun;
 
     /// Lets go of the notifier's fds (the hook is replaced, finished, or
-    /// the service thread ends): whoever waits on the hook's fds afterwards
+    /// the bus thread ends): whoever waits on the hook's fds afterwards
     /// must not see the notifier's.
     fn detach(&mut self, notifier: &[BorrowedFd<'_>]);
 }

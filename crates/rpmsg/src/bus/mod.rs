@@ -1,9 +1,9 @@
 //! The rpmsg bus: endpoints with addresses, the name service, channels the
-//! peer announced, and one service thread per link.
+//! peer announced, and one bus thread per link.
 //!
 //! ```text
 //!  Endpoint::send ─► encode ─► Link::send ─► kick?
-//!  service thread: Notifier::wait ─► Link::recv ─► wire::parse_message
+//!  bus thread: Notifier::wait ─► Link::recv ─► wire::parse_message
 //!      ├─ dst 53: NsMsg::parse ─► channels + bind/unbind endpoints
 //!      ├─ dst = endpoint: queue (Endpoint::recv) or callback
 //!      └─ otherwise: counted and dropped
@@ -18,10 +18,11 @@
 //! This file is the [`Bus`] API (start, its counters and channels, waits,
 //! shutdown); `registry` creates and destroys endpoints, `send` sends and
 //! flushes, `kick_hold` batches kicks, `hook` the bus owner's sources the
-//! service thread serves too, `endpoint` the endpoints, `zero_copy` the
-//! in-place buffers, `service` the service thread, `name_service` what
+//! bus thread serves too, `endpoint` the endpoints, `zero_copy` the
+//! in-place buffers, `dispatch` the bus thread, `name_service` what
 //! address 53 means, and `state` what they share behind the bus lock.
 
+mod dispatch;
 mod endpoint;
 mod error;
 mod hook;
@@ -29,13 +30,12 @@ mod kick_hold;
 mod name_service;
 mod registry;
 mod send;
-mod service;
 mod state;
 mod zero_copy;
 
 pub use endpoint::{Endpoint, EndpointOptions, EndpointRef};
 pub use error::BusError;
-pub use hook::{HookRun, ServiceHook};
+pub use hook::{BusHook, HookRun};
 pub use kick_hold::KickHold;
 pub use zero_copy::{InPlace, RxBuffer, TxBuffer, ZeroCopyEndpoint};
 
@@ -48,10 +48,10 @@ use foldhash::HashMap;
 use iopath_sys::lock;
 
 use self::state::{mark_down, Shared, State};
-use crate::host::{HostLink, HostOptions};
 use crate::link::Link;
+use crate::link::RemoteLink;
+use crate::link::{HostLink, HostOptions};
 use crate::notify::Notifier;
-use crate::remote::RemoteLink;
 use crate::role::Role;
 use crate::shm::SharedMem;
 use crate::wire::{Endian, HDR_LEN, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS};
@@ -221,8 +221,8 @@ impl Bus {
         let s = Arc::clone(&shared);
         let h = std::thread::Builder::new()
             .name(format!("rpmsg-{}", shared.role))
-            .spawn(move || service::run(s))
-            .expect("spawn rpmsg service thread");
+            .spawn(move || dispatch::run(s))
+            .expect("spawn rpmsg bus thread");
         *lock(&shared.thread) = Some(h);
         Bus { shared }
     }
@@ -242,22 +242,22 @@ impl Bus {
         lock(&self.shared.state).link.features()
     }
 
-    /// Whether the service thread polls the rings (no notifications).
+    /// Whether the bus thread polls the rings (no notifications).
     pub fn polls(&self) -> bool {
         self.shared.notifier.is_polling()
     }
 
     /// Hands `hook` (the bus owner's own sources, e.g. client sockets) to
-    /// the service thread, which then serves them beside the rings: on a
+    /// the bus thread, which then serves them beside the rings: on a
     /// bus that sleeps it waits on the hook's fds and the notifier's in one
-    /// call ([`ServiceHook::run`]), on a polling bus it runs the hook on
+    /// call ([`BusHook::run`]), on a polling bus it runs the hook on
     /// every pass. A message between a hook's source and the rings then
     /// crosses no thread hand-off. Replaces (and detaches) any hook set
     /// before.
     ///
     /// # Errors
-    /// What [`ServiceHook::attach`] returns; the hook is not set then.
-    pub fn set_hook(&self, mut hook: Box<dyn ServiceHook>) -> std::io::Result<()> {
+    /// What [`BusHook::attach`] returns; the hook is not set then.
+    pub fn set_hook(&self, mut hook: Box<dyn BusHook>) -> std::io::Result<()> {
         hook.attach(&self.shared.notifier.wait_fds())?;
         let old = lock(&self.shared.hook).replace(hook);
         if let Some(mut old) = old {
@@ -346,7 +346,7 @@ impl Bus {
         }
     }
 
-    /// Stops the service thread; the host resets the device status.
+    /// Stops the bus thread; the host resets the device status.
     /// Endpoints see [`Event::LinkDown`].
     pub fn shutdown(&self) {
         let eps: Vec<u32> = lock(&self.shared.state).endpoints.keys().copied().collect();

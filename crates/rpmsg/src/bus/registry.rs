@@ -52,14 +52,14 @@ impl Bus {
     }
 
     /// Creates a zero-copy endpoint: each message stays in the peer's
-    /// shared buffer until the [`RxBuffer`] is dropped (which gives the
+    /// shared buffer until the [`RxBuffer`](super::RxBuffer) is dropped (which gives the
     /// buffer back). Holding many stalls the peer once its buffers run out.
     ///
     /// # Errors
     /// As [`Bus::create`].
     pub fn create_zero_copy(&self, opts: EndpointOptions) -> Result<ZeroCopyEndpoint, BusError> {
         let (tx, rx) = mpsc::channel();
-        let addr = self.register(opts, Sink::Held(tx))?;
+        let addr = self.register(opts, Sink::ZeroCopy(tx))?;
         Ok(ZeroCopyEndpoint {
             r: EndpointRef {
                 bus: self.clone(),

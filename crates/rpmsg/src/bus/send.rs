@@ -124,7 +124,7 @@ impl Bus {
             if now >= deadline {
                 return Err(BusError::Timeout);
             }
-            // Buffers come back with the peer's next kick (the service thread
+            // Buffers come back with the peer's next kick (the bus thread
             // then signals); poll every millisecond in case it does not kick.
             st = wait_for_buffer(&self.shared, st, deadline - now);
         }

@@ -1,4 +1,4 @@
-//! What the bus API, the endpoints and the service thread share: the
+//! What the bus API, the endpoints and the bus thread share: the
 //! state behind the bus lock, where each endpoint's messages go, and the
 //! wake-ups between them.
 
@@ -10,14 +10,14 @@ use std::time::Duration;
 use foldhash::HashMap;
 use iopath_sys::lock;
 
-use super::{BusError, Channel, EndpointRef, Event, InPlace, RxBuffer, ServiceHook, Stats};
+use super::{BusError, BusHook, Channel, EndpointRef, Event, InPlace, RxBuffer, Stats};
 use crate::link::{Link, LinkMemory};
 use crate::notify::Notifier;
 use crate::role::Role;
 use crate::wire::Endian;
 
 /// A callback endpoint's callback: one allocation with its lock, shared
-/// with the service thread, which calls it without the state lock.
+/// with the bus thread, which calls it without the state lock.
 pub(super) type Callback = Arc<Mutex<dyn FnMut(&EndpointRef, Event) + Send>>;
 
 /// An in-place callback endpoint's callback (see
@@ -29,20 +29,20 @@ pub(super) enum Sink {
     Queue(mpsc::Sender<Event>),
     Callback(Callback),
     /// Zero-copy endpoint: messages stay in their shared buffers.
-    Held(mpsc::Sender<Held>),
+    ZeroCopy(mpsc::Sender<ZeroCopyEvent>),
     /// Zero-copy callback: each message read in its shared buffer by the
-    /// callback, on the service thread, then given back.
+    /// callback, on the bus thread, then given back.
     InPlace(InPlaceCallback),
 }
 
 /// What a zero-copy endpoint receives.
-pub(super) enum Held {
+pub(super) enum ZeroCopyEvent {
     Buf(RxBuffer),
     Unbound,
     LinkDown(String),
 }
 
-/// What the service thread hands to a sink.
+/// What the bus thread hands to a sink.
 pub(super) enum Delivery {
     Ev(Event),
     Buf(RxBuffer),
@@ -89,7 +89,7 @@ pub(super) struct Shared {
     /// Buffers came back: senders waiting for one (counted in
     /// `buf_waiters`) look again.
     pub(super) cond: Condvar,
-    /// Threads waiting on `cond`: the service thread signals only when
+    /// Threads waiting on `cond`: the bus thread signals only when
     /// there are some, so a quiet pass costs no system call and wakes no
     /// one.
     pub(super) buf_waiters: AtomicUsize,
@@ -105,12 +105,12 @@ pub(super) struct Shared {
     /// The link's memory (zero-copy buffers read and write it).
     pub(super) shm: Arc<dyn LinkMemory>,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,
-    /// The bus owner's sources the service thread serves too (see
+    /// The bus owner's sources the bus thread serves too (see
     /// [`Bus::set_hook`](super::Bus::set_hook)).
-    pub(super) hook: Mutex<Option<Box<dyn ServiceHook>>>,
+    pub(super) hook: Mutex<Option<Box<dyn BusHook>>>,
 }
 
-/// Marks the link down; the service thread tells the endpoints.
+/// Marks the link down; the bus thread tells the endpoints.
 pub(super) fn mark_down(shared: &Shared, reason: String) {
     let mut st = lock(&shared.state);
     if st.down.is_none() {

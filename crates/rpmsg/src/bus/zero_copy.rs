@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use iopath_sys::lock;
 
-use super::service::release;
-use super::state::{kick as kick_peer, wait_for_buffer, Held, InPlaceCallback, Shared, Sink};
+use super::dispatch::release;
+use super::state::{
+    kick as kick_peer, wait_for_buffer, InPlaceCallback, Shared, Sink, ZeroCopyEvent,
+};
 use super::{Bus, BusError, Endpoint, EndpointOptions, EndpointRef, Event};
 use crate::link::{self, Slot};
 use crate::wire::{self, ADDR_ANY, HDR_LEN};
@@ -123,7 +125,7 @@ pub enum InPlace<'a> {
 
 impl Bus {
     /// Creates an endpoint whose messages go to `cb` in place: called on
-    /// the service thread with each message still in the peer's shared
+    /// the bus thread with each message still in the peer's shared
     /// buffer ([`InPlace::Message`]), which goes back to the peer when the
     /// callback returns. Nothing is copied or allocated per message, which
     /// suits a service that reads little of what it gets (a sink counting
@@ -309,15 +311,15 @@ impl EndpointRef {
 #[derive(Debug)]
 pub struct ZeroCopyEndpoint {
     pub(super) r: EndpointRef,
-    pub(super) rx: mpsc::Receiver<Held>,
+    pub(super) rx: mpsc::Receiver<ZeroCopyEvent>,
 }
 
-impl fmt::Debug for Held {
+impl fmt::Debug for ZeroCopyEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Held::Buf(b) => b.fmt(f),
-            Held::Unbound => f.write_str("Unbound"),
-            Held::LinkDown(r) => write!(f, "LinkDown({r})"),
+            ZeroCopyEvent::Buf(b) => b.fmt(f),
+            ZeroCopyEvent::Unbound => f.write_str("Unbound"),
+            ZeroCopyEvent::LinkDown(r) => write!(f, "LinkDown({r})"),
         }
     }
 }
@@ -347,9 +349,9 @@ impl ZeroCopyEndpoint {
             })?,
         };
         match h {
-            Held::Buf(b) => Ok(b),
-            Held::Unbound => Err(BusError::Unbound),
-            Held::LinkDown(r) => Err(BusError::LinkDown(r)),
+            ZeroCopyEvent::Buf(b) => Ok(b),
+            ZeroCopyEvent::Unbound => Err(BusError::Unbound),
+            ZeroCopyEvent::LinkDown(r) => Err(BusError::LinkDown(r)),
         }
     }
 

@@ -34,7 +34,7 @@ pub struct EptFd {
 }
 
 impl EptFd {
-    /// Opens a legacy node (a path answered by [`CtrlClient::create_ept`]).
+    /// Opens a legacy node (a path answered by [`CtrlClient::create_ept`](super::CtrlClient::create_ept)).
     /// `flags`: `O_NONBLOCK`, `O_CLOEXEC` as for `open(2)`.
     ///
     /// # Errors
@@ -80,7 +80,7 @@ impl EptFd {
     }
 
     /// The same endpoint, refusing writes over `max` bytes instead of 496
-    /// (the service's [`CtrlClient::max_payload`] when buffer sizes were
+    /// (the service's [`CtrlClient::max_payload`](super::CtrlClient::max_payload) when buffer sizes were
     /// negotiated).
     #[must_use]
     pub fn with_max_payload(self, max: usize) -> Self {

@@ -1,6 +1,6 @@
 //! The endpoint service's event loop: one `epoll_wait` for the control
 //! connections, the legacy listeners, the endpoints' sockets and the bus
-//! notifier's fds, run by the bus's service thread ([`Hook`]) and, once
+//! notifier's fds, run by the bus thread ([`Hook`]) and, once
 //! the link is down, by the pump thread.
 
 use std::os::fd::BorrowedFd;
@@ -16,7 +16,7 @@ use super::{
     conn, legacy, lock, EptService, Inner, NOTIFIER, RETRY_EVERY, SETTLE_EVENTS, SETTLE_WAITS,
     TAG_CTRL, TAG_LISTENER, WAKE,
 };
-use crate::bus::{HookRun, ServiceHook};
+use crate::bus::{BusHook, HookRun};
 
 impl EptService {
     pub(super) fn pump(&self) {
@@ -180,13 +180,13 @@ impl EptService {
     }
 }
 
-/// The event loop, run by the bus's service thread (see [`Bus::set_hook`]).
+/// The event loop, run by the bus thread (see [`Bus::set_hook`]).
 pub(super) struct Hook {
     pub(super) inner: Weak<Inner>,
     pub(super) batch: RecvBatch,
 }
 
-impl ServiceHook for Hook {
+impl BusHook for Hook {
     fn attach(&mut self, notifier: &[BorrowedFd<'_>]) -> std::io::Result<()> {
         let Some(inner) = self.inner.upgrade() else {
             return Ok(());

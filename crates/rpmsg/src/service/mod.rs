@@ -4,7 +4,7 @@
 //! ```text
 //!  accept thread: accept ─► add_client (into the event loop's epoll set)
 //!
-//!  event loop (epoll), run by the bus's service thread (a bus hook)
+//!  event loop (epoll), run by the bus thread (a bus hook)
 //!    the bus notifier's fds readable ─► the bus takes the kicks, passes the rings
 //!    control connection readable ─► CREATE_EPT ─► legacy::create
 //!                                   CREATE_EPT_FD ─► fdept::create
@@ -42,7 +42,7 @@
 //! connection. Destroying removes all of it; the table and the runtime
 //! directory go back to empty.
 //!
-//! On a polling bus the spinning service thread takes the epoll work on
+//! On a polling bus the spinning bus thread takes the epoll work on
 //! every pass, so a client's message reaches the ring without any wake-up.
 //!
 //! Message size: the largest payload is the buffer size negotiated
@@ -319,7 +319,7 @@ impl EptService {
             stopped: std::sync::atomic::AtomicBool::new(false),
         });
         let svc = EptService { inner };
-        // The bus's service thread takes the event loop's work too: a
+        // The bus thread takes the event loop's work too: a
         // client's message reaches the ring, and the remote's answer the
         // client's socket, on one thread with no hand-off (with polling,
         // with no wake-up at all).

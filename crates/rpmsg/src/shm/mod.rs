@@ -90,7 +90,7 @@ impl SharedMem {
     /// As [`SharedMem::create`], with `opts.mode`. The remote's role on the
     /// file is held while this memory (any clone) lives, so a second remote
     /// cannot truncate it under a running one, and it is truncated only
-    /// while no session (a host) has it mapped: see [`owner`].
+    /// while no session (a host) has it mapped: see [`ShmOwner`].
     ///
     /// # Errors
     /// [`ShmError::InUse`] if another remote holds it or a host has it

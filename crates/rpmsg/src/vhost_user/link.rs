@@ -12,8 +12,8 @@ use virtio_queue::QueueT;
 use vm_memory::Permissions;
 
 use super::Slots;
+use crate::link::remote::{check_rx_chain, check_tx_desc, Desc};
 use crate::link::{Held, Link, LinkError, LinkMemory, Slot};
-use crate::remote::{check_rx_chain, check_tx_desc, Desc};
 use crate::role::Role;
 use crate::shm::ShmError;
 use crate::wire::BUF_SIZE;

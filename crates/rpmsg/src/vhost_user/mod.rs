@@ -10,7 +10,7 @@
 //!      and waits until the session gives it back)
 //!  RpmsgDevice::wait_driver ── both queues, then the driver's first kick
 //!     ──► VhostUserLink (Link) + VhostUserNotifier (Notifier)
-//!     ──► Bus::start ──► RemoteServices, as over shared memory
+//!     ──► Bus::start ──► RemoteChannels, as over shared memory
 //!  a queue stopped (reset, front end gone) ──► link down ──► the session
 //!     ends, the contexts go back to their workers, the next driver comes
 //! ```

@@ -9,7 +9,7 @@ use rustix::net::{RecvFlags, SendFlags};
 use super::{accept_one, Connected};
 use crate::child::Server;
 use crate::Result;
-use iopath_rpmsg::SINK_SYNC;
+use iopath_rpmsg::tools::SINK_SYNC;
 
 /// The stream limit's far end (child [`Server::Sink`]): counts and drops
 /// the packets of one connection on the `SOCK_SEQPACKET` socket `sock`,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
-use iopath_rpmsg::SINK_SYNC;
+use iopath_rpmsg::tools::SINK_SYNC;
 use rustix::net::{RecvFlags, SendFlags};
 
 use super::{CreateRow, EchoRow};

@@ -1,5 +1,5 @@
 //! The remote's outer loop over vhost-user: wait for a driver to start the
-//! device, announce the services, serve them until the session ends, and
+//! device, announce the channels, serve them until the session ends, and
 //! wait for the next driver once the front end reset the device or went
 //! away. The vhost-user server runs beside it on a thread of its own.
 
@@ -12,8 +12,9 @@ use thiserror::Error;
 
 use super::remote::serve_session;
 use super::{Cleanup, RemoteEvent};
+use crate::tools::channels::{AnnounceError, RemoteChannels, SessionEnd};
 use crate::vhost_user::{RpmsgDevice, WaitDriverError};
-use crate::{AnnounceError, Bus, BusError, RemoteServices, SessionEnd};
+use crate::{Bus, BusError};
 
 /// What [`serve_drivers`] needs.
 #[derive(Debug)]
@@ -23,8 +24,8 @@ pub struct ServeDrivers<'a> {
     /// Give up on a driver that has not started the device within this
     /// (from when the remote starts, or the last session ended).
     pub ready_timeout: Option<Duration>,
-    /// The services announced to each driver.
-    pub services: &'a RemoteServices,
+    /// The channels announced to each driver.
+    pub channels: &'a RemoteChannels,
     /// Serve one driver only: its link going down is an error.
     pub once: bool,
     /// Offer `VIRTIO_F_ACCESS_PLATFORM` (for front ends with an IOMMU; see
@@ -38,7 +39,7 @@ pub enum ServeDriversError {
     /// No driver started the device.
     #[error(transparent)]
     Wait(WaitDriverError),
-    /// A service could not be announced.
+    /// A channel could not be announced.
     #[error(transparent)]
     Announce(AnnounceError),
     /// The one driver went away (with `once`).
@@ -93,9 +94,9 @@ pub fn serve_drivers(
             }
         };
         let bus = Bus::start(Box::new(link), Box::new(notifier));
-        let end = match serve_session(&bus, cfg.services, stop, &on_event) {
+        let end = match serve_session(&bus, cfg.channels, stop, &on_event) {
             Ok(end) => end,
-            // The driver went before the services could be announced.
+            // The driver went before the channels could be announced.
             Err(AnnounceError {
                 source: BusError::LinkDown(r),
                 ..

@@ -1,13 +1,13 @@
 //! What a remote serves on its bus, whatever carries the bus: echo
-//! services (every message sent back to its sender), sink services
+//! channels (every message sent back to its sender), sink channels
 //! (messages counted and dropped), and when a session with a host ends.
 //!
 //! ```text
-//!   RemoteServices::announce(bus) ── name-service CREATE per service ──► host
+//!   RemoteChannels::announce(bus) ── name-service CREATE per channel ──► host
 //!   echo:  message ──► same bytes back to its source
 //!   sink:  message ──► counted; "SYNC" ──► the count so far (u64 LE)
-//!   ServiceSession::wait ── unbind | echo limit | shutdown word | link down
-//!   ServiceSession::close ── name-service DESTROY per service ──► host
+//!   ChannelSession::wait ── unbind | echo limit | shutdown word | link down
+//!   ChannelSession::close ── name-service DESTROY per channel ──► host
 //! ```
 
 use std::fmt;
@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::{openamp, Bus, BusError, Endpoint, EndpointOptions, Event, InPlace};
+use super::openamp;
+use crate::{Bus, BusError, Endpoint, EndpointOptions, Event, InPlace};
 
 /// The message a sink answers with its count so far (u64, little-endian;
 /// the `SYNC` itself included), so a sender can tell when a stream has
@@ -27,23 +28,23 @@ pub const SINK_SYNC: &[u8; 4] = b"SYNC";
 /// How long an echo or a sink answer may wait for a free buffer.
 const ANSWER_WAIT: Duration = Duration::from_secs(5);
 
-/// A service could not be announced.
+/// A channel could not be announced.
 #[derive(Debug, Error)]
 #[error("Cannot announce {name:?}")]
 pub struct AnnounceError {
-    /// The service's name.
+    /// The channel's name.
     pub name: String,
     /// What failed.
     #[source]
     pub source: BusError,
 }
 
-/// The services a remote announces to each host, and what ends a session.
+/// The channels a remote announces to each host, and what ends a session.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RemoteServices {
-    /// Echo services: every message goes back to its sender.
+pub struct RemoteChannels {
+    /// Echo channels: every message goes back to its sender.
     pub echo: Vec<String>,
-    /// Sink services: messages are counted and dropped, except
+    /// Sink channels: messages are counted and dropped, except
     /// [`SINK_SYNC`], answered with the count.
     pub sink: Vec<String>,
     /// Behave like OpenAMP's `rpmsg-echo`: the shutdown word
@@ -82,27 +83,27 @@ impl fmt::Display for SessionEnd {
     }
 }
 
-/// The services announced on one bus, serving until the session ends.
+/// The channels announced on one bus, serving until the session ends.
 #[derive(Debug)]
-pub struct ServiceSession {
+pub struct ChannelSession {
     bus: Bus,
     eps: Vec<Endpoint>,
     ends: mpsc::Receiver<SessionEnd>,
     echoed: Arc<AtomicU64>,
 }
 
-impl RemoteServices {
-    /// Announces every service on `bus` and starts serving them (on the
-    /// bus's service thread). `on_unbound(name, addr)` hears of each
+impl RemoteChannels {
+    /// Announces every channel on `bus` and starts serving them (on the
+    /// bus thread). `on_unbound(name, addr)` hears of each
     /// endpoint the host destroys on a channel.
     ///
     /// # Errors
-    /// [`AnnounceError`] naming the service that could not be created.
+    /// [`AnnounceError`] naming the channel that could not be created.
     pub fn announce(
         &self,
         bus: &Bus,
         on_unbound: impl Fn(&str, u32) + Send + Sync + 'static,
-    ) -> Result<ServiceSession, AnnounceError> {
+    ) -> Result<ChannelSession, AnnounceError> {
         let (end_tx, ends) = mpsc::channel::<SessionEnd>();
         let on_unbound = Arc::new(on_unbound);
         let exit_on_unbind = self.exit_on_unbind || self.openamp;
@@ -128,7 +129,7 @@ impl RemoteServices {
                     }
                     let n = echoed.fetch_add(1, Ordering::Relaxed) + 1;
                     if limit.is_some_and(|l| n > l) {
-                        return; // past the limit: about to destroy the service
+                        return; // past the limit: about to destroy the channel
                     }
                     if let Err(e) = ep.send_to(m.src, &m.data, Some(ANSWER_WAIT)) {
                         tracing::warn!("echo to {} failed: {e}", m.src);
@@ -168,7 +169,7 @@ impl RemoteServices {
             let r = b2.wait_down(None).unwrap_or_default();
             let _ = end_tx.send(SessionEnd::LinkDown(r));
         });
-        Ok(ServiceSession {
+        Ok(ChannelSession {
             bus: bus.clone(),
             eps,
             ends,
@@ -177,13 +178,13 @@ impl RemoteServices {
     }
 }
 
-impl ServiceSession {
+impl ChannelSession {
     /// Waits until the session ends, and says why.
     pub fn wait(&self) -> SessionEnd {
         self.ends.recv().unwrap_or(SessionEnd::Shutdown)
     }
 
-    /// Destroys the services (name-service DESTROY records); after
+    /// Destroys the channels (name-service DESTROY records); after
     /// [`SessionEnd::Limit`], gives the host a moment to take them.
     /// Returns how many messages were echoed.
     pub fn close(self, end: &SessionEnd) -> u64 {

@@ -1,8 +1,14 @@
 //! What the bus needs from a role: take the next message the peer sent,
-//! send one, and the notification bookkeeping. [`crate::HostLink`] (virtio
-//! driver) and [`crate::RemoteLink`] (virtio device) implement it over a
+//! send one, and the notification bookkeeping. [`HostLink`] (virtio
+//! driver) and [`RemoteLink`] (virtio device) implement it over a
 //! shared-memory file, [`crate::vhost_user::VhostUserLink`] (virtio device)
 //! over a vhost-user front end's memory.
+
+mod host;
+pub(crate) mod remote;
+
+pub use host::{HostLink, HostOptions, HOST_FEATURES};
+pub use remote::RemoteLink;
 
 use std::fmt;
 use std::os::fd::BorrowedFd;

@@ -1,11 +1,12 @@
-//! The steps that let a long-running host or remote serve one peer after
-//! another on the same shared memory: the remote accepts the next host on
-//! its notify socket, the host waits for the next remote to listen again;
-//! [`Cleanup`] stops the bus and removes what the process placed, whether
-//! the process ends on its own or a signal stops it. [`serve_hosts`] and
-//! [`serve_remotes`] run those steps in a loop, telling the caller of each
-//! through an event callback; [`serve_drivers`] is the remote's loop over
-//! vhost-user, where drivers come through the front end.
+//! The steps that start a long-running host or remote and let it serve
+//! one peer after another on the same shared memory: [`HostSession`]
+//! starts a host and serves one remote after another, [`RemoteShm`]
+//! readies a remote's shared memory and [`serve_hosts`] serves one host
+//! after another on it, [`serve_drivers`] is the remote's loop over
+//! vhost-user, where drivers come through the front end. [`Cleanup`]
+//! stops the bus and removes what the process placed, whether the process
+//! ends on its own or a signal stops it; each loop tells its caller of
+//! each step through an event callback.
 
 use std::time::Duration;
 
@@ -17,8 +18,11 @@ mod remote;
 mod vhost_user;
 
 pub use cleanup::Cleanup;
-pub use host::{serve_remotes, HostEvent, ServeRemotes, ServeRemotesError};
-pub use remote::{serve_hosts, RemoteEvent, ServeHosts, ServeHostsError};
+pub use host::{HostConfig, HostEvent, HostSession, HostStartError, ServeRemotesError};
+pub use remote::{
+    serve_hosts, RemoteEvent, RemoteShm, RemoteShmConfig, RemoteStartError, ServeHosts,
+    ServeHostsError,
+};
 pub use vhost_user::{serve_drivers, ServeDrivers, ServeDriversError};
 
 use crate::notify::{NotifyError, NotifyListener, NotifySpec};

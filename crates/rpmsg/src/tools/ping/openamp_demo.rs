@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::PingError;
-use crate::openamp::{self, SERVICE};
+use crate::tools::openamp::{self, SERVICE};
 use crate::wire::ADDR_ANY;
 use crate::{Bus, EndpointOptions};
 

@@ -16,7 +16,7 @@ use std::process::Command;
 
 use thiserror::Error;
 
-use crate::elf::{self, ElfError, Linkage};
+use super::elf::{self, ElfError, Linkage};
 
 /// The preload library's file name.
 pub const PRELOAD_SO: &str = "libiopath_rpmsg_preload.so";

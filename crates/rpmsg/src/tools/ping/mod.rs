@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::ctrl::{proto, CtrlClient, CtrlEndpoint, CtrlError, EptFd, EptInfo};
+use crate::tools::openamp;
 use crate::wire::{ADDR_ANY, MAX_PAYLOAD};
-use crate::{openamp, BusError};
+use crate::BusError;
 
 /// Why a ping stopped.
 #[derive(Debug, Error)]

@@ -1,4 +1,4 @@
-//! The service thread: takes what the peer filled off the link, dispatches
+//! The bus thread: takes what the peer filled off the link, dispatches
 //! it (name service, endpoints, zero-copy holders), returns buffers, kicks
 //! the peer, serves the bus owner's hook (its own sources, waited for in
 //! the same call as the notifier), and tells every endpoint when the link
@@ -12,7 +12,7 @@ use iopath_sys::lock;
 use tracing::{debug, warn};
 
 use super::name_service::handle_ns;
-use super::state::{mark_down, notify_down, Delivery, Held, Shared, Sink, State};
+use super::state::{mark_down, notify_down, Delivery, Shared, Sink, State, ZeroCopyEvent};
 use super::{Bus, EndpointRef, Event, HookRun, InPlace, Message, RxBuffer};
 use crate::link;
 use crate::notify::{NotifyError, PollSpin};
@@ -21,23 +21,23 @@ use iopath_virtio::{PollMode, Poller};
 
 /// Messages handled per service pass before notifications are sent.
 const BATCH: usize = 64;
-/// How long an idle, event-driven service thread sleeps between checks of
+/// How long an idle, event-driven bus thread sleeps between checks of
 /// the status byte.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
 fn deliver(bus: &Bus, addr: u32, sink: Sink, d: Delivery) {
     match (sink, d) {
-        (Sink::Held(tx), Delivery::Buf(b)) => {
+        (Sink::ZeroCopy(tx), Delivery::Buf(b)) => {
             // A receiver gone drops the buffer here: it goes back at once.
-            let _ = tx.send(Held::Buf(b));
+            let _ = tx.send(ZeroCopyEvent::Buf(b));
         }
-        (Sink::Held(tx), Delivery::Ev(Event::Unbound { .. })) => {
-            let _ = tx.send(Held::Unbound);
+        (Sink::ZeroCopy(tx), Delivery::Ev(Event::Unbound { .. })) => {
+            let _ = tx.send(ZeroCopyEvent::Unbound);
         }
-        (Sink::Held(tx), Delivery::Ev(Event::LinkDown(r))) => {
-            let _ = tx.send(Held::LinkDown(r));
+        (Sink::ZeroCopy(tx), Delivery::Ev(Event::LinkDown(r))) => {
+            let _ = tx.send(ZeroCopyEvent::LinkDown(r));
         }
-        (Sink::Held(_) | Sink::InPlace(_), Delivery::Ev(Event::Message(_))) => {}
+        (Sink::ZeroCopy(_) | Sink::InPlace(_), Delivery::Ev(Event::Message(_))) => {}
         (Sink::InPlace(cb), Delivery::Buf(b)) => {
             let r = EndpointRef {
                 bus: bus.clone(),
@@ -146,7 +146,7 @@ fn handle_held(
     }
     st.stats.rx_msgs += 1;
     let sink = slot.sink.clone();
-    if let Sink::Held(_) | Sink::InPlace(_) = sink {
+    if let Sink::ZeroCopy(_) | Sink::InPlace(_) = sink {
         out.push((
             hdr.dst,
             sink,
@@ -218,7 +218,7 @@ pub(super) fn release(st: &mut State, h: link::Held) {
     }
 }
 
-/// The service thread's body: runs until the bus stops or the link goes
+/// The bus thread's body: runs until the bus stops or the link goes
 /// down.
 pub(super) fn run(shared: Arc<Shared>) {
     let bus = Bus {
