@@ -139,7 +139,7 @@ impl EptService {
         );
         self.inner.n.clients.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = epoll::add(
-            &self.inner.epoll,
+            &self.inner.events.epoll,
             &*fd,
             epoll::EventData::new_u64(conn << 2 | TAG_CTRL),
             epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
@@ -178,7 +178,7 @@ impl EptService {
                 Next::Attached => {
                     // The attach thread owns the connection now; it holds
                     // no endpoint of this service.
-                    let _ = epoll::delete(&self.inner.epoll, &*fd);
+                    let _ = epoll::delete(&self.inner.events.epoll, &*fd);
                     lock(&self.inner.conns).remove(&conn);
                     self.client_closed(conn, false);
                     return;
@@ -191,7 +191,7 @@ impl EptService {
     /// its legacy endpoints freed, one log line.
     fn client_gone(&self, conn: u64, peer: &str, garbage: Option<(usize, i32)>) {
         if let Some(c) = lock(&self.inner.conns).remove(&conn) {
-            let _ = epoll::delete(&self.inner.epoll, &*c.fd);
+            let _ = epoll::delete(&self.inner.events.epoll, &*c.fd);
         }
         let freed = self.client_closed(conn, garbage.is_some());
         log_gone(conn, peer, garbage, freed);

@@ -22,10 +22,10 @@ impl EptService {
     pub(super) fn pump(&self) {
         let mut buf = RecvBatch::new(self.inner.bus.max_payload());
         loop {
-            if self.inner.stopped.load(Ordering::SeqCst) {
+            if self.inner.events.stopped.load(Ordering::SeqCst) {
                 return;
             }
-            let pass = lock(&self.inner.pass);
+            let pass = lock(&self.inner.events.pass);
             let r = self.pump_once(None, &mut buf);
             drop(pass);
             if let Err(e) = r {
@@ -45,7 +45,7 @@ impl EptService {
         timeout: Option<Duration>,
         buf: &mut RecvBatch,
     ) -> Result<(bool, bool), rustix::io::Errno> {
-        if self.inner.stopped.load(Ordering::SeqCst) {
+        if self.inner.events.stopped.load(Ordering::SeqCst) {
             return Ok((false, false));
         }
         let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
@@ -73,7 +73,7 @@ impl EptService {
             tv_sec: t.as_secs() as i64,
             tv_nsec: i64::from(t.subsec_nanos()),
         });
-        let events = match epoll::wait(&self.inner.epoll, &mut space[..], ts.as_ref()) {
+        let events = match epoll::wait(&self.inner.events.epoll, &mut space[..], ts.as_ref()) {
             Ok((events, _)) => events,
             Err(rustix::io::Errno::INTR) => return Ok((false, false)),
             Err(e) => return Err(e),
@@ -83,9 +83,9 @@ impl EptService {
         // when the pass ends.
         let _hold = self.inner.bus.hold_kicks();
         let mut kicked = self.dispatch(events, buf, true);
-        if !lock(&self.inner.stats_due).is_empty() {
+        if !lock(&self.inner.due).stats.is_empty() {
             kicked |= self.settle(buf)?;
-            let due = std::mem::take(&mut *lock(&self.inner.stats_due));
+            let due = std::mem::take(&mut lock(&self.inner.due).stats);
             let answer = self.stats().encode();
             for c in due {
                 conn::answer(&c, &answer);
@@ -120,8 +120,8 @@ impl EptService {
             }
             if token == WAKE {
                 let mut b = [0u8; 8];
-                let _ = rustix::io::read(&self.inner.wake, &mut b);
-                let doomed = std::mem::take(&mut *lock(&self.inner.doomed));
+                let _ = rustix::io::read(&self.inner.events.wake, &mut b);
+                let doomed = std::mem::take(&mut lock(&self.inner.due).doomed);
                 for id in doomed {
                     self.destroy(id);
                 }
@@ -165,7 +165,7 @@ impl EptService {
         };
         let mut kicked = false;
         for _ in 0..SETTLE_WAITS {
-            let events = match epoll::wait(&self.inner.epoll, &mut space[..], Some(&zero)) {
+            let events = match epoll::wait(&self.inner.events.epoll, &mut space[..], Some(&zero)) {
                 Ok((events, _)) => events,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(e),
@@ -193,7 +193,7 @@ impl BusHook for Hook {
         };
         for fd in notifier {
             epoll::add(
-                &inner.epoll,
+                &inner.events.epoll,
                 fd,
                 epoll::EventData::new_u64(NOTIFIER),
                 epoll::EventFlags::IN,
@@ -209,7 +209,7 @@ impl BusHook for Hook {
                 ..HookRun::default()
             };
         };
-        if inner.stopped.load(Ordering::SeqCst) {
+        if inner.events.stopped.load(Ordering::SeqCst) {
             return HookRun {
                 done: true,
                 ..HookRun::default()
@@ -217,7 +217,7 @@ impl BusHook for Hook {
         }
         // Held by the fallback pump once the link is down: the bus thread
         // is on its way out then.
-        let Ok(_pass) = inner.pass.try_lock() else {
+        let Ok(_pass) = inner.events.pass.try_lock() else {
             return HookRun::default();
         };
         match (EptService {
@@ -243,7 +243,7 @@ impl BusHook for Hook {
     fn detach(&mut self, notifier: &[BorrowedFd<'_>]) {
         if let Some(inner) = self.inner.upgrade() {
             for fd in notifier {
-                let _ = epoll::delete(&inner.epoll, fd);
+                let _ = epoll::delete(&inner.events.epoll, fd);
             }
         }
     }

@@ -15,7 +15,9 @@ use rustix::net::{
 /// `O_ACCMODE`.
 const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
 
-use super::{Client, Ept, EptService, Kind, Sink, TAG_SOCK};
+use super::limits::Client;
+use super::table::{Ept, Kind, Sink};
+use super::{EptService, TAG_SOCK};
 use crate::ctrl::proto::{
     create_ept_fd_reply, set_ept_fd_reply_addrs, set_reply_max_payload, EptInfo, O_NONBLOCK,
     O_RDONLY, O_WRONLY,
@@ -196,7 +198,7 @@ fn create(
             // the event loop never takes that end of file for a close and
             // destroys the endpoint; then shut it.
             rustix::event::epoll::modify(
-                &svc.inner.epoll,
+                &svc.inner.events.epoll,
                 &*spare.ours,
                 rustix::event::epoll::EventData::new_u64(spare.id << 2 | TAG_SOCK),
                 rustix::event::epoll::EventFlags::empty(),

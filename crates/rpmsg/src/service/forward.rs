@@ -12,7 +12,8 @@ use rustix::net::Shutdown;
 use tracing::{debug, warn};
 
 use super::batch::{RecvBatch, BATCH};
-use super::{legacy, EptService, Kind, Stalled, DRAIN, SEND_WAIT, TAG_SOCK};
+use super::table::Kind;
+use super::{legacy, EptService, Stalled, DRAIN, SEND_WAIT, TAG_SOCK};
 use crate::bus::{BusError, EndpointRef};
 
 impl EptService {
@@ -56,8 +57,7 @@ impl EptService {
             if link_down {
                 st.remove(&id);
                 drop(st);
-                lock(&self.inner.doomed).push(id);
-                let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+                self.inner.doom(id);
                 continue;
             }
             if !waiting.msgs.is_empty() {
@@ -192,7 +192,7 @@ impl EptService {
                 self.inner.n.msgs.fetch_add(1, Ordering::Relaxed);
             }
             Err(BusError::WouldBlock) => {
-                let _ = epoll::delete(&self.inner.epoll, sock);
+                let _ = epoll::delete(&self.inner.events.epoll, sock);
                 lock(&self.inner.stalled).insert(
                     id,
                     Stalled {
@@ -206,8 +206,7 @@ impl EptService {
             Err(BusError::LinkDown(r)) => {
                 debug!(target: "iopath_rpmsg", "endpoint {}: link down ({r})", ep.addr());
                 let _ = rustix::net::shutdown(sock, Shutdown::Both);
-                lock(&self.inner.doomed).push(id);
-                let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+                self.inner.doom(id);
             }
             Err(e) => self.not_sent(ep, &e),
         }

@@ -8,7 +8,6 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
-use iopath_sys::lock;
 use rustix::event::epoll;
 use rustix::net::Shutdown;
 
@@ -103,8 +102,7 @@ impl EptService {
                 }
                 Err(BusError::LinkDown(_)) => {
                     let _ = rustix::net::shutdown(sock, Shutdown::Both);
-                    lock(&self.inner.doomed).push(id);
-                    let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+                    self.inner.doom(id);
                     return true;
                 }
                 Err(_) => {}

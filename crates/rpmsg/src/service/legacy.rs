@@ -17,7 +17,9 @@ use iopath_sys::lock;
 use rustix::net::{SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tracing::debug;
 
-use super::{Client, Ept, EptService, Kind, Sink, TAG_LISTENER, TAG_SOCK};
+use super::limits::Client;
+use super::table::{Ept, Kind, Sink};
+use super::{EptService, TAG_LISTENER, TAG_SOCK};
 use crate::ctrl::proto::{
     create_ept_reply, reply_head, set_reply_max_payload, EptInfo, OPEN_REPLY_LEN, OP_OPEN,
 };
@@ -190,7 +192,7 @@ pub(super) fn release(svc: &EptService, id: u64, sock: &OwnedFd) {
     let Some(e) = t.epts.get(&id) else { return };
     let mut slot = lock(&e.sink.sock);
     if slot.as_deref().is_some_and(|s| std::ptr::eq(s, sock)) {
-        let _ = rustix::event::epoll::delete(&svc.inner.epoll, sock);
+        let _ = rustix::event::epoll::delete(&svc.inner.events.epoll, sock);
         *slot = None;
     }
 }

@@ -68,6 +68,7 @@
 mod attach;
 mod batch;
 mod conn;
+mod endpoints;
 mod event_loop;
 mod fdept;
 mod forward;
@@ -75,29 +76,28 @@ mod in_place;
 mod legacy;
 mod limits;
 mod server;
+mod table;
 
 pub use server::{CtrlOptions, CtrlServer};
 
-use batch::RecvBatch;
-use event_loop::Hook;
-use iopath_sys::lock;
-use limits::{Client, Limits, Usage};
-
-use std::collections::BTreeSet;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use foldhash::HashMap;
+use iopath_sys::lock;
 use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
-use rustix::net::{SendFlags, Shutdown};
-use tracing::debug;
+use rustix::net::Shutdown;
 
-use crate::bus::{Bus, BusError, Endpoint, EndpointOptions, Event};
-use crate::ctrl::proto::{EptInfo, Request, ServiceStats};
+use self::batch::RecvBatch;
+use self::event_loop::Hook;
+use self::limits::{Client, Limits};
+use self::table::{Counters, Table};
+use crate::bus::{Bus, BusError};
+use crate::ctrl::proto::{Request, ServiceStats};
 use crate::ctrl::CtrlError;
 
 /// Token of the wake-up eventfd in the epoll set.
@@ -135,61 +135,6 @@ pub(crate) fn errno_of(e: &BusError) -> i32 {
     }
 }
 
-/// Where the bus thread delivers an endpoint's messages.
-#[derive(Debug, Default)]
-struct Sink {
-    sock: Mutex<Option<Arc<OwnedFd>>>,
-}
-
-enum Kind {
-    Fd,
-    Legacy {
-        index: u32,
-        path: PathBuf,
-        listener: OwnedFd,
-        owner: u64,
-    },
-}
-
-struct Ept {
-    bus_ept: Endpoint,
-    sink: Arc<Sink>,
-    kind: Kind,
-    /// Who made it: counted against its connection and user.
-    client: Client,
-}
-
-impl Kind {
-    /// The service's fds an endpoint of this kind may hold: its socket, or
-    /// a node's listener and its open connection.
-    fn fds(&self) -> u64 {
-        match self {
-            Kind::Fd => 1,
-            Kind::Legacy { .. } => 2,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Table {
-    epts: HashMap<u64, Ept>,
-    node_indices: BTreeSet<u32>,
-    by_client: HashMap<u64, Vec<u64>>,
-    usage: Usage,
-}
-
-#[derive(Default)]
-struct Counters {
-    created: AtomicU64,
-    destroyed: AtomicU64,
-    bad_clients: AtomicU64,
-    oversize: AtomicU64,
-    too_large: AtomicU64,
-    dropped: AtomicU64,
-    msgs: AtomicU64,
-    clients: AtomicU32,
-}
-
 /// Messages taken from an endpoint's socket (in one batch), waiting for a
 /// bus buffer, oldest first.
 struct Stalled {
@@ -208,32 +153,65 @@ struct Conn {
     uid: u32,
 }
 
-struct Inner {
-    bus: Bus,
+/// The event loop's epoll set, its wake-up, and who runs its pass.
+struct EventSet {
+    epoll: OwnedFd,
+    wake: OwnedFd,
     /// Held by whoever runs the event loop's pass: the pump thread, or on a
     /// polling bus its spinning thread until the link goes down and the
     /// fallback pump thread takes over.
     pass: Mutex<()>,
+    /// [`EptService::stop`] was called: the pump ends.
+    stopped: AtomicBool,
+}
+
+/// What the event loop does at the end of its pass.
+#[derive(Default)]
+struct Due {
+    /// Endpoints to destroy: their channel or the link went, or their
+    /// socket broke.
+    doomed: Vec<u64>,
+    /// Control connections whose STATS is answered then.
+    stats: Vec<Arc<OwnedFd>>,
+}
+
+/// The endpoint service's state, by concern: how it was set up, the event
+/// loop, the control connections, the endpoints and their messages
+/// waiting for a bus buffer, the loop's deferred work, the spare
+/// socketpairs, the totals.
+struct Inner {
+    bus: Bus,
+    /// Where legacy nodes go.
+    rundir: PathBuf,
+    /// The mode of the nodes.
+    node_mode: u32,
+    /// The bounds on endpoints per client and per user.
+    limits: Limits,
+    events: EventSet,
     conns: Mutex<HashMap<u64, Conn>>,
+    table: Mutex<Table>,
+    /// The last table entry id given out (ids start at 1).
+    next_id: AtomicU64,
     /// Endpoints whose next message waits for a free bus buffer (their
     /// sockets out of the epoll set meanwhile): the loop never blocks on a
     /// remote that keeps its buffers.
     stalled: Mutex<HashMap<u64, Stalled>>,
-    epoll: OwnedFd,
-    wake: OwnedFd,
-    table: Mutex<Table>,
-    /// The last table entry id given out (ids start at 1).
-    next_id: AtomicU64,
-    doomed: Mutex<Vec<u64>>,
-    /// Control connections whose STATS is answered at the end of the pass.
-    stats_due: Mutex<Vec<Arc<OwnedFd>>>,
+    due: Mutex<Due>,
     spares: Mutex<Vec<fdept::Spare>>,
-    rundir: PathBuf,
-    node_mode: u32,
-    limits: Limits,
     n: Counters,
-    /// [`EptService::stop`] was called: the pump ends.
-    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Inner {
+    /// Wakes the event loop.
+    fn wake(&self) {
+        let _ = rustix::io::write(&self.events.wake, &1u64.to_ne_bytes());
+    }
+
+    /// Dooms endpoint `id`: the event loop destroys it when it wakes.
+    fn doom(&self, id: u64) {
+        lock(&self.due).doomed.push(id);
+        self.wake();
+    }
 }
 
 /// The endpoint service of one bus. Cheap to clone.
@@ -302,21 +280,22 @@ impl EptService {
         .map_err(sys("epoll_ctl"))?;
         let inner = Arc::new(Inner {
             bus,
-            pass: Mutex::new(()),
-            conns: Mutex::new(HashMap::default()),
-            stalled: Mutex::new(HashMap::default()),
-            epoll,
-            wake,
-            table: Mutex::new(Table::default()),
-            next_id: AtomicU64::new(0),
-            doomed: Mutex::new(Vec::new()),
-            stats_due: Mutex::new(Vec::new()),
-            spares: Mutex::new(Vec::new()),
             rundir: rundir.to_owned(),
             node_mode,
             limits,
+            events: EventSet {
+                epoll,
+                wake,
+                pass: Mutex::new(()),
+                stopped: AtomicBool::new(false),
+            },
+            conns: Mutex::new(HashMap::default()),
+            table: Mutex::new(Table::default()),
+            next_id: AtomicU64::new(0),
+            stalled: Mutex::new(HashMap::default()),
+            due: Mutex::new(Due::default()),
+            spares: Mutex::new(Vec::new()),
             n: Counters::default(),
-            stopped: std::sync::atomic::AtomicBool::new(false),
         });
         let svc = EptService { inner };
         // The bus thread takes the event loop's work too: a
@@ -341,7 +320,7 @@ impl EptService {
             .name("rpmsg-ept-pump".into())
             .spawn(move || {
                 loop {
-                    if s2.inner.stopped.load(Ordering::SeqCst) {
+                    if s2.inner.events.stopped.load(Ordering::SeqCst) {
                         return;
                     }
                     if s2
@@ -393,185 +372,28 @@ impl EptService {
     /// returns), where answering in turn would count them only after the
     /// rest of the connection's drain.
     pub(crate) fn defer_stats(&self, c: &Arc<OwnedFd>) {
-        lock(&self.inner.stats_due).push(Arc::clone(c));
+        lock(&self.inner.due).stats.push(Arc::clone(c));
     }
 
     /// The counters and what is held right now.
     pub(crate) fn stats(&self) -> ServiceStats {
-        let t = lock(&self.inner.table);
         let mut s = ServiceStats {
             tx_payload: self.inner.bus.max_payload() as u32,
             rx_payload: self.inner.bus.max_rx_payload() as u32,
             ..ServiceStats::default()
         };
-        for e in t.epts.values() {
-            match e.kind {
-                Kind::Fd => s.fd_endpoints += 1,
-                Kind::Legacy { .. } => {
-                    s.legacy_endpoints += 1;
-                    if lock(&e.sink.sock).is_some() {
-                        s.open_nodes += 1;
-                    }
-                }
-            }
-        }
-        drop(t);
-        let n = &self.inner.n;
-        s.clients = n.clients.load(Ordering::Relaxed);
-        s.created = n.created.load(Ordering::Relaxed);
-        s.destroyed = n.destroyed.load(Ordering::Relaxed);
-        s.bad_clients = n.bad_clients.load(Ordering::Relaxed);
-        s.oversize = n.oversize.load(Ordering::Relaxed);
-        s.dropped = n.dropped.load(Ordering::Relaxed);
-        s.too_large = n.too_large.load(Ordering::Relaxed);
-        s.msgs = n.msgs.load(Ordering::Relaxed);
+        lock(&self.inner.table).count(&mut s);
+        self.inner.n.count(&mut s);
         s
-    }
-
-    /// Creates the bus endpoint for table entry `id` (its name moved into
-    /// the bus), delivering into `sink`.
-    fn bus_endpoint(&self, id: u64, info: EptInfo, sink: &Arc<Sink>) -> Result<Endpoint, i32> {
-        let sink = Arc::clone(sink);
-        let inner = Arc::downgrade(&self.inner);
-        self.inner
-            .bus
-            .create_with_callback(
-                EndpointOptions {
-                    name: info.name,
-                    src: info.src,
-                    dst: info.dst,
-                    announce: false,
-                },
-                move |_, ev| {
-                    let Some(inner) = inner.upgrade() else { return };
-                    match ev {
-                        Event::Message(m) => {
-                            let sock = lock(&sink.sock).clone();
-                            let sent = sock.is_some_and(|s| {
-                                rustix::net::send(
-                                    &*s,
-                                    &m.data,
-                                    SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
-                                )
-                                .is_ok()
-                            });
-                            let c = if sent {
-                                &inner.n.msgs
-                            } else {
-                                &inner.n.dropped
-                            };
-                            c.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Event::Unbound { .. } | Event::LinkDown(_) => {
-                            if let Some(s) = lock(&sink.sock).as_ref() {
-                                let _ = rustix::net::shutdown(&**s, Shutdown::Both);
-                            }
-                            lock(&inner.doomed).push(id);
-                            let _ = rustix::io::write(&inner.wake, &1u64.to_ne_bytes());
-                        }
-                    }
-                },
-            )
-            .map_err(|e| errno_of(&e))
-    }
-
-    /// Adds `fd` (entry `id`'s socket of kind `tag`) to the epoll set.
-    fn watch(&self, id: u64, fd: &OwnedFd, tag: u64) -> Result<(), i32> {
-        epoll::add(
-            &self.inner.epoll,
-            fd,
-            epoll::EventData::new_u64(id << 2 | tag),
-            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
-        )
-        .map_err(|e| e.raw_os_error())
-    }
-
-    /// Whether `client` may make one more endpoint of `kind`'s cost (see
-    /// [`limits`]); the errno it is refused with if not.
-    fn admit(&self, client: Client, fds: u64) -> Result<(), i32> {
-        let conns = u64::from(self.inner.n.clients.load(Ordering::Relaxed));
-        let r = lock(&self.inner.table)
-            .usage
-            .check(&self.inner.limits, client, fds, conns);
-        if let Err(errno) = r {
-            debug!(target: "iopath_rpmsg", "control client {} (uid {}): endpoint refused ({})",
-                client.conn, client.uid, std::io::Error::from_raw_os_error(errno));
-        }
-        r
-    }
-
-    /// Adds a live endpoint (its socket already watched) to the table.
-    fn insert(&self, id: u64, ept: Ept) {
-        let mut t = lock(&self.inner.table);
-        t.usage.add(ept.client, ept.kind.fds());
-        if let Kind::Legacy { owner, .. } = ept.kind {
-            t.by_client.entry(owner).or_default().push(id);
-        }
-        t.epts.insert(id, ept);
-        // Counted under the table lock, so STATS is a consistent snapshot.
-        self.inner.n.created.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn next_id(&self) -> u64 {
-        self.inner.next_id.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
-    /// Destroys entry `id`: out of the table and the epoll set, node
-    /// unlinked, socket shut down both ways (every copy of the client's fd
-    /// sees a hang-up), bus endpoint and address released.
-    fn destroy(&self, id: u64) {
-        self.destroy_as(id, false);
-    }
-
-    /// As [`EptService::destroy`]; `peer_gone`: the client's end is closed,
-    /// so nobody is left to hang up on and closing the socket drops its
-    /// epoll registration by itself (two system calls fewer per cycle).
-    fn destroy_as(&self, id: u64, peer_gone: bool) {
-        let ept = {
-            let mut t = lock(&self.inner.table);
-            let Some(ept) = t.epts.remove(&id) else {
-                return;
-            };
-            self.inner.n.destroyed.fetch_add(1, Ordering::Relaxed);
-            t.usage.remove(ept.client, ept.kind.fds());
-            if let Kind::Legacy { index, owner, .. } = &ept.kind {
-                t.node_indices.remove(index);
-                if let Some(v) = t.by_client.get_mut(owner) {
-                    v.retain(|&x| x != id);
-                    if v.is_empty() {
-                        t.by_client.remove(owner);
-                    }
-                }
-            }
-            ept
-        };
-        if let Some(w) = lock(&self.inner.stalled).remove(&id) {
-            self.inner
-                .n
-                .dropped
-                .fetch_add(w.msgs.len() as u64, Ordering::Relaxed);
-        }
-        if let Kind::Legacy { path, listener, .. } = &ept.kind {
-            let _ = epoll::delete(&self.inner.epoll, listener);
-            let _ = std::fs::remove_file(path);
-        }
-        if let Some(s) = lock(&ept.sink.sock).take() {
-            if !peer_gone {
-                let _ = epoll::delete(&self.inner.epoll, &*s);
-                let _ = rustix::net::shutdown(&*s, Shutdown::Both);
-            }
-        }
-        debug!(target: "iopath_rpmsg", "endpoint {} destroyed", ept.bus_ept.addr());
-        drop(ept);
     }
 
     /// Ends the service: every control connection hung up, every endpoint
     /// destroyed, the pump thread gone.
     pub(crate) fn stop(&self) {
-        self.inner.stopped.store(true, Ordering::SeqCst);
+        self.inner.events.stopped.store(true, Ordering::SeqCst);
         let conns: Vec<(u64, Conn)> = lock(&self.inner.conns).drain().collect();
         for (conn, c) in conns {
-            let _ = epoll::delete(&self.inner.epoll, &*c.fd);
+            let _ = epoll::delete(&self.inner.events.epoll, &*c.fd);
             let _ = rustix::net::shutdown(&*c.fd, Shutdown::Both);
             self.client_closed(conn, false);
         }
@@ -579,6 +401,6 @@ impl EptService {
         for id in ids {
             self.destroy(id);
         }
-        let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
+        self.inner.wake();
     }
 }
