@@ -1,5 +1,5 @@
-//! What the `rpmsg` subcommands share: argument parsers, and how the bus's
-//! counters are printed.
+//! What the `rpmsg` subcommands share: argument parsers, and the bus's
+//! counters as JSON.
 
 use iopath_rpmsg::Stats;
 
@@ -30,20 +30,6 @@ pub(super) fn stats_json(s: &Stats) -> serde_json::Value {
         "ns_create": s.ns_create, "ns_destroy": s.ns_destroy, "kicks": s.kicks,
         "tx_too_large": s.tx_too_large,
     })
-}
-
-pub(super) fn stats_line(s: &Stats) -> String {
-    format!(
-        "rx {} tx {} refused {} malformed {} unknown-dst {} ns-create {} ns-destroy {} too-large {}",
-        s.rx_msgs,
-        s.tx_msgs,
-        s.rx_refused,
-        s.rx_malformed,
-        s.rx_unknown_dst,
-        s.ns_create,
-        s.ns_destroy,
-        s.tx_too_large
-    )
 }
 
 /// Buffer sizes from `--buf-size` and its per-direction options (`tx` is

@@ -107,22 +107,7 @@ fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
             })
         );
     } else {
-        println!(
-            "endpoints: {} fd, {} legacy ({} open); clients {}; created {}, destroyed {}; bad clients {}; messages {} carried, {} dropped, {} oversize, {} too large for the peer's buffers; payload up to {} bytes out, {} in",
-            s.fd_endpoints,
-            s.legacy_endpoints,
-            s.open_nodes,
-            s.clients,
-            s.created,
-            s.destroyed,
-            s.bad_clients,
-            s.msgs,
-            s.dropped,
-            s.oversize,
-            s.too_large,
-            s.tx_payload,
-            s.rx_payload
-        );
+        println!("{s}");
     }
     Ok(())
 }

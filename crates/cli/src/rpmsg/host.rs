@@ -17,7 +17,7 @@ use iopath_rpmsg::{
     HOST_FEATURES,
 };
 
-use super::common::{stats_json, stats_line};
+use super::common::stats_json;
 use super::stop;
 
 /// Options of `iopath rpmsg host`.
@@ -226,7 +226,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
                     serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(stats) })
                 );
             } else {
-                eprintln!("host: {reason}; {}", stats_line(stats));
+                eprintln!("host: {reason}; {stats}");
             }
         }
         HostEvent::Waiting { reason } => eprintln!(

@@ -17,7 +17,7 @@ use iopath_rpmsg::tools::{openamp, RemoteChannels};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{shm_path, Convention, NotifySpec, ShmOptions};
 
-use super::common::{stats_json, stats_line};
+use super::common::stats_json;
 use super::stop;
 
 /// Options of `iopath rpmsg remote`.
@@ -232,7 +232,7 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
                     serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(stats) })
                 );
             } else {
-                eprintln!("remote: {}", stats_line(stats));
+                eprintln!("remote: {stats}");
             }
         }
         RemoteEvent::HostGone { reason } => {

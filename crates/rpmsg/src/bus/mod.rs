@@ -81,6 +81,25 @@ pub struct Stats {
     pub tx_too_large: u64,
 }
 
+/// One line, as `iopath rpmsg` prints it: `rx N tx N refused N malformed N
+/// unknown-dst N ns-create N ns-destroy N too-large N`.
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rx {} tx {} refused {} malformed {} unknown-dst {} ns-create {} ns-destroy {} too-large {}",
+            self.rx_msgs,
+            self.tx_msgs,
+            self.rx_refused,
+            self.rx_malformed,
+            self.rx_unknown_dst,
+            self.ns_create,
+            self.ns_destroy,
+            self.tx_too_large
+        )
+    }
+}
+
 /// A service the peer announced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Channel {

@@ -37,6 +37,29 @@ pub struct ServiceStats {
     pub too_large: u64,
 }
 
+/// One line: endpoints held, clients, totals, messages and payload sizes.
+impl std::fmt::Display for ServiceStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "endpoints: {} fd, {} legacy ({} open); clients {}; created {}, destroyed {}; bad clients {}; messages {} carried, {} dropped, {} oversize, {} too large for the peer's buffers; payload up to {} bytes out, {} in",
+            self.fd_endpoints,
+            self.legacy_endpoints,
+            self.open_nodes,
+            self.clients,
+            self.created,
+            self.destroyed,
+            self.bad_clients,
+            self.msgs,
+            self.dropped,
+            self.oversize,
+            self.too_large,
+            self.tx_payload,
+            self.rx_payload
+        )
+    }
+}
+
 impl ServiceStats {
     /// Live endpoints of both kinds.
     pub fn endpoints(&self) -> u32 {
