@@ -39,9 +39,7 @@ static TRACKED: Mutex<Tracked> = Mutex::new(Tracked {
 });
 
 fn tracked() -> std::sync::MutexGuard<'static, Tracked> {
-    TRACKED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    iopath_sys::lock(&TRACKED)
 }
 
 /// Whether the process behind `pidfd` has exited (its pidfd is readable).
@@ -191,31 +189,22 @@ pub fn wait_if_interrupted() {
 /// # Errors
 /// [`crate::Error::Sys`] when the handlers cannot be installed.
 pub fn on_signals() -> crate::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(
-        crate::Error::sys("installing the SIGINT and SIGTERM handlers"),
-    )?;
-    std::thread::Builder::new()
-        .name("bench-signals".into())
-        .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
-                let (children, paths) = {
-                    let mut t = tracked();
-                    t.cleaned = true;
-                    t.clean_up(Duration::from_secs(3))
-                };
-                eprintln!(
-                    "\ninterrupted by {name}: stopped {children} child process{}, removed {paths} scratch path{}",
-                    if children == 1 { "" } else { "es" },
-                    if paths == 1 { "" } else { "s" }
-                );
-                std::process::exit(128 + sig);
-            }
-        })
-        .map_err(crate::Error::sys("starting the signal thread"))?;
-    Ok(())
+    iopath_sys::signals::on_stop("bench-signals", |sig| {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (children, paths) = {
+            let mut t = tracked();
+            t.cleaned = true;
+            t.clean_up(Duration::from_secs(3))
+        };
+        eprintln!(
+            "\ninterrupted by {}: stopped {children} child process{}, removed {paths} scratch path{}",
+            iopath_sys::signals::signal_name(sig),
+            if children == 1 { "" } else { "es" },
+            if paths == 1 { "" } else { "s" }
+        );
+        128 + sig
+    })
+    .map_err(crate::Error::sys("installing the SIGINT and SIGTERM handlers"))
 }
 
 #[cfg(test)]

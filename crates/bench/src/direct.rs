@@ -36,7 +36,7 @@ impl DirectJob {
             "plain O_DIRECT {} of {}, bs={} with {} in flight (one thread each), no peer",
             if self.write { "pwrite" } else { "pread" },
             self.path.display(),
-            crate::human_short(self.bs),
+            iopath_sys::format_size(self.bs),
             self.depth
         )
     }

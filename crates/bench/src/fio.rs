@@ -76,7 +76,11 @@ impl Job {
 
     /// `bs=1M qd=16`, for tables.
     pub fn config(&self) -> String {
-        format!("bs={} qd={}", crate::human_short(self.bs), self.iodepth)
+        format!(
+            "bs={} qd={}",
+            iopath_sys::format_size(self.bs),
+            self.iodepth
+        )
     }
 
     /// Runs the job with fio pinned to `cpu` (`None`: anywhere).

@@ -26,6 +26,7 @@
 //! let s = Summary::of(&[3.0, 1.0, 2.0]);
 //! assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod blk;
 pub mod child;
@@ -149,17 +150,6 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Bytes as fio and dd write them: `512`, `4K`, `1M`, `8M`, `1G` (exact
-/// multiples only; otherwise bytes).
-pub fn human_short(bytes: u64) -> String {
-    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
-
 /// A peer program a row needs and this machine lacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Missing {
@@ -246,14 +236,6 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
         assert_eq!(s.spread_pct(), 100.0);
         assert_eq!(Summary::of(&[1.0, 2.0, 4.0, 8.0]).median, 3.0);
-    }
-
-    #[test]
-    fn short_sizes() {
-        assert_eq!(human_short(8 << 20), "8M");
-        assert_eq!(human_short(4096), "4K");
-        assert_eq!(human_short(1 << 30), "1G");
-        assert_eq!(human_short(1000), "1000");
     }
 
     #[test]

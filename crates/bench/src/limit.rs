@@ -157,7 +157,7 @@ impl Limit {
             }
             Source::Own { job, .. } => format!(
                 "own O_DIRECT bs={} qd={}",
-                crate::human_short(job.bs),
+                iopath_sys::format_size(job.bs),
                 job.depth
             ),
         }

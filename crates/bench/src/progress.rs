@@ -68,7 +68,7 @@ impl Progress {
             How::Hidden => {}
             How::Bar(b) => b.set_message(msg),
             How::Lines => {
-                let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+                let mut last = iopath_sys::lock(&self.last);
                 let due = last.0.is_none_or(|t| t.elapsed() >= LINE_EVERY);
                 if due && last.1 != msg {
                     eprintln!(

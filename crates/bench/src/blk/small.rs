@@ -139,22 +139,15 @@ fn cpu_ns_of(pid: u32) -> u64 {
         .iter()
         .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
         .sum();
-    // SAFETY: sysconf reads a constant of the system; no memory is passed.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    ticks * 1_000_000_000 / hz
+    ticks * 1_000_000_000 / rustix::param::clock_ticks_per_second().max(1)
 }
 
 /// CPU time of this process, threads that have exited included,
-/// nanoseconds (`getrusage(RUSAGE_SELF)`, microsecond resolution).
+/// nanoseconds (`CLOCK_PROCESS_CPUTIME_ID`, as `getrusage(RUSAGE_SELF)`
+/// counts it).
 fn cpu_ns_self() -> u64 {
-    // SAFETY: an all-zero rusage is a valid value to be overwritten.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage for the call.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0;
-    }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    (us(ru.ru_utime) + us(ru.ru_stime)) * 1000
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// One run of iopath's driver with `poll` on the back end at `socket`

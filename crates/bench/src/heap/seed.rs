@@ -23,7 +23,6 @@
 
 use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -94,24 +93,17 @@ fn kernel_side_missing(plan: &Plan<'_>) -> String {
         Ok(h) => h,
         Err(e) => return format!("{why}; and no dma-heap here: {}", error_chain(&e)),
     };
+    if !matches!(plan.file.direct_fd(), Ok(Some(_))) {
+        return format!("{why}; no O_DIRECT on this file system");
+    }
+    // iopath's direct engine: O_DIRECT pread into the dma-buf's mapping.
     let r = heap
         .alloc(plan.buffer_size)
+        .and_then(|b| DirectEngine.read(plan.file, 0, &b, 0, plan.buffer_size))
         .map_err(|e| error_chain(&e))
-        .and_then(|b| {
-            let dfd = match plan.file.direct_fd() {
-                Ok(Some(d)) => d,
-                _ => return Err("no O_DIRECT on this file system".to_string()),
-            };
-            let range = b.range(0, b.len()).map_err(|e| error_chain(&e))?;
-            let g = range.ptr_guard();
-            // SAFETY: the guard keeps the mapping alive for the call and
-            // covers `g.len()` writable bytes; no Rust reference is made to it.
-            let n = unsafe { libc::pread(dfd.as_raw_fd(), g.as_ptr().cast(), g.len(), 0) };
-            if n < 0 {
-                Err(std::io::Error::last_os_error().to_string())
-            } else {
-                Ok(())
-            }
+        .and_then(|t| match t.fallbacks {
+            0 => Ok(()),
+            _ => Err("refused (the engine fell back to buffered)".to_string()),
         });
     match r {
         Err(e) => format!("{why}; O_DIRECT pread into the dma-buf's mapping: {e}"),
@@ -129,7 +121,6 @@ fn direct_sendfile(
 ) -> std::io::Result<()> {
     let out = OpenOptions::new()
         .write(true)
-        .custom_flags(libc::O_CLOEXEC)
         .open(format!("/proc/self/fd/{}", memfd.as_raw_fd()))?;
     let mut off = file_off;
     let end = file_off + len as u64;

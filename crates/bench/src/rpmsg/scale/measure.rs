@@ -174,22 +174,8 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .ok_or_else(|| Error::Check(format!("no VmRSS in {p}")))
 }
 
-/// Raises this process's soft open-file limit to at least `want` (or the
-/// hard limit); returns the limit now.
-fn raise_nofile(want: u64) -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let mut r = getrlimit(Resource::Nofile);
-    let cur = r.current.unwrap_or(u64::MAX);
-    if cur >= want {
-        return cur;
-    }
-    r.current = Some(r.maximum.map_or(want, |m| m.min(want)));
-    let _ = setrlimit(Resource::Nofile, r);
-    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
-}
-
 pub(super) fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<CreateRow> {
-    let limit = raise_nofile(n as u64 + 256);
+    let limit = iopath_sys::raise_fd_limit(Some(n as u64 + 256));
     if limit < n as u64 + 64 {
         invalid!(
             "--scale",
