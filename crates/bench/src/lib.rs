@@ -48,7 +48,7 @@ pub mod limit;
 pub use error::{Error, Result};
 pub use latency::{percentile, Latency};
 pub use place::{Cpus, Placement};
-pub use progress::Progress;
+pub use progress::ProgressBar;
 pub use report::{plot, Report};
 
 /// Runs the bench server this process was started as, if it was started

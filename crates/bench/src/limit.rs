@@ -4,7 +4,7 @@
 
 use crate::direct::DirectJob;
 use crate::fio::{self, Job};
-use crate::{Missing, Progress, Result, Summary};
+use crate::{Missing, ProgressBar, Result, Summary};
 
 /// Where a limit's figures come from.
 #[derive(Debug, Clone)]
@@ -83,7 +83,7 @@ impl Limit {
         &mut self,
         cpu: Option<usize>,
         before: &mut dyn FnMut() -> Result<()>,
-        bar: &Progress,
+        bar: &ProgressBar,
     ) -> Result<()> {
         if let Source::Fio { sweep, fixed } = &mut self.source {
             let done = sweep.first().map_or(0, |(_, r)| r.len());

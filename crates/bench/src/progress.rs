@@ -1,4 +1,4 @@
-//! Progress of an experiment on stderr: an indicatif bar on a terminal,
+//! An experiment's progress bar on stderr: an indicatif bar on a terminal,
 //! plain lines (at most one a second, and one at each phase) otherwise.
 
 use std::io::IsTerminal;
@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressStyle;
 
 /// How often plain progress lines may come.
 const LINE_EVERY: Duration = Duration::from_secs(1);
 
 /// One experiment's progress: steps done out of a total, and what runs now.
 #[derive(Debug)]
-pub struct Progress {
+pub struct ProgressBar {
     how: How,
     label: String,
     total: u64,
@@ -25,18 +25,18 @@ pub struct Progress {
 #[derive(Debug)]
 enum How {
     Hidden,
-    Bar(ProgressBar),
+    Bar(indicatif::ProgressBar),
     Lines,
 }
 
-impl Progress {
+impl ProgressBar {
     /// Progress of `total` steps labelled `label`; `show == false` prints
     /// nothing (e.g. when stdout is JSON for a script).
-    pub fn new(show: bool, label: &str, total: u64) -> Progress {
+    pub fn new(show: bool, label: &str, total: u64) -> ProgressBar {
         let how = if !show {
             How::Hidden
         } else if std::io::stderr().is_terminal() {
-            let b = ProgressBar::new(total);
+            let b = indicatif::ProgressBar::new(total);
             let style = ProgressStyle::with_template(&format!(
                 "{{spinner}} {label} [{{bar:30}}] {{pos}}/{{len}} {{msg}} {{eta}}"
             ))
@@ -47,7 +47,7 @@ impl Progress {
         } else {
             How::Lines
         };
-        Progress {
+        ProgressBar {
             how,
             label: label.to_string(),
             total,
@@ -57,8 +57,8 @@ impl Progress {
     }
 
     /// Progress that prints nothing.
-    pub fn hidden() -> Progress {
-        Progress::new(false, "", 0)
+    pub fn hidden() -> ProgressBar {
+        ProgressBar::new(false, "", 0)
     }
 
     /// What runs now.

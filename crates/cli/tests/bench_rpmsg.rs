@@ -76,64 +76,21 @@ fn bench_rpmsg_json() {
         assert!(e["p50_us"].as_f64().unwrap() > 0.0, "{k}: {e}");
         assert!(e["max_us"].as_f64() >= e["p50_us"].as_f64(), "{k}: {e}");
     }
-    // No --openamp: the peer rows are a note, their targets n/a; the
-    // targets this run could measure are there, computed from its own
-    // figures.
+    // No --openamp: the peer rows are a note.
     let missing = v["peers"]["missing"].as_str().unwrap();
     assert!(missing.contains("--openamp DIR"), "{missing}");
-    let targets = v["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 12, "{targets:?}");
-    for g in &targets[..4] {
-        assert!(g["value"].is_null() && g["within"].is_null(), "{g}");
-        assert_eq!(g["na"], "no --openamp", "{g}");
+    assert!(v.get("targets").is_none(), "{v}");
+    // The echo ratio of each placement is its own figures' ratio.
+    for p in places {
+        let e = &p["echo"];
+        let want = e["fd"]["p50_us"].as_f64().unwrap()
+            / e["limit_eventfd_pingpong"]["p50_us"].as_f64().unwrap();
+        assert!(
+            (e["fd_over_limit_p50"].as_f64().unwrap() - want).abs() < 1e-9,
+            "{e}"
+        );
     }
-    let one = &places[0]["echo"];
-    let echo_target = targets[4]["value"].as_f64().unwrap();
-    let want = one["fd"]["p50_us"].as_f64().unwrap()
-        / one["limit_eventfd_pingpong"]["p50_us"].as_f64().unwrap();
-    assert!(
-        (echo_target - want).abs() < 1e-9,
-        "{} vs {want}",
-        targets[4]
-    );
-    assert_eq!(targets[4]["within"].as_bool(), Some(echo_target <= 2.5));
-    assert!(
-        targets[5]["value"].as_f64().unwrap() > 0.0,
-        "{}",
-        targets[5]
-    );
-    // Beside it the floor of the same run: the raw hand-off with the
-    // service's per-endpoint work on epoll.
-    let floors = targets[5]["floors"].as_array().unwrap();
-    let names: Vec<&str> = floors.iter().map(|f| f["what"].as_str().unwrap()).collect();
-    assert_eq!(names, ["limit-w"], "{}", targets[5]);
-    assert!(floors.iter().all(|f| f["value"].as_f64().unwrap() > 0.0));
-    let lowest = floors
-        .iter()
-        .map(|f| f["value"].as_f64().unwrap())
-        .fold(f64::INFINITY, f64::min);
-    assert_eq!(
-        targets[5]["target_past_floor"].as_bool(),
-        Some(lowest > 1.1)
-    );
-    assert_eq!(
-        targets[6]["value"].as_f64(),
-        v["echo"]["fd_poll"]["p50_us"].as_f64()
-    );
-    assert_eq!(
-        targets[6]["floors"][0]["value"].as_f64(),
-        v["echo"]["poll_floor"]["p50_us"].as_f64(),
-        "{}",
-        targets[6]
-    );
-    // A target with no floor says nothing about one.
-    assert!(targets[4]["floors"].as_array().unwrap().is_empty());
-    assert!(targets[4]["target_past_floor"].is_null());
-    for g in &targets[7..9] {
-        assert_eq!(g["na"], "run with --scale", "{g}");
-    }
-    // The bulk rows: every way carried every message at each size, and
-    // the bulk targets are their ratios.
+    // The bulk rows: every way carried every message at each size.
     let bulk = v["bulk"]["rows"].as_array().unwrap();
     let sizes: Vec<u64> = bulk.iter().map(|r| r["size"].as_u64().unwrap()).collect();
     assert_eq!(sizes, [496, 4096, 65520]);
@@ -149,13 +106,6 @@ fn bench_rpmsg_json() {
             assert!(runs[0].as_f64().unwrap() > 0.0, "{k}: {r}");
         }
     }
-    assert_eq!(targets[9]["value"], bulk[1]["fd_vs_raw"]);
-    assert_eq!(targets[10]["value"], bulk[2]["bus_vs_memcpy"]);
-    assert!(
-        targets[11]["value"].as_f64().unwrap() > 0.0,
-        "{}",
-        targets[11]
-    );
     // The load the figures were taken under, before and after.
     let load = v["loadavg"].as_array().unwrap();
     assert!(load.len() == 2 && load.iter().all(|l| l.as_f64().unwrap() >= 0.0));
@@ -163,8 +113,8 @@ fn bench_rpmsg_json() {
 
 /// `--openamp DIR` of OpenAMP's demo (`scripts/openamp-demo build SRC DIR`):
 /// every pair in both placements, each run complete, each echo checked by
-/// its driver; the peer targets computed from the rows; with `--scale`, the
-/// 256-endpoint targets from its rows.
+/// its driver, each pair's ratio to OpenAMP's own computed from the rows;
+/// with `--scale`, the 256-endpoint rows.
 #[test]
 #[ignore = "needs OpenAMP's demo: IOPATH_OPENAMP_BIN=DIR cargo test -p iopath --test bench_rpmsg -- --ignored openamp"]
 fn bench_rpmsg_openamp_peer_rows() {
@@ -250,47 +200,20 @@ fn bench_rpmsg_openamp_peer_rows() {
             );
         }
     }
-    let targets = v["targets"].as_array().unwrap();
-    let split = &places[0]["rows"];
-    for (g, row) in targets[..4].iter().zip([3, 2, 5, 4]) {
-        assert_eq!(
-            g["value"].as_f64(),
-            split[row]["over_openamp_pair"].as_f64(),
-            "{g}"
-        );
-        assert!(g["within"].is_boolean(), "{g}");
-        assert_eq!(g["by_p50"], split[row]["over_openamp_pair_by_p50"], "{g}");
-    }
+    // The 256-endpoint row's worst and median endpoint p99, per run.
     let e256 = v["scale"]["echo"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r["endpoints"] == 256)
         .unwrap();
-    assert_eq!(targets[7]["value"], e256["vs_one"], "{}", targets[7]);
-    let starve = targets[8]["value"].as_f64().unwrap();
     let worst = e256["p99_us_worst_endpoint"].as_array().unwrap();
     let median = e256["p99_us_median_endpoint"].as_array().unwrap();
-    assert!(starve >= 1.0, "{}", targets[8]);
-    let per: Vec<f64> = worst
-        .iter()
-        .zip(median)
-        .map(|(w, m)| w.as_f64().unwrap() / m.as_f64().unwrap())
-        .collect();
-    // The median of the per-run ratios, with their range as its spread.
-    let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = per.iter().copied().fold(0.0, f64::max);
-    assert!(lo <= starve && starve <= hi, "{per:?} vs {starve}");
-    let spread: Vec<f64> = targets[8]["spread"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
-    assert!(
-        (spread[0] - lo).abs() < 1e-9 && (spread[1] - hi).abs() < 1e-9,
-        "{spread:?} vs {lo}-{hi}"
-    );
+    assert_eq!(worst.len(), 2);
+    for (w, m) in worst.iter().zip(median) {
+        assert!(w.as_f64() >= m.as_f64(), "{e256}");
+    }
+    assert!(e256["vs_one"].as_f64().unwrap() > 0.0, "{e256}");
 }
 
 #[test]

@@ -71,7 +71,7 @@ impl<'a> GuestRows<'a> {
         cfg: &BlkConfig,
         cpu: Option<usize>,
         cpus: &Cpus,
-        bar: &Progress,
+        bar: &ProgressBar,
     ) {
         let n = self.rows.len();
         for k in 0..n {

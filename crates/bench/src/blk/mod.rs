@@ -20,7 +20,7 @@ use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::{fio, Error, Progress, Result};
+use crate::{fio, Error, ProgressBar, Result};
 
 /// The DMA ops of a row: the override `iopath blk dd --dma` gives.
 pub use iopath_blk::dd::DmaMode;
@@ -173,7 +173,7 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
     let total = cfg.runs as u64 * (1 + rows.len() + guest_rows.len()) as u64
         + limit.steps(cfg.runs)
         + cfg.small.as_ref().map_or(0, small::steps);
-    let bar = Progress::new(cfg.progress, "bench blk", total);
+    let bar = ProgressBar::new(cfg.progress, "bench blk", total);
     // One warm-up round, not counted: the first write of each path pays
     // one-time costs (the back end's first request after start, the image's
     // first touch), which showed up as a lone outlier in the first run.

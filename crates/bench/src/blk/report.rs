@@ -244,8 +244,9 @@ impl BlkReport {
             .collect();
         let mut lines = Vec::new();
         if let (Some(l), Some(row)) = (&self.limit, self.rows.first()) {
-            lines.push(Line::across(
+            lines.push(Line::span(
                 format!("{} ({:.2} GiB/s)", l.label(), row.stats.median),
+                0,
                 bars.len(),
                 row.stats.median,
             ));

@@ -272,7 +272,7 @@ pub(super) fn run(
     b: &Backends<'_>,
     cpus: &Cpus,
     (client, server): (Option<usize>, Option<usize>),
-    bar: &crate::Progress,
+    bar: &crate::ProgressBar,
 ) -> SmallReport {
     type Measure<'a> = Box<dyn Fn(Op, usize, u64) -> Result<SmallRun> + 'a>;
     let size = cfg.size as u64;

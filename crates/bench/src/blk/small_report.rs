@@ -174,16 +174,12 @@ impl SmallReport {
                         });
                     }
                     if let Some(f) = self.find(FIO, op, qd) {
-                        let mut l = Line::across(
+                        lines.push(Line::span(
                             format!("fio qd{qd} ({:.0} IOPS)", f.iops.median),
-                            bars.len() - start,
+                            start,
+                            bars.len(),
                             f.iops.median,
-                        );
-                        for p in &mut l.points {
-                            let crate::report::plot::At::Edge(i) = &mut p.0;
-                            *i += start;
-                        }
-                        lines.push(l);
+                        ));
                     }
                 }
                 Panel {

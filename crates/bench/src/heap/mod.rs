@@ -17,7 +17,7 @@ use iopath_sys::error_chain;
 use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
-use crate::{fio, human, loadavg, scratch_dir, Error, Progress, Result, Summary};
+use crate::{fio, human, loadavg, scratch_dir, Error, ProgressBar, Result, Summary};
 
 const HEAPS: [&str; 5] = ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"];
 
@@ -289,7 +289,7 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
     };
     let mut limit = Limit::new(&base, &sweep_bs, own);
     let steps = args.runs as u64 * rows.len() as u64 + limit.steps(args.runs);
-    let bar = Progress::new(args.progress, "bench heap", steps);
+    let bar = ProgressBar::new(args.progress, "bench heap", steps);
     let mut alloc_limit = Vec::new();
     let mut warm_warnings = 0;
     let load_before = loadavg();

@@ -247,8 +247,9 @@ impl HeapReport {
         let mut lines = Vec::new();
         if let Some(l) = self.limit_summary() {
             let ms = self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3;
-            lines.push(Line::across(
+            lines.push(Line::span(
                 format!("limit: {} ({ms:.0} ms)", self.limit.label()),
+                0,
                 bars.len(),
                 ms,
             ));

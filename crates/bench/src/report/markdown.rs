@@ -46,7 +46,7 @@ fn table(out: &mut String, t: &Table) {
         out.push_str(&row(r.iter().map(|c| escape(&c.to_string())).collect()));
     }
     out.push('\n');
-    for n in &t.notes {
+    for n in t.not_run_line().iter().chain(&t.notes) {
         paragraph(out, n);
     }
 }

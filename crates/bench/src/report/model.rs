@@ -139,6 +139,12 @@ impl Cell {
         }
     }
 
+    /// The median of `runs` with their range; `n/a` without runs.
+    pub fn runs(runs: &[f64], unit: Unit, digits: usize) -> Cell {
+        let s = crate::Summary::of(runs);
+        Cell::figure(s.median, unit, digits).with_range(s.min, s.max)
+    }
+
     /// `Some` figure as a cell, else `n/a`.
     pub fn or_na(value: Option<Cell>) -> Cell {
         value.unwrap_or(Cell::NotAvailable)
@@ -222,8 +228,11 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// The rows, one cell per column.
     pub rows: Vec<Vec<Cell>>,
-    /// Lines below the table: the limit's source, what is missing.
+    /// Lines below the table: the limit's source, what it compares.
     pub notes: Vec<String>,
+    /// The rows that did not run, each with what it needs (the kernel
+    /// feature, the peer program, or why it failed): written as one line.
+    pub not_run: Vec<(String, String)>,
 }
 
 impl Table {
@@ -234,6 +243,7 @@ impl Table {
             columns,
             rows: Vec::new(),
             notes: Vec::new(),
+            not_run: Vec::new(),
         }
     }
 
@@ -246,6 +256,31 @@ impl Table {
     /// Adds a note below the table.
     pub fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
+    }
+
+    /// Records a row that did not run and what it needs.
+    pub fn not_run(&mut self, row: impl Into<String>, needs: impl Into<String>) {
+        self.not_run.push((row.into(), needs.into()));
+    }
+
+    /// The one line about the rows that did not run, grouped by what they
+    /// need (`None`: every row ran): `not run here: ROW: NEED; 4 rows: NEED`.
+    pub fn not_run_line(&self) -> Option<String> {
+        let mut needs: Vec<(&str, Vec<&str>)> = Vec::new();
+        for (row, need) in &self.not_run {
+            match needs.iter_mut().find(|(n, _)| n == need) {
+                Some((_, rows)) => rows.push(row),
+                None => needs.push((need, vec![row])),
+            }
+        }
+        let groups: Vec<String> = needs
+            .iter()
+            .map(|(need, rows)| match rows[..] {
+                [row] => format!("{row}: {need}"),
+                _ => format!("{} rows: {need}", rows.len()),
+            })
+            .collect();
+        (!groups.is_empty()).then(|| format!("not run here: {}", groups.join("; ")))
     }
 }
 
@@ -272,6 +307,24 @@ mod tests {
         );
         assert_eq!(Cell::Empty.to_string(), "-");
         assert_eq!(Cell::or_na(None).to_string(), "n/a");
+        assert_eq!(
+            Cell::runs(&[3.0, 1.0, 2.0], Unit::Plain, 0).to_string(),
+            "2 (1-3)"
+        );
+        assert_eq!(Cell::runs(&[], Unit::Plain, 0).to_string(), "n/a");
+    }
+
+    #[test]
+    fn rows_not_run_are_one_line_grouped_by_need() {
+        let mut t = Table::new("t", vec![Column::left("row")]);
+        assert_eq!(t.not_run_line(), None);
+        t.not_run("a", "/dev/udmabuf");
+        t.not_run("b", "fio");
+        t.not_run("c", "/dev/udmabuf");
+        assert_eq!(
+            t.not_run_line().unwrap(),
+            "not run here: 2 rows: /dev/udmabuf; b: fio"
+        );
     }
 
     #[test]

@@ -9,12 +9,13 @@
 
 use std::path::Path;
 
-use plotters::coord::ranged1d::SegmentValue;
+use plotters::coord::ranged1d::{Ranged, SegmentValue, SegmentedCoord, ValueFormatter};
+use plotters::coord::types::RangedCoordusize;
 use plotters::prelude::*;
 
 pub use plotters::style::RGBColor;
 
-use crate::{Error, Result};
+use crate::{Error, Result, Summary};
 
 /// Heap: allocation time; blk: iopath's back end; rpmsg: the fd way.
 pub const PRIMARY: RGBColor = RGBColor(0x4C, 0x72, 0xB0);
@@ -44,27 +45,49 @@ pub(crate) struct Bar {
     pub whisker: Option<(f64, f64)>,
 }
 
-/// Where a line's point sits along the bars: the left edge of bar `i`
-/// (`Edge(n)`: the right edge of the last).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum At {
-    Edge(usize),
+impl Bar {
+    /// A bar of height `v`.
+    pub fn of(label: impl Into<String>, v: f64, color: RGBColor) -> Bar {
+        Bar {
+            label: label.into(),
+            segments: vec![(0.0, v, color)],
+            whisker: None,
+        }
+    }
+
+    /// A bar at the median of `runs`, their min-max as its whisker; no bar
+    /// (the label only) without runs.
+    pub fn runs(label: impl Into<String>, runs: &[f64], color: RGBColor) -> Bar {
+        let s = Summary::of(runs);
+        if runs.is_empty() {
+            return Bar {
+                label: label.into(),
+                segments: Vec::new(),
+                whisker: None,
+            };
+        }
+        Bar {
+            whisker: Some((s.min, s.max)),
+            ..Bar::of(label, s.median, color)
+        }
+    }
 }
 
-/// A line over the bars (a limit), with its legend text.
+/// A line over the bars (a limit), with its legend text: points at the
+/// left edges of bars (the number of bars: the right edge of the last).
 #[derive(Debug, Clone)]
 pub(crate) struct Line {
     pub legend: String,
-    pub points: Vec<(At, f64)>,
+    pub points: Vec<(usize, f64)>,
     pub color: RGBColor,
 }
 
 impl Line {
-    /// A horizontal line at `y` across `n` bars.
-    pub fn across(legend: String, n: usize, y: f64) -> Line {
+    /// A limit's horizontal line at `y` over bars `from..to`.
+    pub fn span(legend: String, from: usize, to: usize, y: f64) -> Line {
         Line {
             legend,
-            points: vec![(At::Edge(0), y), (At::Edge(n), y)],
+            points: vec![(from, y), (to, y)],
             color: LIMIT,
         }
     }
@@ -82,20 +105,17 @@ pub(crate) struct Panel {
     pub legend: Vec<(String, RGBColor)>,
 }
 
-fn plot_err(path: &Path) -> impl Fn(String) -> Error + '_ {
-    move |reason| Error::Plot {
-        path: path.to_path_buf(),
-        reason,
-    }
-}
-
-/// Draws `panels` in a grid of `cols` columns into the SVG file `path`.
+/// Draws `panels` in a grid of `cols` columns under `title` into the SVG
+/// file `path`.
 ///
 /// # Errors
 /// [`Error::Plot`] when the file cannot be written or a panel cannot be
 /// laid out.
 pub(crate) fn draw(path: &Path, title: &str, panels: &[Panel], cols: usize) -> Result<()> {
-    let err = plot_err(path);
+    let err = |reason: String| Error::Plot {
+        path: path.to_path_buf(),
+        reason,
+    };
     let cols = cols.max(1);
     let rows = panels.len().div_ceil(cols).max(1);
     let widest = panels.iter().map(|p| p.bars.len()).max().unwrap_or(1);
@@ -106,12 +126,10 @@ pub(crate) fn draw(path: &Path, title: &str, panels: &[Panel], cols: usize) -> R
     let root = root
         .titled(title, ("sans-serif", 20))
         .map_err(|e| err(e.to_string()))?;
-    let areas = root.split_evenly((rows, cols));
-    for (p, area) in panels.iter().zip(areas.iter()) {
-        panel(p, area).map_err(&err)?;
+    for (p, area) in panels.iter().zip(root.split_evenly((rows, cols)).iter()) {
+        panel(p, area).map_err(err)?;
     }
-    root.present().map_err(|e| err(e.to_string()))?;
-    Ok(())
+    root.present().map_err(|e| err(e.to_string()))
 }
 
 fn panel<DB: DrawingBackend>(
@@ -122,36 +140,30 @@ where
     DB::ErrorType: 'static,
 {
     let n = p.bars.len().max(1);
-    let mut hi = 0f64;
-    let mut lo = f64::INFINITY;
-    for b in &p.bars {
-        for &(a, z, _) in &b.segments {
-            hi = hi.max(a).max(z);
-            if z > 0.0 {
-                lo = lo.min(z);
-            }
-        }
-        if let Some((a, z)) = b.whisker {
-            hi = hi.max(a).max(z);
-        }
-    }
-    for l in &p.lines {
-        for &(_, y) in &l.points {
-            hi = hi.max(y);
-            if y > 0.0 {
-                lo = lo.min(y);
-            }
+    let ys = p
+        .bars
+        .iter()
+        .flat_map(|b| {
+            b.segments
+                .iter()
+                .flat_map(|&(a, z, _)| [a, z])
+                .chain(b.whisker.into_iter().flat_map(|(a, z)| [a, z]))
+        })
+        .chain(
+            p.lines
+                .iter()
+                .flat_map(|l| l.points.iter().map(|&(_, y)| y)),
+        );
+    let (mut lo, mut hi) = (f64::INFINITY, 0f64);
+    for y in ys {
+        hi = hi.max(y);
+        if y > 0.0 {
+            lo = lo.min(y);
         }
     }
     if !hi.is_finite() || hi <= 0.0 {
         hi = 1.0;
     }
-    let labels: Vec<String> = p.bars.iter().map(|b| b.label.clone()).collect();
-    let fmt = |v: &SegmentValue<usize>| match v {
-        SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
-        _ => String::new(),
-    };
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let mut b = ChartBuilder::on(area);
     b.caption(&p.title, ("sans-serif", 15))
         .margin(12)
@@ -160,10 +172,7 @@ where
         .y_label_area_size(70);
     // A segmented range covers its end too: 0..n-1 gives n segments.
     let x = (0..n.saturating_sub(1)).into_segmented();
-    // Bars and lines as the two coordinate systems need them.
-    let at = |a: At| match a {
-        At::Edge(i) => SegmentValue::Exact(i),
-    };
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     if p.log {
         let lo = if lo.is_finite() {
             lo / 2.0
@@ -173,87 +182,10 @@ where
         let mut c = b
             .build_cartesian_2d(x, (lo..hi * 2.0).log_scale())
             .map_err(e)?;
-        c.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&fmt)
-            .y_labels(8)
-            .y_label_formatter(&|v| short_num(*v))
-            .y_desc(&p.y_desc)
-            .label_style(("sans-serif", 11))
-            .draw()
-            .map_err(e)?;
-        for (i, bar) in p.bars.iter().enumerate() {
-            for &(a, z, color) in &bar.segments {
-                let mut r = Rectangle::new(
-                    [
-                        (SegmentValue::Exact(i), a.max(lo)),
-                        (SegmentValue::Exact(i + 1), z.max(lo)),
-                    ],
-                    color.filled(),
-                );
-                r.set_margin(0, 0, 8, 8);
-                c.draw_series(std::iter::once(r)).map_err(e)?;
-            }
-            if let Some((a, z)) = bar.whisker {
-                c.draw_series(std::iter::once(PathElement::new(
-                    vec![
-                        (SegmentValue::CenterOf(i), a.max(lo)),
-                        (SegmentValue::CenterOf(i), z.max(lo)),
-                    ],
-                    WHISKER.stroke_width(2),
-                )))
-                .map_err(e)?;
-            }
-        }
-        for l in &p.lines {
-            let pts: Vec<_> = l.points.iter().map(|&(a, y)| (at(a), y.max(lo))).collect();
-            c.draw_series(std::iter::once(PathElement::new(
-                pts,
-                l.color.stroke_width(2),
-            )))
-            .map_err(e)?;
-        }
+        marks(&mut c, p, lo).map_err(e)?;
     } else {
         let mut c = b.build_cartesian_2d(x, 0f64..hi * 1.15).map_err(e)?;
-        c.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&fmt)
-            .y_labels(8)
-            .y_label_formatter(&|v| short_num(*v))
-            .y_desc(&p.y_desc)
-            .label_style(("sans-serif", 11))
-            .draw()
-            .map_err(e)?;
-        for (i, bar) in p.bars.iter().enumerate() {
-            for &(a, z, color) in &bar.segments {
-                let mut r = Rectangle::new(
-                    [(SegmentValue::Exact(i), a), (SegmentValue::Exact(i + 1), z)],
-                    color.filled(),
-                );
-                r.set_margin(0, 0, 8, 8);
-                c.draw_series(std::iter::once(r)).map_err(e)?;
-            }
-            if let Some((a, z)) = bar.whisker {
-                c.draw_series(std::iter::once(PathElement::new(
-                    vec![
-                        (SegmentValue::CenterOf(i), a),
-                        (SegmentValue::CenterOf(i), z),
-                    ],
-                    WHISKER.stroke_width(2),
-                )))
-                .map_err(e)?;
-            }
-        }
-        for l in &p.lines {
-            let pts: Vec<_> = l.points.iter().map(|&(a, y)| (at(a), y)).collect();
-            c.draw_series(std::iter::once(PathElement::new(
-                pts,
-                l.color.stroke_width(2),
-            )))
-            .map_err(e)?;
-        }
+        marks(&mut c, p, 0.0).map_err(e)?;
     }
     // The legend: coloured text, top left under the caption (no marks, so
     // bars and lines stay one per row).
@@ -272,8 +204,70 @@ where
     Ok(())
 }
 
+/// The mesh, the bars, their whiskers and the lines of `p`, every value
+/// at least `lo` (the bottom of a log axis).
+fn marks<DB, Y>(
+    c: &mut ChartContext<'_, DB, Cartesian2d<SegmentedCoord<RangedCoordusize>, Y>>,
+    p: &Panel,
+    lo: f64,
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>>
+where
+    DB: DrawingBackend,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let labels: Vec<&str> = p.bars.iter().map(|b| b.label.as_str()).collect();
+    let fmt = |v: &SegmentValue<usize>| match v {
+        SegmentValue::CenterOf(i) => labels.get(*i).copied().unwrap_or_default().to_string(),
+        _ => String::new(),
+    };
+    c.configure_mesh()
+        .disable_x_mesh()
+        .x_labels(p.bars.len().max(1))
+        .x_label_formatter(&fmt)
+        .y_labels(8)
+        .y_label_formatter(&|v| short_num(*v))
+        .y_desc(&p.y_desc)
+        .label_style(("sans-serif", 11))
+        .draw()?;
+    for (i, bar) in p.bars.iter().enumerate() {
+        for &(a, z, color) in &bar.segments {
+            let corners = [
+                (SegmentValue::Exact(i), a.max(lo)),
+                (SegmentValue::Exact(i + 1), z.max(lo)),
+            ];
+            let mut r = Rectangle::new(corners, color.filled());
+            r.set_margin(0, 0, 8, 8);
+            c.draw_series(std::iter::once(r))?;
+        }
+        if let Some((a, z)) = bar.whisker {
+            let at = SegmentValue::CenterOf(i);
+            let w = vec![(at.clone(), a.max(lo)), (at, z.max(lo))];
+            c.draw_series(std::iter::once(PathElement::new(
+                w,
+                WHISKER.stroke_width(2),
+            )))?;
+        }
+    }
+    for l in &p.lines {
+        let pts: Vec<_> = l
+            .points
+            .iter()
+            .map(|&(i, y)| (SegmentValue::Exact(i), y.max(lo)))
+            .collect();
+        c.draw_series(std::iter::once(PathElement::new(
+            pts,
+            l.color.stroke_width(2),
+        )))?;
+    }
+    Ok(())
+}
+
 /// An axis figure: 2.5M, 400k, 12, 0.75.
 fn short_num(v: f64) -> String {
+    let trim = |v: f64| {
+        let s = format!("{v:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
     let a = v.abs();
     if a >= 1e6 {
         format!("{}M", trim(v / 1e6))
@@ -284,11 +278,6 @@ fn short_num(v: f64) -> String {
     } else {
         trim(v)
     }
-}
-
-fn trim(v: f64) -> String {
-    let s = format!("{v:.2}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]

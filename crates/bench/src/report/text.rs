@@ -70,6 +70,7 @@ pub(super) fn table(t: &Table) -> String {
     for r in &cells {
         lines.push(line(&mut r.iter().map(String::as_str)));
     }
+    lines.extend(t.not_run_line());
     lines.extend(t.notes.iter().cloned());
     lines.join("\n")
 }

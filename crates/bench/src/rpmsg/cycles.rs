@@ -10,7 +10,7 @@ use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 
 use super::raw::fd::{Pass, RawFdServer};
 use crate::error::{check, check_failed};
-use crate::{Error, Placement, Progress as ProgressBar, Result};
+use crate::{Error, Placement, ProgressBar, Result};
 
 /// Cycles per turn: the ways alternate in chunks of this many.
 pub(super) const CHUNK: u64 = 500;
@@ -23,8 +23,6 @@ pub(super) mod way {
     pub(crate) const LEGACY: usize = 0;
     pub(crate) const FD: usize = 1;
     pub(crate) const LIMIT: usize = 2;
-    pub(crate) const LIMIT_S: usize = 3;
-    pub(crate) const LIMIT_W: usize = 4;
 }
 /// What the raw fd server passes for the ways from [`way::LIMIT`] on.
 const LIMIT_PASSES: [Pass; WAYS - way::LIMIT] = [Pass::Eventfd, Pass::Socket, Pass::Watched];

@@ -9,27 +9,26 @@
 //! temporary shared-memory file) beside a raw eventfd ping-pong between two
 //! processes ([`echo`]). With OpenAMP's demo built (`--openamp DIR`), the
 //! peer rows: OpenAMP's driver and iopath's endpoint fd and `Bus` API
-//! against OpenAMP's echo and iopath's remote ([`peers`]). The report ends
-//! with the targets, each ratio measured in this run beside its target.
+//! against OpenAMP's echo and iopath's remote ([`peers`]).
 //!
 //! ```text
-//!   config      RpmsgConfig: what to measure, checked
-//!   children    iopath rpmsg remote + host (Servers), logged children
-//!   raw         the limits' bare servers (child processes) and clients
-//!   cycles      create+destroy rows    echo   echo rows (+ --poll)
-//!   peers       OpenAMP peer rows      scale  --scale experiments
-//!   report      RpmsgReport -> Report: tables, targets, chart, figures
+//!   RpmsgConfig  what to measure, checked
+//!   children     iopath rpmsg remote + host (Servers), logged children
+//!   raw          the limits' bare servers (child processes) and clients
+//!   cycles       create+destroy rows    echo   echo rows (+ --poll)
+//!   peers        OpenAMP peer rows      scale, bulk  --scale, bulk rows
+//!   report       RpmsgReport -> Report: tables, chart, figures
 //! ```
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::error::invalid;
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::{Latency, Progress as ProgressBar, Result, Summary};
+use crate::{Latency, ProgressBar, Result};
 
 pub mod bulk;
 mod children;
-mod config;
 mod cycles;
 mod echo;
 pub mod peers;
@@ -37,12 +36,130 @@ pub mod raw;
 mod report;
 pub mod scale;
 
-pub use config::RpmsgConfig;
 pub use raw::RawPingPong;
 
 use children::{Servers, Setup};
-use cycles::{way, Row, CHUNK, WAYS};
-use echo::{PollMeasured, ECHO_TURNS};
+use cycles::{Row, WAYS};
+use echo::PollMeasured;
+
+/// What `iopath bench rpmsg` measures.
+#[derive(Debug, Clone)]
+pub struct RpmsgConfig {
+    /// Create+destroy cycles per row.
+    pub loops: Vec<u64>,
+    /// Runs per row (median and spread are reported).
+    pub runs: usize,
+    /// Echo round trips (16-byte messages) for the latency rows.
+    pub count: u64,
+    /// Also measure echo latency with host and remote polling the rings and
+    /// the client busy-polling its fd (no notifications; spins two cores).
+    pub poll: bool,
+    /// Where the processes run; the first one fills the main table and
+    /// JSON `rows`.
+    pub placement: Vec<Placement>,
+    /// OpenAMP's demo, built by `scripts/openamp-demo build SRC DIR`: the
+    /// peer rows run when given, else they are noted as missing.
+    pub openamp: Option<PathBuf>,
+    /// Where the peer rows' processes run (driver side, remote).
+    pub peer_placement: Vec<Placement>,
+    /// Longest a peer row's measured round trips may take per run (OpenAMP's
+    /// driver spins: with its remote on the same CPU it manages a few
+    /// hundred round trips a second).
+    pub peer_budget: Duration,
+    /// The `iopath` executable whose `rpmsg host` and `rpmsg remote` the
+    /// experiment starts, as it does the bench servers ([`crate::child`]).
+    pub iopath: PathBuf,
+    /// Show progress on stderr.
+    pub progress: bool,
+}
+
+impl RpmsgConfig {
+    /// The embedded defaults of `iopath bench`: 1000 loops, 3 runs, 5000
+    /// echo round trips, no polling, placements one and split.
+    pub fn quick(iopath: PathBuf) -> RpmsgConfig {
+        RpmsgConfig {
+            loops: vec![1000],
+            runs: 3,
+            count: 5000,
+            poll: false,
+            placement: vec![Placement::One, Placement::Split],
+            openamp: None,
+            peer_placement: vec![Placement::Split, Placement::One],
+            peer_budget: Duration::from_secs(2),
+            iopath,
+            progress: true,
+        }
+    }
+
+    /// The full sizes: 1,000 / 10,000 / 100,000 loops, 3 runs, 10,000
+    /// echo round trips, placements one and split.
+    pub fn full(iopath: PathBuf) -> RpmsgConfig {
+        RpmsgConfig {
+            loops: vec![1000, 10_000, 100_000],
+            count: 10_000,
+            ..RpmsgConfig::quick(iopath)
+        }
+    }
+
+    /// A rough duration, from nominal rates on a 2-vCPU VM: 260 us for a
+    /// cycle of the five ways, 100 us per echo round trip and its limit's.
+    pub fn estimate(&self) -> Duration {
+        let cycles = self.loops.iter().sum::<u64>() as f64 * self.runs as f64;
+        let per_place = cycles * 260e-6 + self.count as f64 * 100e-6 + 1.0;
+        let poll = if self.poll {
+            self.count as f64 * 50e-6 + 1.0
+        } else {
+            0.0
+        };
+        // Per peer row and run: start-up, warm-up, and the round trips at
+        // about 15,000/s or the budget.
+        let peers = if self.openamp.is_some() {
+            let row = 1.0 + (self.count as f64 / 15_000.0).min(self.peer_budget.as_secs_f64());
+            row * (peers::PAIRS.len() * self.runs * self.peer_placement.len()) as f64
+        } else {
+            0.0
+        };
+        Duration::from_secs_f64(per_place * self.placement.len() as f64 + poll + peers)
+    }
+
+    /// Refuses settings the experiment cannot run with.
+    ///
+    /// # Errors
+    /// [`crate::Error::Invalid`] naming the option.
+    fn check(&self) -> Result<()> {
+        if self.runs == 0 {
+            invalid!("--runs", "give at least 1");
+        }
+        if self.loops.is_empty() || self.loops.contains(&0) {
+            invalid!("--loops", "give positive counts, e.g. 1000,10000");
+        }
+        if self.placement.is_empty() {
+            invalid!("--placement", "give at least one of one, split, free");
+        }
+        if let Some(dir) = &self.openamp {
+            let missing: Vec<&str> = peers::OPENAMP_PROGRAMS
+                .into_iter()
+                .filter(|p| !dir.join(p).is_file())
+                .collect();
+            if !missing.is_empty() {
+                invalid!(
+                    "--openamp",
+                    "{} has no {} (build them with `scripts/openamp-demo build SRC {}`)",
+                    dir.display(),
+                    missing.join(", "),
+                    dir.display()
+                );
+            }
+            if self.peer_placement.is_empty() {
+                invalid!("--peer-placement", "give at least one of one, split, free");
+            }
+            if self.peer_budget.is_zero() {
+                invalid!("--peer-seconds", "give at least 1");
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Where the shared memory goes: `/dev/shm`, else the temporary directory.
 fn shm_dir() -> PathBuf {
@@ -58,6 +175,8 @@ fn shm_dir() -> PathBuf {
 #[derive(Debug)]
 struct Measured {
     placement: Placement,
+    /// Where the placement put the processes, in words.
+    place: String,
     rows: Vec<Row>,
     echo: Latency,
     echo_limit: Latency,
@@ -79,7 +198,7 @@ fn measure(
             prefix: "iopath-bench-rpmsg-",
             poll: false,
             remote_args: &["--echo", "echo"],
-            shm_size: crate::rpmsg::children::SHM_SIZE,
+            shm_size: children::SHM_SIZE,
             remote_cpu: server_cpu,
             host_cpu: server_cpu,
         },
@@ -92,6 +211,7 @@ fn measure(
         let (echo, echo_limit) = echo::echo_vs_limit(&a.iopath, &echo_ep, a.count, server_cpu)?;
         Ok(Measured {
             placement,
+            place: placement.describe(cpus, "client", "host, remote and the limit's server"),
             rows,
             echo,
             echo_limit,
@@ -106,25 +226,15 @@ pub struct RpmsgReport {
     runs: usize,
     count: u64,
     measured: Vec<Measured>,
-    /// Where each placement put the processes, in words.
-    wheres: Vec<String>,
     /// Echo with polling, its limits, and where they ran.
     poll: Option<PollMeasured>,
-    /// Each placement's figures, in order.
-    placements: Vec<serde_json::Value>,
-    /// The peer rows per placement (`None`: no `--openamp`).
-    peers: Option<Vec<peers::PeerPlacement>>,
-    /// What the peer rows were given: `--openamp`, round trips, budget.
+    /// The peer rows per placement (`None`: no `--openamp`), where each
+    /// placement put the processes, and what they were given.
+    peers: Option<Vec<(peers::PeerPlacement, String)>>,
     openamp: Option<PathBuf>,
     peer_budget: Duration,
-    /// Where each peer placement put the processes, in words.
-    peer_wheres: Vec<String>,
-    /// The scale experiments' tables and figures, when added
-    /// ([`RpmsgReport::add_scale`]).
-    scale: Option<(Vec<crate::report::Table>, serde_json::Value)>,
-    /// The scale experiments' chart panels, when added.
-    scale_panels: Vec<crate::plot::Panel>,
-    /// The bulk rows, when added ([`RpmsgReport::add_bulk`]).
+    /// The scale experiments and the bulk rows, when added.
+    scale: Option<scale::ScaleReport>,
     bulk: Option<bulk::BulkReport>,
     /// The 1-minute load average before and after the run.
     loadavg: (Option<f64>, Option<f64>),
@@ -142,9 +252,9 @@ pub fn run(a: &RpmsgConfig) -> Result<RpmsgReport> {
     let total: u64 =
         a.loops.iter().sum::<u64>() * WAYS as u64 * a.runs as u64 * a.placement.len() as u64;
     let pb = ProgressBar::new(a.progress, "bench rpmsg", total);
-    let mut all = Vec::new();
+    let mut measured = Vec::new();
     for &p in &a.placement {
-        all.push(measure(a, p, &cpus, &pb)?);
+        measured.push(measure(a, p, &cpus, &pb)?);
     }
     let poll = if a.poll {
         pb.set_message("poll echo");
@@ -155,40 +265,37 @@ pub fn run(a: &RpmsgConfig) -> Result<RpmsgReport> {
     let peers = a.openamp.as_ref().map(|_| {
         a.peer_placement
             .iter()
-            .map(|&p| peers::measure(a, p, &cpus, &pb))
-            .collect::<Vec<_>>()
+            .map(|&p| {
+                let place = p.describe(&cpus, "driver side", "remote");
+                (peers::measure(a, p, &cpus, &pb), place)
+            })
+            .collect()
     });
     pb.finish();
-    let peer_wheres = a
-        .peer_placement
-        .iter()
-        .map(|p| p.describe(&cpus, "driver side", "remote"))
-        .collect();
-    let placements = all
-        .iter()
-        .map(|m| report::placement_json(m, &cpus))
-        .collect();
-    let wheres = all
-        .iter()
-        .map(|m| {
-            m.placement
-                .describe(&cpus, "client", "host, remote and the limit's server")
-        })
-        .collect();
     Ok(RpmsgReport {
         runs: a.runs,
         count: a.count,
-        measured: all,
-        wheres,
+        measured,
         poll,
-        placements,
         peers,
         openamp: a.openamp.clone(),
         peer_budget: a.peer_budget,
-        peer_wheres,
         scale: None,
-        scale_panels: Vec::new(),
         bulk: None,
         loadavg: (load_before, crate::loadavg()),
     })
+}
+
+impl RpmsgReport {
+    /// Adds the scale experiments: their tables after the polling echo,
+    /// their figures (JSON `scale`) and chart panels.
+    pub fn add_scale(&mut self, s: scale::ScaleReport) {
+        self.scale = Some(s);
+    }
+
+    /// Adds the bulk rows: their table after the scale tables, their
+    /// figures (JSON `bulk`) and chart panel.
+    pub fn add_bulk(&mut self, b: bulk::BulkReport) {
+        self.bulk = Some(b);
+    }
 }

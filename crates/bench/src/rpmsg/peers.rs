@@ -27,9 +27,9 @@ use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_F
 
 use super::children::{self, bound_ept, Logged};
 use super::RpmsgConfig;
-use crate::error::{check, check_failed, invalid};
+use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::{Error, Latency, Progress as ProgressBar, Result};
+use crate::{Error, Latency, ProgressBar, Result};
 
 pub use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
 /// The programs `--openamp DIR` must hold.
@@ -134,28 +134,6 @@ impl PeerPlacement {
             .find(|r| r.driver == driver && r.remote == remote)
             .expect("every pair has a row")
     }
-}
-
-/// Refuses a `--openamp DIR` without the programs.
-///
-/// # Errors
-/// [`Error::Invalid`] naming `--openamp` and what is missing.
-pub(super) fn check_dir(dir: &Path) -> Result<()> {
-    let missing: Vec<&str> = OPENAMP_PROGRAMS
-        .iter()
-        .copied()
-        .filter(|p| !dir.join(p).is_file())
-        .collect();
-    if !missing.is_empty() {
-        invalid!(
-            "--openamp",
-            "{} has no {} (build them with `scripts/openamp-demo build SRC {}`)",
-            dir.display(),
-            missing.join(", "),
-            dir.display()
-        );
-    }
-    Ok(())
 }
 
 /// Starts `remote` on `cpu` and waits until it listens.

@@ -40,8 +40,7 @@ rows: strict 16-byte ping-pong between each driver side (OpenAMP's driver;
 each remote (OpenAMP's rpmsg-echo; `iopath rpmsg remote`), all on OpenAMP's
 demo platform (/dev/shm/openamp.shm, unix:/tmp/openamp.event.0: run no other
 OpenAMP demo meanwhile), per --peer-placement, the pairs taking turns, --runs
-times. Without it those rows are a note. The report ends with the targets:
-each ratio from this run beside its target, within it or not.
+times. Without it those rows are a note.
 Example: iopath bench rpmsg --loops 1000,10000,100000 --poll --openamp DIR")]
 pub struct RpmsgArgs {
     /// Create+destroy cycles per row, comma-separated.
@@ -103,7 +102,7 @@ pub struct RpmsgArgs {
     pub peer_seconds: u64,
     /// Print one JSON object: `rows`, `limit` and `echo` of the first
     /// placement, every placement under `placements`, the peer rows under
-    /// `peers`, the targets under `targets`.
+    /// `peers`.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -132,7 +131,7 @@ impl RpmsgArgs {
         let mut rep = iopath_bench::rpmsg::run(&cfg)?;
         if self.scale {
             let sc = iopath_bench::rpmsg::scale::run(&ScaleConfig::new(cfg.iopath.clone()))?;
-            rep.add_scale(&sc);
+            rep.add_scale(sc);
         }
         if self.bulk_mib > 0 {
             let bc = BulkConfig {

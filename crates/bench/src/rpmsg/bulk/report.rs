@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::BulkRow;
 use crate::report::plot::{Bar, Panel, LIMIT, OTHER, PRIMARY, SECONDARY};
-use crate::report::{Cell, Column, Table};
+use crate::report::{Cell, Column, Table, Unit};
 use crate::Summary;
 
 /// The memcpy limit's bars, grey beside the raw socket's red.
@@ -29,10 +29,7 @@ impl BulkReport {
     /// The table: MB/s of each way per message size, and the two ratios
     /// to their limits.
     pub(crate) fn table(&self) -> Table {
-        let range = |v: &[f64]| {
-            let s = Summary::of(v);
-            Cell::grouped(s.median, 0).with_range(s.min, s.max)
-        };
+        let range = |v: &[f64]| Cell::runs(v, Unit::Grouped, 0);
         let mut t = Table::new(
             format!(
                 "bulk, {}: one-way streams of {} MiB per row over 64 KiB buffers, MB/s, medians (min-max) over {} runs",
@@ -66,14 +63,7 @@ impl BulkReport {
 
     /// MB/s by message size: each way beside its limit.
     pub(crate) fn panel(&self) -> Panel {
-        let bar = |label: String, v: &[f64], color| {
-            let s = Summary::of(v);
-            Bar {
-                label,
-                segments: vec![(0.0, s.median, color)],
-                whisker: Some((s.min, s.max)),
-            }
-        };
+        let bar = Bar::runs;
         Panel {
             title: format!(
                 "bulk one-way streams, {}: MB/s by message size",
@@ -103,24 +93,6 @@ impl BulkReport {
         }
     }
 
-    /// The endpoint fd's MB/s over the raw socket's, and the Bus API's over
-    /// memcpy's, at `size` (medians; `None` without that row).
-    pub(crate) fn ratios(&self, size: usize) -> Option<(f64, f64)> {
-        let r = self.rows.iter().find(|r| r.size == size)?;
-        Some((
-            median(&r.fd) / median(&r.raw),
-            median(&r.bus) / median(&r.memcpy),
-        ))
-    }
-
-    /// The Bus API's median MB/s at `size`.
-    pub(crate) fn bus_mb_s(&self, size: usize) -> Option<f64> {
-        self.rows
-            .iter()
-            .find(|r| r.size == size)
-            .map(|r| median(&r.bus))
-    }
-
     /// Every figure as JSON.
     pub(crate) fn json(&self) -> serde_json::Value {
         json!({
@@ -147,7 +119,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_make_the_table_panel_and_ratios() {
+    fn rows_make_the_table_panel_and_figures() {
         let r = BulkReport {
             runs: 3,
             bytes: 32 << 20,
@@ -161,9 +133,6 @@ mod tests {
                 memcpy: vec![5000.0, 5000.0, 5000.0],
             }],
         };
-        assert_eq!(r.ratios(4096), Some((0.8, 0.5)));
-        assert_eq!(r.ratios(496), None);
-        assert_eq!(r.bus_mb_s(4096), Some(2500.0));
         let p = r.panel();
         let medians: Vec<f64> = p.bars.iter().map(|b| b.segments[0].1).collect();
         assert_eq!(medians, [800.0, 1000.0, 2500.0, 5000.0]);

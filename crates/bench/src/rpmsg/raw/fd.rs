@@ -20,7 +20,7 @@ use rustix::net::{
 use super::{accept_one, Connected};
 use crate::child::Server;
 use crate::error::{check, check_failed};
-use crate::{Error, Progress as ProgressBar, Result};
+use crate::{Error, ProgressBar, Result};
 
 /// What the raw fd server passes for a request, by the request's first
 /// byte.

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{CreateRow, EchoRow, StreamRow};
 use crate::report::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
-use crate::report::{Cell, Column, Table};
+use crate::report::{Cell, Column, Table, Unit};
 use crate::Summary;
 
 /// What the scale experiments measured; its tables, chart panels and
@@ -34,10 +34,7 @@ impl ScaleReport {
     /// The tables: endpoints echoing at once, the one-way stream beside
     /// its raw limit, creating many endpoints.
     pub(crate) fn tables(&self) -> Vec<Table> {
-        let range = |v: &[f64], digits| {
-            let s = Summary::of(v);
-            Cell::grouped(s.median, digits).with_range(s.min, s.max)
-        };
+        let range = |v: &[f64], digits| Cell::runs(v, Unit::Grouped, digits);
         let mut echo = Table::new(
             format!(
                 "scale, {}: endpoints echoing at once ({:.1} s, 16 B), medians (min-max) over {} runs; the remote offers EVENT_IDX",
@@ -151,14 +148,7 @@ impl ScaleReport {
     /// p99 as endpoints grow (the curves of the echo rows), and the
     /// one-way stream beside its raw limit; medians with min-max whiskers.
     pub(crate) fn panels(&self) -> Vec<Panel> {
-        let bar = |label: String, v: &[f64], color| {
-            let s = Summary::of(v);
-            Bar {
-                label,
-                segments: vec![(0.0, s.median, color)],
-                whisker: Some((s.min, s.max)),
-            }
-        };
+        let bar = Bar::runs;
         let one = self
             .echo
             .first()
@@ -173,11 +163,7 @@ impl ScaleReport {
                 .iter()
                 .map(|r| bar(format!("{} endpoints", r.endpoints), &r.aggregate, PRIMARY))
                 .collect(),
-            lines: vec![Line::across(
-                "one endpoint's rate (the 256-endpoint target: at least 0.9x)".into(),
-                n,
-                one,
-            )],
+            lines: vec![Line::span("one endpoint's rate".into(), 0, n, one)],
             legend: vec![("aggregate".into(), PRIMARY)],
         };
         let p99 = Panel {
