@@ -3,34 +3,33 @@
 //! The limits of `iopath bench rpmsg` need a far end in another process: a
 //! raw eventfd echo, a raw fd server, the poll floor's two stand-ins, a raw
 //! sink. The bench starts the executable it runs in (or the one its config
-//! names) with [`ENV`] set to the server's name and the server's arguments
-//! as the only command-line arguments; the executable's `main` calls
-//! [`crate::serve_if_child`] before parsing its own command line, so the servers
-//! are not among the product's subcommands.
+//! names) with [`ENV`] set to the server, written as JSON; the executable's
+//! `main` calls [`crate::serve_if_child`] before parsing its own command
+//! line, so the servers are not among the product's subcommands.
 //!
 //! ```text
-//!   bench (parent)                      iopath, IOPATH_BENCH_CHILD=raw-echo
+//!   bench (parent)                      iopath, IOPATH_BENCH_CHILD={"Echo":..}
 //!   Server::Echo{..}.command(exe) ----> serve_if_child() -> raw::serve(server)
 //! ```
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use iopath_rpmsg::NotifySpec;
+use serde::{Deserialize, Serialize};
 
 use crate::error::invalid;
 use crate::Result;
 
-/// The environment variable that names the server a child runs.
+/// The environment variable that holds the server a child runs.
 pub const ENV: &str = "IOPATH_BENCH_CHILD";
 
 /// A server the bench runs in a child process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Server {
     /// Echo `count` eventfd kicks on `notify` (`eventfd:PATH` to connect
     /// to): the raw ping-pong's far end.
-    Echo { notify: NotifySpec, count: u64 },
+    Echo { notify: String, count: u64 },
     /// Answer each packet on `sock` with an fd: the create+destroy limits'
     /// far end.
     Fd { sock: PathBuf },
@@ -50,102 +49,24 @@ pub(crate) enum Server {
 }
 
 impl Server {
-    /// Its name in [`ENV`].
-    fn name(&self) -> &'static str {
-        match self {
-            Server::Echo { .. } => "raw-echo",
-            Server::Fd { .. } => "raw-fd-server",
-            Server::PollForward { .. } => "raw-poll-forward",
-            Server::PollEcho { .. } => "raw-poll-echo",
-            Server::Sink { .. } => "raw-sink",
-        }
-    }
-
-    /// Its arguments, in order.
-    fn args(&self) -> Vec<OsString> {
-        match self {
-            Server::Echo { notify, count } => {
-                vec![notify.to_string().into(), count.to_string().into()]
-            }
-            Server::Fd { sock } | Server::Sink { sock } => vec![sock.into()],
-            Server::PollForward { sock, shm, count } => {
-                vec![sock.into(), shm.into(), count.to_string().into()]
-            }
-            Server::PollEcho { shm, count } => vec![shm.into(), count.to_string().into()],
-        }
-    }
-
     /// The command that runs it as a child of the executable `exe`, its
     /// standard input closed.
     pub(crate) fn command(&self, exe: &Path) -> Command {
         let mut cmd = Command::new(exe);
-        cmd.env(ENV, self.name())
-            .args(self.args())
-            .stdin(Stdio::null());
+        let json = serde_json::to_string(self).expect("a server is plain data");
+        cmd.env(ENV, json).stdin(Stdio::null());
         cmd
     }
 
-    /// The server named `name` with the arguments `args`.
+    /// The server that `value` (of [`ENV`]) names.
     ///
     /// # Errors
-    /// [`Error::Invalid`] (naming [`ENV`]) for an unknown name or wrong
-    /// arguments.
-    pub(crate) fn parse(name: &OsStr, args: &[OsString]) -> Result<Server> {
-        let path = |i: usize| PathBuf::from(&args[i]);
-        let count = |i: usize| -> Result<u64> {
-            match args[i].to_str().and_then(|s| s.parse().ok()) {
-                Some(n) => Ok(n),
-                None => invalid!(ENV, "{:?} is not a count", args[i]),
-            }
-        };
-        let want = |n: usize| -> Result<()> {
-            if args.len() != n {
-                invalid!(
-                    ENV,
-                    "{} takes {n} arguments, not {}",
-                    name.to_string_lossy(),
-                    args.len()
-                );
-            }
-            Ok(())
-        };
-        Ok(match name.to_str() {
-            Some("raw-echo") => {
-                want(2)?;
-                let notify = match args[0].to_str().map(str::parse) {
-                    Some(Ok(n)) => n,
-                    _ => invalid!(ENV, "{:?} is not a notifier", args[0]),
-                };
-                Server::Echo {
-                    notify,
-                    count: count(1)?,
-                }
-            }
-            Some("raw-fd-server") => {
-                want(1)?;
-                Server::Fd { sock: path(0) }
-            }
-            Some("raw-poll-forward") => {
-                want(3)?;
-                Server::PollForward {
-                    sock: path(0),
-                    shm: path(1),
-                    count: count(2)?,
-                }
-            }
-            Some("raw-poll-echo") => {
-                want(2)?;
-                Server::PollEcho {
-                    shm: path(0),
-                    count: count(1)?,
-                }
-            }
-            Some("raw-sink") => {
-                want(1)?;
-                Server::Sink { sock: path(0) }
-            }
-            _ => invalid!(ENV, "no bench server {name:?}"),
-        })
+    /// [`crate::Error::Invalid`] (naming [`ENV`]) for anything else.
+    pub(crate) fn parse(value: &OsStr) -> Result<Server> {
+        match value.to_str().map(serde_json::from_str) {
+            Some(Ok(s)) => Ok(s),
+            _ => invalid!(ENV, "{value:?} is no bench server"),
+        }
     }
 }
 
@@ -157,7 +78,7 @@ mod tests {
     fn every_server_parses_back_from_its_command() {
         let servers = [
             Server::Echo {
-                notify: NotifySpec::Eventfd("/tmp/ev".into()),
+                notify: "eventfd:/tmp/ev".into(),
                 count: 7,
             },
             Server::Fd {
@@ -178,26 +99,14 @@ mod tests {
         ];
         for s in servers {
             let cmd = s.command(Path::new("iopath"));
-            let env: Vec<_> = cmd.get_envs().collect();
-            assert_eq!(env, [(OsStr::new(ENV), Some(OsStr::new(s.name())))]);
-            let args: Vec<OsString> = cmd.get_args().map(OsStr::to_owned).collect();
-            assert_eq!(Server::parse(OsStr::new(s.name()), &args).unwrap(), s);
+            let (name, value) = cmd.get_envs().next().unwrap();
+            assert_eq!(name, OsStr::new(ENV));
+            assert_eq!(Server::parse(value.unwrap()).unwrap(), s);
         }
-    }
-
-    #[test]
-    fn wrong_servers_and_arguments_name_the_variable() {
-        let e = Server::parse(OsStr::new("raw-nothing"), &[]).unwrap_err();
+        let e = Server::parse(OsStr::new("raw-nothing")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("{ENV}: no bench server \"raw-nothing\"")
+            format!("{ENV}: \"raw-nothing\" is no bench server")
         );
-        let e = Server::parse(OsStr::new("raw-sink"), &[]).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            format!("{ENV}: raw-sink takes 1 arguments, not 0")
-        );
-        let e = Server::parse(OsStr::new("raw-poll-echo"), &["p".into(), "x".into()]).unwrap_err();
-        assert_eq!(e.to_string(), format!("{ENV}: \"x\" is not a count"));
     }
 }

@@ -82,7 +82,7 @@ impl DirectJob {
     /// Blocks `k`, `k + depth`, ... of the pass.
     fn worker(&self, file: &File, k: u64, blocks: u64) -> Result<()> {
         let mut aligned = iopath_heap::AlignedBuf::new(self.bs as usize, ALIGN)
-            .map_err(Error::heap("direct-I/O buffer"))?;
+            .map_err(Error::layer("direct-I/O buffer"))?;
         let buf = aligned.as_mut_slice();
         let mut b = k;
         while b < blocks {

@@ -84,50 +84,16 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The virtio-blk driver, its transport, DMA ops or workload failed.
+    /// A lower layer failed: the heap, the virtio-blk driver (its
+    /// transport, DMA ops, workload), the endpoint service, the rpmsg bus or
+    /// its shared memory, a notifier.
     #[error("{context}")]
-    Driver {
+    Layer {
         /// What was being done.
         context: String,
-        /// The lower layer's error.
+        /// The layer's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// A heap-layer operation failed.
-    #[error("{context}")]
-    Heap {
-        /// What was being done.
-        context: String,
-        /// The heap layer's error.
-        #[source]
-        source: iopath_heap::Error,
-    },
-    /// The endpoint service (control socket, endpoint fds) failed.
-    #[error("{context}")]
-    Ctrl {
-        /// What was being done.
-        context: String,
-        /// The control client's error.
-        #[source]
-        source: iopath_rpmsg::ctrl::CtrlError,
-    },
-    /// The in-process rpmsg bus or its shared memory failed.
-    #[error("{context}")]
-    Bus {
-        /// What was being done.
-        context: String,
-        /// The bus layer's error (`BusError`, `ShmError`).
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// A notifier (eventfd pair) failed.
-    #[error("{context}")]
-    Notify {
-        /// What was being done.
-        context: String,
-        /// The notifier's error.
-        #[source]
-        source: iopath_rpmsg::notify::NotifyError,
     },
 }
 
@@ -173,37 +139,15 @@ impl Error {
         move |source| Error::Spawn { program, source }
     }
 
-    /// `Error::Heap` with `context`.
-    pub(crate) fn heap(context: impl Into<String>) -> impl FnOnce(iopath_heap::Error) -> Error {
-        let context = context.into();
-        move |source| Error::Heap { context, source }
-    }
-
-    /// `Error::Ctrl` with `context`.
-    pub(crate) fn ctrl(
-        context: impl Into<String>,
-    ) -> impl FnOnce(iopath_rpmsg::ctrl::CtrlError) -> Error {
-        let context = context.into();
-        move |source| Error::Ctrl { context, source }
-    }
-
-    /// `Error::Bus` with `context`.
-    pub(crate) fn bus<E: std::error::Error + Send + Sync + 'static>(
+    /// `Error::Layer` with `context`.
+    pub(crate) fn layer<E: std::error::Error + Send + Sync + 'static>(
         context: impl Into<String>,
     ) -> impl FnOnce(E) -> Error {
         let context = context.into();
-        move |e| Error::Bus {
+        move |e| Error::Layer {
             context,
             source: Box::new(e),
         }
-    }
-
-    /// `Error::Notify` with `context`.
-    pub(crate) fn notify(
-        context: impl Into<String>,
-    ) -> impl FnOnce(iopath_rpmsg::notify::NotifyError) -> Error {
-        let context = context.into();
-        move |source| Error::Notify { context, source }
     }
 }
 

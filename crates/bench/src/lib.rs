@@ -55,9 +55,8 @@ pub use report::{plot, Report};
 /// as one ([`child::ENV`] set): its result, to report and exit with.
 /// `None`: a process of its own, to go on as usual.
 pub fn serve_if_child() -> Option<Result<()>> {
-    let name = std::env::var_os(child::ENV)?;
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    Some(child::Server::parse(&name, &args).and_then(rpmsg::raw::serve))
+    let value = std::env::var_os(child::ENV)?;
+    Some(child::Server::parse(&value).and_then(rpmsg::raw::serve))
 }
 
 /// Median, minimum and maximum of some samples.

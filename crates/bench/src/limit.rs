@@ -144,6 +144,14 @@ impl Limit {
         Summary::of(&self.runs())
     }
 
+    /// The peer this machine lacks, when the limit is the bench's own.
+    pub fn missing(&self) -> Option<Missing> {
+        match &self.source {
+            Source::Own { missing, .. } => Some(*missing),
+            Source::Fio { .. } => None,
+        }
+    }
+
     /// Whether this is fio's limit (not the bench's own).
     pub fn is_fio(&self) -> bool {
         matches!(self.source, Source::Fio { .. })

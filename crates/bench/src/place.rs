@@ -9,10 +9,13 @@
 //! CPU, the servers (back ends, peers, the limit's own server) on the same
 //! or another one.
 
-use std::process::{Child, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use rustix::thread::CpuSet;
 
+use crate::error::{check, check_failed};
 use crate::{Error, Result};
 
 /// Where the processes of one measurement run.
@@ -167,4 +170,142 @@ pub fn on_cpu<T>(cpu: Option<usize>, cpus: &Cpus, f: impl FnOnce() -> Result<T>)
     let r = f();
     pin(None, &cpus.allowed)?;
     r
+}
+
+/// A child whose standard output and error go to a log file; stopped
+/// (and reaped) when dropped: killed, or with [`Logged::term_first`] sent
+/// SIGTERM and given 3 s to exit (`iopath blk serve` then removes its
+/// socket).
+#[derive(Debug)]
+pub(crate) struct Logged {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+    term: bool,
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if self.term {
+            let pid = rustix::process::Pid::from_child(&self.child);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Logged {
+    /// Spawns `cmd` (called `name` in messages) on `cpu` (`None`:
+    /// anywhere), its standard input closed, its output into `log`.
+    ///
+    /// # Errors
+    /// When the log cannot be created or the child cannot be started.
+    pub(crate) fn spawn(
+        log: PathBuf,
+        name: &'static str,
+        cpu: Option<usize>,
+        cmd: &mut Command,
+    ) -> Result<Logged> {
+        let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
+        let f2 = f.try_clone().map_err(Error::io(&log))?;
+        let child = spawn_on(cpu, cmd.stdin(Stdio::null()).stdout(f).stderr(f2))?;
+        Ok(Logged {
+            child,
+            name,
+            log,
+            term: false,
+        })
+    }
+
+    /// Stops it with SIGTERM first when dropped.
+    pub(crate) fn term_first(mut self) -> Logged {
+        self.term = true;
+        self
+    }
+
+    /// Its process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its log.
+    pub(crate) fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Its exit status, if it has exited.
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Its name and last lines of output, for an error message.
+    pub(crate) fn last_words(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+        format!("{}: {}", self.name, tail.trim())
+    }
+
+    /// Waits for it to exit, at most until `deadline`.
+    ///
+    /// # Errors
+    /// When it is still running at `deadline`.
+    pub(crate) fn wait_until(&mut self, deadline: Instant) -> Result<ExitStatus> {
+        loop {
+            if let Some(st) = self
+                .child
+                .try_wait()
+                .map_err(Error::sys("waiting for a child"))?
+            {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                check_failed!(
+                    "{} did not finish in time ({})",
+                    self.name,
+                    self.last_words()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until `ready` says yes while it lives, at most `limit`; `what`
+    /// names what it waits for.
+    ///
+    /// # Errors
+    /// When it exits first or `limit` passes, with its last words.
+    pub(crate) fn wait_for(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let start = Instant::now();
+        while !ready() {
+            if let Some(st) = self.exited() {
+                check_failed!(
+                    "{} exited ({st}) before {what} ({})",
+                    self.name,
+                    self.last_words()
+                );
+            }
+            check!(
+                start.elapsed() < limit,
+                "no {what} within {} s ({})",
+                limit.as_secs(),
+                self.last_words()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
 }

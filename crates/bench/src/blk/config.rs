@@ -7,7 +7,7 @@ use super::{small, DmaMode, Placement, SmallConfig};
 
 /// What `iopath bench blk` measures.
 #[derive(Debug, Clone)]
-pub struct BlkConfig {
+pub struct BlkBenchConfig {
     /// Bytes written per run (the image is this large).
     pub size: usize,
     /// Runs per row.
@@ -33,11 +33,11 @@ pub struct BlkConfig {
     pub small: Option<SmallConfig>,
 }
 
-impl BlkConfig {
+impl BlkBenchConfig {
     /// The embedded defaults of `iopath bench`: 256 MiB in 8 MiB blocks,
     /// 4 in flight, 3 runs, every mode, split placement.
-    pub fn quick(iopath: PathBuf) -> BlkConfig {
-        BlkConfig {
+    pub fn quick(iopath: PathBuf) -> BlkBenchConfig {
+        BlkBenchConfig {
             size: 256 << 20,
             runs: 3,
             bs: 8 << 20,
@@ -54,12 +54,12 @@ impl BlkConfig {
 
     /// The full sizes: `dd bs=8M count=1024` (8 GiB) x 10 runs
     /// per DMA mode.
-    pub fn full(iopath: PathBuf) -> BlkConfig {
-        BlkConfig {
+    pub fn full(iopath: PathBuf) -> BlkBenchConfig {
+        BlkBenchConfig {
             size: 8 << 30,
             runs: 10,
             small: Some(SmallConfig::full()),
-            ..BlkConfig::quick(iopath)
+            ..BlkBenchConfig::quick(iopath)
         }
     }
 

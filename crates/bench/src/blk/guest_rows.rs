@@ -35,7 +35,7 @@ impl<'a> GuestRows<'a> {
     /// setup; a back end that failed to start fails its rows. Without it:
     /// no rows.
     pub(super) fn new(
-        cfg: &BlkConfig,
+        cfg: &BlkBenchConfig,
         ours: (&'a Path, Option<&Error>),
         peer: (&'a Path, Option<&Error>),
     ) -> Self {
@@ -68,7 +68,7 @@ impl<'a> GuestRows<'a> {
     pub(super) fn measure(
         &mut self,
         run: usize,
-        cfg: &BlkConfig,
+        cfg: &BlkBenchConfig,
         cpu: Option<usize>,
         cpus: &Cpus,
         bar: &ProgressBar,

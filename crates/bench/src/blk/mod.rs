@@ -51,20 +51,10 @@ pub struct BlkReport {
     pub small_block: Option<SmallReport>,
 }
 
-/// The error of a lower layer (driver, transport, DMA ops, workload).
-fn driver_err<E: std::error::Error + Send + Sync + 'static>(
-    context: &str,
-) -> impl FnOnce(E) -> Error + '_ {
-    move |e| Error::Driver {
-        context: context.to_string(),
-        source: Box::new(e),
-    }
-}
-
 /// One dd run of iopath's driver through the workload API against the
 /// back end on `socket`, with `mode`'s override of the platform policy
 /// (direct platform, swiotlb's default bounce geometry): GiB/s.
-fn dd_once(socket: &Path, cfg: &BlkConfig, mode: DmaMode) -> Result<f64> {
+fn dd_once(socket: &Path, cfg: &BlkBenchConfig, mode: DmaMode) -> Result<f64> {
     let w = Workload {
         op: Op::Write,
         pattern: Pattern::Zero,
@@ -79,7 +69,7 @@ fn dd_once(socket: &Path, cfg: &BlkConfig, mode: DmaMode) -> Result<f64> {
     };
     let mut dd = DdConfig::new(socket, w);
     dd.dma = Some(mode);
-    let report = iopath_blk::dd::run(&dd, &()).map_err(driver_err("dd"))?;
+    let report = iopath_blk::dd::run(&dd, &()).map_err(Error::layer("dd"))?;
     Ok(report.runs[0].gib_per_s)
 }
 
@@ -100,7 +90,7 @@ fn mode_row(m: DmaMode) -> String {
 /// [`Error::Invalid`] for bad settings; an image that cannot be created;
 /// the limit failing. A row whose back end or peer cannot run is reported
 /// as skipped (with its missing peer, if that is why), not an error.
-pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
+pub fn run(cfg: &BlkBenchConfig) -> Result<BlkReport> {
     if cfg.bs == 0 || cfg.bs % 512 != 0 || cfg.size < cfg.bs || cfg.size % cfg.bs != 0 {
         invalid!(
             "--size",
@@ -222,7 +212,7 @@ pub fn run(cfg: &BlkConfig) -> Result<BlkReport> {
             &["--poll-us", "0"],
         );
         let busy = start_iopath_serve_on(&cfg.iopath, &image, &busy_sock, server, &["--poll"]);
-        let pid = |c: &Result<Reaped>| c.as_ref().ok().map(|c| c.0.id());
+        let pid = |c: &Result<crate::place::Logged>| c.as_ref().ok().map(|c| c.id());
         let backends = small::Backends {
             sleep: pid(&sleep).map(|p| (sleep_sock.as_path(), p)),
             adaptive: pid(&ours).map(|p| (ours_sock.as_path(), p)),
@@ -276,11 +266,11 @@ mod series;
 mod small;
 mod small_report;
 
-pub use config::BlkConfig;
+pub use config::BlkBenchConfig;
 pub use series::Row;
 pub use small::{SmallConfig, SmallReport, SmallRow, SmallRun};
 
-use backend::{start_iopath_serve_on, start_qsd_on, Reaped};
+use backend::{start_iopath_serve_on, start_qsd_on};
 use image::{make_image, ram_backed, ram_dir};
 use series::Series;
 

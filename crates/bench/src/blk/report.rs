@@ -50,22 +50,10 @@ impl BlkReport {
             ],
         );
         for r in &self.rows {
-            match &r.skipped {
-                Some(why) => {
-                    t.row(vec![
-                        r.name.clone().into(),
-                        "skipped".into(),
-                        Cell::NotAvailable,
-                        Cell::NotAvailable,
-                    ]);
-                    match &r.missing {
-                        Some(m) => {
-                            t.note(format!("note: row \"{}\" is missing: {}", r.name, m.note()))
-                        }
-                        None => t.note(format!("note: row \"{}\" skipped: {why}", r.name)),
-                    }
-                }
-                None => t.row(vec![
+            match (&r.skipped, &r.missing) {
+                (Some(_), Some(m)) => t.not_run(r.name.as_str(), m.note()),
+                (Some(why), None) => t.not_run(r.name.as_str(), why.as_str()),
+                (None, _) => t.row(vec![
                     r.name.clone().into(),
                     Cell::num(r.stats.median, 3).with_range(r.stats.min, r.stats.max),
                     Cell::percent(r.stats.spread * 100.0, 1),

@@ -15,7 +15,7 @@ use iopath_blk::workload::{Access, Op, Pattern, Stats, Workload};
 use iopath_blk::PollMode;
 use serde::Serialize;
 
-use super::{driver_err, BlkConfig};
+use super::BlkBenchConfig;
 use crate::place::{on_cpu, Cpus};
 use crate::{fio, Error, Result};
 
@@ -176,7 +176,7 @@ fn dd_run(
     dd.poll = poll;
     dd.queues = queues;
     let (mine, theirs) = (cpu_ns_self(), cpu_ns_of(pid));
-    let report = iopath_blk::dd::run(&dd, &()).map_err(driver_err("dd"))?;
+    let report = iopath_blk::dd::run(&dd, &()).map_err(Error::layer("dd"))?;
     let cpu = cpu_ns_self().saturating_sub(mine) + cpu_ns_of(pid).saturating_sub(theirs);
     let r = report.runs[0];
     Ok(SmallRun {
@@ -266,7 +266,7 @@ fn median(v: impl Iterator<Item = f64>) -> f64 {
 /// direction and depth one after the other, the order rotating from run
 /// to run); a row whose back end is missing or fails is skipped.
 pub(super) fn run(
-    cfg: &BlkConfig,
+    cfg: &BlkBenchConfig,
     small: &SmallConfig,
     image: &Path,
     b: &Backends<'_>,
@@ -320,9 +320,10 @@ pub(super) fn run(
                     p50_us: 0.0,
                     p99_us: 0.0,
                     cpu_us: 0.0,
-                    skipped: m
-                        .is_none()
-                        .then(|| "its back end or program is missing".into()),
+                    skipped: m.is_none().then(|| match *name {
+                        FIO => crate::Missing::FIO.note(),
+                        _ => "its back end did not start".into(),
+                    }),
                 });
             }
         }

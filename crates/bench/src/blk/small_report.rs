@@ -45,34 +45,24 @@ impl SmallReport {
                 r.op.into(),
                 Cell::num(r.queue_depth as f64, 0),
             ];
-            let rest = match &r.skipped {
-                Some(why) => {
-                    t.note(format!(
-                        "note: {} {} qd {} skipped: {why}",
-                        r.name, r.op, r.queue_depth
-                    ));
-                    vec![
-                        "skipped".into(),
-                        Cell::NotAvailable,
-                        Cell::NotAvailable,
-                        Cell::NotAvailable,
-                        Cell::NotAvailable,
-                    ]
-                }
-                None => {
-                    let lim = self.find(FIO, r.op, r.queue_depth).map(|f| f.iops.median);
-                    vec![
-                        Cell::grouped(r.iops.median, 0).with_range(r.iops.min, r.iops.max),
-                        Cell::micros(r.p50_us, 1),
-                        Cell::micros(r.p99_us, 1),
-                        Cell::micros(r.cpu_us, 1),
-                        Cell::or_na(
-                            lim.filter(|l| *l > 0.0)
-                                .map(|l| Cell::percent(r.iops.median / l * 100.0, 1)),
-                        ),
-                    ]
-                }
-            };
+            if let Some(why) = &r.skipped {
+                t.not_run(
+                    format!("{} {} qd {}", r.name, r.op, r.queue_depth),
+                    why.as_str(),
+                );
+                continue;
+            }
+            let lim = self.find(FIO, r.op, r.queue_depth).map(|f| f.iops.median);
+            let rest = vec![
+                Cell::grouped(r.iops.median, 0).with_range(r.iops.min, r.iops.max),
+                Cell::micros(r.p50_us, 1),
+                Cell::micros(r.p99_us, 1),
+                Cell::micros(r.cpu_us, 1),
+                Cell::or_na(
+                    lim.filter(|l| *l > 0.0)
+                        .map(|l| Cell::percent(r.iops.median / l * 100.0, 1)),
+                ),
+            ];
             t.row([head, rest].concat());
         }
         let mut notes: Vec<String> = self

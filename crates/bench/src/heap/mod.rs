@@ -1,15 +1,15 @@
 //! `iopath bench heap`: filling shareable buffers from a file
 //! (`DMA_BUF_IOCTL_RW_FILE`'s use case) on this machine. N buffers of one
-//! size are filled from a cold file with every
-//! heap and method that works here; the best of a small sweep of fio's
-//! O_DIRECT io_uring sequential read of the same file (block sizes 1 MiB and
-//! 8 MiB, queue depths 4, 16, 64), run beside them, is the limit. Without
-//! fio the limit is the bench's own plain O_DIRECT read of the file at the
-//! same queue depth, labelled so.
+//! size are filled from a cold file with every heap and method that works
+//! here; the best of a small sweep of fio's O_DIRECT io_uring sequential
+//! read of the same file (block sizes 1 MiB and 8 MiB, queue depths 4, 16,
+//! 64), run beside them, is the limit. Without fio the limit is the bench's
+//! own plain O_DIRECT read of the file at the same queue depth, labelled
+//! so. Then the dma-buf table ([`dma_buf_table`]).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
 use iopath_sys::error_chain;
@@ -17,7 +17,10 @@ use iopath_sys::error_chain;
 use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
-use crate::{fio, human, loadavg, scratch_dir, Error, ProgressBar, Result, Summary};
+use crate::{fio, human, loadavg, scratch_dir, Error, ProgressBar, Result};
+
+mod dma_buf_table;
+mod report;
 
 const HEAPS: [&str; 5] = ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma-heap"];
 
@@ -35,7 +38,7 @@ pub struct HeapConfig {
     pub buffer_size: usize,
     /// Runs per row (median and spread are reported).
     pub runs: usize,
-    /// Heaps to try [empty: all; absent ones are listed as skipped].
+    /// Heaps to try [empty: all; absent ones are listed as not run].
     pub heaps: Vec<String>,
     /// Methods to try, by name [empty: all].
     pub methods: Vec<String>,
@@ -45,7 +48,7 @@ pub struct HeapConfig {
     pub progress: bool,
     /// Only the dma-buf table (the proposal's six rows, iopath's routes,
     /// the pool), not every heap x method nor the limit.
-    pub seed_only: bool,
+    pub dma_buf_only: bool,
 }
 
 impl HeapConfig {
@@ -62,12 +65,10 @@ impl HeapConfig {
             methods: Vec::new(),
             queue_depth: 16,
             progress: true,
-            seed_only: false,
+            dma_buf_only: false,
         }
     }
-}
 
-impl HeapConfig {
     /// The full sizes: a 1 GiB file into 32 x 32 MiB buffers, 3 runs.
     pub fn full() -> HeapConfig {
         HeapConfig {
@@ -92,15 +93,6 @@ impl HeapConfig {
         let passes = self.runs * (rows + 1) + swept * 6 + (self.runs - swept);
         Duration::from_secs_f64(passes as f64 * gib / 0.7 + gib / 0.5 + 1.0)
     }
-}
-
-/// Runs the experiment.
-///
-/// # Errors
-/// [`Error::Invalid`] for bad settings or a file too short; I/O and heap
-/// failures. A missing fio drops the limit row, not the run.
-pub fn run(cfg: &HeapConfig) -> Result<HeapReport> {
-    experiment(cfg)
 }
 
 /// One heap x method row.
@@ -133,15 +125,36 @@ pub struct HeapReport {
     buffer_size: usize,
     runs: usize,
     rows: Vec<Row>,
-    limit: Limit,
-    skipped: Vec<(String, String)>,
+    /// `None` with only the dma-buf table.
+    limit: Option<Limit>,
+    /// The heaps that did not open: (heap, why, what it needs).
+    skipped: Vec<(String, String, String)>,
     warm_warnings: u64,
-    /// The dma-buf table's rows.
-    seed: Vec<seed::SeedRow>,
-    seed_only: bool,
+    dma_buf: Vec<dma_buf_table::DmaBufRow>,
 }
 
-fn experiment(args: &HeapConfig) -> Result<HeapReport> {
+/// What a row of `heap` needs when the heap does not open here with `e`:
+/// the kernel feature (and where to find one) for a device that is not
+/// there, else the error itself.
+fn needs(heap: &str, e: &iopath_heap::Error) -> String {
+    let lab = "scripts/linux-lab boots a kernel with it";
+    match e {
+        iopath_heap::Error::Unavailable { path, .. } if heap.starts_with("udmabuf") => {
+            format!("{} (CONFIG_UDMABUF; {lab})", path.display())
+        }
+        iopath_heap::Error::Unavailable { path, .. } => {
+            format!("{} (CONFIG_DMABUF_HEAPS_SYSTEM; {lab})", path.display())
+        }
+        _ => error_chain(e),
+    }
+}
+
+/// Runs the experiment.
+///
+/// # Errors
+/// [`Error::Invalid`] for bad settings or a file too short; I/O and heap
+/// failures. A missing fio drops the limit row, not the run.
+pub fn run(args: &HeapConfig) -> Result<HeapReport> {
     if args.runs == 0 {
         invalid!("--runs", "give at least 1");
     }
@@ -165,25 +178,19 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
                 reason: e.to_string(),
             })?
     };
-    let heap_names: Vec<String> = if args.heaps.is_empty() {
-        HEAPS.iter().map(|s| s.to_string()).collect()
-    } else {
-        args.heaps.clone()
-    };
     // The file: given, or a scratch file removed when `_scratch` drops.
     let (_scratch, path) = match &args.file {
         Some(f) => (None, f.clone()),
         None => {
-            let size = args.size.unwrap_or(1 << 30);
-            let t = make_scratch(size as u64, args.progress)?;
+            let t = make_scratch(args.size.unwrap_or(1 << 30) as u64, args.progress)?;
             let p = t.path().to_path_buf();
             (Some(t), p)
         }
     };
-    let file = IoFile::open(&path).map_err(Error::heap("opening the file to read"))?;
+    let file = IoFile::open(&path).map_err(Error::layer("opening the file to read"))?;
     let size = file
         .size()
-        .map_err(Error::heap("reading the file's size"))?;
+        .map_err(Error::layer("reading the file's size"))?;
     let buffers = args
         .buffers
         .unwrap_or((size / args.buffer_size as u64) as usize)
@@ -199,60 +206,58 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
             bytes
         );
     }
-
-    let mut heaps: Vec<Box<dyn Heap>> = Vec::new();
-    let mut skipped = Vec::new();
-    let plan = seed::Plan {
+    let plan = dma_buf_table::Plan {
         path: &path,
         file: &file,
         buffers,
         buffer_size: args.buffer_size,
         queue_depth: args.queue_depth,
     };
-    if args.seed_only {
-        let seed = seed::measure(&plan, args.runs);
-        let own = DirectJob {
-            write: false,
-            path: path.clone(),
-            bytes,
-            bs: 1 << 20,
-            depth: args.queue_depth,
-        };
-        let base = fio::Job {
-            dir: fio::Dir::Read,
-            path: path.clone(),
-            bytes,
-            bs: 1 << 20,
-            iodepth: args.queue_depth,
-        };
-        return Ok(HeapReport {
-            alloc_limit: Vec::new(),
-            alloc_heap: String::new(),
-            loadavg: (None, None),
-            fs: fs_name(&path),
-            file: path.clone(),
-            bytes,
-            buffers,
-            buffer_size: args.buffer_size,
-            runs: args.runs,
-            rows: Vec::new(),
-            limit: Limit::new(&base, &[1 << 20], own),
-            skipped,
-            warm_warnings: 0,
-            seed,
-            seed_only: true,
-        });
+    let mut r = HeapReport {
+        alloc_limit: Vec::new(),
+        alloc_heap: String::new(),
+        loadavg: (loadavg(), None),
+        fs: fs_name(&path),
+        file: path.clone(),
+        bytes,
+        buffers,
+        buffer_size: args.buffer_size,
+        runs: args.runs,
+        rows: Vec::new(),
+        limit: None,
+        skipped: Vec::new(),
+        warm_warnings: 0,
+        dma_buf: Vec::new(),
+    };
+    if !args.dma_buf_only {
+        measure(args, &methods, &file, &mut r)?;
     }
-    for name in &heap_names {
+    r.dma_buf = dma_buf_table::measure(&plan, args.runs);
+    r.loadavg.1 = loadavg();
+    Ok(r)
+}
+
+/// Every heap x method row and the two bounds, `args.runs` times.
+fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut HeapReport) -> Result<()> {
+    let names: Vec<String> = if args.heaps.is_empty() {
+        HEAPS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.heaps.clone()
+    };
+    let mut heaps: Vec<Box<dyn Heap>> = Vec::new();
+    for name in &names {
         match open_heap(name).and_then(|h| h.alloc(args.buffer_size).map(|_| h)) {
             Ok(h) => heaps.push(h),
-            Err(e) => skipped.push((name.clone(), error_chain(&e))),
+            Err(e) => r
+                .skipped
+                .push((name.clone(), error_chain(&e), needs(name, &e))),
         }
     }
     if heaps.is_empty() {
-        check_failed!("no heap works here: {skipped:?}");
+        check_failed!("no heap works here: {:?}", r.skipped);
     }
-    let mut rows: Vec<Row> = heaps
+    r.alloc_heap = heaps[0].name();
+    r.rows = heaps
         .iter()
         .flat_map(|h| {
             methods.iter().map(move |&m| Row {
@@ -268,55 +273,50 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
             })
         })
         .collect();
-    let sweep_bs = [1 << 20, 8 << 20];
+    let (path, bytes, qd) = (&r.file, r.bytes, args.queue_depth);
     let base = fio::Job {
         dir: fio::Dir::Read,
         path: path.clone(),
         bytes,
         bs: 1 << 20,
-        iodepth: args.queue_depth,
+        iodepth: qd,
     };
     let own = DirectJob {
         write: false,
         path: path.clone(),
         bytes,
         bs: 1 << 20,
-        depth: args.queue_depth,
+        depth: qd,
     };
     let drop_cache = || {
         file.drop_cache()
-            .map_err(Error::heap("dropping the file's cache"))
+            .map_err(Error::layer("dropping the file's cache"))
     };
-    let mut limit = Limit::new(&base, &sweep_bs, own);
-    let steps = args.runs as u64 * rows.len() as u64 + limit.steps(args.runs);
+    let mut limit = Limit::new(&base, &[1 << 20, 8 << 20], own);
+    let nrows = r.rows.len();
+    let steps = args.runs as u64 * nrows as u64 + limit.steps(args.runs);
     let bar = ProgressBar::new(args.progress, "bench heap", steps);
-    let mut alloc_limit = Vec::new();
-    let mut warm_warnings = 0;
-    let load_before = loadavg();
     for run in 0..args.runs {
         limit.measure(None, &mut || drop_cache(), &bar)?;
         // The other bound: allocating and faulting in the same buffers with
         // no I/O at all (first heap).
-        {
-            let t = std::time::Instant::now();
-            let mut held = Vec::with_capacity(buffers);
-            for _ in 0..buffers {
-                let b = heaps[0]
-                    .alloc(args.buffer_size)
-                    .map_err(Error::heap("allocating a buffer"))?;
-                b.populate().map_err(Error::heap("faulting in a buffer"))?;
-                held.push(b);
-            }
-            alloc_limit.push(t.elapsed().as_secs_f64());
-            drop(held);
+        let t = Instant::now();
+        let mut held = Vec::with_capacity(r.buffers);
+        for _ in 0..r.buffers {
+            let b = heaps[0]
+                .alloc(args.buffer_size)
+                .map_err(Error::layer("allocating a buffer"))?;
+            b.populate().map_err(Error::layer("faulting in a buffer"))?;
+            held.push(b);
         }
+        r.alloc_limit.push(t.elapsed().as_secs_f64());
+        drop(held);
         // Rotate the order from run to run, so that no row always runs first
         // (right after fio) or last: memory the previous row freed is cheaper
         // to allocate again on a VM than memory returned to the host.
-        let nrows = rows.len();
         let shift = run * nrows / args.runs;
         for k in 0..nrows {
-            let row = &mut rows[(k + shift) % nrows];
+            let row = &mut r.rows[(k + shift) % nrows];
             bar.set_message(format!(
                 "run {}/{}: {} {}",
                 run + 1,
@@ -328,13 +328,14 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
                 .iter()
                 .find(|h| h.name() == row.heap)
                 .ok_or_else(|| Error::Check(format!("heap {} vanished", row.heap)))?;
-            file.drop_cache()
-                .map_err(Error::heap("dropping the file's cache"))?;
-            let cold = file
-                .cached_bytes()
-                .map_err(Error::heap("counting the file's cached pages"))?;
+            drop_cache()?;
+            let cached = || {
+                file.cached_bytes()
+                    .map_err(Error::layer("counting the file's cached pages"))
+            };
+            let cold = cached()?;
             if cold > bytes / 100 {
-                warm_warnings += 1;
+                r.warm_warnings += 1;
                 tracing::warn!(
                     "{} still has {cold} bytes cached after dropping",
                     path.display()
@@ -342,20 +343,17 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
             }
             let opts = LoadOptions {
                 buffer_size: args.buffer_size,
-                buffers: Some(buffers),
+                buffers: Some(r.buffers),
                 method: row.method,
                 engine: EngineOptions {
-                    queue_depth: args.queue_depth,
+                    queue_depth: qd,
                     ..EngineOptions::default()
                 },
                 ..LoadOptions::default()
             };
-            let loaded = load(&path, heap.as_ref(), &opts, &mut |_| {})
-                .map_err(Error::heap(format!("{} {}", row.heap, row.method)))?;
-            let growth = file
-                .cached_bytes()
-                .map_err(Error::heap("counting the file's cached pages"))?
-                .saturating_sub(cold);
+            let loaded = load(path, heap.as_ref(), &opts, &mut |_| {})
+                .map_err(Error::layer(format!("{} {}", row.heap, row.method)))?;
+            let growth = cached()?.saturating_sub(cold);
             drop(loaded.buffers);
             let s = loaded.stats;
             row.used = s.method;
@@ -369,24 +367,8 @@ fn experiment(args: &HeapConfig) -> Result<HeapReport> {
         }
     }
     bar.finish();
-    let seed = seed::measure(&plan, args.runs);
-    Ok(HeapReport {
-        alloc_limit,
-        alloc_heap: heaps[0].name(),
-        loadavg: (load_before, loadavg()),
-        fs: fs_name(&path),
-        file: path,
-        bytes,
-        buffers,
-        buffer_size: args.buffer_size,
-        runs: args.runs,
-        rows,
-        limit,
-        skipped,
-        warm_warnings,
-        seed,
-        seed_only: false,
-    })
+    r.limit = Some(limit);
+    Ok(())
 }
 
 /// Writes `size` pseudo-random bytes to a new file on a disk file system.
@@ -427,12 +409,9 @@ fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
 fn fs_name(path: &Path) -> &'static str {
     match rustix::fs::statfs(path).map(|s| s.f_type as i64) {
         Ok(0xEF53) => "ext4",
-        Ok(0x0102_1994) => "tmpfs",
+        Ok(crate::TMPFS_MAGIC) => "tmpfs",
         Ok(0x5846_5342) => "xfs",
         Ok(0x9123_683E) => "btrfs",
         _ => "other fs",
     }
 }
-
-mod report;
-mod seed;

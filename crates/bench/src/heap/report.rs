@@ -1,22 +1,30 @@
-//! The report of `iopath bench heap`: its table, chart and figures, from
+//! The report of `iopath bench heap`: its tables, chart and figures, from
 //! the measured rows in the parent module.
 
-use super::*;
+use super::HeapReport;
 use crate::report::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Chart, Column, Report, Table};
+use crate::{human, Summary};
 
 impl HeapReport {
     fn alloc_summary(&self) -> Summary {
-        let gib = self.bytes as f64 / (1u64 << 30) as f64;
+        let gib = self.bytes as f64 / f64::from(1u32 << 30);
         Summary::of(&self.alloc_limit.iter().map(|s| gib / s).collect::<Vec<_>>())
     }
 
     fn limit_summary(&self) -> Option<Summary> {
-        Some(self.limit.summary()).filter(|s| s.median > 0.0)
+        let l = self.limit.as_ref()?;
+        Some(l.summary()).filter(|s| s.median > 0.0)
+    }
+
+    /// The limit's time for the whole load, ms.
+    fn limit_ms(&self, l: &Summary) -> f64 {
+        self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3
     }
 
     /// The report: the table of every heap x method beside the limit and
-    /// the alloc-only bound, its notes, the chart and every figure.
+    /// the alloc-only bound, the dma-buf table, the notes, the chart and
+    /// every figure.
     pub fn report(&self) -> Report {
         let mut r = Report::new(
             "heap",
@@ -30,26 +38,18 @@ impl HeapReport {
                 self.runs
             ),
         );
-        if self.seed_only {
-            r.table(self.seed_table());
-            r.set_figures(self.json());
-            return r;
+        if self.limit.is_some() {
+            r.table(self.table());
         }
-        r.table(self.table());
-        r.table(self.seed_table());
-        for (h, why) in &self.skipped {
-            r.note(format!("skipped heap {h}: {why}"));
-        }
+        r.table(self.dma_buf_table());
         if self.rows.iter().any(|r| r.heap == "memfd:thp") {
-            if let Ok(mode) =
-                std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-            {
-                if mode.contains("[never]") || mode.contains("[deny]") {
-                    r.note(format!(
-                        "note: memfd:thp gets no huge pages here (shmem_enabled: {})",
-                        mode.trim()
-                    ));
-                }
+            let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+                .ok()
+                .and_then(|m| Some(m.split_once('[')?.1.split_once(']')?.0.to_string()));
+            if let Some(mode) = mode.filter(|m| m == "never" || m == "deny") {
+                r.note(format!(
+                    "note: memfd:thp gets no huge pages here (shmem_enabled: {mode})"
+                ));
             }
         }
         if self.warm_warnings > 0 {
@@ -64,7 +64,9 @@ impl HeapReport {
                 std::thread::available_parallelism().map_or(0, |n| n.get())
             ));
         }
-        r.set_chart(self.chart());
+        if self.limit.is_some() {
+            r.set_chart(self.chart());
+        }
         r.set_figures(self.json());
         r
     }
@@ -113,23 +115,17 @@ impl HeapReport {
                 human(r.cache_growth).into(),
             ]);
         }
-        if let Some(l) = limit {
-            let name = if self.limit.is_fio() {
-                "limit"
-            } else {
-                "limit (own)"
-            };
+        let lim = self.limit.as_ref();
+        if let (Some(l), Some(s)) = (lim, limit) {
+            let name = if l.is_fio() { "limit" } else { "limit (own)" };
             t.row(vec![
                 name.into(),
-                self.limit.label().into(),
+                l.label().into(),
                 Cell::Empty,
                 Cell::Empty,
-                Cell::num(
-                    self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3,
-                    1,
-                ),
-                Cell::num(l.median, 3),
-                Cell::percent(l.spread_pct(), 1),
+                Cell::num(self.limit_ms(&s), 1),
+                Cell::num(s.median, 3),
+                Cell::percent(s.spread_pct(), 1),
                 Cell::percent(100.0, 0),
                 Cell::Empty,
             ]);
@@ -147,7 +143,10 @@ impl HeapReport {
             of_limit(a.median),
             Cell::Empty,
         ]);
-        for n in self.limit.notes() {
+        for (heap, _, needs) in &self.skipped {
+            t.not_run(heap.as_str(), needs.as_str());
+        }
+        for n in lim.map(|l| l.notes()).unwrap_or_default() {
             t.note(n);
         }
         t.note(format!(
@@ -162,7 +161,7 @@ impl HeapReport {
     /// The dma-buf table: the proposal's six rows, iopath's routes and the
     /// pool's two loads, with totals as ratios to `udmabuf direct read`
     /// (the reviewers' route), so that a slow guest's figures still compare.
-    fn seed_table(&self) -> Table {
+    fn dma_buf_table(&self) -> Table {
         let mut t = Table::new(
             "dma-bufs filled from a file",
             vec![
@@ -176,25 +175,17 @@ impl HeapReport {
         );
         let median = |v: &[f64]| Summary::of(v).median;
         let reference = self
-            .seed
+            .dma_buf
             .iter()
             .find(|r| r.label == "udmabuf direct read" && r.missing.is_none())
             .map(|r| median(&r.total_ms));
         let mut first_alloc = None;
-        for r in &self.seed {
-            if let Some(why) = &r.missing {
-                t.row(vec![
-                    r.label.clone().into(),
-                    Cell::NotAvailable,
-                    Cell::NotAvailable,
-                    Cell::NotAvailable,
-                    Cell::NotAvailable,
-                    Cell::Empty,
-                ]);
-                t.note(format!("{}: missing: {why}", r.label));
+        for r in &self.dma_buf {
+            if let Some((_, needs)) = &r.missing {
+                t.not_run(r.label.as_str(), needs.as_str());
                 continue;
             }
-            let (a, rd, tot) = (median(&r.alloc_ms), median(&r.read_ms), median(&r.total_ms));
+            let (a, tot) = (median(&r.alloc_ms), median(&r.total_ms));
             let vs_first = if r.label.ends_with("1st load") {
                 first_alloc = Some(a);
                 Cell::Empty
@@ -206,7 +197,7 @@ impl HeapReport {
             t.row(vec![
                 r.label.clone().into(),
                 Cell::num(a, 2),
-                Cell::num(rd, 1),
+                Cell::num(median(&r.read_ms), 1),
                 Cell::num(tot, 1),
                 Cell::or_na(reference.map(|x| Cell::num(tot / x, 2))),
                 vs_first,
@@ -225,12 +216,12 @@ impl HeapReport {
     /// time stacked on it, the alloc-only bound, the limit's time as a
     /// line.
     fn chart(&self) -> Chart {
+        let median = |v: &[f64]| Summary::of(v).median;
         let mut bars: Vec<Bar> = self
             .rows
             .iter()
             .map(|r| {
-                let a = Summary::of(&r.alloc_ms).median;
-                let rd = Summary::of(&r.read_ms).median;
+                let (a, rd) = (median(&r.alloc_ms), median(&r.read_ms));
                 Bar {
                     label: format!("{} {}", r.heap.replace("memfd:", ""), r.method),
                     segments: vec![(0.0, a, PRIMARY), (a, a + rd, SECONDARY)],
@@ -238,22 +229,19 @@ impl HeapReport {
                 }
             })
             .collect();
-        let alloc_ms = Summary::of(&self.alloc_limit).median * 1e3;
-        bars.push(Bar {
-            label: "alloc only".into(),
-            segments: vec![(0.0, alloc_ms, OTHER)],
-            whisker: None,
-        });
-        let mut lines = Vec::new();
-        if let Some(l) = self.limit_summary() {
-            let ms = self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3;
-            lines.push(Line::span(
-                format!("limit: {} ({ms:.0} ms)", self.limit.label()),
-                0,
-                bars.len(),
-                ms,
-            ));
-        }
+        bars.push(Bar::of(
+            "alloc only",
+            median(&self.alloc_limit) * 1e3,
+            OTHER,
+        ));
+        let lines = match (&self.limit, self.limit_summary()) {
+            (Some(l), Some(s)) => {
+                let ms = self.limit_ms(&s);
+                let legend = format!("limit: {} ({ms:.0} ms)", l.label());
+                vec![Line::span(legend, 0, bars.len(), ms)]
+            }
+            _ => Vec::new(),
+        };
         let panel = Panel {
             title: format!(
                 "{} x {} buffers from a cold {} file ({}), medians of {} runs",
@@ -283,6 +271,7 @@ impl HeapReport {
     /// Every row, the limit and the bounds, for scripts.
     fn json(&self) -> serde_json::Value {
         let limit = self.limit_summary();
+        let median = |v: &[f64]| Summary::of(v).median;
         let rows: Vec<_> = self
             .rows
             .iter()
@@ -292,9 +281,9 @@ impl HeapReport {
                     "heap": r.heap,
                     "method": r.method.name(),
                     "method_used": r.used.name(),
-                    "alloc_ms": Summary::of(&r.alloc_ms).median,
-                    "read_ms": Summary::of(&r.read_ms).median,
-                    "total_ms": Summary::of(&r.total_ms).median,
+                    "alloc_ms": median(&r.alloc_ms),
+                    "read_ms": median(&r.read_ms),
+                    "total_ms": median(&r.total_ms),
                     "gib_per_s": g.median,
                     "gib_per_s_runs": g.json(),
                     "spread_pct": g.spread_pct(),
@@ -304,6 +293,12 @@ impl HeapReport {
                 })
             })
             .collect();
+        let lim = self.limit.as_ref();
+        let missing: Vec<_> = lim
+            .and_then(|l| l.missing())
+            .map(|m| serde_json::json!({"row": "limit", "missing": m.json()}))
+            .into_iter()
+            .collect();
         serde_json::json!({
             "file": self.file,
             "fs": self.fs,
@@ -312,26 +307,23 @@ impl HeapReport {
             "buffer_size": self.buffer_size,
             "runs": self.runs,
             "rows": rows,
-            "limit": self.limit.json(),
-            "fio_limit": if self.limit.is_fio() { self.limit.json() } else { serde_json::Value::Null },
-            "missing": match &self.limit.source {
-                crate::limit::Source::Own { missing, .. } => vec![serde_json::json!({"row": "limit", "missing": missing.json()})],
-                crate::limit::Source::Fio { .. } => Vec::new(),
-            },
+            "limit": lim.map(|l| l.json()),
+            "fio_limit": lim.filter(|l| l.is_fio()).map(|l| l.json()),
+            "missing": missing,
             "alloc_only": {
                 "heap": self.alloc_heap,
                 "gib_per_s": self.alloc_summary().median,
                 "gib_per_s_runs": self.alloc_summary().json(),
             },
             "loadavg": [self.loadavg.0, self.loadavg.1],
-            "skipped": self.skipped.iter().map(|(h, w)| serde_json::json!({"heap": h, "reason": w})).collect::<Vec<_>>(),
-            "dma_buf_rows": self.seed.iter().map(|r| serde_json::json!({
+            "skipped": self.skipped.iter().map(|(h, w, _)| serde_json::json!({"heap": h, "reason": w})).collect::<Vec<_>>(),
+            "dma_buf_rows": self.dma_buf.iter().map(|r| serde_json::json!({
                 "row": r.label,
                 "kind": r.kind,
-                "alloc_ms": Summary::of(&r.alloc_ms).median,
-                "read_ms": Summary::of(&r.read_ms).median,
-                "total_ms": Summary::of(&r.total_ms).median,
-                "missing": r.missing,
+                "alloc_ms": median(&r.alloc_ms),
+                "read_ms": median(&r.read_ms),
+                "total_ms": median(&r.total_ms),
+                "missing": r.missing.as_ref().map(|m| &m.0),
             })).collect::<Vec<_>>(),
         })
     }

@@ -3,14 +3,13 @@
 //! the endpoint service the bench is a client of), and the peers' programs.
 //!
 //! ```text
-//!   Logged::spawn(dir, name, cpu, cmd)   any child, output in dir/name.log
 //!   remote(exe, shm, notify, size) / host(...) their command lines
 //!   Servers::start(exe, &Setup)          a remote and a host on a fresh
 //!                                        shared-memory file, ready to serve
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
@@ -18,125 +17,11 @@ use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::wire::ADDR_ANY;
 
 use crate::error::{check, check_failed};
-use crate::place::spawn_on;
+use crate::place::Logged;
 use crate::{Error, Result};
 
 /// Size of the shared-memory file a remote creates.
 pub(super) const SHM_SIZE: u64 = 0x80000;
-
-/// A child whose standard output and error go to a log file; killed (and
-/// reaped) when dropped.
-#[derive(Debug)]
-pub(super) struct Logged {
-    child: Child,
-    name: &'static str,
-    log: PathBuf,
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Logged {
-    /// Spawns `cmd` on `cpu` (`None`: anywhere), its standard input closed,
-    /// its output into `dir/name.log`.
-    ///
-    /// # Errors
-    /// When the log cannot be created or the child cannot be started.
-    pub(super) fn spawn(
-        dir: &Path,
-        name: &'static str,
-        cpu: Option<usize>,
-        cmd: &mut Command,
-    ) -> Result<Logged> {
-        let log = dir.join(format!("{name}.log"));
-        let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
-        let f2 = f.try_clone().map_err(Error::io(&log))?;
-        let child = spawn_on(cpu, cmd.stdin(Stdio::null()).stdout(f).stderr(f2))?;
-        Ok(Logged { child, name, log })
-    }
-
-    /// Its process id.
-    pub(super) fn id(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Its log.
-    pub(super) fn log(&self) -> &Path {
-        &self.log
-    }
-
-    /// Its exit status, if it has exited.
-    pub(super) fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-
-    /// Its name and last lines of output, for an error message.
-    pub(super) fn last_words(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
-        format!("{}: {}", self.name, tail.trim())
-    }
-
-    /// Waits for it to exit, at most until `deadline`.
-    ///
-    /// # Errors
-    /// When it is still running at `deadline`.
-    pub(super) fn wait_until(&mut self, deadline: Instant) -> Result<ExitStatus> {
-        loop {
-            if let Some(st) = self
-                .child
-                .try_wait()
-                .map_err(Error::sys("waiting for a child"))?
-            {
-                return Ok(st);
-            }
-            if Instant::now() > deadline {
-                check_failed!(
-                    "{} did not finish in time ({})",
-                    self.name,
-                    self.last_words()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Waits until `ready` says yes while it lives, at most `limit`; `what`
-    /// names what it waits for.
-    ///
-    /// # Errors
-    /// When it exits first or `limit` passes, with its last words.
-    pub(super) fn wait_for(
-        &mut self,
-        what: &str,
-        limit: Duration,
-        mut ready: impl FnMut() -> bool,
-    ) -> Result<()> {
-        let start = Instant::now();
-        while !ready() {
-            if let Some(st) = self.exited() {
-                check_failed!(
-                    "{} exited ({st}) before {what} ({})",
-                    self.name,
-                    self.last_words()
-                );
-            }
-            check!(
-                start.elapsed() < limit,
-                "no {what} within {} s ({})",
-                limit.as_secs(),
-                self.last_words()
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        Ok(())
-    }
-}
 
 /// `iopath rpmsg remote` of the executable `exe` creating the shared
 /// memory `shm` and notifying through `notify`; the caller adds its
@@ -214,7 +99,7 @@ impl Servers {
         };
         let ctrl = dir.path().join("ctrl");
         let mut remote = Logged::spawn(
-            dir.path(),
+            dir.path().join("remote.log"),
             "remote",
             s.remote_cpu,
             remote(exe, &shm, &notify, s.shm_size).args(s.remote_args),
@@ -227,7 +112,7 @@ impl Servers {
             })?;
         }
         let mut host = Logged::spawn(
-            dir.path(),
+            dir.path().join("host.log"),
             "host",
             s.host_cpu,
             &mut host(exe, &shm, &notify, &ctrl),
@@ -246,7 +131,7 @@ impl Servers {
     /// # Errors
     /// When the control socket refuses.
     pub(super) fn connect(&self) -> Result<CtrlClient> {
-        CtrlClient::connect(&self.ctrl).map_err(Error::ctrl("connecting to the endpoint service"))
+        CtrlClient::connect(&self.ctrl).map_err(Error::layer("connecting to the endpoint service"))
     }
 
     /// A connection and an endpoint fd bound to the remote's `name`.
@@ -270,7 +155,8 @@ impl Servers {
 /// When the service refuses, or the remote does not announce `name`
 /// within 30 s.
 pub(super) fn bound_ept(ctrl: &Path, name: &str) -> Result<(CtrlClient, EptFd)> {
-    let c = CtrlClient::connect(ctrl).map_err(Error::ctrl("connecting to the endpoint service"))?;
+    let c =
+        CtrlClient::connect(ctrl).map_err(Error::layer("connecting to the endpoint service"))?;
     let ep = bound(&c, name)?;
     Ok((c, ep))
 }
@@ -286,7 +172,7 @@ pub(super) fn bound(c: &CtrlClient, name: &str) -> Result<EptFd> {
     loop {
         let ep = c
             .create_ept_fd(&EptInfo::new(name), O_RDWR | O_CLOEXEC)
-            .map_err(Error::ctrl(format!("CREATE_EPT_FD for {name:?}")))?;
+            .map_err(Error::layer(format!("CREATE_EPT_FD for {name:?}")))?;
         if ep.info().dst != ADDR_ANY {
             return Ok(ep);
         }

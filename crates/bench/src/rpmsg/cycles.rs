@@ -41,10 +41,10 @@ fn legacy_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Durati
     let info = EptInfo::new("bench");
     let t = Instant::now();
     for _ in 0..loops {
-        let (_, path) = c.create_ept(&info).map_err(Error::ctrl("CREATE_EPT"))?;
-        let node = EptFd::open_node(&path, O_CLOEXEC).map_err(Error::ctrl("opening the node"))?;
+        let (_, path) = c.create_ept(&info).map_err(Error::layer("CREATE_EPT"))?;
+        let node = EptFd::open_node(&path, O_CLOEXEC).map_err(Error::layer("opening the node"))?;
         node.destroy()
-            .map_err(Error::ctrl("destroying through the node"))?;
+            .map_err(Error::layer("destroying through the node"))?;
         bar.inc(1);
     }
     Ok(t.elapsed())
@@ -56,13 +56,13 @@ fn fd_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> 
     for _ in 0..loops {
         drop(
             c.create_ept_fd(&info, O_RDWR | O_CLOEXEC)
-                .map_err(Error::ctrl("CREATE_EPT_FD"))?,
+                .map_err(Error::layer("CREATE_EPT_FD"))?,
         );
         bar.inc(1);
     }
     // Closing is asynchronous: count until the service has freed them all.
     let base = 1; // the echo endpoint the bench holds
-    while c.stats().map_err(Error::ctrl("STATS"))?.endpoints() > base {
+    while c.stats().map_err(Error::layer("STATS"))?.endpoints() > base {
         std::hint::spin_loop();
     }
     Ok(t.elapsed())
@@ -120,7 +120,7 @@ pub(super) fn rows(
             }
         }
     }
-    let st = c.stats().map_err(Error::ctrl("STATS"))?;
+    let st = c.stats().map_err(Error::layer("STATS"))?;
     check!(
         st.endpoints() == 1 && st.open_nodes == 0,
         "the service still holds endpoints after the cycles: {st:?}"

@@ -30,14 +30,14 @@ fn echo(ep: &EptFd, count: u64, busy: bool, seq: &mut u64, lat: &mut Vec<f64>) -
         *seq += 1;
         let msg = u128::from(*seq).to_le_bytes();
         let t = Instant::now();
-        ep.send(&msg).map_err(Error::ctrl("sending an echo"))?;
+        ep.send(&msg).map_err(Error::layer("sending an echo"))?;
         let wait = Duration::from_secs(10);
         let n = if busy {
             ep.recv_busy(&mut back, wait)
         } else {
             ep.recv_timeout(&mut back, wait)
         }
-        .map_err(Error::ctrl("receiving an echo"))?
+        .map_err(Error::layer("receiving an echo"))?
         .ok_or_else(|| Error::Check(format!("no echo {seq} within 10 s")))?;
         lat.push(t.elapsed().as_secs_f64() * 1e6);
         check!(n == 16 && back[..16] == msg, "echo {seq} came back wrong");

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 use iopath_rpmsg::wire::ADDR_ANY;
 use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 
-use super::children::{self, bound_ept, Logged};
+use super::children::{self, bound_ept};
 use super::RpmsgConfig;
 use crate::error::{check, check_failed};
+use crate::place::Logged;
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::{Error, Latency, ProgressBar, Result};
 
@@ -151,14 +152,14 @@ fn start_remote(
         Remote::OpenAmp => {
             let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
             Logged::spawn(
-                dir,
+                dir.join("rpmsg-echo.log"),
                 "rpmsg-echo",
                 cpu,
                 &mut Command::new(exe.join("rpmsg-echo")),
             )?
         }
         Remote::Iopath => Logged::spawn(
-            dir,
+            dir.join("iopath rpmsg remote.log"),
             "iopath rpmsg remote",
             cpu,
             children::remote(
@@ -201,7 +202,7 @@ fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<L
     let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
     let secs = cfg.peer_budget.as_secs().max(1);
     let mut kid = Logged::spawn(
-        dir,
+        dir.join("rpmsg-ping-timed.log"),
         "rpmsg-ping-timed",
         cpu,
         Command::new(exe.join("rpmsg-ping-timed")).args([
@@ -252,7 +253,7 @@ fn ept_fd_driver(
 ) -> Result<Latency> {
     let ctrl = dir.join("ctrl");
     let mut host = Logged::spawn(
-        dir,
+        dir.join("iopath rpmsg host.log"),
         "iopath rpmsg host",
         cpu,
         children::host(
@@ -269,10 +270,10 @@ fn ept_fd_driver(
         let mut back = [0u8; 512];
         let mut rt = |seq: u64| -> Result<()> {
             let msg = message(seq);
-            ep.send(&msg).map_err(Error::ctrl("sending an echo"))?;
+            ep.send(&msg).map_err(Error::layer("sending an echo"))?;
             let n = ep
                 .recv_timeout(&mut back, Duration::from_secs(10))
-                .map_err(Error::ctrl("receiving an echo"))?
+                .map_err(Error::layer("receiving an echo"))?
                 .ok_or_else(|| Error::Check(format!("no echo {seq} within 10 s")))?;
             check!(
                 n == SIZE && back[..SIZE] == msg,
@@ -293,16 +294,16 @@ fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Late
         let wait = Duration::from_secs(20);
         let notifier = NotifySpec::Unix(OPENAMP_EVENT.into())
             .connect(wait)
-            .map_err(Error::notify(format!(
+            .map_err(Error::layer(format!(
                 "connecting to the remote on unix:{OPENAMP_EVENT}"
             )))?;
         let shm = SharedMem::open(Path::new(OPENAMP_SHM))
-            .map_err(Error::bus(format!("opening {OPENAMP_SHM}")))?;
+            .map_err(Error::layer(format!("opening {OPENAMP_SHM}")))?;
         let bus = Bus::host(shm, notifier, HOST_FEATURES)
-            .map_err(Error::bus("starting the in-process host"))?;
+            .map_err(Error::layer("starting the in-process host"))?;
         let ep = bus
             .create(EndpointOptions::new(SERVICE))
-            .map_err(Error::bus(format!("creating the endpoint {SERVICE:?}")));
+            .map_err(Error::layer(format!("creating the endpoint {SERVICE:?}")));
         let r = ep.and_then(|ep| bus_echo(cfg, &bus, &ep, wait));
         // Down before the endpoint goes: a name-service DESTROY would end
         // OpenAMP's echo, and the bus would log the link going down.
@@ -325,10 +326,10 @@ fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, ep: &Endpoint, wait: Duration) -> Resu
     }
     let rt = |seq: u64| -> Result<()> {
         let msg = message(seq);
-        ep.send(&msg).map_err(Error::bus("sending an echo"))?;
+        ep.send(&msg).map_err(Error::layer("sending an echo"))?;
         let m = ep
             .recv(Some(Duration::from_secs(10)))
-            .map_err(Error::bus("receiving an echo"))?;
+            .map_err(Error::layer("receiving an echo"))?;
         check!(m.data == msg, "echo {seq} came back wrong");
         Ok(())
     };

@@ -1,14 +1,13 @@
-//! `iopath bench blk`: its arguments, mapped to [`BlkConfig`].
+//! `iopath bench blk`: its arguments, mapped to [`BlkBenchConfig`].
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-use iopath_bench::blk::{BlkConfig, DmaMode, SmallConfig};
+use iopath_bench::blk::{BlkBenchConfig, DmaMode, SmallConfig};
 use iopath_bench::Report;
 
 use super::{Outputs, PlacementArg};
-use iopath_sys::parse_size;
 
 /// Arguments of `iopath bench blk`.
 #[derive(Debug, Clone, clap::Args)]
@@ -19,13 +18,13 @@ run; without fio, the bench's own O_DIRECT write of the image (labelled so).
 Without qemu-storage-daemon its row is a note and its ratio n/a.")]
 pub struct BenchBlkArgs {
     /// Bytes written per run (the image is this large).
-    #[arg(long, default_value = "8G", value_parser = parse_size::<usize>)]
+    #[arg(long, default_value = "8G", value_parser = iopath_sys::parse_size::<usize>)]
     pub size: usize,
     /// Runs per row.
     #[arg(long, default_value_t = 10)]
     pub runs: usize,
     /// Block size of every transfer.
-    #[arg(long, default_value = "8M", value_parser = parse_size::<usize>)]
+    #[arg(long, default_value = "8M", value_parser = iopath_sys::parse_size::<usize>)]
     pub bs: usize,
     /// Blocks in flight.
     #[arg(long, default_value_t = 4)]
@@ -72,8 +71,8 @@ pub struct BenchBlkArgs {
 }
 
 impl BenchBlkArgs {
-    fn config(&self) -> Result<BlkConfig> {
-        Ok(BlkConfig {
+    fn config(&self) -> Result<BlkBenchConfig> {
+        Ok(BlkBenchConfig {
             size: self.size,
             runs: self.runs,
             bs: self.bs,

@@ -6,7 +6,6 @@ use iopath_bench::heap::HeapConfig;
 use iopath_bench::Report;
 
 use super::Outputs;
-use iopath_sys::parse_size;
 
 /// Arguments of `iopath bench heap`.
 #[derive(Debug, clap::Args)]
@@ -25,13 +24,13 @@ pub struct HeapArgs {
     pub file: Option<PathBuf>,
     /// Make a scratch file of this size in /var/tmp (or the current
     /// directory, never a tmpfs), removed afterwards [default: 1G].
-    #[arg(long, value_parser = parse_size::<usize>)]
+    #[arg(long, value_parser = iopath_sys::parse_size::<usize>)]
     pub size: Option<usize>,
     /// Buffers per load [default: file size / buffer size].
     #[arg(long)]
     pub buffers: Option<usize>,
     /// Bytes per buffer.
-    #[arg(long, default_value = "32M", value_parser = parse_size::<usize>)]
+    #[arg(long, default_value = "32M", value_parser = iopath_sys::parse_size::<usize>)]
     pub buffer_size: usize,
     /// Runs per row (median and spread are reported).
     #[arg(long, default_value_t = 3)]
@@ -71,7 +70,7 @@ impl HeapArgs {
             methods: self.methods.clone(),
             queue_depth: self.queue_depth,
             progress: !self.json,
-            seed_only: self.dma_buf_table,
+            dma_buf_only: self.dma_buf_table,
         }
     }
 

@@ -8,7 +8,6 @@
 
 mod blk;
 mod heap;
-mod models;
 mod place;
 mod rpmsg;
 
@@ -16,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
-use iopath_bench::blk::BlkConfig;
+use iopath_bench::blk::BlkBenchConfig;
 use iopath_bench::heap::HeapConfig;
 use iopath_bench::report::{Files, Written};
 use iopath_bench::rpmsg::RpmsgConfig;
@@ -24,7 +23,6 @@ use iopath_bench::Report;
 
 pub use blk::BenchBlkArgs;
 pub use heap::HeapArgs;
-pub use models::ModelsArgs;
 pub use place::PlacementArg;
 pub use rpmsg::RpmsgArgs;
 
@@ -106,12 +104,6 @@ pub enum BenchCmd {
     /// beside a raw SOCK_SEQPACKET request/response passing an fd; echo
     /// latency beside a raw eventfd ping-pong.
     Rpmsg(RpmsgArgs),
-    /// Model loading (safetensors, one file and 8 shards; cold, warm and
-    /// half-warm) beside safetensors, Run:ai's model streamer and
-    /// fastsafetensors, fio's O_DIRECT read and a memory-copy limit: runs
-    /// scripts/bench-models. Not part of `iopath bench` without a
-    /// subcommand.
-    Models(ModelsArgs),
 }
 
 /// The command line, for the Markdown file.
@@ -167,7 +159,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(BenchCmd::Heap(a)) => one(|| a.report(), a.json, &a.out),
         Some(BenchCmd::Blk(a)) => one(|| a.report(), a.json, &a.out),
         Some(BenchCmd::Rpmsg(a)) => one(|| a.report(), a.json, &a.out),
-        Some(BenchCmd::Models(a)) => a.run(),
         None => run_all(args),
     };
     if r.is_err() {
@@ -195,13 +186,13 @@ fn run_all(args: &BenchArgs) -> Result<()> {
     let (h, b, r) = if args.full {
         (
             HeapConfig::full(),
-            BlkConfig::full(exe.clone()),
+            BlkBenchConfig::full(exe.clone()),
             RpmsgConfig::full(exe),
         )
     } else {
         (
             HeapConfig::quick(),
-            BlkConfig::quick(exe.clone()),
+            BlkBenchConfig::quick(exe.clone()),
             RpmsgConfig::quick(exe),
         )
     };

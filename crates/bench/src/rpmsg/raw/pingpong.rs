@@ -39,15 +39,15 @@ impl RawPingPong {
         let spec = NotifySpec::Eventfd(dir.path().join("ev"));
         let listener = spec
             .bind()
-            .map_err(Error::notify("binding the raw ping-pong's socket"))?;
+            .map_err(Error::layer("binding the raw ping-pong's socket"))?;
         let server = Server::Echo {
-            notify: spec,
+            notify: spec.to_string(),
             count: kicks,
         };
         let child = spawn_on(cpu, &mut server.command(iopath))?;
         let n = listener
             .accept()
-            .map_err(Error::notify("waiting for the raw echo child"))?;
+            .map_err(Error::layer("waiting for the raw echo child"))?;
         Ok(RawPingPong {
             child,
             n,
@@ -65,11 +65,11 @@ impl RawPingPong {
             let t = Instant::now();
             self.n
                 .kick()
-                .map_err(Error::notify("kicking the raw echo child"))?;
+                .map_err(Error::layer("kicking the raw echo child"))?;
             while self
                 .n
                 .wait(Duration::from_secs(5))
-                .map_err(Error::notify("waiting for the raw echo child"))?
+                .map_err(Error::layer("waiting for the raw echo child"))?
                 != Wake::Kicked
             {}
             lat.push(t.elapsed().as_secs_f64() * 1e6);
@@ -83,17 +83,21 @@ impl RawPingPong {
 ///
 /// # Errors
 /// When the notifier cannot connect within 10 s, or a wait or kick fails.
-pub(crate) fn serve(spec: &NotifySpec, count: u64) -> Result<()> {
+pub(crate) fn serve(spec: &str, count: u64) -> Result<()> {
+    let spec: NotifySpec = spec.parse().map_err(|e| crate::Error::Invalid {
+        option: crate::child::ENV,
+        reason: format!("{spec:?}: {e}"),
+    })?;
     let n = spec
         .connect(Duration::from_secs(10))
-        .map_err(Error::notify(format!("connecting to {spec}")))?;
+        .map_err(Error::layer(format!("connecting to {spec}")))?;
     for _ in 0..count {
         while n
             .wait(Duration::from_secs(5))
-            .map_err(Error::notify("waiting for a kick"))?
+            .map_err(Error::layer("waiting for a kick"))?
             != Wake::Kicked
         {}
-        n.kick().map_err(Error::notify("kicking back"))?;
+        n.kick().map_err(Error::layer("kicking back"))?;
     }
     Ok(())
 }

@@ -52,10 +52,10 @@ pub(super) fn echo_run(c: &CtrlClient, n: usize, time: Duration) -> Result<(f64,
                         let mut msg = [0u8; 16];
                         msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
                         msg[8..].copy_from_slice(&seq.to_le_bytes());
-                        ep.send(&msg).map_err(Error::ctrl("sending an echo"))?;
+                        ep.send(&msg).map_err(Error::layer("sending an echo"))?;
                         let got = ep
                             .recv_timeout(&mut back, Duration::from_secs(10))
-                            .map_err(Error::ctrl("receiving an echo"))?
+                            .map_err(Error::layer("receiving an echo"))?
                             .ok_or_else(|| {
                                 Error::Check(format!("endpoint {i}: no echo {seq} within 10 s"))
                             })?;
@@ -121,10 +121,10 @@ pub(crate) fn stream_ept(sink: &EptFd, msgs: u64, size: usize) -> Result<(Durati
     stream(
         msgs,
         size,
-        |m| sink.send(m).map_err(Error::ctrl("streaming to the sink")),
+        |m| sink.send(m).map_err(Error::layer("streaming to the sink")),
         |b| {
             sink.recv_timeout(b, Duration::from_secs(60))
-                .map_err(Error::ctrl("waiting for the sink's count"))?
+                .map_err(Error::layer("waiting for the sink's count"))?
                 .ok_or_else(|| Error::Check("no answer from the sink within 60 s".into()))
         },
     )
@@ -183,7 +183,7 @@ pub(super) fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<Cre
             n + 64
         );
     }
-    let base = c.stats().map_err(Error::ctrl("STATS"))?.endpoints();
+    let base = c.stats().map_err(Error::layer("STATS"))?.endpoints();
     let before = rss_kib(srv.host_pid())?;
     let info = EptInfo::new("bench");
     let mut held = Vec::with_capacity(n);
@@ -193,7 +193,7 @@ pub(super) fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<Cre
     for i in 0..n {
         held.push(
             c.create_ept_fd(&info, O_RDWR | O_CLOEXEC)
-                .map_err(Error::ctrl(format!("CREATE_EPT_FD number {}", i + 1)))?,
+                .map_err(Error::layer(format!("CREATE_EPT_FD number {}", i + 1)))?,
         );
         if (i + 1) % 1000 == 0 {
             per_thousand_us.push(tk.elapsed().as_secs_f64() * 1e6 / 1000.0);
@@ -201,7 +201,7 @@ pub(super) fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<Cre
         }
     }
     let create_s = t0.elapsed().as_secs_f64();
-    let st = c.stats().map_err(Error::ctrl("STATS"))?;
+    let st = c.stats().map_err(Error::layer("STATS"))?;
     check!(
         u64::from(st.endpoints()) == u64::from(base) + n as u64,
         "the service holds {} endpoints, not {}",
@@ -211,7 +211,7 @@ pub(super) fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<Cre
     let full = rss_kib(srv.host_pid())?;
     let t1 = Instant::now();
     drop(held);
-    while c.stats().map_err(Error::ctrl("STATS"))?.endpoints() > base {
+    while c.stats().map_err(Error::layer("STATS"))?.endpoints() > base {
         check!(
             t1.elapsed() < Duration::from_secs(60),
             "the service did not free {n} closed endpoints within 60 s"

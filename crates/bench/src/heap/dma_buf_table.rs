@@ -34,7 +34,7 @@ use iopath_sys::error_chain;
 
 /// One row of the dma-buf table.
 #[derive(Debug)]
-pub(super) struct SeedRow {
+pub(super) struct DmaBufRow {
     /// What is measured.
     pub label: String,
     /// `seed` for the proposal's six, `iopath` for a load, `pool` for a
@@ -43,13 +43,14 @@ pub(super) struct SeedRow {
     pub alloc_ms: Vec<f64>,
     pub read_ms: Vec<f64>,
     pub total_ms: Vec<f64>,
-    /// Why the row has no figures: the kernel's own error.
-    pub missing: Option<String>,
+    /// Why the row has no figures (the kernel's own error), and what it
+    /// needs.
+    pub missing: Option<(String, String)>,
 }
 
-impl SeedRow {
-    fn new(label: impl Into<String>, kind: &'static str) -> SeedRow {
-        SeedRow {
+impl DmaBufRow {
+    fn new(label: impl Into<String>, kind: &'static str) -> DmaBufRow {
+        DmaBufRow {
             label: label.into(),
             kind,
             alloc_ms: Vec::new(),
@@ -66,7 +67,7 @@ impl SeedRow {
     }
 }
 
-/// How a seed row fills a buffer.
+/// How a proposal row fills a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fill {
     Buffered,
@@ -134,8 +135,8 @@ fn direct_sendfile(
     Ok(())
 }
 
-/// One run of a seed row: allocate and fill each buffer in turn.
-fn seed_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f64), String> {
+/// One run of a proposal row: allocate and fill each buffer in turn.
+fn proposal_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f64), String> {
     let (mut alloc, mut read) = (0.0, 0.0);
     let err = |e: iopath_heap::Error| error_chain(&e);
     for i in 0..plan.buffers {
@@ -191,8 +192,8 @@ fn options(plan: &Plan<'_>, method: Method) -> LoadOptions {
 }
 
 /// Measures every row `runs` times, each from a cold page cache.
-pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<SeedRow> {
-    let seed_rows: [(&str, &str, Fill); 5] = [
+pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
+    let proposal_rows: [(&str, &str, Fill); 5] = [
         ("udmabuf buffered read", "udmabuf", Fill::Buffered),
         ("udmabuf direct read", "udmabuf", Fill::Direct),
         ("udmabuf buffered sendfile", "udmabuf", Fill::Sendfile),
@@ -205,36 +206,42 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<SeedRow> {
         ("dma-heap:system", Method::Auto),
     ];
     let pool_heaps = ["memfd", "udmabuf", "dma-heap:system"];
-    let mut rows: Vec<SeedRow> = seed_rows
+    let mut rows: Vec<DmaBufRow> = proposal_rows
         .iter()
-        .map(|(l, _, _)| SeedRow::new(*l, "seed"))
+        .map(|(l, _, _)| DmaBufRow::new(*l, "seed"))
         .collect();
-    let mut kernel_side = SeedRow::new("dmabuf direct read", "seed");
-    kernel_side.missing = Some(kernel_side_missing(plan));
+    let mut kernel_side = DmaBufRow::new("dmabuf direct read", "seed");
+    kernel_side.missing = Some((
+        kernel_side_missing(plan),
+        "DMA_BUF_IOCTL_RW_FILE, which was not merged".into(),
+    ));
     rows.push(kernel_side);
     rows.extend(
         iopath_rows
             .iter()
-            .map(|(h, m)| SeedRow::new(format!("iopath {h} {m}"), "iopath")),
+            .map(|(h, m)| DmaBufRow::new(format!("iopath {h} {m}"), "iopath")),
     );
     for h in pool_heaps {
-        rows.push(SeedRow::new(format!("pool {h} auto, 1st load"), "pool"));
-        rows.push(SeedRow::new(format!("pool {h} auto, 2nd load"), "pool"));
+        rows.push(DmaBufRow::new(format!("pool {h} auto, 1st load"), "pool"));
+        rows.push(DmaBufRow::new(format!("pool {h} auto, 2nd load"), "pool"));
     }
     let cold = || {
         let _ = plan.file.drop_cache();
     };
     for _ in 0..runs {
-        for (k, (_, heap, fill)) in seed_rows.iter().enumerate() {
+        for (k, (_, heap, fill)) in proposal_rows.iter().enumerate() {
             if rows[k].missing.is_some() {
                 continue;
             }
-            let r = open_heap(heap).map_err(|e| error_chain(&e)).and_then(|h| {
-                cold();
-                let t = Instant::now();
-                let (a, rd) = seed_run(plan, h.as_ref(), *fill)?;
-                Ok((a, rd, t.elapsed().as_secs_f64() * 1e3))
-            });
+            let r = open_heap(heap)
+                .map_err(|e| (error_chain(&e), super::needs(heap, &e)))
+                .and_then(|h| {
+                    cold();
+                    let t = Instant::now();
+                    let (a, rd) =
+                        proposal_run(plan, h.as_ref(), *fill).map_err(|e| (e.clone(), e))?;
+                    Ok((a, rd, t.elapsed().as_secs_f64() * 1e3))
+                });
             match r {
                 Ok((a, rd, total)) => rows[k].push(a, rd, total),
                 Err(e) => rows[k].missing = Some(e),
@@ -260,7 +267,7 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<SeedRow> {
                         s.elapsed.as_secs_f64() * 1e3,
                     );
                 }
-                Err(e) => row.missing = Some(error_chain(&e)),
+                Err(e) => row.missing = Some((error_chain(&e), super::needs(heap, &e))),
             }
         }
         for (j, heap) in pool_heaps.iter().enumerate() {
@@ -272,8 +279,9 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<SeedRow> {
             let pool = match open_heap(heap).and_then(|h| Pool::new(h, bytes)) {
                 Ok(p) => p,
                 Err(e) => {
-                    rows[at].missing = Some(error_chain(&e));
-                    rows[at + 1].missing = Some(error_chain(&e));
+                    let why = (error_chain(&e), super::needs(heap, &e));
+                    rows[at].missing = Some(why.clone());
+                    rows[at + 1].missing = Some(why);
                     continue;
                 }
             };
@@ -288,7 +296,9 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<SeedRow> {
                             s.elapsed.as_secs_f64() * 1e3,
                         );
                     }
-                    Err(e) => rows[at + second].missing = Some(error_chain(&e)),
+                    Err(e) => {
+                        rows[at + second].missing = Some((error_chain(&e), super::needs(heap, &e)))
+                    }
                 }
             }
         }
