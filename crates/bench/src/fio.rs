@@ -86,35 +86,42 @@ impl Job {
     /// Runs the job with fio pinned to `cpu` (`None`: anywhere).
     ///
     /// # Errors
-    /// [`Error::Spawn`] when fio cannot start, [`Error::Peer`] when it
-    /// fails or prints something that is not its JSON.
+    /// As [`run`]; [`Error::Peer`] when its JSON has no such job.
     pub fn run(&self, cpu: Option<usize>) -> Result<FioResult> {
         let cmd = self.cmdline();
-        let child = crate::place::spawn_on(
-            cpu,
-            Command::new(&cmd[0])
-                .args(&cmd[1..])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped()),
-        )?;
-        let out = child.wait_with_output().map_err(Error::spawn(PROGRAM))?;
-        if !out.status.success() {
-            return Err(failed(format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-            )));
-        }
         let dir = match self.dir {
             Dir::Read => "read",
             Dir::Write => "write",
         };
-        parse(&String::from_utf8_lossy(&out.stdout), dir)
+        parse(&run(Command::new(&cmd[0]).args(&cmd[1..]), cpu)?, dir)
     }
+}
+
+/// Runs the fio command `cmd` pinned to `cpu` and returns its JSON (fio
+/// may print notes before the object).
+///
+/// # Errors
+/// [`Error::Spawn`] when fio cannot start, [`Error::Peer`] when it fails
+/// or prints no JSON.
+pub(crate) fn run(cmd: &mut Command, cpu: Option<usize>) -> Result<serde_json::Value> {
+    let cmd = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = crate::place::spawn_on(cpu, cmd)?
+        .wait_with_output()
+        .map_err(Error::spawn(PROGRAM))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        let first = err.lines().next().unwrap_or("");
+        return Err(failed(format!("{}: {first}", out.status)));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let start = text
+        .find('{')
+        .ok_or_else(|| failed("no JSON in its output".into()))?;
+    serde_json::from_str(&text[start..])
+        .map_err(|e| failed(format!("its JSON does not parse: {e}")))
 }
 
 /// The sweep of a limit: every block size of `bss` (deduplicated) at
@@ -150,29 +157,17 @@ fn failed(reason: String) -> Error {
 }
 
 /// Reads the first job's bandwidth in direction `dir` (`read` or `write`)
-/// from `fio --output-format=json`.
+/// from the JSON of `fio --output-format=json`.
 ///
 /// # Errors
-/// [`Error::Peer`] when the text is not fio JSON with such a job.
-pub fn parse(text: &str, dir: &str) -> Result<FioResult> {
-    // fio may print notes before the JSON object.
-    let start = text
-        .find('{')
-        .ok_or_else(|| failed("no JSON in its output".into()))?;
-    let v: serde_json::Value = serde_json::from_str(&text[start..])
-        .map_err(|e| failed(format!("its JSON does not parse: {e}")))?;
+/// [`Error::Peer`] when it has no such job.
+pub fn parse(v: &serde_json::Value, dir: &str) -> Result<FioResult> {
     let job = &v["jobs"][0][dir];
-    let bytes = job["io_bytes"]
-        .as_u64()
-        .ok_or_else(|| failed(format!("its JSON has no jobs[0].{dir}.io_bytes")))?;
-    let bw = job["bw_bytes"]
-        .as_f64()
-        .ok_or_else(|| failed(format!("its JSON has no jobs[0].{dir}.bw_bytes")))?;
-    let runtime_ms = job["runtime"].as_f64().unwrap_or(0.0);
+    let no = |k: &str| failed(format!("its JSON has no jobs[0].{dir}.{k}"));
     Ok(FioResult {
-        bytes,
-        bytes_per_s: bw,
-        runtime_ms,
+        bytes: job["io_bytes"].as_u64().ok_or_else(|| no("io_bytes"))?,
+        bytes_per_s: job["bw_bytes"].as_f64().ok_or_else(|| no("bw_bytes"))?,
+        runtime_ms: job["runtime"].as_f64().unwrap_or(0.0),
     })
 }
 
@@ -211,17 +206,16 @@ mod tests {
 
     #[test]
     fn parses_fio_json() {
-        let text = r#"note: both iodepth >= 1 and synchronous I/O engine
-{"fio version":"fio-3.33","jobs":[{"jobname":"limit","read":{"io_bytes":1073741824,"bw_bytes":1113868341,"runtime":964}}]}"#;
-        let r = parse(text, "read").unwrap();
+        let v = serde_json::json!({"fio version": "fio-3.33", "jobs": [{"jobname": "limit",
+            "read": {"io_bytes": 1073741824u64, "bw_bytes": 1113868341u64, "runtime": 964}}]});
+        let r = parse(&v, "read").unwrap();
         assert_eq!(r.bytes, 1 << 30);
         assert_eq!(r.runtime_ms, 964.0);
         assert!((r.gib_per_s() - 1.0374).abs() < 1e-3);
         assert!(matches!(
-            parse("fio: error", "read"),
+            parse(&serde_json::json!({"jobs": []}), "read"),
             Err(Error::Peer { .. })
         ));
-        assert!(parse(r#"{"jobs":[]}"#, "read").is_err());
-        assert!(parse(text, "write").is_err());
+        assert!(parse(&v, "write").is_err());
     }
 }

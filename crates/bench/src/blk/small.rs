@@ -206,37 +206,15 @@ fn fio_run(
         .args(["--ioengine=io_uring", "--direct=1", "--lat_percentiles=1"])
         .arg(format!("--size={size}"))
         .arg(format!("--io_size={}", count * BS as u64))
-        .args(["--randrepeat=0", "--norandommap", "--output-format=json"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .args(["--randrepeat=0", "--norandommap", "--output-format=json"]);
     if op == Op::Read {
         cmd.arg("--readonly");
     }
-    let child = crate::place::spawn_on(cpu, &mut cmd)?;
-    let out = child
-        .wait_with_output()
-        .map_err(Error::spawn(fio::PROGRAM))?;
-    let failed = |reason: String| Error::Peer {
+    let v = fio::run(&mut cmd, cpu)?;
+    parse_fio(&v, dir).ok_or_else(|| Error::Peer {
         program: fio::PROGRAM.into(),
-        reason,
-    };
-    if !out.status.success() {
-        return Err(failed(
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .into(),
-        ));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let start = text
-        .find('{')
-        .ok_or_else(|| failed("no JSON in its output".into()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text[start..]).map_err(|e| failed(format!("its JSON: {e}")))?;
-    parse_fio(&v, dir).ok_or_else(|| failed(format!("no jobs[0].{dir} figures in its JSON")))
+        reason: format!("no jobs[0].{dir} figures in its JSON"),
+    })
 }
 
 /// IOPS, latency percentiles and CPU time per request from fio's JSON.

@@ -65,6 +65,19 @@ impl DmaBufRow {
         self.read_ms.push(read);
         self.total_ms.push(total);
     }
+
+    /// Adds a load's figures, or records why it failed (the heap `heap`'s
+    /// error and what the row needs).
+    fn loaded(&mut self, heap: &str, r: iopath_heap::Result<iopath_heap::Loaded>) {
+        match r {
+            Ok(l) => {
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+                let s = l.stats;
+                self.push(ms(s.alloc_time), ms(s.read_time), ms(s.elapsed));
+            }
+            Err(e) => self.missing = Some((error_chain(&e), super::needs(heap, &e))),
+        }
+    }
 }
 
 /// How a proposal row fills a buffer.
@@ -255,20 +268,12 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
             cold();
             let r = open_heap(heap)
                 .and_then(|h| load(plan.path, h.as_ref(), &options(plan, *method), &mut |_| {}));
-            match r {
-                Ok(l) => {
-                    let s = l.stats;
-                    if s.method != *method {
-                        row.label = format!("iopath {heap} {method} ({})", s.method);
-                    }
-                    row.push(
-                        s.alloc_time.as_secs_f64() * 1e3,
-                        s.read_time.as_secs_f64() * 1e3,
-                        s.elapsed.as_secs_f64() * 1e3,
-                    );
+            if let Ok(l) = &r {
+                if l.stats.method != *method {
+                    row.label = format!("iopath {heap} {method} ({})", l.stats.method);
                 }
-                Err(e) => row.missing = Some((error_chain(&e), super::needs(heap, &e))),
             }
+            row.loaded(heap, r);
         }
         for (j, heap) in pool_heaps.iter().enumerate() {
             let at = 9 + 2 * j;
@@ -287,19 +292,8 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
             };
             for second in [0, 1] {
                 cold();
-                match load(plan.path, &pool, &options(plan, Method::Auto), &mut |_| {}) {
-                    Ok(l) => {
-                        let s = l.stats;
-                        rows[at + second].push(
-                            s.alloc_time.as_secs_f64() * 1e3,
-                            s.read_time.as_secs_f64() * 1e3,
-                            s.elapsed.as_secs_f64() * 1e3,
-                        );
-                    }
-                    Err(e) => {
-                        rows[at + second].missing = Some((error_chain(&e), super::needs(heap, &e)))
-                    }
-                }
+                let r = load(plan.path, &pool, &options(plan, Method::Auto), &mut |_| {});
+                rows[at + second].loaded(heap, r);
             }
         }
     }

@@ -103,44 +103,30 @@ impl ScaleReport {
             ),
             vec![Column::left("what"), Column::left("measured")],
         );
+        let each = |secs: f64| {
+            format!(
+                "{secs:.2} s ({:.1} us each)",
+                secs * 1e6 / c.endpoints as f64
+            )
+        };
         let curve: Vec<String> = c
             .per_thousand_us
             .iter()
             .map(|v| format!("{v:.1}"))
             .collect();
-        create.row(vec![
-            "created in".into(),
-            format!(
-                "{:.2} s ({:.1} us each)",
-                c.create_s,
-                c.create_s * 1e6 / c.endpoints as f64
-            )
-            .into(),
-        ]);
-        create.row(vec![
-            "us per endpoint, each thousand in turn".into(),
-            curve.join(", ").into(),
-        ]);
-        create.row(vec![
-            "closed and freed in".into(),
-            format!(
-                "{:.2} s ({:.1} us each)",
-                c.destroy_s,
-                c.destroy_s * 1e6 / c.endpoints as f64
-            )
-            .into(),
-        ]);
-        create.row(vec![
-            "host resident memory: before, all held, after".into(),
-            format!(
-                "{} / {} / {} KiB ({:.2} KiB per endpoint)",
-                c.rss_kib[0],
-                c.rss_kib[1],
-                c.rss_kib[2],
-                c.rss_kib[1].saturating_sub(c.rss_kib[0]) as f64 / c.endpoints as f64
-            )
-            .into(),
-        ]);
+        let [before, full, after] = c.rss_kib;
+        let per = full.saturating_sub(before) as f64 / c.endpoints as f64;
+        for (what, measured) in [
+            ("created in", each(c.create_s)),
+            ("us per endpoint, each thousand in turn", curve.join(", ")),
+            ("closed and freed in", each(c.destroy_s)),
+            (
+                "host resident memory: before, all held, after",
+                format!("{before} / {full} / {after} KiB ({per:.2} KiB per endpoint)"),
+            ),
+        ] {
+            create.row(vec![what.into(), measured.into()]);
+        }
         vec![echo, stream, create]
     }
 
