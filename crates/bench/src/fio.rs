@@ -26,9 +26,6 @@ impl FioResult {
 
 /// The program name.
 pub const PROGRAM: &str = "fio";
-/// The Debian package that brings it.
-pub const PACKAGE: &str = "fio";
-
 /// Direction of a fio job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dir {

@@ -30,9 +30,6 @@ pub enum Placement {
 }
 
 impl Placement {
-    /// Every placement, in the order the CLI lists them.
-    pub const ALL: [Placement; 3] = [Placement::One, Placement::Split, Placement::Free];
-
     /// The name on the command line.
     pub fn name(self) -> &'static str {
         match self {

@@ -56,11 +56,6 @@ impl ProgressBar {
         }
     }
 
-    /// Progress that prints nothing.
-    pub fn hidden() -> ProgressBar {
-        ProgressBar::new(false, "", 0)
-    }
-
     /// What runs now.
     pub fn set_message(&self, msg: impl Into<String>) {
         let msg = msg.into();

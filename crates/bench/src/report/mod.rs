@@ -102,21 +102,6 @@ impl Report {
         self.name
     }
 
-    /// What was measured, in one line.
-    pub fn summary(&self) -> &str {
-        &self.summary
-    }
-
-    /// The tables.
-    pub fn tables(&self) -> &[Table] {
-        &self.tables
-    }
-
-    /// The notes after the tables.
-    pub fn notes(&self) -> &[String] {
-        &self.notes
-    }
-
     /// The report as `iopath bench` prints it: aligned columns.
     pub fn text(&self) -> String {
         text::report(self)
