@@ -131,24 +131,6 @@ pub fn scratch_dir() -> Result<PathBuf> {
     )
 }
 
-/// Formats bytes as a short binary size (`32 MiB`, `1.50 GiB`).
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else if v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
-
 /// A peer program a row needs and this machine lacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Missing {
@@ -235,12 +217,5 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
         assert_eq!(s.spread_pct(), 100.0);
         assert_eq!(Summary::of(&[1.0, 2.0, 4.0, 8.0]).median, 3.0);
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human(32 << 20), "32 MiB");
-        assert_eq!(human(1536 << 20), "1.50 GiB");
-        assert_eq!(human(10), "10 B");
     }
 }

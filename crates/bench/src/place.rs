@@ -297,7 +297,7 @@ impl Logged {
             }
             check!(
                 start.elapsed() < limit,
-                "no {what} within {} s ({})",
+                "no {what} in {} s ({})",
                 limit.as_secs(),
                 self.last_words()
             );

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
-use iopath_sys::error_chain;
+use iopath_sys::{error_chain, human};
 
 use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
-use crate::{fio, human, loadavg, scratch_dir, Error, ProgressBar, Result};
+use crate::{fio, loadavg, scratch_dir, Error, ProgressBar, Result};
 
 mod dma_buf_table;
 mod report;

@@ -4,7 +4,8 @@
 use super::HeapReport;
 use crate::report::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Chart, Column, Report, Table};
-use crate::{human, Summary};
+use crate::Summary;
+use iopath_sys::human;
 
 impl HeapReport {
     fn alloc_summary(&self) -> Summary {

@@ -38,7 +38,7 @@ fn echo(ep: &EptFd, count: u64, busy: bool, seq: &mut u64, lat: &mut Vec<f64>) -
             ep.recv_timeout(&mut back, wait)
         }
         .map_err(Error::layer("receiving an echo"))?
-        .ok_or_else(|| Error::Check(format!("no echo {seq} within 10 s")))?;
+        .ok_or_else(|| Error::Check(format!("no echo {seq} in 10 s")))?;
         lat.push(t.elapsed().as_secs_f64() * 1e6);
         check!(n == 16 && back[..16] == msg, "echo {seq} came back wrong");
     }

@@ -274,7 +274,7 @@ fn ept_fd_driver(
             let n = ep
                 .recv_timeout(&mut back, Duration::from_secs(10))
                 .map_err(Error::layer("receiving an echo"))?
-                .ok_or_else(|| Error::Check(format!("no echo {seq} within 10 s")))?;
+                .ok_or_else(|| Error::Check(format!("no echo {seq} in 10 s")))?;
             check!(
                 n == SIZE && back[..SIZE] == msg,
                 "echo {seq} came back wrong"

@@ -129,7 +129,7 @@ impl BusPair {
         })?;
         let (remote, addr) = ready_rx
             .recv_timeout(T)
-            .map_err(|_| Error::Check("the bulk remote did not start within 30 s".into()))?
+            .map_err(|_| Error::Check("the bulk remote did not start in 30 s".into()))?
             .map_err(Error::Check)?;
         check!(
             host.max_payload() == BUF as usize - 16,
@@ -172,7 +172,7 @@ impl BusPair {
         let got = self
             .done
             .recv_timeout(T)
-            .map_err(|_| Error::Check("the bulk receiver did not finish within 30 s".into()))?
+            .map_err(|_| Error::Check("the bulk receiver did not finish in 30 s".into()))?
             .map_err(Error::Check)?;
         let took = t0.elapsed();
         check!(

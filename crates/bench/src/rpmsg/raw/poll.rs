@@ -103,7 +103,7 @@ pub(crate) fn forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
                 .map(|got| n = got)
                 .is_some())
         })? {
-            check_failed!("the poll floor's forwarder got no packet {i} within 10 s");
+            check_failed!("the poll floor's forwarder got no packet {i} in 10 s");
         }
         set_flag(&shm, ASKED)?;
         if !poll_until(&mut spin, || Ok(flag(&shm)? == ANSWERED))? {
@@ -126,7 +126,7 @@ pub(crate) fn echo(shm: &Path, count: u64) -> Result<()> {
     let mut spin = PollSpin::new();
     for i in 0..count {
         if !poll_until(&mut spin, || Ok(flag(&shm)? == ASKED))? {
-            check_failed!("the poll floor's echo was asked nothing ({i}) within 10 s");
+            check_failed!("the poll floor's echo was asked nothing ({i}) in 10 s");
         }
         set_flag(&shm, ANSWERED)?;
     }
@@ -199,7 +199,7 @@ impl RawPollPath {
                     .map(|got| n = got)
                     .is_some())
             })? {
-                check_failed!("the poll floor answered nothing within 10 s");
+                check_failed!("the poll floor answered nothing in 10 s");
             }
             lat.push(t.elapsed().as_secs_f64() * 1e6);
             check!(

@@ -57,7 +57,7 @@ pub(super) fn echo_run(c: &CtrlClient, n: usize, time: Duration) -> Result<(f64,
                             .recv_timeout(&mut back, Duration::from_secs(10))
                             .map_err(Error::layer("receiving an echo"))?
                             .ok_or_else(|| {
-                                Error::Check(format!("endpoint {i}: no echo {seq} within 10 s"))
+                                Error::Check(format!("endpoint {i}: no echo {seq} in 10 s"))
                             })?;
                         check!(
                             got == 16 && back[..16] == msg,
@@ -125,7 +125,7 @@ pub(crate) fn stream_ept(sink: &EptFd, msgs: u64, size: usize) -> Result<(Durati
         |b| {
             sink.recv_timeout(b, Duration::from_secs(60))
                 .map_err(Error::layer("waiting for the sink's count"))?
-                .ok_or_else(|| Error::Check("no answer from the sink within 60 s".into()))
+                .ok_or_else(|| Error::Check("no answer from the sink in 60 s".into()))
         },
     )
 }
@@ -214,7 +214,7 @@ pub(super) fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<Cre
     while c.stats().map_err(Error::layer("STATS"))?.endpoints() > base {
         check!(
             t1.elapsed() < Duration::from_secs(60),
-            "the service did not free {n} closed endpoints within 60 s"
+            "the service did not free {n} closed endpoints in 60 s"
         );
         std::thread::sleep(Duration::from_micros(200));
     }
