@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use iopath_dma::{DmaOps, IotlbRecord, Perm};
 use iopath_heap::Buffer;
-use iopath_virtio::features as vfeatures;
+use iopath_virtio::driver as vdriver;
 use iopath_virtio::{Policy, PolicyOps, PollMode, QueueFeatures, SplitQueue, Transport};
 
 pub use crate::command::{Done, Request};
@@ -158,7 +158,7 @@ impl<O: PolicyOps + ?Sized> BlkDriver<O> {
         if would & policy.required_features() != policy.required_features() {
             policy.choose(would)?;
         }
-        let negotiated = vfeatures::negotiate(&*transport, wanted, required)?;
+        let negotiated = vdriver::negotiate(&*transport, wanted, required)?;
         let ops = O::from_policy(policy, negotiated)?;
         for b in buffers {
             ops.register(b)?;
@@ -213,7 +213,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
             shared_generation: 0,
         };
         drv.share_memory()?;
-        vfeatures::driver_ok(&*drv.transport)?;
+        vdriver::driver_ok(&*drv.transport)?;
         Ok(drv)
     }
 

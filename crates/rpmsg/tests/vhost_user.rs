@@ -14,7 +14,7 @@ use iopath_rpmsg::tools::RemoteChannels;
 use iopath_rpmsg::wire::{self, Endian, Header, NsMsg, NsOp, BUF_SIZE, HDR_LEN, NS_ADDR};
 use iopath_rpmsg::Stats;
 use iopath_virtio::transport::vhost_user::VhostUser;
-use iopath_virtio::{features, share_memory, QueueFeatures, Seg, SplitQueue, Transport};
+use iopath_virtio::{driver, features, share_memory, QueueFeatures, Seg, SplitQueue, Transport};
 
 const T: Duration = Duration::from_secs(10);
 const RING: u16 = 64;
@@ -61,7 +61,7 @@ impl Driver {
         if iommu {
             want |= features::VIRTIO_F_ACCESS_PLATFORM;
         }
-        let f = features::negotiate(&dev, want, 0).unwrap();
+        let f = driver::negotiate(&dev, want, 0).unwrap();
         assert_eq!(f, want, "the device offers what Linux's bus takes");
         let ops: Arc<dyn DmaOps> = if iommu {
             Arc::new(Iommu::new())
@@ -87,7 +87,7 @@ impl Driver {
             rx.add(&[], &[Seg::buf(&rxbufs, i * BUF_SIZE, BUF_SIZE)], i as u64)
                 .unwrap();
         }
-        features::driver_ok(&dev).unwrap();
+        driver::driver_ok(&dev).unwrap();
         if rx.should_notify() {
             dev.notify(0).unwrap();
         }

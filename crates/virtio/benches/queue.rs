@@ -19,6 +19,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use iopath_dma::{Bounce, Direct, DmaOps, Iommu};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
+use iopath_virtio::driver;
 use iopath_virtio::features::{self, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC};
 use iopath_virtio::transport::loopback::{Echo, Loopback};
 use iopath_virtio::{share_memory, QueueFeatures, Seg, SplitQueue, Transport};
@@ -39,7 +40,7 @@ struct Rig<O: DmaOps + ?Sized> {
 
 fn rig<O: DmaOps + ?Sized>(ops: Arc<O>) -> Rig<O> {
     let dev = Loopback::new(Echo::default()).unwrap();
-    let negotiated = features::negotiate(
+    let negotiated = driver::negotiate(
         &dev,
         VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | features::VIRTIO_F_ACCESS_PLATFORM,
         0,
@@ -58,7 +59,7 @@ fn rig<O: DmaOps + ?Sized>(ops: Arc<O>) -> Rig<O> {
         })
         .collect();
     share_memory(&dev, &*ops).unwrap();
-    features::driver_ok(&dev).unwrap();
+    driver::driver_ok(&dev).unwrap();
     Rig { dev, q, bufs }
 }
 

@@ -80,9 +80,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The vhost-user front end failed.
+    /// The transport failed; its own error, boxed (a caller that knows
+    /// the transport finds it with `downcast_ref`).
     #[error(transparent)]
-    VhostUser(#[from] crate::transport::vhost_user::VhostUserError),
+    Transport(Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The transport is gone (device thread ended, peer closed).
     #[error("transport closed")]
     Closed,

@@ -1,8 +1,9 @@
 //! iopath-virtio: virtio queues and transports.
 //!
 //! Driver side: a split virtqueue ([`SplitQueue`]) whose every descriptor
-//! address comes from `iopath-dma`, feature negotiation, `EVENT_IDX`
-//! notification suppression and indirect descriptors. Transports implement
+//! address comes from `iopath-dma`, feature negotiation ([`driver`]),
+//! `EVENT_IDX` notification suppression and indirect descriptors.
+//! Transports implement
 //! [`Transport`]: [`transport::vhost_user::VhostUser`] is a vhost-user front
 //! end (regions passed as fds, `IOTLB_MSG` for IOMMU ops);
 //! [`transport::loopback::Loopback`] runs a device in a second thread on
@@ -28,11 +29,11 @@
 //! use iopath_dma::{Direct, DmaOps};
 //! use iopath_heap::{Heap, HugePages, MemfdHeap};
 //! use iopath_virtio::transport::loopback::{Echo, Loopback};
-//! use iopath_virtio::{features, share_memory, QueueFeatures, Seg, SplitQueue, Transport};
+//! use iopath_virtio::{driver, features, share_memory, QueueFeatures, Seg, SplitQueue, Transport};
 //!
 //! let dev = Loopback::new(Echo::default())?;
 //! let wanted = features::VIRTIO_F_EVENT_IDX | features::VIRTIO_F_INDIRECT_DESC;
-//! let negotiated = features::negotiate(&dev, wanted, 0)?;
+//! let negotiated = driver::negotiate(&dev, wanted, 0)?;
 //!
 //! let ops = Arc::new(Direct::new());          // a device driver asks the Policy instead
 //! let mut q = SplitQueue::new(ops.clone(), 0, 64, QueueFeatures::from_bits(negotiated))?;
@@ -43,7 +44,7 @@
 //! ops.register(&req)?;                         // Direct: the device must see them
 //! ops.register(&resp)?;
 //! share_memory(&dev, &*ops)?;                  // rings + buffers -> device
-//! features::driver_ok(&dev)?;
+//! driver::driver_ok(&dev)?;
 //!
 //! req.write_at(0, b"ping")?;
 //! q.add(&[Seg::buf(&req, 0, 4)], &[Seg::buf(&resp, 0, 4)], 7)?;
@@ -60,6 +61,7 @@
 //! ```
 
 pub mod device;
+pub mod driver;
 mod error;
 pub mod features;
 pub mod policy;

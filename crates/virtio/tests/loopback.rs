@@ -9,6 +9,7 @@ use std::time::Duration;
 use iopath_dma::testing::AlwaysBounce;
 use iopath_dma::{Bounce, Direct, DmaOps, Iommu};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
+use iopath_virtio::driver;
 use iopath_virtio::features::{self, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC};
 use iopath_virtio::transport::loopback::{Echo, Loopback};
 use iopath_virtio::{share_memory, Completion, Policy, QueueFeatures, Seg, SplitQueue, Transport};
@@ -37,7 +38,7 @@ struct Req {
 /// byte. Returns the loopback for the caller's checks.
 fn echo<O: DmaOps + ?Sized>(ops: Arc<O>, driver_features: u64, n: usize) -> Loopback {
     let dev = Loopback::new(Echo::default()).unwrap();
-    let negotiated = features::negotiate(&dev, driver_features, 0).unwrap();
+    let negotiated = driver::negotiate(&dev, driver_features, 0).unwrap();
     assert_eq!(
         negotiated & !features::VIRTIO_F_VERSION_1,
         driver_features & Echo::default().features
@@ -63,7 +64,7 @@ fn echo<O: DmaOps + ?Sized>(ops: Arc<O>, driver_features: u64, n: usize) -> Loop
         })
         .collect();
     share_memory(&dev, &*ops).unwrap();
-    features::driver_ok(&dev).unwrap();
+    driver::driver_ok(&dev).unwrap();
 
     let mut next = 0;
     let mut done = 0;
@@ -212,12 +213,12 @@ fn policy_picks_ops_per_platform() {
 #[test]
 fn iotlb_needs_an_enforcer_and_unmapped_iovas_fail_on_the_device() {
     let dev = Loopback::new(Echo::default()).unwrap();
-    let negotiated = features::negotiate(&dev, ALL, 0).unwrap();
+    let negotiated = driver::negotiate(&dev, ALL, 0).unwrap();
     let ops = Arc::new(Iommu::new());
     let mut q = SplitQueue::new(ops.clone(), 0, 8, QueueFeatures::from_bits(negotiated)).unwrap();
     dev.setup_queue(0, &q.config()).unwrap();
     share_memory(&dev, &*ops).unwrap();
-    features::driver_ok(&dev).unwrap();
+    driver::driver_ok(&dev).unwrap();
     // A caller-made mapping that is unmapped before the device sees it: the
     // device's IOTLB refuses it, the request completes with length 0.
     let heap = MemfdHeap::new(HugePages::None);

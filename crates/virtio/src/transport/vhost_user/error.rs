@@ -100,3 +100,11 @@ pub enum VhostUserError {
 
 /// Result of the vhost-user front end.
 pub type Result<T, E = VhostUserError> = std::result::Result<T, E>;
+
+/// A vhost-user failure is the transport's: the crate-wide error carries
+/// it without naming it.
+impl From<VhostUserError> for crate::Error {
+    fn from(e: VhostUserError) -> Self {
+        crate::Error::Transport(Box::new(e))
+    }
+}
