@@ -46,9 +46,9 @@ pub const BACKEND_IOTLB_MSG: u32 = BackendReq::IOTLB_MSG as u32;
 /// `VHOST_USER_BACKEND_CONFIG_CHANGE_MSG` (device to front end).
 pub const BACKEND_CONFIG_CHANGE: u32 = BackendReq::CONFIG_CHANGE_MSG as u32;
 
-/// A malformed message.
+/// A malformed vhost-user message: its framing or its payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
+pub enum VhostUserWireError {
     /// The version bits are not 1.
     #[error("vhost-user request {request}: header flags {flags:#x} are not version 1")]
     BadVersion {
@@ -161,17 +161,17 @@ impl Header {
     /// returns the payload length to read.
     ///
     /// # Errors
-    /// [`WireError::BadVersion`], [`WireError::Oversized`].
-    pub fn check(&self, max: usize) -> Result<usize, WireError> {
+    /// [`VhostUserWireError::BadVersion`], [`VhostUserWireError::Oversized`].
+    pub fn check(&self, max: usize) -> Result<usize, VhostUserWireError> {
         if self.flags & VERSION_MASK != VERSION {
-            return Err(WireError::BadVersion {
+            return Err(VhostUserWireError::BadVersion {
                 request: self.request,
                 flags: self.flags,
             });
         }
         let size = self.size as usize;
         if size > max {
-            return Err(WireError::Oversized {
+            return Err(VhostUserWireError::Oversized {
                 request: self.request,
                 size: self.size,
                 max,
@@ -206,14 +206,17 @@ pub fn u64_reply(request: u32, value: u64) -> [u8; U64_REPLY_SIZE] {
 /// Decodes a `u64` reply that must answer `request`.
 ///
 /// # Errors
-/// [`WireError::NotAReply`] when the code, the `REPLY` flag or the size is
+/// [`VhostUserWireError::NotAReply`] when the code, the `REPLY` flag or the size is
 /// not that of a reply to `request`.
-pub fn parse_u64_reply(request: u32, msg: &[u8; U64_REPLY_SIZE]) -> Result<u64, WireError> {
+pub fn parse_u64_reply(
+    request: u32,
+    msg: &[u8; U64_REPLY_SIZE],
+) -> Result<u64, VhostUserWireError> {
     let mut hdr = [0u8; HEADER_SIZE];
     hdr.copy_from_slice(&msg[..HEADER_SIZE]);
     let h = Header::parse(&hdr);
     if h.request != request || h.flags & REPLY == 0 || h.size != 8 {
-        return Err(WireError::NotAReply {
+        return Err(VhostUserWireError::NotAReply {
             expected: request,
             expected_size: 8,
             request: h.request,
@@ -307,10 +310,10 @@ pub const MAX_MEM_TABLE_SIZE: usize = MEM_TABLE_HEAD + MAX_MEM_TABLE_REGIONS * M
 /// own values are checked where they are mapped.
 ///
 /// # Errors
-/// [`WireError::BadMemTable`] when `num_regions` is 0 or above
+/// [`VhostUserWireError::BadMemTable`] when `num_regions` is 0 or above
 /// [`MAX_MEM_TABLE_REGIONS`], or the payload is not the head plus whole
 /// entries enough for them (and at most [`MAX_MEM_TABLE_SIZE`] bytes).
-pub fn decode_mem_table(payload: &[u8]) -> Result<Vec<VhostUserMemoryRegion>, WireError> {
+pub fn decode_mem_table(payload: &[u8]) -> Result<Vec<VhostUserMemoryRegion>, VhostUserWireError> {
     let word = |at: usize| {
         let mut b = [0u8; 8];
         b.copy_from_slice(&payload[at..at + 8]);
@@ -326,7 +329,7 @@ pub fn decode_mem_table(payload: &[u8]) -> Result<Vec<VhostUserMemoryRegion>, Wi
         && size <= MAX_MEM_TABLE_SIZE
         && (size - MEM_TABLE_HEAD) % MEM_REGION_SIZE == 0;
     if n == 0 || n > MAX_MEM_TABLE_REGIONS || !fits {
-        return Err(WireError::BadMemTable {
+        return Err(VhostUserWireError::BadMemTable {
             size,
             regions,
             max: MAX_MEM_TABLE_REGIONS,
@@ -380,14 +383,17 @@ mod tests {
         };
         assert_eq!(
             huge.check(MAX_PAYLOAD),
-            Err(WireError::Oversized {
+            Err(VhostUserWireError::Oversized {
                 request: 22,
                 size: 0xffff_fff0,
                 max: 4096
             })
         );
         let v2 = Header { flags: 0x2, ..h };
-        assert!(matches!(v2.check(64), Err(WireError::BadVersion { .. })));
+        assert!(matches!(
+            v2.check(64),
+            Err(VhostUserWireError::BadVersion { .. })
+        ));
     }
 
     #[test]
@@ -445,7 +451,7 @@ mod tests {
         let bad = |payload: &[u8], regions: u32| {
             assert_eq!(
                 decode_mem_table(payload).err(),
-                Some(WireError::BadMemTable {
+                Some(VhostUserWireError::BadMemTable {
                     size: payload.len(),
                     regions,
                     max: MAX_MEM_TABLE_REGIONS

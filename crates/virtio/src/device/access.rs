@@ -20,7 +20,8 @@ use vm_memory::{
     Permissions,
 };
 
-use super::{CallFd, DeviceMemory, DmaFence, QueueContext};
+use super::call::CallFd;
+use super::{DeviceMemory, DmaFence, QueueContext};
 
 /// `VRING_AVAIL_F_NO_INTERRUPT` (virtio 1.x §2.7.7.1), as the ring's u16
 /// holds it.

@@ -20,13 +20,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 
+use iopath_sys::lock;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::VhostUserBackendReqHandlerMut;
 
+use super::error::ServerError;
 use super::handler::Handler;
 use super::iotlb::{IotlbMsg, IotlbMsgError, IOTLB_MSG_SIZE};
-use super::server::{lock, ServerError};
-use super::VirtioDevice;
+use super::model::VirtioDevice;
 use crate::vhost_wire::{
     self, Header, FRONTEND_IOTLB_MSG, FRONTEND_SET_BACKEND_REQ_FD, FRONTEND_SET_MEM_TABLE,
     HEADER_SIZE, MAX_MEM_TABLE_REGIONS, MAX_MEM_TABLE_SIZE,

@@ -4,69 +4,24 @@
 //! ([`super::intercept`]), hands every other one to the request handler
 //! ([`super::handler`]), and drops what the front end set up when it goes.
 
-use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use iopath_sys::error_chain;
+use iopath_sys::{error_chain, lock};
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 
+use super::error::ServerError;
 use super::handler::Handler;
 use super::intercept::{handle_backend_req_fd, handle_iotlb, handle_mem_table};
-use super::VirtioDevice;
+use super::model::VirtioDevice;
 use crate::vhost_wire::{
-    Header, WireError, FRONTEND_IOTLB_MSG, FRONTEND_SET_BACKEND_REQ_FD, FRONTEND_SET_MEM_TABLE,
-    HEADER_SIZE,
+    Header, FRONTEND_IOTLB_MSG, FRONTEND_SET_BACKEND_REQ_FD, FRONTEND_SET_MEM_TABLE, HEADER_SIZE,
 };
 
 /// The log target of the per-front-end IOTLB summary, so that a program
 /// can show it while keeping the rest at a quieter level.
 pub const IOTLB_STATS_TARGET: &str = "iopath::iotlb";
-
-/// Errors of the vhost-user server.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// Accepting a connection failed.
-    #[error("Accepting a vhost-user connection failed")]
-    Accept(#[source] io::Error),
-    /// Reading or writing the connection failed.
-    #[error("vhost-user socket I/O failed")]
-    Socket(#[source] io::Error),
-    /// The front end broke the protocol; the connection was closed.
-    #[error("vhost-user protocol error, connection closed")]
-    Protocol(#[source] VhostError),
-    /// A front end of another user on a private socket; it was hung up.
-    #[error("Refused a front end of another user ({peer}): the socket is private (mode {mode:o})")]
-    PeerRefused {
-        /// Its credentials.
-        peer: String,
-        /// The socket's mode.
-        mode: u32,
-    },
-    /// A malformed `IOTLB_MSG`.
-    #[error("Malformed IOTLB_MSG with {len} payload bytes, connection closed")]
-    MalformedIotlb {
-        /// Request code.
-        request: u32,
-        /// Payload length announced in the header.
-        len: u32,
-    },
-    /// A malformed message taken before the `vhost` crate sees it
-    /// (`SET_BACKEND_REQ_FD` without exactly one unix stream socket, or
-    /// before `BACKEND_REQ` was negotiated; `SET_MEM_TABLE` with other than
-    /// one fd per region).
-    #[error("Malformed vhost-user request {request} ({len} payload bytes), connection closed")]
-    MalformedMessage {
-        /// Request code.
-        request: u32,
-        /// Payload length announced in the header.
-        len: u32,
-    },
-    /// A message whose framing or payload the wire codec refused.
-    #[error("Malformed vhost-user message, connection closed")]
-    Wire(#[source] WireError),
-}
 
 /// How a server presents its device to front ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,8 +202,4 @@ pub fn serve_connection_with<D: VirtioDevice>(
         tracing::warn!("front end truncated the memory it shares (SIGBUS caught): disconnected");
     }
     result
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -16,10 +16,11 @@ use vm_memory::{
     GuestRegionMmap, IommuMemory,
 };
 
+use super::call::CallFd;
 use super::inflight::InflightRegion;
 use super::memory::{map_region, Region, MAX_MEM_SLOTS};
 use super::{
-    CallFd, DeviceMemory, DmaFence, QueueContext, ServerOptions, VhostIommu, VirtioDevice,
+    DeviceMemory, DmaFence, QueueContext, ServerOptions, VhostIommu, VirtioDevice,
     VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_RING_F_EVENT_IDX,
 };
 

@@ -309,7 +309,7 @@ fn malformed_memory_tables_close_the_connection() {
     two[0] = 2;
     uml.send(5, 9, &two[..40], &[mem.as_fd()]);
     match uml.hang_up() {
-        Err(ServerError::Wire(vhost_wire::WireError::BadMemTable {
+        Err(ServerError::Wire(vhost_wire::VhostUserWireError::BadMemTable {
             size: 40,
             regions: 2,
             ..
