@@ -20,6 +20,7 @@ use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
 use iopath_dma::Perm;
+use iopath_sys::lock;
 
 use super::iotlb_stats::{IotlbCounters, IotlbEvent, IotlbStats};
 use super::DmaFence;
@@ -248,20 +249,13 @@ impl VhostIommu {
     /// Sets (`None`: clears) what this view runs before it waits for the
     /// front end to answer a miss.
     pub(crate) fn set_before_miss_wait(&self, hook: Option<MissWaitHook>) {
-        *self
-            .before_miss_wait
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = hook;
+        *lock(&self.before_miss_wait) = hook;
     }
 
     /// Runs this view's miss-wait hook, if any (not re-entrantly: a miss
     /// taken inside the hook runs none).
     fn run_before_miss_wait(&self) {
-        let slot = || {
-            self.before_miss_wait
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-        };
+        let slot = || lock(&self.before_miss_wait);
         let Some(mut hook) = slot().take() else {
             return;
         };
@@ -319,11 +313,7 @@ impl VhostIommu {
             }
         }
         drop(tlb);
-        *self
-            .shared
-            .updates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) += 1;
+        *lock(&self.shared.updates) += 1;
         self.shared.updated.notify_all();
         replaced
     }
@@ -341,12 +331,12 @@ impl VhostIommu {
                 no_iommu: false,
             }
         });
-        *self.shared.miss.lock().unwrap_or_else(|e| e.into_inner()) = ch;
+        *lock(&self.shared.miss) = ch;
     }
 
     /// Sends one miss report; false when there is no channel or it failed.
     fn report_miss(&self, iova: u64, size: u64, access: Permissions) -> bool {
-        let mut guard = self.shared.miss.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = lock(&self.shared.miss);
         let Some(ch) = guard.as_mut() else {
             return false;
         };
@@ -411,21 +401,14 @@ impl VhostIommu {
 
     /// IOTLB messages applied so far.
     fn updates_seen(&self) -> u64 {
-        *self
-            .shared
-            .updates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        *lock(&self.shared.updates)
     }
 
     /// Whether the front end refused a miss before it sent any IOTLB
     /// message (it runs no IOMMU).
     #[cfg(test)]
     fn front_end_runs_no_iommu(&self) -> bool {
-        self.shared
-            .miss
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.shared.miss)
             .as_ref()
             .is_some_and(|ch| ch.no_iommu)
     }
@@ -466,11 +449,7 @@ impl Iommu for VhostIommu {
         let deadline = Instant::now() + MISS_WAIT * 4;
         let mut last_denied: Option<GuestAddress> = None;
         loop {
-            let seen = *self
-                .shared
-                .updates
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let seen = *lock(&self.shared.updates);
             let tlb = self.shared.iotlb.read().unwrap_or_else(|e| e.into_inner());
             let fails = match Iotlb::lookup(tlb, iova, length, access) {
                 Ok(it) => return Ok(it),
@@ -509,11 +488,7 @@ impl Iommu for VhostIommu {
                 }));
             }
             self.shared.counters.count(IotlbEvent::Miss);
-            let updates = self
-                .shared
-                .updates
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let updates = lock(&self.shared.updates);
             let (updates, wait) = self
                 .shared
                 .updated

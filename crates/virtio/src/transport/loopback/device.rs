@@ -5,6 +5,7 @@ use std::ops::Deref;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
+use iopath_sys::lock;
 use rustix::event::{poll, PollFd, PollFlags};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestMemory, Permissions};
@@ -153,7 +154,7 @@ pub(super) fn device_thread(shared: &Shared, kicks: &[EventFd], calls: &[EventFd
 }
 
 pub(super) fn serve_queue(shared: &Shared, qi: u16, call: &EventFd) {
-    let mut guard = shared.state();
+    let mut guard = lock(&shared.state);
     let st = &mut *guard;
     if st.status & status::DRIVER_OK == 0 {
         return;

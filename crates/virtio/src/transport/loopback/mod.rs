@@ -29,11 +29,12 @@ use std::fmt;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use iopath_dma::{IotlbSink, SharedRegion};
+use iopath_sys::lock;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, IommuMemory};
@@ -67,12 +68,6 @@ struct Shared {
     iotlb_enabled: Arc<AtomicBool>,
     device_errors: AtomicU64,
     requests: AtomicU64,
-}
-
-impl Shared {
-    fn state(&self) -> MutexGuard<'_, DevState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// In-process loopback transport with a device thread.
@@ -135,7 +130,7 @@ impl Loopback {
             requests: AtomicU64::new(0),
         });
         let (device_id, device_features) = {
-            let st = shared.state();
+            let st = lock(&shared.state);
             (st.device.device_id(), st.device.features())
         };
         let sink = Arc::new(Sink {
@@ -287,16 +282,16 @@ impl Transport for Loopback {
     }
 
     fn set_driver_features(&self, features: u64) -> Result<()> {
-        self.shared.state().driver_features = features;
+        lock(&self.shared.state).driver_features = features;
         Ok(())
     }
 
     fn status(&self) -> Result<u8> {
-        Ok(self.shared.state().status)
+        Ok(lock(&self.shared.state).status)
     }
 
     fn set_status(&self, new: u8) -> Result<()> {
-        let mut st = self.shared.state();
+        let mut st = lock(&self.shared.state);
         if new == 0 {
             st.reset(&self.shared.iotlb, &self.shared.iotlb_enabled);
             return Ok(());
@@ -312,7 +307,7 @@ impl Transport for Loopback {
     }
 
     fn read_config(&self, offset: u32, data: &mut [u8]) -> Result<()> {
-        let st = self.shared.state();
+        let st = lock(&self.shared.state);
         let start = offset as usize;
         let src = start
             .checked_add(data.len())
@@ -326,7 +321,7 @@ impl Transport for Loopback {
     }
 
     fn write_config(&self, offset: u32, data: &[u8]) -> Result<()> {
-        let mut st = self.shared.state();
+        let mut st = lock(&self.shared.state);
         let start = offset as usize;
         let dst = start
             .checked_add(data.len())
@@ -340,7 +335,7 @@ impl Transport for Loopback {
     }
 
     fn set_memory(&self, regions: &[SharedRegion]) -> Result<()> {
-        let mut st = self.shared.state();
+        let mut st = lock(&self.shared.state);
         st.regions = regions.to_vec();
         let on = self.shared.iotlb_enabled.load(Ordering::Acquire);
         st.rebuild_memory(&self.shared.iotlb, on)
@@ -350,7 +345,7 @@ impl Transport for Loopback {
         // Handing out the sink switches the device to IOVA translation (as a
         // vhost-user back end does once IOTLB messages flow).
         if !self.shared.iotlb_enabled.swap(true, Ordering::AcqRel) {
-            let mut st = self.shared.state();
+            let mut st = lock(&self.shared.state);
             if let Err(e) = st.rebuild_memory(&self.shared.iotlb, true) {
                 tracing::warn!(error = %e, "loopback: remapping regions for IOTLB mode failed");
             }
@@ -360,7 +355,7 @@ impl Transport for Loopback {
 
     fn setup_queue(&self, index: u16, config: &QueueConfig) -> Result<()> {
         self.check_queue(index)?;
-        let mut st = self.shared.state();
+        let mut st = lock(&self.shared.state);
         let q = &mut st.queues[index as usize];
         let bad = |_| Error::BadQueueSize {
             size: config.size,

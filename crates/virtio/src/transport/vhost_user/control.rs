@@ -5,11 +5,12 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use iopath_dma::{IotlbRecord, IotlbSink};
+use iopath_sys::lock;
 use vhost::vhost_user::Frontend;
 
 use super::{Result, VhostUserError};
@@ -190,12 +191,6 @@ fn watch(w: &WatchShared) {
             .unwrap_or_else(|e| e.into_inner());
         st = g;
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked mid-request; the
-    // socket state is then unknown, but using it yields errors, not UB.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Control {

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iopath_dma::{IotlbSink, SharedRegion};
+use iopath_sys::lock;
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend as _, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VringConfigData};
@@ -49,7 +50,7 @@ use super::{QueueConfig, Transport};
 use crate::features::{status, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM};
 use backend_channel::BackendChannel;
 pub use control::VhostUserIotlb;
-use control::{lock, Control, Watchdog};
+use control::{Control, Watchdog};
 pub use error::{Result, VhostUserError};
 use regions::{check_disjoint, region_info, user_addr};
 
