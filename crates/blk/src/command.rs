@@ -1,4 +1,4 @@
-//! The block-device commands a driver queue takes ([`Request`]) and what
+//! The block-device commands a driver queue takes ([`Command`]) and what
 //! it hands back ([`Done`]); shared by the driver and its queues.
 
 use iopath_heap::Buffer;
@@ -7,7 +7,7 @@ use crate::error::Result;
 
 /// One block-device command.
 #[derive(Debug, Clone, Copy)]
-pub enum Request<'a> {
+pub enum Command<'a> {
     /// Read `len` bytes at byte `offset` of the device into `buf` at
     /// `buf_offset`.
     Read {

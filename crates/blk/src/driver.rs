@@ -1,7 +1,7 @@
 //! The virtio-blk driver: a block-device API over any virtio transport and
 //! any DMA ops.
 //!
-//! A [`Request`] (read, write, flush, discard, write-zeroes) is cut into
+//! A [`Command`] (read, write, flush, discard, write-zeroes) is cut into
 //! virtio requests that respect the device's `size_max`/`seg_max`, the DMA
 //! ops' largest mapping and the ring; each is a descriptor chain
 //!
@@ -29,7 +29,7 @@ use iopath_heap::Buffer;
 use iopath_virtio::driver as vdriver;
 use iopath_virtio::{Policy, PolicyOps, PollMode, QueueFeatures, SplitQueue, Transport};
 
-pub use crate::command::{Done, Request};
+pub use crate::command::{Command, Done};
 pub use crate::config::{DeviceConfig, RangeLimits};
 pub use crate::error::{BlkError, Result};
 pub use crate::queue::BlkQueue;
@@ -309,7 +309,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
     /// # Errors
     /// As [`BlkQueue::submit`], plus the request's own outcome.
     pub fn read(&mut self, offset: u64, buf: &Buffer, buf_offset: usize, len: usize) -> Result<()> {
-        self.queues[0].run(Request::Read {
+        self.queues[0].run(Command::Read {
             offset,
             buf,
             buf_offset,
@@ -329,7 +329,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
         buf_offset: usize,
         len: usize,
     ) -> Result<()> {
-        self.queues[0].run(Request::Write {
+        self.queues[0].run(Command::Write {
             offset,
             buf,
             buf_offset,
@@ -346,7 +346,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
         if !self.config.flush {
             return Ok(());
         }
-        self.queues[0].run(Request::Flush)
+        self.queues[0].run(Command::Flush)
     }
 
     /// Discards `len` bytes at `offset`.
@@ -354,7 +354,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
     /// # Errors
     /// [`BlkError::NotSupported`] without `DISCARD`; as [`BlkDriver::read`].
     pub fn discard(&mut self, offset: u64, len: u64) -> Result<()> {
-        self.queues[0].run(Request::Discard { offset, len })
+        self.queues[0].run(Command::Discard { offset, len })
     }
 
     /// Zeroes `len` bytes at `offset`.
@@ -363,7 +363,7 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
     /// [`BlkError::NotSupported`] without `WRITE_ZEROES`; as
     /// [`BlkDriver::read`].
     pub fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> Result<()> {
-        self.queues[0].run(Request::WriteZeroes { offset, len, unmap })
+        self.queues[0].run(Command::WriteZeroes { offset, len, unmap })
     }
 
     /// The device's serial number (`GET_ID`, up to 20 bytes, NULs trimmed).

@@ -7,7 +7,7 @@
 //! addresses come from the ops.
 //!
 //! ```text
-//!   BlkQueue::submit(Request::Write{..}) ─► cut by size_max/seg_max/max mapping
+//!   BlkQueue::submit(Command::Write{..}) ─► cut by size_max/seg_max/max mapping
 //!        ─► SplitQueue::add ─► DmaOps::map ─► transport notify ─► device
 //!   BlkQueue::complete() ◄─ status byte ◄─ unmap ◄─ used ring ◄─ interrupt
 //! ```
@@ -64,7 +64,7 @@ pub mod workload;
 
 pub use backend::{BackendError, BlkBackend, BlkOptions};
 pub use dd::{DdConfig, DdError, DdReport, DmaMode};
-pub use driver::{BlkDriver, BlkError, BlkQueue, DeviceConfig, Done, DriverOptions, Request};
+pub use driver::{BlkDriver, BlkError, BlkQueue, Command, DeviceConfig, Done, DriverOptions};
 pub use iopath_virtio::PollMode;
 pub use names::UnknownName;
 pub use workload::{Access, Blocks, Outcome, Workload, WorkloadError};

@@ -13,7 +13,7 @@ use iopath_virtio::{PollMode, Poller, Seg, SplitQueue, Transport, Waited};
 
 use vm_memory::ByteValued;
 
-use crate::command::{Done, Request};
+use crate::command::{Command, Done};
 use crate::config::DeviceConfig;
 use crate::error::{BlkError, Result};
 use crate::plan::{plan, PieceSpec};
@@ -45,7 +45,7 @@ const _: () = assert!(META_STATUS < META_SLOT);
 /// writing a status is caught by it.
 const STATUS_UNSET: u8 = 0xff;
 
-/// A transfer (a [`Request`]) in flight: the virtio requests it was cut into.
+/// A transfer (a [`Command`]) in flight: the virtio requests it was cut into.
 #[derive(Debug)]
 struct Transfer {
     /// Pieces not yet completed.
@@ -66,7 +66,7 @@ struct Piece {
     seq: u64,
 }
 
-/// One virtio-blk request queue: submit [`Request`]s with tags, collect
+/// One virtio-blk request queue: submit [`Command`]s with tags, collect
 /// [`Done`]s. Many requests may be in flight; a request larger than the
 /// device's limits is cut into several virtio requests and completes once.
 #[derive(Debug)]
@@ -145,7 +145,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// outside the buffer) before anything is queued; queue, DMA and
     /// transport errors after (pieces already queued still complete under
     /// `tag`, with the error).
-    pub fn submit(&mut self, req: Request<'_>, tag: u64) -> Result<()> {
+    pub fn submit(&mut self, req: Command<'_>, tag: u64) -> Result<()> {
         if self.transfers.contains_key(&tag) {
             return Err(BlkError::DuplicateTag { tag });
         }
@@ -188,7 +188,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     }
 
     /// Checks `req` and cuts it into virtio requests.
-    fn cut(&self, req: &Request<'_>) -> Result<Vec<PieceSpec>> {
+    fn cut(&self, req: &Command<'_>) -> Result<Vec<PieceSpec>> {
         let cap = self.config.capacity_bytes();
         let check = |offset: u64, len: u64| -> Result<()> {
             if len == 0 {
@@ -212,13 +212,13 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             u32::MAX
         });
         Ok(match *req {
-            Request::Read {
+            Command::Read {
                 offset,
                 buf,
                 buf_offset,
                 len,
             }
-            | Request::Write {
+            | Command::Write {
                 offset,
                 buf,
                 buf_offset,
@@ -226,7 +226,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             } => {
                 check(offset, len as u64)?;
                 buf.check_range(buf_offset, len)?;
-                if matches!(req, Request::Write { .. }) && self.config.read_only {
+                if matches!(req, Command::Write { .. }) && self.config.read_only {
                     return Err(BlkError::ReadOnly);
                 }
                 let max_map = self.vq.ops().max_mapping_size() as u64;
@@ -250,18 +250,18 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 })
                 .collect()
             }
-            Request::Flush => {
+            Command::Flush => {
                 if !self.config.flush {
                     return Err(BlkError::NotSupported { what: "flush" });
                 }
                 vec![PieceSpec::Flush]
             }
-            Request::Discard { offset, len } | Request::WriteZeroes { offset, len, .. } => {
+            Command::Discard { offset, len } | Command::WriteZeroes { offset, len, .. } => {
                 let (limits, kind, unmap, what) = match *req {
-                    Request::Discard { .. } => {
+                    Command::Discard { .. } => {
                         (self.config.discard, req_type::DISCARD, false, "discard")
                     }
-                    Request::WriteZeroes { unmap, .. } => (
+                    Command::WriteZeroes { unmap, .. } => (
                         self.config.write_zeroes,
                         req_type::WRITE_ZEROES,
                         unmap && self.config.write_zeroes_may_unmap,
@@ -295,7 +295,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     }
 
     /// Puts one virtio request on the ring, waiting for room if needed.
-    fn submit_piece(&mut self, req: &Request<'_>, p: &PieceSpec, tag: u64) -> Result<()> {
+    fn submit_piece(&mut self, req: &Command<'_>, p: &PieceSpec, tag: u64) -> Result<()> {
         loop {
             if self.free_slots.is_empty() {
                 self.reap_blocking()?;
@@ -326,13 +326,13 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         }
     }
 
-    fn try_add(&mut self, req: &Request<'_>, p: &PieceSpec, tag: u64, wait: MapWait) -> Result<()> {
+    fn try_add(&mut self, req: &Command<'_>, p: &PieceSpec, tag: u64, wait: MapWait) -> Result<()> {
         let slot = *self.free_slots.last().expect("checked by caller");
         let base = usize::from(slot) * META_SLOT;
         let meta = self.meta.as_ref().expect("meta lives until drop");
         let (kind, sector) = match *p {
             PieceSpec::Data { sector, .. } => (
-                if matches!(req, Request::Write { .. }) {
+                if matches!(req, Command::Write { .. }) {
                     req_type::OUT
                 } else {
                     req_type::IN
@@ -366,7 +366,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         } = p
         {
             let buf = match req {
-                Request::Read { buf, .. } | Request::Write { buf, .. } => *buf,
+                Command::Read { buf, .. } | Command::Write { buf, .. } => *buf,
                 _ => unreachable!("data pieces come from reads and writes"),
             };
             let mut at = *buf_offset;
@@ -518,7 +518,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     ///
     /// # Errors
     /// As [`BlkQueue::submit`] and the request's outcome.
-    pub fn run(&mut self, req: Request<'_>) -> Result<()> {
+    pub fn run(&mut self, req: Command<'_>) -> Result<()> {
         let tag = u64::MAX - 1;
         self.submit(req, tag)?;
         self.wait_tag(tag)
@@ -550,7 +550,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 error: None,
             },
         );
-        if let Err(e) = self.submit_piece(&Request::Flush, &PieceSpec::GetId, tag) {
+        if let Err(e) = self.submit_piece(&Command::Flush, &PieceSpec::GetId, tag) {
             self.transfers.remove(&tag);
             return Err(e);
         }

@@ -18,7 +18,7 @@ use iopath_blk::wire::{
     VIRTIO_BLK_T_FLUSH as T_FLUSH, VIRTIO_BLK_T_GET_ID as T_GET_ID, VIRTIO_BLK_T_IN as T_IN,
     VIRTIO_BLK_T_OUT as T_OUT, VIRTIO_BLK_T_WRITE_ZEROES as T_WRITE_ZEROES,
 };
-use iopath_blk::{BlkError, DriverOptions, Request};
+use iopath_blk::{BlkError, Command, DriverOptions};
 use iopath_virtio::features as vf;
 use iopath_virtio::transport::loopback::{Loopback, LoopbackDevice};
 use iopath_virtio::{BounceGeometry, Choice, Platform, Policy, Transport};
@@ -240,7 +240,7 @@ fn device_errors_and_bad_arguments_are_exact() {
     assert!(matches!(
         drv.submit(
             0,
-            Request::Write {
+            Command::Write {
                 offset: 0,
                 buf: &buf,
                 buf_offset: 0,
@@ -294,7 +294,7 @@ fn queues_in_threads_share_a_small_bounce_window() {
                         let off = ((qi as u64 * 8) + round * 2 + k as u64) * bs as u64;
                         b.write_at(0, &seq(off, bs)).unwrap();
                         q.submit(
-                            Request::Write {
+                            Command::Write {
                                 offset: off,
                                 buf: b,
                                 buf_offset: 0,

@@ -13,7 +13,7 @@ use super::order::Order;
 use super::pattern::{check_pattern, fill_seq};
 use super::spec::Workload;
 use super::stats::Run;
-use crate::driver::{BlkDriver, BlkQueue, Request};
+use crate::driver::{BlkDriver, BlkQueue, Command};
 
 /// What a workload measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -235,13 +235,13 @@ fn queue_pass<O: DmaOps + ?Sized>(
                 buf.write_at(buf_offset, &scratch)?;
             }
             let req = match op {
-                Op::Write => Request::Write {
+                Op::Write => Command::Write {
                     offset,
                     buf,
                     buf_offset,
                     len: bs,
                 },
-                Op::Read => Request::Read {
+                Op::Read => Command::Read {
                     offset,
                     buf,
                     buf_offset,

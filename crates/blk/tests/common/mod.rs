@@ -4,11 +4,11 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{self, Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iopath_blk::{BlkDriver, DriverOptions, Request};
+use iopath_blk::{BlkDriver, Command, DriverOptions};
 use iopath_dma::{Direct, DmaOps};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
 use iopath_virtio::transport::vhost_user::VhostUser;
@@ -82,7 +82,7 @@ pub fn qsd(len: u64, queues: u16) -> Option<Peer> {
     let dir = tempfile::tempdir().unwrap();
     let image = image(dir.path(), len);
     let socket = dir.path().join("vhost.sock");
-    let child = Command::new("qemu-storage-daemon")
+    let child = process::Command::new("qemu-storage-daemon")
         .arg("--blockdev")
         .arg(format!(
             "driver=file,node-name=disk,filename={},cache.direct=on",
@@ -146,7 +146,7 @@ impl AnyDriver {
     pub fn submit(
         &mut self,
         q: usize,
-        req: Request<'_>,
+        req: Command<'_>,
         tag: u64,
     ) -> iopath_blk::driver::Result<()> {
         match self {
@@ -284,7 +284,7 @@ pub fn write_read_verify(
                 let q = next % drv.num_queues();
                 drv.submit(
                     q,
-                    Request::Write {
+                    Command::Write {
                         offset: dev_off + (next * bs) as u64,
                         buf: &bufs[slot],
                         buf_offset: 0,
