@@ -8,7 +8,7 @@
 //! There requests are parsed ([`crate::request::Request::parse`]), reads
 //! and writes go to the image through io_uring straight from and into the
 //! front end's memory when the buffers suit `O_DIRECT` (else through an
-//! aligned bounce buffer), flushes as `fdatasync`; completions fill in the
+//! aligned staging buffer), flushes as `fdatasync`; completions fill in the
 //! status byte and the used ring. On a file system that cannot read
 //! without blocking (tmpfs: io_uring would hand every request to a worker
 //! thread) reads and writes of up to 128 KiB are copied inline instead.

@@ -12,9 +12,11 @@ use iopath_heap::AlignedBuf;
 use crate::request::Limits;
 
 /// Alignment `O_DIRECT` needs on this machine's file systems (ext4 with
-/// 512-byte sectors); bounce buffers are page-aligned.
+/// 512-byte sectors).
 pub(crate) const DIRECT_ALIGN: usize = 512;
-pub(crate) const BOUNCE_ALIGN: usize = 4096;
+/// Alignment of the buffers the back end allocates for `O_DIRECT` itself
+/// (staging buffers, probes, zeros): a page.
+pub(crate) const BUF_ALIGN: usize = 4096;
 
 /// Largest read or write done inline with `preadv`/`pwritev` on an image
 /// without [`Image::nowait`]: a small copy costs less than handing it to
@@ -61,7 +63,7 @@ fn open_with(path: &Path, readonly: bool, direct: bool) -> io::Result<File> {
 /// Whether the file accepts an aligned `O_DIRECT` read (some file systems
 /// accept the open flag and refuse the I/O).
 fn direct_read_works(file: &File) -> bool {
-    let Ok(mut buf) = AlignedBuf::new(DIRECT_ALIGN, BOUNCE_ALIGN) else {
+    let Ok(mut buf) = AlignedBuf::new(DIRECT_ALIGN, BUF_ALIGN) else {
         return false;
     };
     rustix::io::pread(file, buf.as_mut_slice(), 0).is_ok()
@@ -71,7 +73,7 @@ fn direct_read_works(file: &File) -> bool {
 /// `EOPNOTSUPP` says no (`EAGAIN` means data not cached, which is a yes).
 /// [`preadv2(2)`](https://man7.org/linux/man-pages/man2/preadv2.2.html).
 pub(crate) fn reads_nowait(file: &File) -> bool {
-    let Ok(mut buf) = AlignedBuf::new(DIRECT_ALIGN, BOUNCE_ALIGN) else {
+    let Ok(mut buf) = AlignedBuf::new(DIRECT_ALIGN, BUF_ALIGN) else {
         return true;
     };
     let mut iov = [io::IoSliceMut::new(buf.as_mut_slice())];

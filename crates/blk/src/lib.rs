@@ -25,8 +25,8 @@
 //!
 //! ```text
 //!  descriptor chain ─► request::Request::parse ─► checked segments
-//!     ─► io_uring readv/writev/fsync on the image (O_DIRECT; bounced when a
-//!        buffer is not aligned) ─► status byte + used ring ─► call eventfd
+//!     ─► io_uring readv/writev/fsync on the image (O_DIRECT; staged in an
+//!        aligned buffer when the front end's is not) ─► status byte + used ring ─► call eventfd
 //! ```
 //!
 //! Both sides read and write the wire format through the same `#[repr(C)]`

@@ -40,7 +40,7 @@ fn reads_writes_flush_and_id(srv: &Server) {
         "image differs"
     );
 
-    // A buffer at an odd address: bounced through aligned memory.
+    // A buffer at an odd address: staged through aligned memory.
     let odd = pattern(9000 * SECTOR, 8 * 512, 0x1234);
     assert_eq!(c.request(0, T_OUT, 9000, Some(&odd), 0, 3).0, S_OK);
     let (st, back) = c.request(0, T_IN, 9000, None, 8 * 512, 5);

@@ -2,7 +2,8 @@
 //! virtio-blk request path: `Request::parse`, then the parsed request
 //! executed over an in-memory image through the same checked accessors the
 //! executor uses (`get_slices` for the io_uring iovecs, `read_slice` /
-//! `write_slice` for bounces, the `GET_ID` answer and the status byte).
+//! `write_slice` for staging buffers, the `GET_ID` answer and the status
+//! byte).
 //!
 //! Guest memory is three 64 KiB regions (data in two, with a hole between
 //! them; the ring in the third). With

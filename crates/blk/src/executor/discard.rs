@@ -6,7 +6,7 @@ use std::io;
 
 use iopath_heap::AlignedBuf;
 
-use crate::image::BOUNCE_ALIGN;
+use crate::image::BUF_ALIGN;
 use crate::request::SectorRange;
 use crate::wire::{SECTOR_SIZE, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 
@@ -52,7 +52,7 @@ pub(super) fn discard(file: &File, ranges: &[SectorRange], zero: bool) -> u8 {
 }
 
 fn write_zero_bytes(file: &File, mut off: u64, mut len: u64) -> io::Result<()> {
-    let chunk = AlignedBuf::new(1 << 20, BOUNCE_ALIGN).map_err(io::Error::other)?;
+    let chunk = AlignedBuf::new(1 << 20, BUF_ALIGN).map_err(io::Error::other)?;
     while len > 0 {
         let n = len.min(chunk.len() as u64) as usize;
         let done = rustix::io::pwrite(file, &chunk.as_slice()[..n], off)?;

@@ -13,12 +13,13 @@ use std::sync::{Arc, Mutex};
 
 use io_uring::{opcode, types, IoUring};
 use iopath_heap::AlignedBuf;
+use iopath_sys::lock;
 use iopath_virtio::device::{DeviceMemory, DeviceMemoryGuard, QueueContext};
 use iopath_virtio::{PollMode, Poller};
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, Permissions};
 
-use crate::image::{Image, BOUNCE_ALIGN, DIRECT_ALIGN, INLINE_MAX};
+use crate::image::{Image, BUF_ALIGN, DIRECT_ALIGN, INLINE_MAX};
 use crate::request::{Rejected, Request, RequestKind, Segment};
 use crate::wire::{SECTOR_SIZE, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use uring::{guest_iovecs, InFlight, IoState, Op, IOV_MAX};
@@ -79,10 +80,6 @@ impl Executor {
         })
     }
 
-    fn io(&self) -> std::sync::MutexGuard<'_, IoState> {
-        self.io.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Serves the queue until the server asks it to stop and what is in
     /// flight has finished.
     pub(crate) fn run(&mut self, ctx: &mut QueueContext) -> io::Result<()> {
@@ -110,14 +107,14 @@ impl Executor {
         loop {
             if self.stopping {
                 let (in_flight, done) = {
-                    let st = self.io();
+                    let st = lock(&self.io);
                     (st.in_flight, st.done.len())
                 };
                 if in_flight == 0 && done == 0 {
                     return Ok(());
                 }
                 if in_flight > 0 {
-                    let waited = self.io().ring.submit_and_wait(1);
+                    let waited = lock(&self.io).ring.submit_and_wait(1);
                     match waited {
                         Ok(_) => {}
                         Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
@@ -157,7 +154,7 @@ impl Executor {
         let _dma = ctx.dma_batch();
         let mem = ctx.memory();
         for head in heads {
-            if self.io().free.is_empty() {
+            if lock(&self.io).free.is_empty() {
                 // Cannot happen (heads are distinct and below the queue
                 // size); a request never started is one the guest waits on.
                 tracing::warn!("queue {}: no slot to resubmit head {head}", ctx.index());
@@ -213,7 +210,7 @@ impl Executor {
             }
         };
         // Out of slots, completions call this again.
-        while readable && !self.io().free.is_empty() {
+        while readable && !lock(&self.io).free.is_empty() {
             let Some(chain) = ctx.pop_chain(&mem) else {
                 break;
             };
@@ -234,7 +231,7 @@ impl Executor {
     fn submit(&mut self) -> io::Result<()> {
         loop {
             let r = {
-                let mut st = self.io();
+                let mut st = lock(&self.io);
                 if st.ring.submission().is_empty() {
                     return Ok(());
                 }
@@ -306,7 +303,7 @@ impl Executor {
                     offset: 0,
                     total: 0,
                     iovecs: Box::new([]),
-                    bounce: None,
+                    staging: None,
                     _mem: mem.clone(),
                     _dma: None,
                 };
@@ -371,11 +368,14 @@ impl Executor {
         };
         let use_direct =
             direct.len() <= IOV_MAX && (!self.image.direct || direct.iter().all(aligned));
-        let (iovecs, bounce) = if use_direct {
+        let (iovecs, staging) = if use_direct {
             (direct.into_boxed_slice(), None)
         } else {
-            let Ok(mut buf) = AlignedBuf::new(total, BOUNCE_ALIGN) else {
-                tracing::warn!("queue {}: no memory for a {total}-byte bounce", ctx.index());
+            let Ok(mut buf) = AlignedBuf::new(total, BUF_ALIGN) else {
+                tracing::warn!(
+                    "queue {}: no memory for a {total}-byte staging buffer",
+                    ctx.index()
+                );
                 self.complete(ctx, mem, head, Some(status), VIRTIO_BLK_S_IOERR, 0);
                 return;
             };
@@ -410,7 +410,7 @@ impl Executor {
             offset,
             total,
             iovecs,
-            bounce,
+            staging,
             _mem: mem.clone(),
             _dma: None,
         };
@@ -421,8 +421,8 @@ impl Executor {
             self.complete(ctx, mem, head, Some(status), st, len);
             return;
         }
-        // A bounced write has already read the front end's memory.
-        flight._dma = (op == Op::Read || flight.bounce.is_none()).then(|| ctx.dma_ticket());
+        // A staged write has already read the front end's memory.
+        flight._dma = (op == Op::Read || flight.staging.is_none()).then(|| ctx.dma_ticket());
         let fd = types::Fd(self.image.file.as_raw_fd());
         // The iovecs are on the heap: moving them into `flight` left them
         // where the entry points.
@@ -441,7 +441,7 @@ impl Executor {
         flight: InFlight,
         sqe: io_uring::squeue::Entry,
     ) {
-        let popped = self.io().free.pop();
+        let popped = lock(&self.io).free.pop();
         let Some(slot) = popped else {
             // Cannot happen: callers check for a free slot first.
             self.complete(
@@ -456,9 +456,9 @@ impl Executor {
         };
         let sqe = sqe.user_data(slot as u64);
         loop {
-            let mut st = self.io();
+            let mut st = lock(&self.io);
             // SAFETY: every pointer in `sqe` points at heap memory of
-            // `flight` (its boxed iovec array, its bounce buffer) or at the
+            // `flight` (its boxed iovec array, its staging buffer) or at the
             // front end's memory it keeps mapped; `flight` goes into
             // `slots[slot]` before the entry is submitted and stays there
             // until its completion is taken.
@@ -490,7 +490,7 @@ impl Executor {
         // miss wait parks (the front end may be waiting for an
         // invalidation's ack before it can answer that miss).
         let done = {
-            let mut st = self.io();
+            let mut st = lock(&self.io);
             st.take_completions();
             std::mem::take(&mut st.done)
         };

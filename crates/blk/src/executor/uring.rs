@@ -14,7 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use crate::request::Segment;
 use crate::wire::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 
-/// `IOV_MAX`: more segments than this go through a bounce buffer.
+/// `IOV_MAX`: more segments than this go through a staging buffer.
 pub(super) const IOV_MAX: usize = 1024;
 
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
@@ -34,13 +34,15 @@ pub(super) struct InFlight {
     pub(super) offset: u64,
     pub(super) total: usize,
     pub(super) iovecs: Box<[libc::iovec]>,
-    pub(super) bounce: Option<AlignedBuf>,
+    /// The request's data in aligned memory of the back end's own, when
+    /// the front end's buffers do not suit `O_DIRECT` (or are too many).
+    pub(super) staging: Option<AlignedBuf>,
     pub(super) _mem: DeviceMemoryGuard,
     /// Held while the kernel may still access the front end's memory.
     pub(super) _dma: Option<DmaTicket>,
 }
 
-// SAFETY: the iovecs point into `bounce` (owned) or into the front end's
+// SAFETY: the iovecs point into `staging` (owned) or into the front end's
 // memory kept mapped by `_mem`; neither is tied to the creating thread.
 unsafe impl Send for InFlight {}
 
@@ -99,7 +101,7 @@ impl IoState {
 
 impl Drop for IoState {
     /// The kernel may still read or write the memory of requests in
-    /// flight (bounce buffers owned here, the front end's memory these
+    /// flight (staging buffers owned here, the front end's memory these
     /// requests' tickets hold): let them finish before any of it goes.
     fn drop(&mut self) {
         self.finish_in_flight();
@@ -131,7 +133,7 @@ impl InFlight {
             }
         }
         if f.op == Op::Read {
-            if let Some(buf) = &f.bounce {
+            if let Some(buf) = &f.staging {
                 let mut off = 0usize;
                 for s in &f.data {
                     let n = s.len as usize;
@@ -185,7 +187,7 @@ impl InFlight {
             let fd = file.as_raw_fd();
             let n_iov = rest.len().min(IOV_MAX) as libc::c_int;
             // SAFETY: the iovecs point into memory kept alive by `f` (its
-            // bounce buffer or the front end's mapped memory).
+            // staging buffer or the front end's mapped memory).
             let n = unsafe {
                 match f.op {
                     Op::Read => libc::preadv(fd, rest.as_ptr(), n_iov, off),

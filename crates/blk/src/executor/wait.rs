@@ -7,6 +7,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
+use iopath_sys::lock;
 use iopath_virtio::device::QueueContext;
 use iopath_virtio::Polled;
 
@@ -32,7 +33,7 @@ pub(super) struct QueueSources<'a> {
 impl QueueSources<'_> {
     /// Completions the kernel posted, or taken and not yet reported.
     fn io_done(&self) -> bool {
-        let mut st = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(self.io);
         !st.done.is_empty() || !st.ring.completion().is_empty()
     }
 
@@ -58,7 +59,7 @@ impl Polled for QueueSources<'_> {
     fn helpers_busy(&self) -> bool {
         // Requests on io_uring (large ones, or any on a file system with
         // non-blocking reads): its workers may run on this thread's CPU.
-        self.io.lock().unwrap_or_else(|e| e.into_inner()).in_flight > 0
+        lock(self.io).in_flight > 0
     }
 
     fn suppress(&mut self) -> std::io::Result<()> {
