@@ -93,7 +93,7 @@ mod tests {
         // there, and yes on the build's own file system if that is not tmpfs.
         let dir = std::path::Path::new("/dev/shm");
         if !dir.is_dir() {
-            eprintln!("skipped: no /dev/shm");
+            iopath_testkit::skip(iopath_testkit::Feature::ShmTmpfs, "no /dev/shm");
             return;
         }
         let path = dir.join(format!("iopath-nowait-{}", std::process::id()));

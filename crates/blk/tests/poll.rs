@@ -151,12 +151,21 @@ fn a_polling_back_end_serves_the_next_front_end() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // It is killed once it has written the whole image (a run of 2048
+    // random blocks, each once): well into its runs, with the back end
+    // polling its queue.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&srv.image).unwrap()) == 0 {
-        assert!(Instant::now() < deadline, "the first dd never wrote");
+    let allocated =
+        || std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&srv.image).unwrap());
+    while allocated() < IMAGE / 512 {
+        assert!(
+            Instant::now() < deadline,
+            "the first dd did not write the image within 30 s ({} of {} sectors)",
+            allocated(),
+            IMAGE / 512
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    std::thread::sleep(Duration::from_millis(100));
     first.kill().unwrap();
     first.wait().unwrap();
 
