@@ -28,8 +28,8 @@ pub struct DdArgs {
     /// `qemu-storage-daemon --export type=vhost-user-blk`, ...).
     #[arg(long)]
     pub socket: PathBuf,
-    /// Block size of each transfer, a multiple of 512 (suffixes K, M, G;
-    /// powers of 1024).
+    /// Block size of each transfer, a multiple of 512 (decimal or 0x hex,
+    /// suffixes K, M, G; powers of 1024).
     #[arg(long, default_value = "8M", value_parser = iopath_sys::parse_size::<usize>)]
     pub bs: usize,
     /// Number of blocks per run.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use iopath_blk::{BlkBackend, BlkOptions};
+use iopath_sys::signals;
 use iopath_virtio::device::{ServerOptions, VhostUserServer};
 
 /// Arguments of `iopath blk serve`.
@@ -65,22 +66,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         },
     )
     .context("cannot serve the image")?;
-    // Block the signals in every thread (the workers inherit the mask) and
-    // wait for them on a thread of their own, which cleans up and exits.
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("cannot install signal handlers")?;
     let listener = bind(&args.socket, args.socket_mode)?;
+    // SIGINT or SIGTERM: remove the socket and exit 0. (A signal before
+    // this leaves a stale socket, which the next start replaces.)
     let socket = args.socket.clone();
-    std::thread::spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            let _ = std::fs::remove_file(&socket);
-            tracing::info!("signal {sig}: socket removed, exiting");
-            std::process::exit(0);
-        }
-    });
+    signals::on_stop("blk-serve-stop", move |sig| {
+        let _ = std::fs::remove_file(&socket);
+        tracing::info!("{}: socket removed, exiting", signals::signal_name(sig));
+        0
+    })
+    .context("cannot install signal handlers")?;
     let cfg = backend.config();
     println!(
         "serving {} ({} sectors, {}{}) on {} (mode {:o}) with {} queue{} ({})",

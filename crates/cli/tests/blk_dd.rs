@@ -403,6 +403,37 @@ fn dd_small_blocks_work_and_errors_name_the_option() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["verified"], true);
     check_seq(&s.image, 4096, 8 * 512);
+    // Sizes in hexadecimal, as every size option takes them.
+    let out = dd(
+        &s.socket,
+        &[
+            "--bs",
+            "0x400",
+            "--count",
+            "2",
+            "--pattern",
+            "seq",
+            "--verify",
+            "--offset",
+            "0x2000",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["bs"].as_u64(), v["verified"].as_bool()),
+        (Some(1024), Some(true))
+    );
+    let image = std::fs::read(&s.image).unwrap();
+    for at in (0x2000..0x2800).step_by(8) {
+        let w = u64::from_le_bytes(image[at..at + 8].try_into().unwrap());
+        assert_eq!(w, at as u64, "image word at byte {at}");
+    }
 
     for (args, wants) in [
         (
