@@ -33,7 +33,7 @@ pub const FIO: (&str, &str) = ("fio", "fio");
 /// One guest at a time: TCG guests are CPU-bound and the machine is small.
 pub fn guest_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    iopath_sys::lock(&LOCK)
 }
 
 /// Builds the guest once per test binary (`scripts/guest-dd --prepare`).
