@@ -32,4 +32,4 @@ pub mod unix_socket;
 pub use error::error_chain;
 pub use limits::raise_fd_limit;
 pub use size::{format_size, human, parse_size, SizeError};
-pub use sync::{lock, read_lock, wait, wait_timeout, write_lock};
+pub use sync::{lock, read_lock, wait, wait_timeout, wait_timeout_while, write_lock};

@@ -41,6 +41,21 @@ pub fn wait_timeout<'a, T>(
         .unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Waits on `cv` with `guard`'s mutex while `condition` holds, for at most
+/// `limit`, ignoring poison (as [`lock`]).
+pub fn wait_timeout_while<'a, T, F>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    limit: Duration,
+    condition: F,
+) -> (MutexGuard<'a, T>, WaitTimeoutResult)
+where
+    F: FnMut(&mut T) -> bool,
+{
+    cv.wait_timeout_while(guard, limit, condition)
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +100,14 @@ mod tests {
         let cv = Condvar::new();
         let (g, t) = wait_timeout(&cv, lock(&m), Duration::from_millis(1));
         assert!(t.timed_out());
+        assert_eq!(*g, 0);
+        drop(g);
+        let (g, t) = wait_timeout_while(&cv, lock(&m), Duration::from_millis(1), |n| *n == 0);
+        assert!(t.timed_out());
+        assert_eq!(*g, 0);
+        drop(g);
+        let (g, t) = wait_timeout_while(&cv, lock(&m), Duration::from_secs(60), |n| *n != 0);
+        assert!(!t.timed_out(), "a condition already false does not wait");
         assert_eq!(*g, 0);
     }
 }
