@@ -5,7 +5,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use iopath_sys::lock;
+use iopath_sys::{lock, wait_timeout_while};
 
 /// Makes an IOTLB invalidation wait for the device accesses that may still
 /// use the old translation.
@@ -101,10 +101,8 @@ impl DmaFence {
         // Counted under the lock, so a ticket dropped after this sees a
         // waiter to wake, and one dropped before is seen by the predicate.
         st.waiters += 1;
-        let (mut st, timeout) = self
-            .idle
-            .wait_timeout_while(st, limit, |st| st.live[old] > st.parked[old])
-            .unwrap_or_else(|e| e.into_inner());
+        let (mut st, timeout) =
+            wait_timeout_while(&self.idle, st, limit, |st| st.live[old] > st.parked[old]);
         st.waiters -= 1;
         drop(st);
         !timeout.timed_out()

@@ -20,7 +20,7 @@ use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
 use iopath_dma::Perm;
-use iopath_sys::lock;
+use iopath_sys::{lock, read_lock, wait_timeout_while, write_lock};
 
 use super::iotlb_stats::{IotlbCounters, IotlbEvent, IotlbStats};
 use super::DmaFence;
@@ -286,7 +286,7 @@ impl VhostIommu {
         } as usize;
         // A poisoned lock only means a panic elsewhere; the map itself is
         // always consistent, so keep using it.
-        let mut tlb = self.shared.iotlb.write().unwrap_or_else(|e| e.into_inner());
+        let mut tlb = write_lock(&self.shared.iotlb);
         if len == 0 {
             return false;
         }
@@ -415,11 +415,7 @@ impl VhostIommu {
 
     /// Forgets every mapping (a new front end, a device reset).
     pub fn clear(&self) {
-        self.shared
-            .iotlb
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .invalidate_all();
+        write_lock(&self.shared.iotlb).invalidate_all();
     }
 }
 
@@ -450,7 +446,7 @@ impl Iommu for VhostIommu {
         let mut last_denied: Option<GuestAddress> = None;
         loop {
             let seen = *lock(&self.shared.updates);
-            let tlb = self.shared.iotlb.read().unwrap_or_else(|e| e.into_inner());
+            let tlb = read_lock(&self.shared.iotlb);
             let fails = match Iotlb::lookup(tlb, iova, length, access) {
                 Ok(it) => return Ok(it),
                 Err(f) => f,
@@ -489,11 +485,8 @@ impl Iommu for VhostIommu {
             }
             self.shared.counters.count(IotlbEvent::Miss);
             let updates = lock(&self.shared.updates);
-            let (updates, wait) = self
-                .shared
-                .updated
-                .wait_timeout_while(updates, MISS_WAIT, |n| *n == seen)
-                .unwrap_or_else(|e| e.into_inner());
+            let (updates, wait) =
+                wait_timeout_while(&self.shared.updated, updates, MISS_WAIT, |n| *n == seen);
             drop(updates);
             if wait.timed_out() {
                 self.shared.counters.count(IotlbEvent::Unanswered);

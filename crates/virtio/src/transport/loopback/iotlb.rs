@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use iopath_dma::{IotlbRecord, IotlbSink};
+use iopath_sys::{read_lock, write_lock};
 use vm_memory::iommu::{Iommu, IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iotlb, Permissions};
 
@@ -17,14 +18,11 @@ pub(super) struct LoopIotlb {
 
 impl LoopIotlb {
     pub(super) fn read(&self) -> RwLockReadGuard<'_, Iotlb> {
-        self.tlb.read().unwrap_or_else(|e| e.into_inner())
+        read_lock(&self.tlb)
     }
 
     pub(super) fn clear(&self) {
-        self.tlb
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .invalidate_all();
+        write_lock(&self.tlb).invalidate_all();
     }
 }
 
@@ -76,7 +74,7 @@ impl IotlbSink for Sink {
         &self,
         record: IotlbRecord,
     ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let mut tlb = self.iotlb.tlb.write().unwrap_or_else(|e| e.into_inner());
+        let mut tlb = write_lock(&self.iotlb.tlb);
         match record {
             IotlbRecord::Update {
                 iova,

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use iopath_dma::{IotlbRecord, IotlbSink};
-use iopath_sys::lock;
+use iopath_sys::{lock, wait, wait_timeout};
 use vhost::vhost_user::Frontend;
 
 use super::{Result, VhostUserError};
@@ -157,7 +157,7 @@ fn watch(w: &WatchShared) {
         }
         let Some((request, since)) = st.armed else {
             st.idle = true;
-            st = w.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = wait(&w.wake, st);
             st.idle = false;
             continue;
         };
@@ -185,10 +185,7 @@ fn watch(w: &WatchShared) {
             continue;
         }
         let next = if notice { NOTICE_AFTER } else { w.timeout };
-        let (g, _) = w
-            .wake
-            .wait_timeout(st, next.saturating_sub(waited))
-            .unwrap_or_else(|e| e.into_inner());
+        let (g, _) = wait_timeout(&w.wake, st, next.saturating_sub(waited));
         st = g;
     }
 }
