@@ -154,18 +154,13 @@ fn a_polling_back_end_serves_the_next_front_end() {
     // It is killed once it has written the whole image (a run of 2048
     // random blocks, each once): well into its runs, with the back end
     // polling its queue.
-    let deadline = Instant::now() + Duration::from_secs(30);
     let allocated =
         || std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&srv.image).unwrap());
-    while allocated() < IMAGE / 512 {
-        assert!(
-            Instant::now() < deadline,
-            "the first dd did not write the image within 30 s ({} of {} sectors)",
-            allocated(),
-            IMAGE / 512
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    iopath_testkit::wait_until(
+        "the first dd writing the whole image",
+        Duration::from_secs(30),
+        || allocated() >= IMAGE / 512,
+    );
     first.kill().unwrap();
     first.wait().unwrap();
 
