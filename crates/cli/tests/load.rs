@@ -170,6 +170,22 @@ fn bad_input_gives_one_clear_line() {
         &["load", small, "--method", "teleport"],
         "unknown transfer method",
     );
+    // A /sys file says 4096 bytes and holds a line: its size is not its
+    // length, and the error says so instead of contradicting itself.
+    let sys = "/sys/kernel/mm/transparent_hugepage/enabled";
+    if Path::new(sys).exists() {
+        fails_with(
+            &["load", sys],
+            "/sys/kernel/mm/transparent_hugepage/enabled reports a size of 4096 bytes that is \
+             not the length of its contents (a /sys file): only files whose size is known can \
+             be loaded; copy it to a regular file first",
+        );
+    }
+    fails_with(
+        &["load", "/proc/self/status"],
+        "/proc/self/status reports a size of 0 but has data (a /proc file): only files whose \
+         size is known can be loaded",
+    );
     if !Path::new("/dev/udmabuf").exists() {
         fails_with(
             &["load", small, "--heap", "udmabuf"],

@@ -212,3 +212,132 @@ fn method_map_views_the_cached_tensors_and_says_so() {
         "map for safetensors",
     );
 }
+
+/// `n` shards of one 16-byte U8 tensor each, no index.
+fn write_small_shards(dir: &Path, n: usize) {
+    for i in 0..n {
+        let header =
+            format!("{{\"t{i}\":{{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]}}}}");
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(&pattern(16, i as u32));
+        std::fs::write(dir.join(format!("s{i:05}.safetensors")), out).unwrap();
+    }
+}
+
+/// Runs `iopath ARGS` under `sh -c 'ulimit ...; exec ...'`.
+fn iopath_under(ulimit: &str, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit {ulimit} && exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args(args)
+        .output()
+        .expect("run iopath under sh")
+}
+
+#[test]
+fn many_shards_raise_the_open_file_limit_first_or_name_it_as_the_fix() {
+    let hard = Command::new("sh")
+        .args(["-c", "ulimit -Hn"])
+        .output()
+        .unwrap();
+    let hard = String::from_utf8_lossy(&hard.stdout).trim().to_string();
+    if hard != "unlimited" && hard.parse::<u64>().unwrap_or(0) < 5000 {
+        eprintln!("skipped: the hard open-file limit ({hard}) is under 5000");
+        return;
+    }
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    write_small_shards(d.path(), 1100);
+    let dir = d.path().to_str().unwrap();
+    // 1,100 shards under a soft limit of 1,024: raised before they open.
+    let out = iopath_under(
+        "-Sn 1024",
+        &["load", dir, "--format", "safetensors", "--verify", "--json"],
+    );
+    let v = json(&out);
+    assert_eq!(v["tensors"], 1100);
+    assert_eq!(v["bytes"], 1100 * 16);
+    assert_eq!(v["verified"], true);
+    // Under a hard limit of 1,500 they cannot all be open with a buffer
+    // each, whatever the buffer size: the fix named is the limit.
+    for size in ["32M", "1G"] {
+        let out = iopath_under(
+            "-n 1500",
+            &[
+                "load",
+                dir,
+                "--format",
+                "safetensors",
+                "--buffer-size",
+                size,
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(
+                "the checkpoint's 1100 shards need at least 2200 more open files (a buffer of \
+                 its own for each shard, and each shard's file while it loads)"
+            ) && stderr
+                .contains("a larger buffer size cannot help; raise the open-file limit (ulimit -n"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("--buffer-size"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_directory_entry_that_cannot_be_loaded_fails_the_load_naming_it() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    write_small_shards(d.path(), 2);
+    let dir = d.path().to_str().unwrap();
+    // An interrupted download: a link to a blob that never arrived.
+    std::os::unix::fs::symlink("blobs/partial", d.path().join("s00002.safetensors")).unwrap();
+    fails_with(
+        &["load", dir, "--format", "safetensors"],
+        1,
+        "s00002.safetensors is a symbolic link to blobs/partial, which does not exist",
+    );
+    std::fs::remove_file(d.path().join("s00002.safetensors")).unwrap();
+    let made = Command::new("mkfifo")
+        .arg(d.path().join("s00002.safetensors"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fails_with(
+        &["load", dir, "--format", "safetensors"],
+        1,
+        "s00002.safetensors is not a regular file (a pipe)",
+    );
+}
+
+#[test]
+fn shard_names_reach_the_terminal_escaped() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let evil = "\u{1b}]0;owned\u{7}\u{1b}[2J.safetensors";
+    let index = serde_json::json!({ "weight_map": { "x": evil } });
+    std::fs::write(
+        d.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    std::fs::write(d.path().join(evil), b"not a safetensors file").unwrap();
+    let out = iopath(&[
+        "load",
+        d.path().to_str().unwrap(),
+        "--format",
+        "safetensors",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr.contains(r"\u{1b}]0;owned\u{7}\u{1b}[2J.safetensors"),
+        "{stderr}"
+    );
+}

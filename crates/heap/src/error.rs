@@ -1,11 +1,12 @@
+use std::fmt;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Errors of the heap layer.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A heap device is not present on this machine.
-    #[error("heap `{heap}` is not available: {path} does not exist")]
+    #[error("heap `{heap}` is not available: {path} does not exist", path = shown(path))]
     Unavailable {
         /// Heap name.
         heap: String,
@@ -78,11 +79,21 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A mapping that must be guarded against SIGBUS and cannot be.
+    #[error(
+        "cannot guard a mapping of {len} bytes against SIGBUS (65,536 mappings are guarded \
+         already, or the handler could not be installed): a file shrunk under it would kill \
+         the process, so it is not mapped; drop buffers no longer used"
+    )]
+    Unguarded {
+        /// Its length.
+        len: usize,
+    },
     /// A peer sent something that is not a buffer.
     #[error("bad buffer message from peer: {0}")]
     BadMessage(&'static str),
     /// A file could not be opened or inspected.
-    #[error("cannot open {path}")]
+    #[error("cannot open {path}", path = shown(path))]
     Open {
         /// The file.
         path: PathBuf,
@@ -92,7 +103,7 @@ pub enum Error {
     },
     /// The path names something that is not a regular file (a directory, a
     /// device, a socket).
-    #[error("{path} is not a regular file ({what})")]
+    #[error("{path} is not a regular file ({what})", path = shown(path))]
     NotAFile {
         /// The path.
         path: PathBuf,
@@ -100,14 +111,15 @@ pub enum Error {
         what: &'static str,
     },
     /// The file has no bytes to load.
-    #[error("{path} is empty")]
+    #[error("{path} is empty", path = shown(path))]
     EmptyFile {
         /// The file.
         path: PathBuf,
     },
     /// The file ends before the requested range does.
     #[error(
-        "{path} is {missing} bytes too short: {offset}+{len} was asked, the file has {size} bytes"
+        "{path} is {missing} bytes too short: {offset}+{len} was asked, the file has {size} bytes",
+        path = shown(path)
     )]
     ShortFile {
         /// The file.
@@ -122,7 +134,7 @@ pub enum Error {
         missing: u64,
     },
     /// A read or write of a file failed.
-    #[error("{op} of {path} at offset {offset} ({len} bytes) failed")]
+    #[error("{op} of {path} at offset {offset} ({len} bytes) failed", path = shown(path))]
     FileIo {
         /// The system call.
         op: &'static str,
@@ -197,17 +209,48 @@ pub enum Error {
         /// The smallest buffer size that would fit.
         min_buffer_size: u64,
     },
-    /// A file that reports size 0 but has bytes (procfs, sysfs).
+    /// A checkpoint of more shards than the process may hold files for:
+    /// each shard needs a buffer of its own, whatever their size.
     #[error(
-        "{path} reports a size of 0 but has data (a /proc or /sys file?): only files whose \
-         size is known can be loaded; copy it to a regular file first"
+        "the checkpoint's {shards} shards need at least {needed} more open files (a buffer \
+         of its own for each shard, and each shard's file while it loads), but only {room} \
+         more can exist (each is one of the process's {what}): a larger buffer size cannot \
+         help; {fix}"
+    )]
+    TooManyShards {
+        /// Shards in the checkpoint.
+        shards: u64,
+        /// Files (and mappings) they need at least.
+        needed: u64,
+        /// How many more may exist.
+        room: u64,
+        /// The limit.
+        what: &'static str,
+        /// How to raise it.
+        fix: &'static str,
+    },
+    /// A file whose reported size is not the length of its contents (a
+    /// /proc or /sys file: size 0 with data, or 4096 with a line of text).
+    #[error(
+        "{path} reports a size of {reported} ({what}): only files whose size is known can be \
+         loaded; copy it to a regular file first (cp {path} FILE)",
+        path = shown(path),
+        reported = if *size == 0 {
+            "0 but has data".to_string()
+        } else {
+            format!("{size} bytes that is not the length of its contents")
+        }
     )]
     UnknownSize {
         /// The file.
         path: PathBuf,
+        /// The size it reports.
+        size: u64,
+        /// What it is, as far as can be told (`a /sys file`).
+        what: &'static str,
     },
     /// A safetensors file whose header is refused.
-    #[error("{path} is not a safetensors file iopath accepts: {reason}")]
+    #[error("{path} is not a safetensors file iopath accepts: {reason}", path = shown(path))]
     Safetensors {
         /// The file.
         path: PathBuf,
@@ -217,7 +260,7 @@ pub enum Error {
     /// A checkpoint whose files disagree: an index that is malformed or
     /// names a shard that does not exist, a tensor in two shards, a shard
     /// holding a tensor the index puts elsewhere.
-    #[error("{path} is not a checkpoint iopath accepts: {reason}")]
+    #[error("{path} is not a checkpoint iopath accepts: {reason}", path = shown(path))]
     Checkpoint {
         /// The file or directory given.
         path: PathBuf,
@@ -225,7 +268,7 @@ pub enum Error {
         reason: String,
     },
     /// One shard of a checkpoint failed, and with it the whole load.
-    #[error("shard {index} of {count} ({path})")]
+    #[error("shard {index} of {count} ({path})", path = shown(path))]
     Shard {
         /// Its place among the shards, from 1, files ordered by name.
         index: usize,
@@ -241,7 +284,8 @@ pub enum Error {
     /// replaced between the open and the last read.
     #[error(
         "{path} changed while it was being loaded (its size, modification or change time \
-         moved): nothing was kept; load it again"
+         moved): nothing was kept; load it again",
+        path = shown(path)
     )]
     Changed {
         /// The file.
@@ -260,7 +304,7 @@ pub enum Error {
     #[error(
         "verify failed: byte {file_offset} of {path} differs (buffer {buffer}, offset \
          {buffer_offset}: file has {file_byte:#04x}, buffer has {buffer_byte:#04x})",
-        path = path.display()
+        path = shown(path)
     )]
     Mismatch {
         /// The file.
@@ -298,6 +342,45 @@ pub enum Error {
     /// The loader's allocator thread died (a bug; reported instead of a panic).
     #[error("allocator thread failed: {0}")]
     Loader(String),
+}
+
+/// A path or file name as an error shows it: characters that would
+/// drive a terminal (controls, escape sequences, bidirectional
+/// overrides) escaped as Rust escapes them (`\u{1b}`), the rest as is. A
+/// name from outside (an index, a directory listing, a handle) can then
+/// neither retitle nor clear the terminal of whoever reads the error.
+pub(crate) fn shown(path: &Path) -> Shown<'_> {
+    Shown(path)
+}
+
+/// See [`shown`].
+pub(crate) struct Shown<'a>(&'a Path);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        escape(&self.0.to_string_lossy(), f)
+    }
+}
+
+/// Writes `s` with its control and bidirectional-override characters
+/// escaped.
+pub(crate) fn escape(s: &str, f: &mut impl fmt::Write) -> fmt::Result {
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            write!(f, "{}", c.escape_unicode())?;
+        } else {
+            f.write_char(c)?;
+        }
+    }
+    Ok(())
+}
+
+/// `s` with its control and bidirectional-override characters escaped.
+pub(crate) fn escaped(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let _ = escape(s, &mut out);
+    out
 }
 
 impl Error {

@@ -193,6 +193,21 @@ impl IoFile {
             .map(|pages| (pages as u64 * crate::page_size() as u64).min(size))
     }
 
+    /// When the file's reported `size` is not the length of its contents,
+    /// what it is: a file of a pseudo file system (/proc, /sys, debugfs,
+    /// ...) whose last byte is not at `size - 1`, or any file that
+    /// reports 0 bytes and has one. `None` for a file whose size holds.
+    pub(crate) fn size_is_not_length(&self, size: u64) -> Option<&'static str> {
+        let fs = pseudo_fs(self.fd());
+        let mut probe = [0u8; 1];
+        let mut bytes_at = |off: u64| rustix::io::pread(self.fd(), &mut probe, off).unwrap_or(0);
+        if size == 0 {
+            return (bytes_at(0) > 0).then_some(fs.unwrap_or("it has data"));
+        }
+        let fs = fs?;
+        (bytes_at(size - 1) == 0 || bytes_at(size) > 0).then_some(fs)
+    }
+
     pub(crate) fn io_err(
         &self,
         op: &'static str,
@@ -233,7 +248,21 @@ impl IoFile {
 }
 
 fn check_regular(path: &Path, ft: std::fs::FileType) -> Result<()> {
-    let what = if ft.is_dir() {
+    match not_regular(ft) {
+        Some(what) => Err(Error::NotAFile {
+            path: path.to_path_buf(),
+            what,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What a file of type `ft` is when it is not a regular file (`a pipe`),
+/// as errors name it.
+pub(crate) fn not_regular(ft: std::fs::FileType) -> Option<&'static str> {
+    Some(if ft.is_file() {
+        return None;
+    } else if ft.is_dir() {
         "a directory"
     } else if ft.is_fifo() {
         "a pipe"
@@ -243,12 +272,45 @@ fn check_regular(path: &Path, ft: std::fs::FileType) -> Result<()> {
         "a block device"
     } else if ft.is_char_device() {
         "a character device"
+    } else if ft.is_symlink() {
+        "a symbolic link"
     } else {
-        return Ok(());
-    };
-    Err(Error::NotAFile {
-        path: path.to_path_buf(),
-        what,
+        "not a file"
+    })
+}
+
+/// Why `path` cannot be opened as a regular file, following symbolic
+/// links, in words that follow "the shard": `does not exist`, `is not a
+/// regular file (a pipe)`, `is a symbolic link to X, which does not
+/// exist`; `None` for a regular file.
+pub(crate) fn why_not_regular(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Ok(m) => not_regular(m.file_type()).map(|what| format!("is not a regular file ({what})")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Some(match std::fs::read_link(path) {
+            Ok(to) => format!(
+                "is a symbolic link to {}, which does not exist (an interrupted download?)",
+                crate::error::shown(&to)
+            ),
+            Err(_) => "does not exist".to_string(),
+        }),
+        Err(e) => Some(format!("cannot be read ({e})")),
+    }
+}
+
+/// What a file on a pseudo file system is (see statfs(2) and
+/// include/uapi/linux/magic.h): there a file's size is made up (0, or a
+/// page) unless its driver says otherwise.
+fn pseudo_fs(fd: BorrowedFd<'_>) -> Option<&'static str> {
+    let f_type = rustix::fs::fstatfs(fd).ok()?.f_type as u64;
+    Some(match f_type {
+        0x9fa0 => "a /proc file",
+        0x6265_6572 => "a /sys file",
+        0x6462_6720 => "a debugfs file",
+        0x7472_6163 => "a tracefs file",
+        0x7363_6673 => "a securityfs file",
+        0x6265_6570 => "a configfs file",
+        0x0027_e0eb | 0x6367_7270 => "a cgroup file",
+        _ => return None,
     })
 }
 
@@ -268,5 +330,27 @@ fn query_dio_align(fd: BorrowedFd<'_>) -> Option<DioAlign> {
         }
         // Older kernel or file system that does not report: try with a page.
         _ => Some(DioAlign::page()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_size_that_is_not_a_length_is_told_apart() {
+        let sys = Path::new("/sys/kernel/mm/transparent_hugepage/enabled");
+        if sys.exists() {
+            let f = IoFile::open(sys).unwrap();
+            assert_eq!(f.size().unwrap(), 4096);
+            assert_eq!(f.size_is_not_length(4096), Some("a /sys file"));
+        }
+        let proc = IoFile::open("/proc/self/status").unwrap();
+        assert_eq!(proc.size_is_not_length(0), Some("a /proc file"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let f = IoFile::open(&path).unwrap();
+        assert_eq!(f.size_is_not_length(10), None);
     }
 }

@@ -111,11 +111,15 @@ pub(crate) fn buffer_room(want: usize) -> Room {
         Room {
             buffers: files,
             what: "open files (RLIMIT_NOFILE, ulimit -n)",
+            fix: "raise the open-file limit (ulimit -n; past the hard limit as root: \
+                  ulimit -Hn, LimitNOFILE= of a systemd unit, nofile in \
+                  /etc/security/limits.conf)",
         }
     } else {
         Room {
             buffers: maps,
             what: "mappings (vm.max_map_count)",
+            fix: "raise the mapping limit (sysctl -w vm.max_map_count=N, as root)",
         }
     }
 }
@@ -127,6 +131,8 @@ pub(crate) struct Room {
     pub buffers: u64,
     /// The limit.
     pub what: &'static str,
+    /// How to raise it.
+    pub fix: &'static str,
 }
 
 #[cfg(test)]

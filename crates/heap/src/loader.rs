@@ -288,7 +288,8 @@ fn plan(
 ///
 /// # Errors
 /// [`Error::Open`]/[`Error::NotAFile`] for a bad path, [`Error::EmptyFile`],
-/// [`Error::UnknownSize`] for a file that reports size 0 but has data,
+/// [`Error::UnknownSize`] for a file whose size is not its length (a /proc
+/// or /sys file: size 0 with data, or 4096 with a line of text),
 /// [`Error::BadSize`] for a buffer size that is not a page multiple,
 /// [`Error::NoBuffers`] for `opts.buffers == Some(0)`,
 /// [`Error::ShortFile`] when `opts.buffers` asks for more than the file has,
@@ -305,13 +306,14 @@ pub fn load(
     opts.checked_page()?;
     let file = IoFile::open(path)?;
     let size = file.size()?;
+    if let Some(what) = file.size_is_not_length(size) {
+        return Err(Error::UnknownSize {
+            path: path.to_path_buf(),
+            size,
+            what,
+        });
+    }
     if size == 0 {
-        let mut probe = [0u8; 1];
-        if rustix::io::pread(file.fd(), &mut probe, 0).is_ok_and(|n| n > 0) {
-            return Err(Error::UnknownSize {
-                path: path.to_path_buf(),
-            });
-        }
         return Err(Error::EmptyFile {
             path: path.to_path_buf(),
         });

@@ -304,3 +304,116 @@ fn a_pool_never_keeps_a_file_buffer() {
     // The second load reused the first's buffers.
     assert!(pool.counts().0 > 0);
 }
+
+/// Runs this test binary's test `name` in a child where every private
+/// read/write mapping of a file fails with `ENODEV`, as on a file system
+/// without `mmap` (a seccomp filter on `mmap(2)`'s `prot` and `flags`;
+/// the loader's and the libraries' mappings are other kinds). `false`
+/// where the filter cannot be written (an architecture it does not know).
+fn run_where_files_do_not_map(name: &str) -> bool {
+    use std::os::unix::process::CommandExt;
+    #[cfg(target_arch = "x86_64")]
+    const ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
+    #[cfg(target_arch = "aarch64")]
+    const ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = name;
+        return false;
+    }
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let ld = |k: u32| libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt,
+            jf,
+            k,
+        };
+        let ret = |k: u32| libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        // struct seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8 i
+        // (the low half first: little-endian).
+        let filter = [
+            ld(4),
+            jeq(ARCH, 0, 6),
+            ld(0),
+            jeq(libc::SYS_mmap as u32, 0, 4),
+            ld(16 + 8 * 3),
+            jeq(libc::MAP_PRIVATE as u32, 0, 2),
+            ld(16 + 8 * 2),
+            jeq((libc::PROT_READ | libc::PROT_WRITE) as u32, 1, 0),
+            ret(libc::SECCOMP_RET_ALLOW),
+            ret(libc::SECCOMP_RET_ERRNO | libc::ENODEV as u32),
+        ];
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", name, "--nocapture"])
+            .env("IOPATH_NO_FILE_MAPS", "1");
+        // SAFETY: between fork and exec the closure makes two prctl(2)
+        // calls (async-signal-safe system calls) on a filter built before
+        // the fork, and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                let prog = libc::sock_fprog {
+                    len: filter.len() as u16,
+                    filter: filter.as_ptr().cast_mut(),
+                };
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::prctl(
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_FILTER,
+                        &prog as *const libc::sock_fprog,
+                    ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        true
+    }
+}
+
+#[test]
+fn a_file_system_that_will_not_map_files_is_read_instead() {
+    let name = "a_file_system_that_will_not_map_files_is_read_instead";
+    if std::env::var_os("IOPATH_NO_FILE_MAPS").is_none() {
+        if !run_where_files_do_not_map(name) {
+            eprintln!("skipped: no seccomp filter for this architecture");
+        }
+        return;
+    }
+    let Some(dir) = common::shm_dir() else {
+        return;
+    };
+    let (paths, want) = checkpoint(dir.path());
+    // The filter is in place: the file does not map.
+    let fd = std::os::fd::OwnedFd::from(File::open(&paths[0]).unwrap());
+    let refused = iopath_heap::Buffer::map_file(fd, MIB).unwrap_err();
+    assert!(
+        matches!(&refused, Error::Sys { op: "mmap", source } if source.raw_os_error() == Some(libc::ENODEV)),
+        "{refused:?}"
+    );
+    // Every page cached, none mappable: every tensor read.
+    let heap = MemfdHeap::new(HugePages::None);
+    let t = load_checkpoint(dir.path(), &heap, &map_opts(), 2, &mut |_| {}).unwrap();
+    assert!(check(&t, &want).is_empty());
+    assert_eq!(t.stats.mapped, 0);
+    assert_eq!(t.stats.populate, None);
+}

@@ -208,7 +208,7 @@ pub(crate) fn fail(
     if sys::is_einval(&e) {
         tracing::debug!(
             "{}: {op} at {off} refused with EINVAL; falling back",
-            file.path().display()
+            crate::error::shown(file.path())
         );
         Fail::Refused
     } else {

@@ -8,8 +8,11 @@
 //!   every `*.safetensors` file in it.
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use crate::error::escaped;
+use crate::file::why_not_regular;
 use crate::{Error, Result};
 
 /// Largest index file read (real ones are well under 1 MB).
@@ -73,15 +76,27 @@ fn resolve_dir(dir: &Path) -> Result<Checkpoint> {
     for entry in std::fs::read_dir(dir).map_err(open_err(dir))? {
         let entry = entry.map_err(open_err(dir))?;
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let is_file = std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
-        if !is_file {
+        let is_index = name.as_bytes().ends_with(b".safetensors.index.json");
+        if !is_index && !name.as_bytes().ends_with(b".safetensors") {
             continue;
         }
-        if name.ends_with(".safetensors.index.json") {
-            indexes.push(entry.path());
-        } else if name.ends_with(".safetensors") {
-            files.push(entry.path());
+        // Every such entry is part of the checkpoint: one that cannot be
+        // loaded fails the load, never drops out of it.
+        let path = entry.path();
+        if let Some(why) = why_not_regular(&path) {
+            return Err(bad(
+                dir,
+                format!(
+                    "{} {why}, and every *.safetensors file of a directory is loaded (all or \
+                     nothing): remove it, or name the shards in an index",
+                    escaped(&name.to_string_lossy())
+                ),
+            ));
+        }
+        if is_index {
+            indexes.push(path);
+        } else {
+            files.push(path);
         }
     }
     indexes.sort();
@@ -112,7 +127,7 @@ fn resolve_dir(dir: &Path) -> Result<Checkpoint> {
 fn names(paths: &[PathBuf]) -> String {
     paths
         .iter()
-        .map(|p| p.file_name().unwrap_or_default().to_string_lossy())
+        .map(|p| escaped(&p.file_name().unwrap_or_default().to_string_lossy()))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -211,11 +226,14 @@ fn resolve_index(index: &Path) -> Result<Checkpoint> {
     files.sort_unstable();
     files.dedup();
     for f in &files {
-        if !dir.join(f).is_file() {
+        if let Some(why) = why_not_regular(&dir.join(f)) {
             let count = by_tensor.values().filter(|v| v == f).count();
             return Err(bad(
                 index,
-                format!("the index names shard {f} ({count} tensors), which does not exist"),
+                format!(
+                    "the index names shard {} ({count} tensors), which {why}",
+                    escaped(f)
+                ),
             ));
         }
     }
@@ -298,6 +316,112 @@ mod tests {
         assert_eq!(
             reason(resolve(&d.path().join("empty"))),
             "the directory holds no *.safetensors file and no *.safetensors.index.json"
+        );
+    }
+
+    fn mkfifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn shards_an_index_names_that_are_not_regular_files_say_what_they_are() {
+        let d = tempfile::tempdir().unwrap();
+        let index = d.path().join("m.safetensors.index.json");
+        std::fs::write(
+            &index,
+            r#"{"weight_map":{"x":"fifo.safetensors","y":"zero.safetensors"}}"#,
+        )
+        .unwrap();
+        mkfifo(&d.path().join("fifo.safetensors"));
+        std::os::unix::fs::symlink("/dev/zero", d.path().join("zero.safetensors")).unwrap();
+        assert_eq!(
+            reason(resolve(&index)),
+            "the index names shard fifo.safetensors (1 tensors), which is not a regular file \
+             (a pipe)"
+        );
+        std::fs::remove_file(d.path().join("fifo.safetensors")).unwrap();
+        std::fs::write(d.path().join("fifo.safetensors"), b"x").unwrap();
+        assert_eq!(
+            reason(resolve(&index)),
+            "the index names shard zero.safetensors (1 tensors), which is not a regular file \
+             (a character device)"
+        );
+        std::fs::remove_file(d.path().join("zero.safetensors")).unwrap();
+        std::os::unix::fs::symlink("blobs/gone", d.path().join("zero.safetensors")).unwrap();
+        assert_eq!(
+            reason(resolve(&index)),
+            "the index names shard zero.safetensors (1 tensors), which is a symbolic link to \
+             blobs/gone, which does not exist (an interrupted download?)"
+        );
+    }
+
+    #[test]
+    fn a_directory_entry_that_cannot_be_loaded_fails_the_load_naming_it() {
+        let tail = ", and every *.safetensors file of a directory is loaded (all or nothing): \
+                    remove it, or name the shards in an index";
+        /// Makes the entry at a path.
+        type Make = fn(&Path);
+        let cases: [(&str, Make, &str); 4] = [
+            (
+                "a.safetensors",
+                |p| std::os::unix::fs::symlink("../blobs/x", p).unwrap(),
+                "is a symbolic link to ../blobs/x, which does not exist (an interrupted download?)",
+            ),
+            ("a.safetensors", mkfifo, "is not a regular file (a pipe)"),
+            (
+                "a.safetensors",
+                |p| std::fs::create_dir(p).unwrap(),
+                "is not a regular file (a directory)",
+            ),
+            (
+                "m.safetensors.index.json",
+                |p| std::os::unix::fs::symlink("nowhere", p).unwrap(),
+                "is a symbolic link to nowhere, which does not exist (an interrupted download?)",
+            ),
+        ];
+        for (name, make, why) in cases {
+            let d = tempfile::tempdir().unwrap();
+            std::fs::write(d.path().join("b.safetensors"), b"x").unwrap();
+            make(&d.path().join(name));
+            assert_eq!(reason(resolve(d.path())), format!("{name} {why}{tail}"));
+        }
+    }
+
+    #[test]
+    fn shard_names_are_shown_escaped() {
+        let d = tempfile::tempdir().unwrap();
+        let index = d.path().join("m.safetensors.index.json");
+        std::fs::write(
+            &index,
+            r#"{"weight_map":{"x":"\u001b]0;owned\u0007\u001b[2J.safetensors"}}"#,
+        )
+        .unwrap();
+        let e = resolve(&index).unwrap_err().to_string();
+        assert!(!e.contains('\u{1b}') && !e.contains('\u{7}'), "{e:?}");
+        assert!(
+            e.ends_with(
+                r"the index names shard \u{1b}]0;owned\u{7}\u{1b}[2J.safetensors (1 tensors), which does not exist"
+            ),
+            "{e}"
+        );
+        // A directory's entries, and the path of the error itself.
+        let evil = d.path().join("\u{1b}[2J\u{202e}");
+        std::fs::create_dir(&evil).unwrap();
+        std::fs::create_dir(evil.join("\u{1b}c.safetensors")).unwrap();
+        let e = resolve(&evil).unwrap_err().to_string();
+        assert!(!e.contains('\u{1b}') && !e.contains('\u{202e}'), "{e:?}");
+        assert!(
+            e.contains(
+                r"\u{1b}[2J\u{202e} is not a checkpoint iopath accepts: \u{1b}c.safetensors is not"
+            ),
+            "{e}"
         );
     }
 

@@ -7,7 +7,8 @@
 //!
 //! ```text
 //!   file:   [hdr][t0 cached][t1 cold][t2 cached][t3 partly cached]
-//!   cache_runs ─► mapped: t0, t2  ─► Buffer::map_file + populate_read(t0), (t2)
+//!   cache_runs ─► mapped: t0, t2  ─► Buffer::map_file (refused: read them)
+//!                                     + populate_read(t0), (t2)
 //!                 planned: t1, t3 ─► heap buffers, engines (auto: direct I/O)
 //! ```
 //!
@@ -60,25 +61,32 @@ fn mark(runs: &[CacheRun], spans: &[(u64, usize, usize)]) -> Vec<bool> {
         .collect()
 }
 
-/// The file mapped private, with the pages of every span marked in
-/// `mapped` made resident (neighbouring spans in one call).
+/// The whole file (`size` bytes) mapped private: the buffer mapped
+/// tensors are views of.
 ///
 /// # Errors
-/// As [`Buffer::map_file`] and [`Buffer::populate_read`]; [`Error::Sys`]
-/// if the file's fd cannot be duplicated.
-pub(super) fn map_spans(
-    file: &IoFile,
-    size: u64,
-    spans: &[(u64, usize, usize)],
-    mapped: &[bool],
-) -> Result<Buffer> {
+/// As [`Buffer::map_file`]; [`Error::Sys`] if the file's fd cannot be
+/// duplicated.
+pub(super) fn map_file(file: &IoFile, size: u64) -> Result<Buffer> {
     let fd = file
         .fd()
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| Error::sys("dup", e))?;
     let len = usize::try_from(size).map_err(|_| Error::BadMessage("file too large to map"))?;
-    let buf = Buffer::map_file(fd, len)?;
+    Buffer::map_file(fd, len)
+}
+
+/// Makes the pages of every span marked in `mapped` resident in `buf`,
+/// the file's buffer (neighbouring spans in one call).
+///
+/// # Errors
+/// As [`Buffer::populate_read`].
+pub(super) fn populate_spans(
+    buf: &Buffer,
+    spans: &[(u64, usize, usize)],
+    mapped: &[bool],
+) -> Result<()> {
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     for (&(f, n, _), _) in spans.iter().zip(mapped).filter(|(_, &m)| m) {
         let end = f + n as u64;
@@ -88,8 +96,7 @@ pub(super) fn map_spans(
             _ => ranges.push((f, end)),
         }
     }
-    populate(&buf, &ranges)?;
-    Ok(buf)
+    populate(buf, &ranges)
 }
 
 /// Bytes per [`Buffer::populate_read`] call: pieces the threads share.

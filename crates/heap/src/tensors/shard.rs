@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
 use super::header::{read_header, Header};
-use super::map::{cached_spans, map_spans};
+use super::map::{cached_spans, map_file, populate_spans};
 use super::plan::{plan, round_up, Plan};
 use crate::engine::{new_engine_sharing, SharedChoice};
 use crate::file::IoFile;
@@ -57,6 +57,31 @@ fn nothing_read(method: crate::Method) -> LoadStats {
 }
 
 /// A shard opened, its header read and checked, its load planned.
+/// The file's buffer `map` makes, or `None` when the kernel refuses to
+/// map the file (`ENODEV`: a file system without `mmap`): then nothing in
+/// `mapped` is, and those tensors are read like the others.
+///
+/// # Errors
+/// Any other failure of `map`.
+fn map_or_read(
+    mapped: &mut [bool],
+    map: impl FnOnce() -> Result<Buffer>,
+    path: &Path,
+) -> Result<Option<Buffer>> {
+    match map() {
+        Ok(b) => Ok(Some(b)),
+        Err(Error::Sys { op: "mmap", source }) if source.raw_os_error() == Some(libc::ENODEV) => {
+            tracing::info!(
+                "{}: the file system does not map files ({source}); its tensors are read",
+                crate::error::shown(path)
+            );
+            mapped.fill(false);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct OpenShard {
     pub path: PathBuf,
@@ -69,10 +94,10 @@ pub(super) struct OpenShard {
     pub mapped: Vec<bool>,
     /// The plan of the tensors not mapped, in file order.
     pub plan: Plan,
-    /// The file's size when opened.
-    pub size: u64,
     /// Buffer size cap the plan was made with.
     pub cap: usize,
+    /// The file mapped, when a tensor is a view of it.
+    file_buf: Option<Buffer>,
     stamp: Stamp,
 }
 
@@ -107,10 +132,16 @@ impl OpenShard {
         let granule = heap.granule().max(page);
         let cap = round_up(opts.buffer_size, granule);
         let spans = header.spans();
-        let mapped = if opts.map_cached {
+        let mut mapped = if opts.map_cached {
             cached_spans(&file, &spans)?
         } else {
             vec![false; spans.len()]
+        };
+        // Mapped now, so a file the kernel will not map is read instead.
+        let file_buf = if mapped.contains(&true) {
+            map_or_read(&mut mapped, || map_file(&file, size), path)?
+        } else {
+            None
         };
         let rest: Vec<_> = spans
             .iter()
@@ -126,8 +157,8 @@ impl OpenShard {
             spans,
             mapped,
             plan,
-            size,
             cap,
+            file_buf,
             stamp,
         })
     }
@@ -164,8 +195,9 @@ impl OpenShard {
             .map(|(s, _)| s.1 as u64)
             .sum();
         let (filled, file_buf) = std::thread::scope(|s| {
-            let mapper = (mapped > 0)
-                .then(|| s.spawn(|| map_spans(&self.file, self.size, &self.spans, &self.mapped)));
+            let mapper = self.file_buf.as_ref().map(|b| {
+                s.spawn(|| populate_spans(b, &self.spans, &self.mapped).map(|()| b.clone()))
+            });
             let filled = if self.plan.reads.is_empty() && self.plan.sizes.is_empty() {
                 Ok((Vec::new(), nothing_read(opts.method)))
             } else {
@@ -218,5 +250,30 @@ impl OpenShard {
                 path: self.path.clone(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_the_kernel_will_not_map_is_read_instead() {
+        let path = Path::new("model.safetensors");
+        let refused = |errno: i32| {
+            move || -> Result<Buffer> {
+                Err(Error::sys("mmap", std::io::Error::from_raw_os_error(errno)))
+            }
+        };
+        let mut mapped = vec![true, false, true];
+        assert!(map_or_read(&mut mapped, refused(libc::ENODEV), path)
+            .unwrap()
+            .is_none());
+        assert_eq!(mapped, [false, false, false]);
+        // Any other failure is the load's.
+        let mut mapped = vec![true];
+        let e = map_or_read(&mut mapped, refused(libc::ENOMEM), path).unwrap_err();
+        assert!(matches!(e, Error::Sys { op: "mmap", .. }), "{e:?}");
+        assert_eq!(mapped, [true]);
     }
 }

@@ -49,6 +49,7 @@ pub fn load_checkpoint(
     let page = opts.checked_page()?;
     let ck = resolve(path)?;
     let n = ck.shards.len();
+    check_files(n)?;
     let in_shard = |i: usize, e: Error| {
         if ck.single {
             e
@@ -85,11 +86,12 @@ fn cross_check(path: &Path, ck: &Checkpoint, opened: &[OpenShard]) -> Result<()>
         reason,
     };
     let file = |i: usize| {
-        ck.shards[i]
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned()
+        crate::error::escaped(
+            &ck.shards[i]
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy(),
+        )
     };
     let mut found: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, s) in opened.iter().enumerate() {
@@ -130,6 +132,53 @@ fn cross_check(path: &Path, ck: &Checkpoint, opened: &[OpenShard]) -> Result<()>
     Ok(())
 }
 
+/// Files a shard holds open while the load runs at most: its own, its
+/// direct-I/O descriptor, and its first buffer.
+const FILES_PER_SHARD: usize = 3;
+
+/// Before any shard is opened: raises the open-file limit (to the hard
+/// one) when `shards` would not fit under it, and refuses a checkpoint
+/// whose shards cannot all be open with a buffer each even then.
+fn check_files(shards: usize) -> Result<()> {
+    if shards < 2 {
+        return Ok(());
+    }
+    let room = crate::limits::buffer_room(shards.saturating_mul(FILES_PER_SHARD));
+    let needed = 2 * shards as u64;
+    if needed > room.buffers {
+        return Err(Error::TooManyShards {
+            shards: shards as u64,
+            needed,
+            room: room.buffers,
+            what: room.what,
+            fix: room.fix,
+        });
+    }
+    Ok(())
+}
+
+/// The smallest buffer size, a multiple of `granule`, at which shards of
+/// `needs` bytes each (those with anything to read) take at most `room`
+/// buffers, a shard's bytes in buffers of its own; `None` when no size
+/// can do (more such shards than `room`).
+fn min_buffer_size(needs: &[u64], room: u64, granule: u64) -> Option<u64> {
+    if needs.len() as u64 > room {
+        return None;
+    }
+    let buffers = |bs: u64| -> u64 { needs.iter().map(|n| n.div_ceil(bs)).sum() };
+    let granule = granule.max(1);
+    let (mut lo, mut hi) = (1u64, needs.iter().max()?.div_ceil(granule).max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if buffers(mid * granule) <= room {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo * granule)
+}
+
 /// Refuses, before anything is allocated, a load whose buffers cannot fit
 /// in the memory the heap can give now or in the buffers the process may
 /// have.
@@ -144,17 +193,36 @@ fn check_room(heap: &dyn Heap, opened: &[OpenShard]) -> Result<()> {
             });
         }
     }
-    let buffers: usize = opened.iter().map(|s| s.plan.sizes.len()).sum();
+    // A shard with mapped tensors holds its file's buffer too.
+    let buffers: usize = opened
+        .iter()
+        .map(|s| s.plan.sizes.len() + usize::from(s.file_buffer().is_some()))
+        .sum();
     let room = crate::limits::buffer_room(buffers);
     if buffers as u64 > room.buffers {
         let granule = heap.granule().max(crate::page_size()) as u64;
-        let per = needed.div_ceil(room.buffers.max(1));
-        return Err(Error::TooManyBuffers {
-            buffers: buffers as u64,
-            buffer_size: opened.first().map_or(0, |s| s.cap),
-            room: room.buffers,
-            what: room.what,
-            min_buffer_size: per.div_ceil(granule) * granule,
+        // Each shard's bytes are in buffers of its own: a larger size
+        // helps only down to one buffer per shard.
+        let needs: Vec<u64> = opened
+            .iter()
+            .map(OpenShard::needed)
+            .filter(|&n| n > 0)
+            .collect();
+        return Err(match min_buffer_size(&needs, room.buffers, granule) {
+            Some(min_buffer_size) => Error::TooManyBuffers {
+                buffers: buffers as u64,
+                buffer_size: opened.first().map_or(0, |s| s.cap),
+                room: room.buffers,
+                what: room.what,
+                min_buffer_size,
+            },
+            None => Error::TooManyShards {
+                shards: opened.len() as u64,
+                needed: needs.len() as u64,
+                room: room.buffers,
+                what: room.what,
+                fix: room.fix,
+            },
         });
     }
     Ok(())
@@ -395,7 +463,19 @@ fn merge(ck: Checkpoint, opened: Vec<OpenShard>, filled: Filled, elapsed: Durati
 
 #[cfg(test)]
 mod tests {
-    use super::alloc_order;
+    use super::{alloc_order, min_buffer_size};
+
+    #[test]
+    fn the_advised_buffer_size_counts_a_buffer_per_shard() {
+        const M: u64 = 1 << 20;
+        // 3 shards of 10, 1 and 1 MiB in 6 buffers: 2.5 MiB (4 + 1 + 1);
+        // the whole's 12 MiB / 6 would say 2 MiB, which makes 7.
+        assert_eq!(min_buffer_size(&[10 * M, M, M], 6, 4096), Some(5 * M / 2));
+        assert_eq!(min_buffer_size(&[10 * M, M, M], 3, 4096), Some(10 * M));
+        // More shards than buffers: no size can do.
+        assert_eq!(min_buffer_size(&[4096; 10], 9, 4096), None);
+        assert_eq!(min_buffer_size(&[4096; 10], 10, 4096), Some(4096));
+    }
 
     #[test]
     fn one_allocator_takes_each_group_of_shards_in_turn() {
