@@ -71,19 +71,21 @@ impl Buffer {
     /// Wraps `fd` (a memfd, a dma-buf, a shared-memory file) of `len` bytes and
     /// maps it shared.
     ///
-    /// A file that another process could shrink under the mapping (a
-    /// [`HeapKind::Memfd`] buffer not sealed with `F_SEAL_SHRINK`, e.g. a
-    /// file in `/dev/shm` or one received from a peer) is guarded against
-    /// SIGBUS as a [`crate::SharedMapping`] is: pages past the new end read
-    /// as zeros instead of killing the process, and
-    /// [`Buffer::peer_truncated`] says it happened.
+    /// A file that another process could shrink under the mapping (one
+    /// that is neither sealed with `F_SEAL_SHRINK` nor a dma-buf, e.g. a
+    /// file in `/dev/shm` or one received from a peer), whatever `kind`
+    /// says, is guarded against SIGBUS as a [`crate::SharedMapping`] is:
+    /// pages past the new end read as zeros instead of killing the
+    /// process, and [`Buffer::peer_truncated`] says it happened.
     ///
     /// # Errors
-    /// [`Error::BadSize`] for a zero length, [`Error::Sys`] if `mmap` fails.
+    /// [`Error::BadSize`] for a zero length, [`Error::Sys`] if `mmap` fails,
+    /// [`Error::Unguarded`] if a mapping that needs the guard cannot have
+    /// it.
     pub fn from_fd(fd: OwnedFd, len: usize, kind: HeapKind) -> Result<Self> {
-        let sealed = rustix::fs::fcntl_get_seals(&fd)
-            .is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK));
-        let guarded = kind == HeapKind::Memfd && !sealed;
+        // Whatever the kind says: only a file that cannot shrink goes
+        // unguarded.
+        let guarded = !(sealed_against_shrinking(fd.as_fd()) || is_dmabuf(fd.as_fd()));
         let map = Mmap::map(fd.as_fd(), 0, len, guarded)?;
         Ok(Buffer {
             inner: Arc::new(Inner {
@@ -367,30 +369,29 @@ impl Buffer {
     pub fn export(&self, sock: &UnixStream) -> Result<()> {
         // Before the send: once the fd is on its way, a peer may map it.
         self.mark_exported();
-        let mut msg = [0u8; EXPORT_MSG_LEN];
-        msg[0..4].copy_from_slice(&EXPORT_MAGIC.to_le_bytes());
-        msg[4..8].copy_from_slice(&self.kind().to_wire().to_le_bytes());
-        msg[8..16].copy_from_slice(&(self.len() as u64).to_le_bytes());
         let both = [self.fd(), self.memfd().unwrap_or(self.fd())];
         let fds = if self.memfd().is_some() {
             &both[..]
         } else {
             &both[..1]
         };
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-        let mut anc = SendAncillaryBuffer::new(&mut space);
-        anc.push(SendAncillaryMessage::ScmRights(fds));
-        sendmsg(sock, &[IoSlice::new(&msg)], &mut anc, SendFlags::NOSIGNAL)
-            .map_err(|e| Error::sys("sendmsg(SCM_RIGHTS)", e))?;
-        Ok(())
+        send_export(sock, self.kind().to_wire(), self.len() as u64, fds)
     }
 
     /// Receives a buffer sent with [`Buffer::export`] and maps it (a
     /// udmabuf through its memfd when the peer sent it).
     ///
+    /// What arrives is checked against what it claims to be: a file at
+    /// least as long as the length given, a buffer labelled udmabuf or
+    /// dma-heap that is a dma-buf indeed (a memfd or a file so labelled
+    /// could be shrunk under the mapping), a udmabuf's memfd sealed
+    /// against shrinking. A memfd not sealed is mapped under the SIGBUS
+    /// guard.
+    ///
     /// # Errors
     /// [`Error::BadMessage`] if the peer sent something else (no fd, a short
-    /// or foreign message), [`Error::Sys`] if `recvmsg` or `mmap` fails.
+    /// or foreign message, a kind the fd is not), [`Error::Sys`] if `recvmsg`
+    /// or `mmap` fails.
     pub fn import(sock: &UnixStream) -> Result<Self> {
         let mut msg = [0u8; EXPORT_MSG_LEN];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
@@ -427,26 +428,84 @@ impl Buffer {
         let len = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes"));
         let len = usize::try_from(len).map_err(|_| Error::BadMessage("length too large"))?;
         let fd = fd.ok_or(Error::BadMessage("no file descriptor attached"))?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| Error::sys("fstat", e))?;
-        if kind == HeapKind::Memfd && (st.st_size as u64) < len as u64 {
+        if file_size(fd.as_fd())? < len as u64 {
             return Err(Error::BadMessage("length larger than the file"));
         }
-        if kind == HeapKind::File {
-            return Buffer::map_file(fd, len);
-        }
-        if let (HeapKind::Udmabuf, Some(memfd)) = (kind, second) {
-            let st = rustix::fs::fstat(&memfd).map_err(|e| Error::sys("fstat", e))?;
-            let sealed = rustix::fs::fcntl_get_seals(&memfd)
-                .is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK));
-            if !sealed || (st.st_size as u64) < len as u64 {
-                return Err(Error::BadMessage(
-                    "udmabuf memfd is not sealed or shorter than the buffer",
-                ));
+        match kind {
+            HeapKind::File => Buffer::map_file(fd, len),
+            HeapKind::Memfd => Buffer::from_fd(fd, len, kind),
+            // A dma-buf cannot be shrunk; a file labelled as one could be,
+            // under a mapping made unguarded on the label's word.
+            HeapKind::Udmabuf | HeapKind::DmaHeap if !is_dmabuf(fd.as_fd()) => {
+                Err(Error::BadMessage(
+                    "a buffer labelled udmabuf or dma-heap is not a dma-buf (its sender could \
+                     shrink it under the mapping)",
+                ))
             }
-            return Buffer::from_udmabuf(fd, memfd, len);
+            HeapKind::Udmabuf => match second {
+                Some(memfd) => {
+                    let st = rustix::fs::fstat(&memfd).map_err(|e| Error::sys("fstat", e))?;
+                    if !sealed_against_shrinking(memfd.as_fd())
+                        || (st.st_size.max(0) as u64) < len as u64
+                    {
+                        return Err(Error::BadMessage(
+                            "udmabuf memfd is not sealed or shorter than the buffer",
+                        ));
+                    }
+                    Buffer::from_udmabuf(fd, memfd, len)
+                }
+                None => Buffer::from_fd(fd, len, kind),
+            },
+            HeapKind::DmaHeap => Buffer::from_fd(fd, len, kind),
         }
-        Buffer::from_fd(fd, len, kind)
     }
+}
+
+/// Sends one exported-buffer message: `kind` (on the wire), `len` and
+/// `fds` (at most two) with `SCM_RIGHTS`.
+pub(crate) fn send_export(
+    sock: &UnixStream,
+    kind: u32,
+    len: u64,
+    fds: &[BorrowedFd<'_>],
+) -> Result<()> {
+    let mut msg = [0u8; EXPORT_MSG_LEN];
+    msg[0..4].copy_from_slice(&EXPORT_MAGIC.to_le_bytes());
+    msg[4..8].copy_from_slice(&kind.to_le_bytes());
+    msg[8..16].copy_from_slice(&len.to_le_bytes());
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    anc.push(SendAncillaryMessage::ScmRights(fds));
+    sendmsg(sock, &[IoSlice::new(&msg)], &mut anc, SendFlags::NOSIGNAL)
+        .map_err(|e| Error::sys("sendmsg(SCM_RIGHTS)", e))?;
+    Ok(())
+}
+
+/// Whether `fd` is a memfd sealed with `F_SEAL_SHRINK`: no one can cut
+/// it under a mapping.
+pub(crate) fn sealed_against_shrinking(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fcntl_get_seals(fd).is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK))
+}
+
+/// The size of the file or dma-buf `fd` (a dma-buf's by `lseek(SEEK_END)`,
+/// which every kernel with dma-bufs answers with it).
+fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
+    if is_dmabuf(fd) {
+        return rustix::fs::seek(fd, rustix::fs::SeekFrom::End(0))
+            .map_err(|e| Error::sys("lseek(SEEK_END) of a dma-buf", e));
+    }
+    let st = rustix::fs::fstat(fd).map_err(|e| Error::sys("fstat", e))?;
+    Ok(st.st_size.max(0) as u64)
+}
+
+/// `DMA_BUF_MAGIC` (include/uapi/linux/magic.h): the file system of every
+/// dma-buf's file.
+const DMA_BUF_MAGIC: u64 = 0x444d_4142;
+
+/// Whether `fd` is a dma-buf (its file is on the dma-buf pseudo file
+/// system, see statfs(2)): a buffer whose size is fixed.
+pub(crate) fn is_dmabuf(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fstatfs(fd).is_ok_and(|s| s.f_type as u64 == DMA_BUF_MAGIC)
 }
 
 /// Proof that a buffer is mapped for a device; the buffer is busy until the
@@ -485,5 +544,70 @@ impl DevicePin {
 impl Drop for DevicePin {
     fn drop(&mut self) {
         self.buf.inner.device_maps.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// An unsealed memfd of `len` bytes: a file its holder can shrink.
+    fn unsealed(len: u64) -> OwnedFd {
+        let fd = rustix::fs::memfd_create(
+            "forged",
+            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        )
+        .unwrap();
+        rustix::fs::ftruncate(&fd, len).unwrap();
+        fd
+    }
+
+    #[test]
+    fn a_file_labelled_a_dma_buf_is_guarded_anyway() {
+        for kind in [HeapKind::DmaHeap, HeapKind::Udmabuf, HeapKind::Memfd] {
+            let b = Buffer::from_fd(unsealed(8192), 8192, kind).unwrap();
+            assert!(b.is_guarded(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn an_import_refuses_a_kind_its_fd_is_not() {
+        let refused = |kind: HeapKind, fds: &[BorrowedFd<'_>]| {
+            let (a, b) = UnixStream::pair().unwrap();
+            send_export(&a, kind.to_wire(), 8192, fds).unwrap();
+            match Buffer::import(&b) {
+                Err(Error::BadMessage(m)) => m,
+                other => panic!("{kind:?} with {} fds: {other:?}", fds.len()),
+            }
+        };
+        let (memfd, sealed) = (unsealed(8192), unsealed(8192));
+        rustix::fs::fcntl_add_seals(&sealed, rustix::fs::SealFlags::SHRINK).unwrap();
+        let not_dmabuf = "a buffer labelled udmabuf or dma-heap is not a dma-buf (its sender \
+                          could shrink it under the mapping)";
+        assert_eq!(refused(HeapKind::DmaHeap, &[memfd.as_fd()]), not_dmabuf);
+        assert_eq!(refused(HeapKind::Udmabuf, &[memfd.as_fd()]), not_dmabuf);
+        assert_eq!(
+            refused(HeapKind::Udmabuf, &[memfd.as_fd(), sealed.as_fd()]),
+            not_dmabuf
+        );
+        // Longer than the file: refused whatever the kind.
+        let (a, b) = UnixStream::pair().unwrap();
+        send_export(&a, HeapKind::File.to_wire(), 8193, &[sealed.as_fd()]).unwrap();
+        assert!(matches!(
+            Buffer::import(&b),
+            Err(Error::BadMessage("length larger than the file"))
+        ));
+        // A memfd labelled as one maps, guarded unless sealed.
+        for (fd, guarded) in [(&memfd, true), (&sealed, false)] {
+            let (a, b) = UnixStream::pair().unwrap();
+            send_export(&a, HeapKind::Memfd.to_wire(), 8192, &[fd.as_fd()]).unwrap();
+            let got = Buffer::import(&b).unwrap();
+            assert_eq!(
+                (got.kind(), got.len(), got.is_guarded()),
+                (HeapKind::Memfd, 8192, guarded)
+            );
+        }
     }
 }

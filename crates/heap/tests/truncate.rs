@@ -138,3 +138,53 @@ fn child_faults_outside_the_guard() {
     println!("survived, read {b}");
     std::process::exit(0);
 }
+
+/// More guarded mappings than the guard's first table of slots holds
+/// (1,024): every one is guarded, and a file shrunk under them all kills
+/// no one. In a child of its own, which a SIGBUS would kill.
+#[test]
+fn every_one_of_many_file_buffers_is_guarded() {
+    const MAPS: usize = 1100;
+    if std::env::var_os("IOPATH_MANY_MAPS_CHILD").is_none() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "every_one_of_many_file_buffers_is_guarded",
+                "--nocapture",
+            ])
+            .env("IOPATH_MANY_MAPS_CHILD", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{:?} (signal {:?}): {}",
+            out.status,
+            out.status.signal(),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        return;
+    }
+    iopath_sys::raise_fd_limit(Some(4 * MAPS as u64));
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("f");
+    std::fs::write(&path, vec![7u8; 2 * 4096]).unwrap();
+    let bufs: Vec<Buffer> = (0..MAPS)
+        .map(|_| {
+            let fd = OwnedFd::from(std::fs::File::open(&path).unwrap());
+            Buffer::map_file(fd, 2 * 4096).unwrap()
+        })
+        .collect();
+    assert!(bufs.iter().all(Buffer::is_guarded));
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    for b in &bufs {
+        let mut got = [1u8; 2];
+        b.read_at(4095, &mut got).unwrap();
+        assert_eq!(got, [7, 0]);
+        assert!(b.peer_truncated());
+    }
+}

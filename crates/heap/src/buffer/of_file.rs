@@ -15,8 +15,8 @@
 //! allocated). What it costs, as any mapping of a file does: a later write
 //! to the file shows through pages not copied yet, and a file truncated
 //! under it loses the pages past its new end, which then read as zeros (the
-//! SIGBUS guard; [`Buffer::peer_truncated`] says so) where the guard has a
-//! slot, or raise SIGBUS where it has none.
+//! SIGBUS guard; [`Buffer::peer_truncated`] says so); a file the guard
+//! cannot watch is not mapped ([`Error::Unguarded`]).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -33,9 +33,8 @@ use crate::{Error, Result};
 pub const POPULATE_READ: &str = "MADV_POPULATE_READ";
 
 /// How [`Buffer::populate_read`] makes pages resident where the mapping is
-/// guarded (every file buffer, unless the guard's slots ran out or its
-/// SIGBUS handler could not be installed): one read of every page, whose
-/// faults map the pages around them.
+/// guarded (every file buffer): one read of every page, whose faults map
+/// the pages around them.
 pub const TOUCH_READ: &str = "read faults";
 
 impl Buffer {

@@ -22,15 +22,10 @@ impl FileView {
     ///
     /// # Errors
     /// [`Error::BadSize`] for a zero length; [`Error::Sys`] if `mmap` or
-    /// `madvise` fails, or when the mapping cannot be guarded.
+    /// `madvise` fails; [`Error::Unguarded`] when the mapping cannot be
+    /// guarded.
     pub(crate) fn new(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
         let map = Mmap::map_prot(fd, 0, len, true, ProtFlags::READ, MapFlags::SHARED)?;
-        if !map.is_guarded() {
-            return Err(Error::sys(
-                "SIGBUS guard of a file mapping",
-                std::io::Error::from(std::io::ErrorKind::OutOfMemory),
-            ));
-        }
         // SAFETY: the range is exactly this live mapping; advice does not
         // change its contents.
         unsafe { rustix::mm::madvise(map.as_ptr().cast(), map.len(), Advice::Random) }

@@ -12,19 +12,25 @@
 
 use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 
 use crate::{Error, Result};
 
-/// Mappings watched at once (a vhost-user front end has at most 509
-/// regions; an rpmsg link one).
-const SLOTS: usize = 1024;
+/// Slots per chunk of the table. The first chunk is static; more are
+/// allocated as mappings need them (a process with thousands of mapped
+/// files), never freed, and linked so the handler can walk them with
+/// atomic loads alone.
+const CHUNK: usize = 1024;
+/// Chunks at most: 65,536 watched mappings, the kernel's default
+/// `vm.max_map_count` (a process cannot have more mappings anyway).
+const MAX_CHUNKS: usize = 64;
 /// `start` of a free slot.
 pub(super) const FREE: usize = 0;
 /// `start` of a slot being filled in.
 const TAKEN: usize = usize::MAX;
 
+#[derive(Debug)]
 pub(super) struct Slot {
     pub(super) start: AtomicUsize,
     pub(super) end: AtomicUsize,
@@ -38,18 +44,74 @@ pub(super) struct Slot {
 /// `first_fault` of a slot that caught no SIGBUS.
 pub(super) const NO_FAULT: usize = usize::MAX;
 
-pub(super) static WATCHED: [Slot; SLOTS] = [const {
-    Slot {
-        start: AtomicUsize::new(FREE),
-        end: AtomicUsize::new(0),
-        conn: AtomicI32::new(-1),
-        faulted: AtomicBool::new(false),
-        first_fault: AtomicUsize::new(NO_FAULT),
-    }
-}; SLOTS];
+/// A free slot.
+#[allow(clippy::declare_interior_mutable_const)]
+const FREE_SLOT: Slot = Slot {
+    start: AtomicUsize::new(FREE),
+    end: AtomicUsize::new(0),
+    conn: AtomicI32::new(-1),
+    faulted: AtomicBool::new(false),
+    first_fault: AtomicUsize::new(NO_FAULT),
+};
+
+/// A chunk of slots and the next chunk, once one was needed.
+pub(super) struct Chunk {
+    slots: [Slot; CHUNK],
+    next: AtomicPtr<Chunk>,
+}
+
+static FIRST: Chunk = Chunk {
+    slots: [FREE_SLOT; CHUNK],
+    next: AtomicPtr::new(std::ptr::null_mut()),
+};
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
 static INSTALL: Once = Once::new();
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Every chunk, the static one first: atomic loads only, so the handler
+/// walks them too.
+fn chunks() -> impl Iterator<Item = &'static Chunk> {
+    std::iter::successors(Some(&FIRST), |c| {
+        let next = c.next.load(Ordering::Acquire);
+        // SAFETY: a non-null `next` is a chunk leaked by `grow`, never
+        // freed: valid for the rest of the process.
+        (!next.is_null()).then(|| unsafe { &*next })
+    })
+}
+
+/// Links one more chunk after the last (or finds that another thread just
+/// did); false once [`MAX_CHUNKS`] exist.
+fn grow() -> bool {
+    let mut count = 0;
+    let mut last = &FIRST;
+    for c in chunks() {
+        count += 1;
+        last = c;
+    }
+    if count >= MAX_CHUNKS {
+        return false;
+    }
+    let new = Box::into_raw(Box::new(Chunk {
+        slots: [FREE_SLOT; CHUNK],
+        next: AtomicPtr::new(std::ptr::null_mut()),
+    }));
+    if last
+        .next
+        .compare_exchange(
+            std::ptr::null_mut(),
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // Another thread linked one first: use it.
+        // SAFETY: `new` came from `Box::into_raw` just above and was
+        // never shared.
+        drop(unsafe { Box::from_raw(new) });
+    }
+    true
+}
 
 /// Closes a slot's socket duplicate (never from the handler).
 pub(super) fn close(fd: i32) {
@@ -60,27 +122,32 @@ pub(super) fn close(fd: i32) {
     }
 }
 
-/// Watches `start..start + len`. `None` when every slot is taken or the
-/// handler cannot be installed.
+/// Watches `start..start + len`, in a new chunk of slots when every slot
+/// is taken. `None` when [`MAX_CHUNKS`] chunks are full or the handler
+/// cannot be installed.
 pub(super) fn watch(start: usize, len: usize) -> Option<SigbusGuard> {
     if !install() {
         return None;
     }
     let end = start.checked_add(len)?;
-    for (i, s) in WATCHED.iter().enumerate() {
-        if s.start
-            .compare_exchange(FREE, TAKEN, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            s.conn.store(-1, Ordering::Release);
-            s.faulted.store(false, Ordering::Release);
-            s.first_fault.store(NO_FAULT, Ordering::Release);
-            s.end.store(end, Ordering::Release);
-            s.start.store(start, Ordering::Release);
-            return Some(SigbusGuard { slot: i });
+    loop {
+        for s in chunks().flat_map(|c| c.slots.iter()) {
+            if s.start
+                .compare_exchange(FREE, TAKEN, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                s.conn.store(-1, Ordering::Release);
+                s.faulted.store(false, Ordering::Release);
+                s.first_fault.store(NO_FAULT, Ordering::Release);
+                s.end.store(end, Ordering::Release);
+                s.start.store(start, Ordering::Release);
+                return Some(SigbusGuard { slot: s });
+            }
+        }
+        if !grow() {
+            return None;
         }
     }
-    None
 }
 
 /// Installs the handler once; false if it could not be.
@@ -123,7 +190,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // Atomic loads: lock-free on every target Rust supports here, so
     // they cannot deadlock against the interrupted code.
     let page = PAGE.load(Ordering::Relaxed);
-    for s in &WATCHED {
+    // Walking the chunks is atomic loads of pointers to memory never
+    // freed.
+    for s in chunks().flat_map(|c| c.slots.iter()) {
         let start = s.start.load(Ordering::Acquire);
         if start == FREE || start == TAKEN || addr < start || addr >= s.end.load(Ordering::Acquire)
         {
@@ -207,12 +276,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// the socket given to [`SigbusGuard::shutdown_on_fault`].
 #[derive(Debug)]
 pub struct SigbusGuard {
-    slot: usize,
+    slot: &'static Slot,
 }
 
 impl SigbusGuard {
-    /// Guards the `len` bytes mapped at `start`. `None` when every guard slot
-    /// (1024) is taken or the SIGBUS handler cannot be installed.
+    /// Guards the `len` bytes mapped at `start`. `None` when 65,536
+    /// mappings are guarded already or the SIGBUS handler cannot be
+    /// installed.
     ///
     /// # Safety
     /// `start..start + len` must be a mapping of this process that stays
@@ -229,12 +299,12 @@ impl SigbusGuard {
     }
 
     pub(super) fn faulted(&self) -> bool {
-        WATCHED[self.slot].faulted.load(Ordering::Acquire)
+        self.slot.faulted.load(Ordering::Acquire)
     }
 
     /// The address of the lowest page a SIGBUS was caught in, if any.
     pub(super) fn first_fault(&self) -> Option<usize> {
-        let at = WATCHED[self.slot].first_fault.load(Ordering::Acquire);
+        let at = self.slot.first_fault.load(Ordering::Acquire);
         (at != NO_FAULT).then_some(at)
     }
 
@@ -247,7 +317,7 @@ impl SigbusGuard {
     pub fn shutdown_on_fault(&self, sock: BorrowedFd<'_>) -> Result<()> {
         let dup = rustix::io::fcntl_dupfd_cloexec(sock, 0).map_err(|e| Error::sys("dup", e))?;
         let raw = std::os::fd::IntoRawFd::into_raw_fd(dup);
-        let old = WATCHED[self.slot].conn.swap(raw, Ordering::AcqRel);
+        let old = self.slot.conn.swap(raw, Ordering::AcqRel);
         close(old);
         Ok(())
     }
@@ -255,7 +325,7 @@ impl SigbusGuard {
 
 impl Drop for SigbusGuard {
     fn drop(&mut self) {
-        let s = &WATCHED[self.slot];
+        let s = self.slot;
         s.end.store(0, Ordering::Release);
         close(s.conn.swap(-1, Ordering::AcqRel));
         s.faulted.store(false, Ordering::Release);

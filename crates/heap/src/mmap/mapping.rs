@@ -44,7 +44,8 @@ unsafe impl Sync for Mmap {}
 impl Mmap {
     /// Maps `len` bytes of `fd` from `offset` (a page multiple), shared and
     /// read/write; with `guarded`, a SIGBUS in it (the file shrunk under
-    /// the mapping) is caught (see [`SigbusGuard`]) when a guard slot is free.
+    /// the mapping) is caught (see [`SigbusGuard`]), and the mapping is
+    /// refused ([`Error::Unguarded`]) if it cannot be.
     pub(crate) fn map(fd: BorrowedFd<'_>, offset: u64, len: usize, guarded: bool) -> Result<Self> {
         Self::map_prot(
             fd,
@@ -93,7 +94,12 @@ impl Mmap {
         let guard = if guarded {
             let g = guard::watch(ptr.as_ptr() as usize, len);
             if g.is_none() {
-                tracing::info!("shared mapping of {len} bytes: not guarded against SIGBUS");
+                // A mapping that a shrinking file could kill the process
+                // through is not handed out.
+                // SAFETY: the mapping was made just above and nothing
+                // points into it yet.
+                let _ = unsafe { munmap(ptr.as_ptr().cast(), len) };
+                return Err(Error::Unguarded { len });
             }
             g
         } else {

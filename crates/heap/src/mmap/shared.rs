@@ -30,7 +30,8 @@ impl SharedMapping {
     /// past the end of a file faults at once.
     ///
     /// # Errors
-    /// [`crate::Error::BadSize`] for a zero length, [`crate::Error::Sys`] if `mmap` fails.
+    /// [`crate::Error::BadSize`] for a zero length, [`crate::Error::Sys`] if `mmap` fails,
+    /// [`crate::Error::Unguarded`] if it cannot be guarded.
     pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Self> {
         Ok(SharedMapping {
             map: Mmap::map(fd, offset, len, true)?,
@@ -53,8 +54,8 @@ impl SharedMapping {
         self.map.len() == 0
     }
 
-    /// Whether a SIGBUS in it is caught (false only when every guard slot
-    /// was taken or the handler could not be installed).
+    /// Whether a SIGBUS in it is caught (always: a mapping that cannot be
+    /// guarded is refused).
     pub fn is_guarded(&self) -> bool {
         self.map.is_guarded()
     }
