@@ -261,7 +261,7 @@ def share(tensors, metadata=None):
     return Share(buffers, entries, {str(k): str(v) for k, v in (metadata or {}).items()})
 
 
-def attach(handle, framework="numpy"):
+def attach(handle, framework="numpy", timeout=30.0):
     """The tensors a ``share`` in another process serves, as views of the
     very same memory (mapped from its buffers' fds; nothing is read or
     copied), in ``framework`` as ``load_safetensors`` gives them. A wrong
@@ -271,5 +271,5 @@ def attach(handle, framework="numpy"):
     but for tensors loaded with ``method="map"``, views of a file mapped
     private in each process: their writes stay in the process.
     """
-    buffers, table, _metadata = attach_raw(str(handle))
+    buffers, table, _metadata = attach_raw(str(handle), timeout)
     return _views(buffers, table, framework)

@@ -296,6 +296,7 @@ fn is_bad_input(e: &iopath_heap::Error) -> bool {
         | E::BadQueueDepth { .. }
         | E::BadChunk { .. }
         | E::TooManyBuffers { .. }
+        | E::TooManyShards { .. }
         | E::OutOfMemory { .. } => true,
         _ => false,
     }
@@ -465,13 +466,24 @@ impl PyShare {
 
 /// Attaches to a share: (buffers, {name: (buffer index, offset, length,
 /// dtype, shape)}, metadata), every tensor checked to lie in its buffer.
+/// `timeout` (seconds, more than 0) bounds the whole exchange.
 #[pyfunction]
+#[pyo3(signature = (handle, timeout = iopath_heap::DEFAULT_ATTACH_TIMEOUT.as_secs_f64()))]
 fn attach_raw<'py>(
     py: Python<'py>,
     handle: &str,
+    timeout: f64,
 ) -> PyResult<(Vec<PyBuffer>, Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let timeout = std::time::Duration::try_from_secs_f64(timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "timeout={timeout}: give a number of seconds more than 0"
+            ))
+        })?;
     let a = py
-        .allow_threads(|| iopath_heap::attach(handle))
+        .allow_threads(|| iopath_heap::attach(handle, timeout))
         .map_err(to_py)?;
     let tensors = PyDict::new(py);
     for t in &a.tensors {

@@ -548,13 +548,14 @@ impl Drop for DevicePin {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
 
-    /// An unsealed memfd of `len` bytes: a file its holder can shrink.
-    fn unsealed(len: u64) -> OwnedFd {
+    /// An unsealed memfd of `len` bytes (sealing allowed): a file its
+    /// holder can shrink.
+    pub(crate) fn unsealed(len: u64) -> OwnedFd {
         let fd = rustix::fs::memfd_create(
             "forged",
             rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,

@@ -63,7 +63,8 @@
 //! A loaded model can be handed to other processes of the same user:
 //! [`Share::serve`] serves its buffers' fds and a table of its tensors on a
 //! unix socket; [`attach`] with the share's handle maps the same buffers
-//! there, with no read and no copy.
+//! there, with no read and no copy, once it has checked what it got: a
+//! server of its own user, and buffers no one can shrink under it.
 //!
 //! Heaps are chosen per kernel by [`choose_heap`] (`open_heap("auto")`): a
 //! dma-heap whose mapping takes direct I/O, else udmabuf (whose buffers are
@@ -113,7 +114,7 @@ pub use loader::{load, LoadOptions, LoadStats, Loaded, Prefault, Progress};
 pub use mmap::{SharedMapping, SigbusGuard};
 pub use pool::Pool;
 pub use range::{BufRange, PtrGuard};
-pub use share::{attach, Attached, Share, SharedTensor};
+pub use share::{attach, Attached, Share, SharedTensor, DEFAULT_ATTACH_TIMEOUT};
 pub use tensors::{
     dtype_align, load_checkpoint, load_safetensors, Dtype, Shard, Tensor, Tensors,
     DEFAULT_SHARDS_AT_ONCE, MAX_HEADER,
