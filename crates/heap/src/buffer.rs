@@ -433,6 +433,9 @@ impl Buffer {
         }
         match kind {
             HeapKind::File => Buffer::map_file(fd, len),
+            HeapKind::Memfd if is_dmabuf(fd.as_fd()) => Err(Error::BadMessage(
+                "a buffer labelled memfd is a dma-buf (direct I/O into its mapping would fail)",
+            )),
             HeapKind::Memfd => Buffer::from_fd(fd, len, kind),
             // A dma-buf cannot be shrunk; a file labelled as one could be,
             // under a mapping made unguarded on the label's word.
