@@ -35,9 +35,7 @@ pub fn bind_listener(
 ) -> Result<OwnedFd, (&'static str, std::io::Error)> {
     let fd = rustix::net::socket_with(AddressFamily::UNIX, ty, SocketFlags::CLOEXEC, None)
         .map_err(|e| ("socket", e.into()))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}.tmp", std::process::id()));
-    let tmp = PathBuf::from(tmp);
+    let tmp = temp_name(path);
     let _ = std::fs::remove_file(&tmp);
     let addr = SocketAddrUnix::new(&tmp).map_err(|e| ("socket path", e.into()))?;
     rustix::net::bind(&fd, &addr).map_err(|e| ("bind", e.into()))?;
@@ -72,7 +70,8 @@ pub enum SocketError {
     },
     /// Longer than `sun_path` holds.
     #[error(
-        "{} is {len} bytes; a unix socket path holds at most {MAX_PATH} \
+        "{} is {len} bytes; a socket iopath listens on can be at most {max} \
+         ({MAX_PATH}, what a unix socket path holds, less the temporary name it is bound under) \
          (choose a shorter path, or a shorter directory such as /run or /tmp)",
         path.display()
     )]
@@ -81,6 +80,8 @@ pub enum SocketError {
         path: PathBuf,
         /// Its length in bytes.
         len: usize,
+        /// The longest path this process can listen on.
+        max: usize,
     },
     /// A step failed.
     #[error("{op} {}", path.display())]
@@ -111,12 +112,26 @@ impl SocketError {
     }
 }
 
-fn check_len(path: &Path) -> Result<(), SocketError> {
+/// The name a listener is bound under before it is renamed to `path`.
+fn temp_name(path: &Path) -> PathBuf {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    PathBuf::from(tmp)
+}
+
+/// Checks that this process can listen on `path`: the path, and the
+/// temporary name [`bind_listener`] binds under first, fit `sun_path`.
+///
+/// # Errors
+/// [`SocketError::TooLong`], naming the longest path that fits.
+pub fn check_len(path: &Path) -> Result<(), SocketError> {
     let len = path.as_os_str().len();
-    if len > MAX_PATH {
+    let extra = temp_name(path).as_os_str().len() - len;
+    if len + extra > MAX_PATH {
         return Err(SocketError::TooLong {
             path: path.to_owned(),
             len,
+            max: MAX_PATH - extra,
         });
     }
     Ok(())
@@ -326,11 +341,24 @@ mod tests {
     fn a_path_past_sun_path_names_the_limit() {
         let long = PathBuf::from(format!("/tmp/{}", "d".repeat(120)));
         let e = listen(&long, SocketType::STREAM, 0o600, 4).unwrap_err();
-        assert!(matches!(e, SocketError::TooLong { len: 125, .. }), "{e:?}");
+        let max = 107 - format!(".{}.tmp", std::process::id()).len();
+        assert!(
+            matches!(e, SocketError::TooLong { len: 125, max: m, .. } if m == max),
+            "{e:?}"
+        );
         let msg = e.to_string();
         assert!(
-            msg.contains("at most 107") && msg.contains("shorter"),
+            msg.contains(&format!("at most {max}")) && msg.contains("shorter"),
             "{msg}"
         );
+        // A path that fits sun_path but not with the temporary name: refused
+        // up front, not at bind.
+        let edge = PathBuf::from(format!("/tmp/{}", "e".repeat(100)));
+        assert!(matches!(
+            check_len(&edge),
+            Err(SocketError::TooLong { len: 105, .. })
+        ));
+        let fits = PathBuf::from(format!("/tmp/{}", "f".repeat(max - 5)));
+        assert!(check_len(&fits).is_ok());
     }
 }

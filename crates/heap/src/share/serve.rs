@@ -92,13 +92,11 @@ fn place(base: &Path, var: &str, id: &[u8; 16]) -> Result<(PathBuf, PathBuf)> {
     let socket = dir.join("socket");
     // The listener is bound under a temporary name beside it first
     // (`unix_socket::bind_listener`), this much longer.
-    let len = socket.as_os_str().len();
-    let bound = len + format!(".{}.tmp", std::process::id()).len();
-    if bound > MAX_PATH {
+    if let Err(SocketError::TooLong { len, max, .. }) = unix_socket::check_len(&socket) {
         return Err(cannot(format!(
-            "its socket would be {} ({len} bytes, {bound} while it is set up), past the {MAX_PATH} \
-             bytes a unix socket path holds: set {var} to a shorter directory (it is {}), \
-             such as /tmp",
+            "its socket would be {} ({len} bytes), past the {max} bytes a socket path may have \
+             here ({MAX_PATH} bytes a unix socket path holds, less the name it is set up under): \
+             set {var} to a shorter directory (it is {}), such as /tmp",
             crate::error::shown(&socket),
             crate::error::shown(base),
         )));
@@ -562,7 +560,7 @@ mod tests {
         );
         assert!(msg.contains(&socket.display().to_string()), "{msg}");
         assert!(
-            msg.contains("past the 107 bytes a unix socket path holds"),
+            msg.contains("past the") && msg.contains("(107 bytes a unix socket path holds"),
             "{msg}"
         );
         assert!(msg.contains("set TMPDIR to a shorter directory"), "{msg}");
