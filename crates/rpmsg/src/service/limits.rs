@@ -57,13 +57,21 @@ impl Limits {
     /// user never gets more than a quarter of the budget in endpoints (half
     /// its fds, as a legacy endpoint costs two), so under a small limit
     /// (`ulimit -n 1024`) the others still find room; bounds given
-    /// explicitly are the operator's, held only by the reserve.
+    /// explicitly are the operator's, held only by the reserve. By default
+    /// one connection holds at most a quarter of its user's bound, so one
+    /// client that keeps its endpoints leaves room for the same user's
+    /// other clients too.
     pub fn new(per_client: Option<u32>, per_uid: Option<u32>, spare_fds: u64) -> Self {
         let fd_budget = fd_limit().saturating_sub(open_fds() + spare_fds + RESERVE);
+        Self::within(per_client, per_uid, fd_budget)
+    }
+
+    /// [`Limits::new`] for a given fd budget.
+    fn within(per_client: Option<u32>, per_uid: Option<u32>, fd_budget: u64) -> Self {
         let share = u32::try_from(fd_budget / 4).unwrap_or(u32::MAX).max(1);
         let per_uid = per_uid.unwrap_or(DEFAULT_PER_UID.min(share));
         Limits {
-            per_client: per_client.unwrap_or(DEFAULT_PER_CLIENT.min(per_uid)),
+            per_client: per_client.unwrap_or(DEFAULT_PER_CLIENT.min(per_uid / 4).max(1)),
             per_uid,
             fd_budget,
         }
@@ -120,6 +128,34 @@ impl Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_client_leaves_room_for_its_users_other_clients() {
+        // Near the fd limit: 1024 fds left for endpoints.
+        let l = Limits::within(None, None, 1024);
+        assert_eq!((l.per_uid, l.per_client), (256, 64));
+        let mut u = Usage::default();
+        let hog = Client { conn: 1, uid: 1000 };
+        while u.check(&l, hog, 1, 2).is_ok() {
+            u.add(hog, 1);
+        }
+        assert_eq!(u.check(&l, hog, 1, 2), Err(libc::EMFILE));
+        // The same user's next client is still served.
+        let next = Client { conn: 2, uid: 1000 };
+        assert_eq!(u.check(&l, next, 1, 2), Ok(()));
+        // Plenty of fds: the defaults.
+        let l = Limits::within(None, None, 1 << 20);
+        assert_eq!(
+            (l.per_uid, l.per_client),
+            (DEFAULT_PER_UID, DEFAULT_PER_CLIENT)
+        );
+        // The operator's bounds stand as given.
+        let l = Limits::within(Some(500), Some(500), 1 << 20);
+        assert_eq!((l.per_uid, l.per_client), (500, 500));
+        // A bound per user alone gives each connection a quarter of it.
+        assert_eq!(Limits::within(None, Some(100), 1 << 20).per_client, 25);
+        assert_eq!(Limits::within(None, Some(2), 1 << 20).per_client, 1);
+    }
 
     #[test]
     fn each_bound_has_its_errno_and_frees_on_remove() {
