@@ -25,3 +25,34 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 pub fn is_usage(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.is::<Usage>())
 }
+
+/// A count that must be at least 1, as a clap value parser: `0` is refused
+/// as "at least 1", not as a range whose end is the type's largest value.
+pub fn at_least_one<T>(s: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+{
+    match s.trim().parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        Err(_) => Err(format!("`{s}` is not a whole number (at least 1)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_start_at_one() {
+        assert_eq!(at_least_one::<u64>("5"), Ok(5));
+        assert_eq!(
+            at_least_one::<u64>("0"),
+            Err("must be at least 1".to_string())
+        );
+        assert_eq!(
+            at_least_one::<u32>("-1"),
+            Err("`-1` is not a whole number (at least 1)".to_string())
+        );
+    }
+}

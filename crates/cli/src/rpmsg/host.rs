@@ -43,13 +43,13 @@ pub struct HostArgs {
     /// EMFILE and nobody else notices. Default 1024, the soft open-file
     /// limit a process starts with (as many as it could hold of the
     /// kernel's /dev/rpmsgN), at most the per-user bound.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = crate::usage::at_least_one::<u32>)]
     max_endpoints_per_client: Option<u32>,
     /// Endpoints one user may hold over all its connections; one more is
     /// refused with ENOSPC. Default 4096, at most a quarter of the fds the
     /// service may spend on endpoints (its open-file limit less a reserve,
     /// so other clients' requests are always answered).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = crate::usage::at_least_one::<u32>)]
     max_endpoints_per_uid: Option<u32>,
     /// Directory for legacy nodes (rpmsgN); default: the control socket
     /// path with ".d" appended.

@@ -36,7 +36,7 @@ pub struct PingArgs {
     #[arg(long, default_value = OPENAMP_SERVICE, value_parser = parse_name)]
     name: String,
     /// Round trips, at least 1.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1000, value_parser = crate::usage::at_least_one::<u64>)]
     count: u64,
     /// Payload size for every message (default: cycle through 1..=496);
     /// above 496 with buffers negotiated that large (up to 65520 with
