@@ -273,16 +273,37 @@ fn bad_offers_are_refused() {
     let shm = SharedMem::create(&path, &layout).unwrap();
     let t = shm.table(0).unwrap();
     let cfg = t.vdev.offset as u64 + 28 + 2 * 20;
+    // Linux's 13-byte config: version, size, align, tx, rx.
+    let le = |v: u32| v.to_le_bytes();
+    let config = |version: u8, size: u16, align: u16, tx: u32, rx: u32| {
+        let mut b = vec![version];
+        b.extend_from_slice(&size.to_le_bytes());
+        b.extend_from_slice(&align.to_le_bytes());
+        b.extend_from_slice(&le(tx));
+        b.extend_from_slice(&le(rx));
+        b
+    };
     for (bytes, want) in [
-        (vec![0u8, 0, 0, 0, 0, 0], "size 0 is zero"),
-        (vec![0, 0, 8, 0, 0, 0], "size 8 is no larger than"),
+        (config(0, 13, 0, 4096, 4096), "version 0 is not 1"),
+        (config(1, 66, 0, 4096, 4096), "size field 66 is not 13"),
         (
-            vec![0, 0, 0xe9, 3, 0, 0],
-            "size 1001 is not a multiple of 4",
+            config(1, 13, 48, 4096, 4096),
+            "rpmsg_buf_align 48 is not 0 or a power of two",
         ),
-        (vec![0, 0, 4, 0, 1, 0], "size 65540 is larger than 65536"),
-        (vec![0, 0, 0, 0, 1, 0], "65536"),
-        (vec![3, 0, 0, 0x10, 0, 0], "version 3 is unknown"),
+        (
+            config(1, 13, 0, 256, 4096),
+            "txbuf_size 256 (remote → host) is below 512, iopath's own bound",
+        ),
+        (
+            config(1, 13, 0, 4096, 65540),
+            "rxbuf_size 65540 (host → remote) is above 65536",
+        ),
+        (
+            config(1, 13, 0, 1002, 4096),
+            "txbuf_size 1002 (remote → host) is not a multiple of 4",
+        ),
+        // Valid, but more than the shared memory holds.
+        (config(1, 13, 0, 65536, 4096), "65536"),
     ] {
         shm.write(cfg, &bytes).unwrap();
         let e = iopath_rpmsg::HostLink::start(SharedMem::open(&path).unwrap(), HOST_FEATURES)

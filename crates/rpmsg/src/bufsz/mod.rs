@@ -3,34 +3,37 @@
 //!
 //! Without negotiation every buffer is [`BUF_SIZE`] (512) bytes, as Linux's
 //! `virtio_rpmsg_bus` fixes them. Two conventions let the remote (the
-//! device, which writes the resource table) offer other sizes:
+//! device, which writes the resource table or answers `GET_CONFIG`) offer
+//! other sizes:
 //!
 //! ```text
-//!  Linux's proposal (default)         NuttX's OpenAMP
+//!  Linux (default)                      NuttX's OpenAMP
 //!  feature bit 1 (VIRTIO_RPMSG_F_BUFSZ) bit 2 (bit 1 is its ACK)
-//!  config, packed, 66 bytes:          config, 64 bytes:
-//!   0  version u16 (= 0)               0  h2r_buf_size u32
-//!   2  txbuf_size u32 (remote → host)  4  r2h_buf_size u32
-//!   6  rxbuf_size u32 (host → remote)  8  reserved[14] u32
-//!  10  reserved[14] u32
+//!  config, packed, 13 bytes:            config, 64 bytes:
+//!   0  version u8 (= 1)                  0  h2r_buf_size u32
+//!   1  size u16 (= 13)                   4  r2h_buf_size u32
+//!   3  rpmsg_buf_align u16 (0 or 2^n)    8  reserved[14] u32
+//!   5  txbuf_size u32 (remote → host)
+//!   9  rxbuf_size u32 (host → remote)
 //! ```
 //!
+//! Linux's layout is `struct virtio_rpmsg_config` of "Enhance RPMsg buffer
+//! management" v5 (July 2026, applied to rpmsg-next in September 2026).
 //! A third convention, `fixed`, negotiates nothing, as upstream OpenAMP
 //! (2026.04) does: no feature bit, no config space, each side uses the
 //! sizes it was given and both must be given the same.
 //!
 //! Linux's fields are named from the remote's view (its tx is the host's
-//! rx); NuttX's name the direction. Both are little-endian here (the
-//! resource table's order on the machines iopath supports).
+//! rx); NuttX's name the direction. Both are little-endian here (virtio 1
+//! and the resource table's order on the machines iopath supports).
 //!
 //! A bit that means one thing in one convention and another in the other
 //! is never guessed at: a host reads the config only under the convention
 //! it was told, and under Linux's it refuses a device that offers bit 2
-//! beside bit 1 (NuttX's ACK and BUFSZ) instead of reading NuttX's sizes as
-//! a version and two garbled fields. A Linux config whose version is not 0
-//! (the reviewer of the proposal asked for that check), a config too short
-//! for its fields, and sizes of 0, below a header, not a multiple of 4,
-//! above 64 KiB or beyond the shared memory are refused with the size.
+//! beside bit 1 (NuttX's ACK and BUFSZ). A Linux config is checked as
+//! Linux's driver checks it (version 1, size 13, an alignment of 0 or a
+//! power of two), and its sizes against iopath's own bound, 512 to 64 KiB
+//! (Linux takes anything from 16 bytes up); each refusal names the field.
 
 use std::fmt;
 use std::str::FromStr;
@@ -41,35 +44,41 @@ use vm_memory::ByteValued;
 use crate::role::Role;
 use crate::wire::{BUF_SIZE, HDR_LEN};
 
-/// Linux's proposal: the device takes its buffer sizes from config space.
+/// Linux: the device takes its buffer sizes from config space.
 pub const VIRTIO_RPMSG_F_BUFSZ: u32 = 1;
 /// NuttX: the name-service acknowledgement (never accepted by iopath).
 pub const NUTTX_RPMSG_F_ACK: u32 = 1;
 /// NuttX: buffer sizes in the first 8 bytes of config space.
 pub const NUTTX_RPMSG_F_BUFSZ: u32 = 2;
-/// The one config version of Linux's proposal.
-pub const LINUX_CONFIG_VERSION: u16 = 0;
-/// Smallest buffer iopath offers (Linux's fixed size).
+/// The one version of Linux's config (`RPMSG_VDEV_CONFIG_V1`).
+pub const LINUX_CONFIG_VERSION: u8 = 1;
+/// The size of Linux's config, which its `size` field must hold.
+pub const LINUX_CONFIG_SIZE: u16 = 13;
+/// Smallest buffer iopath offers or takes (Linux's fixed size).
 pub const MIN_OFFER: u32 = BUF_SIZE as u32;
 /// Largest buffer: a header's `len` is a `u16`, so a larger buffer could
 /// not be filled.
 pub const MAX_BUF_SIZE: u32 = 64 * 1024;
 
-/// Linux's config space (`struct virtio_rpmsg_config`, v2 of the proposal).
+/// Linux's config space (`struct virtio_rpmsg_config`, packed; v5 of
+/// "Enhance RPMsg buffer management"). Fields are little-endian.
 #[repr(C, packed)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LinuxConfig {
-    /// Layout version: 0.
-    pub version: u16,
-    /// Remote → host buffer size.
+    /// Layout version: [`LINUX_CONFIG_VERSION`].
+    pub version: u8,
+    /// Size of this struct: [`LINUX_CONFIG_SIZE`].
+    pub size: u16,
+    /// Alignment of the driver's buffers in its memory: 0 (none) or a
+    /// power of two. It spaces the buffers only, never their sizes.
+    pub rpmsg_buf_align: u16,
+    /// Remote → host buffer size (the remote's tx).
     pub txbuf_size: u32,
-    /// Host → remote buffer size.
+    /// Host → remote buffer size (the remote's rx).
     pub rxbuf_size: u32,
-    /// Reserved, written as 0.
-    pub reserved: [u32; 14],
 }
 
-// SAFETY: `repr(C, packed)` of integers only (66 bytes, no padding): every
+// SAFETY: `repr(C, packed)` of integers only (13 bytes, no padding): every
 // bit pattern is a valid value.
 unsafe impl ByteValued for LinuxConfig {}
 
@@ -89,22 +98,129 @@ pub struct NuttxConfig {
 // pattern is a valid value.
 unsafe impl ByteValued for NuttxConfig {}
 
-const _: () = assert!(std::mem::size_of::<LinuxConfig>() == 66);
+const _: () = assert!(std::mem::size_of::<LinuxConfig>() == LINUX_CONFIG_SIZE as usize);
 const _: () = assert!(std::mem::size_of::<NuttxConfig>() == 64);
 
-/// Bytes of a Linux config iopath reads: version and the two sizes.
-const LINUX_NEED: usize = 10;
 /// Bytes of a NuttX config iopath reads: the two sizes.
 const NUTTX_NEED: usize = 8;
+
+impl LinuxConfig {
+    /// The config a remote offering `sizes` writes: version 1, size 13,
+    /// no alignment.
+    pub fn new(sizes: BufSizes) -> Self {
+        LinuxConfig {
+            version: LINUX_CONFIG_VERSION,
+            size: LINUX_CONFIG_SIZE.to_le(),
+            rpmsg_buf_align: 0,
+            txbuf_size: sizes.to_host.to_le(),
+            rxbuf_size: sizes.to_remote.to_le(),
+        }
+    }
+
+    /// Reads the config from the first 13 bytes of `config`.
+    ///
+    /// # Errors
+    /// [`BufSizeError::ConfigShort`] when `config` is shorter.
+    pub fn from_bytes(config: &[u8]) -> Result<Self, BufSizeError> {
+        let need = std::mem::size_of::<Self>();
+        let bytes = config.get(..need).ok_or(BufSizeError::ConfigShort {
+            len: config.len(),
+            need,
+            convention: Convention::Linux,
+        })?;
+        let mut c = LinuxConfig::default();
+        c.as_mut_slice().copy_from_slice(bytes);
+        Ok(c)
+    }
+
+    /// Checks the config as Linux's `rpmsg_probe` does, field by field in
+    /// its order (version, size, alignment, then the sizes), the sizes
+    /// against iopath's own bound, and returns them.
+    ///
+    /// # Errors
+    /// [`BufSizeError::Version`], [`BufSizeError::ConfigSize`],
+    /// [`BufSizeError::Align`], [`BufSizeError::Field`].
+    pub fn sizes(&self) -> Result<BufSizes, BufSizeError> {
+        if self.version != LINUX_CONFIG_VERSION {
+            return Err(BufSizeError::Version {
+                version: self.version,
+            });
+        }
+        let size = u16::from_le(self.size);
+        if size != LINUX_CONFIG_SIZE {
+            return Err(BufSizeError::ConfigSize { size });
+        }
+        let align = u16::from_le(self.rpmsg_buf_align);
+        if align != 0 && !align.is_power_of_two() {
+            return Err(BufSizeError::Align { align });
+        }
+        let sizes = BufSizes {
+            to_host: u32::from_le(self.txbuf_size),
+            to_remote: u32::from_le(self.rxbuf_size),
+        };
+        for (field, dir, size) in [
+            ("txbuf_size", Dir::ToHost, sizes.to_host),
+            ("rxbuf_size", Dir::ToRemote, sizes.to_remote),
+        ] {
+            if let Some(why) = outside_bound(size) {
+                return Err(BufSizeError::Field {
+                    field,
+                    dir,
+                    size,
+                    why,
+                });
+            }
+        }
+        Ok(sizes)
+    }
+}
+
+/// Why `size` is outside iopath's bound for an offered buffer (512 to
+/// 64 KiB, a multiple of 4), if it is.
+fn outside_bound(size: u32) -> Option<&'static str> {
+    if size < MIN_OFFER {
+        Some("below 512, iopath's own bound (Linux's driver takes 16 and up)")
+    } else if size > MAX_BUF_SIZE {
+        Some("above 65536 (64K), iopath's own bound: a header's len is 16 bits")
+    } else if size % 4 != 0 {
+        Some("not a multiple of 4 (iopath keeps every buffer's header aligned)")
+    } else {
+        None
+    }
+}
 
 /// Why a buffer-size offer was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum BufSizeError {
     /// A Linux config version iopath does not know.
-    #[error("rpmsg config version {version} is unknown (expected {LINUX_CONFIG_VERSION})")]
+    #[error("rpmsg config version {version} is not {LINUX_CONFIG_VERSION} (RPMSG_VDEV_CONFIG_V1)")]
     Version {
         /// The version found.
-        version: u16,
+        version: u8,
+    },
+    /// A Linux config whose `size` field is not the struct's size.
+    #[error("rpmsg config size field {size} is not {LINUX_CONFIG_SIZE} (the size of struct virtio_rpmsg_config)")]
+    ConfigSize {
+        /// The size field found.
+        size: u16,
+    },
+    /// A Linux config whose alignment is not a power of two.
+    #[error("rpmsg config rpmsg_buf_align {align} is not 0 or a power of two")]
+    Align {
+        /// The alignment found.
+        align: u16,
+    },
+    /// A size in a Linux config outside iopath's bound.
+    #[error("rpmsg config {field} {size} ({dir}) is {why}")]
+    Field {
+        /// `txbuf_size` or `rxbuf_size`.
+        field: &'static str,
+        /// Which direction it sizes.
+        dir: Dir,
+        /// The size found.
+        size: u32,
+        /// What is wrong with it.
+        why: &'static str,
     },
     /// A config space too short for the fields.
     #[error("rpmsg config space of {len} bytes is shorter than the {need} bytes of the {convention} layout")]
@@ -256,7 +372,7 @@ impl BufSizes {
 /// How buffer sizes are negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Convention {
-    /// Linux's proposal: bit 1, versioned config.
+    /// Linux's: bit 1, the 13-byte versioned config.
     #[default]
     Linux,
     /// NuttX's OpenAMP: bit 2, sizes first in the config.
@@ -304,17 +420,10 @@ impl Convention {
     /// [`Convention::Fixed`]).
     pub fn config(self, sizes: BufSizes) -> Vec<u8> {
         match self {
-            Convention::Linux => LinuxConfig {
-                version: LINUX_CONFIG_VERSION,
-                txbuf_size: sizes.to_host,
-                rxbuf_size: sizes.to_remote,
-                reserved: [0; 14],
-            }
-            .as_slice()
-            .to_vec(),
+            Convention::Linux => LinuxConfig::new(sizes).as_slice().to_vec(),
             Convention::Nuttx => NuttxConfig {
-                h2r_buf_size: sizes.to_remote,
-                r2h_buf_size: sizes.to_host,
+                h2r_buf_size: sizes.to_remote.to_le(),
+                r2h_buf_size: sizes.to_host.to_le(),
                 reserved: [0; 14],
             }
             .as_slice()
@@ -327,47 +436,32 @@ impl Convention {
     /// [`Convention::Fixed`] has none: 512 bytes, as without negotiation.
     ///
     /// # Errors
-    /// [`BufSizeError::ConfigShort`], [`BufSizeError::Version`],
+    /// [`BufSizeError::ConfigShort`]; under Linux's convention what
+    /// [`LinuxConfig::sizes`] refuses; under NuttX's
     /// [`BufSizeError::Size`].
     pub fn parse(self, config: &[u8]) -> Result<BufSizes, BufSizeError> {
-        let short = |need| BufSizeError::ConfigShort {
-            len: config.len(),
-            need,
-            convention: self,
-        };
-        let sizes = match self {
-            Convention::Linux => {
-                if config.len() < LINUX_NEED {
-                    return Err(short(LINUX_NEED));
-                }
-                let mut c = LinuxConfig::default();
-                let n = config.len().min(std::mem::size_of::<LinuxConfig>());
-                c.as_mut_slice()[..n].copy_from_slice(&config[..n]);
-                let version = u16::from_le(c.version);
-                if version != LINUX_CONFIG_VERSION {
-                    return Err(BufSizeError::Version { version });
-                }
-                BufSizes {
-                    to_host: u32::from_le(c.txbuf_size),
-                    to_remote: u32::from_le(c.rxbuf_size),
-                }
-            }
+        match self {
+            Convention::Linux => LinuxConfig::from_bytes(config)?.sizes(),
             Convention::Nuttx => {
                 if config.len() < NUTTX_NEED {
-                    return Err(short(NUTTX_NEED));
+                    return Err(BufSizeError::ConfigShort {
+                        len: config.len(),
+                        need: NUTTX_NEED,
+                        convention: self,
+                    });
                 }
                 let mut c = NuttxConfig::default();
                 let n = config.len().min(std::mem::size_of::<NuttxConfig>());
                 c.as_mut_slice()[..n].copy_from_slice(&config[..n]);
-                BufSizes {
+                let sizes = BufSizes {
                     to_remote: u32::from_le(c.h2r_buf_size),
                     to_host: u32::from_le(c.r2h_buf_size),
-                }
+                };
+                sizes.check()?;
+                Ok(sizes)
             }
-            Convention::Fixed => BufSizes::DEFAULT,
-        };
-        sizes.check()?;
-        Ok(sizes)
+            Convention::Fixed => Ok(BufSizes::DEFAULT),
+        }
     }
 
     /// The convention a device's offered features say it speaks, if any:

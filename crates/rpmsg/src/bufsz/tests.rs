@@ -40,19 +40,32 @@ fn fixed_takes_no_bit_and_reads_no_config() {
 }
 
 #[test]
-fn linux_layout_is_the_proposal_s() {
+fn linux_layout_is_v5_s() {
     let s = BufSizes {
-        to_remote: 0x1000,
+        to_remote: 0x2000,
         to_host: 0x800,
     };
     let b = Convention::Linux.config(s);
-    assert_eq!(b.len(), 66);
-    assert_eq!(&b[..10], &[0, 0, 0, 8, 0, 0, 0, 0x10, 0, 0]);
-    assert!(b[10..].iter().all(|&x| x == 0));
+    // Version 1, size 13, align 0, tx (remote → host) 2K, rx 8K.
+    assert_eq!(b, [1, 13, 0, 0, 0, 0, 8, 0, 0, 0, 0x20, 0, 0]);
     assert_eq!(Convention::Linux.parse(&b), Ok(s));
+    assert_eq!(
+        Convention::Linux.config(BufSizes::both(4096)),
+        [1, 13, 0, 0, 0, 0, 0x10, 0, 0, 0, 0x10, 0, 0]
+    );
+    // Bytes past the struct are not read.
+    let mut longer = b.clone();
+    longer.extend_from_slice(&[0xff; 8]);
+    assert_eq!(Convention::Linux.parse(&longer), Ok(s));
+    // A power-of-two alignment is taken; it never changes the sizes.
+    for align in [1u16, 2, 64, 4096, 32768] {
+        let mut a = b.clone();
+        a[3..5].copy_from_slice(&align.to_le_bytes());
+        assert_eq!(Convention::Linux.parse(&a), Ok(s), "align {align}");
+    }
     let n = Convention::Nuttx.config(s);
     assert_eq!(n.len(), 64);
-    assert_eq!(&n[..8], &[0, 0x10, 0, 0, 0, 8, 0, 0]);
+    assert_eq!(&n[..8], &[0, 0x20, 0, 0, 0, 8, 0, 0]);
     assert_eq!(Convention::Nuttx.parse(&n), Ok(s));
 }
 
@@ -96,10 +109,96 @@ fn negotiation_follows_the_convention() {
     assert_eq!(remote_sizes(d, NS, &cfg, None), Ok(BufSizes::DEFAULT));
 }
 
+/// A Linux config with `f` applied to its bytes, parsed.
+fn linux_with(f: impl FnOnce(&mut Vec<u8>)) -> Result<BufSizes, BufSizeError> {
+    let mut b = Convention::Linux.config(BufSizes::both(4096));
+    f(&mut b);
+    Convention::Linux.parse(&b)
+}
+
 #[test]
-fn bad_offers_are_refused_with_the_size() {
-    let l = |to_remote, to_host| {
-        Convention::Linux.parse(&Convention::Linux.config(BufSizes { to_remote, to_host }))
+fn bad_linux_configs_are_refused_naming_the_field() {
+    let e = linux_with(|b| b[0] = 0).unwrap_err();
+    assert_eq!(e, BufSizeError::Version { version: 0 });
+    assert!(e.to_string().contains("version 0 is not 1"), "{e}");
+    for size in [0u16, 11, 16, 66] {
+        let e = linux_with(|b| b[1..3].copy_from_slice(&size.to_le_bytes())).unwrap_err();
+        assert_eq!(e, BufSizeError::ConfigSize { size });
+        assert!(
+            e.to_string()
+                .contains(&format!("size field {size} is not 13")),
+            "{e}"
+        );
+    }
+    for align in [3u16, 6, 1000, 65535] {
+        let e = linux_with(|b| b[3..5].copy_from_slice(&align.to_le_bytes())).unwrap_err();
+        assert_eq!(e, BufSizeError::Align { align });
+        assert!(
+            e.to_string().contains(&format!(
+                "rpmsg_buf_align {align} is not 0 or a power of two"
+            )),
+            "{e}"
+        );
+    }
+    // Sizes: the field, its value and whose bound.
+    for (at, field, size, why) in [
+        (5, "txbuf_size", 16, "below 512, iopath's own bound"),
+        (5, "txbuf_size", 508, "below 512"),
+        (9, "rxbuf_size", 0, "below 512"),
+        (
+            9,
+            "rxbuf_size",
+            65540,
+            "above 65536 (64K), iopath's own bound",
+        ),
+        (5, "txbuf_size", 1002, "not a multiple of 4"),
+    ] {
+        let e = linux_with(|b| b[at..at + 4].copy_from_slice(&u32::to_le_bytes(size))).unwrap_err();
+        let BufSizeError::Field {
+            field: f,
+            size: got,
+            ..
+        } = e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!((f, got), (field, size));
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("rpmsg config {field} {size} (")),
+            "{msg}"
+        );
+        assert!(msg.contains(why), "{msg}");
+    }
+    assert_eq!(
+        linux_with(|b| b[5..9].copy_from_slice(&65536u32.to_le_bytes())),
+        Ok(BufSizes {
+            to_host: 65536,
+            to_remote: 4096
+        })
+    );
+    // The checks run in Linux's order: version first.
+    assert!(matches!(
+        linux_with(|b| *b = vec![2, 16, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+        Err(BufSizeError::Version { version: 2 })
+    ));
+    // The 66-byte layout of the proposal's v2 is not read as this one.
+    let v2 = [0u8, 0, 0, 0x10, 0, 0, 0, 0x10, 0, 0];
+    assert!(Convention::Linux.parse(&v2).is_err());
+    assert!(matches!(
+        Convention::Linux.parse(&Convention::Linux.config(BufSizes::both(4096))[..12]),
+        Err(BufSizeError::ConfigShort {
+            len: 12,
+            need: 13,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn bad_nuttx_offers_are_refused_with_the_size() {
+    let n = |to_remote, to_host| {
+        Convention::Nuttx.parse(&Convention::Nuttx.config(BufSizes { to_remote, to_host }))
     };
     for (size, why) in [
         (0, "zero"),
@@ -107,28 +206,14 @@ fn bad_offers_are_refused_with_the_size() {
         (1001, "multiple of 4"),
         (65540, "65536"),
     ] {
-        let e = l(4096, size).unwrap_err();
+        let e = n(4096, size).unwrap_err();
         assert!(e.to_string().contains(&size.to_string()), "{e}");
         assert!(e.to_string().contains(why), "{e}");
         assert!(e.to_string().contains("remote → host"), "{e}");
     }
-    assert!(l(65536, 20).is_ok());
-    let mut b = Convention::Linux.config(BufSizes::both(4096));
-    b[0] = 1;
-    assert_eq!(
-        Convention::Linux.parse(&b),
-        Err(BufSizeError::Version { version: 1 })
-    );
+    assert!(n(65536, 20).is_ok());
     assert!(matches!(
-        Convention::Linux.parse(&b[..9]),
-        Err(BufSizeError::ConfigShort {
-            len: 9,
-            need: 10,
-            ..
-        })
-    ));
-    assert!(matches!(
-        Convention::Nuttx.parse(&b[..4]),
+        Convention::Nuttx.parse(&[0; 4]),
         Err(BufSizeError::ConfigShort {
             len: 4,
             need: 8,

@@ -176,10 +176,10 @@ mod tests {
             .with_buf_sizes(Convention::Linux, s)
             .unwrap();
         let b = l.table();
-        assert_eq!(b.len(), 88 + 66);
+        assert_eq!(b.len(), 88 + 13);
         let t = ResourceTable::parse(&b, 0, size).unwrap();
         assert_eq!(t.vdev.dfeatures, 0b11);
-        assert_eq!(t.vdev.config_len, 66);
+        assert_eq!(t.vdev.config_len, 13);
         assert_eq!(Convention::Linux.parse(&t.vdev.config), Ok(s));
         let (start, need) = t.buffer_pool_for(size, s).unwrap();
         assert_eq!(need, 256 * (4096 + 65536));
