@@ -1,7 +1,8 @@
 //! The remote over vhost-user (`serve_drivers`), driven by a small rpmsg
 //! host written on iopath-virtio's own vhost-user front end and split
-//! queues, as Linux's `virtio_rpmsg_bus` drives it: 512-byte receive
-//! buffers posted on vq0, messages on vq1, the name service at 53.
+//! queues, as Linux's `virtio_rpmsg_bus` drives it: receive buffers
+//! posted on vq0 (512 bytes, or the size the device offered and the
+//! driver acked), messages on vq1, the name service at 53.
 
 use std::path::Path;
 use std::sync::{mpsc, Arc};
@@ -9,17 +10,18 @@ use std::time::Duration;
 
 use iopath_dma::{Direct, DmaOps, Iommu};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
+use iopath_rpmsg::bufsz::VIRTIO_RPMSG_F_BUFSZ;
 use iopath_rpmsg::tools::session::{serve_drivers, Cleanup, RemoteEvent, ServeDrivers};
 use iopath_rpmsg::tools::RemoteChannels;
 use iopath_rpmsg::wire::{self, Endian, Header, NsMsg, NsOp, BUF_SIZE, HDR_LEN, NS_ADDR};
-use iopath_rpmsg::Stats;
+use iopath_rpmsg::{BufSizes, Convention, Stats};
 use iopath_virtio::transport::vhost_user::VhostUser;
 use iopath_virtio::{driver, features, share_memory, QueueFeatures, Seg, SplitQueue, Transport};
 
 const T: Duration = Duration::from_secs(10);
 const RING: u16 = 64;
 /// Transmit slots are larger than rpmsg's buffers, to send oversized ones.
-const TX_SLOT: usize = 4096;
+const TX_SLOT: usize = 68 * 1024;
 const LE: Endian = Endian::Little;
 const OUR_ADDR: u32 = 1024;
 
@@ -32,17 +34,56 @@ struct Driver {
     /// One per transmit slot: a buffer the device may read cannot be written.
     txbufs: Vec<Buffer>,
     next_tx: usize,
+    /// The size of each receive buffer (the remote's tx size).
+    rx_buf: usize,
+    /// The largest message this driver sends (the remote's rx size).
+    tx_buf: usize,
+}
+
+/// How a test's driver starts the device.
+#[derive(Debug, Clone, Copy)]
+struct Start {
+    event_idx: bool,
+    iommu: bool,
+    /// Ack the buffer-size bit when offered, and size the buffers by the
+    /// config.
+    bufsz: bool,
+}
+
+impl Start {
+    const PLAIN: Start = Start {
+        event_idx: false,
+        iommu: false,
+        bufsz: false,
+    };
 }
 
 impl Driver {
     fn connect(sock: &Path, event_idx: bool) -> Driver {
-        Driver::start(VhostUser::connect(sock, 7, T).unwrap(), event_idx, false)
+        Driver::connect_with(
+            sock,
+            Start {
+                event_idx,
+                ..Start::PLAIN
+            },
+        )
+    }
+
+    fn connect_with(sock: &Path, how: Start) -> Driver {
+        Driver::start(VhostUser::connect(sock, 7, T).unwrap(), how)
     }
 
     /// As [`Driver::connect`], with `ACCESS_PLATFORM` and IOMMU ops: every
     /// ring and buffer address is an IOVA mapped through `IOTLB_MSG`s.
     fn connect_iommu(sock: &Path) -> Driver {
-        Driver::start(VhostUser::connect(sock, 7, T).unwrap(), true, true)
+        Driver::connect_with(
+            sock,
+            Start {
+                event_idx: true,
+                iommu: true,
+                bufsz: false,
+            },
+        )
     }
 
     /// Resets the device (status 0: the front end stops both queues) on
@@ -50,20 +91,41 @@ impl Driver {
     fn restart(self, event_idx: bool) -> Driver {
         let Driver { dev, rx, tx, .. } = self;
         drop((rx, tx));
-        Driver::start(dev, event_idx, false)
+        Driver::start(
+            dev,
+            Start {
+                event_idx,
+                ..Start::PLAIN
+            },
+        )
     }
 
-    fn start(dev: VhostUser, event_idx: bool, iommu: bool) -> Driver {
+    fn start(dev: VhostUser, how: Start) -> Driver {
         let mut want = features::VIRTIO_F_VERSION_1 | 1 << wire::VIRTIO_RPMSG_F_NS;
-        if event_idx {
+        if how.event_idx {
             want |= features::VIRTIO_F_EVENT_IDX;
         }
-        if iommu {
+        if how.iommu {
             want |= features::VIRTIO_F_ACCESS_PLATFORM;
+        }
+        let bufsz = 1u64 << VIRTIO_RPMSG_F_BUFSZ;
+        let offered = dev.device_features().unwrap() & bufsz != 0;
+        if how.bufsz {
+            want |= bufsz & dev.device_features().unwrap();
         }
         let f = driver::negotiate(&dev, want, 0).unwrap();
         assert_eq!(f, want, "the device offers what Linux's bus takes");
-        let ops: Arc<dyn DmaOps> = if iommu {
+        // Linux's virtio_rpmsg_bus: the sizes from the config when the bit
+        // is negotiated, 512 otherwise.
+        let sizes = if f & bufsz != 0 {
+            let sizes = read_linux_config(&dev);
+            assert!(offered);
+            sizes
+        } else {
+            BufSizes::DEFAULT
+        };
+        let (rx_buf, tx_buf) = (sizes.to_host as usize, sizes.to_remote as usize);
+        let ops: Arc<dyn DmaOps> = if how.iommu {
             Arc::new(Iommu::new())
         } else {
             Arc::new(Direct::new())
@@ -74,7 +136,7 @@ impl Driver {
         dev.setup_queue(0, &rx.config()).unwrap();
         dev.setup_queue(1, &tx.config()).unwrap();
         let heap = MemfdHeap::new(HugePages::None);
-        let rxbufs = heap.alloc(usize::from(RING) * BUF_SIZE).unwrap();
+        let rxbufs = heap.alloc(usize::from(RING) * rx_buf).unwrap();
         let txbufs: Vec<Buffer> = (0..RING).map(|_| heap.alloc(TX_SLOT).unwrap()).collect();
         ops.register(&rxbufs).unwrap();
         for b in &txbufs {
@@ -84,7 +146,7 @@ impl Driver {
         // Dirty, so that a device that writes nothing is caught.
         rxbufs.write_at(0, &vec![0xa5; rxbufs.len()]).unwrap();
         for i in 0..usize::from(RING) {
-            rx.add(&[], &[Seg::buf(&rxbufs, i * BUF_SIZE, BUF_SIZE)], i as u64)
+            rx.add(&[], &[Seg::buf(&rxbufs, i * rx_buf, rx_buf)], i as u64)
                 .unwrap();
         }
         driver::driver_ok(&dev).unwrap();
@@ -98,6 +160,8 @@ impl Driver {
             rxbufs,
             txbufs,
             next_tx: 0,
+            rx_buf,
+            tx_buf,
         }
     }
 
@@ -105,13 +169,14 @@ impl Driver {
     fn recv(&mut self) -> (Header, Vec<u8>) {
         loop {
             if let Some(c) = self.rx.pop_used().unwrap() {
-                let off = c.token as usize * BUF_SIZE;
+                let off = c.token as usize * self.rx_buf;
+                assert!(c.len as usize <= self.rx_buf, "used length {}", c.len);
                 let mut buf = vec![0u8; c.len as usize];
                 self.rxbufs.read_at(off, &mut buf).unwrap();
                 let (hdr, payload) = wire::parse_message(&buf, LE).unwrap();
                 let payload = payload.to_vec();
                 self.rx
-                    .add(&[], &[Seg::buf(&self.rxbufs, off, BUF_SIZE)], c.token)
+                    .add(&[], &[Seg::buf(&self.rxbufs, off, self.rx_buf)], c.token)
                     .unwrap();
                 if self.rx.should_notify() {
                     self.dev.notify(0).unwrap();
@@ -142,7 +207,7 @@ impl Driver {
 
     fn send(&mut self, dst: u32, data: &[u8]) {
         let mut msg = Vec::new();
-        wire::encode_message(OUR_ADDR, dst, data, BUF_SIZE, LE, &mut msg).unwrap();
+        wire::encode_message(OUR_ADDR, dst, data, self.tx_buf, LE, &mut msg).unwrap();
         let len = msg.len();
         self.send_bytes(&msg, len);
     }
@@ -165,6 +230,27 @@ impl Driver {
     }
 }
 
+/// Reads Linux's config as `virtio_uml` does, one field at a time
+/// (`GET_CONFIG` from offset 0 to the field's end: 1, 3, 5, 9, 13 bytes,
+/// each reply checked to be exactly that long by the front end), checks
+/// it as `rpmsg_probe` does and returns the sizes.
+fn read_linux_config(dev: &VhostUser) -> BufSizes {
+    let field = |offset: u32, len: usize| {
+        let mut b = vec![0u8; len];
+        dev.read_config(offset, &mut b).unwrap();
+        b
+    };
+    assert_eq!(field(0, 1), [1], "version");
+    assert_eq!(field(1, 2), 13u16.to_le_bytes(), "size");
+    let align = u16::from_le_bytes(field(3, 2).try_into().unwrap());
+    assert!(align == 0 || align.is_power_of_two(), "align {align}");
+    let u32_at = |offset| u32::from_le_bytes(field(offset, 4).try_into().unwrap());
+    BufSizes {
+        to_host: u32_at(5),
+        to_remote: u32_at(9),
+    }
+}
+
 #[derive(Debug)]
 enum Ev {
     Stats(Stats),
@@ -173,6 +259,14 @@ enum Ev {
 
 /// Starts the remote (echo service "echo") on a socket in `dir`.
 fn remote(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<Ev>) {
+    remote_offering(dir, None)
+}
+
+/// As [`remote`], offering `buf_sizes`.
+fn remote_offering(
+    dir: &Path,
+    buf_sizes: Option<(Convention, BufSizes)>,
+) -> (std::path::PathBuf, mpsc::Receiver<Ev>) {
     let sock = dir.join("rpmsg.sock");
     let listener = iopath_rpmsg::vhost_user::bind(&sock).unwrap();
     let (tx, rx) = mpsc::channel();
@@ -187,6 +281,7 @@ fn remote(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<Ev>) {
             channels: &channels,
             once: false,
             access_platform: true,
+            buf_sizes,
         };
         let tx = std::sync::Mutex::new(tx);
         let r = serve_drivers(cfg, &Cleanup::new(), move |ev| {
@@ -304,4 +399,97 @@ fn reset_mid_stream_then_the_next_driver_on_the_same_connection() {
     for size in [1, 496] {
         d.echo(ch, &pattern(size, 3));
     }
+}
+
+/// Sizes offered under Linux's convention reach a driver that acks the
+/// bit: it reads them field by field as `virtio_uml` does, posts buffers
+/// of the remote's tx size, and messages cross at every size each way
+/// allows; one byte past the remote's rx size is refused, not read.
+#[test]
+fn offered_sizes_reach_a_driver_that_acks_them() {
+    for sizes in [
+        BufSizes::both(4096),
+        BufSizes {
+            to_host: 2048,
+            to_remote: 8192,
+        },
+        BufSizes::both(64 * 1024),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (sock, events) = remote_offering(dir.path(), Some((Convention::Linux, sizes)));
+        let mut d = Driver::connect_with(
+            &sock,
+            Start {
+                event_idx: true,
+                iommu: false,
+                bufsz: true,
+            },
+        );
+        let (to_host, to_remote) = (sizes.to_host as usize, sizes.to_remote as usize);
+        assert_eq!((d.rx_buf, d.tx_buf), (to_host, to_remote));
+        let ch = d.channel("echo");
+        let both = to_host.min(to_remote) - HDR_LEN;
+        for size in [1, 496, 497, both - 1, both] {
+            d.echo(ch, &pattern(size, size));
+        }
+        // One byte past the remote's rx size: refused.
+        let mut big = Vec::new();
+        let over = pattern(to_remote - HDR_LEN + 1, 9);
+        wire::encode_message(OUR_ADDR, ch, &over, to_remote + 1, LE, &mut big).unwrap();
+        let len = big.len();
+        d.send_bytes(&big, len);
+        d.echo(ch, b"still here");
+        drop(d);
+        let stats = match events.recv_timeout(T).unwrap() {
+            Ev::Stats(s) => s,
+            e => panic!("expected the session's counters, got {e:?}"),
+        };
+        assert_eq!(
+            (stats.rx_msgs, stats.rx_refused, stats.rx_malformed),
+            (6, 1, 0),
+            "{sizes:?}: {stats:?}"
+        );
+    }
+}
+
+/// A driver that does not ack the bit (Linux without the series) gets
+/// 512-byte buffers whatever the config says: 496 bytes cross, 497 are
+/// refused.
+#[test]
+fn offer_not_acked_is_512() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, events) =
+        remote_offering(dir.path(), Some((Convention::Linux, BufSizes::both(4096))));
+    let mut d = Driver::connect(&sock, true);
+    assert_eq!((d.rx_buf, d.tx_buf), (BUF_SIZE, BUF_SIZE));
+    let ch = d.channel("echo");
+    d.echo(ch, &pattern(496, 1));
+    let mut big = Vec::new();
+    wire::encode_message(OUR_ADDR, ch, &pattern(497, 2), 4096, LE, &mut big).unwrap();
+    let len = big.len();
+    d.send_bytes(&big, len);
+    d.echo(ch, b"still here");
+    drop(d);
+    match events.recv_timeout(T).unwrap() {
+        Ev::Stats(s) => assert_eq!((s.rx_msgs, s.rx_refused), (2, 1), "{s:?}"),
+        e => panic!("expected the session's counters, got {e:?}"),
+    }
+}
+
+/// Without an offer the device is the one of before: no size bit, a
+/// config space of zeros.
+#[test]
+fn no_offer_no_bit_no_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, _events) = remote(dir.path());
+    let dev = VhostUser::connect(&sock, 7, T).unwrap();
+    let f = dev.device_features().unwrap();
+    assert_eq!(
+        f & (1 << VIRTIO_RPMSG_F_BUFSZ | 1 << iopath_rpmsg::bufsz::NUTTX_RPMSG_F_BUFSZ),
+        0,
+        "{f:#x}"
+    );
+    let mut b = [0xa5u8; 13];
+    dev.read_config(0, &mut b).unwrap();
+    assert_eq!(b, [0; 13]);
 }

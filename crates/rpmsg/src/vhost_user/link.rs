@@ -11,12 +11,11 @@ use iopath_virtio::device::{MemoryAccess, QueueContext};
 use virtio_queue::QueueT;
 use vm_memory::Permissions;
 
-use super::Slots;
-use crate::link::remote::{check_rx_chain, check_tx_desc, Desc};
+use super::{Negotiated, Slots};
+use crate::link::remote::{check_rx_chain, check_tx_desc, Desc, MAX_RX_MSG};
 use crate::link::{Held, Link, LinkError, LinkMemory, Slot};
 use crate::role::Role;
 use crate::shm::ShmError;
-use crate::wire::BUF_SIZE;
 
 /// vq0: device → driver (the driver's receive buffers).
 const TXQ: usize = 0;
@@ -62,10 +61,17 @@ pub struct VhostUserLink {
     tx_wanted: bool,
     /// Driver buffers taken from vq0 and not used for a send yet.
     spare: Vec<Slot>,
+    /// The buffer sizes of the session.
+    sizes: Negotiated,
 }
 
 impl VhostUserLink {
-    pub(super) fn new(ctxs: [QueueContext; 2], slots: Arc<Slots>, pending: Arc<AtomicU8>) -> Self {
+    pub(super) fn new(
+        ctxs: [QueueContext; 2],
+        slots: Arc<Slots>,
+        pending: Arc<AtomicU8>,
+        sizes: Negotiated,
+    ) -> Self {
         let access = ctxs[TXQ].memory_access();
         let features = ctxs[TXQ].acked_features() as u32;
         VhostUserLink {
@@ -78,6 +84,7 @@ impl VhostUserLink {
             pending,
             tx_wanted: false,
             spare: Vec::new(),
+            sizes,
         }
     }
 
@@ -131,8 +138,15 @@ impl Link for VhostUserLink {
         let Some((head, descs)) = self.pop(RXQ)? else {
             return Ok(None);
         };
-        // Linux's buffers are 512 bytes: a longer one is refused, not read.
-        let checked = check_rx_chain(head, descs.into_iter(), BUF_SIZE, |a, l| {
+        // A negotiated size is the driver's too: a longer message is
+        // refused, not read. Given sizes (fixed) are read up to
+        // MAX_RX_MSG, as on shared memory.
+        let max = if self.sizes.fixed {
+            MAX_RX_MSG
+        } else {
+            self.sizes.sizes.to_remote as usize
+        };
+        let checked = check_rx_chain(head, descs.into_iter(), max, |a, l| {
             self.inside(a, l, Permissions::Read)
         });
         match checked {
@@ -158,7 +172,8 @@ impl Link for VhostUserLink {
                 self.tx_wanted = true;
                 return Ok(None);
             };
-            let checked = check_tx_desc(head, descs.first().copied(), BUF_SIZE, |a, l| {
+            let max = self.sizes.sizes.to_host as usize;
+            let checked = check_tx_desc(head, descs.first().copied(), max, |a, l| {
                 self.inside(a, l, Permissions::Write)
             });
             match checked {
@@ -189,7 +204,11 @@ impl Link for VhostUserLink {
     }
 
     fn buf_size(&self) -> usize {
-        BUF_SIZE
+        self.sizes.sizes.to_host as usize
+    }
+
+    fn rx_buf_size(&self) -> usize {
+        self.sizes.sizes.to_remote as usize
     }
 
     fn take_kick(&mut self) -> bool {

@@ -15,6 +15,15 @@
 //!     ends, the contexts go back to their workers, the next driver comes
 //! ```
 //!
+//! Buffer sizes ([`RpmsgDevice::with_buf_sizes`]) are offered only when
+//! asked: the convention's feature bit joins the device features and its
+//! config is the device's config space (`VHOST_USER_GET_CONFIG`, protocol
+//! feature `CONFIG`), each read answered with exactly the window asked
+//! (Linux's `virtio_uml` reads one field at a time, from offset 0 to the
+//! field's end). The buffers then follow what the driver acked: the bit
+//! not acked, 512 bytes both ways. Without an offer the device is the one
+//! of before: no bit 1, an empty config space.
+//!
 //! Without a status byte (vhost-user has none for Linux's front end), the
 //! driver is ready at its first kick: Linux's bus posts its receive
 //! buffers, sets DRIVER_OK and only then kicks vq0, and it registers its
@@ -36,6 +45,7 @@ use virtio_queue::Queue;
 pub use link::VhostUserLink;
 pub use notifier::VhostUserNotifier;
 
+use crate::bufsz::{BufSizeError, BufSizes, Convention};
 use crate::notify::NotifyError;
 use crate::wire::VIRTIO_RPMSG_F_NS;
 
@@ -109,6 +119,8 @@ impl Slots {
 pub struct RpmsgDevice {
     slots: Arc<Slots>,
     access_platform: bool,
+    /// Buffer sizes offered, and how.
+    buf_sizes: Option<(Convention, BufSizes)>,
 }
 
 /// Why no driver came.
@@ -141,6 +153,55 @@ impl RpmsgDevice {
         Self {
             access_platform: on,
             ..self
+        }
+    }
+
+    /// The same device offering buffers of `sizes` under `convention`:
+    /// its feature bit in the device features and its config in the
+    /// config space ([`Convention::Fixed`]: neither; the sizes are used as
+    /// given and the driver must be set alike).
+    ///
+    /// # Errors
+    /// [`BufSizeError::Size`] for sizes iopath does not offer
+    /// ([`BufSizes::check_offer`]).
+    pub fn with_buf_sizes(
+        self,
+        convention: Convention,
+        sizes: BufSizes,
+    ) -> Result<Self, BufSizeError> {
+        sizes.check_offer()?;
+        Ok(Self {
+            buf_sizes: Some((convention, sizes)),
+            ..self
+        })
+    }
+
+    /// The config space: the offered sizes in the convention's layout;
+    /// empty without an offer.
+    fn config(&self) -> Vec<u8> {
+        self.buf_sizes
+            .map_or_else(Vec::new, |(c, sizes)| c.config(sizes))
+    }
+
+    /// The feature bit of the offer, if it has one.
+    fn bufsz_bit(&self) -> Option<u32> {
+        self.buf_sizes.and_then(|(c, _)| c.bit())
+    }
+
+    /// The sizes that apply once the driver acked `acked`: the offer's
+    /// when its bit was acked (or under [`Convention::Fixed`]), 512 bytes
+    /// both ways otherwise.
+    fn negotiated(&self, acked: u64) -> Negotiated {
+        match self.buf_sizes {
+            Some((Convention::Fixed, sizes)) => Negotiated { sizes, fixed: true },
+            Some((c, sizes)) if c.bit().is_some_and(|b| acked & (1 << b) != 0) => Negotiated {
+                sizes,
+                fixed: false,
+            },
+            _ => Negotiated {
+                sizes: BufSizes::DEFAULT,
+                fixed: false,
+            },
         }
     }
 
@@ -189,8 +250,9 @@ impl RpmsgDevice {
                 Ok(true) => {
                     let notifier = VhostUserNotifier::new(&ctxs).map_err(WaitDriverError::Poll)?;
                     let pending = notifier.pending();
+                    let sizes = self.negotiated(ctxs[0].acked_features());
                     return Ok((
-                        VhostUserLink::new(ctxs, Arc::clone(&self.slots), pending),
+                        VhostUserLink::new(ctxs, Arc::clone(&self.slots), pending, sizes),
                         notifier,
                     ));
                 }
@@ -205,6 +267,16 @@ impl RpmsgDevice {
             }
         }
     }
+}
+
+/// The buffer sizes a session uses.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Negotiated {
+    /// Each direction's size.
+    pub(crate) sizes: BufSizes,
+    /// Given, not negotiated ([`Convention::Fixed`]): the driver's
+    /// buffers may say otherwise, and a mismatch is reported.
+    pub(crate) fixed: bool,
 }
 
 /// Waits for a kick on either queue (true) or a stop request (false).
@@ -246,7 +318,10 @@ fn first_kick(
 
 impl VirtioDevice for RpmsgDevice {
     fn features(&self) -> u64 {
-        let f = VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX | (1 << VIRTIO_RPMSG_F_NS);
+        let mut f = VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX | (1 << VIRTIO_RPMSG_F_NS);
+        if let Some(bit) = self.bufsz_bit() {
+            f |= 1 << bit;
+        }
         if self.access_platform {
             f | VIRTIO_F_ACCESS_PLATFORM
         } else {
@@ -262,9 +337,14 @@ impl VirtioDevice for RpmsgDevice {
         MAX_QUEUE_SIZE
     }
 
-    fn read_config(&self, _offset: u32, len: u32) -> Vec<u8> {
-        // virtio-rpmsg has no configuration space.
-        vec![0; len as usize]
+    /// Exactly the window asked, zeros past the config (empty without an
+    /// offer): `virtio_uml` refuses a reply of any other length.
+    fn read_config(&self, offset: u32, len: u32) -> Vec<u8> {
+        let config = self.config();
+        let start = (offset as usize).min(config.len());
+        let mut window = config[start..].to_vec();
+        window.resize(len as usize, 0);
+        window
     }
 
     /// Leaves the queue to the session and waits until it is stopped and

@@ -31,6 +31,9 @@ pub struct ServeDrivers<'a> {
     /// Offer `VIRTIO_F_ACCESS_PLATFORM` (for front ends with an IOMMU; see
     /// [`RpmsgDevice::with_access_platform`]).
     pub access_platform: bool,
+    /// Buffer sizes to offer and how ([`RpmsgDevice::with_buf_sizes`]);
+    /// `None`: nothing offered, 512 bytes.
+    pub buf_sizes: Option<(crate::Convention, crate::BufSizes)>,
 }
 
 /// Why a remote stopped serving vhost-user drivers.
@@ -48,6 +51,9 @@ pub enum ServeDriversError {
         /// Why the link went down.
         reason: String,
     },
+    /// The buffer sizes cannot be offered.
+    #[error("The buffer sizes cannot be offered")]
+    BufSizes(#[source] crate::bufsz::BufSizeError),
     /// The vhost-user server stopped (its listener broke).
     #[error("The vhost-user server stopped")]
     Server(#[source] ServerError),
@@ -65,7 +71,12 @@ pub fn serve_drivers(
     stop: &Cleanup,
     on_event: impl Fn(RemoteEvent<'_>) + Send + Sync + 'static,
 ) -> Result<(), ServeDriversError> {
-    let device = RpmsgDevice::new().with_access_platform(cfg.access_platform);
+    let mut device = RpmsgDevice::new().with_access_platform(cfg.access_platform);
+    if let Some((convention, sizes)) = cfg.buf_sizes {
+        device = device
+            .with_buf_sizes(convention, sizes)
+            .map_err(ServeDriversError::BufSizes)?;
+    }
     // The socket is private (vhost_user::bind): a front end of another
     // user is refused even if its mode was changed.
     let server = VhostUserServer::new(cfg.listener, Arc::new(device.clone())).with_options(
