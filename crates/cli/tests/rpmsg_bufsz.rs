@@ -1,7 +1,9 @@
 //! Buffer sizes beyond 512 bytes with real processes: `iopath rpmsg remote
-//! --buf-size` offers them, `iopath rpmsg host` takes them, pings carry
+//! --buf-size` offers them (in the table, or over vhost-user in its
+//! features and config space), `iopath rpmsg host` takes them, pings carry
 //! the largest payloads byte for byte, `ept stats` names them; sizes no
-//! buffer can have are usage errors naming the option.
+//! buffer can have, and options that contradict each other, are usage
+//! errors naming the option.
 
 #[allow(dead_code)]
 mod common;
@@ -153,8 +155,13 @@ fn sizes_no_buffer_has_are_refused() {
         (&["--buf-size", "1001"][..], 2, "--buf-size 1001"),
         (&["--tx-buf-size", "128K"][..], 2, "--tx-buf-size 131072"),
         (&["--rx-buf-size", "0"][..], 2, "--rx-buf-size 0"),
-        // Buffers that do not fit the shared memory: the size that would.
-        (&["--buf-size", "64K"][..], 1, "--create 0x"),
+        // Buffers that do not fit the shared memory: the size that would,
+        // in the units typed.
+        (
+            &["--buf-size", "64K"][..],
+            2,
+            "--create 0x80000 is too small for 256 buffers of 64K (remote → host) and 256 of 64K (host → remote) after the rings: --create 0x2010000 is enough",
+        ),
     ] {
         let o = Command::new(BIN)
             .args(["rpmsg", "remote", "--shm", s(&shm), "--notify", &ev])
@@ -166,21 +173,202 @@ fn sizes_no_buffer_has_are_refused() {
         assert_eq!(o.status.code(), Some(code), "{extra:?}: {err}");
         assert!(err.contains(want), "{extra:?}: {err}");
     }
-    // Without --create there is no table to offer them in.
-    let o = Command::new(BIN)
-        .args([
+}
+
+/// `--create 8M --buf-size 64K`: the size that is enough, in megabytes as
+/// typed (256 × 128 KiB of buffers after 64 KiB of rings and table: 33M),
+/// and no hex.
+#[test]
+fn create_too_small_names_the_size_in_the_units_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    let ev = format!("eventfd:{}", s(&dir.path().join("ev")));
+    for (create, enough) in [
+        ("8M", "33M"),
+        ("8m", "33m"),
+        ("4096K", "32832K"),
+        ("8388608", "33619968"),
+    ] {
+        let o = Command::new(BIN)
+            .args(["rpmsg", "remote", "--shm", s(&shm), "--notify", &ev])
+            .args(["--create", create, "--buf-size", "64K", "--once"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!(
+                "--create {create} is too small for 256 buffers of 64K"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("--create {enough} is enough")),
+            "{err}"
+        );
+        assert!(!err.contains("0x"), "{err}");
+        assert!(!shm.exists(), "nothing is created");
+    }
+}
+
+/// The device Linux drives over vhost-user offers what it is asked to,
+/// and only that: a front end reads the features and the config space
+/// (`GET_CONFIG` from offset 0 to each field's end, as `virtio_uml` does,
+/// each reply exactly the window asked).
+#[test]
+fn vhost_user_device_offers_the_sizes_asked() {
+    use iopath_virtio::transport::vhost_user::VhostUser;
+    use iopath_virtio::Transport;
+    const NS_VERSION_1_EVENT_IDX_PROTOCOL: u64 = 0x1_6000_0001;
+    let le32 = |v: u32| v.to_le_bytes();
+    let linux = |tx: u32, rx: u32| {
+        let mut b = vec![1, 13, 0, 0, 0];
+        b.extend_from_slice(&le32(tx));
+        b.extend_from_slice(&le32(rx));
+        b
+    };
+    let mut nuttx = vec![0u8; 64];
+    nuttx[..4].copy_from_slice(&le32(2048));
+    nuttx[4..8].copy_from_slice(&le32(4096));
+    let cases: Vec<(Vec<&str>, u64, Vec<u8>)> = vec![
+        // Nothing asked: today's device, bit 1 not offered, no config.
+        (vec![], NS_VERSION_1_EVENT_IDX_PROTOCOL, vec![]),
+        (
+            vec!["--buf-size", "4K"],
+            NS_VERSION_1_EVENT_IDX_PROTOCOL | 1 << 1,
+            linux(4096, 4096),
+        ),
+        (
+            vec!["--buf-size", "64K"],
+            NS_VERSION_1_EVENT_IDX_PROTOCOL | 1 << 1,
+            linux(65536, 65536),
+        ),
+        (
+            vec!["--tx-buf-size", "2K", "--rx-buf-size", "8K"],
+            NS_VERSION_1_EVENT_IDX_PROTOCOL | 1 << 1,
+            linux(2048, 8192),
+        ),
+        (
+            vec![
+                "--tx-buf-size",
+                "4K",
+                "--rx-buf-size",
+                "2K",
+                "--buf-size-convention",
+                "nuttx",
+            ],
+            NS_VERSION_1_EVENT_IDX_PROTOCOL | 1 << 2,
+            nuttx,
+        ),
+        // Fixed: nothing offered, the sizes used as given.
+        (
+            vec!["--buf-size", "2K", "--buf-size-convention", "fixed"],
+            NS_VERSION_1_EVENT_IDX_PROTOCOL,
+            vec![],
+        ),
+    ];
+    for (extra, features, config) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("rpmsg.sock");
+        let mut args = vec![
             "rpmsg",
             "remote",
-            "--shm",
-            s(&shm),
-            "--notify",
-            &ev,
-            "--buf-size",
-            "4K",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
+            "--vhost-user",
+            s(&sock),
+            "--echo",
+            "echo",
+        ];
+        args.extend_from_slice(&extra);
+        let remote = Proc::spawn(dir.path(), "remote", &args);
+        let dev =
+            VhostUser::connect(&sock, 7, std::time::Duration::from_secs(10)).unwrap_or_else(|e| {
+                panic!(
+                    "{extra:?}: {e}
+{}",
+                    remote.stderr()
+                )
+            });
+        assert_eq!(dev.raw_device_features(), features, "{extra:?}");
+        // Each field's window, then the whole config, then past its end.
+        let ends: &[usize] = if config.len() == 13 {
+            &[1, 3, 5, 9, 13]
+        } else {
+            &[8, 64]
+        };
+        for &end in ends.iter().chain([&16, &80]) {
+            let mut got = vec![0xa5u8; end];
+            dev.read_config(0, &mut got).unwrap();
+            let mut want = config.clone();
+            want.resize(end, 0);
+            assert_eq!(got, want, "{extra:?}: window 0..{end}");
+        }
+        // A field read alone (the front end asks 0..end and takes the tail).
+        if config.len() == 13 {
+            let mut tx = [0u8; 4];
+            dev.read_config(5, &mut tx).unwrap();
+            assert_eq!(tx, config[5..9], "{extra:?}");
+        }
+    }
+}
+
+/// Options that contradict each other, or that the mode cannot honour,
+/// are usage errors (status 2) naming them.
+#[test]
+fn contradictory_size_options_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let shm = dir.path().join("shm");
+    let ev = format!("eventfd:{}", s(&dir.path().join("ev")));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["host", "--shm", s(&shm), "--notify", &ev, "--openamp-ping"]
+                .into_iter()
+                .chain([
+                    "--no-buf-size",
+                    "--buf-size",
+                    "2K",
+                    "--buf-size-convention",
+                    "fixed",
+                ])
+                .collect(),
+            "--no-buf-size",
+        ),
+        (
+            vec!["remote", "--vhost-user", s(&sock), "--buf-size", "256"],
+            "--buf-size 256: a buffer is 512 to 65536",
+        ),
+        (
+            vec![
+                "remote",
+                "--vhost-user",
+                s(&sock),
+                "--buf-size",
+                "4K",
+                "--create",
+                "4M",
+            ],
+            "--create",
+        ),
+        (
+            vec![
+                "remote",
+                "--shm",
+                s(&shm),
+                "--notify",
+                &ev,
+                "--buf-size",
+                "4K",
+            ],
+            "--buf-size (and --tx-buf-size/--rx-buf-size) with --shm needs --create",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = Command::new(BIN).arg("rpmsg").args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!sock.exists(), "{args:?}: the socket was bound");
+    }
 }
 
 /// Upstream OpenAMP's way: no offer in the table, both sides given 2 KiB.

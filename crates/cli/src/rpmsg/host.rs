@@ -95,7 +95,7 @@ pub struct HostArgs {
     #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
     rx_buf_size: Option<u64>,
     /// Decline buffer sizes the remote offers: 512 bytes each way.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["buf_size", "tx_buf_size", "rx_buf_size"])]
     no_buf_size: bool,
     /// Seconds to wait for the remote.
     #[arg(long, default_value_t = 30)]

@@ -46,8 +46,8 @@ pub struct RemoteArgs {
     /// Create the file with SIZE bytes (e.g. 0x80000, 512K, 2M) and write a
     /// fresh resource table: OpenAMP demo layout (table at 0, vrings at
     /// 0x4000 and 0x8000 aligned 0x1000, buffers from 0x10000).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>)]
-    create: Option<u64>,
+    #[arg(long, value_parser = parse_create)]
+    create: Option<TypedSize>,
     /// Entries per vring (with --create).
     #[arg(long, default_value_t = 256)]
     ring: u32,
@@ -55,26 +55,28 @@ pub struct RemoteArgs {
     #[arg(long)]
     event_idx: bool,
     /// Offer buffers of SIZE bytes both ways, header included (512 to 64K,
-    /// a multiple of 4; with --create): the table then carries the
-    /// buffer-size feature bit and config of --buf-size-convention, and a
-    /// host that takes it lays its buffers out for them. Without it (or
-    /// --tx-buf-size/--rx-buf-size) nothing is offered: 512 bytes, the
-    /// table as without this option.
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE", requires = "create")]
+    /// a multiple of 4; with --create, or with --vhost-user): the device
+    /// then offers the buffer-size feature bit and config of
+    /// --buf-size-convention (in the table, or over vhost-user in its
+    /// features and config space), and a host that takes it uses buffers
+    /// of these sizes. Without it (or --tx-buf-size/--rx-buf-size) nothing
+    /// is offered: 512 bytes, the device as without this option.
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
     buf_size: Option<u64>,
     /// Offer SIZE-byte buffers for messages from the remote to the host
     /// (overrides --buf-size that way).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE", requires = "create")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
     tx_buf_size: Option<u64>,
     /// Offer SIZE-byte buffers for messages from the host to the remote
     /// (overrides --buf-size that way).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE", requires = "create")]
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
     rx_buf_size: Option<u64>,
-    /// How the sizes are offered: linux (feature bit 1, a versioned
-    /// config: Linux's proposal), nuttx (bit 2, the sizes first in the
-    /// config, as NuttX's OpenAMP reads them) or fixed (nothing offered:
-    /// no bit, no config; the sizes are used as given, and the host must
-    /// be given the same, as upstream OpenAMP's RPMSG_BUFFER_SIZE).
+    /// How the sizes are offered: linux (feature bit 1 and the 13-byte
+    /// versioned config Linux's virtio_rpmsg_bus reads), nuttx (bit 2, the
+    /// sizes first in the config, as NuttX's OpenAMP reads them) or fixed
+    /// (nothing offered: no bit, no config; the sizes are used as given,
+    /// and the host must be given the same, as upstream OpenAMP's
+    /// RPMSG_BUFFER_SIZE).
     #[arg(long, default_value = "linux", value_name = "CONVENTION")]
     buf_size_convention: Convention,
     /// How to notify: eventfd:SOCK (eventfd pair passed over SOCK), unix:SOCK
@@ -130,6 +132,40 @@ pub struct RemoteArgs {
     json: bool,
 }
 
+/// A size as the user typed it, and its bytes.
+#[derive(Debug, Clone)]
+struct TypedSize {
+    bytes: u64,
+    typed: String,
+}
+
+fn parse_create(s: &str) -> Result<TypedSize, String> {
+    let bytes = iopath_sys::parse_size::<u64>(s).map_err(|e| e.to_string())?;
+    Ok(TypedSize {
+        bytes,
+        typed: s.to_owned(),
+    })
+}
+
+/// `bytes` in the units of `typed` (`0x` hex, a K/M/G/T suffix, or
+/// bytes), rounded up to a whole one.
+fn in_units_of(typed: &str, bytes: u64) -> String {
+    let t = typed.trim();
+    if t.starts_with("0x") || t.starts_with("0X") {
+        return format!("{bytes:#x}");
+    }
+    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &t[digits.len()..];
+    let shift = match suffix.chars().next().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => 10,
+        Some('M') => 20,
+        Some('G') => 30,
+        Some('T') => 40,
+        _ => return bytes.to_string(),
+    };
+    format!("{}{suffix}", bytes.div_ceil(1 << shift))
+}
+
 /// Runs `iopath rpmsg remote` until a session ends it or a signal stops it.
 pub fn run(a: RemoteArgs) -> Result<()> {
     let stop = stop::install("remote")?;
@@ -159,6 +195,8 @@ fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
 
 /// Binds the vhost-user socket and serves one driver after another.
 fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
+    // Sizes are checked before the socket is bound.
+    let buf_sizes = offered_sizes(a)?.map(|s| (a.buf_size_convention, s));
     let listener = iopath_rpmsg::vhost_user::bind(sock)
         .with_context(|| format!("--vhost-user {}", sock.display()))?;
     stop.add_file(sock);
@@ -173,6 +211,7 @@ fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
         channels: &channels,
         once: a.once,
         access_platform: a.access_platform,
+        buf_sizes,
     };
     let socket = sock.display().to_string();
     serve_drivers(cfg, stop, events(a, format!("the next driver on {socket}"))).map_err(|e| match e
@@ -180,6 +219,7 @@ fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
         ServeDriversError::Wait(e) => anyhow::Error::new(e).context("waiting for the driver"),
         ServeDriversError::Announce(e) => anyhow::Error::new(e),
         ServeDriversError::DriverGone { reason } => anyhow!("the driver went away: {reason}"),
+        ServeDriversError::BufSizes(e) => crate::usage::usage(format!("--buf-size: {e}")),
         ServeDriversError::Server(e) => {
             anyhow::Error::new(e).context(format!("--vhost-user {socket}"))
         }
@@ -249,19 +289,37 @@ fn offered_sizes(a: &RemoteArgs) -> Result<Option<BufSizes>> {
 
 /// The layout `--create SIZE` writes: OpenAMP's demo layout for 0x80000
 /// with rings of 256, with `--event-idx` and the offered buffer sizes.
-fn layout(a: &RemoteArgs, size: u64) -> Result<ShmLayout> {
-    let mut layout = ShmLayout::for_size(size, a.ring)
-        .with_context(|| format!("--create {size:#x} with --ring {}: no layout fits", a.ring))?;
+fn layout(a: &RemoteArgs, create: &TypedSize) -> Result<ShmLayout> {
+    let size = create.bytes;
+    let mut layout = ShmLayout::for_size(size, a.ring).with_context(|| {
+        format!(
+            "--create {} with --ring {}: no layout fits",
+            create.typed, a.ring
+        )
+    })?;
     if a.event_idx {
         layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
     }
     if let Some(sizes) = offered_sizes(a)? {
         layout = layout
             .with_buf_sizes(a.buf_size_convention, sizes)
-            .map_err(|e| {
-                let fits = ShmLayout::size_for(a.ring, sizes)
-                    .map_or(String::new(), |s| format!("; --create {s:#x} holds them"));
-                anyhow::Error::new(e).context(format!("--buf-size on --create {size:#x}{fits}"))
+            .map_err(|e| match ShmLayout::size_for(a.ring, sizes) {
+                // Too small: say which size is enough, in the user's units.
+                Some(enough) if enough > size => {
+                    let f = iopath_sys::format_size;
+                    crate::usage::usage(format!(
+                        "--create {} is too small for {} buffers of {} (remote → host) and {} of {} \
+                         (host → remote) after the rings: --create {} is enough (or fewer \
+                         --ring entries, or smaller buffers)",
+                        create.typed,
+                        a.ring,
+                        f(sizes.to_host.into()),
+                        a.ring,
+                        f(sizes.to_remote.into()),
+                        in_units_of(&create.typed, enough)
+                    ))
+                }
+                _ => anyhow::Error::new(e).context(format!("--create {}", create.typed)),
             })?;
     }
     Ok(layout)
@@ -271,13 +329,19 @@ fn layout(a: &RemoteArgs, size: u64) -> Result<ShmLayout> {
 /// (iopath_rpmsg's [`RemoteShm`]) and serves one host after another.
 fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
     let path = shm_path(shm);
-    let create = match a.create {
+    let create = match &a.create {
         Some(size) => Some(layout(a, size)?),
         None => {
             ensure!(
                 !a.event_idx,
                 "--event-idx needs --create (the table is written then)"
             );
+            if a.buf_size.is_some() || a.tx_buf_size.is_some() || a.rx_buf_size.is_some() {
+                return Err(crate::usage::usage(
+                    "--buf-size (and --tx-buf-size/--rx-buf-size) with --shm needs --create: \
+                     the table that offers the sizes is written then",
+                ));
+            }
             None
         }
     };
