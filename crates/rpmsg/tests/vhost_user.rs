@@ -493,3 +493,46 @@ fn no_offer_no_bit_no_config() {
     dev.read_config(0, &mut b).unwrap();
     assert_eq!(b, [0; 13]);
 }
+
+/// A front end that sends half a message header and waits is dropped
+/// after the server's message timeout, and the next front end is served
+/// (the server serves one at a time); one that stays connected and idle
+/// between messages is not.
+#[test]
+fn half_a_header_does_not_keep_the_next_front_end_out() {
+    use std::io::Write;
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, _events) = remote(dir.path());
+    // Idle for longer than the timeout, then a real driver on it: served.
+    let idle = Driver::connect(&sock, true);
+    std::thread::sleep(iopath_virtio::device::MESSAGE_TIMEOUT + Duration::from_secs(1));
+    let mut idle = idle;
+    let ch = idle.channel("echo");
+    idle.echo(ch, &pattern(50, 5));
+    drop(idle);
+    let mut stalled = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    // GET_FEATURES (1), flags 1: 6 of the header's 12 bytes.
+    stalled.write_all(&[1, 0, 0, 0, 1, 0]).unwrap();
+    let t0 = Instant::now();
+    let mut d = Driver::connect(&sock, true);
+    let waited = t0.elapsed();
+    assert!(
+        waited >= iopath_virtio::device::MESSAGE_TIMEOUT - Duration::from_millis(500)
+            && waited < iopath_virtio::device::MESSAGE_TIMEOUT + Duration::from_secs(3),
+        "served after {waited:?}"
+    );
+    let ch = d.channel("echo");
+    d.echo(ch, &pattern(100, 4));
+    // The stalled connection was closed by the server (reset: its half
+    // header was never read).
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    match std::io::Read::read(&mut stalled, &mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        r => panic!("the stalled connection is still open: {r:?}"),
+    }
+}

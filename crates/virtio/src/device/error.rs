@@ -16,6 +16,17 @@ pub enum ServerError {
     /// Reading or writing the connection failed.
     #[error("vhost-user socket I/O failed")]
     Socket(#[source] io::Error),
+    /// The front end started a message and did not finish it in time;
+    /// the connection was closed so that the next front end is served.
+    #[error("The front end sent {got} of a message's {need} header bytes and then nothing for {} s, connection closed", .timeout.as_secs())]
+    Stalled {
+        /// Header bytes received.
+        got: usize,
+        /// Header bytes needed.
+        need: usize,
+        /// How long it was given.
+        timeout: std::time::Duration,
+    },
     /// The front end broke the protocol; the connection was closed.
     #[error("vhost-user protocol error, connection closed")]
     Protocol(#[source] VhostError),

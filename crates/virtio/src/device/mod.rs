@@ -82,6 +82,7 @@ pub use model::VirtioDevice;
 pub use queue_context::QueueContext;
 pub use server::{
     serve_connection, serve_connection_with, ServerOptions, VhostUserServer, IOTLB_STATS_TARGET,
+    MESSAGE_TIMEOUT,
 };
 pub use wake::Wake;
 

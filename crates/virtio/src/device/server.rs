@@ -7,6 +7,7 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use iopath_sys::{error_chain, lock};
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
@@ -22,6 +23,12 @@ use crate::vhost_wire::{
 /// The log target of the per-front-end IOTLB summary, so that a program
 /// can show it while keeping the rest at a quieter level.
 pub const IOTLB_STATS_TARGET: &str = "iopath::iotlb";
+
+/// How long a front end may take to send the rest of a message it has
+/// started: the server serves one front end at a time, so one that sends
+/// half a message and waits would keep every other one out. Idle time
+/// between messages is not limited.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a server presents its device to front ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +124,61 @@ impl<D: VirtioDevice> VhostUserServer<D> {
     }
 }
 
+/// Peeks at the next message's header once the socket is readable:
+/// true with the whole header in `hdr`, false when the front end closed.
+/// A header that arrives in pieces gets [`MESSAGE_TIMEOUT`] to complete
+/// (a peek does not wait for more than what is queued, so it looks
+/// again every millisecond meanwhile).
+///
+/// # Errors
+/// [`ServerError::Stalled`] when it does not complete in time,
+/// [`ServerError::Socket`] when the socket fails.
+fn peek_header(side: &UnixStream, hdr: &mut [u8; HEADER_SIZE]) -> Result<bool, ServerError> {
+    use rustix::net::RecvFlags;
+    let deadline = std::time::Instant::now() + MESSAGE_TIMEOUT;
+    loop {
+        match rustix::net::recv(side, &mut hdr[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Ok(false),
+            Ok((n, _)) if n >= HEADER_SIZE => return Ok(true),
+            Ok((n, _)) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(ServerError::Stalled {
+                        got: n,
+                        need: HEADER_SIZE,
+                        timeout: MESSAGE_TIMEOUT,
+                    });
+                }
+                if closed(side) {
+                    return Ok(false);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // A wake-up with nothing queued: wait again.
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {
+                let mut idle = [rustix::event::PollFd::new(
+                    side,
+                    rustix::event::PollFlags::IN,
+                )];
+                match rustix::event::poll(&mut idle, None) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(ServerError::Socket(e.into())),
+                }
+            }
+            Err(e) => return Err(ServerError::Socket(e.into())),
+        }
+    }
+}
+
+/// Whether the front end shut its side of the connection.
+fn closed(side: &UnixStream) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fd = [PollFd::new(side, PollFlags::RDHUP)];
+    let _ = poll(&mut fd, Some(&Timespec::default()));
+    fd[0]
+        .revents()
+        .intersects(PollFlags::RDHUP | PollFlags::HUP)
+}
+
 /// Serves one front end on `stream` until it disconnects or misbehaves,
 /// with the default [`ServerOptions`].
 ///
@@ -148,18 +210,21 @@ pub fn serve_connection_with<D: VirtioDevice>(
             .map(|c| c.pid);
     }
     let mut requests = BackendReqHandler::from_stream(stream, Arc::clone(&handler));
+    // Every read of a message, here, in the intercepts and in the vhost
+    // crate, gives up after MESSAGE_TIMEOUT; the wait for the next one
+    // (peek_header's poll) does not.
+    rustix::net::sockopt::set_socket_timeout(
+        &side,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(MESSAGE_TIMEOUT),
+    )
+    .map_err(|e| ServerError::Socket(e.into()))?;
     let result = loop {
         let mut hdr = [0u8; HEADER_SIZE];
-        let peeked = rustix::net::recv(
-            &side,
-            &mut hdr,
-            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::WAITALL,
-        );
-        match peeked {
-            Ok((0, _)) => break Ok(()),
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => break Err(ServerError::Socket(e.into())),
+        match peek_header(&side, &mut hdr) {
+            Ok(true) => {}
+            Ok(false) => break Ok(()),
+            Err(e) => break Err(e),
         }
         let hdr = Header::parse(&hdr);
         tracing::trace!("vhost-user request {} ({} bytes)", hdr.request, hdr.size);
