@@ -50,6 +50,15 @@ impl Setup {
 
     /// The same on the lab kernel `lab` gives.
     fn on(lab: fn() -> Option<&'static Lab>, echo: &[&str]) -> Option<Setup> {
+        Self::with_args(lab, echo, &[])
+    }
+
+    /// The same, the remote given `extra` options.
+    fn with_args(
+        lab: fn() -> Option<&'static Lab>,
+        echo: &[&str],
+        extra: &[&str],
+    ) -> Option<Setup> {
         if !iopath_testkit::have_peer("cc", "gcc") {
             return None;
         }
@@ -61,6 +70,7 @@ impl Setup {
         for name in echo {
             args.extend(["--echo", name]);
         }
+        args.extend_from_slice(extra);
         let remote = Proc::spawn(dir.path(), "remote", &args);
         Some(Setup {
             dir,
@@ -173,6 +183,24 @@ fn rpmsg_raw_channel_echoes_every_size() {
     g.assert_ok();
     assert!(g.has_line("channel rpmsg-raw"), "{}", g.out);
     assert_echoed(&g, "raw");
+}
+
+/// A remote offering 4 KiB buffers to Linux 6.12 without the buffer-size
+/// series: the driver does not know bit 1 and does not ack it, and both
+/// sides keep 512-byte buffers (1 to 496 bytes echoed, 497 refused).
+#[test]
+fn offer_unknown_to_linux_6_12_is_512() {
+    let Some(st) = Setup::with_args(Lab::get, &["rpmsg-raw"], &["--buf-size", "4K"]) else {
+        return;
+    };
+    let g = st.guest("raw", &["rpmsg-raw"]);
+    g.assert_ok();
+    assert_echoed(&g, "raw");
+    let err = st.remote_log_with("remote: rx ");
+    assert!(
+        err.contains("remote: host ready (features NS, EVENT_IDX)"),
+        "{err}"
+    );
 }
 
 /// Asserts `rpmsg_echo MODE` checked every size and every byte.
@@ -387,4 +415,118 @@ fn seed_002_both_loops_on_linux_with_the_fd_series() {
 fn has_fd_ioctl(inc: &Path) -> bool {
     std::fs::read_to_string(inc.join("linux/rpmsg.h"))
         .is_ok_and(|h| h.contains("RPMSG_CREATE_EPT_FD_IOCTL"))
+}
+
+/// Buffer sizes with Linux itself: Linux 6.12 with "Enhance RPMsg buffer
+/// management" v5 (the patches in the directory `IOPATH_BUFSZ_SERIES`
+/// names; README, "Linux as the peer") drives `iopath rpmsg remote
+/// --vhost-user` offering 4 KiB buffers, then 2 KiB remote → Linux and
+/// 8 KiB Linux → remote. For each: `virtio_rpmsg_bus` acks the feature
+/// bit; the patched `rpmsg_client_sample` reports its MTU (the remote's rx
+/// size less the header) and completes its round trips; an `rpmsg-raw`
+/// channel bound by `rpmsg_char` sends every payload size from 1 to the
+/// MTU, those the remote can send back (its tx size less the header)
+/// echoed byte-exact, the others received and counted by the remote; one
+/// byte past the MTU is the kernel's own `EMSGSIZE` ("message is too
+/// big"). Round trips per second through `/dev/rpmsgN` at 496, 2048 and
+/// 4080 bytes (4 KiB buffers) are printed. Opt-in: the patches are
+/// Linux's code, not ours, and the patched kernel is a lab build of its
+/// own.
+#[test]
+#[ignore = "needs the buffer-size series: IOPATH_BUFSZ_SERIES=DIR cargo test -p iopath --test linux_rpmsg -- --ignored bufsz_series"]
+fn bufsz_series_sizes_reach_linux() {
+    let patched = || Lab::patched("IOPATH_BUFSZ_SERIES");
+    // (remote options, Linux's MTU, the largest payload back, timed sizes)
+    let cases: [(&[&str], usize, usize, &[&str]); 2] = [
+        (&["--buf-size", "4K"], 4080, 4080, &["496", "2048", "4080"]),
+        (
+            &["--tx-buf-size", "2K", "--rx-buf-size", "8K"],
+            8176,
+            2032,
+            &[],
+        ),
+    ];
+    for (opts, mtu, back, timed) in cases {
+        // rpmsg_client_sample: the MTU, then its 100 round trips.
+        let Some(st) = Setup::with_args(patched, &["rpmsg-client-sample"], opts) else {
+            return;
+        };
+        let module = st.lab.module("rpmsg_client_sample.ko");
+        let g = st.guest("sample", &[s(&module)]);
+        g.assert_ok();
+        assert!(
+            g.out.lines().any(|l| l.contains("rpmsg_client_sample")
+                && l.ends_with(&format!(": rpmsg MTU size = {}", mtu))),
+            "{opts:?}: no MTU {mtu} in:\n{}",
+            g.out
+        );
+        let incoming = g.out.matches(": incoming msg ").count();
+        assert_eq!(incoming, 100, "{opts:?}:\n{}", g.out);
+        let err = st.remote_log_with("remote: rx ");
+        assert!(
+            err.contains("remote: host ready (features NS, BUFSZ"),
+            "{opts:?}: the driver did not ack BUFSZ:\n{err}"
+        );
+        drop(st);
+
+        // rpmsg-raw through rpmsg_char: every size, then one byte more.
+        let Some(st) = Setup::with_args(patched, &["rpmsg-raw"], opts) else {
+            return;
+        };
+        let mut args = vec!["rpmsg-raw".to_owned(), mtu.to_string(), back.to_string()];
+        args.extend(timed.iter().map(|t| t.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let g = st.guest("raw", &args);
+        g.assert_ok();
+        let bytes = back * (back + 1) / 2;
+        let sent = if back < mtu {
+            format!(", sizes {}..{mtu} sent one way", back + 1)
+        } else {
+            String::new()
+        };
+        let want = format!(
+            "rpmsg_echo raw: ok: sizes 1..{back}, {bytes} bytes echoed byte-exact{sent}, {} bytes EMSGSIZE, through ",
+            mtu + 1
+        );
+        assert!(
+            g.out.lines().any(|l| l.starts_with(&want)),
+            "{opts:?}: no {want:?} in:\n{}",
+            g.out
+        );
+        // The kernel's own refusal, and no buffer of ours it dropped.
+        assert!(
+            g.out
+                .lines()
+                .any(|l| l.ends_with(&format!("message is too big ({})", mtu + 1))),
+            "{opts:?}:\n{}",
+            g.out
+        );
+        assert!(!g.out.contains("inbound msg too big"), "{}", g.out);
+        assert!(!g.out.contains("probe with driver"), "{}", g.out);
+        for t in timed {
+            assert!(
+                g.out
+                    .lines()
+                    .any(|l| l.starts_with(&format!("rpmsg_echo raw: {t} bytes: "))
+                        && l.ends_with("/s")),
+                "{opts:?}: no timing at {t} bytes:\n{}",
+                g.out
+            );
+        }
+        // Every message arrived; all but those past BACK went back (and
+        // the channel's announcement).
+        let err = st.remote_log_with("remote: rx ");
+        let stats = err
+            .lines()
+            .find_map(|l| l.strip_prefix("remote: rx "))
+            .unwrap_or_else(|| panic!("no stats line:\n{err}"));
+        let field = |i: usize| -> usize { stats.split(' ').nth(i).unwrap().parse().unwrap() };
+        let (rx, tx) = (field(0), field(2));
+        assert!(
+            rx >= mtu,
+            "{opts:?}: the remote received {rx} messages:\n{err}"
+        );
+        assert_eq!(tx, rx - (mtu - back) + 1, "{opts:?}: {stats}");
+        assert!(stats.contains(" refused 0 malformed 0 "), "{err}");
+    }
 }

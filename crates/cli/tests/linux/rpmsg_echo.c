@@ -5,16 +5,21 @@
  *   rpmsg_echo ctrl CHANNEL   an endpoint made through /dev/rpmsg_ctrl0
  *                             (RPMSG_CREATE_EPT_IOCTL) towards the address
  *                             the remote announced CHANNEL at
- *   rpmsg_echo raw CHANNEL    the /dev/rpmsgN that rpmsg_char made by
+ *   rpmsg_echo raw CHANNEL [MTU [BACK [TIMED...]]]
+ *                             the /dev/rpmsgN that rpmsg_char made by
  *                             itself for the announced CHANNEL (rpmsg-raw)
  *
- * Every payload size from 1 to 496 (512-byte buffers less the 16-byte
- * header) goes out once, with a pattern of its own, and every byte of each
- * reply is compared. Also checked: 497 bytes are EMSGSIZE; the endpoint's
- * destroy ioctl (ctrl: removes the node, later writes are EPIPE; raw: the
- * channel's own endpoint is EINVAL). Prints one line per difference and
- * a last line "rpmsg_echo MODE: ok ..." or "rpmsg_echo MODE: FAILED ...";
- * the exit status is 0 only when every check held.
+ * Every payload size from 1 to MTU (default 496: 512-byte buffers less the
+ * 16-byte header) goes out once, with a pattern of its own; those up to
+ * BACK (default MTU: the largest the remote can send back) come back and
+ * every byte of each reply is compared, those past BACK are only sent.
+ * Also checked: MTU + 1 bytes are EMSGSIZE; the endpoint's destroy ioctl
+ * (ctrl: removes the node, later writes are EPIPE; raw: the channel's own
+ * endpoint is EINVAL). Each TIMED size is then echoed for 2 s and its
+ * round trips per second printed ("rpmsg_echo raw: SIZE bytes: N round
+ * trips in T s, R/s"). Prints one line per difference and a last line
+ * "rpmsg_echo MODE: ok ..." or "rpmsg_echo MODE: FAILED ..."; the exit
+ * status is 0 only when every check held.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -31,11 +36,12 @@
 #include <unistd.h>
 #include <linux/rpmsg.h>
 
-#define MAX_PAYLOAD 496
 #define WAIT_MS 20000
 
 static const char *mode;
 static int failures;
+/* The largest payload Linux sends, and the largest the remote sends back. */
+static int mtu = 496, back = 496;
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char *fmt, ...)
@@ -111,13 +117,13 @@ static unsigned char pattern(int size, int i)
 	return (unsigned char)(i * 131 + size * 7 + 1);
 }
 
-/* One message of each size, each reply compared byte for byte. Returns the
- * bytes echoed intact. */
+/* One message of each size, each reply up to `back` bytes compared byte
+ * for byte, larger ones only sent. Returns the bytes echoed intact. */
 static long echo_all(int fd)
 {
-	unsigned char out[MAX_PAYLOAD], in[MAX_PAYLOAD + 16];
+	unsigned char *out = malloc(mtu + 16), *in = malloc(mtu + 16);
 	long bytes = 0;
-	for (int size = 1; size <= MAX_PAYLOAD; size++) {
+	for (int size = 1; size <= mtu; size++) {
 		for (int i = 0; i < size; i++)
 			out[i] = pattern(size, i);
 		ssize_t w = write(fd, out, size);
@@ -126,6 +132,8 @@ static long echo_all(int fd)
 			     w < 0 ? strerror(errno) : "short");
 			continue;
 		}
+		if (size > back)
+			continue;
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		int r = poll(&p, 1, WAIT_MS);
 		if (r != 1) {
@@ -133,8 +141,8 @@ static long echo_all(int fd)
 			     WAIT_MS, r, p.revents);
 			return bytes;
 		}
-		memset(in, 0, sizeof(in));
-		ssize_t n = read(fd, in, sizeof(in));
+		memset(in, 0, mtu + 16);
+		ssize_t n = read(fd, in, mtu + 16);
 		if (n != size) {
 			fail("size %d: reply of %zd bytes (%s)", size, n,
 			     n < 0 ? strerror(errno) : "wrong length");
@@ -155,31 +163,67 @@ static long echo_all(int fd)
 		}
 		bytes += size;
 	}
+	free(out);
+	free(in);
 	return bytes;
+}
+
+/* SIZE-byte round trips for 2 s; prints their rate. */
+static void time_round_trips(int fd, int size)
+{
+	unsigned char *out = malloc(size), *in = malloc(size + 16);
+	memset(out, 0x5a, size);
+	long n = 0;
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	double secs = 0;
+	while (secs < 2.0) {
+		if (write(fd, out, size) != size) {
+			fail("timed size %d: write: %s", size, strerror(errno));
+			break;
+		}
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		if (poll(&p, 1, WAIT_MS) != 1 || read(fd, in, size + 16) != size) {
+			fail("timed size %d: no reply of %d bytes", size, size);
+			break;
+		}
+		n++;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		secs = (t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9;
+	}
+	printf("rpmsg_echo %s: %d bytes: %ld round trips in %.3f s, %.0f/s\n", mode, size, n, secs,
+	       n / secs);
+	free(out);
+	free(in);
 }
 
 /* A payload past the buffer is refused by virtio_rpmsg_bus. */
 static void check_too_big(int fd)
 {
-	unsigned char big[MAX_PAYLOAD + 1];
-	memset(big, 0x5a, sizeof(big));
-	ssize_t w = write(fd, big, sizeof(big));
+	size_t len = (size_t)mtu + 1;
+	unsigned char *big = malloc(len);
+	memset(big, 0x5a, len);
+	ssize_t w = write(fd, big, len);
 	if (w != -1 || errno != EMSGSIZE)
-		fail("write of %zu bytes returned %zd (%s), want EMSGSIZE", sizeof(big), w,
+		fail("write of %zu bytes returned %zd (%s), want EMSGSIZE", len, w,
 		     w < 0 ? strerror(errno) : "accepted");
+	free(big);
 }
 
 static void report(const char *node, long bytes, const char *how)
 {
-	long want = (long)MAX_PAYLOAD * (MAX_PAYLOAD + 1) / 2;
+	long want = (long)back * (back + 1) / 2;
 	if (bytes != want)
 		fail("%ld of %ld bytes echoed intact", bytes, want);
 	if (failures) {
 		printf("rpmsg_echo %s: FAILED: %d checks failed through %s\n", mode, failures, node);
 		exit(1);
 	}
-	printf("rpmsg_echo %s: ok: sizes 1..%d, %ld bytes echoed byte-exact through %s (%s)\n",
-	       mode, MAX_PAYLOAD, bytes, node, how);
+	char sent[80] = "";
+	if (back < mtu)
+		snprintf(sent, sizeof(sent), ", sizes %d..%d sent one way", back + 1, mtu);
+	printf("rpmsg_echo %s: ok: sizes 1..%d, %ld bytes echoed byte-exact%s, %d bytes EMSGSIZE, through %s (%s)\n",
+	       mode, back, bytes, sent, mtu + 1, node, how);
 }
 
 /* The announced channel's remote address, from its rpmsg device. */
@@ -249,7 +293,7 @@ static int run_ctrl(const char *channel)
 	return 0;
 }
 
-static int run_raw(const char *channel)
+static int run_raw(const char *channel, char **timed, int ntimed)
 {
 	char dev[256], ept[64], node[128], drv[256], link[512];
 	unsigned long dst = channel_addr(channel, dev, sizeof(dev));
@@ -273,6 +317,8 @@ static int run_raw(const char *channel)
 	}
 	long bytes = echo_all(fd);
 	check_too_big(fd);
+	for (int i = 0; i < ntimed; i++)
+		time_round_trips(fd, atoi(timed[i]));
 	/* The channel's own endpoint outlives its node's users. */
 	if (ioctl(fd, RPMSG_DESTROY_EPT_IOCTL) != -1 || errno != EINVAL)
 		fail("RPMSG_DESTROY_EPT_IOCTL on the channel's endpoint: want EINVAL, got %s",
@@ -287,10 +333,20 @@ static int run_raw(const char *channel)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc != 3 || (strcmp(argv[1], "ctrl") && strcmp(argv[1], "raw"))) {
-		fprintf(stderr, "usage: rpmsg_echo ctrl|raw CHANNEL\n");
+	if (argc < 3 || (strcmp(argv[1], "ctrl") && strcmp(argv[1], "raw")) ||
+	    (argc > 3 && strcmp(argv[1], "raw"))) {
+		fprintf(stderr, "usage: rpmsg_echo ctrl CHANNEL | raw CHANNEL [MTU [BACK [TIMED...]]]\n");
 		return 2;
 	}
 	mode = argv[1];
-	return strcmp(mode, "ctrl") == 0 ? run_ctrl(argv[2]) : run_raw(argv[2]);
+	if (argc > 3)
+		mtu = back = atoi(argv[3]);
+	if (argc > 4)
+		back = atoi(argv[4]);
+	if (mtu < 1 || mtu > 65520 || back < 1 || back > mtu) {
+		fprintf(stderr, "rpmsg_echo: MTU 1..65520, BACK 1..MTU\n");
+		return 2;
+	}
+	return strcmp(mode, "ctrl") == 0 ? run_ctrl(argv[2])
+					 : run_raw(argv[2], argv + 5, argc > 5 ? argc - 5 : 0);
 }

@@ -6,9 +6,12 @@
 #
 #   rpmsg_guest.sh BIN ctrl CHANNEL   rpmsg_echo through rpmsg_ctrl to the
 #                                     announced CHANNEL
-#   rpmsg_guest.sh BIN raw CHANNEL    rpmsg_echo through the node rpmsg_char
+#   rpmsg_guest.sh BIN raw CHANNEL [MTU [BACK [TIMED...]]]
+#                                     rpmsg_echo through the node rpmsg_char
 #                                     made for the announced rpmsg-raw
-#                                     CHANNEL
+#                                     CHANNEL (sizes up to MTU, then round
+#                                     trips timed at each TIMED size), then
+#                                     the kernel's rpmsg lines
 #   rpmsg_guest.sh BIN sample MODULE  insmod rpmsg_client_sample (between
 #                                     an unbind and a bind of the bus), wait
 #                                     for its "goodbye!"
@@ -64,7 +67,11 @@ ctrl | raw)
     wait_channel "$1" || exit 1
     channels
     load_rpmsg_char || exit 1
-    "$bin/rpmsg_echo" "$step" "$1"
+    "$bin/rpmsg_echo" "$step" "$@"
+    rc=$?
+    # What the kernel said of the bus and of refused sends.
+    dmesg | grep -E 'virtio_rpmsg_bus|message is too big|inbound msg too big' | sed 's/^\[[^]]*\] /kernel: /'
+    exit $rc
     ;;
 sample)
     wait_channel rpmsg-client-sample || exit 1
