@@ -160,7 +160,7 @@ fn sizes_no_buffer_has_are_refused() {
         (
             &["--buf-size", "64K"][..],
             2,
-            "--create 0x80000 is too small for 256 buffers of 64K (remote → host) and 256 of 64K (host → remote) after the rings: --create 0x2010000 is enough",
+            "--create 0x80000 is too small for 256 buffers of 64K (remote → host) and 256 of 64K (host → remote) after the rings: --create 0x2020000 is enough",
         ),
     ] {
         let o = Command::new(BIN)
@@ -186,8 +186,8 @@ fn create_too_small_names_the_size_in_the_units_typed() {
     for (create, enough) in [
         ("8M", "33M"),
         ("8m", "33m"),
-        ("4096K", "32832K"),
-        ("8388608", "33619968"),
+        ("4096K", "32896K"),
+        ("8388608", "33685504"),
     ] {
         let o = Command::new(BIN)
             .args(["rpmsg", "remote", "--shm", s(&shm), "--notify", &ev])

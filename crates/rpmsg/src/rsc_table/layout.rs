@@ -107,7 +107,7 @@ impl ShmLayout {
         let ring = VringPlacement::ring_size(num, 0x1000)?;
         let stride = ring.div_ceil(0x4000) * 0x4000;
         let rings_end = 0x4000 + 2 * stride;
-        let pool = rings_end.div_ceil(super::POOL_ALIGN) * super::POOL_ALIGN;
+        let pool = rings_end.div_ceil(super::POOL_ALIGN) * super::POOL_ALIGN + super::BUF_OFFSET;
         let bufs = u64::from(num) * (u64::from(sizes.to_remote) + u64::from(sizes.to_host));
         Some((pool + bufs).div_ceil(super::POOL_ALIGN) * super::POOL_ALIGN)
     }
