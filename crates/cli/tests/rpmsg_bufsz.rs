@@ -481,3 +481,39 @@ fn openamp_real_2k_both_ways() {
     assert!(err.contains(&format!("rx {n} tx ")), "{err}");
     let _ = std::fs::remove_file("/dev/shm/openamp.shm");
 }
+
+/// Fixed sizes that differ (the host given 4 KiB, the remote 2 KiB): the
+/// remote names the mismatch from the first buffer the host posts, and
+/// again from the first message larger than its own buffers, instead of
+/// leaving an unanswered ping to explain it.
+#[test]
+fn fixed_mismatch_is_named() {
+    let b = bus(
+        &[
+            "--create",
+            "4M",
+            "--ring",
+            "64",
+            "--buf-size-convention",
+            "fixed",
+            "--buf-size",
+            "2K",
+        ],
+        &["--buf-size-convention", "fixed", "--buf-size", "4K"],
+    );
+    let o = Command::new(BIN)
+        .args(["rpmsg", "ping", "--ctrl", s(&b.ctrl), "--name", "echo"])
+        .args(["--count", "1", "--size", "4080", "--timeout", "2"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = b.remote.wait_for_line("a 4096-byte message");
+    for want in [
+        "buffer-size mismatch: the host posts 4096-byte buffers for messages to it, larger than the 2048 this remote was given; messages of 2033 to 4080 bytes to the host are refused here",
+        "buffer-size mismatch: the host sent a 4096-byte message, more than the 2048-byte buffers this remote was given for messages from it",
+        "give the host and the remote the same sizes",
+    ] {
+        assert!(err.contains(want), "{want:?} not in:\n{err}");
+    }
+    assert_eq!(err.matches("the host posts").count(), 1, "{err}");
+}

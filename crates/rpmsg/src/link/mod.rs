@@ -5,6 +5,7 @@
 //! over a vhost-user front end's memory.
 
 mod host;
+pub(crate) mod mismatch;
 pub(crate) mod remote;
 
 pub use host::{HostLink, HostOptions, HOST_FEATURES};

@@ -16,6 +16,7 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
+use super::mismatch::SizeWatch;
 use crate::bufsz::BufSizes;
 use crate::link::{Held, Link, LinkError, LinkMemory, Slot};
 use crate::notify::Notifier;
@@ -48,6 +49,8 @@ pub struct RemoteLink {
     tx_wanted: bool,
     /// Host buffers taken from vq0 and not used for a send yet.
     spare: Vec<Slot>,
+    /// Fixed sizes: the host's buffers and messages checked against them.
+    watch: SizeWatch,
 }
 
 /// `VRING_AVAIL_F_NO_INTERRUPT` (virtio 1.x §2.7.7.1), as the ring's u16 holds it.
@@ -280,6 +283,7 @@ impl RemoteLink {
             kick: false,
             tx_wanted: false,
             spare: Vec::new(),
+            watch: SizeWatch::new(fixed),
         })
     }
 
@@ -342,6 +346,11 @@ impl Link for RemoteLink {
             MAX_RX_MSG,
             |a, l| self.inside(a, l),
         );
+        if let Ok((_, len)) = checked {
+            if let Some(m) = self.watch.driver_message(len) {
+                warn!(target: "iopath_rpmsg", "remote: {m}");
+            }
+        }
         match checked {
             Ok((addr, len)) => Ok(Some(Ok(Held {
                 token: u64::from(head),
@@ -380,6 +389,9 @@ impl Link for RemoteLink {
             };
             let head = chain.head_index();
             let first = chain.into_iter().next().map(Desc::from);
+            if let Some(m) = first.and_then(|d| self.watch.driver_buffer(d.len)) {
+                warn!(target: "iopath_rpmsg", "remote: {m}");
+            }
             let max = self.sizes.to_host as usize;
             let checked = check_tx_desc(head, first, max, |a, l| self.inside(a, l));
             match checked {

@@ -12,6 +12,7 @@ use virtio_queue::QueueT;
 use vm_memory::Permissions;
 
 use super::{Negotiated, Slots};
+use crate::link::mismatch::SizeWatch;
 use crate::link::remote::{check_rx_chain, check_tx_desc, Desc, MAX_RX_MSG};
 use crate::link::{Held, Link, LinkError, LinkMemory, Slot};
 use crate::role::Role;
@@ -63,6 +64,8 @@ pub struct VhostUserLink {
     spare: Vec<Slot>,
     /// The buffer sizes of the session.
     sizes: Negotiated,
+    /// Fixed sizes: the driver's buffers and messages checked against them.
+    watch: SizeWatch,
 }
 
 impl VhostUserLink {
@@ -84,6 +87,7 @@ impl VhostUserLink {
             pending,
             tx_wanted: false,
             spare: Vec::new(),
+            watch: SizeWatch::new(sizes.fixed.then_some(sizes.sizes)),
             sizes,
         }
     }
@@ -149,6 +153,13 @@ impl Link for VhostUserLink {
         let checked = check_rx_chain(head, descs.into_iter(), max, |a, l| {
             self.inside(a, l, Permissions::Read)
         });
+        if let Some(m) = checked
+            .as_ref()
+            .ok()
+            .and_then(|&(_, len)| self.watch.driver_message(len))
+        {
+            tracing::warn!(target: "iopath_rpmsg", "remote: {m}");
+        }
         match checked {
             Ok((addr, len)) => Ok(Some(Ok(Held::new(u64::from(head), addr, len)))),
             Err(reason) => {
@@ -172,6 +183,9 @@ impl Link for VhostUserLink {
                 self.tx_wanted = true;
                 return Ok(None);
             };
+            if let Some(m) = descs.first().and_then(|d| self.watch.driver_buffer(d.len)) {
+                tracing::warn!(target: "iopath_rpmsg", "remote: {m}");
+            }
             let max = self.sizes.sizes.to_host as usize;
             let checked = check_tx_desc(head, descs.first().copied(), max, |a, l| {
                 self.inside(a, l, Permissions::Write)
