@@ -1,16 +1,7 @@
-//! The bench's own servers as child processes of the `iopath` executable.
-//!
-//! The limits of `iopath bench rpmsg` need a far end in another process: a
-//! raw eventfd echo, a raw fd server, the poll floor's two stand-ins, a raw
-//! sink. The bench starts the executable it runs in (or the one its config
-//! names) with [`ENV`] set to the server, written as JSON; the executable's
-//! `main` calls [`crate::serve_if_child`] before parsing its own command
-//! line, so the servers are not among the product's subcommands.
-//!
-//! ```text
-//!   bench (parent)                      iopath, IOPATH_BENCH_CHILD={"Echo":..}
-//!   Server::Echo{..}.command(exe) ----> serve_if_child() -> raw::serve(server)
-//! ```
+//! The bench's own servers (the far ends of the rpmsg limits) as child
+//! processes of the `iopath` executable: started with [`ENV`] set to the
+//! server as JSON, whose `main` calls [`crate::serve_if_child`] before
+//! parsing its command line, so they are not among its subcommands.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -22,30 +13,34 @@ use crate::error::invalid;
 use crate::Result;
 
 /// The environment variable that holds the server a child runs.
-pub const ENV: &str = "IOPATH_BENCH_CHILD";
+pub(crate) const ENV: &str = "IOPATH_BENCH_CHILD";
 
 /// A server the bench runs in a child process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Server {
-    /// Echo `count` eventfd kicks on `notify` (`eventfd:PATH` to connect
-    /// to): the raw ping-pong's far end.
-    Echo { notify: String, count: u64 },
-    /// Answer each packet on `sock` with an fd: the create+destroy limits'
-    /// far end.
-    Fd { sock: PathBuf },
-    /// The poll floor's host stand-in: forward `count` packets from `sock`
-    /// to the echo through the page `shm`, and back.
+    /// The raw ping-pong's far end ([`crate::rpmsg::raw::pingpong`]).
+    Echo {
+        notify: String,
+        count: u64,
+    },
+    /// The create+destroy limits' far end ([`crate::rpmsg::raw::fd`]).
+    Fd {
+        sock: PathBuf,
+    },
+    /// The poll floor's two stand-ins ([`crate::rpmsg::raw::poll`]).
     PollForward {
         sock: PathBuf,
         shm: PathBuf,
         count: u64,
     },
-    /// The poll floor's remote stand-in: answer `count` flags raised in the
-    /// page `shm`.
-    PollEcho { shm: PathBuf, count: u64 },
-    /// Count and drop the packets on `sock`, answering each sync with the
-    /// count: the stream limit's far end.
-    Sink { sock: PathBuf },
+    PollEcho {
+        shm: PathBuf,
+        count: u64,
+    },
+    /// The stream limit's far end ([`crate::rpmsg::raw::sink`]).
+    Sink {
+        sock: PathBuf,
+    },
 }
 
 impl Server {
@@ -59,9 +54,6 @@ impl Server {
     }
 
     /// The server that `value` (of [`ENV`]) names.
-    ///
-    /// # Errors
-    /// [`crate::Error::Invalid`] (naming [`ENV`]) for anything else.
     pub(crate) fn parse(value: &OsStr) -> Result<Server> {
         match value.to_str().map(serde_json::from_str) {
             Some(Ok(s)) => Ok(s),

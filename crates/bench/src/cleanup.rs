@@ -1,16 +1,11 @@
 //! What an interrupted bench leaves behind, and removing it.
 //!
-//! A bench makes scratch files (a cold file in `/var/tmp` of up to 1 GiB,
-//! shared memory in `/dev/shm` of up to 8 GiB with `--full`) and starts
-//! child processes (fio, `iopath blk serve`, qemu-storage-daemon, the
-//! rpmsg host and remote, the guest script). Their owners remove and stop
-//! them on drop, but a signal ends the process without unwinding. So every
-//! scratch path and every child is also recorded here, and
-//! [`on_signals`] starts a thread that, on SIGINT or SIGTERM, stops the
-//! children, removes the paths and exits with 128 + the signal's number.
-//!
-//! Children are held as pidfds, so a child that has exited and been
-//! reaped (its pid free for reuse) is never signalled by mistake.
+//! Scratch files and child processes are removed and stopped by their
+//! owners on drop, but a signal ends the process without unwinding. So
+//! each is also recorded here, and [`on_signals`] starts a thread that, on
+//! SIGINT or SIGTERM, stops the children, removes the paths and exits with
+//! 128 + the signal's number. Children are held as pidfds, so one that
+//! was reaped (its pid free for reuse) is never signalled by mistake.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -127,34 +122,23 @@ impl Tracked {
     }
 }
 
-/// Spawns `cmd` and records the child to stop on a signal; `group`: it is
-/// spawned as the leader of a process group of its own, which is signalled
-/// whole. The record is held across the spawn, so a signal's cleanup sees
-/// the child or runs before it: once cleaned up, nothing more starts (the
-/// spawn fails with [`std::io::ErrorKind::Interrupted`]). A child that
-/// cannot be opened as a pidfd (a kernel before 5.3) is not recorded: its
-/// owner still stops it on drop.
-///
-/// # Errors
-/// What [`Command::spawn`] returns.
+/// Spawns `cmd` and records the child to stop on a signal; `group`: as the
+/// leader of a process group of its own, signalled whole. The record is
+/// held across the spawn, so a signal's cleanup sees the child or runs
+/// before it: once cleaned up, nothing more starts (the spawn fails with
+/// [`std::io::ErrorKind::Interrupted`]).
 pub(crate) fn spawn(cmd: &mut Command, group: bool) -> std::io::Result<Child> {
     tracked().spawn(cmd, group)
 }
 
-/// Records a scratch file or directory to remove on a signal. Its name is
-/// unique (a temporary name), so removing it after its owner already did
-/// touches nothing else. Once a signal's cleanup ran, `p` goes at once.
-pub fn path(p: &Path) {
+/// Records a scratch file or directory (a unique temporary name) to remove
+/// on a signal; once a signal's cleanup ran, `p` goes at once.
+pub(crate) fn path(p: &Path) {
     tracked().path(p);
 }
 
 /// A scratch directory `prefix…` in `parent`, removed when dropped and,
-/// recorded here, by a signal's cleanup: every temporary directory of the
-/// bench's experiments is made by this, so none outlives an interrupted
-/// run.
-///
-/// # Errors
-/// [`crate::Error::Io`] (`parent`) when it cannot be made.
+/// recorded here, by a signal's cleanup.
 pub(crate) fn temp_dir(prefix: &str, parent: &Path) -> crate::Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new()
         .prefix(prefix)
@@ -172,11 +156,10 @@ fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
-/// Call before failing: when a signal arrived, the experiment's error is
-/// likely the cleanup's doing (its children stopped under it), and the
-/// signal thread is about to exit with 128 + the signal; so wait for it
-/// (at most 30 s) rather than exit 1 first with that error.
-pub fn wait_if_interrupted() {
+/// Call before failing: when a signal arrived, the error is likely the
+/// cleanup's doing and the signal thread is about to exit with 128 + the
+/// signal; so wait for it (at most 30 s) rather than exit 1 first.
+pub(crate) fn wait_if_interrupted() {
     let start = Instant::now();
     while interrupted() && start.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(50));
@@ -185,10 +168,7 @@ pub fn wait_if_interrupted() {
 
 /// Starts the thread that cleans up and exits on SIGINT or SIGTERM
 /// (status 130 or 143, as a shell reports a process the signal ended).
-///
-/// # Errors
-/// [`crate::Error::Sys`] when the handlers cannot be installed.
-pub fn on_signals() -> crate::Result<()> {
+pub(crate) fn on_signals() -> crate::Result<()> {
     iopath_sys::signals::on_stop("bench-signals", |sig| {
         INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let (children, paths) = {

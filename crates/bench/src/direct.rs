@@ -1,10 +1,10 @@
-//! The limit that needs no peer: plain O_DIRECT `pread`/`pwrite` of the
-//! same file, `depth` requests in flight (one thread each), what the
-//! experiments measure in place of fio when fio is missing.
+//! The limit that needs no peer, measured in place of fio when fio is
+//! missing: plain O_DIRECT `pread`/`pwrite` of the same file, `depth`
+//! requests in flight (one thread each).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::error::invalid;
@@ -14,24 +14,21 @@ use crate::{Error, Result};
 /// page is enough everywhere).
 const ALIGN: usize = 4096;
 
-/// One pass of the peer-free limit.
+/// One pass of the peer-free limit: `bytes` from offset 0 read, or
+/// written (zeros), in requests of `bs` bytes (a multiple of 512), `depth`
+/// in flight.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirectJob {
-    /// Read the file, or write it (zeros).
+pub(crate) struct DirectJob {
     pub write: bool,
-    /// The file.
     pub path: PathBuf,
-    /// Bytes moved, from offset 0.
     pub bytes: u64,
-    /// Bytes per request (a multiple of 512).
     pub bs: u64,
-    /// Requests in flight: one thread each.
     pub depth: u32,
 }
 
 impl DirectJob {
     /// What it does, for the limit row's note.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "plain O_DIRECT {} of {}, bs={} with {} in flight (one thread each), no peer",
             if self.write { "pwrite" } else { "pread" },
@@ -42,12 +39,7 @@ impl DirectJob {
     }
 
     /// Runs one pass; returns GiB/s over its wall time.
-    ///
-    /// # Errors
-    /// [`Error::Invalid`] for a block size that is not a multiple of 4096
-    /// or a zero depth; [`Error::Io`] when the file refuses O_DIRECT or an
-    /// I/O fails.
-    pub fn run(&self) -> Result<f64> {
+    pub(crate) fn run(&self) -> Result<f64> {
         if self.bs == 0 || self.bs % 512 != 0 {
             invalid!("--bs", "{} is not a positive multiple of 512", self.bs);
         }
@@ -115,7 +107,8 @@ fn read_full(file: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
 }
 
 /// Whether `path`'s file system takes O_DIRECT (tmpfs and ext4 do).
-pub fn supported(path: &Path) -> bool {
+#[cfg(test)]
+fn supported(path: &std::path::Path) -> bool {
     OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)

@@ -16,15 +16,8 @@ pub enum Error {
         reason: String,
     },
     /// A program the experiment needs is not installed.
-    #[error(
-        "{program} is not installed (Debian package {package}; scripts/install-deps installs it)"
-    )]
-    MissingPeer {
-        /// The program.
-        program: &'static str,
-        /// The Debian package that brings it.
-        package: &'static str,
-    },
+    #[error("{}", .0.note())]
+    MissingPeer(crate::Missing),
     /// A program could not be started.
     #[error("Cannot start {program}")]
     Spawn {
@@ -72,8 +65,7 @@ pub enum Error {
         /// What plotters said.
         reason: String,
     },
-    /// A report file (chart directory, JSON, Markdown) could not be
-    /// written.
+    /// A report file could not be written.
     #[error("{option}: cannot write {}", path.display())]
     Write {
         /// The option that asked for it (`--plot`, `--json`, `--markdown`).
@@ -84,9 +76,8 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A lower layer failed: the heap, the virtio-blk driver (its
-    /// transport, DMA ops, workload), the endpoint service, the rpmsg bus or
-    /// its shared memory, a notifier.
+    /// A lower layer failed: the heap, the virtio-blk driver, the endpoint
+    /// service, the rpmsg bus, a notifier.
     #[error("{context}")]
     Layer {
         /// What was being done.
@@ -106,13 +97,19 @@ impl Error {
         iopath_sys::error_chain(self)
     }
 
-    /// `Error::Io` for `path`.
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }
     }
 
-    /// `Error::Write` of `path`, asked for by `option`.
+    /// [`Error::Io`] on `path` from a rustix error.
+    pub(crate) fn errno(path: &std::path::Path) -> impl Fn(rustix::io::Errno) -> Error + Copy + '_ {
+        move |e| Error::Io {
+            path: path.to_path_buf(),
+            source: e.into(),
+        }
+    }
+
     pub(crate) fn write(
         option: &'static str,
         path: impl Into<PathBuf>,
@@ -125,7 +122,6 @@ impl Error {
         }
     }
 
-    /// `Error::Sys` for `op`.
     pub(crate) fn sys<E: Into<io::Error>>(op: &'static str) -> impl FnOnce(E) -> Error {
         move |e| Error::Sys {
             op,
@@ -133,13 +129,11 @@ impl Error {
         }
     }
 
-    /// `Error::Spawn` for `program`.
     pub(crate) fn spawn(program: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
         let program = program.into();
         move |source| Error::Spawn { program, source }
     }
 
-    /// `Error::Layer` with `context`.
     pub(crate) fn layer<E: std::error::Error + Send + Sync + 'static>(
         context: impl Into<String>,
     ) -> impl FnOnce(E) -> Error {

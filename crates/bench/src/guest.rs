@@ -1,10 +1,8 @@
 //! The guest rows of `iopath bench blk --guest`: a Linux guest (QEMU, TCG,
-//! booted by `scripts/guest-dd`) runs
-//! `dd if=/dev/zero of=/dev/vda bs=8M count=N oflag=direct` on a
-//! vhost-user-blk socket; its GNU dd summary gives the row's throughput.
-//! The guest's virtio either bypasses the DMA API (the device's direct
-//! row) or maps every buffer through it with `swiotlb=force` behind the
-//! vIOMMU (the 2018 thread's "with").
+//! booted by `scripts/guest-dd`) runs `dd if=/dev/zero of=/dev/vda bs=8M
+//! count=N oflag=direct` on a vhost-user-blk socket, its virtio bypassing
+//! the DMA API or mapping every buffer through it with `swiotlb=force`
+//! behind the vIOMMU; its GNU dd summary gives the row's throughput.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,10 +18,7 @@ fn failed(reason: String) -> Error {
 
 /// Where `scripts/guest-dd` is: `$IOPATH_GUEST_DD`, else the source tree
 /// this binary was built from.
-///
-/// # Errors
-/// [`Error::Invalid`] (option `IOPATH_GUEST_DD`) when neither exists.
-pub fn script() -> Result<PathBuf> {
+fn script() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("IOPATH_GUEST_DD") {
         return Ok(PathBuf::from(p));
     }
@@ -40,16 +35,9 @@ pub fn script() -> Result<PathBuf> {
 
 /// Builds the guest once (`guest-dd --prepare`: kernel and initramfs in a
 /// cache dir; a no-op when already built).
-///
-/// # Errors
-/// [`Error::MissingPeer`] without QEMU; the script is missing or fails; the
-/// error carries its last line.
-pub fn prepare() -> Result<PathBuf> {
+pub(crate) fn prepare() -> Result<PathBuf> {
     if let Some(m) = crate::Missing::QEMU.check() {
-        return Err(Error::MissingPeer {
-            program: m.program,
-            package: m.package,
-        });
+        return Err(Error::MissingPeer(m));
     }
     let script = script()?;
     let out = run_script(Command::new(&script).arg("--prepare"), &script)?;
@@ -65,7 +53,7 @@ pub fn prepare() -> Result<PathBuf> {
 
 /// How the guest's virtio-blk driver maps its buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GuestDma {
+pub(crate) enum GuestDma {
     /// No `VIRTIO_F_ACCESS_PLATFORM`: virtio bypasses the DMA API and
     /// hands the device guest-physical addresses.
     Direct,
@@ -90,10 +78,13 @@ impl GuestDma {
 /// One guest run against the back end on `socket`: `count` blocks of `bs`
 /// bytes written with O_DIRECT, the buffers mapped as `dma` says. Returns
 /// the write's GiB/s from GNU dd's summary (bytes / seconds).
-///
-/// # Errors
-/// [`Error::Peer`] when the guest fails or times out, or prints no figures.
-pub fn dd_once(script: &Path, socket: &Path, bs: u64, count: u64, dma: GuestDma) -> Result<f64> {
+pub(crate) fn dd_once(
+    script: &Path,
+    socket: &Path,
+    bs: u64,
+    count: u64,
+    dma: GuestDma,
+) -> Result<f64> {
     // The pattern check that follows dd goes at the start of the device.
     let pattern = (bs * count).min(4 << 20) / 4096 * 4096;
     let mut cmd = Command::new(script);

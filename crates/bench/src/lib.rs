@@ -2,137 +2,232 @@
 //! the limit measured in the same run, and the writers of their reports.
 //!
 //! ```text
-//!   config (plain structs: sizes, runs, placements; quick() and full())
+//!   Experiment (a config: sizes, runs, placements; quick() and full())
 //!      |
 //!   heap::run ---- iopath-heap loaders ------ limit: best of a fio read sweep
 //!   blk::run  ---- iopath-blk workload ------ limit: best of a fio write sweep;
 //!      |            (policy-chosen DMA ops)     qemu-storage-daemon, guest rows
 //!   rpmsg::run --- iopath-rpmsg ctrl client - raw SOCK_SEQPACKET / eventfd
 //!      |              (host, remote, back end: child processes)
-//!   Report (tables of cells, notes, chart, figures)
+//!   Report (tables of cells, context, chart)
 //!      -> text(), markdown(), json(), plot() (SVG); report::Files writes them
 //! ```
 //!
-//! Each experiment takes a config and returns a report; the caller prints
-//! it. Peers (fio, qemu-storage-daemon, QEMU) are child processes found on
-//! the `PATH`: a missing one drops its row (a note with its Debian
-//! package, ratios n/a), never the run, and without fio the heap and blk
-//! limits are the bench's own plain O_DIRECT I/O ([`direct`]). The bench's
-//! own servers are child processes of the `iopath` executable named in
-//! each config, which runs them from `main` ([`serve_if_child`]).
+//! [`run`] runs experiments and prints their reports. Peers (fio,
+//! qemu-storage-daemon, QEMU) are child processes found on the `PATH`: a
+//! missing one drops its row (a line naming its Debian package, ratios
+//! n/a), never the run, and without fio the heap and blk limits are the
+//! bench's own plain O_DIRECT I/O. The bench's own servers are child
+//! processes of the `iopath` executable named in each config, which runs
+//! them from `main` ([`serve_if_child`]).
 //!
 //! ```
-//! use iopath_bench::Summary;
-//! let s = Summary::of(&[3.0, 1.0, 2.0]);
+//! let s = iopath_bench::Stats::of(&[3.0, 1.0, 2.0]);
 //! assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
 //! ```
 #![forbid(unsafe_code)]
 
 pub mod blk;
-pub mod child;
-pub mod cleanup;
+mod child;
+mod cleanup;
+mod direct;
 mod error;
-pub mod fio;
-pub mod guest;
+mod fio;
+mod guest;
 pub mod heap;
 mod latency;
-pub mod place;
-pub mod progress;
+mod limit;
+mod place;
+mod progress;
 pub mod report;
 pub mod rpmsg;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-pub mod direct;
-pub mod limit;
 pub use error::{Error, Result};
+pub use iopath_blk::workload::Stats;
 pub use latency::{percentile, Latency};
-pub use place::{Cpus, Placement};
-pub use progress::ProgressBar;
+pub use place::Placement;
+use progress::ProgressBar;
 pub use report::{plot, Report};
 
 /// Runs the bench server this process was started as, if it was started
-/// as one ([`child::ENV`] set): its result, to report and exit with.
+/// as one (`IOPATH_BENCH_CHILD` set): its result, to report and exit with.
 /// `None`: a process of its own, to go on as usual.
 pub fn serve_if_child() -> Option<Result<()>> {
     let value = std::env::var_os(child::ENV)?;
     Some(child::Server::parse(&value).and_then(rpmsg::raw::serve))
 }
 
-/// Median, minimum and maximum of some samples.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Summary {
-    /// The median.
-    pub median: f64,
-    /// The smallest sample.
-    pub min: f64,
-    /// The largest sample.
-    pub max: f64,
+/// An experiment and its settings.
+#[derive(Debug, Clone)]
+pub enum Experiment {
+    /// `iopath bench heap`.
+    Heap(heap::HeapConfig),
+    /// `iopath bench blk`.
+    Blk(blk::BlkBenchConfig),
+    /// `iopath bench rpmsg`.
+    Rpmsg(rpmsg::RpmsgConfig),
 }
 
-impl Summary {
-    /// Summarises `samples` (NaN when empty).
-    pub fn of(samples: &[f64]) -> Summary {
-        let mut v = samples.to_vec();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n == 0 {
-            f64::NAN
-        } else if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Summary {
-            median,
-            min: v.first().copied().unwrap_or(f64::NAN),
-            max: v.last().copied().unwrap_or(f64::NAN),
+impl Experiment {
+    /// Every experiment on the embedded defaults, or (`full`) the full
+    /// sizes, run by the `iopath` executable `exe`.
+    pub fn all(full: bool, exe: PathBuf) -> Vec<Experiment> {
+        use {blk::BlkBenchConfig as B, heap::HeapConfig as H, rpmsg::RpmsgConfig as R};
+        match full {
+            false => vec![
+                Self::Heap(H::quick()),
+                Self::Blk(B::quick(exe.clone())),
+                Self::Rpmsg(R::quick(exe)),
+            ],
+            true => vec![
+                Self::Heap(H::full()),
+                Self::Blk(B::full(exe.clone())),
+                Self::Rpmsg(R::full(exe)),
+            ],
         }
     }
 
-    /// (max - min) / median, in percent.
-    pub fn spread_pct(&self) -> f64 {
-        if self.median == 0.0 {
-            0.0
-        } else {
-            (self.max - self.min) / self.median * 100.0
+    fn run(&self) -> Result<Report> {
+        match self {
+            Experiment::Heap(c) => heap::run(c),
+            Experiment::Blk(c) => blk::run(c),
+            Experiment::Rpmsg(c) => rpmsg::run(c),
         }
     }
 
-    /// JSON: `{median, min, max}`.
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({"median": self.median, "min": self.min, "max": self.max})
+    fn name(&self) -> &'static str {
+        match self {
+            Experiment::Heap(_) => "heap",
+            Experiment::Blk(_) => "blk",
+            Experiment::Rpmsg(_) => "rpmsg",
+        }
+    }
+
+    fn estimate(&self) -> Duration {
+        match self {
+            Experiment::Heap(c) => c.estimate(),
+            Experiment::Blk(c) => c.estimate(),
+            Experiment::Rpmsg(c) => c.estimate(),
+        }
+    }
+}
+
+/// Where the reports go besides the tables on stdout.
+#[derive(Debug, Clone, Default)]
+pub struct Outputs {
+    /// Every figure as one JSON object into this file; `-`: on stdout
+    /// instead of the tables.
+    pub json: Option<PathBuf>,
+    /// One SVG chart per experiment into this directory.
+    pub plot: Option<PathBuf>,
+    /// The tables as Markdown into this file.
+    pub markdown: Option<PathBuf>,
+    /// Print an estimate of the duration first (the full sizes).
+    pub estimate: bool,
+}
+
+/// Runs `experiments` one after the other and prints their reports (the
+/// tables, under `== NAME` when there are several, or the JSON), then
+/// writes the files `out` asks for, whose places are checked first. On
+/// SIGINT or SIGTERM, stops the children, removes the scratch files and
+/// exits 130 or 143.
+///
+/// # Errors
+/// An output that cannot be written; whatever an experiment fails with.
+pub fn run(experiments: &[Experiment], out: &Outputs) -> Result<()> {
+    cleanup::on_signals()?;
+    let r = run_all(experiments, out);
+    if r.is_err() {
+        // The error may be the signal's doing: exit 130/143 with it.
+        cleanup::wait_if_interrupted();
+    }
+    r
+}
+
+fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
+    let stdout = out.json.as_deref() == Some(Path::new("-"));
+    progress::show(!stdout);
+    let json = out.json.clone().filter(|_| !stdout);
+    let mut files = report::Files::new(out.plot.clone(), out.markdown.clone(), json);
+    files.check()?;
+    if out.estimate {
+        let est: Vec<(&str, Duration)> = experiments
+            .iter()
+            .map(|e| (e.name(), e.estimate()))
+            .collect();
+        let line = format!(
+            "bench --full: 1 GiB file; 8 GiB x 10 runs; 100,000 loops; estimated duration {} ({}; nominal rates of a 2-vCPU VM, a loaded machine takes longer)",
+            minutes(est.iter().map(|e| e.1).sum()),
+            est.iter().map(|(n, d)| format!("{n} {}", minutes(*d))).collect::<Vec<_>>().join(", ")
+        );
+        match stdout {
+            true => eprintln!("{line}"),
+            false => println!("{line}"),
+        }
+    }
+    let several = experiments.len() > 1;
+    for e in experiments {
+        if several && !stdout {
+            println!("== {}", e.name());
+        }
+        let r = files.add(e.run()?)?;
+        if !stdout {
+            print!("{}{}", r.text(), if several { "\n" } else { "" });
+        }
+    }
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(first) = args.first_mut() {
+        *first = "iopath".into();
+    }
+    let written = files.finish(&args.join(" "))?;
+    if stdout {
+        println!("{}", files.json());
+    } else {
+        written.iter().for_each(|w| println!("{w}"));
+    }
+    Ok(())
+}
+
+fn minutes(d: Duration) -> String {
+    match d.as_secs() {
+        s if s >= 60 => format!("{} min {:02} s", s / 60, s % 60),
+        s => format!("{s} s"),
     }
 }
 
 /// `TMPFS_MAGIC` of statfs(2).
-pub const TMPFS_MAGIC: i64 = 0x0102_1994;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// The file system type of `path` (statfs(2)'s `f_type`).
+#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
+fn fs_type(path: &Path) -> Option<i64> {
+    rustix::fs::statfs(path).ok().map(|s| s.f_type as i64)
+}
 
 /// A directory on a disk file system for scratch files: `/var/tmp`, else the
 /// current directory; never a tmpfs (a benchmark file there would be RAM).
-///
-/// # Errors
-/// [`Error::Invalid`] (option `--file`) when neither is disk-backed.
-#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
-pub fn scratch_dir() -> Result<PathBuf> {
-    let mut tried = Vec::new();
+fn scratch_dir() -> Result<PathBuf> {
     let cwd = std::env::current_dir().map_err(Error::sys("reading the current directory"))?;
-    for dir in [PathBuf::from("/var/tmp"), cwd] {
-        match rustix::fs::statfs(&dir) {
-            Ok(st) if st.f_type as i64 != TMPFS_MAGIC => return Ok(dir),
-            Ok(_) => tried.push(format!("{} is tmpfs", dir.display())),
-            Err(e) => tried.push(format!("{}: {e}", dir.display())),
-        }
+    let dirs = [PathBuf::from("/var/tmp"), cwd];
+    if let Some(d) = dirs
+        .iter()
+        .find(|d| fs_type(d).is_some_and(|t| t != TMPFS_MAGIC))
+    {
+        return Ok(d.clone());
     }
+    let tried: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     error::invalid!(
         "--file",
-        "no disk-backed directory for the scratch file ({}); pass --file",
+        "no disk-backed directory for the scratch file ({} are tmpfs or unreadable); pass --file",
         tried.join(", ")
     )
 }
 
 /// A peer program a row needs and this machine lacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Missing {
     /// The program.
     pub program: &'static str,
@@ -141,81 +236,51 @@ pub struct Missing {
 }
 
 impl Missing {
-    /// fio.
-    pub const FIO: Missing = Missing {
+    const FIO: Missing = Missing {
         program: "fio",
         package: "fio",
     };
-    /// qemu-storage-daemon.
-    pub const QSD: Missing = Missing {
+    const QSD: Missing = Missing {
         program: "qemu-storage-daemon",
         package: "qemu-utils",
     };
-    /// QEMU for the guest rows.
-    pub const QEMU: Missing = Missing {
+    const QEMU: Missing = Missing {
         program: "qemu-system-x86_64",
         package: "qemu-system-x86",
     };
 
-    /// Whether the program is on the `PATH` (runs `PROGRAM --version`).
-    pub fn installed(&self) -> bool {
-        std::process::Command::new(self.program)
+    /// `None` when the program is on the `PATH` (`PROGRAM --version`
+    /// runs), else itself.
+    fn check(self) -> Option<Missing> {
+        let ran = std::process::Command::new(self.program)
             .arg("--version")
             .stdin(std::process::Stdio::null())
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
+            .output();
+        (!ran.is_ok_and(|o| o.status.success())).then_some(self)
     }
 
-    /// `None` when installed, else itself.
-    pub fn check(self) -> Option<Missing> {
-        (!self.installed()).then_some(self)
-    }
-
-    /// The note printed in place of a row: what is missing, its package,
-    /// and that `scripts/install-deps` installs it.
+    /// What is missing, its package, and that `scripts/install-deps`
+    /// installs it.
     pub fn note(&self) -> String {
         format!(
             "{} is not installed (Debian package {}; scripts/install-deps installs it)",
             self.program, self.package
         )
     }
-
-    /// `{program, package, note}` for the `missing` field of a JSON row.
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({"program": self.program, "package": self.package, "note": self.note()})
-    }
 }
 
 /// The 1-minute load average (`/proc/loadavg`), to report beside figures
 /// that other work on the machine moves.
-pub fn loadavg() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+fn loadavg() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().next()?.parse().ok()
 }
 
 /// The `iopath` executable this process is (the bench's servers are its
-/// children), for configs that do not name another.
+/// children).
 ///
 /// # Errors
 /// [`Error::Sys`] when `/proc/self/exe` cannot be read.
 pub fn current_exe() -> Result<PathBuf> {
     std::env::current_exe().map_err(Error::sys("finding the iopath executable"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn summaries() {
-        let s = Summary::of(&[3.0, 1.0, 2.0]);
-        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
-        assert_eq!(s.spread_pct(), 100.0);
-        assert_eq!(Summary::of(&[1.0, 2.0, 4.0, 8.0]).median, 3.0);
-    }
 }

@@ -1,13 +1,10 @@
-//! Where a benchmark's processes run.
+//! Where a benchmark's processes run, and the child processes it starts.
 //!
 //! On a small VM a wake-up that crosses to an idle vCPU costs tens of
-//! microseconds (an IPI to a halted vCPU), one on the same CPU a few, and
-//! the scheduler places a two-process limit and a three-process path
-//! differently; unpinned, two rows of a table compare placements, not code.
-//! A [`Placement`] pins every process of a measurement, the limit's
-//! included, the same way: the client (the bench itself, the driver) on one
-//! CPU, the servers (back ends, peers, the limit's own server) on the same
-//! or another one.
+//! microseconds, one on the same CPU a few; unpinned, two rows of a table
+//! compare placements, not code. A [`Placement`] pins every process of a
+//! measurement, the limit's included, the same way: the client (the bench
+//! itself, the driver) on one CPU, the servers on the same or another one.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -30,17 +27,16 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// The names on the command line.
+    pub const NAMES: [&'static str; 3] = ["one", "split", "free"];
+
     /// The name on the command line.
     pub fn name(self) -> &'static str {
-        match self {
-            Placement::One => "one",
-            Placement::Split => "split",
-            Placement::Free => "free",
-        }
+        Self::NAMES[self as usize]
     }
 
     /// In words, with the client and the servers named.
-    pub fn describe(self, cpus: &Cpus, client: &str, servers: &str) -> String {
+    pub(crate) fn describe(self, cpus: &Cpus, client: &str, servers: &str) -> String {
         let (a, b) = cpus.pair();
         match self {
             Placement::Free => "no pinning (the scheduler's choice)".into(),
@@ -50,7 +46,7 @@ impl Placement {
     }
 
     /// CPUs of (client, servers); `None`: not pinned.
-    pub fn cpus(self, cpus: &Cpus) -> (Option<usize>, Option<usize>) {
+    pub(crate) fn cpus(self, cpus: &Cpus) -> (Option<usize>, Option<usize>) {
         let (a, b) = cpus.pair();
         match self {
             Placement::Free => (None, None),
@@ -60,9 +56,22 @@ impl Placement {
     }
 }
 
+impl std::str::FromStr for Placement {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Placement, String> {
+        match s {
+            "one" => Ok(Placement::One),
+            "split" => Ok(Placement::Split),
+            "free" => Ok(Placement::Free),
+            _ => Err(format!("{s:?} is none of one, split, free")),
+        }
+    }
+}
+
 /// The CPUs this process may run on.
 #[derive(Debug, Clone)]
-pub struct Cpus {
+pub(crate) struct Cpus {
     allowed: CpuSet,
     ids: Vec<usize>,
 }
@@ -74,114 +83,74 @@ thread_local! {
 
 impl Cpus {
     /// Reads this thread's affinity (call before pinning anything).
-    ///
-    /// # Errors
-    /// When the affinity cannot be read or is empty.
-    pub fn get() -> Result<Cpus> {
+    pub(crate) fn get() -> Result<Cpus> {
         let allowed = rustix::thread::sched_getaffinity(None)
             .map_err(Error::sys("reading the CPU affinity"))?;
         let ids: Vec<usize> = (0..CpuSet::MAX_CPU)
             .filter(|&i| allowed.is_set(i))
             .collect();
-        if ids.is_empty() {
-            return Err(Error::Check(
-                "no CPU in this process's affinity mask".into(),
-            ));
-        }
+        check!(!ids.is_empty(), "no CPU in this process's affinity mask");
         ALL_CPUS.with(|c| c.set(Some(allowed)));
         Ok(Cpus { allowed, ids })
     }
 
     /// Two distinct CPUs if there are two (else the one twice).
-    pub fn pair(&self) -> (usize, usize) {
+    pub(crate) fn pair(&self) -> (usize, usize) {
         (self.ids[0], *self.ids.get(1).unwrap_or(&self.ids[0]))
     }
 }
 
 /// Pins the calling thread to `cpu`, or to all of `all` with `None`.
 fn pin(cpu: Option<usize>, all: &CpuSet) -> Result<()> {
-    let set = match cpu {
-        Some(c) => {
-            let mut s = CpuSet::new();
-            s.set(c);
-            s
-        }
-        None => *all,
-    };
+    let mut set = *all;
+    if let Some(c) = cpu {
+        set = CpuSet::new();
+        set.set(c);
+    }
     rustix::thread::sched_setaffinity(None, &set).map_err(Error::sys("setting the CPU affinity"))
 }
 
 /// Spawns `cmd` pinned to `cpu` (`None`: on every CPU this process may
-/// use). A child inherits the affinity of the thread that forks it, so the
-/// calling thread is pinned around the spawn and restored after.
-///
-/// # Errors
-/// [`Error::Sys`] when the affinity cannot be set, [`Error::Spawn`] (naming
-/// the program) when the spawn fails.
-pub fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
+/// use), recorded for [`crate::cleanup`]. A child inherits the affinity of
+/// the thread that forks it, so the calling thread is pinned around the
+/// spawn and restored after.
+pub(crate) fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
     let mine =
         rustix::thread::sched_getaffinity(None).map_err(Error::sys("reading the CPU affinity"))?;
-    let all = ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine);
-    pin(cpu, &all)?;
+    pin(cpu, &ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine))?;
     let child = crate::cleanup::spawn(cmd, false);
     rustix::thread::sched_setaffinity(None, &mine)
         .map_err(Error::sys("restoring the CPU affinity"))?;
     child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))
 }
 
-/// Child processes killed (SIGKILL) and reaped when dropped, in the order
-/// they were started: the servers an experiment runs beside it. Declare it
-/// before any scratch directory they use, so they are gone before it is.
-#[derive(Debug, Default)]
-pub(crate) struct Children(Vec<Child>);
-
-impl Children {
-    /// Starts `cmd` on `cpu` as [`spawn_on`] does; returns its pid.
-    ///
-    /// # Errors
-    /// As [`spawn_on`].
-    pub fn spawn_on(&mut self, cpu: Option<usize>, cmd: &mut Command) -> Result<u32> {
-        let c = spawn_on(cpu, cmd)?;
-        let pid = c.id();
-        self.0.push(c);
-        Ok(pid)
-    }
-}
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Runs `f` with the calling thread (and the threads it starts) pinned to
 /// `cpu`, then unpins it.
-///
-/// # Errors
-/// [`Error::Sys`] when the affinity cannot be set, or what `f` returns.
-pub fn on_cpu<T>(cpu: Option<usize>, cpus: &Cpus, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn on_cpu<T>(
+    cpu: Option<usize>,
+    cpus: &Cpus,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     pin(cpu, &cpus.allowed)?;
     let r = f();
     pin(None, &cpus.allowed)?;
     r
 }
 
-/// A child whose standard output and error go to a log file; stopped
-/// (and reaped) when dropped: killed, or with [`Logged::term_first`] sent
-/// SIGTERM and given 3 s to exit (`iopath blk serve` then removes its
-/// socket).
+/// A child process (a server the bench runs beside a measurement), its
+/// output in a log file if it has one; stopped and reaped when dropped:
+/// killed, or with [`Spawned::term_first`] sent SIGTERM and given 3 s to
+/// exit (`iopath blk serve` then removes its socket). Declare it before
+/// any scratch directory it uses, so that it is gone first.
 #[derive(Debug)]
-pub(crate) struct Logged {
+pub(crate) struct Spawned {
     child: Child,
     name: &'static str,
     log: PathBuf,
     term: bool,
 }
 
-impl Drop for Logged {
+impl Drop for Spawned {
     fn drop(&mut self) {
         if self.term {
             let pid = rustix::process::Pid::from_child(&self.child);
@@ -199,41 +168,48 @@ impl Drop for Logged {
     }
 }
 
-impl Logged {
-    /// Spawns `cmd` (called `name` in messages) on `cpu` (`None`:
-    /// anywhere), its standard input closed, its output into `log`.
-    ///
-    /// # Errors
-    /// When the log cannot be created or the child cannot be started.
-    pub(crate) fn spawn(
+impl Spawned {
+    /// Spawns `cmd` (called `name` in messages) on `cpu`, its standard
+    /// input closed.
+    pub(crate) fn new(
+        name: &'static str,
+        cpu: Option<usize>,
+        cmd: &mut Command,
+    ) -> Result<Spawned> {
+        let child = spawn_on(cpu, cmd.stdin(Stdio::null()))?;
+        let (log, term) = (PathBuf::new(), false);
+        Ok(Spawned {
+            child,
+            name,
+            log,
+            term,
+        })
+    }
+
+    /// The same with its output into `log`.
+    pub(crate) fn logged(
         log: PathBuf,
         name: &'static str,
         cpu: Option<usize>,
         cmd: &mut Command,
-    ) -> Result<Logged> {
+    ) -> Result<Spawned> {
         let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
         let f2 = f.try_clone().map_err(Error::io(&log))?;
-        let child = spawn_on(cpu, cmd.stdin(Stdio::null()).stdout(f).stderr(f2))?;
-        Ok(Logged {
-            child,
-            name,
-            log,
-            term: false,
-        })
+        let mut s = Spawned::new(name, cpu, cmd.stdout(f).stderr(f2))?;
+        s.log = log;
+        Ok(s)
     }
 
     /// Stops it with SIGTERM first when dropped.
-    pub(crate) fn term_first(mut self) -> Logged {
+    pub(crate) fn term_first(mut self) -> Spawned {
         self.term = true;
         self
     }
 
-    /// Its process id.
     pub(crate) fn id(&self) -> u32 {
         self.child.id()
     }
 
-    /// Its log.
     pub(crate) fn log(&self) -> &Path {
         &self.log
     }
@@ -252,9 +228,6 @@ impl Logged {
     }
 
     /// Waits for it to exit, at most until `deadline`.
-    ///
-    /// # Errors
-    /// When it is still running at `deadline`.
     pub(crate) fn wait_until(&mut self, deadline: Instant) -> Result<ExitStatus> {
         loop {
             if let Some(st) = self
@@ -277,9 +250,6 @@ impl Logged {
 
     /// Waits until `ready` says yes while it lives, at most `limit`; `what`
     /// names what it waits for.
-    ///
-    /// # Errors
-    /// When it exits first or `limit` passes, with its last words.
     pub(crate) fn wait_for(
         &mut self,
         what: &str,

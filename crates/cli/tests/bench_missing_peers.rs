@@ -7,6 +7,10 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use bench_json::{not_run, row_like, rows, value};
+
+mod bench_json;
+
 const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 const HIDDEN: [&str; 3] = ["fio", "qemu-storage-daemon", "qemu-system-x86_64"];
 
@@ -71,13 +75,17 @@ fn bench_without_peers_drops_their_rows_only() {
         ],
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["rows"].as_array().unwrap().len(), 2);
-    assert!(v["fio_limit"].is_null(), "{}", v["fio_limit"]);
-    assert_eq!(v["limit"]["source"], "own");
-    assert!(v["limit"]["gib_per_s"].as_f64().unwrap() > 0.0);
-    assert_eq!(v["missing"][0]["missing"]["package"], "fio");
-    for r in v["rows"].as_array().unwrap() {
-        assert!(r["vs_limit"].as_f64().unwrap() > 0.0, "{r}");
+    let t = &v["tables"][0];
+    let (limit, ctx) = (row_like(t, "limit").unwrap(), &v["context"]["limit"]);
+    let bound = |r: &serde_json::Value| r == limit || r[0] == "alloc only";
+    let measured: Vec<_> = rows(t).iter().filter(|r| !bound(r)).collect();
+    assert_eq!(measured.len(), 2);
+    assert_eq!(limit[0], "limit (own)");
+    assert_eq!(ctx["source"], "own");
+    assert!(value(t, limit, "GiB/s") > 0.0);
+    assert_eq!(ctx["missing"]["package"], "fio");
+    for r in measured {
+        assert!(value(t, r, "of limit") > 0.0, "{r}");
     }
     let out = run(
         &path,
@@ -123,34 +131,42 @@ fn bench_without_peers_drops_their_rows_only() {
         ],
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rows = v["rows"].as_array().unwrap();
-    let row = |prefix: &str| {
-        rows.iter()
-            .find(|r| r["name"].as_str().unwrap().starts_with(prefix))
-            .unwrap_or_else(|| panic!("no row {prefix} in {rows:?}"))
-    };
-    assert!(
-        row("own O_DIRECT write")["stats"]["median"]
-            .as_f64()
-            .unwrap()
-            > 0.0
-    );
+    let t = &v["tables"][0];
+    let gib = "GiB/s, median (min-max)";
+    let own = row_like(t, "own O_DIRECT write").unwrap();
+    assert!(value(t, own, gib) > 0.0);
     for mode in ["direct", "direct-static", "iommu", "bounce"] {
-        let r = row(&format!("iopath blk serve, dma {mode}"));
-        assert!(r["stats"]["median"].as_f64().unwrap() > 0.0, "{r}");
-        assert!(r["of_limit"].as_f64().unwrap() > 0.0, "{r}");
+        let r = row_like(t, &format!("iopath blk serve, dma {mode}")).unwrap();
+        assert!(value(t, r, gib) > 0.0, "{r}");
+        assert!(value(t, r, "of limit") > 0.0, "{r}");
     }
-    let peer = row("qemu-storage-daemon");
-    assert!(peer["stats"]["median"].is_null(), "{peer}");
-    assert_eq!(peer["missing"]["package"], "qemu-utils");
-    let guest = row("guest dd (Linux, TCG) on iopath");
-    assert_eq!(guest["missing"]["program"], "qemu-system-x86_64");
-    let ratios = &v["ratios"];
-    assert!(ratios["direct / fio limit"].is_null());
-    assert!(ratios["direct / own limit"].as_f64().unwrap() > 0.0);
-    assert!(ratios["iopath blk serve / qemu-storage-daemon (dma direct)"].is_null());
-    assert!(ratios["bounce / direct"].as_f64().unwrap() > 0.0);
-    assert_eq!(v["limit"]["source"], "own");
+    assert!(row_like(t, "qemu-storage-daemon").is_none(), "{t}");
+    let peer = not_run(t, "qemu-storage-daemon").unwrap();
+    assert!(
+        peer["needs"]
+            .as_str()
+            .unwrap()
+            .contains("(Debian package qemu-utils;"),
+        "{peer}"
+    );
+    let guest = not_run(t, "guest dd (Linux, TCG) on iopath").unwrap();
+    assert!(
+        guest["needs"]
+            .as_str()
+            .unwrap()
+            .starts_with("qemu-system-x86_64 "),
+        "{guest}"
+    );
+    let ratios = &t["figures"];
+    let null = Some(&serde_json::Value::Null);
+    assert_eq!(ratios.get("direct / fio limit"), null);
+    assert!(ratios["direct / own limit"]["value"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        ratios.get("iopath blk serve / qemu-storage-daemon (dma direct)"),
+        null
+    );
+    assert!(ratios["bounce / direct"]["value"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["context"]["limit"]["source"], "own");
 
     let out = run(
         &path,

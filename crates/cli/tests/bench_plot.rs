@@ -4,7 +4,10 @@
 use std::path::Path;
 use std::process::Command;
 
+use bench_json::{not_run, row_like, rows, runs, table, tables};
 use iopath_bench::plot::{hex, RGBColor, LIMIT, OTHER, PEER, PRIMARY, SECONDARY, WHISKER};
+
+mod bench_json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 
@@ -77,7 +80,10 @@ fn heap_chart_has_a_split_bar_per_row_and_the_limit() {
         ],
         dir.path(),
     );
-    let rows = v["rows"].as_array().unwrap().len();
+    // The heap x method rows, not the two bounds.
+    let bound =
+        |r: &&serde_json::Value| r[0] == "limit" || r[0] == "limit (own)" || r[0] == "alloc only";
+    let rows = rows(&v["tables"][0]).iter().filter(|r| !bound(r)).count();
     assert_eq!(rows, 3);
     let m = Marks::read(&dir.path().join("heap.svg"));
     // Each heap x method: allocation and read time, stacked.
@@ -104,14 +110,15 @@ fn blk_chart_has_a_bar_and_whisker_per_row_and_the_limit() {
         ],
         dir.path(),
     );
-    let rows = v["rows"].as_array().unwrap();
-    let measured = |name: &str| {
-        rows.iter()
-            .any(|r| r["name"].as_str().unwrap().starts_with(name) && r["skipped"].is_null())
-    };
-    let modes = rows
+    let t = &v["tables"][0];
+    let measured = |name: &str| row_like(t, name).is_some();
+    // Every row, measured or not.
+    let names = rows(t)
         .iter()
-        .filter(|r| r["name"].as_str().unwrap().starts_with("iopath blk serve"))
+        .map(|r| &r[0])
+        .chain(t["not_run"].as_array().unwrap().iter().map(|n| &n["row"]));
+    let modes = names
+        .filter(|n| n.as_str().unwrap().starts_with("iopath blk serve"))
         .count();
     assert_eq!(modes, 4);
     let m = Marks::read(&dir.path().join("blk.svg"));
@@ -148,8 +155,15 @@ fn rpmsg_chart_has_both_ways_per_loop_count_the_limit_and_echo() {
         ],
         dir.path(),
     );
-    let rows = v["rows"].as_array().unwrap().len();
+    // The loop counts: a column each in the create+destroy table.
+    let t = table(&v, "endpoint create+destroy");
+    let columns = t["columns"].as_array().unwrap();
+    let rows = columns
+        .iter()
+        .filter(|c| c.as_str().unwrap().ends_with(" loops, total us"))
+        .count();
     assert_eq!(rows, 2);
+    assert_eq!(tables(&v, "endpoint create+destroy").len(), 1);
     let m = Marks::read(&dir.path().join("rpmsg.svg"));
     // legacy and fd per loop count, echo p50/p99 beside the raw ping-pong's.
     assert_eq!(m.bars(SECONDARY), rows);
@@ -179,25 +193,25 @@ fn blk_small_block_table_measures_every_iopath_row_and_charts_by_depth() {
         ],
         dir.path(),
     );
-    let s = &v["small_block"];
-    let rows = s["rows"].as_array().unwrap();
-    // Two directions; five rows at depths 1 and 32, two queues at 32.
-    assert_eq!(rows.len(), 2 * (5 * 2 + 1), "{s}");
-    for r in rows {
-        let name = r["name"].as_str().unwrap();
-        if !name.starts_with("iopath blk serve") {
+    let s = table(&v, "4 KiB random I/O");
+    // Two directions; five rows at depths 1 and 32, two queues at 32:
+    // measured, or not run.
+    let not_run_rows = s["not_run"].as_array().unwrap().len();
+    assert_eq!(rows(s).len() + not_run_rows, 2 * (5 * 2 + 1), "{s}");
+    assert!(not_run(s, "iopath blk serve").is_none(), "{s}");
+    for r in rows(s) {
+        if !r[0].as_str().unwrap().starts_with("iopath blk serve") {
             continue;
         }
-        assert!(r["skipped"].is_null(), "{r}");
-        let run = &r["runs"][0];
-        for k in ["iops", "p50_us", "p99_us", "cpu_us"] {
-            assert!(run[k].as_f64().unwrap() > 0.0, "{k} of {r}");
+        let run = |k| runs(s, r, k)[0];
+        for k in ["IOPS, median (min-max)", "p50", "p99", "CPU per request"] {
+            assert!(run(k) > 0.0, "{k} of {r}");
         }
-        assert!(run["p99_us"].as_f64() >= run["p50_us"].as_f64(), "{r}");
+        assert!(run("p99") >= run("p50"), "{r}");
     }
-    let ratios = s["ratios"].as_object().unwrap();
+    let ratios = s["figures"].as_object().unwrap();
     assert!(
-        ratios["read qd 1: adaptive / sleeping, IOPS"]
+        ratios["read qd 1: adaptive / sleeping, IOPS"]["value"]
             .as_f64()
             .unwrap()
             > 0.0

@@ -3,6 +3,11 @@
 
 use std::process::Command;
 
+use bench_json::{cell, row, rows, runs, table, tables, value};
+use serde_json::Value;
+
+mod bench_json;
+
 #[test]
 fn bench_rpmsg_json() {
     let o = Command::new(env!("CARGO_BIN_EXE_iopath"))
@@ -30,84 +35,112 @@ fn bench_rpmsg_json() {
         String::from_utf8_lossy(&o.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
-    for (r, loops) in rows.iter().zip([200, 300]) {
-        assert_eq!(r["loops"], loops);
-        let (legacy, fd) = (
-            r["legacy_us"].as_f64().unwrap(),
-            r["fd_us"].as_f64().unwrap(),
-        );
-        // Each cycle is at least a few system calls and a process switch.
-        assert!(legacy > loops as f64 && fd > loops as f64, "{r}");
-        assert!(r["limit_us"].as_f64().unwrap() > 0.0, "{r}");
-    }
-    assert!(v["limit"]["rtt_us"].as_f64().unwrap() > 0.0);
-    assert!(v["limit"]["socket_rtt_us"].as_f64().unwrap() > 0.0);
-    assert!(v["limit"]["watched_socket_rtt_us"].as_f64().unwrap() > 0.0);
-    assert!(v["fd_over_limit_watched"].as_f64().unwrap() > 0.0, "{v}");
-    for r in rows {
-        assert!(r["limit_watched_us"].as_f64().unwrap() > 0.0, "{r}");
-    }
-    // Every placement measured, each with its own rows and limit; the
-    // first fills the top-level rows.
-    let places = v["placements"].as_array().unwrap();
-    let names: Vec<&str> = places
+    // Every placement measured, each with its own create+destroy table
+    // (a column per loop count, a row per way) and echo table; the first
+    // is placement one's.
+    let places: Vec<&str> = v["context"]["placements"]
+        .as_array()
+        .unwrap()
         .iter()
         .map(|p| p["placement"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["one", "split", "free"]);
-    assert_eq!(v["rows"], places[0]["rows"]);
+    assert_eq!(places, ["one", "split", "free"]);
+    let first = tables(&v, "endpoint create+destroy")[0];
+    assert!(first["title"]
+        .as_str()
+        .unwrap()
+        .starts_with("endpoint create+destroy, placement one "));
+    let way = |t, name| row(t, name).unwrap_or_else(|| panic!("no way {name} in {t}"));
     for p in places {
-        assert_eq!(p["rows"].as_array().unwrap().len(), 2, "{p}");
-        assert!(p["limit"]["rtt_us"].as_f64().unwrap() > 0.0, "{p}");
-        assert!(p["echo"]["fd"]["p50_us"].as_f64().unwrap() > 0.0, "{p}");
-    }
-    let ratio = v["echo"]["fd_poll"]["p50_us"].as_f64().unwrap()
-        / v["echo"]["poll_floor"]["p50_us"].as_f64().unwrap();
-    assert!(
-        (v["echo"]["fd_poll_over_floor_p50"].as_f64().unwrap() - ratio).abs() < 1e-9,
-        "{}",
-        v["echo"]
-    );
-    for k in ["fd", "fd_poll", "poll_floor", "limit_eventfd_pingpong"] {
-        let e = &v["echo"][k];
-        assert_eq!(e["count"], 300, "{k}: {e}");
-        assert!(e["p50_us"].as_f64().unwrap() > 0.0, "{k}: {e}");
-        assert!(e["max_us"].as_f64() >= e["p50_us"].as_f64(), "{k}: {e}");
-    }
-    // No --openamp: the peer rows are a note.
-    let missing = v["peers"]["missing"].as_str().unwrap();
-    assert!(missing.contains("--openamp DIR"), "{missing}");
-    assert!(v.get("targets").is_none(), "{v}");
-    // The echo ratio of each placement is its own figures' ratio.
-    for p in places {
-        let e = &p["echo"];
-        let want = e["fd"]["p50_us"].as_f64().unwrap()
-            / e["limit_eventfd_pingpong"]["p50_us"].as_f64().unwrap();
+        let t = table(&v, &format!("endpoint create+destroy, placement {p} "));
+        for loops in [200, 300] {
+            let column = format!("{loops} loops, total us");
+            let (legacy, fd) = (
+                value(t, way(t, "legacy"), &column),
+                value(t, way(t, "fd"), &column),
+            );
+            // Each cycle is at least a few system calls and a process switch.
+            assert!(legacy > loops as f64 && fd > loops as f64, "{t}");
+            assert!(value(t, way(t, "limit"), &column) > 0.0, "{t}");
+            assert!(value(t, way(t, "limit-w"), &column) > 0.0, "{t}");
+        }
+        for limit in ["limit", "limit-s", "limit-w"] {
+            assert!(value(t, way(t, limit), "per cycle us") > 0.0, "{t}");
+        }
+        assert!(value(t, way(t, "limit-w"), "fd / way") > 0.0, "{t}");
+        let e = table(&v, &format!("echo round trip, placement {p}:"));
         assert!(
-            (e["fd_over_limit_p50"].as_f64().unwrap() - want).abs() < 1e-9,
+            value(e, way(e, "endpoint fd (eventfd notify)"), "p50 us") > 0.0,
             "{e}"
         );
     }
+    let echo = table(&v, "echo round trip, placement one:");
+    let poll = table(&v, "echo round trip, polling");
+    let (fd_poll, floor) = (
+        way(poll, "endpoint fd, busy-polled, host and remote polling"),
+        way(poll, "floor: the same hops and places, no rpmsg"),
+    );
+    let ratio = value(poll, fd_poll, "p50 us") / value(poll, floor, "p50 us");
+    let figure = poll["figures"]["endpoint fd busy-polled / floor, p50"]["value"]
+        .as_f64()
+        .unwrap();
+    assert!((figure - ratio).abs() < 1e-9, "{poll}");
+    for (t, name) in [
+        (echo, "endpoint fd (eventfd notify)"),
+        (poll, "endpoint fd, busy-polled, host and remote polling"),
+        (poll, "floor: the same hops and places, no rpmsg"),
+        (echo, "limit: raw eventfd ping-pong, two processes"),
+    ] {
+        let r = way(t, name);
+        assert_eq!(
+            cell(t, r, "p50 us")["samples"],
+            serde_json::json!([300]),
+            "{name}: {r}"
+        );
+        assert!(value(t, r, "p50 us") > 0.0, "{name}: {r}");
+        assert!(
+            value(t, r, "max us") >= value(t, r, "p50 us"),
+            "{name}: {r}"
+        );
+    }
+    // No --openamp: the peer rows are a note.
+    let notes = v["notes"].as_array().unwrap();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("--openamp DIR")),
+        "{notes:?}"
+    );
+    assert!(!v.to_string().contains("\"targets\""), "{v}");
+    // The echo ratio of each placement is its own figures' ratio.
+    for e in tables(&v, "echo round trip, placement ") {
+        let fd = way(e, "endpoint fd (eventfd notify)");
+        let want = value(e, fd, "p50 us")
+            / value(
+                e,
+                way(e, "limit: raw eventfd ping-pong, two processes"),
+                "p50 us",
+            );
+        assert!((value(e, fd, "p50 / limit") - want).abs() < 1e-9, "{e}");
+    }
     // The bulk rows: every way carried every message at each size.
-    let bulk = v["bulk"]["rows"].as_array().unwrap();
-    let sizes: Vec<u64> = bulk.iter().map(|r| r["size"].as_u64().unwrap()).collect();
-    assert_eq!(sizes, [496, 4096, 65520]);
-    for r in bulk {
+    let bulk = table(&v, "bulk, ");
+    let sizes: Vec<&str> = rows(bulk).iter().map(|r| r[0].as_str().unwrap()).collect();
+    assert_eq!(sizes, ["496 B", "4096 B", "65520 B"]);
+    for r in rows(bulk) {
         for k in [
-            "endpoint_fd_mb_s",
-            "raw_seqpacket_mb_s",
-            "bus_api_mb_s",
-            "memcpy_mb_s",
+            "endpoint fd",
+            "raw SOCK_SEQPACKET (limit)",
+            "Bus API, zero-copy receive",
+            "memcpy, one thread (limit)",
         ] {
-            let runs = r[k].as_array().unwrap();
+            let runs = runs(bulk, r, k);
             assert_eq!(runs.len(), 1, "{k}: {r}");
-            assert!(runs[0].as_f64().unwrap() > 0.0, "{k}: {r}");
+            assert!(runs[0] > 0.0, "{k}: {r}");
         }
     }
     // The load the figures were taken under, before and after.
-    let load = v["loadavg"].as_array().unwrap();
+    let load = v["context"]["loadavg"].as_array().unwrap();
     assert!(load.len() == 2 && load.iter().all(|l| l.as_f64().unwrap() >= 0.0));
 }
 
@@ -147,73 +180,85 @@ fn bench_rpmsg_openamp_peer_rows() {
         String::from_utf8_lossy(&o.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let peers = &v["peers"];
-    assert_eq!(peers["size"], 16);
-    let places = peers["placements"].as_array().unwrap();
+    assert_eq!(v["context"]["peers"]["size"], 16);
+    let places = tables(&v, "rpmsg peers, placement ");
     let names: Vec<&str> = places
         .iter()
-        .map(|p| p["placement"].as_str().unwrap())
+        .map(|p| {
+            p["title"].as_str().unwrap()["rpmsg peers, placement ".len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+        })
         .collect();
     assert_eq!(names, ["split", "one"]);
-    for p in places {
-        let rows = p["rows"].as_array().unwrap();
-        let pairs: Vec<(&str, &str)> = rows
+    for (p, name) in places.into_iter().zip(names) {
+        let pairs: Vec<(&str, &str)> = rows(p)
             .iter()
-            .map(|r| (r["driver"].as_str().unwrap(), r["remote"].as_str().unwrap()))
+            .map(|r| (r[0].as_str().unwrap(), r[1].as_str().unwrap()))
             .collect();
+        let (openamp, ept_fd, bus) = (
+            "OpenAMP driver (rpmsg-ping-timed)",
+            "iopath endpoint fd (rpmsg host + client)",
+            "iopath Bus API (in-process host)",
+        );
+        let (echo, remote) = ("OpenAMP rpmsg-echo", "iopath rpmsg remote");
         assert_eq!(
             pairs,
             [
-                ("openamp", "openamp"),
-                ("openamp", "iopath"),
-                ("ept_fd", "iopath"),
-                ("ept_fd", "openamp"),
-                ("bus", "iopath"),
-                ("bus", "openamp"),
+                (openamp, echo),
+                (openamp, remote),
+                (ept_fd, remote),
+                (ept_fd, echo),
+                (bus, remote),
+                (bus, echo),
             ]
         );
-        for r in rows {
-            assert_eq!(r["failures"].as_array().unwrap().len(), 0, "{r}");
-            let runs = r["runs"].as_array().unwrap();
-            assert_eq!(runs.len(), 2, "{r}");
-            for l in runs {
-                let n = l["count"].as_u64().unwrap();
+        // No run failed: each would be a note.
+        let notes = p["notes"].as_array().unwrap();
+        assert!(
+            !notes
+                .iter()
+                .any(|n| n.as_str().unwrap().contains(" failed: ")),
+            "{p}"
+        );
+        let rate = "round trips/s, median (min-max)";
+        let pair = &rows(p)[0];
+        for r in rows(p) {
+            let (rates, p50, p99) = (runs(p, r, rate), runs(p, r, "p50 us"), runs(p, r, "p99 us"));
+            assert_eq!(rates.len(), 2, "{r}");
+            let counts = cell(p, r, rate)["samples"].as_array().unwrap();
+            for i in 0..2 {
+                let n = counts[i].as_u64().unwrap();
                 // OpenAMP's spinning pair on one CPU may fall short of 200
                 // within 5 s; every other pair does them all.
                 assert!(n > 0 && n <= 200, "{r}");
-                if p["placement"] == "split" {
+                if name == "split" {
                     assert_eq!(n, 200, "{r}");
                 }
-                let (p50, p99) = (l["p50_us"].as_f64().unwrap(), l["p99_us"].as_f64().unwrap());
-                assert!(p50 > 0.0 && p99 >= p50, "{r}");
-                assert!(l["msgs_per_s"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(p50[i] > 0.0 && p99[i] >= p50[i], "{r}");
+                assert!(rates[i] > 0.0, "{r}");
             }
-            let median = r["round_trips_per_s"]["median"].as_f64().unwrap();
-            let ratio = r["over_openamp_pair"].as_f64().unwrap();
-            let pair = rows[0]["round_trips_per_s"]["median"].as_f64().unwrap();
-            assert!((ratio - median / pair).abs() < 1e-9, "{r}");
-            let by_p50 = r["over_openamp_pair_by_p50"].as_f64().unwrap();
-            let pair_p50 = rows[0]["p50_us"].as_f64().unwrap();
+            let ratio = value(p, r, "/ OpenAMP pair");
             assert!(
-                (by_p50 - pair_p50 / r["p50_us"].as_f64().unwrap()).abs() < 1e-9,
+                (ratio - value(p, r, rate) / value(p, pair, rate)).abs() < 1e-9,
                 "{r}"
             );
+            let by_p50 = value(p, r, "by p50");
+            let want = value(p, pair, "p50 us") / value(p, r, "p50 us");
+            assert!((by_p50 - want).abs() < 1e-9, "{r}");
         }
     }
-    // The 256-endpoint row's worst and median endpoint p99, per run.
-    let e256 = v["scale"]["echo"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["endpoints"] == 256)
-        .unwrap();
-    let worst = e256["p99_us_worst_endpoint"].as_array().unwrap();
-    let median = e256["p99_us_median_endpoint"].as_array().unwrap();
-    assert_eq!(worst.len(), 2);
-    for (w, m) in worst.iter().zip(median) {
-        assert!(w.as_f64() >= m.as_f64(), "{e256}");
+    // The 256-endpoint row: its worst endpoint's p99 is at least the
+    // median endpoint's, run by run.
+    let scale = table(&v, "scale, ");
+    let e256: &Value = rows(scale).iter().find(|r| r[0]["value"] == 256.0).unwrap();
+    let worst_over_median = runs(scale, e256, "worst endpoint's p99 / median's");
+    assert_eq!(worst_over_median.len(), 2);
+    for r in worst_over_median {
+        assert!(r >= 1.0, "{e256}");
     }
-    assert!(e256["vs_one"].as_f64().unwrap() > 0.0, "{e256}");
+    assert!(value(scale, e256, "vs 1 endpoint") > 0.0, "{e256}");
 }
 
 #[test]

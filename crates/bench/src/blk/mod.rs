@@ -4,56 +4,175 @@
 //! blocks through [`iopath_blk::workload`]) once per DMA mode against
 //! iopath's own back end (`iopath blk serve`, started here), `runs` runs
 //! each; a peer row with the same driver against `qemu-storage-daemon`
-//! exporting the same image; and the limit: the best of a small sweep of
-//! fio's `O_DIRECT` sequential write of the same image file (block sizes
-//! 1 MiB, 8 MiB and `bs`, queue depths 4, 16, 64), measured in the same run.
-//! Without fio, the limit is the bench's own plain O_DIRECT write of the
-//! image file (labelled so); without qemu-storage-daemon its row is a note.
+//! exporting the same image; with `--guest`, a Linux guest's dd on each
+//! back end ([`crate::guest`]); and the limit: the best of a small sweep
+//! of fio's `O_DIRECT` sequential write of the same image file (block
+//! sizes 1 MiB, 8 MiB and `bs`, queue depths 4, 16, 64), or without fio
+//! the bench's own plain O_DIRECT write (labelled so). Then the
+//! small-block table ([`small`]).
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
 use iopath_blk::dd::DdConfig;
-use iopath_blk::workload::{self, Access, Op, Pattern, Stats, Workload};
-use serde::Serialize;
+use iopath_blk::workload::{self, Access, Op, Pattern, Workload};
+use iopath_sys::error_chain;
 
 use crate::direct::DirectJob;
-use crate::error::{check_failed, invalid};
+use crate::error::invalid;
+use crate::guest::GuestDma;
 use crate::limit::Limit;
-use crate::place::{on_cpu, Cpus, Placement};
-use crate::{fio, Error, ProgressBar, Result};
+use crate::place::{on_cpu, Cpus, Placement, Spawned};
+use crate::{fio, Error, Missing, ProgressBar, Report, Result};
+
+mod report;
+mod small;
 
 /// The DMA ops of a row: the override `iopath blk dd --dma` gives.
 pub use iopath_blk::dd::DmaMode;
+pub use small::SmallConfig;
 
-/// What `iopath bench blk` measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct BlkReport {
-    /// Bytes per run.
-    pub bytes: u64,
-    /// Block size.
-    pub bs: u64,
-    /// Blocks in flight.
-    pub queue_depth: usize,
+/// What `iopath bench blk` measures.
+#[derive(Debug, Clone)]
+pub struct BlkBenchConfig {
+    /// Bytes written per run (the image is this large).
+    pub size: usize,
     /// Runs per row.
     pub runs: usize,
-    /// Image file.
-    pub image: PathBuf,
-    /// What holds the image: "RAM (tmpfs)" or "disk".
-    pub image_on: String,
-    /// Where the processes ran.
-    pub placement: String,
-    /// Rows: limit first, then each DMA mode, then the peer (and guests).
-    pub rows: Vec<Row>,
-    /// The limit row's source and sweep.
-    #[serde(skip)]
-    pub limit: Option<Limit>,
-    /// The small-block table, when it was run.
-    pub small_block: Option<SmallReport>,
+    /// Block size of every transfer.
+    pub bs: usize,
+    /// Blocks in flight.
+    pub queue_depth: usize,
+    /// Directory for the image file; `None`: RAM (/dev/shm) when the image
+    /// fits with room to spare, else /var/tmp.
+    pub dir: Option<PathBuf>,
+    /// DMA modes to measure (empty: all).
+    pub modes: Vec<DmaMode>,
+    /// Where the processes run.
+    pub placement: Placement,
+    /// Also a Linux guest's dd (scripts/guest-dd) on each back end.
+    pub guest: bool,
+    /// The `iopath` executable whose `blk serve` is iopath's back end.
+    pub iopath: PathBuf,
+    /// The small-block table (4 KiB random I/O), when asked for.
+    pub small: Option<SmallConfig>,
+}
+
+impl BlkBenchConfig {
+    /// The embedded defaults of `iopath bench`: 256 MiB in 8 MiB blocks,
+    /// 4 in flight, 3 runs, every mode, split placement.
+    pub fn quick(iopath: PathBuf) -> BlkBenchConfig {
+        BlkBenchConfig {
+            size: 256 << 20,
+            runs: 3,
+            bs: 8 << 20,
+            queue_depth: 4,
+            dir: None,
+            modes: Vec::new(),
+            placement: Placement::Split,
+            guest: false,
+            iopath,
+            small: Some(SmallConfig::quick()),
+        }
+    }
+
+    /// The full sizes: `dd bs=8M count=1024` (8 GiB) x 10 runs per DMA mode.
+    pub fn full(iopath: PathBuf) -> BlkBenchConfig {
+        BlkBenchConfig {
+            size: 8 << 30,
+            runs: 10,
+            small: Some(SmallConfig::full()),
+            ..BlkBenchConfig::quick(iopath)
+        }
+    }
+
+    /// A rough duration, from nominal rates on a 2-vCPU VM (2 GiB/s per
+    /// dd or fio pass and for the image's first touch).
+    pub(crate) fn estimate(&self) -> Duration {
+        let gib = self.size as f64 / f64::from(1u32 << 30);
+        let modes = if self.modes.is_empty() {
+            4
+        } else {
+            self.modes.len()
+        };
+        // Every run: the modes and the peer; the limit's sweep (6 fio passes
+        // at the default bs) in the first runs, its best alone after; a
+        // warm-up round.
+        let swept = self.runs.min(crate::limit::SWEEP_RUNS);
+        let passes = (self.runs + 1) * (modes + 1) + swept * 6 + (self.runs - swept) + 1;
+        // A guest run: about 20 s of boot and checks under TCG, its dd at
+        // some 50 MB/s direct, 15 MB/s bounced behind the vIOMMU.
+        let guest = match self.guest {
+            true => self.runs as f64 * (3.0 * 20.0 + gib * (2.0 / 0.05 + 1.0 / 0.015)),
+            false => 0.0,
+        };
+        // The small-block table: some 10k requests per second at worst.
+        let small = self.small.as_ref().map_or(0.0, |s| {
+            s.steps() as f64 * (s.count as f64 / 10_000.0 + 0.1)
+        });
+        Duration::from_secs_f64(passes as f64 * gib / 2.0 + guest + gib / 2.0 + 3.0 + small)
+    }
+}
+
+/// A row being measured: its GiB/s per run, or why it cannot run (the
+/// missing peer's note, or the error).
+#[derive(Debug)]
+struct Series {
+    name: String,
+    runs: Vec<f64>,
+    failed: Option<String>,
+}
+
+impl Series {
+    fn new(name: impl Into<String>, failed: Option<&Error>) -> Self {
+        let failed = failed.map(|e| match e {
+            Error::MissingPeer(m) => m.note(),
+            e => error_chain(e),
+        });
+        let (name, runs) = (name.into(), Vec::new());
+        Series { name, runs, failed }
+    }
+
+    fn measure(&mut self, f: impl FnOnce() -> Result<f64>) {
+        if self.failed.is_none() {
+            match f() {
+                Ok(v) => self.runs.push(v),
+                Err(e) => self.failed = Some(error_chain(&e)),
+            }
+        }
+    }
+}
+
+/// Row names.
+const FIO_LIMIT: &str = "fio O_DIRECT write (limit)";
+const OWN_LIMIT: &str = "own O_DIRECT write of the image (limit, no fio)";
+const PEER: &str = "qemu-storage-daemon (peer), dma direct";
+const GUEST_OURS: &str = "guest dd (Linux, TCG) on iopath blk serve";
+const GUEST_SWIOTLB: &str =
+    "guest dd (Linux, TCG) on iopath blk serve, swiotlb=force behind vIOMMU";
+const GUEST_PEER: &str = "guest dd (Linux, TCG) on qemu-storage-daemon";
+
+fn mode_row(m: DmaMode) -> String {
+    format!("iopath blk serve, dma {}", m.name())
+}
+
+/// What the experiment measured.
+#[derive(Debug)]
+struct Measured {
+    cfg: BlkBenchConfig,
+    image: PathBuf,
+    image_on: &'static str,
+    placement: String,
+    /// The limit first, then each DMA mode, the peer, the guest rows.
+    rows: Vec<Series>,
+    limit: Limit,
+    small: Option<small::Measured>,
 }
 
 /// One dd run of iopath's driver through the workload API against the
-/// back end on `socket`, with `mode`'s override of the platform policy
-/// (direct platform, swiotlb's default bounce geometry): GiB/s.
+/// back end on `socket`, with `mode`'s override of the platform policy:
+/// GiB/s.
 fn dd_once(socket: &Path, cfg: &BlkBenchConfig, mode: DmaMode) -> Result<f64> {
     let w = Workload {
         op: Op::Write,
@@ -73,24 +192,16 @@ fn dd_once(socket: &Path, cfg: &BlkBenchConfig, mode: DmaMode) -> Result<f64> {
     Ok(report.runs[0].gib_per_s)
 }
 
-/// Row names.
-const FIO_LIMIT: &str = "fio O_DIRECT write (limit)";
-const OWN_LIMIT: &str = "own O_DIRECT write of the image (limit, no fio)";
-const PEER: &str = "qemu-storage-daemon (peer), dma direct";
-
-fn mode_row(m: DmaMode) -> String {
-    format!("iopath blk serve, dma {}", m.name())
-}
-
 /// Runs the experiment. Rows are interleaved run by run (the limit, each
-/// DMA mode in a rotating order, the peer, then again), so slow drift of
-/// the machine spreads over every row instead of biasing one.
+/// DMA mode in a rotating order, the peer, the guest rows, then again),
+/// so slow drift of the machine spreads over every row instead of biasing
+/// one. A row whose back end or peer cannot run is reported as not run,
+/// not an error.
 ///
 /// # Errors
 /// [`Error::Invalid`] for bad settings; an image that cannot be created;
-/// the limit failing. A row whose back end or peer cannot run is reported
-/// as skipped (with its missing peer, if that is why), not an error.
-pub fn run(cfg: &BlkBenchConfig) -> Result<BlkReport> {
+/// the limit failing.
+pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     if cfg.bs == 0 || cfg.bs % 512 != 0 || cfg.size < cfg.bs || cfg.size % cfg.bs != 0 {
         invalid!(
             "--size",
@@ -110,69 +221,79 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<BlkReport> {
             cfg.queue_depth
         );
     }
-    let dir = match &cfg.dir {
-        Some(d) => d.clone(),
-        None => match ram_dir(cfg.size as u64) {
-            Some(d) => d,
-            None => crate::scratch_dir()?,
-        },
+    let dir = match cfg.dir.clone().or_else(|| ram_dir(cfg.size as u64)) {
+        Some(d) => d,
+        None => crate::scratch_dir()?,
     };
     let work = crate::cleanup::temp_dir("iopath-bench-blk.", &dir)?;
     let image = work.path().join("disk.img");
-    make_image(&image, cfg.size as u64)?;
-    let ours_sock = work.path().join("iopath.sock");
-    let peer_sock = work.path().join("qsd.sock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&image);
+    let f = f.map_err(Error::io(&image))?;
+    // Every block allocated up front, so that no run pays for allocation.
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, cfg.size as u64)
+        .map_err(Error::errno(&image))?;
+    let sock = |name: &str| work.path().join(name);
+    let (ours_sock, peer_sock) = (sock("iopath.sock"), sock("qsd.sock"));
     let cpus = Cpus::get()?;
     let (client, server) = cfg.placement.cpus(&cpus);
-    let ours = start_iopath_serve_on(&cfg.iopath, &image, &ours_sock, server, &["--queues", "2"]);
-    let peer = start_qsd_on(&image, &peer_sock, server);
+    let ours = serve(&cfg.iopath, &image, &ours_sock, server, &["--queues", "2"]);
+    let peer = qsd(&image, &peer_sock, server);
     let dd_run = |sock: &Path, mode| on_cpu(client, &cpus, || dd_once(sock, cfg, mode));
-
     let modes = if cfg.modes.is_empty() {
         DmaMode::ALL.to_vec()
     } else {
         cfg.modes.clone()
     };
-    let mut rows: Vec<(DmaMode, Series)> = modes
+    let mut rows: Vec<Series> = modes
         .iter()
-        .map(|&m| (m, Series::new(mode_row(m), ours.as_ref().err())))
+        .map(|&m| Series::new(mode_row(m), ours.as_ref().err()))
         .collect();
-    let mut peer_row = Series::new(PEER.into(), peer.as_ref().err());
-    // --guest: a Linux guest's dd on each back end's socket.
-    let mut guest_rows = GuestRows::new(
-        cfg,
-        (&ours_sock, ours.as_ref().err()),
-        (&peer_sock, peer.as_ref().err()),
-    );
-    let sweep_bs = [1 << 20, 8 << 20, cfg.bs as u64];
+    let mut peer_row = Series::new(PEER, peer.as_ref().err());
+    // --guest: a Linux guest's dd on each back end's socket, in turns.
+    let script = cfg.guest.then(crate::guest::prepare);
+    let mut guests: Vec<(Series, &Path, GuestDma)> = Vec::new();
+    if let Some(script) = &script {
+        for (name, sock, backend, dma) in [
+            (GUEST_OURS, &ours_sock, &ours, GuestDma::Direct),
+            (GUEST_SWIOTLB, &ours_sock, &ours, GuestDma::SwiotlbIommu),
+            (GUEST_PEER, &peer_sock, &peer, GuestDma::Direct),
+        ] {
+            let failed = script.as_ref().err().or(backend.as_ref().err());
+            guests.push((Series::new(name, failed), sock.as_path(), dma));
+        }
+    }
+    let (write, size, bs, qd) = (true, cfg.size as u64, cfg.bs as u64, cfg.queue_depth as u32);
     let base = fio::Job {
-        dir: fio::Dir::Write,
+        write,
         path: image.clone(),
-        bytes: cfg.size as u64,
-        bs: cfg.bs as u64,
-        iodepth: cfg.queue_depth as u32,
+        bytes: size,
+        bs,
+        iodepth: qd,
     };
     let own = DirectJob {
-        write: true,
+        write,
         path: image.clone(),
-        bytes: cfg.size as u64,
-        bs: cfg.bs as u64,
-        depth: cfg.queue_depth as u32,
+        bytes: size,
+        bs,
+        depth: qd,
     };
-    let mut limit = Limit::new(&base, &sweep_bs, own.clone());
-    let total = cfg.runs as u64 * (1 + rows.len() + guest_rows.len()) as u64
+    let mut limit = Limit::new(&base, &[1 << 20, 8 << 20, bs], own.clone());
+    let total = cfg.runs as u64 * (1 + rows.len() + guests.len()) as u64
         + limit.steps(cfg.runs)
-        + cfg.small.as_ref().map_or(0, small::steps);
-    let bar = ProgressBar::new(cfg.progress, "bench blk", total);
+        + cfg.small.as_ref().map_or(0, SmallConfig::steps);
+    let bar = ProgressBar::new("bench blk", total);
     // One warm-up round, not counted: the first write of each path pays
     // one-time costs (the back end's first request after start, the image's
     // first touch), which showed up as a lone outlier in the first run.
     bar.set_message("warm-up");
-    if limit.is_fio() {
-        let _ = base.run(server);
-    } else {
-        let _ = on_cpu(server, &cpus, || own.run());
-    }
+    let _ = match limit.is_fio() {
+        true => base.run(server),
+        false => on_cpu(server, &cpus, || own.run()),
+    };
     if ours.is_ok() {
         for &mode in &modes {
             let _ = dd_run(&ours_sock, mode);
@@ -189,89 +310,151 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<BlkReport> {
         // right after the limit or right before the peer.
         let n = rows.len();
         for k in 0..n {
-            let (mode, series) = &mut rows[(k + run) % n];
+            let (mode, series) = (modes[(k + run) % n], &mut rows[(k + run) % n]);
             bar.set_message(format!("run {}: dma {}", run + 1, mode.name()));
-            series.measure(|| dd_run(&ours_sock, *mode));
+            series.measure(|| dd_run(&ours_sock, mode));
             bar.inc(1);
         }
         bar.set_message(format!("run {}: qemu-storage-daemon", run + 1));
         peer_row.measure(|| dd_run(&peer_sock, DmaMode::Direct));
         bar.inc(1);
-        guest_rows.measure(run, cfg, client, &cpus, &bar);
+        // The guest rows, the first moving by one each run, so that the
+        // direct and swiotlb rows alternate; the guest's QEMU on the
+        // driver's CPU.
+        let n = guests.len();
+        for k in 0..n {
+            let (series, sock, dma) = &mut guests[(k + run) % n];
+            bar.set_message(format!("run {}: {}", run + 1, series.name));
+            let (bs, count) = (cfg.bs as u64, (cfg.size / cfg.bs) as u64);
+            series.measure(|| match &script {
+                Some(Ok(s)) => on_cpu(client, &cpus, || {
+                    crate::guest::dd_once(s, sock, bs, count, *dma)
+                }),
+                _ => Err(Error::Check("the guest is not prepared".into())),
+            });
+            bar.inc(1);
+        }
     }
-    let small_block = cfg.small.as_ref().map(|s| {
+    let small = cfg.small.as_ref().map(|s| {
         // Two more back ends, sleeping at once and never sleeping; the
         // default one is adaptive.
-        let sleep_sock = work.path().join("iopath-sleep.sock");
-        let busy_sock = work.path().join("iopath-busy.sock");
-        let sleep = start_iopath_serve_on(
+        let (sleep_sock, busy_sock) = (sock("iopath-sleep.sock"), sock("iopath-busy.sock"));
+        let sleep = serve(
             &cfg.iopath,
             &image,
             &sleep_sock,
             server,
             &["--poll-us", "0"],
         );
-        let busy = start_iopath_serve_on(&cfg.iopath, &image, &busy_sock, server, &["--poll"]);
-        let pid = |c: &Result<crate::place::Logged>| c.as_ref().ok().map(|c| c.id());
+        let busy = serve(&cfg.iopath, &image, &busy_sock, server, &["--poll"]);
+        let be = |c: &Result<Spawned>, sock: &Path| {
+            c.as_ref().ok().map(|c| (sock.to_path_buf(), c.id()))
+        };
         let backends = small::Backends {
-            sleep: pid(&sleep).map(|p| (sleep_sock.as_path(), p)),
-            adaptive: pid(&ours).map(|p| (ours_sock.as_path(), p)),
-            busy: pid(&busy).map(|p| (busy_sock.as_path(), p)),
-            qsd: pid(&peer).map(|p| (peer_sock.as_path(), p)),
+            sleep: be(&sleep, &sleep_sock),
+            adaptive: be(&ours, &ours_sock),
+            busy: be(&busy, &busy_sock),
+            qsd: be(&peer, &peer_sock),
         };
         small::run(cfg, s, &image, &backends, &cpus, (client, server), &bar)
     });
     bar.finish();
     drop((ours, peer));
-    let lim = limit.summary().median;
-    let name = if limit.is_fio() { FIO_LIMIT } else { OWN_LIMIT };
-    let mut lim_row = Series::new(name.into(), None);
-    lim_row.runs = limit.runs();
-    let mut out = vec![lim_row.row(lim)];
-    out.extend(rows.into_iter().map(|(_, s)| s.row(lim)));
-    out.push(peer_row.row(lim));
-    out.extend(guest_rows.into_rows(lim));
-    Ok(BlkReport {
-        bytes: cfg.size as u64,
-        bs: cfg.bs as u64,
-        queue_depth: cfg.queue_depth,
-        runs: cfg.runs,
-        image_on: if ram_backed(&image) {
-            "RAM (tmpfs)".into()
+    let mut lim_row = Series::new(if limit.is_fio() { FIO_LIMIT } else { OWN_LIMIT }, None);
+    lim_row.runs = limit.runs().to_vec();
+    let mut all = vec![lim_row];
+    all.extend(rows);
+    all.push(peer_row);
+    all.extend(guests.into_iter().map(|g| g.0));
+    let driver = if cfg.guest {
+        "the driver and the guest's QEMU"
+    } else {
+        "the driver"
+    };
+    let m = Measured {
+        cfg: cfg.clone(),
+        image_on: if crate::fs_type(&image) == Some(crate::TMPFS_MAGIC) {
+            "RAM (tmpfs)"
         } else {
-            "disk".into()
+            "disk"
         },
         placement: cfg.placement.describe(
             &cpus,
-            if cfg.guest {
-                "the driver and the guest's QEMU"
-            } else {
-                "the driver"
-            },
+            driver,
             "the back end, qemu-storage-daemon and fio",
         ),
         image,
-        rows: out,
-        limit: Some(limit),
-        small_block,
-    })
+        rows: all,
+        limit,
+        small,
+    };
+    Ok(m.report())
 }
 
-mod backend;
-mod config;
-mod guest_rows;
-mod image;
-mod report;
-mod series;
-mod small;
-mod small_report;
+/// `/dev/shm` if it is a tmpfs with room for `size` bytes and the machine
+/// has that much memory available with 2 GiB to spare.
+#[allow(clippy::unnecessary_cast)] // statfs field types differ by target
+fn ram_dir(size: u64) -> Option<PathBuf> {
+    let dir = PathBuf::from("/dev/shm");
+    let st = rustix::fs::statfs(&dir).ok()?;
+    let free = st.f_bavail as u64 * st.f_bsize as u64;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let avail = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let avail_kib: u64 = avail.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let need = size + (2 << 30);
+    let tmpfs = st.f_type as i64 == crate::TMPFS_MAGIC;
+    (tmpfs && free >= need && avail_kib * 1024 >= need).then_some(dir)
+}
 
-pub use config::BlkBenchConfig;
-pub use series::Row;
-pub use small::{SmallConfig, SmallReport, SmallRow, SmallRun};
+/// Starts `cmd` (`name` in messages) on `cpu`, its log beside `socket`,
+/// stopped with SIGTERM first when dropped, and waits (20 s at most) until
+/// it listens there.
+fn back_end(
+    name: &'static str,
+    socket: &Path,
+    cpu: Option<usize>,
+    cmd: &mut Command,
+) -> Result<Spawned> {
+    let _ = std::fs::remove_file(socket);
+    let mut c = Spawned::logged(socket.with_extension("log"), name, cpu, cmd)?.term_first();
+    c.wait_for("its socket", Duration::from_secs(20), || socket.exists())?;
+    Ok(c)
+}
 
-use backend::{start_iopath_serve_on, start_qsd_on};
-use image::{make_image, ram_backed, ram_dir};
-use series::Series;
+/// `iopath blk serve` on `image` with `extra` arguments.
+fn serve(
+    exe: &Path,
+    image: &Path,
+    socket: &Path,
+    cpu: Option<usize>,
+    extra: &[&str],
+) -> Result<Spawned> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["blk", "serve", "--image"])
+        .arg(image)
+        .arg("--socket")
+        .arg(socket)
+        .args(extra);
+    back_end("iopath blk serve", socket, cpu, &mut cmd)
+}
 
-use guest_rows::{GuestRows, GUEST_OURS, GUEST_PEER, GUEST_SWIOTLB};
+/// `qemu-storage-daemon` exporting `image` as vhost-user-blk with direct
+/// I/O.
+fn qsd(image: &Path, socket: &Path, cpu: Option<usize>) -> Result<Spawned> {
+    if let Some(m) = Missing::QSD.check() {
+        return Err(Error::MissingPeer(m));
+    }
+    let mut cmd = Command::new(Missing::QSD.program);
+    let file = "driver=file,node-name=disk,filename";
+    let export = "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path";
+    cmd.arg("--blockdev")
+        .arg(format!(
+            "{file}={},cache.direct=on,aio=io_uring",
+            image.display()
+        ))
+        .arg("--export")
+        .arg(format!("{export}={},writable=on", socket.display()));
+    back_end(Missing::QSD.program, socket, cpu, &mut cmd)
+}

@@ -8,16 +8,17 @@
 //! IOPS, p50/p99 latency and CPU time per request (driver and back end,
 //! or fio), median of the runs; rows alternate run by run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use iopath_blk::dd::DdConfig;
-use iopath_blk::workload::{Access, Op, Pattern, Stats, Workload};
+use iopath_blk::workload::{Access, Op, Pattern, Workload};
 use iopath_blk::PollMode;
-use serde::Serialize;
 
 use super::BlkBenchConfig;
 use crate::place::{on_cpu, Cpus};
-use crate::{fio, Error, Result};
+use crate::report::plot::{Bar, Line, Panel, PEER as PEER_COLOR, PRIMARY, SECONDARY};
+use crate::report::{Cell, Column, Table, Unit};
+use crate::{fio, Error, Missing, ProgressBar, Result, Stats};
 
 /// What the small-block table measures.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,93 +49,71 @@ impl SmallConfig {
             ..SmallConfig::quick()
         }
     }
+
+    /// Progress steps: five rows at every depth, the two-queue row at the
+    /// deepest, both directions.
+    pub(super) fn steps(&self) -> u64 {
+        (self.runs * 2 * (5 * self.depths.len() + 1)) as u64
+    }
 }
 
-/// The block size of the table.
-pub const BS: usize = 4096;
+const BS: usize = 4096;
+const FIO: &str = "fio io_uring O_DIRECT (limit)";
+const SLEEP: &str = "iopath blk serve, sleeping (--poll-us 0 both sides)";
+const ADAPTIVE: &str = "iopath blk serve, adaptive (50 us both sides)";
+const BUSY: &str = "iopath blk serve, --poll (both sides)";
+const QSD: &str = "qemu-storage-daemon, driver adaptive";
+const TWO_QUEUES: &str = "iopath blk serve, adaptive, 2 queues";
 
-/// One run of one cell.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct SmallRun {
-    /// Requests per second.
-    pub iops: f64,
-    /// Median latency, microseconds.
-    pub p50_us: f64,
-    /// 99th percentile latency, microseconds.
-    pub p99_us: f64,
-    /// CPU time per request over every process of the row (driver and
-    /// back end, or fio), microseconds.
-    pub cpu_us: f64,
+/// One run of one cell: IOPS, p50 and p99 latency (us), CPU time per
+/// request over every process of the row (driver and back end, or fio; us).
+type Run = [f64; 4];
+
+/// One row at one direction and depth: its runs, or why it has none.
+#[derive(Debug)]
+pub(super) struct Row {
+    name: &'static str,
+    op: &'static str,
+    queue_depth: usize,
+    runs: Vec<Run>,
+    skipped: Option<String>,
 }
 
-/// One row at one direction and depth.
-#[derive(Debug, Clone, Serialize)]
-pub struct SmallRow {
-    /// What was measured.
-    pub name: String,
-    /// `read` or `write`.
-    pub op: &'static str,
-    /// Requests in flight.
-    pub queue_depth: usize,
-    /// Each run.
-    pub runs: Vec<SmallRun>,
-    /// IOPS over the runs.
-    pub iops: Stats,
-    /// Medians over the runs.
-    pub p50_us: f64,
-    /// Median of the runs' p99.
-    pub p99_us: f64,
-    /// Median CPU time per request.
-    pub cpu_us: f64,
-    /// Why it has no figures.
-    pub skipped: Option<String>,
+impl Row {
+    /// Figure `i` ([`Run`]) of every run.
+    fn each(&self, i: usize) -> Vec<f64> {
+        self.runs.iter().map(|r| r[i]).collect()
+    }
 }
 
-/// The table's figures.
-#[derive(Debug, Clone, Serialize)]
-pub struct SmallReport {
-    /// Requests per run.
-    pub count: u64,
-    /// Runs per row.
-    pub runs: usize,
-    /// Every row, by direction, depth, then row.
-    pub rows: Vec<SmallRow>,
+/// The table's measurements.
+#[derive(Debug)]
+pub(super) struct Measured {
+    count: u64,
+    runs: usize,
+    rows: Vec<Row>,
 }
-
-/// Row names.
-pub const FIO: &str = "fio io_uring O_DIRECT (limit)";
-/// iopath's back end and driver, sleeping at once.
-pub const SLEEP: &str = "iopath blk serve, sleeping (--poll-us 0 both sides)";
-/// Adaptive on both sides.
-pub const ADAPTIVE: &str = "iopath blk serve, adaptive (50 us both sides)";
-/// Never sleeping on both sides.
-pub const BUSY: &str = "iopath blk serve, --poll (both sides)";
-/// The peer.
-pub const QSD: &str = "qemu-storage-daemon, driver adaptive";
-/// Two queues.
-pub const TWO_QUEUES: &str = "iopath blk serve, adaptive, 2 queues";
 
 /// The back ends the rows use: a socket and the pid whose CPU time counts.
-pub(super) struct Backends<'a> {
-    pub sleep: Option<(&'a Path, u32)>,
-    pub adaptive: Option<(&'a Path, u32)>,
-    pub busy: Option<(&'a Path, u32)>,
-    pub qsd: Option<(&'a Path, u32)>,
+pub(super) struct Backends {
+    pub sleep: Option<(PathBuf, u32)>,
+    pub adaptive: Option<(PathBuf, u32)>,
+    pub busy: Option<(PathBuf, u32)>,
+    pub qsd: Option<(PathBuf, u32)>,
 }
 
-/// CPU time (user and system) of process `pid`, threads that have
-/// exited included, nanoseconds: `/proc/PID/stat`'s utime and stime, in
-/// clock ticks (queue threads end when their front end goes, before the
-/// figure is read, so per-thread counters would miss them).
+/// CPU time (user and system) of process `pid`, threads that have exited
+/// included, nanoseconds: `/proc/PID/stat`'s utime and stime (queue
+/// threads end before the figure is read, so per-thread counters would
+/// miss them).
 fn cpu_ns_of(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command (which may hold spaces) and its `)`.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .collect();
     let ticks: u64 = [11, 12]
         .iter()
         .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
@@ -142,9 +121,7 @@ fn cpu_ns_of(pid: u32) -> u64 {
     ticks * 1_000_000_000 / rustix::param::clock_ticks_per_second().max(1)
 }
 
-/// CPU time of this process, threads that have exited included,
-/// nanoseconds (`CLOCK_PROCESS_CPUTIME_ID`, as `getrusage(RUSAGE_SELF)`
-/// counts it).
+/// CPU time of this process, threads that have exited included, ns.
 fn cpu_ns_self() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
@@ -153,13 +130,14 @@ fn cpu_ns_self() -> u64 {
 /// One run of iopath's driver with `poll` on the back end at `socket`
 /// (pid `pid`), `queues` queues.
 fn dd_run(
-    (socket, pid): (&Path, u32),
+    (socket, pid): &(PathBuf, u32),
     op: Op,
     qd: usize,
     count: u64,
     seed: u64,
-    (poll, queues): (PollMode, usize),
-) -> Result<SmallRun> {
+    poll: PollMode,
+    queues: usize,
+) -> Result<Run> {
     let w = Workload {
         op,
         pattern: Pattern::Zero,
@@ -175,16 +153,16 @@ fn dd_run(
     let mut dd = DdConfig::new(socket, w);
     dd.poll = poll;
     dd.queues = queues;
-    let (mine, theirs) = (cpu_ns_self(), cpu_ns_of(pid));
+    let (mine, theirs) = (cpu_ns_self(), cpu_ns_of(*pid));
     let report = iopath_blk::dd::run(&dd, &()).map_err(Error::layer("dd"))?;
-    let cpu = cpu_ns_self().saturating_sub(mine) + cpu_ns_of(pid).saturating_sub(theirs);
+    let cpu = cpu_ns_self().saturating_sub(mine) + cpu_ns_of(*pid).saturating_sub(theirs);
     let r = report.runs[0];
-    Ok(SmallRun {
-        iops: r.iops,
-        p50_us: r.p50_us,
-        p99_us: r.p99_us,
-        cpu_us: cpu as f64 / 1000.0 / count as f64,
-    })
+    Ok([
+        r.iops,
+        r.p50_us,
+        r.p99_us,
+        cpu as f64 / 1000.0 / count as f64,
+    ])
 }
 
 /// One fio run on `image` pinned to `cpu`.
@@ -195,7 +173,7 @@ fn fio_run(
     qd: usize,
     count: u64,
     cpu: Option<usize>,
-) -> Result<SmallRun> {
+) -> Result<Run> {
     let dir = if op == Op::Read { "read" } else { "write" };
     let mut cmd = std::process::Command::new(fio::PROGRAM);
     cmd.arg("--name=limit")
@@ -211,33 +189,23 @@ fn fio_run(
         cmd.arg("--readonly");
     }
     let v = fio::run(&mut cmd, cpu)?;
-    parse_fio(&v, dir).ok_or_else(|| Error::Peer {
-        program: fio::PROGRAM.into(),
-        reason: format!("no jobs[0].{dir} figures in its JSON"),
-    })
+    parse_fio(&v, dir).ok_or_else(|| fio::failed(format!("no jobs[0].{dir} figures in its JSON")))
 }
 
 /// IOPS, latency percentiles and CPU time per request from fio's JSON.
-fn parse_fio(v: &serde_json::Value, dir: &str) -> Option<SmallRun> {
+fn parse_fio(v: &serde_json::Value, dir: &str) -> Option<Run> {
     let job = &v["jobs"][0];
     let d = &job[dir];
-    let iops = d["iops"].as_f64()?;
-    let pct = &d["lat_ns"]["percentile"];
-    let p50 = pct["50.000000"].as_f64()? / 1000.0;
-    let p99 = pct["99.000000"].as_f64()? / 1000.0;
+    let pct = |p: &str| Some(d["lat_ns"]["percentile"][p].as_f64()? / 1000.0);
     let ios = d["total_ios"].as_f64()?.max(1.0);
     let runtime_s = d["runtime"].as_f64()? / 1000.0;
     let cpu = (job["usr_cpu"].as_f64()? + job["sys_cpu"].as_f64()?) / 100.0 * runtime_s;
-    Some(SmallRun {
-        iops,
-        p50_us: p50,
-        p99_us: p99,
-        cpu_us: cpu * 1e6 / ios,
-    })
-}
-
-fn median(v: impl Iterator<Item = f64>) -> f64 {
-    Stats::of(&v.collect::<Vec<_>>()).median
+    Some([
+        d["iops"].as_f64()?,
+        pct("50.000000")?,
+        pct("99.000000")?,
+        cpu * 1e6 / ios,
+    ])
 }
 
 /// Runs the table. Cells alternate within each run (every row of a
@@ -247,59 +215,51 @@ pub(super) fn run(
     cfg: &BlkBenchConfig,
     small: &SmallConfig,
     image: &Path,
-    b: &Backends<'_>,
+    b: &Backends,
     cpus: &Cpus,
     (client, server): (Option<usize>, Option<usize>),
-    bar: &crate::ProgressBar,
-) -> SmallReport {
-    type Measure<'a> = Box<dyn Fn(Op, usize, u64) -> Result<SmallRun> + 'a>;
+    bar: &ProgressBar,
+) -> Measured {
+    type Measure<'a> = Box<dyn Fn(Op, usize, u64) -> Result<Run> + 'a>;
     let size = cfg.size as u64;
     let count = small.count.min(size / BS as u64);
-    let dd = |be: Option<(&Path, u32)>, poll: PollMode, queues: usize| -> Option<Measure<'_>> {
-        let (socket, pid) = be?;
-        let socket = socket.to_path_buf();
+    let dd = |be: &Option<(PathBuf, u32)>, poll: PollMode, queues: usize| -> Option<Measure<'_>> {
+        let be = be.clone()?;
         Some(Box::new(move |op, qd, seed| {
             on_cpu(client, cpus, || {
-                dd_run((&socket, pid), op, qd, count, seed, (poll, queues))
+                dd_run(&be, op, qd, count, seed, poll, queues)
             })
         }))
     };
-    let rows: Vec<(&str, Option<Measure<'_>>, bool)> = vec![
-        (
-            FIO,
-            crate::Missing::FIO.check().is_none().then(|| {
-                Box::new(move |op, qd, _| fio_run(image, size, op, qd, count, server))
-                    as Measure<'_>
-            }),
-            false,
-        ),
-        (SLEEP, dd(b.sleep, PollMode::SLEEP, 1), false),
-        (ADAPTIVE, dd(b.adaptive, PollMode::default(), 1), false),
-        (BUSY, dd(b.busy, PollMode::Busy, 1), false),
-        (QSD, dd(b.qsd, PollMode::default(), 1), false),
-        (TWO_QUEUES, dd(b.adaptive, PollMode::default(), 2), true),
+    let fio: Option<Measure<'_>> = Missing::FIO.check().is_none().then(|| {
+        Box::new(move |op, qd, _| fio_run(image, size, op, qd, count, server)) as Measure<'_>
+    });
+    let adaptive = PollMode::default();
+    let ways: Vec<(&str, Option<Measure<'_>>, bool)> = vec![
+        (FIO, fio, false),
+        (SLEEP, dd(&b.sleep, PollMode::SLEEP, 1), false),
+        (ADAPTIVE, dd(&b.adaptive, adaptive, 1), false),
+        (BUSY, dd(&b.busy, PollMode::Busy, 1), false),
+        (QSD, dd(&b.qsd, adaptive, 1), false),
+        (TWO_QUEUES, dd(&b.adaptive, adaptive, 2), true),
     ];
     let deepest = small.depths.iter().copied().max().unwrap_or(1);
-    let mut cells: Vec<SmallRow> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     let mut index = Vec::new();
     for op in [Op::Read, Op::Write] {
         for &qd in &small.depths {
-            for (i, (name, m, deep_only)) in rows.iter().enumerate() {
+            for (i, (name, m, deep_only)) in ways.iter().enumerate() {
                 if *deep_only && qd != deepest {
                     continue;
                 }
                 index.push((op, qd, i));
-                cells.push(SmallRow {
-                    name: (*name).into(),
+                rows.push(Row {
+                    name,
                     op: if op == Op::Read { "read" } else { "write" },
                     queue_depth: qd,
                     runs: Vec::new(),
-                    iops: Stats::of(&[]),
-                    p50_us: 0.0,
-                    p99_us: 0.0,
-                    cpu_us: 0.0,
                     skipped: m.is_none().then(|| match *name {
-                        FIO => crate::Missing::FIO.note(),
+                        FIO => Missing::FIO.note(),
                         _ => "its back end did not start".into(),
                     }),
                 });
@@ -307,49 +267,193 @@ pub(super) fn run(
         }
     }
     for run in 0..small.runs {
-        let n = cells.len();
+        let n = rows.len();
         for k in 0..n {
             let c = (k + run) % n;
-            if cells[c].skipped.is_some() {
-                bar.inc(1);
-                continue;
-            }
             let (op, qd, i) = index[c];
-            bar.set_message(format!(
-                "run {}: 4K {} qd {qd}: {}",
-                run + 1,
-                cells[c].op,
-                rows[i].0
-            ));
-            let m = rows[i].1.as_ref().expect("not skipped");
-            match m(op, qd, run as u64 + 1) {
-                Ok(r) => cells[c].runs.push(r),
-                Err(e) => cells[c].skipped = Some(iopath_sys::error_chain(&e)),
+            let (row, (name, m, _)) = (&mut rows[c], &ways[i]);
+            if let (None, Some(m)) = (&row.skipped, m) {
+                bar.set_message(format!("run {}: 4K {} qd {qd}: {name}", run + 1, row.op));
+                match m(op, qd, run as u64 + 1) {
+                    Ok(r) => row.runs.push(r),
+                    Err(e) => row.skipped = Some(e.chain()),
+                }
             }
             bar.inc(1);
         }
     }
-    for c in &mut cells {
-        if c.skipped.is_some() {
-            continue;
-        }
-        c.iops = Stats::of(&c.runs.iter().map(|r| r.iops).collect::<Vec<_>>());
-        c.p50_us = median(c.runs.iter().map(|r| r.p50_us));
-        c.p99_us = median(c.runs.iter().map(|r| r.p99_us));
-        c.cpu_us = median(c.runs.iter().map(|r| r.cpu_us));
-    }
-    SmallReport {
+    Measured {
         count,
         runs: small.runs,
-        rows: cells,
+        rows,
     }
 }
 
-/// Progress steps of the table.
-pub(super) fn steps(small: &SmallConfig) -> u64 {
-    // Five rows at every depth, the two-queue row at the deepest, both
-    // directions.
-    (small.runs * 2 * (5 * small.depths.len() + 1)) as u64
+impl Measured {
+    fn find(&self, name: &str, op: &str, qd: usize) -> Option<&Row> {
+        self.rows
+            .iter()
+            .find(|r| r.name == name && r.op == op && r.queue_depth == qd && r.skipped.is_none())
+    }
+
+    /// The median of figure `i` of a measured row.
+    fn median(&self, name: &str, op: &str, qd: usize, i: usize) -> Option<f64> {
+        Some(Stats::of(&self.find(name, op, qd)?.each(i)).median)
+    }
+
+    fn depths(&self) -> Vec<usize> {
+        let mut d: Vec<usize> = self.rows.iter().map(|r| r.queue_depth).collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+
+    /// The table: IOPS (min-max), p50, p99, CPU per request, share of
+    /// fio's IOPS at the same direction and depth; the ratios below.
+    pub(super) fn table(&self, placement: &str) -> Table {
+        let mut t = Table::new(
+            format!(
+                "4 KiB random I/O, {} requests per run, {} runs per row, median; {placement}",
+                self.count, self.runs
+            ),
+            vec![
+                Column::left("row"),
+                Column::left("op"),
+                Column::right("QD"),
+                Column::right("IOPS, median (min-max)"),
+                Column::right("p50"),
+                Column::right("p99"),
+                Column::right("CPU per request"),
+                Column::right("of fio"),
+            ],
+        );
+        for r in &self.rows {
+            if let Some(why) = &r.skipped {
+                t.not_run(
+                    format!("{} {} qd {}", r.name, r.op, r.queue_depth),
+                    why.as_str(),
+                    why.as_str(),
+                );
+                continue;
+            }
+            let iops = Stats::of(&r.each(0)).median;
+            let lim = self
+                .median(FIO, r.op, r.queue_depth, 0)
+                .filter(|l| *l > 0.0);
+            t.row(vec![
+                r.name.into(),
+                r.op.into(),
+                Cell::num(r.queue_depth as f64, 0),
+                Cell::runs(&r.each(0), Unit::Grouped, 0),
+                Cell::median(&r.each(1), Unit::Micros, 1),
+                Cell::median(&r.each(2), Unit::Micros, 1),
+                Cell::median(&r.each(3), Unit::Micros, 1),
+                Cell::or_na(lim.map(|l| Cell::percent(iops / l * 100.0, 1))),
+            ]);
+        }
+        let deep = self.depths().into_iter().max().unwrap_or(1);
+        let div = |a: Option<f64>, b: Option<f64>| {
+            Cell::or_na(
+                a.zip(b.filter(|b| *b > 0.0))
+                    .map(|(a, b)| Cell::times(a / b)),
+            )
+        };
+        for op in ["read", "write"] {
+            let iops = |name, qd| self.median(name, op, qd, 0);
+            let p50 = |name| self.median(name, op, 1, 1);
+            for (what, cell) in [
+                (
+                    "qd 1: --poll / qemu-storage-daemon, IOPS".to_string(),
+                    div(iops(BUSY, 1), iops(QSD, 1)),
+                ),
+                (
+                    "qd 1: --poll / fio, p50 latency".into(),
+                    div(p50(BUSY), p50(FIO)),
+                ),
+                (
+                    "qd 1: adaptive / qemu-storage-daemon, IOPS".into(),
+                    div(iops(ADAPTIVE, 1), iops(QSD, 1)),
+                ),
+                (
+                    "qd 1: adaptive / sleeping, IOPS".into(),
+                    div(iops(ADAPTIVE, 1), iops(SLEEP, 1)),
+                ),
+                (
+                    format!("qd {deep}: adaptive / qemu-storage-daemon, IOPS"),
+                    div(iops(ADAPTIVE, deep), iops(QSD, deep)),
+                ),
+                (
+                    format!("qd {deep}: adaptive / fio, IOPS"),
+                    div(iops(ADAPTIVE, deep), iops(FIO, deep)),
+                ),
+                (
+                    format!("qd {deep}: 2 queues / 1 queue (adaptive), IOPS"),
+                    div(iops(TWO_QUEUES, deep), iops(ADAPTIVE, deep)),
+                ),
+            ] {
+                t.figure(format!("{op} {what}"), cell);
+            }
+        }
+        t
+    }
+
+    /// One panel per direction: IOPS by queue depth, a bar per row and
+    /// depth, fio's IOPS at each depth as a line.
+    pub(super) fn panels(&self) -> Vec<Panel> {
+        let short = [
+            (SLEEP, "sleep"),
+            (ADAPTIVE, "adaptive"),
+            (BUSY, "--poll"),
+            (QSD, "qsd"),
+            (TWO_QUEUES, "adaptive 2q"),
+        ];
+        let mut panels = Vec::new();
+        for op in ["read", "write"] {
+            let (mut bars, mut lines) = (Vec::new(), Vec::new());
+            for qd in self.depths() {
+                let start = bars.len();
+                for r in self
+                    .rows
+                    .iter()
+                    .filter(|r| r.op == op && r.queue_depth == qd && r.name != FIO)
+                {
+                    let color = match r.name {
+                        QSD => PEER_COLOR,
+                        SLEEP => SECONDARY,
+                        _ => PRIMARY,
+                    };
+                    let name = short.iter().find(|s| s.0 == r.name).map_or(r.name, |s| s.1);
+                    let runs = if r.skipped.is_none() {
+                        r.each(0)
+                    } else {
+                        Vec::new()
+                    };
+                    bars.push(Bar::runs(format!("{name} qd{qd}"), &runs, color));
+                }
+                if let Some(f) = self.median(FIO, op, qd, 0) {
+                    lines.push(Line::span(
+                        format!("fio qd{qd} ({f:.0} IOPS)"),
+                        start,
+                        bars.len(),
+                        f,
+                    ));
+                }
+            }
+            panels.push(Panel {
+                title: format!("4 KiB random {op}: IOPS by queue depth"),
+                y_desc: "IOPS, median (min-max)".into(),
+                log: true,
+                bars,
+                lines,
+                legend: vec![
+                    ("iopath blk serve, sleeping".into(), SECONDARY),
+                    ("iopath blk serve, adaptive / --poll".into(), PRIMARY),
+                    ("qemu-storage-daemon".into(), PEER_COLOR),
+                ],
+            });
+        }
+        panels
+    }
 }
 
 #[cfg(test)]
@@ -363,10 +467,10 @@ mod tests {
             "lat_ns":{"percentile":{"50.000000":6000,"99.000000":12000}}}}]}"#,
         )
         .unwrap();
-        let r = parse_fio(&v, "read").unwrap();
-        assert_eq!(r.iops, 100000.0);
-        assert_eq!((r.p50_us, r.p99_us), (6.0, 12.0));
-        assert!((r.cpu_us - 5.0).abs() < 1e-9);
+        let [iops, p50, p99, cpu] = parse_fio(&v, "read").unwrap();
+        assert_eq!(iops, 100000.0);
+        assert_eq!((p50, p99), (6.0, 12.0));
+        assert!((cpu - 5.0).abs() < 1e-9);
         assert!(parse_fio(&v, "write").is_none());
     }
 }

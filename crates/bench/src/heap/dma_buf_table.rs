@@ -32,49 +32,38 @@ use iopath_heap::{
 };
 use iopath_sys::error_chain;
 
-/// One row of the dma-buf table.
+/// One row of the dma-buf table: ms allocating, reading and in all per
+/// run, or why it has none (the kernel's own error) and what it needs.
 #[derive(Debug)]
 pub(super) struct DmaBufRow {
-    /// What is measured.
     pub label: String,
-    /// `seed` for the proposal's six, `iopath` for a load, `pool` for a
-    /// pool's load.
-    pub kind: &'static str,
-    pub alloc_ms: Vec<f64>,
-    pub read_ms: Vec<f64>,
-    pub total_ms: Vec<f64>,
-    /// Why the row has no figures (the kernel's own error), and what it
-    /// needs.
+    pub ms: [Vec<f64>; 3],
     pub missing: Option<(String, String)>,
 }
 
 impl DmaBufRow {
-    fn new(label: impl Into<String>, kind: &'static str) -> DmaBufRow {
+    fn new(label: impl Into<String>) -> DmaBufRow {
         DmaBufRow {
             label: label.into(),
-            kind,
-            alloc_ms: Vec::new(),
-            read_ms: Vec::new(),
-            total_ms: Vec::new(),
+            ms: Default::default(),
             missing: None,
         }
     }
 
-    fn push(&mut self, alloc: f64, read: f64, total: f64) {
-        self.alloc_ms.push(alloc);
-        self.read_ms.push(read);
-        self.total_ms.push(total);
+    fn push(&mut self, figures: [f64; 3]) {
+        for (v, x) in self.ms.iter_mut().zip(figures) {
+            v.push(x);
+        }
     }
 
     /// Adds a load's figures, or records why it failed (the heap `heap`'s
     /// error and what the row needs).
     fn loaded(&mut self, heap: &str, r: iopath_heap::Result<iopath_heap::Loaded>) {
         match r {
-            Ok(l) => {
-                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-                let s = l.stats;
-                self.push(ms(s.alloc_time), ms(s.read_time), ms(s.elapsed));
-            }
+            Ok(l) => self.push(
+                [l.stats.alloc_time, l.stats.read_time, l.stats.elapsed]
+                    .map(|d| d.as_secs_f64() * 1e3),
+            ),
             Err(e) => self.missing = Some((error_chain(&e), super::needs(heap, &e))),
         }
     }
@@ -89,7 +78,7 @@ enum Fill {
     DirectSendfile,
 }
 
-/// What the rows need to know.
+/// What the rows read, into what.
 pub(super) struct Plan<'a> {
     pub path: &'a Path,
     pub file: &'a IoFile,
@@ -221,9 +210,9 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
     let pool_heaps = ["memfd", "udmabuf", "dma-heap:system"];
     let mut rows: Vec<DmaBufRow> = proposal_rows
         .iter()
-        .map(|(l, _, _)| DmaBufRow::new(*l, "seed"))
+        .map(|(l, _, _)| DmaBufRow::new(*l))
         .collect();
-    let mut kernel_side = DmaBufRow::new("dmabuf direct read", "seed");
+    let mut kernel_side = DmaBufRow::new("dmabuf direct read");
     kernel_side.missing = Some((
         kernel_side_missing(plan),
         "DMA_BUF_IOCTL_RW_FILE, which was not merged".into(),
@@ -232,11 +221,11 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
     rows.extend(
         iopath_rows
             .iter()
-            .map(|(h, m)| DmaBufRow::new(format!("iopath {h} {m}"), "iopath")),
+            .map(|(h, m)| DmaBufRow::new(format!("iopath {h} {m}"))),
     );
     for h in pool_heaps {
-        rows.push(DmaBufRow::new(format!("pool {h} auto, 1st load"), "pool"));
-        rows.push(DmaBufRow::new(format!("pool {h} auto, 2nd load"), "pool"));
+        rows.push(DmaBufRow::new(format!("pool {h} auto, 1st load")));
+        rows.push(DmaBufRow::new(format!("pool {h} auto, 2nd load")));
     }
     let cold = || {
         let _ = plan.file.drop_cache();
@@ -256,7 +245,7 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
                     Ok((a, rd, t.elapsed().as_secs_f64() * 1e3))
                 });
             match r {
-                Ok((a, rd, total)) => rows[k].push(a, rd, total),
+                Ok((a, rd, total)) => rows[k].push([a, rd, total]),
                 Err(e) => rows[k].missing = Some(e),
             }
         }

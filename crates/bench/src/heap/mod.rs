@@ -1,11 +1,10 @@
 //! `iopath bench heap`: filling shareable buffers from a file
-//! (`DMA_BUF_IOCTL_RW_FILE`'s use case) on this machine. N buffers of one
-//! size are filled from a cold file with every heap and method that works
-//! here; the best of a small sweep of fio's O_DIRECT io_uring sequential
-//! read of the same file (block sizes 1 MiB and 8 MiB, queue depths 4, 16,
-//! 64), run beside them, is the limit. Without fio the limit is the bench's
-//! own plain O_DIRECT read of the file at the same queue depth, labelled
-//! so. Then the dma-buf table ([`dma_buf_table`]).
+//! (`DMA_BUF_IOCTL_RW_FILE`'s use case). N buffers of one size are filled
+//! from a cold file with every heap and method that works here, beside the
+//! limit: the best of a sweep of fio's O_DIRECT io_uring read of the same
+//! file (block sizes 1 MiB and 8 MiB, queue depths 4, 16, 64), or without
+//! fio the bench's own plain O_DIRECT read, labelled so. Then the dma-buf
+//! table ([`dma_buf_table`]).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -17,7 +16,7 @@ use iopath_sys::{error_chain, human};
 use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
-use crate::{fio, loadavg, scratch_dir, Error, ProgressBar, Result};
+use crate::{fio, loadavg, scratch_dir, Error, ProgressBar, Report, Result};
 
 mod dma_buf_table;
 mod report;
@@ -29,25 +28,22 @@ const HEAPS: [&str; 5] = ["memfd", "memfd:thp", "memfd:hugetlb", "udmabuf", "dma
 pub struct HeapConfig {
     /// Read this file (it must hold buffers x buffer-size bytes).
     pub file: Option<PathBuf>,
-    /// Without `file`: make a scratch file of this size in /var/tmp (or the
-    /// current directory, never a tmpfs), removed afterwards [default 1 GiB].
+    /// Without `file`: a scratch file of this size on a disk file system,
+    /// removed afterwards [default 1 GiB].
     pub size: Option<usize>,
     /// Buffers per load [default: file size / buffer size].
     pub buffers: Option<usize>,
     /// Bytes per buffer.
     pub buffer_size: usize,
-    /// Runs per row (median and spread are reported).
+    /// Runs per row.
     pub runs: usize,
-    /// Heaps to try [empty: all; absent ones are listed as not run].
+    /// Heaps to try [empty: all].
     pub heaps: Vec<String>,
     /// Methods to try, by name [empty: all].
     pub methods: Vec<String>,
     /// io_uring requests in flight.
     pub queue_depth: u32,
-    /// Show progress on stderr.
-    pub progress: bool,
-    /// Only the dma-buf table (the proposal's six rows, iopath's routes,
-    /// the pool), not every heap x method nor the limit.
+    /// Only the dma-buf table, not every heap x method nor the limit.
     pub dma_buf_only: bool,
 }
 
@@ -64,7 +60,6 @@ impl HeapConfig {
             heaps: Vec::new(),
             methods: Vec::new(),
             queue_depth: 16,
-            progress: true,
             dma_buf_only: false,
         }
     }
@@ -81,9 +76,9 @@ impl HeapConfig {
     /// A rough duration, from nominal rates on a 2-vCPU VM: 0.7 GiB/s per
     /// load, 10 heap x method rows, the limit's sweep (6 fio passes a run)
     /// and the scratch file.
-    pub fn estimate(&self) -> Duration {
-        let bytes = self.buffers.unwrap_or(8) as f64 * self.buffer_size as f64;
-        let gib = bytes / f64::from(1u32 << 30);
+    pub(crate) fn estimate(&self) -> Duration {
+        let gib =
+            self.buffers.unwrap_or(8) as f64 * self.buffer_size as f64 / f64::from(1u32 << 30);
         let rows = if self.methods.is_empty() {
             10
         } else {
@@ -95,28 +90,25 @@ impl HeapConfig {
     }
 }
 
-/// One heap x method row.
+/// One heap x method row: the method asked for and the one that ran, and
+/// per run the milliseconds allocating, reading and in all, and GiB/s.
 #[derive(Debug)]
 struct Row {
     heap: String,
     method: Method,
     used: Method,
-    alloc_ms: Vec<f64>,
-    read_ms: Vec<f64>,
-    total_ms: Vec<f64>,
+    ms: [Vec<f64>; 3],
     gib_per_s: Vec<f64>,
     cache_growth: u64,
     fallbacks: u64,
 }
 
-/// What the heap experiment measured; [`HeapReport::report`] makes its
-/// tables, chart and figures.
+/// What the heap experiment measured.
 #[derive(Debug)]
-pub struct HeapReport {
+struct Measured {
     /// Seconds to allocate and fault in the buffers, no I/O, per run.
     alloc_limit: Vec<f64>,
     alloc_heap: String,
-    /// 1-minute load average before and after.
     loadavg: (Option<f64>, Option<f64>),
     file: PathBuf,
     fs: &'static str,
@@ -127,7 +119,7 @@ pub struct HeapReport {
     rows: Vec<Row>,
     /// `None` with only the dma-buf table.
     limit: Option<Limit>,
-    /// The heaps that did not open: (heap, why, what it needs).
+    /// The heaps that did not open: (heap, what it needs, why).
     skipped: Vec<(String, String, String)>,
     warm_warnings: u64,
     dma_buf: Vec<dma_buf_table::DmaBufRow>,
@@ -153,8 +145,8 @@ fn needs(heap: &str, e: &iopath_heap::Error) -> String {
 ///
 /// # Errors
 /// [`Error::Invalid`] for bad settings or a file too short; I/O and heap
-/// failures. A missing fio drops the limit row, not the run.
-pub fn run(args: &HeapConfig) -> Result<HeapReport> {
+/// failures. A missing fio changes the limit, it does not stop the run.
+pub fn run(args: &HeapConfig) -> Result<Report> {
     if args.runs == 0 {
         invalid!("--runs", "give at least 1");
     }
@@ -166,23 +158,23 @@ pub fn run(args: &HeapConfig) -> Result<HeapReport> {
             args.buffer_size
         );
     }
-    let methods: Vec<Method> = if args.methods.is_empty() {
-        Method::ALL.to_vec()
-    } else {
-        args.methods
+    let methods: Vec<Method> = match args.methods.is_empty() {
+        true => Method::ALL.to_vec(),
+        false => args
+            .methods
             .iter()
             .map(|m| m.parse())
             .collect::<Result<_, _>>()
             .map_err(|e: iopath_heap::Error| Error::Invalid {
                 option: "--methods",
                 reason: e.to_string(),
-            })?
+            })?,
     };
     // The file: given, or a scratch file removed when `_scratch` drops.
     let (_scratch, path) = match &args.file {
         Some(f) => (None, f.clone()),
         None => {
-            let t = make_scratch(args.size.unwrap_or(1 << 30) as u64, args.progress)?;
+            let t = make_scratch(args.size.unwrap_or(1 << 30) as u64)?;
             let p = t.path().to_path_buf();
             (Some(t), p)
         }
@@ -206,14 +198,7 @@ pub fn run(args: &HeapConfig) -> Result<HeapReport> {
             bytes
         );
     }
-    let plan = dma_buf_table::Plan {
-        path: &path,
-        file: &file,
-        buffers,
-        buffer_size: args.buffer_size,
-        queue_depth: args.queue_depth,
-    };
-    let mut r = HeapReport {
+    let mut m = Measured {
         alloc_limit: Vec::new(),
         alloc_heap: String::new(),
         loadavg: (loadavg(), None),
@@ -230,19 +215,25 @@ pub fn run(args: &HeapConfig) -> Result<HeapReport> {
         dma_buf: Vec::new(),
     };
     if !args.dma_buf_only {
-        measure(args, &methods, &file, &mut r)?;
+        measure(args, &methods, &file, &mut m)?;
     }
-    r.dma_buf = dma_buf_table::measure(&plan, args.runs);
-    r.loadavg.1 = loadavg();
-    Ok(r)
+    let plan = dma_buf_table::Plan {
+        path: &path,
+        file: &file,
+        buffers,
+        buffer_size: args.buffer_size,
+        queue_depth: args.queue_depth,
+    };
+    m.dma_buf = dma_buf_table::measure(&plan, args.runs);
+    m.loadavg.1 = loadavg();
+    Ok(m.report())
 }
 
 /// Every heap x method row and the two bounds, `args.runs` times.
-fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut HeapReport) -> Result<()> {
-    let names: Vec<String> = if args.heaps.is_empty() {
-        HEAPS.iter().map(|s| s.to_string()).collect()
-    } else {
-        args.heaps.clone()
+fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measured) -> Result<()> {
+    let names: Vec<String> = match args.heaps.is_empty() {
+        true => HEAPS.iter().map(|s| s.to_string()).collect(),
+        false => args.heaps.clone(),
     };
     let mut heaps: Vec<Box<dyn Heap>> = Vec::new();
     for name in &names {
@@ -250,52 +241,54 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut HeapRep
             Ok(h) => heaps.push(h),
             Err(e) => r
                 .skipped
-                .push((name.clone(), error_chain(&e), needs(name, &e))),
+                .push((name.clone(), needs(name, &e), error_chain(&e))),
         }
     }
     if heaps.is_empty() {
         check_failed!("no heap works here: {:?}", r.skipped);
     }
     r.alloc_heap = heaps[0].name();
-    r.rows = heaps
-        .iter()
-        .flat_map(|h| {
-            methods.iter().map(move |&m| Row {
-                heap: h.name(),
-                method: m,
-                used: m,
-                alloc_ms: Vec::new(),
-                read_ms: Vec::new(),
-                total_ms: Vec::new(),
-                gib_per_s: Vec::new(),
-                cache_growth: 0,
-                fallbacks: 0,
-            })
-        })
-        .collect();
+    for h in &heaps {
+        r.rows.extend(methods.iter().map(|&m| Row {
+            heap: h.name(),
+            method: m,
+            used: m,
+            ms: Default::default(),
+            gib_per_s: Vec::new(),
+            cache_growth: 0,
+            fallbacks: 0,
+        }));
+    }
     let (path, bytes, qd) = (&r.file, r.bytes, args.queue_depth);
+    let (write, bs) = (false, 1 << 20);
     let base = fio::Job {
-        dir: fio::Dir::Read,
+        write,
         path: path.clone(),
         bytes,
-        bs: 1 << 20,
+        bs,
         iodepth: qd,
     };
     let own = DirectJob {
-        write: false,
+        write,
         path: path.clone(),
         bytes,
-        bs: 1 << 20,
+        bs,
         depth: qd,
     };
     let drop_cache = || {
         file.drop_cache()
             .map_err(Error::layer("dropping the file's cache"))
     };
+    let cached = || {
+        file.cached_bytes()
+            .map_err(Error::layer("counting the file's cached pages"))
+    };
     let mut limit = Limit::new(&base, &[1 << 20, 8 << 20], own);
     let nrows = r.rows.len();
-    let steps = args.runs as u64 * nrows as u64 + limit.steps(args.runs);
-    let bar = ProgressBar::new(args.progress, "bench heap", steps);
+    let bar = ProgressBar::new(
+        "bench heap",
+        args.runs as u64 * nrows as u64 + limit.steps(args.runs),
+    );
     for run in 0..args.runs {
         limit.measure(None, &mut || drop_cache(), &bar)?;
         // The other bound: allocating and faulting in the same buffers with
@@ -327,12 +320,8 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut HeapRep
             let heap = heaps
                 .iter()
                 .find(|h| h.name() == row.heap)
-                .ok_or_else(|| Error::Check(format!("heap {} vanished", row.heap)))?;
+                .expect("a row's heap opened");
             drop_cache()?;
-            let cached = || {
-                file.cached_bytes()
-                    .map_err(Error::layer("counting the file's cached pages"))
-            };
             let cold = cached()?;
             if cold > bytes / 100 {
                 r.warm_warnings += 1;
@@ -357,9 +346,13 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut HeapRep
             drop(loaded.buffers);
             let s = loaded.stats;
             row.used = s.method;
-            row.alloc_ms.push(s.alloc_time.as_secs_f64() * 1e3);
-            row.read_ms.push(s.read_time.as_secs_f64() * 1e3);
-            row.total_ms.push(s.elapsed.as_secs_f64() * 1e3);
+            for (v, d) in row
+                .ms
+                .iter_mut()
+                .zip([s.alloc_time, s.read_time, s.elapsed])
+            {
+                v.push(d.as_secs_f64() * 1e3);
+            }
             row.gib_per_s.push(s.gib_per_s());
             row.cache_growth = row.cache_growth.max(growth);
             row.fallbacks += s.fallbacks;
@@ -372,7 +365,7 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut HeapRep
 }
 
 /// Writes `size` pseudo-random bytes to a new file on a disk file system.
-fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
+fn make_scratch(size: u64) -> Result<tempfile::NamedTempFile> {
     let dir = scratch_dir()?;
     let mut t = tempfile::Builder::new()
         .prefix("iopath-bench-")
@@ -380,7 +373,7 @@ fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
         .tempfile_in(&dir)
         .map_err(Error::io(&dir))?;
     crate::cleanup::path(t.path());
-    if talk && std::io::stderr().is_terminal() {
+    if std::io::stderr().is_terminal() {
         eprintln!(
             "writing {} scratch file {}",
             human(size),
@@ -405,13 +398,12 @@ fn make_scratch(size: u64, talk: bool) -> Result<tempfile::NamedTempFile> {
     Ok(t)
 }
 
-#[allow(clippy::unnecessary_cast)] // `f_type` is i64 on x86_64, other types elsewhere
 fn fs_name(path: &Path) -> &'static str {
-    match rustix::fs::statfs(path).map(|s| s.f_type as i64) {
-        Ok(0xEF53) => "ext4",
-        Ok(crate::TMPFS_MAGIC) => "tmpfs",
-        Ok(0x5846_5342) => "xfs",
-        Ok(0x9123_683E) => "btrfs",
+    match crate::fs_type(path) {
+        Some(0xEF53) => "ext4",
+        Some(crate::TMPFS_MAGIC) => "tmpfs",
+        Some(0x5846_5342) => "xfs",
+        Some(0x9123_683E) => "btrfs",
         _ => "other fs",
     }
 }

@@ -1,32 +1,36 @@
-//! The report of `iopath bench heap`: its tables, chart and figures, from
-//! the measured rows in the parent module.
+//! The report of `iopath bench heap`: its tables and chart.
 
-use super::HeapReport;
-use crate::report::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
-use crate::report::{Cell, Chart, Column, Report, Table};
-use crate::Summary;
 use iopath_sys::human;
 
-impl HeapReport {
-    fn alloc_summary(&self) -> Summary {
+use super::Measured;
+use crate::report::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
+use crate::report::{Cell, Column, Report, Table, Unit};
+use crate::Stats;
+
+fn median(v: &[f64]) -> f64 {
+    Stats::of(v).median
+}
+
+impl Measured {
+    /// The GiB/s of allocating and faulting in the buffers, per run.
+    fn alloc_gib_per_s(&self) -> Vec<f64> {
         let gib = self.bytes as f64 / f64::from(1u32 << 30);
-        Summary::of(&self.alloc_limit.iter().map(|s| gib / s).collect::<Vec<_>>())
+        self.alloc_limit.iter().map(|s| gib / s).collect()
     }
 
-    fn limit_summary(&self) -> Option<Summary> {
-        let l = self.limit.as_ref()?;
-        Some(l.summary()).filter(|s| s.median > 0.0)
+    /// The limit's runs, if it ran.
+    fn limit_stats(&self) -> Option<Stats> {
+        Some(self.limit.as_ref()?.stats()).filter(|s| s.median > 0.0)
     }
 
     /// The limit's time for the whole load, ms.
-    fn limit_ms(&self, l: &Summary) -> f64 {
+    fn limit_ms(&self, l: &Stats) -> f64 {
         self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3
     }
 
-    /// The report: the table of every heap x method beside the limit and
-    /// the alloc-only bound, the dma-buf table, the notes, the chart and
-    /// every figure.
-    pub fn report(&self) -> Report {
+    /// The report: every heap x method beside the limit and the alloc-only
+    /// bound, the dma-buf table, the notes and the chart.
+    pub(super) fn report(&self) -> Report {
         let mut r = Report::new(
             "heap",
             format!(
@@ -39,7 +43,15 @@ impl HeapReport {
                 self.runs
             ),
         );
-        if self.limit.is_some() {
+        r.context("file", &self.file);
+        r.context("fs", self.fs);
+        r.context("bytes", self.bytes);
+        r.context("buffers", self.buffers);
+        r.context("buffer_size", self.buffer_size);
+        r.context("runs", self.runs);
+        r.context("loadavg", [self.loadavg.0, self.loadavg.1]);
+        if let Some(l) = &self.limit {
+            r.context("limit", l.context());
             r.table(self.table());
         }
         r.table(self.dma_buf_table());
@@ -66,9 +78,12 @@ impl HeapReport {
             ));
         }
         if self.limit.is_some() {
-            r.set_chart(self.chart());
+            r.chart = (
+                "bench heap: fill buffers from a file".into(),
+                vec![self.panel()],
+                1,
+            );
         }
-        r.set_figures(self.json());
         r
     }
 
@@ -88,15 +103,15 @@ impl HeapReport {
                 Column::right("page cache growth"),
             ],
         );
-        let limit = self.limit_summary();
+        let limit = self.limit_stats();
         let of_limit = |g: f64| Cell::or_na(limit.map(|l| Cell::percent(g / l.median * 100.0, 0)));
-        let median = |v: &[f64]| Cell::num(Summary::of(v).median, 1);
+        let ms = |v: &[f64]| Cell::median(v, Unit::Plain, 1);
+        let gib = |v: &[f64]| Cell::median(v, Unit::Plain, 3);
+        let spread = |v: &[f64]| Cell::percent(Stats::of(v).spread * 100.0, 1);
         for r in &self.rows {
-            let g = Summary::of(&r.gib_per_s);
-            let method = if r.method == r.used {
-                r.method.to_string()
-            } else {
-                format!("{} ({})", r.method, r.used)
+            let method = match r.method == r.used {
+                true => r.method.to_string(),
+                false => format!("{} ({})", r.method, r.used),
             };
             if r.fallbacks > 0 {
                 t.note(format!(
@@ -104,52 +119,49 @@ impl HeapReport {
                     r.heap, r.fallbacks
                 ));
             }
+            let [alloc, read, total] = &r.ms;
             t.row(vec![
                 r.heap.clone().into(),
                 method.into(),
-                median(&r.alloc_ms),
-                median(&r.read_ms),
-                median(&r.total_ms),
-                Cell::num(g.median, 3),
-                Cell::percent(g.spread_pct(), 1),
-                of_limit(g.median),
-                human(r.cache_growth).into(),
+                ms(alloc),
+                ms(read),
+                ms(total),
+                gib(&r.gib_per_s),
+                spread(&r.gib_per_s),
+                of_limit(median(&r.gib_per_s)),
+                Cell::figure(r.cache_growth as f64, Unit::Bytes, 0),
             ]);
         }
-        let lim = self.limit.as_ref();
-        if let (Some(l), Some(s)) = (lim, limit) {
-            let name = if l.is_fio() { "limit" } else { "limit (own)" };
+        if let (Some(l), Some(s)) = (&self.limit, limit) {
             t.row(vec![
-                name.into(),
+                if l.is_fio() { "limit" } else { "limit (own)" }.into(),
                 l.label().into(),
                 Cell::Empty,
                 Cell::Empty,
                 Cell::num(self.limit_ms(&s), 1),
-                Cell::num(s.median, 3),
-                Cell::percent(s.spread_pct(), 1),
+                gib(l.runs()),
+                spread(l.runs()),
                 Cell::percent(100.0, 0),
                 Cell::Empty,
             ]);
         }
-        let a = self.alloc_summary();
-        let alloc_ms = Summary::of(&self.alloc_limit).median * 1e3;
+        let alloc = self.alloc_gib_per_s();
+        let alloc_ms = median(&self.alloc_limit) * 1e3;
         t.row(vec![
             "alloc only".into(),
             self.alloc_heap.clone().into(),
             Cell::num(alloc_ms, 1),
             Cell::Empty,
             Cell::num(alloc_ms, 1),
-            Cell::num(a.median, 3),
-            Cell::percent(a.spread_pct(), 1),
-            of_limit(a.median),
+            gib(&alloc),
+            spread(&alloc),
+            of_limit(median(&alloc)),
             Cell::Empty,
         ]);
-        for (heap, _, needs) in &self.skipped {
-            t.not_run(heap.as_str(), needs.as_str());
+        for (heap, needs, why) in &self.skipped {
+            t.not_run(heap.as_str(), needs.as_str(), why.as_str());
         }
-        for n in lim.map(|l| l.notes()).unwrap_or_default() {
-            t.note(n);
-        }
+        t.notes.extend(self.limit.iter().flat_map(|l| l.notes()));
         t.note(format!(
             "alloc only: {} x {} {} buffers allocated and faulted in (MADV_POPULATE_WRITE), no I/O",
             self.buffers,
@@ -174,19 +186,19 @@ impl HeapReport {
                 Column::right("alloc / 1st load's"),
             ],
         );
-        let median = |v: &[f64]| Summary::of(v).median;
         let reference = self
             .dma_buf
             .iter()
             .find(|r| r.label == "udmabuf direct read" && r.missing.is_none())
-            .map(|r| median(&r.total_ms));
+            .map(|r| median(&r.ms[2]));
         let mut first_alloc = None;
         for r in &self.dma_buf {
-            if let Some((_, needs)) = &r.missing {
-                t.not_run(r.label.as_str(), needs.as_str());
+            if let Some((why, needs)) = &r.missing {
+                t.not_run(r.label.as_str(), needs.as_str(), why.as_str());
                 continue;
             }
-            let (a, tot) = (median(&r.alloc_ms), median(&r.total_ms));
+            let [alloc, read, total] = &r.ms;
+            let (a, tot) = (median(alloc), median(total));
             let vs_first = if r.label.ends_with("1st load") {
                 first_alloc = Some(a);
                 Cell::Empty
@@ -197,9 +209,9 @@ impl HeapReport {
             };
             t.row(vec![
                 r.label.clone().into(),
-                Cell::num(a, 2),
-                Cell::num(median(&r.read_ms), 1),
-                Cell::num(tot, 1),
+                Cell::median(alloc, Unit::Plain, 2),
+                Cell::median(read, Unit::Plain, 1),
+                Cell::median(total, Unit::Plain, 1),
                 Cell::or_na(reference.map(|x| Cell::num(tot / x, 2))),
                 vs_first,
             ]);
@@ -216,13 +228,12 @@ impl HeapReport {
     /// The chart: one bar per heap x method, allocation time with read
     /// time stacked on it, the alloc-only bound, the limit's time as a
     /// line.
-    fn chart(&self) -> Chart {
-        let median = |v: &[f64]| Summary::of(v).median;
+    fn panel(&self) -> Panel {
         let mut bars: Vec<Bar> = self
             .rows
             .iter()
             .map(|r| {
-                let (a, rd) = (median(&r.alloc_ms), median(&r.read_ms));
+                let (a, rd) = (median(&r.ms[0]), median(&r.ms[1]));
                 Bar {
                     label: format!("{} {}", r.heap.replace("memfd:", ""), r.method),
                     segments: vec![(0.0, a, PRIMARY), (a, a + rd, SECONDARY)],
@@ -235,15 +246,17 @@ impl HeapReport {
             median(&self.alloc_limit) * 1e3,
             OTHER,
         ));
-        let lines = match (&self.limit, self.limit_summary()) {
-            (Some(l), Some(s)) => {
-                let ms = self.limit_ms(&s);
-                let legend = format!("limit: {} ({ms:.0} ms)", l.label());
-                vec![Line::span(legend, 0, bars.len(), ms)]
-            }
-            _ => Vec::new(),
-        };
-        let panel = Panel {
+        let mut lines = Vec::new();
+        if let (Some(l), Some(s)) = (&self.limit, self.limit_stats()) {
+            let ms = self.limit_ms(&s);
+            lines.push(Line::span(
+                format!("limit: {} ({ms:.0} ms)", l.label()),
+                0,
+                bars.len(),
+                ms,
+            ));
+        }
+        Panel {
             title: format!(
                 "{} x {} buffers from a cold {} file ({}), medians of {} runs",
                 self.buffers,
@@ -261,71 +274,6 @@ impl HeapReport {
                 ("read ms".into(), SECONDARY),
                 ("alloc only".into(), OTHER),
             ],
-        };
-        Chart {
-            title: "bench heap: fill buffers from a file".into(),
-            panels: vec![panel],
-            columns: 1,
         }
-    }
-
-    /// Every row, the limit and the bounds, for scripts.
-    fn json(&self) -> serde_json::Value {
-        let limit = self.limit_summary();
-        let median = |v: &[f64]| Summary::of(v).median;
-        let rows: Vec<_> = self
-            .rows
-            .iter()
-            .map(|r| {
-                let g = Summary::of(&r.gib_per_s);
-                serde_json::json!({
-                    "heap": r.heap,
-                    "method": r.method.name(),
-                    "method_used": r.used.name(),
-                    "alloc_ms": median(&r.alloc_ms),
-                    "read_ms": median(&r.read_ms),
-                    "total_ms": median(&r.total_ms),
-                    "gib_per_s": g.median,
-                    "gib_per_s_runs": g.json(),
-                    "spread_pct": g.spread_pct(),
-                    "vs_limit": limit.map(|l| g.median / l.median),
-                    "cache_growth_bytes": r.cache_growth,
-                    "fallbacks": r.fallbacks,
-                })
-            })
-            .collect();
-        let lim = self.limit.as_ref();
-        let missing: Vec<_> = lim
-            .and_then(|l| l.missing())
-            .map(|m| serde_json::json!({"row": "limit", "missing": m.json()}))
-            .into_iter()
-            .collect();
-        serde_json::json!({
-            "file": self.file,
-            "fs": self.fs,
-            "bytes": self.bytes,
-            "buffers": self.buffers,
-            "buffer_size": self.buffer_size,
-            "runs": self.runs,
-            "rows": rows,
-            "limit": lim.map(|l| l.json()),
-            "fio_limit": lim.filter(|l| l.is_fio()).map(|l| l.json()),
-            "missing": missing,
-            "alloc_only": {
-                "heap": self.alloc_heap,
-                "gib_per_s": self.alloc_summary().median,
-                "gib_per_s_runs": self.alloc_summary().json(),
-            },
-            "loadavg": [self.loadavg.0, self.loadavg.1],
-            "skipped": self.skipped.iter().map(|(h, w, _)| serde_json::json!({"heap": h, "reason": w})).collect::<Vec<_>>(),
-            "dma_buf_rows": self.dma_buf.iter().map(|r| serde_json::json!({
-                "row": r.label,
-                "kind": r.kind,
-                "alloc_ms": median(&r.alloc_ms),
-                "read_ms": median(&r.read_ms),
-                "total_ms": median(&r.total_ms),
-                "missing": r.missing.as_ref().map(|m| &m.0),
-            })).collect::<Vec<_>>(),
-        })
     }
 }

@@ -17,17 +17,6 @@ pub struct Files {
     done: Vec<(Report, Option<PathBuf>)>,
 }
 
-/// What [`Files::finish`] wrote.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Written {
-    /// The charts, one per experiment.
-    pub charts: Vec<PathBuf>,
-    /// The Markdown document.
-    pub markdown: Option<PathBuf>,
-    /// The JSON file.
-    pub json: Option<PathBuf>,
-}
-
 impl Files {
     /// Charts into `plot` (a directory, created if needed), the Markdown
     /// document to `markdown`, the JSON object to `json` (each `None`:
@@ -126,11 +115,12 @@ impl Files {
     }
 
     /// Writes the Markdown document (`command`: the command line it
-    /// names) and the JSON file, as asked.
+    /// names) and the JSON file, as asked; returns a line per file written
+    /// (`chart: PATH`, `markdown: PATH`, `json: PATH`).
     ///
     /// # Errors
     /// [`Error::Write`] naming the option whose file cannot be written.
-    pub fn finish(&self, command: &str) -> Result<Written> {
+    pub fn finish(&self, command: &str) -> Result<Vec<String>> {
         if let Some(file) = &self.markdown {
             std::fs::write(file, self.markdown(command))
                 .map_err(Error::write("--markdown", file))?;
@@ -139,11 +129,16 @@ impl Files {
             std::fs::write(file, format!("{}\n", self.json()))
                 .map_err(Error::write("--json", file))?;
         }
-        Ok(Written {
-            charts: self.done.iter().filter_map(|(_, c)| c.clone()).collect(),
-            markdown: self.markdown.clone(),
-            json: self.json.clone(),
-        })
+        let charts = self.done.iter().filter_map(|(_, c)| c.as_ref());
+        let files = [("markdown", &self.markdown), ("json", &self.json)];
+        Ok(charts
+            .map(|c| format!("chart: {}", c.display()))
+            .chain(
+                files
+                    .iter()
+                    .filter_map(|(k, f)| Some(format!("{k}: {}", f.as_ref()?.display()))),
+            )
+            .collect())
     }
 }
 
@@ -169,14 +164,10 @@ mod tests {
     #[test]
     fn one_report_is_its_own_json_several_are_keyed() {
         let mut f = Files::default();
-        let mut a = Report::new("heap", "a");
-        a.set_figures(serde_json::json!({"rows": [1]}));
-        f.add(a).unwrap();
-        assert_eq!(f.json(), serde_json::json!({"rows": [1]}));
-        let mut b = Report::new("blk", "b");
-        b.set_figures(serde_json::json!({"rows": [2]}));
-        f.add(b).unwrap();
-        assert_eq!(f.json()["blk"]["rows"][0], 2);
+        f.add(Report::new("heap", "a")).unwrap();
+        assert_eq!(f.json()["summary"], "a");
+        f.add(Report::new("blk", "b")).unwrap();
+        assert_eq!(f.json()["blk"]["summary"], "b");
         let md = f.markdown("iopath bench");
         assert!(md.starts_with("Command: `iopath bench`\n\n### heap\n\na\n\n### blk"));
     }

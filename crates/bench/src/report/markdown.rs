@@ -46,8 +46,14 @@ fn table(out: &mut String, t: &Table) {
         out.push_str(&row(r.iter().map(|c| escape(&c.to_string())).collect()));
     }
     out.push('\n');
-    for n in t.not_run_line().iter().chain(&t.notes) {
-        paragraph(out, n);
+    let figures = t.figures.iter().map(|(l, c)| format!("{l}: {c}"));
+    for n in t
+        .not_run_line()
+        .into_iter()
+        .chain(figures)
+        .chain(t.notes.iter().cloned())
+    {
+        paragraph(out, &n);
     }
 }
 

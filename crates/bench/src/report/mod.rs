@@ -1,20 +1,15 @@
 //! One report model for every experiment, and its writers.
 //!
 //! ```text
-//!   heap / blk / rpmsg results --build--> Report
-//!        Report = what was measured (one line)
-//!               + tables (title, columns, rows of cells, notes)
-//!               + notes + chart panels + figures (JSON for scripts)
+//!   heap / blk / rpmsg measurements --build--> Report
+//!        Report = what was measured (one line) + context (sizes, placement,
+//!                 the limit's command) + tables + notes + chart panels
 //!   Report --> text()      aligned columns (what `iopath bench` prints)
 //!          --> markdown()  the same tables as Markdown (BENCHMARKS.md)
-//!          --> json()      every figure, one object
+//!          --> json()      the same tables, every cell with its unit and runs
 //!          --> plot(path)  SVG chart
 //!   Files::write(reports)  --plot DIR, --markdown FILE, --json FILE
 //! ```
-//!
-//! A cell is a figure (value, unit, decimals, the runs' min-max) or words;
-//! the text and Markdown writers lay out the same cells, so every
-//! experiment's tables read alike in both.
 //!
 //! ```
 //! use iopath_bench::report::{Cell, Column, Report, Table};
@@ -25,6 +20,7 @@
 //! r.table(t);
 //! assert!(r.text().contains("limit  2.500 (2.400-2.600)"));
 //! assert!(r.markdown().contains("| ours | n/a |"));
+//! assert_eq!(r.json()["tables"][0]["rows"][0][1]["max"], 2.6);
 //! ```
 
 mod files;
@@ -35,31 +31,24 @@ mod text;
 
 use std::path::Path;
 
-pub use files::{Files, Written};
-pub use model::{grouped, Align, Cell, Column, Figure, Table, Unit};
+use serde_json::{json, Value};
+
+pub use files::Files;
+pub use model::{grouped, Align, Cell, Column, Figure, NotRun, Table, Unit};
 
 use crate::Result;
-
-/// An experiment's chart: panels in a grid.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Chart {
-    /// The title over every panel.
-    pub title: String,
-    /// The panels, left to right, top to bottom.
-    pub panels: Vec<plot::Panel>,
-    /// Panels per row.
-    pub columns: usize,
-}
 
 /// What one experiment measured, ready to print, write or draw.
 #[derive(Debug, Clone)]
 pub struct Report {
     name: &'static str,
-    summary: String,
+    pub(crate) summary: String,
+    context: serde_json::Map<String, Value>,
     tables: Vec<Table>,
     notes: Vec<String>,
-    chart: Chart,
-    figures: serde_json::Value,
+    /// The chart's title, its panels (left to right, top to bottom) and
+    /// panels per row.
+    pub(crate) chart: (String, Vec<plot::Panel>, usize),
 }
 
 impl Report {
@@ -70,10 +59,10 @@ impl Report {
         Report {
             name,
             summary: summary.into(),
+            context: serde_json::Map::new(),
             tables: Vec::new(),
             notes: Vec::new(),
-            chart: Chart::default(),
-            figures: serde_json::Value::Null,
+            chart: (String::new(), Vec::new(), 1),
         }
     }
 
@@ -87,14 +76,10 @@ impl Report {
         self.notes.push(note.into());
     }
 
-    /// Sets the figures for scripts (what [`Report::json`] returns).
-    pub fn set_figures(&mut self, figures: serde_json::Value) {
-        self.figures = figures;
-    }
-
-    /// Sets the chart.
-    pub(crate) fn set_chart(&mut self, chart: Chart) {
-        self.chart = chart;
+    /// Records what the figures were measured on (sizes, placement, the
+    /// limit's command), for JSON.
+    pub fn context(&mut self, key: &str, value: impl serde::Serialize) {
+        self.context.insert(key.into(), json!(value));
     }
 
     /// The experiment's name.
@@ -112,9 +97,16 @@ impl Report {
         markdown::report(self)
     }
 
-    /// Every figure, for scripts.
-    pub fn json(&self) -> serde_json::Value {
-        self.figures.clone()
+    /// The report as JSON: `experiment`, `summary`, `context`, `tables`
+    /// ([`Table::json`]), `notes`.
+    pub fn json(&self) -> Value {
+        json!({
+            "experiment": self.name,
+            "summary": self.summary,
+            "context": self.context,
+            "tables": self.tables.iter().map(Table::json).collect::<Vec<_>>(),
+            "notes": self.notes,
+        })
     }
 
     /// Draws the chart into the SVG file `path`.
@@ -122,11 +114,7 @@ impl Report {
     /// # Errors
     /// [`crate::Error::Plot`] when it cannot be drawn or written.
     pub fn plot(&self, path: &Path) -> Result<()> {
-        plot::draw(
-            path,
-            &self.chart.title,
-            &self.chart.panels,
-            self.chart.columns,
-        )
+        let (title, panels, columns) = &self.chart;
+        plot::draw(path, title, panels, *columns)
     }
 }

@@ -1,8 +1,10 @@
-//! The report model: tables of cells, each cell a figure with its unit and
-//! the runs' range, or words. The text and Markdown writers lay the same
-//! cells out; neither formats a figure itself.
+//! The report model: tables of cells, each cell a figure with its unit,
+//! the runs behind it and their range, or words. The text, Markdown and
+//! JSON writers lay the same cells out; none formats a figure itself.
 
 use std::fmt;
+
+use serde_json::{json, Value};
 
 /// How a column's cells line up in the text table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,26 +55,46 @@ pub enum Unit {
     Times,
     /// Microseconds (`6.0 us`), where a column mixes units.
     Micros,
+    /// Bytes, in binary units (`32 MiB`).
+    Bytes,
 }
 
-/// One measured figure: its value, unit, decimals and, over several runs,
-/// the smallest and largest run.
-#[derive(Debug, Clone, Copy, PartialEq)]
+impl Unit {
+    /// The unit's name in JSON (`None`: the column heading's).
+    fn json(self) -> Option<&'static str> {
+        match self {
+            Unit::Plain | Unit::Grouped => None,
+            Unit::Percent => Some("%"),
+            Unit::Times => Some("x"),
+            Unit::Micros => Some("us"),
+            Unit::Bytes => Some("bytes"),
+        }
+    }
+}
+
+/// One measured figure: its value (a median over runs, usually), unit and
+/// decimals; the runs it summarises and their range, written `(min-max)`;
+/// how many samples each run took.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Figure {
-    /// The value (a median over runs, usually).
+    /// The value.
     pub value: f64,
     /// What it counts.
     pub unit: Unit,
     /// Decimals written.
     pub digits: usize,
-    /// The runs' minimum and maximum, written `(min-max)`.
+    /// The runs' minimum and maximum, written after the value.
     pub range: Option<(f64, f64)>,
+    /// Each run's figure (JSON only).
+    pub runs: Vec<f64>,
+    /// The samples each run took, e.g. round trips (JSON only).
+    pub samples: Vec<u64>,
 }
 
 /// One cell of a table.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cell {
-    /// Words: a row's name, a label, a verdict.
+    /// Words: a row's name, a label.
     Text(String),
     /// A figure.
     Figure(Figure),
@@ -116,38 +138,87 @@ impl Cell {
     /// A figure of `unit`; `n/a` when it is not a finite number (a row
     /// with no runs, a ratio over zero).
     pub fn figure(value: f64, unit: Unit, digits: usize) -> Cell {
-        if value.is_finite() {
-            Cell::Figure(Figure {
-                value,
-                unit,
-                digits,
-                range: None,
-            })
-        } else {
-            Cell::NotAvailable
+        if !value.is_finite() {
+            return Cell::NotAvailable;
         }
+        Cell::Figure(Figure {
+            value,
+            unit,
+            digits,
+            range: None,
+            runs: Vec::new(),
+            samples: Vec::new(),
+        })
     }
 
     /// The figure with the runs' range `(min-max)` after it.
-    pub fn with_range(self, min: f64, max: f64) -> Cell {
-        match self {
-            Cell::Figure(f) if min.is_finite() && max.is_finite() => Cell::Figure(Figure {
-                range: Some((min, max)),
-                ..f
-            }),
-            other => other,
+    pub fn with_range(mut self, min: f64, max: f64) -> Cell {
+        if let Cell::Figure(f) = &mut self {
+            f.range = (min.is_finite() && max.is_finite()).then_some((min, max));
         }
+        self
     }
 
-    /// The median of `runs` with their range; `n/a` without runs.
+    /// The figure with the samples each run took.
+    pub fn with_samples(mut self, samples: Vec<u64>) -> Cell {
+        if let Cell::Figure(f) = &mut self {
+            f.samples = samples;
+        }
+        self
+    }
+
+    /// The median of `runs`, which the JSON lists; `n/a` without runs.
+    pub fn median(runs: &[f64], unit: Unit, digits: usize) -> Cell {
+        let mut c = Cell::figure(crate::Stats::of(runs).median, unit, digits);
+        if let Cell::Figure(f) = &mut c {
+            f.runs = runs.to_vec();
+        }
+        c
+    }
+
+    /// The median of `runs` with their range written after it.
     pub fn runs(runs: &[f64], unit: Unit, digits: usize) -> Cell {
-        let s = crate::Summary::of(runs);
-        Cell::figure(s.median, unit, digits).with_range(s.min, s.max)
+        let s = crate::Stats::of(runs);
+        Cell::median(runs, unit, digits).with_range(s.min, s.max)
     }
 
     /// `Some` figure as a cell, else `n/a`.
     pub fn or_na(value: Option<Cell>) -> Cell {
         value.unwrap_or(Cell::NotAvailable)
+    }
+
+    /// The figure's value, if it is one.
+    pub fn value(&self) -> Option<f64> {
+        match self {
+            Cell::Figure(f) => Some(f.value),
+            _ => None,
+        }
+    }
+
+    /// The cell in JSON: its words, `null` for no figure, or an object
+    /// with `value` and, when known, `unit`, `min`, `max`, `runs`,
+    /// `samples`.
+    pub fn json(&self) -> Value {
+        let f = match self {
+            Cell::Text(s) => return json!(s),
+            Cell::Empty | Cell::NotAvailable => return Value::Null,
+            Cell::Figure(f) => f,
+        };
+        let mut v = json!({ "value": f.value });
+        if let Some(u) = f.unit.json() {
+            v["unit"] = json!(u);
+        }
+        if let Some((lo, hi)) = f.range {
+            v["min"] = json!(lo);
+            v["max"] = json!(hi);
+        }
+        if !f.runs.is_empty() {
+            v["runs"] = json!(f.runs);
+        }
+        if !f.samples.is_empty() {
+            v["samples"] = json!(f.samples);
+        }
+        v
     }
 }
 
@@ -167,10 +238,11 @@ impl fmt::Display for Figure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let num = |v: f64| match self.unit {
             Unit::Grouped => grouped(v, self.digits),
+            Unit::Bytes => iopath_sys::human(v as u64),
             _ => format!("{v:.d$}", d = self.digits),
         };
         let unit = match self.unit {
-            Unit::Plain | Unit::Grouped => "",
+            Unit::Plain | Unit::Grouped | Unit::Bytes => "",
             Unit::Percent => "%",
             Unit::Times => "x",
             Unit::Micros => " us",
@@ -218,21 +290,35 @@ pub fn grouped(v: f64, digits: usize) -> String {
     out
 }
 
-/// A table: a title above, headed columns, rows of cells, notes below.
+/// A row that did not run: what it needs (the kernel feature, the peer
+/// program) and why it failed here (JSON only, when it says more).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotRun {
+    /// The row.
+    pub row: String,
+    /// What it needs.
+    pub needs: String,
+    /// The error it met.
+    pub why: String,
+}
+
+/// A table: a title above, headed columns, rows of cells; below, the rows
+/// that did not run, key figures (`label: cell`) and notes.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Table {
-    /// What the table shows and how it was measured (one line; may be
-    /// empty).
+    /// What the table shows and how it was measured (may be empty).
     pub title: String,
     /// The columns.
     pub columns: Vec<Column>,
     /// The rows, one cell per column.
     pub rows: Vec<Vec<Cell>>,
-    /// Lines below the table: the limit's source, what it compares.
+    /// The rows that did not run, written as one line.
+    pub not_run: Vec<NotRun>,
+    /// Figures below the table, each a line `label: cell`: the ratios it
+    /// is about.
+    pub figures: Vec<(String, Cell)>,
+    /// Lines below the figures: the limit's source, what it compares.
     pub notes: Vec<String>,
-    /// The rows that did not run, each with what it needs (the kernel
-    /// feature, the peer program, or why it failed): written as one line.
-    pub not_run: Vec<(String, String)>,
 }
 
 impl Table {
@@ -241,9 +327,7 @@ impl Table {
         Table {
             title: title.into(),
             columns,
-            rows: Vec::new(),
-            notes: Vec::new(),
-            not_run: Vec::new(),
+            ..Table::default()
         }
     }
 
@@ -258,19 +342,30 @@ impl Table {
         self.notes.push(note.into());
     }
 
-    /// Records a row that did not run and what it needs.
-    pub fn not_run(&mut self, row: impl Into<String>, needs: impl Into<String>) {
-        self.not_run.push((row.into(), needs.into()));
+    /// Adds a figure below the table.
+    pub fn figure(&mut self, label: impl Into<String>, cell: Cell) {
+        self.figures.push((label.into(), cell));
+    }
+
+    /// Records a row that did not run, what it needs and why.
+    pub fn not_run(
+        &mut self,
+        row: impl Into<String>,
+        needs: impl Into<String>,
+        why: impl Into<String>,
+    ) {
+        let (row, needs, why) = (row.into(), needs.into(), why.into());
+        self.not_run.push(NotRun { row, needs, why });
     }
 
     /// The one line about the rows that did not run, grouped by what they
     /// need (`None`: every row ran): `not run here: ROW: NEED; 4 rows: NEED`.
     pub fn not_run_line(&self) -> Option<String> {
         let mut needs: Vec<(&str, Vec<&str>)> = Vec::new();
-        for (row, need) in &self.not_run {
-            match needs.iter_mut().find(|(n, _)| n == need) {
-                Some((_, rows)) => rows.push(row),
-                None => needs.push((need, vec![row])),
+        for n in &self.not_run {
+            match needs.iter_mut().find(|(need, _)| *need == n.needs) {
+                Some((_, rows)) => rows.push(&n.row),
+                None => needs.push((&n.needs, vec![&n.row])),
             }
         }
         let groups: Vec<String> = needs
@@ -281,6 +376,28 @@ impl Table {
             })
             .collect();
         (!groups.is_empty()).then(|| format!("not run here: {}", groups.join("; ")))
+    }
+
+    /// The table in JSON: `title`, `columns` (headings), `rows` (arrays of
+    /// cells), `not_run` (`row`, `needs`, `why`), `figures` (by label),
+    /// `notes`.
+    pub fn json(&self) -> Value {
+        let cells = |r: &Vec<Cell>| r.iter().map(Cell::json).collect::<Vec<_>>();
+        let figures: serde_json::Map<String, Value> = self
+            .figures
+            .iter()
+            .map(|(l, c)| (l.clone(), c.json()))
+            .collect();
+        json!({
+            "title": self.title,
+            "columns": self.columns.iter().map(|c| &c.name).collect::<Vec<_>>(),
+            "rows": self.rows.iter().map(cells).collect::<Vec<_>>(),
+            "not_run": self.not_run.iter()
+                .map(|n| json!({"row": n.row, "needs": n.needs, "why": n.why}))
+                .collect::<Vec<_>>(),
+            "figures": figures,
+            "notes": self.notes,
+        })
     }
 }
 
@@ -294,6 +411,10 @@ mod tests {
         assert_eq!(Cell::percent(97.54, 1).to_string(), "97.5%");
         assert_eq!(Cell::times(1.256).to_string(), "1.26x");
         assert_eq!(Cell::micros(6.04, 1).to_string(), "6.0 us");
+        assert_eq!(
+            Cell::figure(32.0 * 1048576.0, Unit::Bytes, 0).to_string(),
+            "32 MiB"
+        );
         assert_eq!(
             Cell::grouped(12_345.4, 0)
                 .with_range(9_999.6, 1_234_567.0)
@@ -311,20 +432,38 @@ mod tests {
             Cell::runs(&[3.0, 1.0, 2.0], Unit::Plain, 0).to_string(),
             "2 (1-3)"
         );
+        assert_eq!(
+            Cell::median(&[3.0, 1.0, 2.0], Unit::Plain, 0).to_string(),
+            "2"
+        );
         assert_eq!(Cell::runs(&[], Unit::Plain, 0).to_string(), "n/a");
+    }
+
+    #[test]
+    fn cells_in_json_keep_unit_runs_and_samples() {
+        let c = Cell::runs(&[3.0, 1.0, 2.0], Unit::Percent, 0).with_samples(vec![5, 6, 7]);
+        assert_eq!(
+            c.json(),
+            json!({"value": 2.0, "unit": "%", "min": 1.0, "max": 3.0,
+                   "runs": [3.0, 1.0, 2.0], "samples": [5, 6, 7]})
+        );
+        assert_eq!(Cell::num(1.5, 1).json(), json!({"value": 1.5}));
+        assert_eq!(Cell::text("a").json(), json!("a"));
+        assert_eq!(Cell::NotAvailable.json(), Value::Null);
     }
 
     #[test]
     fn rows_not_run_are_one_line_grouped_by_need() {
         let mut t = Table::new("t", vec![Column::left("row")]);
         assert_eq!(t.not_run_line(), None);
-        t.not_run("a", "/dev/udmabuf");
-        t.not_run("b", "fio");
-        t.not_run("c", "/dev/udmabuf");
+        t.not_run("a", "/dev/udmabuf", "");
+        t.not_run("b", "fio", "");
+        t.not_run("c", "/dev/udmabuf", "no such file");
         assert_eq!(
             t.not_run_line().unwrap(),
             "not run here: 2 rows: /dev/udmabuf; b: fio"
         );
+        assert_eq!(t.json()["not_run"][2]["why"], "no such file");
     }
 
     #[test]

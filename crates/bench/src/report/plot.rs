@@ -15,7 +15,7 @@ use plotters::prelude::*;
 
 pub use plotters::style::RGBColor;
 
-use crate::{Error, Result, Summary};
+use crate::{Error, Result, Stats};
 
 /// Heap: allocation time; blk: iopath's back end; rpmsg: the fd way.
 pub const PRIMARY: RGBColor = RGBColor(0x4C, 0x72, 0xB0);
@@ -58,18 +58,13 @@ impl Bar {
     /// A bar at the median of `runs`, their min-max as its whisker; no bar
     /// (the label only) without runs.
     pub fn runs(label: impl Into<String>, runs: &[f64], color: RGBColor) -> Bar {
-        let s = Summary::of(runs);
+        let s = Stats::of(runs);
+        let mut b = Bar::of(label, s.median, color);
+        b.whisker = Some((s.min, s.max));
         if runs.is_empty() {
-            return Bar {
-                label: label.into(),
-                segments: Vec::new(),
-                whisker: None,
-            };
+            (b.segments, b.whisker) = (Vec::new(), None);
         }
-        Bar {
-            whisker: Some((s.min, s.max)),
-            ..Bar::of(label, s.median, color)
-        }
+        b
     }
 }
 

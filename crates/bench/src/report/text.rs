@@ -71,6 +71,7 @@ pub(super) fn table(t: &Table) -> String {
         lines.push(line(&mut r.iter().map(String::as_str)));
     }
     lines.extend(t.not_run_line());
+    lines.extend(t.figures.iter().map(|(l, c)| format!("{l}: {c}")));
     lines.extend(t.notes.iter().cloned());
     lines.join("\n")
 }

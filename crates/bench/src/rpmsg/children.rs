@@ -1,12 +1,6 @@
 //! The rpmsg processes the experiments start: `iopath rpmsg remote` (the
 //! virtio device, echoing) and `iopath rpmsg host` (the virtio driver and
-//! the endpoint service the bench is a client of), and the peers' programs.
-//!
-//! ```text
-//!   remote(exe, shm, notify, size) / host(...) their command lines
-//!   Servers::start(exe, &Setup)          a remote and a host on a fresh
-//!                                        shared-memory file, ready to serve
-//! ```
+//! the endpoint service the bench is a client of).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,7 +11,7 @@ use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::wire::ADDR_ANY;
 
 use crate::error::{check, check_failed};
-use crate::place::Logged;
+use crate::place::Spawned;
 use crate::{Error, Result};
 
 /// Size of the shared-memory file a remote creates.
@@ -76,9 +70,8 @@ pub(super) struct Setup<'a> {
 /// directory goes.
 #[derive(Debug)]
 pub(super) struct Servers {
-    /// Held to be killed with the host.
-    _remote: Logged,
-    host: Logged,
+    _remote: Spawned,
+    host: Spawned,
     ctrl: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -86,9 +79,6 @@ pub(super) struct Servers {
 impl Servers {
     /// Starts the remote, then the host, and waits (30 s at most) for the
     /// host's control socket.
-    ///
-    /// # Errors
-    /// When a child cannot be started, exits, or does not come up.
     pub(super) fn start(exe: &Path, s: &Setup<'_>) -> Result<Servers> {
         let dir = crate::cleanup::temp_dir(s.prefix, s.parent)?;
         let shm = dir.path().join("shm");
@@ -98,7 +88,7 @@ impl Servers {
             format!("eventfd:{}", dir.path().join("ev").display())
         };
         let ctrl = dir.path().join("ctrl");
-        let mut remote = Logged::spawn(
+        let mut remote = Spawned::logged(
             dir.path().join("remote.log"),
             "remote",
             s.remote_cpu,
@@ -111,7 +101,7 @@ impl Servers {
                 std::fs::metadata(&shm).is_ok_and(|m| m.len() >= s.shm_size)
             })?;
         }
-        let mut host = Logged::spawn(
+        let mut host = Spawned::logged(
             dir.path().join("host.log"),
             "host",
             s.host_cpu,
@@ -127,17 +117,11 @@ impl Servers {
     }
 
     /// A connection to the host's endpoint service.
-    ///
-    /// # Errors
-    /// When the control socket refuses.
     pub(super) fn connect(&self) -> Result<CtrlClient> {
         CtrlClient::connect(&self.ctrl).map_err(Error::layer("connecting to the endpoint service"))
     }
 
     /// A connection and an endpoint fd bound to the remote's `name`.
-    ///
-    /// # Errors
-    /// As [`bound_ept`].
     pub(super) fn client(&self, name: &str) -> Result<(CtrlClient, EptFd)> {
         bound_ept(&self.ctrl, name)
     }
@@ -149,11 +133,7 @@ impl Servers {
 }
 
 /// A connection to the endpoint service on `ctrl` and an endpoint fd for
-/// `name`, once the remote has announced it (the fd bound to its address).
-///
-/// # Errors
-/// When the service refuses, or the remote does not announce `name`
-/// within 30 s.
+/// `name` ([`bound`]).
 pub(super) fn bound_ept(ctrl: &Path, name: &str) -> Result<(CtrlClient, EptFd)> {
     let c =
         CtrlClient::connect(ctrl).map_err(Error::layer("connecting to the endpoint service"))?;
@@ -162,11 +142,7 @@ pub(super) fn bound_ept(ctrl: &Path, name: &str) -> Result<(CtrlClient, EptFd)> 
 }
 
 /// An endpoint fd from `c` bound to the remote's `name`, once the remote
-/// has announced it.
-///
-/// # Errors
-/// When CREATE_EPT_FD fails, or the remote does not announce `name`
-/// within 30 s.
+/// has announced it (30 s at most).
 pub(super) fn bound(c: &CtrlClient, name: &str) -> Result<EptFd> {
     let start = Instant::now();
     loop {

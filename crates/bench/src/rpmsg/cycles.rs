@@ -10,31 +10,37 @@ use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 
 use super::raw::fd::{Pass, RawFdServer};
 use crate::error::{check, check_failed};
-use crate::{Error, Placement, ProgressBar, Result};
+use crate::report::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
+use crate::report::{Cell, Column, Table, Unit};
+use crate::{Error, Placement, ProgressBar, Result, Stats};
 
 /// Cycles per turn: the ways alternate in chunks of this many.
-pub(super) const CHUNK: u64 = 500;
+const CHUNK: u64 = 500;
 /// legacy, fd, limit (an eventfd passed), limit (a fresh socket passed),
 /// limit (a fresh socket passed and watched until its close with epoll).
 pub(super) const WAYS: usize = 5;
-pub(super) const WAY_NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w"];
-/// Each way's index in [`WAY_NAMES`], [`Row::totals`] and [`Row::chunks`].
-pub(super) mod way {
-    pub(crate) const LEGACY: usize = 0;
-    pub(crate) const FD: usize = 1;
-    pub(crate) const LIMIT: usize = 2;
-}
-/// What the raw fd server passes for the ways from [`way::LIMIT`] on.
-const LIMIT_PASSES: [Pass; WAYS - way::LIMIT] = [Pass::Eventfd, Pass::Socket, Pass::Watched];
+const NAMES: [&str; WAYS] = ["legacy", "fd", "limit", "limit-s", "limit-w"];
+const LEGACY: usize = 0;
+const FD: usize = 1;
+const LIMIT_WAY: usize = 2;
+/// What the raw fd server passes for the ways from [`LIMIT_WAY`] on.
+const PASSES: [Pass; WAYS - LIMIT_WAY] = [Pass::Eventfd, Pass::Socket, Pass::Watched];
+/// What each way does per cycle.
+const WHAT: [&str; WAYS] = [
+    "CREATE_EPT, open the node (connect + greeting), destroy through it, close",
+    "CREATE_EPT_FD (the endpoint comes back over SCM_RIGHTS), close",
+    "raw SOCK_SEQPACKET request/response, two processes, an eventfd passed",
+    "the same, a fresh SOCK_SEQPACKET socket passed (created, closed)",
+    "limit-s plus what the service must do per endpoint (the passed end's send buffer at the smallest; the kept end watched by epoll until the client's close, read, closed)",
+];
 
-/// One loop count's create+destroy figures.
+/// One loop count's figures, per way: the totals of each run and the
+/// per-cycle microseconds of every chunk of every run.
 #[derive(Debug)]
 pub(super) struct Row {
-    pub(super) loops: u64,
-    /// Totals per run, microseconds, per way.
-    pub(super) totals: [Vec<f64>; WAYS],
-    /// Per-cycle microseconds of every chunk of every run, per way.
-    pub(super) chunks: [Vec<f64>; WAYS],
+    loops: u64,
+    totals: [Vec<f64>; WAYS],
+    chunks: [Vec<f64>; WAYS],
 }
 
 fn legacy_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> {
@@ -60,9 +66,9 @@ fn fd_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> 
         );
         bar.inc(1);
     }
-    // Closing is asynchronous: count until the service has freed them all.
-    let base = 1; // the echo endpoint the bench holds
-    while c.stats().map_err(Error::layer("STATS"))?.endpoints() > base {
+    // Closing is asynchronous: count until the service has freed them all
+    // but the echo endpoint the bench holds.
+    while c.stats().map_err(Error::layer("STATS"))?.endpoints() > 1 {
         std::hint::spin_loop();
     }
     Ok(t.elapsed())
@@ -71,9 +77,6 @@ fn fd_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> 
 /// A row per loop count in `loops`, `runs` times each: every way through
 /// the endpoint service on `c` (holding one endpoint, the echo's) and
 /// through the raw fd server `raw`; `placement` names the progress.
-///
-/// # Errors
-/// When a cycle fails, or the service still holds endpoints after them.
 pub(super) fn rows(
     c: &CtrlClient,
     raw: &RawFdServer,
@@ -90,27 +93,26 @@ pub(super) fn rows(
             chunks: Default::default(),
         })
         .collect();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
     for run in 0..runs {
         for row in &mut rows {
             // The ways take turns in chunks, so that each sees the same
             // machine (others' load comes and goes); the order rotates
             // per chunk so that none always runs warm.
             let mut tot = [0.0f64; WAYS];
-            let mut done = 0;
-            let mut turn = run;
+            let (mut done, mut turn) = (0, run);
             while done < row.loops {
                 let n = CHUNK.min(row.loops - done);
                 for k in 0..WAYS {
                     let w = (k + turn) % WAYS;
-                    pb.set_message(format!("{} {}", placement.name(), WAY_NAMES[w]));
-                    let t = us(match w {
-                        way::LEGACY => legacy_cycles(c, n, pb)?,
-                        way::FD => fd_cycles(c, n, pb)?,
-                        _ => raw.cycles(n, LIMIT_PASSES[w - way::LIMIT], pb)?,
-                    });
-                    tot[w] += t;
-                    row.chunks[w].push(t / n as f64);
+                    pb.set_message(format!("{} {}", placement.name(), NAMES[w]));
+                    let took = match w {
+                        LEGACY => legacy_cycles(c, n, pb)?,
+                        FD => fd_cycles(c, n, pb)?,
+                        _ => raw.cycles(n, PASSES[w - LIMIT_WAY], pb)?,
+                    };
+                    let us = took.as_secs_f64() * 1e6;
+                    tot[w] += us;
+                    row.chunks[w].push(us / n as f64);
                 }
                 done += n;
                 turn += 1;
@@ -126,4 +128,77 @@ pub(super) fn rows(
         "the service still holds endpoints after the cycles: {st:?}"
     );
     Ok(rows)
+}
+
+/// One row per way: its total per loop count, its cost per cycle (over
+/// every chunk of every row), and the fd way's cost over it (over limit-s
+/// and limit-w: the fd way against the cheapest hand-off with the same
+/// semantics).
+pub(super) fn table(placement: Placement, place: &str, rows: &[Row], runs: usize) -> Table {
+    let mut columns = vec![Column::left("way")];
+    columns.extend(
+        rows.iter()
+            .map(|r| Column::right(format!("{} loops, total us", r.loops))),
+    );
+    columns.extend([Column::right("per cycle us"), Column::right("fd / way")]);
+    let mut t = Table::new(
+        format!(
+            "endpoint create+destroy, placement {} ({place}): {runs} runs; totals median (min-max); per cycle: median (min-max) over {CHUNK}-cycle chunks",
+            placement.name(),
+        ),
+        columns,
+    );
+    let per_cycle: [Vec<f64>; WAYS] = std::array::from_fn(|w| {
+        rows.iter()
+            .flat_map(|r| r.chunks[w].iter().copied())
+            .collect()
+    });
+    let fd = Stats::of(&per_cycle[FD]).median;
+    for (w, pc) in per_cycle.iter().enumerate() {
+        let mut cells = vec![Cell::text(NAMES[w])];
+        cells.extend(
+            rows.iter()
+                .map(|r| Cell::runs(&r.totals[w], Unit::Grouped, 0)),
+        );
+        cells.push(Cell::runs(pc, Unit::Plain, 1));
+        cells.push(Cell::times(fd / Stats::of(pc).median));
+        t.row(cells);
+    }
+    for (name, what) in NAMES.iter().zip(WHAT) {
+        t.note(format!("{name}: {what}"));
+    }
+    t
+}
+
+/// Legacy vs fd totals per loop count (log scale, min-max whiskers) with
+/// the raw limit as a line.
+pub(super) fn panel(placement: Placement, rows: &[Row]) -> Panel {
+    let mut bars = Vec::new();
+    let mut points = Vec::new();
+    for (k, r) in rows.iter().enumerate() {
+        let loops = match r.loops {
+            n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
+            n => n.to_string(),
+        };
+        bars.push(Bar::runs(
+            format!("legacy {loops}"),
+            &r.totals[LEGACY],
+            SECONDARY,
+        ));
+        bars.push(Bar::runs(format!("fd {loops}"), &r.totals[FD], PRIMARY));
+        let lim = Stats::of(&r.totals[LIMIT_WAY]).median;
+        points.extend([(2 * k, lim), (2 * k + 2, lim)]);
+    }
+    Panel {
+        title: format!("create+destroy, placement {}: totals", placement.name()),
+        y_desc: "total us (log)".into(),
+        log: true,
+        bars,
+        lines: vec![Line {
+            legend: "limit: raw SOCK_SEQPACKET + fd".into(),
+            points,
+            color: LIMIT,
+        }],
+        legend: vec![("legacy".into(), SECONDARY), ("fd".into(), PRIMARY)],
+    }
 }

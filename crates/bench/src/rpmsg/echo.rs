@@ -13,6 +13,8 @@ use super::raw::RawPingPong;
 use super::RpmsgConfig;
 use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus};
+use crate::report::plot::{Bar, Panel, LIMIT, PRIMARY};
+use crate::report::{Cell, Column, Table};
 use crate::{Error, Latency, Result};
 
 /// Echo round trips measured in this many turns, alternating with the raw
@@ -75,9 +77,6 @@ fn alternate<const N: usize>(count: u64, mut ways: [Way<'_>; N]) -> Result<[Late
 
 /// Echo through `ep` and the raw ping-pong (its child of `exe` on
 /// `raw_cpu`), `count` round trips each, in alternating turns.
-///
-/// # Errors
-/// When the ping-pong cannot start, or a round trip fails.
 pub(super) fn echo_vs_limit(
     exe: &Path,
     ep: &EptFd,
@@ -92,27 +91,13 @@ pub(super) fn echo_vs_limit(
     Ok((e, r))
 }
 
-/// What the polling echo measured, beside its two limits.
-#[derive(Debug)]
-pub(super) struct PollMeasured {
-    pub(super) echo: Latency,
-    /// The raw eventfd ping-pong, both on the client's CPU.
-    pub(super) eventfd: Latency,
-    /// The same three hops with no rpmsg ([`super::raw::poll`]).
-    pub(super) floor: Latency,
-    /// Where they ran, in words.
-    pub(super) place: String,
-}
-
 /// Echo with host and remote polling the rings and the client busy-polling
 /// its fd: the host spins on the second CPU, the remote on the client's
 /// (where it gives way to the client whenever the client runs). Beside it
-/// the poll floor in the same places, and the raw eventfd ping-pong in its
-/// fastest placement, both on the client's CPU.
-///
-/// # Errors
-/// When a process cannot start, or a round trip fails.
-pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<PollMeasured> {
+/// the poll floor ([`super::raw::poll`]) in the same places, and the raw
+/// eventfd ping-pong in its fastest placement, both on the client's CPU:
+/// the table, and the chart's panel.
+pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<(Table, Panel)> {
     let (ca, cb) = cpus.pair();
     let servers = Servers::start(
         &a.iopath,
@@ -121,7 +106,7 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<PollMeasured>
             prefix: "iopath-bench-rpmsg-",
             poll: true,
             remote_args: &["--echo", "echo"],
-            shm_size: crate::rpmsg::children::SHM_SIZE,
+            shm_size: super::children::SHM_SIZE,
             remote_cpu: Some(ca),
             host_cpu: Some(cb),
         },
@@ -136,13 +121,75 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<PollMeasured>
         let mut r = |n, lat: &mut Vec<f64>| raw.round_trips(n, lat);
         alternate(a.count, [&mut e, &mut f, &mut r])
     })?;
-    Ok(PollMeasured {
-        echo,
-        eventfd,
-        floor,
-        place: format!(
-            "host and the floor's forwarder on CPU {cb}; remote, the floor's echo and the \
-             busy-polling client on CPU {ca}; eventfd pair on CPU {ca}"
+    let place = format!(
+        "host and the floor's forwarder on CPU {cb}; remote, the floor's echo and the \
+         busy-polling client on CPU {ca}; eventfd pair on CPU {ca}"
+    );
+    let mut t = table(
+        format!(
+            "echo round trip, polling ({place}): 16 B, {} round trips each",
+            a.count
         ),
-    })
+        &[
+            ("endpoint fd, busy-polled, host and remote polling", &echo),
+            ("floor: the same hops and places, no rpmsg", &floor),
+        ],
+        &eventfd,
+    );
+    let ratio = Cell::times(echo.p50_us / floor.p50_us);
+    t.figure("endpoint fd busy-polled / floor, p50", ratio);
+    let title = "echo round trip, polling (limit: the poll floor)";
+    Ok((
+        t,
+        panel(title.into(), &echo, &floor, "the same hops, no rpmsg"),
+    ))
+}
+
+/// An echo latency table titled `title`: each path, then the limit, with
+/// p50 / limit.
+pub(super) fn table(title: String, paths: &[(&str, &Latency)], limit: &Latency) -> Table {
+    let mut t = Table::new(
+        title,
+        vec![
+            Column::left("path"),
+            Column::right("p50 us"),
+            Column::right("p99 us"),
+            Column::right("max us"),
+            Column::right("msgs/s"),
+            Column::right("p50 / limit"),
+        ],
+    );
+    let limit_row = ("limit: raw eventfd ping-pong, two processes", limit);
+    for (name, l) in paths.iter().chain([&limit_row]) {
+        let n = || vec![l.count];
+        t.row(vec![
+            Cell::text(*name),
+            Cell::num(l.p50_us, 1).with_samples(n()),
+            Cell::num(l.p99_us, 1).with_samples(n()),
+            Cell::num(l.max_us, 1).with_samples(n()),
+            Cell::grouped(l.msgs_per_s, 0).with_samples(n()),
+            Cell::times(l.p50_us / limit.p50_us),
+        ]);
+    }
+    t
+}
+
+/// Echo p50/p99 beside the limit's (log scale).
+pub(super) fn panel(title: String, echo: &Latency, limit: &Latency, limit_name: &str) -> Panel {
+    Panel {
+        title,
+        y_desc: "us (log)".into(),
+        log: true,
+        bars: vec![
+            Bar::of("echo p50", echo.p50_us, PRIMARY),
+            Bar::of("raw p50", limit.p50_us, LIMIT),
+            Bar::of("echo p99", echo.p99_us, PRIMARY),
+            Bar::of("raw p99", limit.p99_us, LIMIT),
+        ],
+        lines: Vec::new(),
+        legend: vec![
+            ("endpoint fd echo".into(), PRIMARY),
+            (format!("limit: {limit_name}"), LIMIT),
+        ],
+    }
 }

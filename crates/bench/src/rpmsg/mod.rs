@@ -8,16 +8,13 @@
 //! trips through the remote (host and remote are separate processes on a
 //! temporary shared-memory file) beside a raw eventfd ping-pong between two
 //! processes ([`echo`]). With OpenAMP's demo built (`--openamp DIR`), the
-//! peer rows: OpenAMP's driver and iopath's endpoint fd and `Bus` API
-//! against OpenAMP's echo and iopath's remote ([`peers`]).
+//! peer rows ([`peers`]); then the `--scale` and bulk rows.
 //!
 //! ```text
-//!   RpmsgConfig  what to measure, checked
 //!   children     iopath rpmsg remote + host (Servers), logged children
 //!   raw          the limits' bare servers (child processes) and clients
 //!   cycles       create+destroy rows    echo   echo rows (+ --poll)
 //!   peers        OpenAMP peer rows      scale, bulk  --scale, bulk rows
-//!   report       RpmsgReport -> Report: tables, chart, figures
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -25,22 +22,19 @@ use std::time::Duration;
 
 use crate::error::invalid;
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::{Latency, ProgressBar, Result};
+use crate::report::plot::Panel;
+use crate::{ProgressBar, Report, Result};
 
-pub mod bulk;
+mod bulk;
 mod children;
 mod cycles;
 mod echo;
-pub mod peers;
-pub mod raw;
-mod report;
-pub mod scale;
-
-pub use raw::RawPingPong;
+mod peers;
+pub(crate) mod raw;
+mod scale;
 
 use children::{Servers, Setup};
-use cycles::{Row, WAYS};
-use echo::PollMeasured;
+pub use raw::RawPingPong;
 
 /// What `iopath bench rpmsg` measures.
 #[derive(Debug, Clone)]
@@ -67,10 +61,15 @@ pub struct RpmsgConfig {
     /// hundred round trips a second).
     pub peer_budget: Duration,
     /// The `iopath` executable whose `rpmsg host` and `rpmsg remote` the
-    /// experiment starts, as it does the bench servers ([`crate::child`]).
+    /// experiment starts, as it does the bench servers.
     pub iopath: PathBuf,
-    /// Show progress on stderr.
-    pub progress: bool,
+    /// Also the scale experiments: 1, 16 and 256 endpoints echoing at
+    /// once, a one-way stream, 10,000 endpoints created and held.
+    pub scale: bool,
+    /// Bytes each bulk row streams per run (0: no bulk rows).
+    pub bulk_bytes: u64,
+    /// Message sizes of the bulk rows.
+    pub bulk_sizes: Vec<usize>,
 }
 
 impl RpmsgConfig {
@@ -87,7 +86,9 @@ impl RpmsgConfig {
             peer_placement: vec![Placement::Split, Placement::One],
             peer_budget: Duration::from_secs(2),
             iopath,
-            progress: true,
+            scale: false,
+            bulk_bytes: 0,
+            bulk_sizes: vec![496, 2048, 4096, 65520],
         }
     }
 
@@ -103,7 +104,7 @@ impl RpmsgConfig {
 
     /// A rough duration, from nominal rates on a 2-vCPU VM: 260 us for a
     /// cycle of the five ways, 100 us per echo round trip and its limit's.
-    pub fn estimate(&self) -> Duration {
+    pub(crate) fn estimate(&self) -> Duration {
         let cycles = self.loops.iter().sum::<u64>() as f64 * self.runs as f64;
         let per_place = cycles * 260e-6 + self.count as f64 * 100e-6 + 1.0;
         let poll = if self.poll {
@@ -111,11 +112,11 @@ impl RpmsgConfig {
         } else {
             0.0
         };
-        // Per peer row and run: start-up, warm-up, and the round trips at
+        // Per peer row (6 pairs) and run: start-up, warm-up, and the round trips at
         // about 15,000/s or the budget.
         let peers = if self.openamp.is_some() {
             let row = 1.0 + (self.count as f64 / 15_000.0).min(self.peer_budget.as_secs_f64());
-            row * (peers::PAIRS.len() * self.runs * self.peer_placement.len()) as f64
+            row * (6 * self.runs * self.peer_placement.len()) as f64
         } else {
             0.0
         };
@@ -123,9 +124,6 @@ impl RpmsgConfig {
     }
 
     /// Refuses settings the experiment cannot run with.
-    ///
-    /// # Errors
-    /// [`crate::Error::Invalid`] naming the option.
     fn check(&self) -> Result<()> {
         if self.runs == 0 {
             invalid!("--runs", "give at least 1");
@@ -171,25 +169,15 @@ fn shm_dir() -> PathBuf {
     }
 }
 
-/// What one placement measured.
-#[derive(Debug)]
-struct Measured {
-    placement: Placement,
-    /// Where the placement put the processes, in words.
-    place: String,
-    rows: Vec<Row>,
-    echo: Latency,
-    echo_limit: Latency,
-}
-
 /// The create+destroy rows and the echo rows with every process where
-/// `placement` puts it.
+/// `placement` puts it: their tables and chart panels.
 fn measure(
     a: &RpmsgConfig,
     placement: Placement,
     cpus: &Cpus,
     pb: &ProgressBar,
-) -> Result<Measured> {
+    r: &mut Report,
+) -> Result<(Vec<Panel>, String)> {
     let (client_cpu, server_cpu) = placement.cpus(cpus);
     let servers = Servers::start(
         &a.iopath,
@@ -204,40 +192,34 @@ fn measure(
         },
     )?;
     let raw = raw::fd::RawFdServer::start(&a.iopath, server_cpu)?;
-    on_cpu(client_cpu, cpus, || {
+    let (rows, echo, limit) = on_cpu(client_cpu, cpus, || {
         let (c, echo_ep) = servers.client("echo")?;
         let rows = cycles::rows(&c, &raw, &a.loops, a.runs, placement, pb)?;
         pb.set_message(format!("{} echo", placement.name()));
-        let (echo, echo_limit) = echo::echo_vs_limit(&a.iopath, &echo_ep, a.count, server_cpu)?;
-        Ok(Measured {
-            placement,
-            place: placement.describe(cpus, "client", "host, remote and the limit's server"),
-            rows,
-            echo,
-            echo_limit,
-        })
-    })
-}
-
-/// What the rpmsg experiment measured; [`RpmsgReport::report`] makes its
-/// tables, chart and figures.
-#[derive(Debug)]
-pub struct RpmsgReport {
-    runs: usize,
-    count: u64,
-    measured: Vec<Measured>,
-    /// Echo with polling, its limits, and where they ran.
-    poll: Option<PollMeasured>,
-    /// The peer rows per placement (`None`: no `--openamp`), where each
-    /// placement put the processes, and what they were given.
-    peers: Option<Vec<(peers::PeerPlacement, String)>>,
-    openamp: Option<PathBuf>,
-    peer_budget: Duration,
-    /// The scale experiments and the bulk rows, when added.
-    scale: Option<scale::ScaleReport>,
-    bulk: Option<bulk::BulkReport>,
-    /// The 1-minute load average before and after the run.
-    loadavg: (Option<f64>, Option<f64>),
+        let (echo, limit) = echo::echo_vs_limit(&a.iopath, &echo_ep, a.count, server_cpu)?;
+        Ok((rows, echo, limit))
+    })?;
+    let (name, place) = (
+        placement.name(),
+        placement.describe(cpus, "client", "host, remote and the limit's server"),
+    );
+    r.table(cycles::table(placement, &place, &rows, a.runs));
+    let title = format!(
+        "echo round trip, placement {name}: 16 B, {} round trips each, in {} alternating turns",
+        a.count,
+        echo::ECHO_TURNS
+    );
+    r.table(echo::table(
+        title,
+        &[("endpoint fd (eventfd notify)", &echo)],
+        &limit,
+    ));
+    let echo_title = format!("echo round trip, placement {name}");
+    let panels = vec![
+        cycles::panel(placement, &rows),
+        echo::panel(echo_title, &echo, &limit, "raw eventfd ping-pong"),
+    ];
+    Ok((panels, place))
 }
 
 /// Runs the experiment.
@@ -245,57 +227,74 @@ pub struct RpmsgReport {
 /// # Errors
 /// [`crate::Error::Invalid`] for bad settings; when the host, remote or a
 /// raw server cannot be started or misbehave.
-pub fn run(a: &RpmsgConfig) -> Result<RpmsgReport> {
+pub fn run(a: &RpmsgConfig) -> Result<Report> {
     a.check()?;
     let cpus = Cpus::get()?;
     let load_before = crate::loadavg();
-    let total: u64 =
-        a.loops.iter().sum::<u64>() * WAYS as u64 * a.runs as u64 * a.placement.len() as u64;
-    let pb = ProgressBar::new(a.progress, "bench rpmsg", total);
-    let mut measured = Vec::new();
+    let total: u64 = a.loops.iter().sum::<u64>()
+        * cycles::WAYS as u64
+        * a.runs as u64
+        * a.placement.len() as u64;
+    let pb = ProgressBar::new("bench rpmsg", total);
+    let mut r = Report::new("rpmsg", "");
+    let (mut panels, mut places) = (Vec::new(), Vec::new());
     for &p in &a.placement {
-        measured.push(measure(a, p, &cpus, &pb)?);
+        let (ps, place) = measure(a, p, &cpus, &pb, &mut r)?;
+        panels.extend(ps);
+        places.push(serde_json::json!({"placement": p.name(), "where": place}));
     }
-    let poll = if a.poll {
+    if a.poll {
         pb.set_message("poll echo");
-        Some(echo::measure_poll(a, &cpus)?)
-    } else {
-        None
-    };
-    let peers = a.openamp.as_ref().map(|_| {
-        a.peer_placement
+        let (t, p) = echo::measure_poll(a, &cpus)?;
+        r.table(t);
+        panels.push(p);
+    }
+    let peers: Vec<_> = match &a.openamp {
+        Some(_) => a
+            .peer_placement
             .iter()
-            .map(|&p| {
-                let place = p.describe(&cpus, "driver side", "remote");
-                (peers::measure(a, p, &cpus, &pb), place)
-            })
-            .collect()
-    });
+            .map(|&p| peers::measure(a, p, &cpus, &pb))
+            .collect(),
+        None => Vec::new(),
+    };
     pb.finish();
-    Ok(RpmsgReport {
-        runs: a.runs,
-        count: a.count,
-        measured,
-        poll,
-        peers,
-        openamp: a.openamp.clone(),
-        peer_budget: a.peer_budget,
-        scale: None,
-        bulk: None,
-        loadavg: (load_before, crate::loadavg()),
-    })
-}
-
-impl RpmsgReport {
-    /// Adds the scale experiments: their tables after the polling echo,
-    /// their figures (JSON `scale`) and chart panels.
-    pub fn add_scale(&mut self, s: scale::ScaleReport) {
-        self.scale = Some(s);
+    let load_after = crate::loadavg();
+    if a.scale {
+        let (tables, p) = scale::run(&a.iopath)?;
+        tables.into_iter().for_each(|t| r.table(t));
+        panels.extend(p);
     }
-
-    /// Adds the bulk rows: their table after the scale tables, their
-    /// figures (JSON `bulk`) and chart panel.
-    pub fn add_bulk(&mut self, b: bulk::BulkReport) {
-        self.bulk = Some(b);
+    if a.bulk_bytes > 0 {
+        let (t, p) = bulk::run(&a.bulk_sizes, a.bulk_bytes, a.runs, &a.iopath)?;
+        r.table(t);
+        panels.push(p);
     }
+    if a.openamp.is_none() {
+        r.note(format!("note: {}", peers::NO_PEERS));
+    }
+    for (t, p) in peers {
+        r.table(t);
+        panels.push(p);
+    }
+    r.chart = (
+        "bench rpmsg: endpoints the legacy way vs as fds".into(),
+        panels,
+        2,
+    );
+    let f = |v: Option<f64>| v.map_or_else(|| "?".into(), |v| format!("{v:.2}"));
+    r.summary = format!(
+        "rpmsg endpoints, {} runs, {} echo round trips per row; 1-minute load average {} before, {} after",
+        a.runs,
+        a.count,
+        f(load_before),
+        f(load_after)
+    );
+    r.context("runs", a.runs);
+    r.context("count", a.count);
+    r.context("loadavg", [load_before, load_after]);
+    r.context("placements", places);
+    if a.openamp.is_some() {
+        r.context("peers", peers::context(a));
+    }
+    Ok(r)
 }

@@ -25,24 +25,26 @@ use std::time::{Duration, Instant};
 use iopath_rpmsg::wire::ADDR_ANY;
 use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 
+use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
+
 use super::children::{self, bound_ept};
 use super::RpmsgConfig;
 use crate::error::{check, check_failed};
-use crate::place::Logged;
-use crate::place::{on_cpu, Cpus, Placement};
-use crate::{Error, Latency, ProgressBar, Result};
+use crate::place::{on_cpu, Cpus, Placement, Spawned};
+use crate::report::plot::{Bar, Panel, PEER, PRIMARY, SECONDARY};
+use crate::report::{Cell, Column, Table, Unit};
+use crate::{Error, Latency, ProgressBar, Result, Stats};
 
-pub use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
 /// The programs `--openamp DIR` must hold.
-pub const OPENAMP_PROGRAMS: [&str; 2] = ["rpmsg-echo", "rpmsg-ping-timed"];
+pub(super) const OPENAMP_PROGRAMS: [&str; 2] = ["rpmsg-echo", "rpmsg-ping-timed"];
 /// Unmeasured round trips before each row's measured ones.
-pub(super) const PEER_WARM: u64 = 100;
+const PEER_WARM: u64 = 100;
 /// Bytes per message.
-pub(super) const SIZE: usize = 16;
+const SIZE: usize = 16;
 
 /// Who drives (the virtio driver side, owning the buffers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Driver {
+enum Driver {
     /// iopath's timed driver on OpenAMP's API, `rpmsg-ping-timed`.
     OpenAmp,
     /// `iopath rpmsg host --ctrl` with this process as its client: an
@@ -54,7 +56,7 @@ pub(super) enum Driver {
 
 /// Who echoes (the virtio device side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Remote {
+enum Remote {
     /// OpenAMP's `rpmsg-echo`.
     OpenAmp,
     /// `iopath rpmsg remote`.
@@ -62,7 +64,7 @@ pub(super) enum Remote {
 }
 
 /// Every pair, in the order of the tables.
-pub(super) const PAIRS: [(Driver, Remote); 6] = [
+const PAIRS: [(Driver, Remote); 6] = [
     (Driver::OpenAmp, Remote::OpenAmp),
     (Driver::OpenAmp, Remote::Iopath),
     (Driver::EptFd, Remote::Iopath),
@@ -72,8 +74,7 @@ pub(super) const PAIRS: [(Driver, Remote); 6] = [
 ];
 
 impl Driver {
-    /// In the tables.
-    pub(super) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Driver::OpenAmp => "OpenAMP driver (rpmsg-ping-timed)",
             Driver::EptFd => "iopath endpoint fd (rpmsg host + client)",
@@ -81,8 +82,8 @@ impl Driver {
         }
     }
 
-    /// In JSON.
-    pub(super) fn key(self) -> &'static str {
+    /// In charts and progress.
+    fn key(self) -> &'static str {
         match self {
             Driver::OpenAmp => "openamp",
             Driver::EptFd => "ept_fd",
@@ -92,16 +93,14 @@ impl Driver {
 }
 
 impl Remote {
-    /// In the tables.
-    pub(super) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Remote::OpenAmp => "OpenAMP rpmsg-echo",
             Remote::Iopath => "iopath rpmsg remote",
         }
     }
 
-    /// In JSON.
-    pub(super) fn key(self) -> &'static str {
+    fn key(self) -> &'static str {
         match self {
             Remote::OpenAmp => "openamp",
             Remote::Iopath => "iopath",
@@ -109,31 +108,24 @@ impl Remote {
     }
 }
 
-/// One pair's runs in one placement.
+/// One pair's runs in one placement: each run that completed, and why
+/// the others did not.
 #[derive(Debug)]
-pub(super) struct PeerRow {
-    pub(super) driver: Driver,
-    pub(super) remote: Remote,
-    /// Each run that completed.
-    pub(super) runs: Vec<Latency>,
-    /// Why the others did not.
-    pub(super) failures: Vec<String>,
+struct PeerRow {
+    driver: Driver,
+    remote: Remote,
+    runs: Vec<Latency>,
+    failures: Vec<String>,
 }
 
-/// Every pair in one placement.
-#[derive(Debug)]
-pub(super) struct PeerPlacement {
-    pub(super) placement: Placement,
-    pub(super) rows: Vec<PeerRow>,
-}
+impl PeerRow {
+    /// One figure of every run.
+    fn each(&self, f: impl Fn(&Latency) -> f64) -> Vec<f64> {
+        self.runs.iter().map(f).collect()
+    }
 
-impl PeerPlacement {
-    /// The row of a pair.
-    pub(super) fn row(&self, driver: Driver, remote: Remote) -> &PeerRow {
-        self.rows
-            .iter()
-            .find(|r| r.driver == driver && r.remote == remote)
-            .expect("every pair has a row")
+    fn median(&self, f: impl Fn(&Latency) -> f64) -> f64 {
+        Stats::of(&self.each(f)).median
     }
 }
 
@@ -143,7 +135,7 @@ fn start_remote(
     dir: &Path,
     remote: Remote,
     cpu: Option<usize>,
-) -> Result<Logged> {
+) -> Result<Spawned> {
     // Each remote binds the socket and writes the table afresh; what an
     // earlier pair left would let a driver connect to nothing.
     let _ = std::fs::remove_file(OPENAMP_EVENT);
@@ -151,14 +143,14 @@ fn start_remote(
     let mut kid = match remote {
         Remote::OpenAmp => {
             let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
-            Logged::spawn(
+            Spawned::logged(
                 dir.join("rpmsg-echo.log"),
                 "rpmsg-echo",
                 cpu,
                 &mut Command::new(exe.join("rpmsg-echo")),
             )?
         }
-        Remote::Iopath => Logged::spawn(
+        Remote::Iopath => Spawned::logged(
             dir.join("iopath rpmsg remote.log"),
             "iopath rpmsg remote",
             cpu,
@@ -201,7 +193,7 @@ fn message(seq: u64) -> [u8; SIZE] {
 fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
     let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
     let secs = cfg.peer_budget.as_secs().max(1);
-    let mut kid = Logged::spawn(
+    let mut kid = Spawned::logged(
         dir.join("rpmsg-ping-timed.log"),
         "rpmsg-ping-timed",
         cpu,
@@ -252,7 +244,7 @@ fn ept_fd_driver(
     cpus: &Cpus,
 ) -> Result<Latency> {
     let ctrl = dir.join("ctrl");
-    let mut host = Logged::spawn(
+    let mut host = Spawned::logged(
         dir.join("iopath rpmsg host.log"),
         "iopath rpmsg host",
         cpu,
@@ -367,14 +359,14 @@ fn one(
 }
 
 /// Every pair in `placement`, `cfg.runs` times, the pairs taking turns
-/// (the first pair rotating from run to run). A run that fails is noted
-/// in its row; the others go on.
+/// (the first pair rotating from run to run): its table and chart panel.
+/// A run that fails is noted in its row; the others go on.
 pub(super) fn measure(
     cfg: &RpmsgConfig,
     placement: Placement,
     cpus: &Cpus,
     pb: &ProgressBar,
-) -> PeerPlacement {
+) -> (Table, Panel) {
     let place = placement.cpus(cpus);
     // The demo platform's fixed files go too if a signal ends the run.
     crate::cleanup::path(Path::new(OPENAMP_SHM));
@@ -404,5 +396,128 @@ pub(super) fn measure(
             }
         }
     }
-    PeerPlacement { placement, rows }
+    let place = placement.describe(cpus, "driver side", "remote");
+    (
+        table(cfg, placement, &place, &rows),
+        panel(placement, &rows),
+    )
+}
+
+/// One placement's table: round trips/s per pair, p50, p99, and each pair
+/// over OpenAMP's own (by round trips/s and by p50).
+fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow]) -> Table {
+    let mut t = Table::new(
+        format!(
+            "rpmsg peers, placement {} ({place}): {} runs, up to {} strict {SIZE}-byte round trips per row \
+             (at most {} s) after {PEER_WARM} unmeasured, the pairs taking turns; OpenAMP's demo platform \
+             ({OPENAMP_SHM}, a byte per kick on unix:{OPENAMP_EVENT}); OpenAMP from {}",
+            placement.name(),
+            cfg.runs,
+            cfg.count,
+            cfg.peer_budget.as_secs(),
+            cfg.openamp.as_deref().map_or_else(|| "-".into(), |d| d.display().to_string())
+        ),
+        vec![
+            Column::left("driver side"),
+            Column::left("remote"),
+            Column::right("round trips/s, median (min-max)"),
+            Column::right("p50 us"),
+            Column::right("p99 us"),
+            Column::right("/ OpenAMP pair"),
+            Column::right("by p50"),
+        ],
+    );
+    // Every ratio is over OpenAMP's own pair, the first row.
+    let pair = &rows[0];
+    for r in rows {
+        let (d, m) = (r.driver.name(), r.remote.name());
+        for f in &r.failures {
+            t.note(format!("note: a run of {d} <-> {m} failed: {f}"));
+        }
+        if r.runs.is_empty() {
+            t.not_run(
+                format!("{d} <-> {m}"),
+                "every run failed",
+                r.failures.join("; "),
+            );
+            continue;
+        }
+        let rates = r.each(|l| l.msgs_per_s);
+        // The ratio of the medians, and the range of the per-run ratios
+        // (run i of one against run i of the other: they ran side by side).
+        let per: Vec<f64> = r
+            .runs
+            .iter()
+            .zip(&pair.runs)
+            .map(|(x, y)| x.msgs_per_s / y.msgs_per_s)
+            .collect();
+        let by_rate = Cell::times(Stats::of(&rates).median / pair.median(|l| l.msgs_per_s));
+        let s = Stats::of(&per);
+        // By the median round trip, unlike round trips/s, the rare long
+        // stall a spinning peer takes when it loses its CPU does not count.
+        let by_p50 = pair.median(|l| l.p50_us) / r.median(|l| l.p50_us);
+        let na = pair.runs.is_empty();
+        t.row(vec![
+            Cell::text(d),
+            Cell::text(m),
+            Cell::runs(&rates, Unit::Grouped, 0)
+                .with_samples(r.runs.iter().map(|l| l.count).collect()),
+            Cell::median(&r.each(|l| l.p50_us), Unit::Plain, 1),
+            Cell::median(&r.each(|l| l.p99_us), Unit::Plain, 1),
+            if na {
+                Cell::NotAvailable
+            } else {
+                by_rate.with_range(s.min, s.max)
+            },
+            if na {
+                Cell::NotAvailable
+            } else {
+                Cell::times(by_p50)
+            },
+        ]);
+    }
+    t
+}
+
+/// Round trips/s per pair, coloured by driver.
+fn panel(placement: Placement, rows: &[PeerRow]) -> Panel {
+    let color = |d| match d {
+        Driver::OpenAmp => PEER,
+        Driver::EptFd => PRIMARY,
+        Driver::Bus => SECONDARY,
+    };
+    let bar = |r: &PeerRow| {
+        let label = format!("{}/{}", r.driver.key(), r.remote.key());
+        Bar::runs(label, &r.each(|l| l.msgs_per_s), color(r.driver))
+    };
+    Panel {
+        title: format!("peers, placement {}: round trips/s", placement.name()),
+        y_desc: "round trips/s".into(),
+        log: false,
+        bars: rows.iter().map(bar).collect(),
+        lines: Vec::new(),
+        legend: vec![
+            ("OpenAMP driver".into(), PEER),
+            ("endpoint fd".into(), PRIMARY),
+            ("Bus API".into(), SECONDARY),
+        ],
+    }
+}
+
+/// The note in place of the peer rows without `--openamp`.
+pub(super) const NO_PEERS: &str = "the OpenAMP peer rows (OpenAMP's driver and iopath's endpoint \
+fd and Bus API, each against OpenAMP's rpmsg-echo and iopath's remote) are missing: no --openamp \
+DIR (build DIR with `scripts/openamp-demo build SRC DIR`)";
+
+/// The peer rows' settings, for a report's context.
+pub(super) fn context(cfg: &RpmsgConfig) -> serde_json::Value {
+    serde_json::json!({
+        "openamp": cfg.openamp,
+        "size": SIZE,
+        "warm": PEER_WARM,
+        "count": cfg.count,
+        "budget_s": cfg.peer_budget.as_secs(),
+        "notify": format!("unix:{OPENAMP_EVENT}"),
+        "shm": OPENAMP_SHM,
+    })
 }

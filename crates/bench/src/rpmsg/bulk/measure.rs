@@ -21,15 +21,6 @@ pub(super) fn shm_size() -> u64 {
     ShmLayout::size_for(RING, BufSizes::both(BUF)).expect("a ring of 64 entries has a layout")
 }
 
-/// Checks a sink's count against what was sent.
-pub(super) fn counted(name: &str, count: u64, sent: u64) -> Result<()> {
-    check!(
-        count == sent,
-        "the {name} sink counted {count} messages, not {sent}: messages were lost"
-    );
-    Ok(())
-}
-
 /// Copies `msgs` pieces of `size` bytes, one after the other, into an
 /// area as large as a ring's buffers (wrapping round), on this thread;
 /// returns the time taken.

@@ -135,19 +135,11 @@ impl Watched {
     }
 }
 
-/// The limit's server (child [`Server::Fd`]): answers every packet on one connection with a packet
-/// of CREATE_EPT_FD answer size and an fd: always the same eventfd; for a
-/// packet starting with `S`, one end of a fresh `SOCK_SEQPACKET`
-/// socketpair (the other end closed at once); for one starting with `W`,
-/// the same with what the endpoint service must add per endpoint: the
-/// passed end's send buffer set to the smallest, the other end watched
-/// with epoll until the client closes its own, then read (end of file)
-/// and closed. The answer's first 8 bytes (little endian) count the kept
-/// ends still open, the next 8 the reads of a kept end that brought data,
-/// the rest are zero. Returns when the client hangs up.
-///
-/// # Errors
-/// [`Error::Io`] (the socket) when a socket call fails.
+/// The limit's server (child [`Server::Fd`]): answers every packet on one
+/// connection with a packet of CREATE_EPT_FD answer size and an fd, as
+/// [`Pass`] says. The answer's first 8 bytes (little endian) count the
+/// kept ends still open, the next 8 the reads of a kept end that brought
+/// data, the rest are zero. Returns when the client hangs up.
 pub(crate) fn serve(sock: &Path) -> Result<()> {
     let (c, io) = accept_one(sock)?;
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
@@ -202,19 +194,12 @@ pub(crate) struct RawFdServer(Connected);
 
 impl RawFdServer {
     /// Starts the server of the executable `exe` on `cpu` and connects.
-    ///
-    /// # Errors
-    /// When the child cannot be started or does not listen within 10 s.
     pub(crate) fn start(exe: &Path, cpu: Option<usize>) -> Result<RawFdServer> {
         Connected::start(exe, "iopath-bench-raw-", cpu, |sock| Server::Fd { sock }).map(RawFdServer)
     }
 
     /// The client side of the limit: `loops` request/response cycles, each
     /// receiving an fd (as `pass` asks) and closing it; the time taken.
-    ///
-    /// # Errors
-    /// When a request or answer fails, or an answer is not one fd and 60
-    /// bytes.
     pub(crate) fn cycles(&self, loops: u64, pass: Pass, bar: &ProgressBar) -> Result<Duration> {
         let mut req = Request::CreateEptFd(EptInfo::new("bench"), O_RDWR | O_CLOEXEC)
             .encode()
@@ -242,9 +227,6 @@ impl RawFdServer {
 
 /// Sends `req` to the raw fd server on `c` and takes its answer into `b`:
 /// the answer's length and the fds that rode along.
-///
-/// # Errors
-/// [`Error::Sys`] when the send or the receive fails.
 fn ask(c: &OwnedFd, req: &[u8], b: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
     rustix::net::send(c, req, SendFlags::NOSIGNAL)
         .map_err(Error::sys("sending to the raw fd server"))?;

@@ -11,13 +11,12 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use crate::child::Server;
-use crate::place::spawn_on;
+use crate::place::Spawned;
 use crate::{Error, Result};
 
 pub(crate) mod fd;
@@ -28,9 +27,6 @@ pub(crate) mod sink;
 pub use pingpong::RawPingPong;
 
 /// Runs the bench server `server` until its client is done.
-///
-/// # Errors
-/// What the server returns.
 pub(crate) fn serve(server: Server) -> Result<()> {
     match server {
         Server::Echo { notify, count } => pingpong::serve(&notify, count),
@@ -43,14 +39,8 @@ pub(crate) fn serve(server: Server) -> Result<()> {
 
 /// The far end of a raw limit: listens on the `SOCK_SEQPACKET` socket
 /// `sock` and takes its one client; with the error mapper for `sock`.
-///
-/// # Errors
-/// [`Error::Io`] (the socket) when a socket call fails.
 fn accept_one(sock: &Path) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Error + Copy + '_)> {
-    let io = |e: rustix::io::Errno| Error::Io {
-        path: sock.to_path_buf(),
-        source: e.into(),
-    };
+    let io = Error::errno(sock);
     let l = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -66,14 +56,8 @@ fn accept_one(sock: &Path) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Err
 
 /// A `SOCK_SEQPACKET` connection to `sock`, retrying for 10 s while its
 /// server starts.
-///
-/// # Errors
-/// [`Error::Io`] (the socket) when it still refuses after 10 s.
 fn connect_retry(sock: &Path) -> Result<OwnedFd> {
-    let io = |e: rustix::io::Errno| Error::Io {
-        path: sock.to_path_buf(),
-        source: e.into(),
-    };
+    let io = Error::errno(sock);
     let addr = SocketAddrUnix::new(sock).map_err(io)?;
     let start = Instant::now();
     loop {
@@ -94,29 +78,17 @@ fn connect_retry(sock: &Path) -> Result<OwnedFd> {
     }
 }
 
-/// A raw server child on a socket of its own and the connection to it;
-/// when dropped, the connection is shut down (the server returns) and the
-/// child reaped.
+/// A raw server child on a socket of its own and the connection to it.
 #[derive(Debug)]
 struct Connected {
-    child: Child,
+    _child: Spawned,
     conn: OwnedFd,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Connected {
-    fn drop(&mut self) {
-        let _ = rustix::net::shutdown(&self.conn, rustix::net::Shutdown::Both);
-        let _ = self.child.wait();
-    }
 }
 
 impl Connected {
     /// Starts `server(socket)` of the executable `exe` on `cpu`, the
     /// socket in a scratch directory named after `prefix`, and connects.
-    ///
-    /// # Errors
-    /// When the child cannot be started or does not listen within 10 s.
     fn start(
         exe: &Path,
         prefix: &str,
@@ -125,10 +97,10 @@ impl Connected {
     ) -> Result<Connected> {
         let dir = crate::cleanup::temp_dir(prefix, &std::env::temp_dir())?;
         let sock = dir.path().join("sock");
-        let child = spawn_on(cpu, &mut server(sock.clone()).command(exe))?;
+        let child = Spawned::new("a raw server", cpu, &mut server(sock.clone()).command(exe))?;
         let conn = connect_retry(&sock)?;
         Ok(Connected {
-            child,
+            _child: child,
             conn,
             _dir: dir,
         })

@@ -2,30 +2,22 @@
 //! pair kicks back, nothing else between the two.
 
 use std::path::Path;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::notify::Wake;
 use iopath_rpmsg::{Notifier, NotifySpec};
 
 use crate::child::Server;
-use crate::place::spawn_on;
+use crate::place::Spawned;
 use crate::{Error, Result};
 
 /// The raw ping-pong: a child process (child [`Server::Echo`]) that
 /// answers every kick with one.
 #[derive(Debug)]
 pub struct RawPingPong {
-    child: Child,
+    _child: Spawned,
     n: Box<dyn Notifier>,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for RawPingPong {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl RawPingPong {
@@ -44,12 +36,12 @@ impl RawPingPong {
             notify: spec.to_string(),
             count: kicks,
         };
-        let child = spawn_on(cpu, &mut server.command(iopath))?;
+        let child = Spawned::new("the raw echo", cpu, &mut server.command(iopath))?;
         let n = listener
             .accept()
             .map_err(Error::layer("waiting for the raw echo child"))?;
         Ok(RawPingPong {
-            child,
+            _child: child,
             n,
             _dir: dir,
         })
@@ -80,9 +72,6 @@ impl RawPingPong {
 
 /// The far end (child [`Server::Echo`]): connects to `spec` and answers
 /// `count` kicks, each with a kick.
-///
-/// # Errors
-/// When the notifier cannot connect within 10 s, or a wait or kick fails.
 pub(crate) fn serve(spec: &str, count: u64) -> Result<()> {
     let spec: NotifySpec = spec.parse().map_err(|e| crate::Error::Invalid {
         option: crate::child::ENV,

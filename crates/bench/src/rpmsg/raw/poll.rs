@@ -24,7 +24,7 @@ use rustix::net::{RecvFlags, SendFlags};
 use super::{accept_one, connect_retry};
 use crate::child::Server;
 use crate::error::{check, check_failed};
-use crate::place::Children;
+use crate::place::Spawned;
 use crate::{Error, Result};
 
 /// The flag word's states: the forwarder asks, the echo answers.
@@ -86,10 +86,6 @@ fn try_recv(c: &OwnedFd, buf: &mut [u8], what: &str) -> Result<Option<usize>> {
 /// The host's stand-in (child [`Server::PollForward`]): takes each packet
 /// from the one client on `sock`, raises the flag in `shm`, waits for the
 /// echo's answer and sends the packet back; `count` times.
-///
-/// # Errors
-/// When a socket call fails, `shm` does not map, or a step waits longer
-/// than 10 s.
 pub(crate) fn forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
     let shm = SharedMem::open(shm)
         .map_err(|e| Error::Check(format!("the poll floor's page {}: {e}", shm.display())))?;
@@ -117,9 +113,6 @@ pub(crate) fn forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
 
 /// The remote's stand-in (child [`Server::PollEcho`]): answers each
 /// raised flag in `shm`, `count` times.
-///
-/// # Errors
-/// When `shm` does not map or no flag is raised for 10 s.
 pub(crate) fn echo(shm: &Path, count: u64) -> Result<()> {
     let shm = SharedMem::open(shm)
         .map_err(|e| Error::Check(format!("the poll floor's page {}: {e}", shm.display())))?;
@@ -135,8 +128,8 @@ pub(crate) fn echo(shm: &Path, count: u64) -> Result<()> {
 
 /// The floor running: its two processes and the client's connection.
 #[derive(Debug)]
-pub struct RawPollPath {
-    _children: Children,
+pub(crate) struct RawPollPath {
+    _children: [Spawned; 2],
     conn: OwnedFd,
     _dir: tempfile::TempDir,
 }
@@ -144,10 +137,7 @@ pub struct RawPollPath {
 impl RawPollPath {
     /// The forwarder on `forward_cpu` and the echo on `echo_cpu` (children
     /// of the executable `iopath`), good for `count` round trips.
-    ///
-    /// # Errors
-    /// When a child cannot be started or does not answer the connection.
-    pub fn start(
+    pub(crate) fn start(
         iopath: &Path,
         count: u64,
         forward_cpu: Option<usize>,
@@ -159,7 +149,6 @@ impl RawPollPath {
         f.set_len(rustix::param::page_size() as u64)
             .map_err(Error::io(&page))?;
         let sock = dir.path().join("sock");
-        let mut children = Children::default();
         let echo = Server::PollEcho {
             shm: page.clone(),
             count,
@@ -169,8 +158,18 @@ impl RawPollPath {
             shm: page,
             count,
         };
-        children.spawn_on(echo_cpu, echo.command(iopath).stdout(Stdio::null()))?;
-        children.spawn_on(forward_cpu, forward.command(iopath).stdout(Stdio::null()))?;
+        let children = [
+            Spawned::new(
+                "the poll floor's echo",
+                echo_cpu,
+                echo.command(iopath).stdout(Stdio::null()),
+            )?,
+            Spawned::new(
+                "the poll floor's forwarder",
+                forward_cpu,
+                forward.command(iopath).stdout(Stdio::null()),
+            )?,
+        ];
         let conn = connect_retry(&sock)?;
         Ok(RawPollPath {
             _children: children,
@@ -181,10 +180,7 @@ impl RawPollPath {
 
     /// `count` round trips of a 16-byte packet, busy-polled; latencies
     /// appended to `lat`; the time taken.
-    ///
-    /// # Errors
-    /// When a socket call fails, an answer is wrong, or none comes in 10 s.
-    pub fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
+    pub(crate) fn round_trips(&self, count: u64, lat: &mut Vec<f64>) -> Result<Duration> {
         let mut back = [0u8; 512];
         let t0 = Instant::now();
         for seq in 0..count {
