@@ -46,26 +46,18 @@ impl DirectJob {
         if self.depth == 0 {
             invalid!("--queue-depth", "give at least 1");
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(self.write)
-            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-            .open(&self.path)
-            .map_err(Error::io(&self.path))?;
+        let file = open(&self.path, self.write).map_err(Error::io(&self.path))?;
         let blocks = self.bytes.div_ceil(self.bs);
         let t = Instant::now();
         std::thread::scope(|s| -> Result<()> {
+            let file = &file;
             let workers: Vec<_> = (0..u64::from(self.depth))
-                .map(|k| {
-                    let file = &file;
-                    s.spawn(move || self.worker(file, k, blocks))
-                })
+                .map(|k| s.spawn(move || self.worker(file, k, blocks)))
                 .collect();
-            for w in workers {
-                w.join()
-                    .map_err(|_| Error::Check("a direct-I/O thread panicked".into()))??;
-            }
-            Ok(())
+            let panicked = |_| Error::Check("a direct-I/O thread panicked".into());
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().map_err(panicked)?)
         })?;
         let secs = t.elapsed().as_secs_f64().max(1e-9);
         Ok(self.bytes as f64 / secs / f64::from(1u32 << 30))
@@ -106,14 +98,14 @@ fn read_full(file: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether `path`'s file system takes O_DIRECT (tmpfs and ext4 do).
-#[cfg(test)]
-fn supported(path: &std::path::Path) -> bool {
+/// `path` opened with O_DIRECT, for reading and (`write`) writing.
+fn open(path: &std::path::Path, write: bool) -> std::io::Result<File> {
+    let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
     OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .write(write)
+        .custom_flags(direct)
         .open(path)
-        .is_ok()
 }
 
 #[cfg(test)]
@@ -125,12 +117,9 @@ mod tests {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
-        if !supported(&p) {
-            iopath_testkit::skip(
-                iopath_testkit::Feature::DirectIo,
-                "/var/tmp refuses O_DIRECT",
-            );
-            return;
+        if open(&p, false).is_err() {
+            let why = "/var/tmp refuses O_DIRECT";
+            return iopath_testkit::skip(iopath_testkit::Feature::DirectIo, why);
         }
         let mut job = DirectJob {
             write: true,
@@ -145,9 +134,10 @@ mod tests {
         job.write = false;
         assert!(job.run().unwrap() > 0.0);
         job.bs = 1000;
-        assert!(matches!(
-            job.run(),
-            Err(Error::Invalid { option: "--bs", .. })
-        ));
+        let refused = job.run();
+        assert!(
+            matches!(refused, Err(Error::Invalid { option: "--bs", .. })),
+            "{refused:?}"
+        );
     }
 }

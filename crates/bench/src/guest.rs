@@ -10,10 +10,8 @@ use std::process::{Command, Stdio};
 use crate::{Error, Result};
 
 fn failed(reason: String) -> Error {
-    Error::Peer {
-        program: "scripts/guest-dd".into(),
-        reason,
-    }
+    let program = "scripts/guest-dd".into();
+    Error::Peer { program, reason }
 }
 
 /// Where `scripts/guest-dd` is: `$IOPATH_GUEST_DD`, else the source tree
@@ -23,14 +21,14 @@ fn script() -> Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/guest-dd");
-    if p.exists() {
-        Ok(p)
-    } else {
-        Err(Error::Invalid {
-            option: "IOPATH_GUEST_DD",
-            reason: format!("scripts/guest-dd not found at {}", p.display()),
-        })
+    if !p.exists() {
+        crate::error::invalid!(
+            "IOPATH_GUEST_DD",
+            "scripts/guest-dd not found at {}",
+            p.display()
+        );
     }
+    Ok(p)
 }
 
 /// Builds the guest once (`guest-dd --prepare`: kernel and initramfs in a
@@ -87,18 +85,13 @@ pub(crate) fn dd_once(
 ) -> Result<f64> {
     // The pattern check that follows dd goes at the start of the device.
     let pattern = (bs * count).min(4 << 20) / 4096 * 4096;
+    let [bs, count, pattern] = [bs, count, pattern].map(|n| n.to_string());
     let mut cmd = Command::new(script);
     cmd.arg("--socket")
         .arg(socket)
-        .args(["--bs", &bs.to_string(), "--count", &count.to_string()])
-        .args([
-            "--pattern-offset",
-            "0",
-            "--pattern-size",
-            &pattern.to_string(),
-        ])
-        .args(dma.args())
-        .args(["--timeout", "1200", "--json"]);
+        .args(["--bs", &bs, "--count", &count]);
+    cmd.args(["--pattern-offset", "0", "--pattern-size", &pattern]);
+    cmd.args(dma.args()).args(["--timeout", "1200", "--json"]);
     let out = run_script(&mut cmd, script)?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     if !out.status.success() || v["result"] != "pass" {
@@ -108,12 +101,12 @@ pub(crate) fn dd_once(
         });
         return Err(failed(format!("guest dd: {reason}")));
     }
-    let bytes = v["write"]["bytes"]
-        .as_f64()
-        .ok_or_else(|| failed("no write bytes in its JSON".into()))?;
-    let secs = v["write"]["seconds"]
-        .as_f64()
-        .ok_or_else(|| failed("no write seconds in its JSON".into()))?;
+    let figure = |k: &str| {
+        v["write"][k]
+            .as_f64()
+            .ok_or_else(|| failed(format!("no write {k} in its JSON")))
+    };
+    let (bytes, secs) = (figure("bytes")?, figure("seconds")?);
     if secs <= 0.0 {
         return Err(failed(format!("guest dd reported {secs} s")));
     }
@@ -124,14 +117,10 @@ pub(crate) fn dd_once(
 /// process group of its own, recorded for [`crate::cleanup`]: a signal to
 /// the bench then stops QEMU with it, not only the shell.
 fn run_script(cmd: &mut Command, script: &Path) -> Result<std::process::Output> {
-    let child = crate::cleanup::spawn(
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-        true,
-    )
-    .map_err(Error::spawn(script.display().to_string()))?;
-    child
-        .wait_with_output()
-        .map_err(Error::spawn(script.display().to_string()))
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = crate::cleanup::spawn(cmd, true);
+    let out = child.and_then(std::process::Child::wait_with_output);
+    out.map_err(Error::spawn(script.display().to_string()))
 }

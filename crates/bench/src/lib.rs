@@ -13,13 +13,10 @@
 //!      -> text(), markdown(), json(), plot() (SVG); report::Files writes them
 //! ```
 //!
-//! [`run`] runs experiments and prints their reports. Peers (fio,
-//! qemu-storage-daemon, QEMU) are child processes found on the `PATH`: a
-//! missing one drops its row (a line naming its Debian package, ratios
-//! n/a), never the run, and without fio the heap and blk limits are the
-//! bench's own plain O_DIRECT I/O. The bench's own servers are child
-//! processes of the `iopath` executable named in each config, which runs
-//! them from `main` ([`serve_if_child`]).
+//! [`run`] runs experiments and prints their reports. A missing peer (fio,
+//! qemu-storage-daemon, QEMU) drops its row, never the run; without fio
+//! the limits are the bench's own O_DIRECT I/O. The bench's own servers
+//! are children of the `iopath` executable ([`serve_if_child`]).
 //!
 //! ```
 //! let s = iopath_bench::Stats::of(&[3.0, 1.0, 2.0]);
@@ -98,19 +95,12 @@ impl Experiment {
         }
     }
 
-    fn name(&self) -> &'static str {
+    /// Its name, and a rough duration from nominal rates on a 2-vCPU VM.
+    fn about(&self) -> (&'static str, Duration) {
         match self {
-            Experiment::Heap(_) => "heap",
-            Experiment::Blk(_) => "blk",
-            Experiment::Rpmsg(_) => "rpmsg",
-        }
-    }
-
-    fn estimate(&self) -> Duration {
-        match self {
-            Experiment::Heap(c) => c.estimate(),
-            Experiment::Blk(c) => c.estimate(),
-            Experiment::Rpmsg(c) => c.estimate(),
+            Experiment::Heap(c) => ("heap", c.estimate()),
+            Experiment::Blk(c) => ("blk", c.estimate()),
+            Experiment::Rpmsg(c) => ("rpmsg", c.estimate()),
         }
     }
 }
@@ -131,9 +121,8 @@ pub struct Outputs {
 
 /// Runs `experiments` one after the other and prints their reports (the
 /// tables, under `== NAME` when there are several, or the JSON), then
-/// writes the files `out` asks for, whose places are checked first. On
-/// SIGINT or SIGTERM, stops the children, removes the scratch files and
-/// exits 130 or 143.
+/// writes the files `out` asks for, checked first. SIGINT or SIGTERM stops
+/// the children, removes the scratch files and exits 130 or 143.
 ///
 /// # Errors
 /// An output that cannot be written; whatever an experiment fails with.
@@ -154,10 +143,7 @@ fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
     let mut files = report::Files::new(out.plot.clone(), out.markdown.clone(), json);
     files.check()?;
     if out.estimate {
-        let est: Vec<(&str, Duration)> = experiments
-            .iter()
-            .map(|e| (e.name(), e.estimate()))
-            .collect();
+        let est: Vec<(&str, Duration)> = experiments.iter().map(Experiment::about).collect();
         let line = format!(
             "bench --full: 1 GiB file; 8 GiB x 10 runs; 100,000 loops; estimated duration {} ({}; nominal rates of a 2-vCPU VM, a loaded machine takes longer)",
             minutes(est.iter().map(|e| e.1).sum()),
@@ -171,18 +157,15 @@ fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
     let several = experiments.len() > 1;
     for e in experiments {
         if several && !stdout {
-            println!("== {}", e.name());
+            println!("== {}", e.about().0);
         }
         let r = files.add(e.run()?)?;
         if !stdout {
             print!("{}{}", r.text(), if several { "\n" } else { "" });
         }
     }
-    let mut args: Vec<String> = std::env::args().collect();
-    if let Some(first) = args.first_mut() {
-        *first = "iopath".into();
-    }
-    let written = files.finish(&args.join(" "))?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let written = files.finish(&format!("iopath {}", args.join(" ")))?;
     if stdout {
         println!("{}", files.json());
     } else {
@@ -212,10 +195,8 @@ fn fs_type(path: &Path) -> Option<i64> {
 fn scratch_dir() -> Result<PathBuf> {
     let cwd = std::env::current_dir().map_err(Error::sys("reading the current directory"))?;
     let dirs = [PathBuf::from("/var/tmp"), cwd];
-    if let Some(d) = dirs
-        .iter()
-        .find(|d| fs_type(d).is_some_and(|t| t != TMPFS_MAGIC))
-    {
+    let disk = |d: &&PathBuf| fs_type(d).is_some_and(|t| t != TMPFS_MAGIC);
+    if let Some(d) = dirs.iter().find(disk) {
         return Ok(d.clone());
     }
     let tried: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
@@ -236,18 +217,13 @@ pub struct Missing {
 }
 
 impl Missing {
-    const FIO: Missing = Missing {
-        program: "fio",
-        package: "fio",
-    };
-    const QSD: Missing = Missing {
-        program: "qemu-storage-daemon",
-        package: "qemu-utils",
-    };
-    const QEMU: Missing = Missing {
-        program: "qemu-system-x86_64",
-        package: "qemu-system-x86",
-    };
+    const FIO: Missing = Missing::new("fio", "fio");
+    const QSD: Missing = Missing::new("qemu-storage-daemon", "qemu-utils");
+    const QEMU: Missing = Missing::new("qemu-system-x86_64", "qemu-system-x86");
+
+    const fn new(program: &'static str, package: &'static str) -> Missing {
+        Missing { program, package }
+    }
 
     /// `None` when the program is on the `PATH` (`PROGRAM --version`
     /// runs), else itself.
@@ -280,7 +256,7 @@ fn loadavg() -> Option<f64> {
 /// children).
 ///
 /// # Errors
-/// [`Error::Sys`] when `/proc/self/exe` cannot be read.
+/// When `/proc/self/exe` cannot be read.
 pub fn current_exe() -> Result<PathBuf> {
     std::env::current_exe().map_err(Error::sys("finding the iopath executable"))
 }

@@ -120,39 +120,44 @@ impl Limit {
     /// The short label: `fio bs=8M qd=16`, or `own O_DIRECT bs=1M qd=16`.
     pub(crate) fn label(&self) -> String {
         match self {
-            Limit::Fio { .. } => format!(
-                "fio {}",
-                self.chosen().map(|c| c.0.config()).unwrap_or_default()
-            ),
+            Limit::Fio { .. } => format!("fio {}", self.config()),
             Limit::Own { job, .. } => {
-                format!(
-                    "own O_DIRECT bs={} qd={}",
-                    iopath_sys::format_size(job.bs),
-                    job.depth
-                )
+                let bs = iopath_sys::format_size(job.bs);
+                format!("own O_DIRECT bs={bs} qd={}", job.depth)
             }
         }
+    }
+
+    /// The chosen fio configuration (`bs=8M qd=16`) and its command line.
+    fn config(&self) -> String {
+        self.chosen().map(|c| c.0.config()).unwrap_or_default()
+    }
+
+    fn command(&self) -> String {
+        self.chosen()
+            .map(|c| c.0.cmdline().join(" "))
+            .unwrap_or_default()
     }
 
     /// The lines printed under the table: the sweep and the chosen
     /// configuration's command, or the note on the missing peer and what
     /// was measured instead.
     pub(crate) fn notes(&self) -> Vec<String> {
-        let chosen = self.chosen().map(|c| &c.0);
         match self {
-            Limit::Fio { sweep, .. } => vec![
-                format!(
-                    "limit: the best median of a fio sweep measured in the same run ({} runs of each, GiB/s): {}; chosen {}",
-                    sweep.iter().map(|(_, r)| r.len()).min().unwrap_or(0),
-                    sweep
-                        .iter()
-                        .map(|(j, r)| format!("{} {:.3}", j.config(), Stats::of(r).median))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    chosen.map(Job::config).unwrap_or_default()
-                ),
-                format!("limit: {}", chosen.map(|j| j.cmdline().join(" ")).unwrap_or_default()),
-            ],
+            Limit::Fio { sweep, .. } => {
+                let runs = sweep.iter().map(|(_, r)| r.len()).min().unwrap_or(0);
+                let each = sweep
+                    .iter()
+                    .map(|(j, r)| format!("{} {:.3}", j.config(), Stats::of(r).median));
+                vec![
+                    format!(
+                        "limit: the best median of a fio sweep measured in the same run ({runs} runs of each, GiB/s): {}; chosen {}",
+                        each.collect::<Vec<_>>().join(", "),
+                        self.config()
+                    ),
+                    format!("limit: {}", self.command()),
+                ]
+            }
             Limit::Own { job, missing, .. } => vec![
                 format!("note: the fio limit row is missing: {}", missing.note()),
                 format!("limit (own, labelled so): {}", job.describe()),
@@ -165,29 +170,25 @@ impl Limit {
     /// `config` and GiB/s `runs`); for the own limit, the `missing` peer.
     pub(crate) fn context(&self) -> serde_json::Value {
         match self {
-            Limit::Fio { sweep, .. } => json!({
-                "source": "fio",
-                "label": self.label(),
-                "command": self.chosen().map(|c| c.0.cmdline().join(" ")),
-                "sweep": sweep.iter().map(|(j, r)| json!({"config": j.config(), "runs": r})).collect::<Vec<_>>(),
-            }),
-            Limit::Own { job, missing, .. } => json!({
-                "source": "own",
-                "label": self.label(),
-                "command": job.describe(),
-                "missing": {"program": missing.program, "package": missing.package},
-            }),
+            Limit::Fio { sweep, .. } => {
+                let sweep: Vec<_> = sweep
+                    .iter()
+                    .map(|(j, r)| json!({"config": j.config(), "runs": r}))
+                    .collect();
+                json!({"source": "fio", "label": self.label(), "command": self.command(), "sweep": sweep})
+            }
+            Limit::Own {
+                job, missing: m, ..
+            } => json!({"source": "own", "label": self.label(),
+                "command": job.describe(), "missing": {"program": m.program, "package": m.package}}),
         }
     }
 }
 
 /// The configuration with the best median.
 fn best(sweep: &[(Job, Vec<f64>)]) -> Option<usize> {
-    (0..sweep.len()).max_by(|&a, &b| {
-        Stats::of(&sweep[a].1)
-            .median
-            .total_cmp(&Stats::of(&sweep[b].1).median)
-    })
+    let median = |i: &usize| Stats::of(&sweep[*i].1).median;
+    (0..sweep.len()).max_by(|a, b| median(a).total_cmp(&median(b)))
 }
 
 #[cfg(test)]

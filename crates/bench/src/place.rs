@@ -265,12 +265,9 @@ impl Spawned {
                     self.last_words()
                 );
             }
-            check!(
-                start.elapsed() < limit,
-                "no {what} in {} s ({})",
-                limit.as_secs(),
-                self.last_words()
-            );
+            if start.elapsed() >= limit {
+                check_failed!("no {what} in {} s ({})", limit.as_secs(), self.last_words());
+            }
             std::thread::sleep(Duration::from_millis(2));
         }
         Ok(())

@@ -5,11 +5,11 @@
 //! iopath's own back end (`iopath blk serve`, started here), `runs` runs
 //! each; a peer row with the same driver against `qemu-storage-daemon`
 //! exporting the same image; with `--guest`, a Linux guest's dd on each
-//! back end ([`crate::guest`]); and the limit: the best of a small sweep
+//! back end (`guest`); and the limit: the best of a small sweep
 //! of fio's `O_DIRECT` sequential write of the same image file (block
 //! sizes 1 MiB, 8 MiB and `bs`, queue depths 4, 16, 64), or without fio
 //! the bench's own plain O_DIRECT write (labelled so). Then the
-//! small-block table ([`small`]).
+//! small-block table (`small`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -240,7 +240,17 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     let (ours_sock, peer_sock) = (sock("iopath.sock"), sock("qsd.sock"));
     let cpus = Cpus::get()?;
     let (client, server) = cfg.placement.cpus(&cpus);
-    let ours = serve(&cfg.iopath, &image, &ours_sock, server, &["--queues", "2"]);
+    // `iopath blk serve` on the image with `extra` arguments.
+    let serve = |socket: &Path, extra: &[&str]| {
+        let mut cmd = Command::new(&cfg.iopath);
+        cmd.args(["blk", "serve", "--image"])
+            .arg(&image)
+            .arg("--socket")
+            .arg(socket)
+            .args(extra);
+        back_end("iopath blk serve", socket, server, &mut cmd)
+    };
+    let ours = serve(&ours_sock, &["--queues", "2"]);
     let peer = qsd(&image, &peer_sock, server);
     let dd_run = |sock: &Path, mode| on_cpu(client, &cpus, || dd_once(sock, cfg, mode));
     let modes = if cfg.modes.is_empty() {
@@ -339,17 +349,10 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         // Two more back ends, sleeping at once and never sleeping; the
         // default one is adaptive.
         let (sleep_sock, busy_sock) = (sock("iopath-sleep.sock"), sock("iopath-busy.sock"));
-        let sleep = serve(
-            &cfg.iopath,
-            &image,
-            &sleep_sock,
-            server,
-            &["--poll-us", "0"],
-        );
-        let busy = serve(&cfg.iopath, &image, &busy_sock, server, &["--poll"]);
-        let be = |c: &Result<Spawned>, sock: &Path| {
-            c.as_ref().ok().map(|c| (sock.to_path_buf(), c.id()))
-        };
+        let sleep = serve(&sleep_sock, &["--poll-us", "0"]);
+        let busy = serve(&busy_sock, &["--poll"]);
+        let be =
+            |c: &Result<Spawned>, sock: &Path| Some((sock.to_path_buf(), c.as_ref().ok()?.id()));
         let backends = small::Backends {
             sleep: be(&sleep, &sleep_sock),
             adaptive: be(&ours, &ours_sock),
@@ -366,23 +369,13 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     all.extend(rows);
     all.push(peer_row);
     all.extend(guests.into_iter().map(|g| g.0));
-    let driver = if cfg.guest {
-        "the driver and the guest's QEMU"
-    } else {
-        "the driver"
-    };
+    let driver = ["the driver", "the driver and the guest's QEMU"][usize::from(cfg.guest)];
+    let servers = "the back end, qemu-storage-daemon and fio";
+    let in_ram = crate::fs_type(&image) == Some(crate::TMPFS_MAGIC);
     let m = Measured {
         cfg: cfg.clone(),
-        image_on: if crate::fs_type(&image) == Some(crate::TMPFS_MAGIC) {
-            "RAM (tmpfs)"
-        } else {
-            "disk"
-        },
-        placement: cfg.placement.describe(
-            &cpus,
-            driver,
-            "the back end, qemu-storage-daemon and fio",
-        ),
+        image_on: if in_ram { "RAM (tmpfs)" } else { "disk" },
+        placement: cfg.placement.describe(&cpus, driver, servers),
         image,
         rows: all,
         limit,
@@ -423,23 +416,6 @@ fn back_end(
     Ok(c)
 }
 
-/// `iopath blk serve` on `image` with `extra` arguments.
-fn serve(
-    exe: &Path,
-    image: &Path,
-    socket: &Path,
-    cpu: Option<usize>,
-    extra: &[&str],
-) -> Result<Spawned> {
-    let mut cmd = Command::new(exe);
-    cmd.args(["blk", "serve", "--image"])
-        .arg(image)
-        .arg("--socket")
-        .arg(socket)
-        .args(extra);
-    back_end("iopath blk serve", socket, cpu, &mut cmd)
-}
-
 /// `qemu-storage-daemon` exporting `image` as vhost-user-blk with direct
 /// I/O.
 fn qsd(image: &Path, socket: &Path, cpu: Option<usize>) -> Result<Spawned> {
@@ -449,12 +425,10 @@ fn qsd(image: &Path, socket: &Path, cpu: Option<usize>) -> Result<Spawned> {
     let mut cmd = Command::new(Missing::QSD.program);
     let file = "driver=file,node-name=disk,filename";
     let export = "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path";
+    let (img, sock) = (image.display(), socket.display());
     cmd.arg("--blockdev")
-        .arg(format!(
-            "{file}={},cache.direct=on,aio=io_uring",
-            image.display()
-        ))
-        .arg("--export")
-        .arg(format!("{export}={},writable=on", socket.display()));
+        .arg(format!("{file}={img},cache.direct=on,aio=io_uring"));
+    cmd.arg("--export")
+        .arg(format!("{export}={sock},writable=on"));
     back_end(Missing::QSD.program, socket, cpu, &mut cmd)
 }

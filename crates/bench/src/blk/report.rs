@@ -21,14 +21,9 @@ impl Measured {
                 self.placement
             ),
         );
-        r.context("bytes", c.size);
-        r.context("bs", c.bs);
-        r.context("queue_depth", c.queue_depth);
-        r.context("runs", c.runs);
-        r.context("image", &self.image);
-        r.context("image_on", self.image_on);
-        r.context("placement", &self.placement);
-        r.context("limit", self.limit.context());
+        r.context(serde_json::json!({"bytes": c.size, "bs": c.bs, "queue_depth": c.queue_depth,
+            "runs": c.runs, "image": self.image, "image_on": self.image_on, "placement": self.placement,
+            "limit": self.limit.context()}));
         r.table(self.table());
         let mut panels = vec![self.panel()];
         if let Some(s) = &self.small {

@@ -1,12 +1,9 @@
 //! The small-block table of `iopath bench blk`: 4 KiB random reads and
 //! writes at queue depths 1 and 32, where the wake-up, not the copy,
-//! decides. Rows: fio's io_uring `O_DIRECT` on the same image (the limit);
-//! iopath's driver on `iopath blk serve` sleeping (`--poll-us 0` on both
-//! sides), adaptive (the default window on both sides) and `--poll` (both
-//! sides); iopath's driver (adaptive) on qemu-storage-daemon; and the
-//! adaptive pair over two queues at the deepest depth. Each cell gives
-//! IOPS, p50/p99 latency and CPU time per request (driver and back end,
-//! or fio), median of the runs; rows alternate run by run.
+//! decides: fio (the limit); iopath's driver on `iopath blk serve`
+//! sleeping, adaptive and `--poll` (both sides alike), on
+//! qemu-storage-daemon, and over two queues at the deepest depth. IOPS,
+//! p50/p99 latency and CPU time per request, medians; rows alternate.
 
 use std::path::{Path, PathBuf};
 
@@ -111,7 +108,7 @@ fn cpu_ns_of(pid: u32) -> u64 {
     // Fields after the command (which may hold spaces) and its `)`.
     let f: Vec<&str> = stat
         .rsplit_once(')')
-        .map_or("", |(_, r)| r)
+        .map_or("", |r| r.1)
         .split_whitespace()
         .collect();
     let ticks: u64 = [11, 12]
@@ -157,12 +154,8 @@ fn dd_run(
     let report = iopath_blk::dd::run(&dd, &()).map_err(Error::layer("dd"))?;
     let cpu = cpu_ns_self().saturating_sub(mine) + cpu_ns_of(*pid).saturating_sub(theirs);
     let r = report.runs[0];
-    Ok([
-        r.iops,
-        r.p50_us,
-        r.p99_us,
-        cpu as f64 / 1000.0 / count as f64,
-    ])
+    let cpu_us = cpu as f64 / 1000.0 / count as f64;
+    Ok([r.iops, r.p50_us, r.p99_us, cpu_us])
 }
 
 /// One fio run on `image` pinned to `cpu`.
@@ -200,12 +193,8 @@ fn parse_fio(v: &serde_json::Value, dir: &str) -> Option<Run> {
     let ios = d["total_ios"].as_f64()?.max(1.0);
     let runtime_s = d["runtime"].as_f64()? / 1000.0;
     let cpu = (job["usr_cpu"].as_f64()? + job["sys_cpu"].as_f64()?) / 100.0 * runtime_s;
-    Some([
-        d["iops"].as_f64()?,
-        pct("50.000000")?,
-        pct("99.000000")?,
-        cpu * 1e6 / ios,
-    ])
+    let (p50, p99) = (pct("50.000000")?, pct("99.000000")?);
+    Some([d["iops"].as_f64()?, p50, p99, cpu * 1e6 / ios])
 }
 
 /// Runs the table. Cells alternate within each run (every row of a
@@ -282,11 +271,8 @@ pub(super) fn run(
             bar.inc(1);
         }
     }
-    Measured {
-        count,
-        runs: small.runs,
-        rows,
-    }
+    let runs = small.runs;
+    Measured { count, runs, rows }
 }
 
 impl Measured {

@@ -15,11 +15,9 @@
 //! | dmabuf buffered read | `DMA_HEAP_IOCTL_ALLOC` | `pread` into the dma-buf's mapping |
 //! | dmabuf direct read | the same | the kernel-side direct read of the unmerged ioctl: missing |
 //!
-//! iopath's routes run through [`iopath_heap::load`] (allocation on its own
-//! thread, overlapped with the reads): udmabuf with `uring`, memfd with
-//! `auto`, the dma-heap with `auto` (which measures bounce against
-//! buffered). The pool rows load twice through one [`Pool`]: the second
-//! load takes the first load's buffers back.
+//! iopath's routes run [`iopath_heap::load`] (allocation overlapped with
+//! the reads); the pool rows load twice through one [`Pool`], the second
+//! load taking the first one's buffers back.
 
 use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -4,7 +4,7 @@
 //! limit: the best of a sweep of fio's O_DIRECT io_uring read of the same
 //! file (block sizes 1 MiB and 8 MiB, queue depths 4, 16, 64), or without
 //! fio the bench's own plain O_DIRECT read, labelled so. Then the dma-buf
-//! table ([`dma_buf_table`]).
+//! table (`dma_buf_table`).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! The report of `iopath bench heap`: its tables and chart.
 
 use iopath_sys::human;
+use serde_json::json;
 
 use super::Measured;
 use crate::report::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
@@ -43,15 +44,10 @@ impl Measured {
                 self.runs
             ),
         );
-        r.context("file", &self.file);
-        r.context("fs", self.fs);
-        r.context("bytes", self.bytes);
-        r.context("buffers", self.buffers);
-        r.context("buffer_size", self.buffer_size);
-        r.context("runs", self.runs);
-        r.context("loadavg", [self.loadavg.0, self.loadavg.1]);
-        if let Some(l) = &self.limit {
-            r.context("limit", l.context());
+        r.context(json!({"file": self.file, "fs": self.fs, "bytes": self.bytes, "buffers": self.buffers,
+            "buffer_size": self.buffer_size, "runs": self.runs, "loadavg": [self.loadavg.0, self.loadavg.1],
+            "limit": self.limit.as_ref().map(|l| l.context())}));
+        if self.limit.is_some() {
             r.table(self.table());
         }
         r.table(self.dma_buf_table());

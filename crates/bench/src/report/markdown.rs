@@ -1,7 +1,7 @@
 //! The Markdown writer: the same tables as the text writer, as pipe
-//! tables (figures right-aligned), each title and note a paragraph.
+//! tables (figures right-aligned), each title and line below a paragraph.
 
-use super::model::{Align, Table};
+use super::model::Table;
 use super::Report;
 
 /// The whole report: the summary, the tables, the notes, as paragraphs.
@@ -24,36 +24,27 @@ fn paragraph(out: &mut String, s: &str) {
     }
 }
 
-/// A cell's text with the characters that would break a pipe table
-/// escaped.
-fn escape(s: &str) -> String {
-    s.replace('|', "\\|")
-}
-
 fn table(out: &mut String, t: &Table) {
     paragraph(out, &t.title);
     let row = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
-    out.push_str(&row(t.columns.iter().map(|c| escape(&c.name)).collect()));
+    // A pipe in a cell would end it.
+    let escape = |s: String| s.replace('|', "\\|");
     out.push_str(&row(t
         .columns
         .iter()
-        .map(|c| match c.align {
-            Align::Left => "---".to_string(),
-            Align::Right => "---:".to_string(),
-        })
+        .map(|c| escape(c.name.clone()))
+        .collect()));
+    out.push_str(&row(t
+        .columns
+        .iter()
+        .map(|c| if c.right { "---:" } else { "---" }.into())
         .collect()));
     for r in &t.rows {
-        out.push_str(&row(r.iter().map(|c| escape(&c.to_string())).collect()));
+        out.push_str(&row(r.iter().map(|c| escape(c.to_string())).collect()));
     }
     out.push('\n');
-    let figures = t.figures.iter().map(|(l, c)| format!("{l}: {c}"));
-    for n in t
-        .not_run_line()
-        .into_iter()
-        .chain(figures)
-        .chain(t.notes.iter().cloned())
-    {
-        paragraph(out, &n);
+    for line in t.below() {
+        paragraph(out, &line);
     }
 }
 

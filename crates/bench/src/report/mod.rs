@@ -34,7 +34,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 pub use files::Files;
-pub use model::{grouped, Align, Cell, Column, Figure, NotRun, Table, Unit};
+pub use model::{grouped, Cell, Column, Figure, NotRun, Table, Unit};
 
 use crate::Result;
 
@@ -77,9 +77,16 @@ impl Report {
     }
 
     /// Records what the figures were measured on (sizes, placement, the
-    /// limit's command), for JSON.
-    pub fn context(&mut self, key: &str, value: impl serde::Serialize) {
-        self.context.insert(key.into(), json!(value));
+    /// limit's command), for JSON: the keys of the object `v`.
+    pub fn context(&mut self, v: Value) {
+        if let Value::Object(m) = v {
+            self.context.extend(m);
+        }
+    }
+
+    /// Adds a panel to the chart.
+    pub(crate) fn panel(&mut self, p: plot::Panel) {
+        self.chart.1.push(p);
     }
 
     /// The experiment's name.

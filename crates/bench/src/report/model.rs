@@ -1,44 +1,32 @@
 //! The report model: tables of cells, each cell a figure with its unit,
-//! the runs behind it and their range, or words. The text, Markdown and
-//! JSON writers lay the same cells out; none formats a figure itself.
+//! the runs behind it and their range, or words. The writers lay the same
+//! cells out; none formats a figure itself.
 
 use std::fmt;
 
 use serde_json::{json, Value};
 
-/// How a column's cells line up in the text table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Align {
-    /// Names and labels.
-    Left,
-    /// Figures.
-    Right,
-}
-
-/// A column: its heading and alignment.
+/// A column: its heading, and whether its cells are figures (aligned
+/// right in text) or names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {
     /// The heading.
     pub name: String,
-    /// How its cells line up.
-    pub align: Align,
+    /// Figures, aligned right.
+    pub right: bool,
 }
 
 impl Column {
     /// A column of names or labels.
     pub fn left(name: impl Into<String>) -> Column {
-        Column {
-            name: name.into(),
-            align: Align::Left,
-        }
+        let (name, right) = (name.into(), false);
+        Column { name, right }
     }
 
     /// A column of figures.
     pub fn right(name: impl Into<String>) -> Column {
-        Column {
-            name: name.into(),
-            align: Align::Right,
-        }
+        let (name, right) = (name.into(), true);
+        Column { name, right }
     }
 }
 
@@ -59,22 +47,9 @@ pub enum Unit {
     Bytes,
 }
 
-impl Unit {
-    /// The unit's name in JSON (`None`: the column heading's).
-    fn json(self) -> Option<&'static str> {
-        match self {
-            Unit::Plain | Unit::Grouped => None,
-            Unit::Percent => Some("%"),
-            Unit::Times => Some("x"),
-            Unit::Micros => Some("us"),
-            Unit::Bytes => Some("bytes"),
-        }
-    }
-}
-
 /// One measured figure: its value (a median over runs, usually), unit and
-/// decimals; the runs it summarises and their range, written `(min-max)`;
-/// how many samples each run took.
+/// decimals, the runs' range written `(min-max)`, each run's figure and
+/// the samples each run took (round trips, say), which only JSON shows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Figure {
     /// The value.
@@ -83,11 +58,11 @@ pub struct Figure {
     pub unit: Unit,
     /// Decimals written.
     pub digits: usize,
-    /// The runs' minimum and maximum, written after the value.
+    /// The runs' minimum and maximum.
     pub range: Option<(f64, f64)>,
-    /// Each run's figure (JSON only).
+    /// Each run's figure.
     pub runs: Vec<f64>,
-    /// The samples each run took, e.g. round trips (JSON only).
+    /// The samples of each run.
     pub samples: Vec<u64>,
 }
 
@@ -130,25 +105,21 @@ impl Cell {
         Cell::figure(ratio, Unit::Times, 2)
     }
 
-    /// Microseconds with `digits` decimals (`6.0 us`).
-    pub fn micros(us: f64, digits: usize) -> Cell {
-        Cell::figure(us, Unit::Micros, digits)
-    }
-
     /// A figure of `unit`; `n/a` when it is not a finite number (a row
     /// with no runs, a ratio over zero).
     pub fn figure(value: f64, unit: Unit, digits: usize) -> Cell {
-        if !value.is_finite() {
-            return Cell::NotAvailable;
+        let (range, runs, samples) = (None, Vec::new(), Vec::new());
+        match value.is_finite() {
+            true => Cell::Figure(Figure {
+                value,
+                unit,
+                digits,
+                range,
+                runs,
+                samples,
+            }),
+            false => Cell::NotAvailable,
         }
-        Cell::Figure(Figure {
-            value,
-            unit,
-            digits,
-            range: None,
-            runs: Vec::new(),
-            samples: Vec::new(),
-        })
     }
 
     /// The figure with the runs' range `(min-max)` after it.
@@ -205,12 +176,12 @@ impl Cell {
             Cell::Figure(f) => f,
         };
         let mut v = json!({ "value": f.value });
-        if let Some(u) = f.unit.json() {
-            v["unit"] = json!(u);
+        let unit = ["", "", "%", "x", "us", "bytes"][f.unit as usize];
+        if !unit.is_empty() {
+            v["unit"] = json!(unit);
         }
         if let Some((lo, hi)) = f.range {
-            v["min"] = json!(lo);
-            v["max"] = json!(hi);
+            (v["min"], v["max"]) = (json!(lo), json!(hi));
         }
         if !f.runs.is_empty() {
             v["runs"] = json!(f.runs);
@@ -241,12 +212,7 @@ impl fmt::Display for Figure {
             Unit::Bytes => iopath_sys::human(v as u64),
             _ => format!("{v:.d$}", d = self.digits),
         };
-        let unit = match self.unit {
-            Unit::Plain | Unit::Grouped | Unit::Bytes => "",
-            Unit::Percent => "%",
-            Unit::Times => "x",
-            Unit::Micros => " us",
-        };
+        let unit = ["", "", "%", "x", " us", ""][self.unit as usize];
         write!(f, "{}{unit}", num(self.value))?;
         if let Some((lo, hi)) = self.range {
             write!(f, " ({}-{})", num(lo), num(hi))?;
@@ -291,7 +257,7 @@ pub fn grouped(v: f64, digits: usize) -> String {
 }
 
 /// A row that did not run: what it needs (the kernel feature, the peer
-/// program) and why it failed here (JSON only, when it says more).
+/// program) and the error it met (JSON only).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NotRun {
     /// The row.
@@ -303,7 +269,7 @@ pub struct NotRun {
 }
 
 /// A table: a title above, headed columns, rows of cells; below, the rows
-/// that did not run, key figures (`label: cell`) and notes.
+/// that did not run (one line), figures (`label: cell`) and notes.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Table {
     /// What the table shows and how it was measured (may be empty).
@@ -312,10 +278,9 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// The rows, one cell per column.
     pub rows: Vec<Vec<Cell>>,
-    /// The rows that did not run, written as one line.
+    /// The rows that did not run.
     pub not_run: Vec<NotRun>,
-    /// Figures below the table, each a line `label: cell`: the ratios it
-    /// is about.
+    /// The ratios the table is about.
     pub figures: Vec<(String, Cell)>,
     /// Lines below the figures: the limit's source, what it compares.
     pub notes: Vec<String>,
@@ -324,9 +289,11 @@ pub struct Table {
 impl Table {
     /// A table titled `title` with `columns` and no rows yet.
     pub fn new(title: impl Into<String>, columns: Vec<Column>) -> Table {
+        let (title, rows) = (title.into(), Vec::new());
         Table {
-            title: title.into(),
+            title,
             columns,
+            rows,
             ..Table::default()
         }
     }
@@ -348,19 +315,15 @@ impl Table {
     }
 
     /// Records a row that did not run, what it needs and why.
-    pub fn not_run(
-        &mut self,
-        row: impl Into<String>,
-        needs: impl Into<String>,
-        why: impl Into<String>,
-    ) {
+    pub fn not_run(&mut self, row: impl Into<String>, needs: &str, why: &str) {
         let (row, needs, why) = (row.into(), needs.into(), why.into());
         self.not_run.push(NotRun { row, needs, why });
     }
 
-    /// The one line about the rows that did not run, grouped by what they
-    /// need (`None`: every row ran): `not run here: ROW: NEED; 4 rows: NEED`.
-    pub fn not_run_line(&self) -> Option<String> {
+    /// The lines below the table: one about the rows that did not run,
+    /// grouped by what they need (`not run here: ROW: NEED; 4 rows:
+    /// NEED`), the figures, the notes.
+    pub fn below(&self) -> Vec<String> {
         let mut needs: Vec<(&str, Vec<&str>)> = Vec::new();
         for n in &self.not_run {
             match needs.iter_mut().find(|(need, _)| *need == n.needs) {
@@ -375,29 +338,37 @@ impl Table {
                 _ => format!("{} rows: {need}", rows.len()),
             })
             .collect();
-        (!groups.is_empty()).then(|| format!("not run here: {}", groups.join("; ")))
+        let not_run = (!groups.is_empty()).then(|| format!("not run here: {}", groups.join("; ")));
+        let figures = self.figures.iter().map(|(l, c)| format!("{l}: {c}"));
+        not_run
+            .into_iter()
+            .chain(figures)
+            .chain(self.notes.iter().cloned())
+            .collect()
     }
 
     /// The table in JSON: `title`, `columns` (headings), `rows` (arrays of
     /// cells), `not_run` (`row`, `needs`, `why`), `figures` (by label),
     /// `notes`.
     pub fn json(&self) -> Value {
-        let cells = |r: &Vec<Cell>| r.iter().map(Cell::json).collect::<Vec<_>>();
+        let rows: Vec<Vec<Value>> = self
+            .rows
+            .iter()
+            .map(|r| r.iter().map(Cell::json).collect())
+            .collect();
+        let not_run: Vec<Value> = self
+            .not_run
+            .iter()
+            .map(|n| json!({"row": n.row, "needs": n.needs, "why": n.why}))
+            .collect();
         let figures: serde_json::Map<String, Value> = self
             .figures
             .iter()
             .map(|(l, c)| (l.clone(), c.json()))
             .collect();
-        json!({
-            "title": self.title,
-            "columns": self.columns.iter().map(|c| &c.name).collect::<Vec<_>>(),
-            "rows": self.rows.iter().map(cells).collect::<Vec<_>>(),
-            "not_run": self.not_run.iter()
-                .map(|n| json!({"row": n.row, "needs": n.needs, "why": n.why}))
-                .collect::<Vec<_>>(),
-            "figures": figures,
-            "notes": self.notes,
-        })
+        let columns: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+        json!({"title": self.title, "columns": columns, "rows": rows, "not_run": not_run,
+               "figures": figures, "notes": self.notes})
     }
 }
 
@@ -410,17 +381,13 @@ mod tests {
         assert_eq!(Cell::num(1.23456, 3).to_string(), "1.235");
         assert_eq!(Cell::percent(97.54, 1).to_string(), "97.5%");
         assert_eq!(Cell::times(1.256).to_string(), "1.26x");
-        assert_eq!(Cell::micros(6.04, 1).to_string(), "6.0 us");
+        assert_eq!(Cell::figure(6.04, Unit::Micros, 1).to_string(), "6.0 us");
         assert_eq!(
             Cell::figure(32.0 * 1048576.0, Unit::Bytes, 0).to_string(),
             "32 MiB"
         );
-        assert_eq!(
-            Cell::grouped(12_345.4, 0)
-                .with_range(9_999.6, 1_234_567.0)
-                .to_string(),
-            "12,345 (10,000-1,234,567)"
-        );
+        let c = Cell::grouped(12_345.4, 0).with_range(9_999.6, 1_234_567.0);
+        assert_eq!(c.to_string(), "12,345 (10,000-1,234,567)");
         assert_eq!(Cell::num(f64::NAN, 1).to_string(), "n/a");
         assert_eq!(
             Cell::num(1.0, 1).with_range(f64::NAN, 2.0).to_string(),
@@ -442,11 +409,9 @@ mod tests {
     #[test]
     fn cells_in_json_keep_unit_runs_and_samples() {
         let c = Cell::runs(&[3.0, 1.0, 2.0], Unit::Percent, 0).with_samples(vec![5, 6, 7]);
-        assert_eq!(
-            c.json(),
-            json!({"value": 2.0, "unit": "%", "min": 1.0, "max": 3.0,
-                   "runs": [3.0, 1.0, 2.0], "samples": [5, 6, 7]})
-        );
+        let want = json!({"value": 2.0, "unit": "%", "min": 1.0, "max": 3.0,
+                          "runs": [3.0, 1.0, 2.0], "samples": [5, 6, 7]});
+        assert_eq!(c.json(), want);
         assert_eq!(Cell::num(1.5, 1).json(), json!({"value": 1.5}));
         assert_eq!(Cell::text("a").json(), json!("a"));
         assert_eq!(Cell::NotAvailable.json(), Value::Null);
@@ -455,14 +420,13 @@ mod tests {
     #[test]
     fn rows_not_run_are_one_line_grouped_by_need() {
         let mut t = Table::new("t", vec![Column::left("row")]);
-        assert_eq!(t.not_run_line(), None);
+        assert!(t.below().is_empty());
         t.not_run("a", "/dev/udmabuf", "");
         t.not_run("b", "fio", "");
         t.not_run("c", "/dev/udmabuf", "no such file");
-        assert_eq!(
-            t.not_run_line().unwrap(),
-            "not run here: 2 rows: /dev/udmabuf; b: fio"
-        );
+        t.figure("r", Cell::times(2.0));
+        let want = ["not run here: 2 rows: /dev/udmabuf; b: fio", "r: 2.00x"];
+        assert_eq!(t.below(), want);
         assert_eq!(t.json()["not_run"][2]["why"], "no such file");
     }
 

@@ -15,7 +15,7 @@ use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus};
 use crate::report::plot::{Bar, Panel, LIMIT, PRIMARY};
 use crate::report::{Cell, Column, Table};
-use crate::{Error, Latency, Result};
+use crate::{Error, Latency, Report, Result};
 
 /// Echo round trips measured in this many turns, alternating with the raw
 /// ping-pong, so that both see the same machine.
@@ -97,7 +97,7 @@ pub(super) fn echo_vs_limit(
 /// the poll floor ([`super::raw::poll`]) in the same places, and the raw
 /// eventfd ping-pong in its fastest placement, both on the client's CPU:
 /// the table, and the chart's panel.
-pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<(Table, Panel)> {
+pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
     let (ca, cb) = cpus.pair();
     let servers = Servers::start(
         &a.iopath,
@@ -138,11 +138,15 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus) -> Result<(Table, Panel
     );
     let ratio = Cell::times(echo.p50_us / floor.p50_us);
     t.figure("endpoint fd busy-polled / floor, p50", ratio);
+    r.table(t);
     let title = "echo round trip, polling (limit: the poll floor)";
-    Ok((
-        t,
-        panel(title.into(), &echo, &floor, "the same hops, no rpmsg"),
-    ))
+    r.panel(panel(
+        title.into(),
+        &echo,
+        &floor,
+        "the same hops, no rpmsg",
+    ));
+    Ok(())
 }
 
 /// An echo latency table titled `title`: each path, then the limit, with

@@ -1,28 +1,15 @@
-//! `iopath bench rpmsg`: the endpoint service's create+destroy and echo
-//! figures, each beside a limit measured in the same run.
-//!
-//! Create and destroy an endpoint L times the legacy way (create, find and
-//! open the node, destroy through it, close) and the fd way (create,
-//! close), beside one raw `SOCK_SEQPACKET` request/response between two
-//! processes with an fd passed, per cycle ([`cycles`]). Then echo round
-//! trips through the remote (host and remote are separate processes on a
-//! temporary shared-memory file) beside a raw eventfd ping-pong between two
-//! processes ([`echo`]). With OpenAMP's demo built (`--openamp DIR`), the
-//! peer rows ([`peers`]); then the `--scale` and bulk rows.
-//!
-//! ```text
-//!   children     iopath rpmsg remote + host (Servers), logged children
-//!   raw          the limits' bare servers (child processes) and clients
-//!   cycles       create+destroy rows    echo   echo rows (+ --poll)
-//!   peers        OpenAMP peer rows      scale, bulk  --scale, bulk rows
-//! ```
+//! `iopath bench rpmsg`: the endpoint service's figures, each beside a
+//! limit measured in the same run, with host and remote as child
+//! processes (`children`) and the limits' bare servers too (`raw`):
+//! create+destroy cycles (`cycles`), echo round trips (`echo`), with
+//! `--openamp DIR` the peer rows (`peers`), then the `--scale` and bulk
+//! rows.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::invalid;
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::report::plot::Panel;
 use crate::{ProgressBar, Report, Result};
 
 mod bulk;
@@ -170,56 +157,46 @@ fn shm_dir() -> PathBuf {
 }
 
 /// The create+destroy rows and the echo rows with every process where
-/// `placement` puts it: their tables and chart panels.
+/// `placement` puts it, into `r`; where they ran, in words.
 fn measure(
     a: &RpmsgConfig,
-    placement: Placement,
+    p: Placement,
     cpus: &Cpus,
     pb: &ProgressBar,
     r: &mut Report,
-) -> Result<(Vec<Panel>, String)> {
-    let (client_cpu, server_cpu) = placement.cpus(cpus);
-    let servers = Servers::start(
-        &a.iopath,
-        &Setup {
-            parent: &shm_dir(),
-            prefix: "iopath-bench-rpmsg-",
-            poll: false,
-            remote_args: &["--echo", "echo"],
-            shm_size: children::SHM_SIZE,
-            remote_cpu: server_cpu,
-            host_cpu: server_cpu,
-        },
-    )?;
+) -> Result<String> {
+    let (client_cpu, server_cpu) = p.cpus(cpus);
+    let setup = Setup {
+        parent: &shm_dir(),
+        prefix: "iopath-bench-rpmsg-",
+        poll: false,
+        remote_args: &["--echo", "echo"],
+        shm_size: children::SHM_SIZE,
+        remote_cpu: server_cpu,
+        host_cpu: server_cpu,
+    };
+    let servers = Servers::start(&a.iopath, &setup)?;
     let raw = raw::fd::RawFdServer::start(&a.iopath, server_cpu)?;
     let (rows, echo, limit) = on_cpu(client_cpu, cpus, || {
         let (c, echo_ep) = servers.client("echo")?;
-        let rows = cycles::rows(&c, &raw, &a.loops, a.runs, placement, pb)?;
-        pb.set_message(format!("{} echo", placement.name()));
+        let rows = cycles::rows(&c, &raw, &a.loops, a.runs, p, pb)?;
+        pb.set_message(format!("{} echo", p.name()));
         let (echo, limit) = echo::echo_vs_limit(&a.iopath, &echo_ep, a.count, server_cpu)?;
         Ok((rows, echo, limit))
     })?;
-    let (name, place) = (
-        placement.name(),
-        placement.describe(cpus, "client", "host, remote and the limit's server"),
-    );
-    r.table(cycles::table(placement, &place, &rows, a.runs));
-    let title = format!(
-        "echo round trip, placement {name}: 16 B, {} round trips each, in {} alternating turns",
-        a.count,
-        echo::ECHO_TURNS
-    );
+    let place = p.describe(cpus, "client", "host, remote and the limit's server");
+    r.table(cycles::table(p, &place, &rows, a.runs));
+    r.panel(cycles::panel(p, &rows));
+    let (name, turns) = (p.name(), echo::ECHO_TURNS);
+    let title = format!("echo round trip, placement {name}: 16 B, {} round trips each, in {turns} alternating turns", a.count);
     r.table(echo::table(
         title,
         &[("endpoint fd (eventfd notify)", &echo)],
         &limit,
     ));
-    let echo_title = format!("echo round trip, placement {name}");
-    let panels = vec![
-        cycles::panel(placement, &rows),
-        echo::panel(echo_title, &echo, &limit, "raw eventfd ping-pong"),
-    ];
-    Ok((panels, place))
+    let title = format!("echo round trip, placement {name}");
+    r.panel(echo::panel(title, &echo, &limit, "raw eventfd ping-pong"));
+    Ok(place)
 }
 
 /// Runs the experiment.
@@ -231,23 +208,20 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
     a.check()?;
     let cpus = Cpus::get()?;
     let load_before = crate::loadavg();
-    let total: u64 = a.loops.iter().sum::<u64>()
-        * cycles::WAYS as u64
-        * a.runs as u64
-        * a.placement.len() as u64;
-    let pb = ProgressBar::new("bench rpmsg", total);
+    let loops: u64 = a.loops.iter().sum();
+    let pb = ProgressBar::new(
+        "bench rpmsg",
+        loops * (cycles::WAYS * a.runs * a.placement.len()) as u64,
+    );
     let mut r = Report::new("rpmsg", "");
-    let (mut panels, mut places) = (Vec::new(), Vec::new());
+    let mut places = Vec::new();
     for &p in &a.placement {
-        let (ps, place) = measure(a, p, &cpus, &pb, &mut r)?;
-        panels.extend(ps);
+        let place = measure(a, p, &cpus, &pb, &mut r)?;
         places.push(serde_json::json!({"placement": p.name(), "where": place}));
     }
     if a.poll {
         pb.set_message("poll echo");
-        let (t, p) = echo::measure_poll(a, &cpus)?;
-        r.table(t);
-        panels.push(p);
+        echo::measure_poll(a, &cpus, &mut r)?;
     }
     let peers: Vec<_> = match &a.openamp {
         Some(_) => a
@@ -260,41 +234,30 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
     pb.finish();
     let load_after = crate::loadavg();
     if a.scale {
-        let (tables, p) = scale::run(&a.iopath)?;
-        tables.into_iter().for_each(|t| r.table(t));
-        panels.extend(p);
+        scale::run(&a.iopath, &mut r)?;
     }
     if a.bulk_bytes > 0 {
-        let (t, p) = bulk::run(&a.bulk_sizes, a.bulk_bytes, a.runs, &a.iopath)?;
-        r.table(t);
-        panels.push(p);
+        bulk::run(&a.bulk_sizes, a.bulk_bytes, a.runs, &a.iopath, &mut r)?;
     }
     if a.openamp.is_none() {
         r.note(format!("note: {}", peers::NO_PEERS));
     }
     for (t, p) in peers {
         r.table(t);
-        panels.push(p);
+        r.panel(p);
     }
-    r.chart = (
-        "bench rpmsg: endpoints the legacy way vs as fds".into(),
-        panels,
-        2,
-    );
+    r.chart.0 = "bench rpmsg: endpoints the legacy way vs as fds".into();
+    r.chart.2 = 2;
     let f = |v: Option<f64>| v.map_or_else(|| "?".into(), |v| format!("{v:.2}"));
+    let (before, after) = (f(load_before), f(load_after));
     r.summary = format!(
-        "rpmsg endpoints, {} runs, {} echo round trips per row; 1-minute load average {} before, {} after",
-        a.runs,
-        a.count,
-        f(load_before),
-        f(load_after)
+        "rpmsg endpoints, {} runs, {} echo round trips per row; 1-minute load average {before} before, {after} after",
+        a.runs, a.count
     );
-    r.context("runs", a.runs);
-    r.context("count", a.count);
-    r.context("loadavg", [load_before, load_after]);
-    r.context("placements", places);
-    if a.openamp.is_some() {
-        r.context("peers", peers::context(a));
-    }
+    let peers = a.openamp.as_ref().map(|_| peers::context(a));
+    r.context(
+        serde_json::json!({"runs": a.runs, "count": a.count, "loadavg": [load_before, load_after],
+        "placements": places, "peers": peers}),
+    );
     Ok(r)
 }

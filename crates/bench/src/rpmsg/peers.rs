@@ -1,22 +1,10 @@
 //! The OpenAMP peer rows of `iopath bench rpmsg --openamp DIR`: strict
-//! ping-pong of 16-byte messages between each driver side and each remote,
-//! in the same run, pinned per placement, the pairs taking turns:
-//!
-//! ```text
-//!   driver side (first CPU)                     remote (second CPU, or the same)
-//!   OpenAMP: DIR/rpmsg-ping-timed        <->    OpenAMP: DIR/rpmsg-echo
-//!   iopath endpoint fd: `iopath rpmsg    <->    iopath: `iopath rpmsg remote`
-//!     host --ctrl` + this process as
-//!     the client of its control socket
-//!   iopath Bus API: this process as the
-//!     host, in-process endpoints
-//! ```
-//!
-//! OpenAMP's Linux demo platform fixes its shared memory and its
+//! ping-pong of 16-byte messages between each driver side ([`Driver`])
+//! and each remote ([`Remote`]), pinned per placement, the pairs taking
+//! turns. OpenAMP's Linux demo platform fixes its shared memory and its
 //! notification socket ([`OPENAMP_SHM`], [`OPENAMP_EVENT`]: one byte per
-//! kick on a unix stream socket, the remote listening), so every pair runs
-//! there, one pair at a time, and no other OpenAMP demo may run meanwhile.
-//! `DIR` holds what `scripts/openamp-demo build SRC DIR` builds.
+//! kick), so the pairs run there one at a time, and no other OpenAMP demo
+//! may run meanwhile. `DIR` is built by `scripts/openamp-demo`.
 
 use std::path::Path;
 use std::process::Command;
@@ -42,26 +30,35 @@ const PEER_WARM: u64 = 100;
 /// Bytes per message.
 const SIZE: usize = 16;
 
-/// Who drives (the virtio driver side, owning the buffers).
+/// Who drives (the virtio driver side, owning the buffers): OpenAMP's
+/// timed driver `rpmsg-ping-timed`; `iopath rpmsg host --ctrl` with this
+/// process as the client of an endpoint fd; this process as the host, on
+/// iopath's in-process `Bus` API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Driver {
-    /// iopath's timed driver on OpenAMP's API, `rpmsg-ping-timed`.
     OpenAmp,
-    /// `iopath rpmsg host --ctrl` with this process as its client: an
-    /// endpoint fd.
     EptFd,
-    /// This process as the host: iopath's in-process `Bus` API.
     Bus,
 }
 
-/// Who echoes (the virtio device side).
+/// Who echoes (the virtio device side): OpenAMP's `rpmsg-echo`, or
+/// `iopath rpmsg remote`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Remote {
-    /// OpenAMP's `rpmsg-echo`.
     OpenAmp,
-    /// `iopath rpmsg remote`.
     Iopath,
 }
+
+/// Each driver's and remote's name in the tables and key in the charts.
+const DRIVERS: [(&str, &str); 3] = [
+    ("OpenAMP driver (rpmsg-ping-timed)", "openamp"),
+    ("iopath endpoint fd (rpmsg host + client)", "ept_fd"),
+    ("iopath Bus API (in-process host)", "bus"),
+];
+const REMOTES: [(&str, &str); 2] = [
+    ("OpenAMP rpmsg-echo", "openamp"),
+    ("iopath rpmsg remote", "iopath"),
+];
 
 /// Every pair, in the order of the tables.
 const PAIRS: [(Driver, Remote); 6] = [
@@ -72,41 +69,6 @@ const PAIRS: [(Driver, Remote); 6] = [
     (Driver::Bus, Remote::Iopath),
     (Driver::Bus, Remote::OpenAmp),
 ];
-
-impl Driver {
-    fn name(self) -> &'static str {
-        match self {
-            Driver::OpenAmp => "OpenAMP driver (rpmsg-ping-timed)",
-            Driver::EptFd => "iopath endpoint fd (rpmsg host + client)",
-            Driver::Bus => "iopath Bus API (in-process host)",
-        }
-    }
-
-    /// In charts and progress.
-    fn key(self) -> &'static str {
-        match self {
-            Driver::OpenAmp => "openamp",
-            Driver::EptFd => "ept_fd",
-            Driver::Bus => "bus",
-        }
-    }
-}
-
-impl Remote {
-    fn name(self) -> &'static str {
-        match self {
-            Remote::OpenAmp => "OpenAMP rpmsg-echo",
-            Remote::Iopath => "iopath rpmsg remote",
-        }
-    }
-
-    fn key(self) -> &'static str {
-        match self {
-            Remote::OpenAmp => "openamp",
-            Remote::Iopath => "iopath",
-        }
-    }
-}
 
 /// One pair's runs in one placement: each run that completed, and why
 /// the others did not.
@@ -140,29 +102,21 @@ fn start_remote(
     // earlier pair left would let a driver connect to nothing.
     let _ = std::fs::remove_file(OPENAMP_EVENT);
     let _ = std::fs::remove_file(OPENAMP_SHM);
-    let mut kid = match remote {
-        Remote::OpenAmp => {
-            let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
-            Spawned::logged(
-                dir.join("rpmsg-echo.log"),
-                "rpmsg-echo",
-                cpu,
-                &mut Command::new(exe.join("rpmsg-echo")),
-            )?
-        }
-        Remote::Iopath => Spawned::logged(
-            dir.join("iopath rpmsg remote.log"),
-            "iopath rpmsg remote",
-            cpu,
-            children::remote(
+    let (name, mut cmd) = match remote {
+        Remote::OpenAmp => ("rpmsg-echo", Command::new(openamp(cfg).join("rpmsg-echo"))),
+        Remote::Iopath => {
+            let notify = format!("unix:{OPENAMP_EVENT}");
+            let mut cmd = children::remote(
                 &cfg.iopath,
                 Path::new(OPENAMP_SHM),
-                &format!("unix:{OPENAMP_EVENT}"),
+                &notify,
                 children::SHM_SIZE,
-            )
-            .args(["--echo", SERVICE, "--once"]),
-        )?,
+            );
+            cmd.args(["--echo", SERVICE, "--once"]);
+            ("iopath rpmsg remote", cmd)
+        }
     };
+    let mut kid = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
     kid.wait_for("notification socket", Duration::from_secs(20), || {
         Path::new(OPENAMP_EVENT).exists()
     })?;
@@ -189,32 +143,29 @@ fn message(seq: u64) -> [u8; SIZE] {
     u128::from(seq).to_le_bytes()
 }
 
+/// OpenAMP's demo programs (the config is checked before any row runs).
+fn openamp(cfg: &RpmsgConfig) -> &Path {
+    cfg.openamp.as_deref().expect("peer rows need --openamp")
+}
+
 /// The OpenAMP driver: runs `rpmsg-ping-timed` and reads its JSON line.
 fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
-    let exe = cfg.openamp.as_ref().expect("peer rows need --openamp");
     let secs = cfg.peer_budget.as_secs().max(1);
+    let args = [cfg.count, PEER_WARM, SIZE as u64, secs].map(|n| n.to_string());
+    let mut cmd = Command::new(openamp(cfg).join("rpmsg-ping-timed"));
+    cmd.args([
+        "-n", &args[0], "-w", &args[1], "-s", &args[2], "-t", &args[3],
+    ]);
     let mut kid = Spawned::logged(
         dir.join("rpmsg-ping-timed.log"),
         "rpmsg-ping-timed",
         cpu,
-        Command::new(exe.join("rpmsg-ping-timed")).args([
-            "-n",
-            &cfg.count.to_string(),
-            "-w",
-            &PEER_WARM.to_string(),
-            "-s",
-            &SIZE.to_string(),
-            "-t",
-            &secs.to_string(),
-        ]),
+        &mut cmd,
     )?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
     let out = std::fs::read_to_string(kid.log()).map_err(Error::io(kid.log()))?;
-    let parsed = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    let last = out.lines().rev().find(|l| l.starts_with('{'));
+    let parsed = last.and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
     let Some(v) = parsed.filter(|_| st.success()) else {
         return Err(Error::Peer {
             program: "rpmsg-ping-timed".into(),
@@ -244,17 +195,14 @@ fn ept_fd_driver(
     cpus: &Cpus,
 ) -> Result<Latency> {
     let ctrl = dir.join("ctrl");
+    let notify = format!("unix:{OPENAMP_EVENT}");
+    let mut cmd = children::host(&cfg.iopath, Path::new(OPENAMP_SHM), &notify, &ctrl);
+    cmd.args(["--once", "--timeout", "20"]);
     let mut host = Spawned::logged(
         dir.join("iopath rpmsg host.log"),
         "iopath rpmsg host",
         cpu,
-        children::host(
-            &cfg.iopath,
-            Path::new(OPENAMP_SHM),
-            &format!("unix:{OPENAMP_EVENT}"),
-            &ctrl,
-        )
-        .args(["--once", "--timeout", "20"]),
+        &mut cmd,
     )?;
     host.wait_for("control socket", Duration::from_secs(20), || ctrl.exists())?;
     on_cpu(cpu, cpus, || {
@@ -284,11 +232,10 @@ fn ept_fd_driver(
 fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Latency> {
     on_cpu(cpu, cpus, || {
         let wait = Duration::from_secs(20);
-        let notifier = NotifySpec::Unix(OPENAMP_EVENT.into())
-            .connect(wait)
-            .map_err(Error::layer(format!(
-                "connecting to the remote on unix:{OPENAMP_EVENT}"
-            )))?;
+        let notifier = NotifySpec::Unix(OPENAMP_EVENT.into()).connect(wait);
+        let notifier = notifier.map_err(Error::layer(format!(
+            "connecting to the remote on unix:{OPENAMP_EVENT}"
+        )))?;
         let shm = SharedMem::open(Path::new(OPENAMP_SHM))
             .map_err(Error::layer(format!("opening {OPENAMP_SHM}")))?;
         let bus = Bus::host(shm, notifier, HOST_FEATURES)
@@ -384,12 +331,11 @@ pub(super) fn measure(
         for k in 0..PAIRS.len() {
             let i = (k + run) % PAIRS.len();
             let row = &mut rows[i];
-            pb.set_message(format!(
-                "peers {}: {} <-> {}",
-                placement.name(),
-                row.driver.key(),
-                row.remote.key()
-            ));
+            let (d, r) = (
+                DRIVERS[row.driver as usize].1,
+                REMOTES[row.remote as usize].1,
+            );
+            pb.set_message(format!("peers {}: {d} <-> {r}", placement.name()));
             match one(cfg, PAIRS[i], place, cpus) {
                 Ok(l) => row.runs.push(l),
                 Err(e) => row.failures.push(e.chain()),
@@ -430,7 +376,7 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
     // Every ratio is over OpenAMP's own pair, the first row.
     let pair = &rows[0];
     for r in rows {
-        let (d, m) = (r.driver.name(), r.remote.name());
+        let (d, m) = (DRIVERS[r.driver as usize].0, REMOTES[r.remote as usize].0);
         for f in &r.failures {
             t.note(format!("note: a run of {d} <-> {m} failed: {f}"));
         }
@@ -438,7 +384,7 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
             t.not_run(
                 format!("{d} <-> {m}"),
                 "every run failed",
-                r.failures.join("; "),
+                &r.failures.join("; "),
             );
             continue;
         }
@@ -487,7 +433,10 @@ fn panel(placement: Placement, rows: &[PeerRow]) -> Panel {
         Driver::Bus => SECONDARY,
     };
     let bar = |r: &PeerRow| {
-        let label = format!("{}/{}", r.driver.key(), r.remote.key());
+        let label = format!(
+            "{}/{}",
+            DRIVERS[r.driver as usize].1, REMOTES[r.remote as usize].1
+        );
         Bar::runs(label, &r.each(|l| l.msgs_per_s), color(r.driver))
     };
     Panel {

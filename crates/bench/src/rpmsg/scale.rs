@@ -3,22 +3,15 @@
 //! one CPU.
 //!
 //! ```text
-//!  client threads (one per endpoint fd) ─► host (endpoint service, one
-//!  thread) ─► vrings ─► remote "echo" / "sink" (another process)
-//!
-//!  echo     1, 16, 256 endpoints echoing at once, one thread each, for
-//!           1 s: aggregate round trips/s, each endpoint's p99 and round
-//!           trips (fairness: no endpoint starved)
-//!  stream   one endpoint sending as fast as it can to the sink, then
-//!           "SYNC", answered with the sink's count: messages/s and MB/s,
-//!           beside the same stream to a raw sink; up to 65520-byte
-//!           messages, the remote offering 64 KiB buffers
-//!  create   10,000 endpoint fds created on one control connection and
-//!           held, then closed: time per endpoint per thousand (a curve),
-//!           the host's resident memory per endpoint
+//!  echo     1, 16, 256 endpoints echoing at once, a thread each, for 1 s:
+//!           aggregate round trips/s, each endpoint's p99 and round trips
+//!  stream   one endpoint sending to the remote's sink as fast as it can,
+//!           then "SYNC" for its count, beside the same to a raw sink
+//!  create   10,000 endpoint fds created and held, then closed: time per
+//!           endpoint per thousand, the host's resident memory
 //! ```
 //!
-//! The remote offers `EVENT_IDX`, so kicks are batched both ways.
+//! The remote offers `EVENT_IDX` and 64 KiB buffers.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +27,7 @@ use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::report::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
-use crate::{percentile, Error, Result, Stats};
+use crate::{percentile, Error, Report, Result, Stats};
 
 const ENDPOINTS: [usize; 3] = [1, 16, 256];
 const ECHO_TIME: Duration = Duration::from_secs(1);
@@ -83,7 +76,7 @@ struct CreateRow {
 /// # Errors
 /// When the host, remote or raw sink cannot be started or misbehave (an
 /// echo wrong, a message lost), or the fd limit is too low.
-pub(super) fn run(iopath: &Path) -> Result<(Vec<Table>, Vec<Panel>)> {
+pub(super) fn run(iopath: &Path, r: &mut Report) -> Result<()> {
     let cpus = Cpus::get()?;
     let (client_cpu, server_cpu) = Placement::One.cpus(&cpus);
     let buf = iopath_rpmsg::BufSizes::both(64 * 1024);
@@ -145,10 +138,13 @@ pub(super) fn run(iopath: &Path) -> Result<(Vec<Table>, Vec<Panel>)> {
         let create = create_many(&srv, &c, CREATE)?;
         let place =
             Placement::One.describe(&cpus, "client threads", "host, remote and the raw sink");
-        Ok((
-            tables(&place, &echo, &streams, &create),
-            panels(&echo, &streams, &create),
-        ))
+        tables(&place, &echo, &streams, &create)
+            .into_iter()
+            .for_each(|t| r.table(t));
+        panels(&echo, &streams, &create)
+            .into_iter()
+            .for_each(|p| r.panel(p));
+        Ok(())
     })
 }
 

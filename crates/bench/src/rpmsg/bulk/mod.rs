@@ -1,21 +1,15 @@
 //! `iopath bench rpmsg` bulk rows: one-way streams of large messages over
-//! buffers negotiated at 64 KiB, beside what the machine does with the
-//! same bytes in the same run.
+//! 64 KiB buffers, beside what the machine does with the same bytes:
 //!
 //! ```text
-//!  endpoint fd  client ─► host's endpoint service ─► vrings ─► remote
-//!               "sink" (another process), then SYNC for its count
-//!  Bus API      a host Bus in this process: TxBuffer built in place ─►
-//!               vrings ─► a remote Bus in this process, ZeroCopyEndpoint:
-//!               each message read out of its shared buffer once
-//!  limit        the same messages over a bare SOCK_SEQPACKET socket to a
-//!               process that reads each whole (the fd row's limit)
-//!  memcpy       one thread copying the same bytes in message-sized
-//!               pieces into a ring-sized area (the Bus row's limit)
+//!  endpoint fd  client ─► endpoint service ─► vrings ─► remote "sink"
+//!  Bus API      host Bus, TxBuffer built in place ─► vrings ─► remote Bus
+//!               in this process, ZeroCopyEndpoint (each message read once)
+//!  limits       a bare SOCK_SEQPACKET socket to a raw sink (the fd row's);
+//!               one thread's memcpy into a ring-sized area (the Bus row's)
 //! ```
 //!
-//! The senders run on the first CPU; host, remote, the raw sink and the
-//! in-process remote on the second.
+//! The senders run on the first CPU, everything else on the second.
 
 mod measure;
 
@@ -27,7 +21,7 @@ use crate::error::invalid;
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::report::plot::{Bar, Panel, LIMIT, OTHER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
-use crate::{Result, Stats};
+use crate::{Report, Result, Stats};
 
 /// Buffer size both ways: the largest rpmsg can have.
 const BUF: u32 = 64 * 1024;
@@ -57,7 +51,8 @@ pub(super) fn run(
     bytes: u64,
     runs: usize,
     iopath: &Path,
-) -> Result<(Table, Panel)> {
+    r: &mut Report,
+) -> Result<()> {
     let max = (BUF as usize) - iopath_rpmsg::wire::HDR_LEN;
     if sizes.is_empty() || sizes.iter().any(|&s| s == 0 || s > max) {
         invalid!("--bulk-sizes", "give sizes of 1 to {max} bytes");
@@ -123,7 +118,9 @@ pub(super) fn run(
         }
         drop(sinks);
         pair.stop();
-        Ok((table(&place, bytes, runs, &rows), panel(&place, &rows)))
+        r.table(table(&place, bytes, runs, &rows));
+        r.panel(panel(&place, &rows));
+        Ok(())
     })
 }
 

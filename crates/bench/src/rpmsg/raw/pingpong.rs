@@ -11,7 +11,7 @@ use crate::child::Server;
 use crate::place::Spawned;
 use crate::{Error, Result};
 
-/// The raw ping-pong: a child process (child [`Server::Echo`]) that
+/// The raw ping-pong: a child process (the bench server `Echo`) that
 /// answers every kick with one.
 #[derive(Debug)]
 pub struct RawPingPong {

@@ -2,14 +2,11 @@
 //! no rpmsg in them.
 //!
 //! The polled echo goes client → (socket) → host → (shared memory) →
-//! remote → (shared memory) → host → (socket) → client, with host and
-//! remote polling and the client busy-polling its fd. On two cores one of
-//! the three shares a core, so its floor is not the eventfd ping-pong's:
-//! here a forwarder process stands for the host (a `SOCK_SEQPACKET`
-//! connection to the client, polled without blocking) and an echo process
-//! for the remote (one flag word in a shared page), each polling with the
-//! same [`PollSpin`] the bus and the endpoint fd use, and nothing else:
-//! no rings, no headers, no bookkeeping.
+//! remote and back, all three polling; on two cores one shares a core, so
+//! its floor is not the eventfd ping-pong's. Here a forwarder process
+//! stands for the host (a `SOCK_SEQPACKET` connection to the client) and
+//! an echo process for the remote (a flag word in a shared page), each
+//! polling with the bus's [`PollSpin`], and nothing else.
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
