@@ -9,7 +9,7 @@ use crate::{Error, Result};
 
 /// What to write, and the reports written so far.
 #[derive(Debug, Default)]
-pub struct Files {
+pub(crate) struct Files {
     plot: Option<PathBuf>,
     markdown: Option<PathBuf>,
     json: Option<PathBuf>,
@@ -18,26 +18,27 @@ pub struct Files {
 }
 
 impl Files {
-    /// Charts into `plot` (a directory, created if needed), the Markdown
-    /// document to `markdown`, the JSON object to `json` (each `None`:
-    /// not written).
-    pub fn new(plot: Option<PathBuf>, markdown: Option<PathBuf>, json: Option<PathBuf>) -> Files {
+    /// Charts into the directory `plot`, the Markdown document to
+    /// `markdown`, the JSON object to `json` (each `None`: not written).
+    pub(crate) fn new(
+        plot: Option<PathBuf>,
+        markdown: Option<PathBuf>,
+        json: Option<PathBuf>,
+    ) -> Files {
+        let done = Vec::new();
         Files {
             plot,
             markdown,
             json,
-            done: Vec::new(),
+            done,
         }
     }
 
     /// Refuses, before any experiment runs, a place that cannot be
-    /// written: the plot directory is made and a probe file created and
-    /// removed in it, and in the directory of each file; an existing file
-    /// must open for writing (left as it is).
-    ///
-    /// # Errors
-    /// [`Error::Write`] naming the option at fault.
-    pub fn check(&self) -> Result<()> {
+    /// written ([`Error::Write`] naming the option): a probe file is made
+    /// and removed in the plot directory (made too) and in each file's; an
+    /// existing file must open for writing (left as it is).
+    pub(crate) fn check(&self) -> Result<()> {
         if let Some(dir) = &self.plot {
             std::fs::create_dir_all(dir).map_err(Error::write("--plot", dir))?;
             probe(dir).map_err(Error::write("--plot", dir))?;
@@ -59,11 +60,7 @@ impl Files {
 
     /// Adds an experiment's report and draws its chart now (with a plot
     /// directory), so that a later experiment's failure keeps it.
-    ///
-    /// # Errors
-    /// [`Error::Write`] when the directory cannot be made;
-    /// [`Error::Plot`] when the chart cannot be drawn.
-    pub fn add(&mut self, r: Report) -> Result<&Report> {
+    pub(crate) fn add(&mut self, r: Report) -> Result<&Report> {
         let chart = match &self.plot {
             None => None,
             Some(dir) => {
@@ -79,7 +76,7 @@ impl Files {
 
     /// Every figure: one report's own object, or an object with one key
     /// per experiment.
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         match &self.done[..] {
             [(r, _)] => r.json(),
             all => serde_json::Value::Object(
@@ -93,13 +90,12 @@ impl Files {
     /// The Markdown document: the command line, then each report (under a
     /// heading when there are several) with its chart linked relative to
     /// the document.
-    pub fn markdown(&self, command: &str) -> String {
+    pub(crate) fn markdown(&self, command: &str) -> String {
         let base = self
             .markdown
             .as_deref()
             .and_then(Path::parent)
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
+            .unwrap_or(Path::new(""));
         let mut md = format!("Command: `{command}`\n\n");
         for (r, chart) in &self.done {
             if self.done.len() > 1 {
@@ -107,7 +103,7 @@ impl Files {
             }
             md.push_str(&r.markdown());
             if let Some(c) = chart {
-                let rel = relative(c, &base);
+                let rel = relative(c, base);
                 md.push_str(&format!("![{} chart]({})\n\n", r.name(), rel.display()));
             }
         }
@@ -117,10 +113,7 @@ impl Files {
     /// Writes the Markdown document (`command`: the command line it
     /// names) and the JSON file, as asked; returns a line per file written
     /// (`chart: PATH`, `markdown: PATH`, `json: PATH`).
-    ///
-    /// # Errors
-    /// [`Error::Write`] naming the option whose file cannot be written.
-    pub fn finish(&self, command: &str) -> Result<Vec<String>> {
+    pub(crate) fn finish(&self, command: &str) -> Result<Vec<String>> {
         if let Some(file) = &self.markdown {
             std::fs::write(file, self.markdown(command))
                 .map_err(Error::write("--markdown", file))?;

@@ -33,7 +33,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-pub use files::Files;
+pub(crate) use files::Files;
 pub use model::{grouped, Cell, Column, Figure, NotRun, Table, Unit};
 
 use crate::Result;

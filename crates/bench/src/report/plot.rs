@@ -1,11 +1,7 @@
-//! SVG charts of the reports, drawn with `plotters` (SVG backend): bar
-//! panels whose bars may be stacked and carry min-max whiskers, and lines
-//! for the limits.
-//!
-//! Every mark of a kind has its own colour (the constants below), so a
-//! reader, or a test parsing the SVG, can tell a row's bar from the limit's
-//! line: a bar is a filled `<rect>`, a limit a `<polyline>`, a whisker a
-//! `<polyline>` in [`WHISKER`].
+//! SVG charts drawn with `plotters`: panels of bars, stacked or with
+//! min-max whiskers, and lines for the limits. Each kind of mark has its
+//! own colour, so that a reader, or a test parsing the SVG, can tell a
+//! bar (a filled `<rect>`) from a limit or a whisker (`<polyline>`s).
 
 use std::path::Path;
 
@@ -102,10 +98,6 @@ pub(crate) struct Panel {
 
 /// Draws `panels` in a grid of `cols` columns under `title` into the SVG
 /// file `path`.
-///
-/// # Errors
-/// [`Error::Plot`] when the file cannot be written or a panel cannot be
-/// laid out.
 pub(crate) fn draw(path: &Path, title: &str, panels: &[Panel], cols: usize) -> Result<()> {
     let err = |reason: String| Error::Plot {
         path: path.to_path_buf(),
