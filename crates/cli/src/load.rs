@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use iopath_heap::{
-    load, load_checkpoint, EngineOptions, LoadOptions, LoadStats, Prefault, Tensors,
-    DEFAULT_SHARDS_AT_ONCE,
+    load, load_checkpoint, EngineOptions, LoadOptions, Prefault, DEFAULT_SHARDS_AT_ONCE,
 };
 
 use iopath_sys::{human, parse_size};
@@ -69,7 +68,7 @@ pub struct LoadArgs {
     /// Threads allocating buffers (and their pages) while the reads run,
     /// 1 to 64; for a sharded checkpoint, that many for each shard loading
     /// at once.
-    #[arg(long, default_value_t = 1, value_parser = parse_alloc_threads)]
+    #[arg(long, default_value_t = 1, value_parser = one_to_64("threads"))]
     pub alloc_threads: usize,
     /// What the allocator thread does to new buffers' pages: allocate
     /// (fallocate; the reads map them), map (MADV_POPULATE_WRITE), none, or
@@ -90,7 +89,7 @@ pub struct LoadArgs {
     pub format: String,
     /// Shards of a sharded safetensors checkpoint loaded at the same time,
     /// each with its own engine, 1 to 64.
-    #[arg(long, default_value_t = DEFAULT_SHARDS_AT_ONCE, value_parser = parse_shards_at_once)]
+    #[arg(long, default_value_t = DEFAULT_SHARDS_AT_ONCE, value_parser = one_to_64("shards"))]
     pub shards_at_once: usize,
 }
 
@@ -165,70 +164,38 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         }
         (loaded.stats, None)
     };
-    let verified = args.verify.then_some(true);
     if args.json {
-        let mut v = serde_json::json!({
-            "file": args.file,
-            "bytes": stats.bytes,
-            "seconds": stats.elapsed.as_secs_f64(),
-            "gib_per_s": stats.gib_per_s(),
-            "method": stats.method.name(),
-            "requested_method": opts.method_name(),
-            "mapped_bytes": stats.mapped,
-            "populate": stats.populate,
-            "heap": heap_name,
-            "heap_why": heap_why,
-            "buffers": stats.buffers,
-            "buffer_size": stats.buffer_size,
-            "fallbacks": stats.fallbacks,
-            "from_cache_bytes": stats.from_cache,
-            "auto_probe": probe_json(&stats),
-            "alloc_ms": stats.alloc_time.as_secs_f64() * 1e3,
-            "read_ms": stats.read_time.as_secs_f64() * 1e3,
-            "verified": verified,
-        });
+        let mut v = serde_json::to_value(stats)?;
+        v["file"] = serde_json::json!(args.file);
+        v["requested_method"] = opts.method_name().into();
+        v["heap"] = heap_name.into();
+        v["heap_why"] = heap_why.into();
+        v["verified"] = args.verify.then_some(true).into();
         if let Some(t) = &tensors {
             v["format"] = "safetensors".into();
             v["tensors"] = t.tensors.len().into();
-            v["shards"] = shards_json(t);
+            v["shards"] = serde_json::to_value(&t.shards)?;
         }
         println!("{v}");
         return Ok(());
     }
     let s = &stats;
-    let method = if s.mapped > 0 {
-        format!("map + {}", s.method)
-    } else {
-        s.method.to_string()
-    };
     let verified = if args.verify { "; verified" } else { "" };
     match tensors.as_ref().map(|t| (t.tensors.len(), t.shards.len())) {
         Some((n, shards)) => println!(
-            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} in {:.3} s: {:.2} GiB/s, method {method}{}, {} fallback(s), {}{}{verified}",
+            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} {s}{verified}",
             if shards > 1 { format!(" from {shards} shards") } else { String::new() },
             human(s.bytes + s.mapped),
             s.bytes + s.mapped,
             s.buffers,
             human(s.buffer_size as u64),
-            s.elapsed.as_secs_f64(),
-            s.gib_per_s(),
-            auto_note(s),
-            s.fallbacks,
-            cache_note(s),
-            map_note(s),
         ),
         None => println!(
-            "loaded {} ({} bytes) into {} x {} {heap_name} buffers in {:.3} s: {:.2} GiB/s, method {}{}, {} fallback(s), {}; alloc {:.0} ms (overlapped), read {:.0} ms{verified}",
+            "loaded {} ({} bytes) into {} x {} {heap_name} buffers {s}; alloc {:.0} ms (overlapped), read {:.0} ms{verified}",
             human(s.bytes),
             s.bytes,
             s.buffers,
             human(s.buffer_size as u64),
-            s.elapsed.as_secs_f64(),
-            s.gib_per_s(),
-            s.method,
-            auto_note(s),
-            s.fallbacks,
-            cache_note(s),
             s.alloc_time.as_secs_f64() * 1e3,
             s.read_time.as_secs_f64() * 1e3,
         ),
@@ -237,27 +204,6 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         println!("heap auto chose {heap_name}: {why}");
     }
     Ok(())
-}
-
-/// How much came from the page cache, as the summary says it.
-fn cache_note(s: &LoadStats) -> String {
-    let pct = if s.bytes == 0 {
-        0.0
-    } else {
-        s.from_cache as f64 * 100.0 / s.bytes as f64
-    };
-    format!("{} ({pct:.0}%) from the page cache", human(s.from_cache))
-}
-
-/// How much was mapped rather than read, as the summary says it.
-fn map_note(s: &LoadStats) -> String {
-    match s.populate {
-        Some(how) => format!(
-            "; {} mapped from the page cache (views of the files, made resident with {how})",
-            human(s.mapped)
-        ),
-        None => String::new(),
-    }
 }
 
 /// Progress on stderr, when it is a terminal and the output is text: one
@@ -330,64 +276,6 @@ fn digits(n: usize) -> usize {
     n.to_string().len()
 }
 
-/// Each shard's file, tensors and load figures, for `--json`.
-fn shards_json(t: &Tensors) -> serde_json::Value {
-    t.shards
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "file": s.path,
-                "tensors": s.tensors,
-                "bytes": s.stats.bytes,
-                "buffers": s.stats.buffers,
-                "method": s.stats.method.name(),
-                "done_seconds": s.stats.elapsed.as_secs_f64(),
-                "read_ms": s.stats.read_time.as_secs_f64() * 1e3,
-                "fallbacks": s.stats.fallbacks,
-                "mapped_bytes": s.stats.mapped,
-            })
-        })
-        .collect()
-}
-
-/// `auto`'s measurements, for `--json`.
-fn probe_json(s: &LoadStats) -> serde_json::Value {
-    match s.probe {
-        Some(p) if p.mapping_refused_direct() => serde_json::json!({
-            "mapping_refuses_direct_io": true,
-            "bounce_gib_per_s": p.bounce_gib_per_s(),
-            "bounce_bytes": p.bounce.0,
-            "buffered_gib_per_s": p.buffered_gib_per_s(),
-            "buffered_bytes": p.buffered.0,
-        }),
-        Some(p) => serde_json::json!({
-            "uring_gib_per_s": p.uring_gib_per_s(),
-            "uring_bytes": p.uring.0,
-            "direct_gib_per_s": p.direct_gib_per_s(),
-            "direct_bytes": p.direct.0,
-        }),
-        None => serde_json::Value::Null,
-    }
-}
-
-/// What `auto` measured, for the summary line.
-fn auto_note(s: &LoadStats) -> String {
-    match s.probe {
-        Some(p) if p.mapping_refused_direct() => format!(
-            " (auto: the buffers' mapping refuses direct I/O; measured bounce {:.2}, buffered {:.2} GiB/s)",
-            p.bounce_gib_per_s(),
-            p.buffered_gib_per_s()
-        ),
-        Some(p) if p.direct.0 > 0 => format!(
-            " (auto: measured uring {:.2}, direct {:.2} GiB/s)",
-            p.uring_gib_per_s(),
-            p.direct_gib_per_s()
-        ),
-        Some(_) => " (auto)".to_string(),
-        None => String::new(),
-    }
-}
-
 /// Names the option at fault in a load error, when one is.
 fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
     use iopath_heap::Error as E;
@@ -420,27 +308,12 @@ fn at_fault(args: &LoadArgs, e: iopath_heap::Error) -> anyhow::Error {
     }
 }
 
-/// `--shards-at-once`: 1 to 64.
-fn parse_shards_at_once(s: &str) -> Result<usize, String> {
-    const MAX: usize = 64;
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of shards"))?;
-    if !(1..=MAX).contains(&n) {
-        return Err(format!("{n} is out of range: at least 1, at most {MAX}"));
+/// `--alloc-threads` and `--shards-at-once`: 1 to 64 (more threads than
+/// that only contend for the same page allocator and address-space lock).
+fn one_to_64(what: &'static str) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |s| match s.parse() {
+        Ok(n @ 1..=64) => Ok(n),
+        Ok(n) => Err(format!("{n} is out of range: at least 1, at most 64")),
+        Err(_) => Err(format!("{s:?} is not a number of {what}")),
     }
-    Ok(n)
-}
-
-/// `--alloc-threads`: 1 to 64 (more threads than that only contend for
-/// the same page allocator and address-space lock).
-fn parse_alloc_threads(s: &str) -> Result<usize, String> {
-    const MAX: usize = 64;
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of threads"))?;
-    if !(1..=MAX).contains(&n) {
-        return Err(format!("{n} is out of range: at least 1, at most {MAX}"));
-    }
-    Ok(n)
 }

@@ -93,6 +93,7 @@ mod pool;
 mod range;
 mod ring;
 mod share;
+mod summary;
 mod sys;
 mod tensors;
 mod verify;
