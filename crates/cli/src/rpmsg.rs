@@ -9,7 +9,6 @@ mod exec;
 mod host;
 mod ping;
 mod remote;
-mod stop;
 
 pub use host::HostArgs;
 pub use ping::PingArgs;

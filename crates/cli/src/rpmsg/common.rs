@@ -1,7 +1,9 @@
-//! What the `rpmsg` subcommands share: argument parsers, and the bus's
-//! counters as JSON.
+//! What the `rpmsg` subcommands share: argument parsers, the buffer-size
+//! options, and the stop on a signal.
 
-use iopath_rpmsg::Stats;
+use anyhow::Context;
+use iopath_rpmsg::tools::session::Cleanup;
+use iopath_rpmsg::Convention;
 
 /// Checks an endpoint or channel name as rpmsg's 32-byte name field holds
 /// it (with its terminating NUL).
@@ -23,47 +25,80 @@ pub(crate) fn parse_mode(s: &str) -> Result<u32, String> {
     }
 }
 
-pub(super) fn stats_json(s: &Stats) -> serde_json::Value {
-    serde_json::json!({
-        "rx_msgs": s.rx_msgs, "tx_msgs": s.tx_msgs, "rx_refused": s.rx_refused,
-        "rx_malformed": s.rx_malformed, "rx_unknown_dst": s.rx_unknown_dst,
-        "ns_create": s.ns_create, "ns_destroy": s.ns_destroy, "kicks": s.kicks,
-        "tx_too_large": s.tx_too_large,
-    })
+/// The buffer sizes of `host` and `remote`, and how they are agreed.
+#[derive(Debug, clap::Args)]
+pub(super) struct BufSizeArgs {
+    /// Buffers of SIZE bytes both ways, header included (512 to 64K, a
+    /// multiple of 4). A remote offers them (with --create in the table,
+    /// with --vhost-user in its features and config space) as
+    /// --buf-size-convention says, and a host that takes the offer uses
+    /// them; without them nothing is offered: 512 bytes. A host is given
+    /// sizes of its own with --buf-size-convention fixed only.
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
+    pub buf_size: Option<u64>,
+    /// SIZE-byte buffers for the messages this side sends (overrides
+    /// --buf-size that way).
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
+    pub tx_buf_size: Option<u64>,
+    /// SIZE-byte buffers for the messages this side receives (overrides
+    /// --buf-size that way).
+    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
+    pub rx_buf_size: Option<u64>,
+    /// How the sizes are offered and read: linux (feature bit 1 and the
+    /// 13-byte versioned config Linux's virtio_rpmsg_bus reads), nuttx
+    /// (bit 2, the sizes first in the config, as NuttX's OpenAMP reads
+    /// them; a host never takes bit 1, NuttX's ACK, then) or fixed (no
+    /// bit, no config: each side uses the sizes it is given, 512 without
+    /// --buf-size, and both must be given the same, as upstream
+    /// OpenAMP's RPMSG_BUFFER_SIZE).
+    #[arg(long, default_value = "linux", value_name = "CONVENTION")]
+    pub buf_size_convention: Convention,
 }
 
-/// Buffer sizes from `--buf-size` and its per-direction options (`tx` is
-/// this side's sending direction, `rx` its receiving one), as
-/// `(tx, rx)`; `None` when none was given.
-///
-/// # Errors
-/// A usage error naming the option whose size is not 512 to 64K or not a
-/// multiple of 4.
-pub(super) fn buf_sizes(
-    both: Option<u64>,
-    tx: Option<u64>,
-    rx: Option<u64>,
-) -> anyhow::Result<Option<(u32, u32)>> {
-    use iopath_rpmsg::bufsz::{MAX_BUF_SIZE, MIN_OFFER};
-    if both.is_none() && tx.is_none() && rx.is_none() {
-        return Ok(None);
+impl BufSizeArgs {
+    /// Whether any of the three was given.
+    pub fn given(&self) -> bool {
+        self.buf_size.is_some() || self.tx_buf_size.is_some() || self.rx_buf_size.is_some()
     }
-    let pick = |opt: &str, one: Option<u64>| -> anyhow::Result<u32> {
-        let opt = if one.is_some() { opt } else { "--buf-size" };
-        let v = one.or(both).unwrap_or(MIN_OFFER.into());
-        u32::try_from(v)
-            .ok()
-            .filter(|v| (MIN_OFFER..=MAX_BUF_SIZE).contains(v) && v % 4 == 0)
-            .ok_or_else(|| {
-                crate::usage::usage(format!(
-                    "{opt} {v}: a buffer is 512 to 65536 bytes (64K), a multiple of 4"
-                ))
-            })
-    };
-    Ok(Some((
-        pick("--tx-buf-size", tx)?,
-        pick("--rx-buf-size", rx)?,
-    )))
+
+    /// The sizes as `(tx, rx)` of this side; `None` when none was given.
+    ///
+    /// # Errors
+    /// A usage error naming the option whose size is not 512 to 64K or
+    /// not a multiple of 4.
+    pub fn sizes(&self) -> anyhow::Result<Option<(u32, u32)>> {
+        use iopath_rpmsg::bufsz::{MAX_BUF_SIZE, MIN_OFFER};
+        if !self.given() {
+            return Ok(None);
+        }
+        let pick = |opt: &str, one: Option<u64>| -> anyhow::Result<u32> {
+            let opt = if one.is_some() { opt } else { "--buf-size" };
+            let v = one.or(self.buf_size).unwrap_or(MIN_OFFER.into());
+            u32::try_from(v)
+                .ok()
+                .filter(|v| (MIN_OFFER..=MAX_BUF_SIZE).contains(v) && v % 4 == 0)
+                .ok_or_else(|| {
+                    crate::usage::usage(format!(
+                        "{opt} {v}: a buffer is 512 to 65536 bytes (64K), a multiple of 4"
+                    ))
+                })
+        };
+        let tx = pick("--tx-buf-size", self.tx_buf_size)?;
+        Ok(Some((tx, pick("--rx-buf-size", self.rx_buf_size)?)))
+    }
+}
+
+/// Runs `serve` with a stop on SIGINT/SIGTERM (`ROLE: stopped by signal
+/// N`, exit 0) installed before any thread starts, then cleans up.
+pub(super) fn until_stopped(
+    role: &'static str,
+    serve: impl FnOnce(&Cleanup) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let stop = Cleanup::on_stop_signals(move |sig| eprintln!("{role}: stopped by signal {sig}"))
+        .context("cannot install the SIGINT/SIGTERM handling")?;
+    let r = serve(&stop);
+    stop.run();
+    r
 }
 
 #[cfg(test)]

@@ -4,9 +4,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
-
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use iopath_rpmsg::ctrl::{proto, CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::wire::ADDR_ANY;
 
@@ -95,39 +93,19 @@ fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
         .with_context(|| format!("endpoint service {}", ctrl.display()))?;
     let s = c.stats().context("STATS")?;
     if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "fd_endpoints": s.fd_endpoints, "legacy_endpoints": s.legacy_endpoints,
-                "open_nodes": s.open_nodes, "clients": s.clients, "created": s.created,
-                "destroyed": s.destroyed, "bad_clients": s.bad_clients,
-                "oversize": s.oversize, "dropped": s.dropped, "msgs": s.msgs,
-                "max_payload": s.tx_payload, "max_rx_payload": s.rx_payload,
-                "too_large": s.too_large,
-            })
-        );
+        println!("{}", serde_json::to_value(s)?);
     } else {
         println!("{s}");
     }
     Ok(())
 }
 
-fn show(info: &EptInfo, path: Option<&str>, json: bool) {
-    let addr = |a: u32| {
-        if a == ADDR_ANY {
-            serde_json::json!("any")
-        } else {
-            serde_json::json!(a)
-        }
-    };
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({ "name": info.name, "src": addr(info.src), "dst": addr(info.dst), "path": path })
-        );
-    } else if let Some(p) = path {
-        println!("{p}");
-    }
+/// What was created, as one JSON object.
+fn show(info: &EptInfo, path: Option<&str>) -> Result<()> {
+    let mut v = serde_json::to_value(info)?;
+    v["path"] = path.into();
+    println!("{v}");
+    Ok(())
 }
 
 fn create(a: CreateArgs) -> Result<()> {
@@ -145,25 +123,21 @@ fn create(a: CreateArgs) -> Result<()> {
             .with_context(|| format!("creating endpoint {:?} (legacy)", a.name))?;
         let shown = path.display().to_string();
         if a.cmd.is_empty() {
-            show(&got, Some(&shown), a.json);
-            // The endpoint belongs to this connection: stay until it is
-            // destroyed through the node (the node disappears) or the
-            // service goes.
-            let cfd = c.fd();
-            while path.exists() {
-                let mut p = [PollFd::new(&cfd, PollFlags::IN)];
-                let ts = Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 50_000_000,
-                };
-                if matches!(poll(&mut p, Some(&ts)), Ok(1)) {
-                    bail!("the endpoint service closed the connection");
-                }
+            if a.json {
+                show(&got, Some(&shown))?;
+            } else {
+                println!("{shown}");
             }
+            // The endpoint belongs to this connection: stay until it is
+            // destroyed through the node or the service goes.
+            ensure!(
+                c.hold_until_gone(&path),
+                "the endpoint service closed the connection"
+            );
             return Ok(());
         }
         if a.json {
-            show(&got, Some(&shown), true);
+            show(&got, Some(&shown))?;
         }
         let ep = EptFd::open_node(&path, nonblock)
             .with_context(|| format!("opening {}", path.display()))?;
@@ -180,7 +154,7 @@ fn create(a: CreateArgs) -> Result<()> {
         .with_context(|| format!("creating endpoint {:?}", a.name))?;
     let got = ep.info().clone();
     if a.json {
-        show(&got, None, true);
+        show(&got, None)?;
     }
     let code = run_with(&a.cmd, ep.into_fd(), &got, None)?;
     std::process::exit(code);

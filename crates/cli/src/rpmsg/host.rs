@@ -17,8 +17,7 @@ use iopath_rpmsg::{
     HOST_FEATURES,
 };
 
-use super::common::stats_json;
-use super::stop;
+use super::common::{until_stopped, BufSizeArgs};
 
 /// Options of `iopath rpmsg host`.
 #[derive(Debug, clap::Args)]
@@ -74,26 +73,8 @@ pub struct HostArgs {
     /// Do not accept VIRTIO_RING_F_EVENT_IDX even if offered.
     #[arg(long)]
     no_event_idx: bool,
-    /// How the remote's buffer sizes are read: linux (feature bit 1 and a
-    /// versioned config, Linux's proposal), nuttx (bit 2, the sizes
-    /// first in the config; bit 1 is then NuttX's ACK, never taken) or
-    /// fixed (nothing read, no bit taken: the sizes of --buf-size, 512
-    /// without it, which the remote must be given too, as upstream
-    /// OpenAMP's RPMSG_BUFFER_SIZE).
-    #[arg(long, default_value = "linux", value_name = "CONVENTION")]
-    buf_size_convention: Convention,
-    /// With --buf-size-convention fixed: buffers of SIZE bytes both ways,
-    /// header included (512 to 64K, a multiple of 4).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
-    buf_size: Option<u64>,
-    /// With --buf-size-convention fixed: SIZE-byte buffers for messages
-    /// from the host to the remote (overrides --buf-size that way).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
-    tx_buf_size: Option<u64>,
-    /// With --buf-size-convention fixed: SIZE-byte buffers for messages
-    /// from the remote to the host (overrides --buf-size that way).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
-    rx_buf_size: Option<u64>,
+    #[command(flatten)]
+    buf: BufSizeArgs,
     /// Decline buffer sizes the remote offers: 512 bytes each way.
     #[arg(long, conflicts_with_all = ["buf_size", "tx_buf_size", "rx_buf_size"])]
     no_buf_size: bool,
@@ -130,26 +111,22 @@ pub fn run(a: HostArgs) -> Result<()> {
         a.ctrl.is_some() || a.openamp_ping,
         "nothing to do: give --ctrl SOCK (serve clients) or --openamp-ping"
     );
-    let stop = stop::install("host")?;
-    let r = serve(&a, &stop);
-    stop.run();
-    r
+    until_stopped("host", |stop| serve(&a, stop))
 }
 
 /// Starts the host (iopath_rpmsg's [`HostSession`]) and serves one remote
-/// after another (with `--once` until the link goes down).
+/// after another.
 fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     // Sizes are checked before anything is touched.
-    let fixed = super::common::buf_sizes(a.buf_size, a.tx_buf_size, a.rx_buf_size)?;
-    if fixed.is_some() && a.buf_size_convention != Convention::Fixed {
-        return Err(crate::usage::usage(
-            "--buf-size on the host needs --buf-size-convention fixed (otherwise the remote offers the sizes)",
-        ));
-    }
-    let fixed = fixed.map_or(BufSizes::DEFAULT, |(to_remote, to_host)| BufSizes {
-        to_remote,
-        to_host,
-    });
+    let fixed = match a.buf.sizes()? {
+        Some(_) if a.buf.buf_size_convention != Convention::Fixed => {
+            return Err(crate::usage::usage(
+                "--buf-size on the host needs --buf-size-convention fixed (otherwise the remote offers the sizes)",
+            ))
+        }
+        Some((to_remote, to_host)) => BufSizes { to_remote, to_host },
+        None => BufSizes::DEFAULT,
+    };
     let mut features = HOST_FEATURES;
     if a.no_event_idx {
         features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
@@ -169,7 +146,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         timeout,
         host: HostOptions {
             features,
-            convention: a.buf_size_convention,
+            convention: a.buf.buf_size_convention,
             fixed,
         },
         ctrl: a.ctrl.clone(),
@@ -195,7 +172,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         HostStartError::Shm(e) => open_shm_error(e, &path, timeout),
         HostStartError::Bus(e) => anyhow::Error::new(e).context(format!(
             "starting the host (--buf-size-convention {})",
-            a.buf_size_convention
+            a.buf.buf_size_convention
         )),
         HostStartError::Ctrl(e) => {
             anyhow::Error::new(e).context(format!("control socket {}", ctrl.display()))
@@ -223,7 +200,7 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
             if a.json {
                 println!(
                     "{}",
-                    serde_json::json!({ "role": "host", "end": reason, "stats": stats_json(stats) })
+                    serde_json::json!({ "role": "host", "end": reason, "stats": stats })
                 );
             } else {
                 eprintln!("host: {reason}; {stats}");
@@ -264,7 +241,7 @@ fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
     if json {
         println!(
             "{}",
-            serde_json::json!({ "payloads": n, "errors": errors, "elapsed_us": r.elapsed.as_micros() as u64, "stats": stats_json(&s) })
+            serde_json::json!({ "payloads": n, "errors": errors, "elapsed_us": r.elapsed.as_micros() as u64, "stats": s })
         );
     } else {
         println!(

@@ -6,19 +6,19 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
-use iopath_rpmsg::bufsz::{BufSizes, NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ};
+use iopath_rpmsg::bufsz::BufSizes;
 use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::tools::session::{
-    serve_drivers, serve_hosts, AcceptError, Cleanup, RemoteEvent, RemoteShm, RemoteShmConfig,
-    RemoteStartError, ServeDrivers, ServeDriversError, ServeHosts, ServeHostsError, Skipped,
+    feature_names, serve_drivers, serve_hosts, AcceptError, Cleanup, RemoteEvent, RemoteShm,
+    RemoteShmConfig, RemoteStartError, ServeDrivers, ServeDriversError, ServeHosts,
+    ServeHostsError, Skipped,
 };
 use iopath_rpmsg::tools::{openamp, RemoteChannels};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{shm_path, Convention, NotifySpec, ShmOptions};
 
-use super::common::stats_json;
-use super::stop;
+use super::common::{until_stopped, BufSizeArgs};
 
 /// Options of `iopath rpmsg remote`.
 #[derive(Debug, clap::Args)]
@@ -54,31 +54,8 @@ pub struct RemoteArgs {
     /// Offer VIRTIO_RING_F_EVENT_IDX (with --create).
     #[arg(long)]
     event_idx: bool,
-    /// Offer buffers of SIZE bytes both ways, header included (512 to 64K,
-    /// a multiple of 4; with --create, or with --vhost-user): the device
-    /// then offers the buffer-size feature bit and config of
-    /// --buf-size-convention (in the table, or over vhost-user in its
-    /// features and config space), and a host that takes it uses buffers
-    /// of these sizes. Without it (or --tx-buf-size/--rx-buf-size) nothing
-    /// is offered: 512 bytes, the device as without this option.
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
-    buf_size: Option<u64>,
-    /// Offer SIZE-byte buffers for messages from the remote to the host
-    /// (overrides --buf-size that way).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
-    tx_buf_size: Option<u64>,
-    /// Offer SIZE-byte buffers for messages from the host to the remote
-    /// (overrides --buf-size that way).
-    #[arg(long, value_parser = iopath_sys::parse_size::<u64>, value_name = "SIZE")]
-    rx_buf_size: Option<u64>,
-    /// How the sizes are offered: linux (feature bit 1 and the 13-byte
-    /// versioned config Linux's virtio_rpmsg_bus reads), nuttx (bit 2, the
-    /// sizes first in the config, as NuttX's OpenAMP reads them) or fixed
-    /// (nothing offered: no bit, no config; the sizes are used as given,
-    /// and the host must be given the same, as upstream OpenAMP's
-    /// RPMSG_BUFFER_SIZE).
-    #[arg(long, default_value = "linux", value_name = "CONVENTION")]
-    buf_size_convention: Convention,
+    #[command(flatten)]
+    buf: BufSizeArgs,
     /// How to notify: eventfd:SOCK (eventfd pair passed over SOCK), unix:SOCK
     /// (one byte per kick, OpenAMP demo), or poll. The remote listens.
     #[arg(long, default_value = openamp::NOTIFY)]
@@ -168,10 +145,7 @@ fn in_units_of(typed: &str, bytes: u64) -> String {
 
 /// Runs `iopath rpmsg remote` until a session ends it or a signal stops it.
 pub fn run(a: RemoteArgs) -> Result<()> {
-    let stop = stop::install("remote")?;
-    let r = serve(&a, &stop);
-    stop.run();
-    r
+    until_stopped("remote", |stop| serve(&a, stop))
 }
 
 fn channels(a: &RemoteArgs) -> RemoteChannels {
@@ -196,7 +170,7 @@ fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
 /// Binds the vhost-user socket and serves one driver after another.
 fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
     // Sizes are checked before the socket is bound.
-    let buf_sizes = offered_sizes(a)?.map(|s| (a.buf_size_convention, s));
+    let buf_sizes = offered_sizes(a)?.map(|s| (a.buf.buf_size_convention, s));
     let listener = iopath_rpmsg::vhost_user::bind(sock)
         .with_context(|| format!("--vhost-user {}", sock.display()))?;
     stop.add_file(sock);
@@ -241,24 +215,14 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
             eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
         }
         RemoteEvent::HostReady { features } => {
-            let names: Vec<&str> = [
-                (0, "NS"),
-                (VIRTIO_RPMSG_F_BUFSZ, "BUFSZ"),
-                (NUTTX_RPMSG_F_BUFSZ, "BUFSZ (nuttx)"),
-                (VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX"),
-            ]
-            .into_iter()
-            .filter(|(bit, _)| features & (1 << bit) != 0)
-            .map(|(_, n)| n)
-            .collect();
+            let names = feature_names(features);
             eprintln!(
-                "remote: host ready (features {}), announcing {:?}",
+                "remote: host ready (features {}), announcing {echo:?}",
                 if names.is_empty() {
                     "none".into()
                 } else {
                     names.join(", ")
                 },
-                echo
             );
         }
         RemoteEvent::EndpointDestroyed { name, addr } => {
@@ -269,7 +233,7 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats_json(stats) })
+                    serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats })
                 );
             } else {
                 eprintln!("remote: {stats}");
@@ -283,7 +247,7 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
 
 /// The sizes given by --buf-size, --tx-buf-size and --rx-buf-size, if any.
 fn offered_sizes(a: &RemoteArgs) -> Result<Option<BufSizes>> {
-    let s = super::common::buf_sizes(a.buf_size, a.tx_buf_size, a.rx_buf_size)?;
+    let s = a.buf.sizes()?;
     Ok(s.map(|(to_host, to_remote)| BufSizes { to_host, to_remote }))
 }
 
@@ -302,7 +266,7 @@ fn layout(a: &RemoteArgs, create: &TypedSize) -> Result<ShmLayout> {
     }
     if let Some(sizes) = offered_sizes(a)? {
         layout = layout
-            .with_buf_sizes(a.buf_size_convention, sizes)
+            .with_buf_sizes(a.buf.buf_size_convention, sizes)
             .map_err(|e| match ShmLayout::size_for(a.ring, sizes) {
                 // Too small: say which size is enough, in the user's units.
                 Some(enough) if enough > size => {
@@ -336,7 +300,7 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
                 !a.event_idx,
                 "--event-idx needs --create (the table is written then)"
             );
-            if a.buf_size.is_some() || a.tx_buf_size.is_some() || a.rx_buf_size.is_some() {
+            if a.buf.given() {
                 return Err(crate::usage::usage(
                     "--buf-size (and --tx-buf-size/--rx-buf-size) with --shm needs --create: \
                      the table that offers the sizes is written then",
@@ -379,7 +343,7 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
         a.notify
     );
     let channels = channels(a);
-    let fixed = match a.buf_size_convention {
+    let fixed = match a.buf.buf_size_convention {
         Convention::Fixed => offered_sizes(a)?,
         _ => None,
     };

@@ -56,8 +56,8 @@ use crate::role::Role;
 use crate::shm::SharedMem;
 use crate::wire::{Endian, HDR_LEN, RESERVED_ADDRESSES, VIRTIO_RPMSG_F_NS};
 
-/// Counters of what the bus did and refused.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters of what the bus did and refused (as JSON: the field names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Stats {
     /// Messages delivered to endpoints.
     pub rx_msgs: u64,

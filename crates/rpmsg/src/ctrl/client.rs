@@ -261,6 +261,23 @@ impl CtrlClient {
         ServiceStats::parse(body).ok_or(CtrlError::Protocol("short STATS answer"))
     }
 
+    /// Holds this connection, and with it the legacy endpoints it made,
+    /// until `node` is gone (the endpoint destroyed through it): `true`;
+    /// or until the service closes the connection: `false`.
+    pub fn hold_until_gone(&self, node: &Path) -> bool {
+        let ts = Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        while node.exists() {
+            let mut p = [PollFd::new(&self.fd, PollFlags::IN)];
+            if matches!(poll(&mut p, Some(&ts)), Ok(1)) {
+                return false;
+            }
+        }
+        true
+    }
+
     /// The connection.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

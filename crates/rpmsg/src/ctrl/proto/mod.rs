@@ -93,16 +93,26 @@ pub const O_NONBLOCK: u32 = libc::O_NONBLOCK as u32;
 /// `O_CLOEXEC`.
 pub const O_CLOEXEC: u32 = libc::O_CLOEXEC as u32;
 
-/// `struct rpmsg_endpoint_info`, with `flags` of the fd variant.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `struct rpmsg_endpoint_info`, with `flags` of the fd variant (as JSON,
+/// [`ADDR_ANY`] is `"any"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct EptInfo {
     /// Endpoint name (at most 31 bytes).
     pub name: String,
     /// Local address, or [`ADDR_ANY`] for the next free one from 1024.
+    #[serde(serialize_with = "addr_json")]
     pub src: u32,
     /// Peer address, or [`ADDR_ANY`] to bind to the channel of the same
     /// name (or to the first sender).
+    #[serde(serialize_with = "addr_json")]
     pub dst: u32,
+}
+
+fn addr_json<S: serde::Serializer>(a: &u32, s: S) -> Result<S::Ok, S::Error> {
+    match *a {
+        ADDR_ANY => s.serialize_str("any"),
+        a => s.serialize_u32(a),
+    }
 }
 
 impl EptInfo {

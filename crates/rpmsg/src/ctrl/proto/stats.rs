@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// What the endpoint service holds and has done (the STATS answer).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What the endpoint service holds and has done (the STATS answer; as
+/// JSON, the payload sizes are `max_payload` and `max_rx_payload`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ServiceStats {
     /// Live endpoints handed out as fds.
     pub fd_endpoints: u32,
@@ -29,8 +30,10 @@ pub struct ServiceStats {
     pub msgs: u64,
     /// Largest payload an endpoint can write (the negotiated buffer size
     /// towards the peer, less the 16-byte header; 496 without negotiation).
+    #[serde(rename = "max_payload")]
     pub tx_payload: u32,
     /// Largest payload the peer can send to an endpoint.
+    #[serde(rename = "max_rx_payload")]
     pub rx_payload: u32,
     /// Messages the bus refused for the peer's buffer being smaller than
     /// the message (buffer sizes fixed on each side and different).

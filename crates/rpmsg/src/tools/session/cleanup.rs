@@ -39,6 +39,25 @@ impl Cleanup {
         Self::default()
     }
 
+    /// Nothing to undo yet, and a stop on SIGINT/SIGTERM: a thread of its
+    /// own waits for them, tells `on_signal` which came, undoes what is
+    /// registered by then and ends the process with status 0. Call it
+    /// before any other thread starts, so every thread leaves the signals
+    /// to that one.
+    ///
+    /// # Errors
+    /// The signal handling cannot be installed.
+    pub fn on_stop_signals(on_signal: impl FnOnce(i32) + Send + 'static) -> std::io::Result<Self> {
+        let stop = Self::new();
+        let s2 = stop.clone();
+        iopath_sys::signals::on_stop("rpmsg-signals", move |sig| {
+            s2.stop_requested();
+            on_signal(sig);
+            0
+        })?;
+        Ok(stop)
+    }
+
     fn what(&self) -> MutexGuard<'_, What> {
         iopath_sys::lock(&self.what)
     }

@@ -28,6 +28,22 @@ pub use vhost_user::{serve_drivers, ServeDrivers, ServeDriversError};
 use crate::notify::{NotifyError, NotifyListener, NotifySpec};
 use crate::{Bus, BusError, LinkError, Notifier, SharedMem};
 
+/// The names of the rpmsg and ring feature bits set in `features` (as a
+/// host negotiated them): `NS`, `BUFSZ`, `BUFSZ (nuttx)`, `EVENT_IDX`.
+pub fn feature_names(features: u32) -> Vec<&'static str> {
+    use crate::bufsz::{NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ};
+    [
+        (crate::wire::VIRTIO_RPMSG_F_NS, "NS"),
+        (VIRTIO_RPMSG_F_BUFSZ, "BUFSZ"),
+        (NUTTX_RPMSG_F_BUFSZ, "BUFSZ (nuttx)"),
+        (crate::vring::VIRTIO_RING_F_EVENT_IDX, "EVENT_IDX"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| features & (1 << bit) != 0)
+    .map(|(_, n)| n)
+    .collect()
+}
+
 /// A connection on the remote's notify socket that it passed over, to wait
 /// for the next one.
 #[derive(Debug)]
