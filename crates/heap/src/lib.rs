@@ -94,6 +94,7 @@ mod range;
 mod ring;
 mod share;
 mod summary;
+mod survey;
 mod sys;
 mod tensors;
 mod verify;
@@ -116,6 +117,7 @@ pub use mmap::{SharedMapping, SigbusGuard};
 pub use pool::Pool;
 pub use range::{BufRange, PtrGuard};
 pub use share::{attach, Attached, Share, SharedTensor, DEFAULT_ATTACH_TIMEOUT};
+pub use survey::{survey_heaps, HeapStatus};
 pub use tensors::{
     dtype_align, load_checkpoint, load_safetensors, Dtype, Shard, Tensor, Tensors,
     DEFAULT_SHARDS_AT_ONCE, MAX_HEADER,
