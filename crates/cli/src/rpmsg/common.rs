@@ -88,6 +88,14 @@ impl BufSizeArgs {
     }
 }
 
+/// `e` after what it came from (an option and its value, or a step).
+pub(super) fn at<E>(e: E, what: impl std::fmt::Display + Send + Sync + 'static) -> anyhow::Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    anyhow::Error::new(e).context(what)
+}
+
 /// Runs `serve` with a stop on SIGINT/SIGTERM (`ROLE: stopped by signal
 /// N`, exit 0) installed before any thread starts, then cleans up.
 pub(super) fn until_stopped(

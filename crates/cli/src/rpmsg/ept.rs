@@ -1,11 +1,11 @@
 //! `iopath rpmsg ept create`: an endpoint from the host's endpoint service,
 //! as an fd handed to a command, or the legacy way (a node to open).
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use iopath_rpmsg::ctrl::{proto, CtrlClient, EptFd, EptInfo};
+use iopath_rpmsg::ctrl::{hand_to_command, proto, CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::wire::ADDR_ANY;
 
 /// Endpoint requests to the host's endpoint service.
@@ -88,7 +88,7 @@ pub fn run(cmd: EptCmd) -> Result<()> {
     }
 }
 
-fn stats(ctrl: &std::path::Path, json: bool) -> Result<()> {
+fn stats(ctrl: &Path, json: bool) -> Result<()> {
     let c = CtrlClient::connect(ctrl)
         .with_context(|| format!("endpoint service {}", ctrl.display()))?;
     let s = c.stats().context("STATS")?;
@@ -117,15 +117,16 @@ fn create(a: CreateArgs) -> Result<()> {
         dst: a.dst,
     };
     let nonblock = if a.nonblock { proto::O_NONBLOCK } else { 0 };
-    if a.legacy {
+    let (fd, got, node) = if a.legacy {
         let (got, path) = c
             .create_ept(&info)
             .with_context(|| format!("creating endpoint {:?} (legacy)", a.name))?;
         let shown = path.display().to_string();
+        if a.json {
+            show(&got, Some(&shown))?;
+        }
         if a.cmd.is_empty() {
-            if a.json {
-                show(&got, Some(&shown))?;
-            } else {
+            if !a.json {
                 println!("{shown}");
             }
             // The endpoint belongs to this connection: stay until it is
@@ -136,43 +137,34 @@ fn create(a: CreateArgs) -> Result<()> {
             );
             return Ok(());
         }
-        if a.json {
-            show(&got, Some(&shown))?;
-        }
         let ep = EptFd::open_node(&path, nonblock)
             .with_context(|| format!("opening {}", path.display()))?;
-        let code = run_with(&a.cmd, ep.into_fd(), &got, Some(&shown))?;
-        drop(c);
-        std::process::exit(code);
-    }
-    ensure!(
-        !a.cmd.is_empty(),
-        "the fd way needs a command to hand the endpoint to (iopath rpmsg ept create ... -- CMD ARGS); or use --legacy"
-    );
-    let ep = c
-        .create_ept_fd(&info, proto::O_RDWR | nonblock)
-        .with_context(|| format!("creating endpoint {:?}", a.name))?;
-    let got = ep.info().clone();
-    if a.json {
-        show(&got, None)?;
-    }
-    let code = run_with(&a.cmd, ep.into_fd(), &got, None)?;
+        (ep.into_fd(), got, Some(path))
+    } else {
+        ensure!(
+            !a.cmd.is_empty(),
+            "the fd way needs a command to hand the endpoint to (iopath rpmsg ept create ... -- CMD ARGS); or use --legacy"
+        );
+        let ep = c
+            .create_ept_fd(&info, proto::O_RDWR | nonblock)
+            .with_context(|| format!("creating endpoint {:?}", a.name))?;
+        let got = ep.info().clone();
+        if a.json {
+            show(&got, None)?;
+        }
+        (ep.into_fd(), got, None)
+    };
+    let code = run_with(&a.cmd, fd, &got, node.as_deref())?;
+    drop(c);
     std::process::exit(code);
 }
 
-/// Runs `cmd` with `fd` inherited (not close-on-exec), then closes our copy
-/// so the child holds the last one; returns the child's exit code.
-fn run_with(cmd: &[String], fd: OwnedFd, info: &EptInfo, node: Option<&str>) -> Result<i32> {
+/// Runs `cmd` with `fd` inherited, then closes our copy so the child holds
+/// the last one; returns the child's exit code.
+fn run_with(cmd: &[String], fd: OwnedFd, info: &EptInfo, node: Option<&Path>) -> Result<i32> {
     let mut c = std::process::Command::new(&cmd[0]);
-    c.args(&cmd[1..])
-        .env("IOPATH_RPMSG_FD", fd.as_raw_fd().to_string())
-        .env("IOPATH_RPMSG_SRC", info.src.to_string())
-        .env("IOPATH_RPMSG_DST", info.dst.to_string());
-    if let Some(p) = node {
-        c.env("IOPATH_RPMSG_NODE", p);
-    }
+    hand_to_command(c.args(&cmd[1..]), fd.as_fd(), info, node);
     let mut child = c.spawn().with_context(|| format!("running {:?}", cmd[0]))?;
     drop(fd);
-    let st = child.wait()?;
-    Ok(st.code().unwrap_or(128 + 9))
+    Ok(child.wait()?.code().unwrap_or(128 + 9))
 }

@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use iopath_rpmsg::tools::exec::{find_preload, ExecError, PreloadExec, ENV_PRELOAD};
+use iopath_rpmsg::tools::exec::{check_ctrl, find_preload, ExecError, PreloadExec, ENV_PRELOAD};
 
 /// Options of `iopath rpmsg exec`.
 #[derive(Debug, clap::Args)]
@@ -39,7 +39,14 @@ pub struct ExecArgs {
 
 /// Runs the program (replacing this process) with the preload set up.
 pub fn exec(a: ExecArgs) -> Result<()> {
-    check_ctrl(&a.ctrl)?;
+    let c = a.ctrl.display();
+    check_ctrl(&a.ctrl).map_err(|e| match e {
+        ExecError::NoService { source, .. } => anyhow::Error::new(source).context(format!(
+            "--ctrl {c}: no endpoint service there (start `iopath rpmsg host --ctrl {c}` first); \
+             the program was not run"
+        )),
+        e => anyhow::anyhow!("--ctrl {e}"),
+    })?;
     let so = find_preload(a.preload.as_deref()).map_err(|e| match e {
         ExecError::NoSuchFile { .. } => anyhow::Error::new(e).context("--preload"),
         ExecError::NotFound { .. } => {
@@ -57,23 +64,4 @@ pub fn exec(a: ExecArgs) -> Result<()> {
     }
     let err = run.command().exec();
     Err(err).with_context(|| format!("running {}", run.file.display()))
-}
-
-/// Refuses a `--ctrl` that is no socket before the program runs: without
-/// the service every rpmsg call of the program would fail, far from the
-/// cause.
-fn check_ctrl(ctrl: &std::path::Path) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::metadata(ctrl) {
-        Ok(m) if m.file_type().is_socket() => Ok(()),
-        Ok(_) => anyhow::bail!("--ctrl {}: not a socket", ctrl.display()),
-        Err(e) => Err(e).with_context(|| {
-            format!(
-                "--ctrl {}: no endpoint service there (start `iopath rpmsg host --ctrl {}` first); \
-                 the program was not run",
-                ctrl.display(),
-                ctrl.display()
-            )
-        }),
-    }
 }

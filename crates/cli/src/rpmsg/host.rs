@@ -17,7 +17,7 @@ use iopath_rpmsg::{
     HOST_FEATURES,
 };
 
-use super::common::{until_stopped, BufSizeArgs};
+use super::common::{at, until_stopped, BufSizeArgs};
 
 /// Options of `iopath rpmsg host`.
 #[derive(Debug, clap::Args)]
@@ -91,15 +91,18 @@ fn open_shm_error(e: ShmError, path: &Path, timeout: Duration) -> anyhow::Error 
     match e {
         // Someone else's file stays someone else's: no point waiting.
         e @ ShmError::Writable { .. } => {
-            anyhow::Error::new(e).context("--shm: refused (--allow-writable-shm attaches anyway)")
+            at(e, "--shm: refused (--allow-writable-shm attaches anyway)")
         }
-        e => anyhow::Error::new(e).context(format!(
-            "--shm {}: no remote's shared memory there (waited {} s; \
+        e => at(
+            e,
+            format!(
+                "--shm {}: no remote's shared memory there (waited {} s; \
              `iopath rpmsg remote --shm {} --create SIZE` makes one)",
-            path.display(),
-            timeout.as_secs(),
-            path.display()
-        )),
+                path.display(),
+                timeout.as_secs(),
+                path.display()
+            ),
+        ),
     }
 }
 
@@ -160,23 +163,18 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     };
     let ctrl = a.ctrl.as_deref().unwrap_or(Path::new(""));
     let host = HostSession::start(cfg, stop).map_err(|e| match e {
-        HostStartError::CtrlInUse(e) => {
-            anyhow::Error::new(e).context(format!("--ctrl {}", ctrl.display()))
-        }
-        HostStartError::Owner(e) => {
-            anyhow::Error::new(e).context(format!("--shm {}", path.display()))
-        }
-        HostStartError::Connect(e) => {
-            anyhow::Error::new(e).context(format!("connecting to the remote on {}", a.notify))
-        }
+        HostStartError::CtrlInUse(e) => at(e, format!("--ctrl {}", ctrl.display())),
+        HostStartError::Owner(e) => at(e, format!("--shm {}", path.display())),
+        HostStartError::Connect(e) => at(e, format!("connecting to the remote on {}", a.notify)),
         HostStartError::Shm(e) => open_shm_error(e, &path, timeout),
-        HostStartError::Bus(e) => anyhow::Error::new(e).context(format!(
-            "starting the host (--buf-size-convention {})",
-            a.buf.buf_size_convention
-        )),
-        HostStartError::Ctrl(e) => {
-            anyhow::Error::new(e).context(format!("control socket {}", ctrl.display()))
-        }
+        HostStartError::Bus(e) => at(
+            e,
+            format!(
+                "starting the host (--buf-size-convention {})",
+                a.buf.buf_size_convention
+            ),
+        ),
+        HostStartError::Ctrl(e) => at(e, format!("control socket {}", ctrl.display())),
     })?;
     let bus = host.bus();
     eprintln!(
@@ -219,14 +217,10 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         ServeRemotesError::LinkDown { reason } => {
             anyhow!("the link to the remote went down: {reason}")
         }
-        ServeRemotesError::Reconnect(e) => {
-            anyhow::Error::new(e).context(format!("reconnecting to {}", a.notify))
-        }
+        ServeRemotesError::Reconnect(e) => at(e, format!("reconnecting to {}", a.notify)),
         ServeRemotesError::Shm(e) => open_shm_error(e, &path, timeout),
-        ServeRemotesError::Bus(e) => anyhow::Error::new(e).context("restarting the host"),
-        ServeRemotesError::Ctrl(e) => {
-            anyhow::Error::new(e).context(format!("control socket {}", ctrl.display()))
-        }
+        ServeRemotesError::Bus(e) => at(e, "restarting the host"),
+        ServeRemotesError::Ctrl(e) => at(e, format!("control socket {}", ctrl.display())),
     })
 }
 
@@ -235,20 +229,12 @@ fn openamp_ping(bus: &Bus, timeout: Duration, json: bool) -> Result<()> {
     let r = openamp_demo(bus, timeout, |num, size| {
         eprintln!("openamp-ping: payload {num} (size {size}) came back wrong");
     })?;
-    let s = bus.stats();
     bus.shutdown();
-    let (n, errors) = (r.payloads, r.errors);
     if json {
-        println!(
-            "{}",
-            serde_json::json!({ "payloads": n, "errors": errors, "elapsed_us": r.elapsed.as_micros() as u64, "stats": s })
-        );
+        println!("{}", serde_json::to_value(r)?);
     } else {
-        println!(
-            "openamp-ping: {n} payloads (sizes 1..{n}) echoed, errors {errors}, {:.1} ms",
-            r.elapsed.as_secs_f64() * 1e3
-        );
+        println!("openamp-ping: {r}");
     }
-    ensure!(errors == 0, "{errors} payloads came back wrong");
+    ensure!(r.errors == 0, "{} payloads came back wrong", r.errors);
     Ok(())
 }

@@ -18,7 +18,7 @@ use iopath_rpmsg::tools::{openamp, RemoteChannels};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{shm_path, Convention, NotifySpec, ShmOptions};
 
-use super::common::{until_stopped, BufSizeArgs};
+use super::common::{at, until_stopped, BufSizeArgs};
 
 /// Options of `iopath rpmsg remote`.
 #[derive(Debug, clap::Args)]
@@ -190,13 +190,11 @@ fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
     let socket = sock.display().to_string();
     serve_drivers(cfg, stop, events(a, format!("the next driver on {socket}"))).map_err(|e| match e
     {
-        ServeDriversError::Wait(e) => anyhow::Error::new(e).context("waiting for the driver"),
+        ServeDriversError::Wait(e) => at(e, "waiting for the driver"),
         ServeDriversError::Announce(e) => anyhow::Error::new(e),
         ServeDriversError::DriverGone { reason } => anyhow!("the driver went away: {reason}"),
         ServeDriversError::BufSizes(e) => crate::usage::usage(format!("--buf-size: {e}")),
-        ServeDriversError::Server(e) => {
-            anyhow::Error::new(e).context(format!("--vhost-user {socket}"))
-        }
+        ServeDriversError::Server(e) => at(e, format!("--vhost-user {socket}")),
     })
 }
 
@@ -283,7 +281,7 @@ fn layout(a: &RemoteArgs, create: &TypedSize) -> Result<ShmLayout> {
                         in_units_of(&create.typed, enough)
                     ))
                 }
-                _ => anyhow::Error::new(e).context(format!("--create {}", create.typed)),
+                _ => at(e, format!("--create {}", create.typed)),
             })?;
     }
     Ok(layout)
@@ -322,17 +320,14 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
     let remote = RemoteShm::start(&cfg, stop).map_err(|e| {
         let p = path.display();
         match e {
-            RemoteStartError::Create(e) => anyhow::Error::new(e).context(format!("creating {p}")),
-            RemoteStartError::Open(e) => anyhow::Error::new(e).context(format!(
-                "opening {p} (--allow-writable-shm attaches to a file others can write)"
-            )),
-            RemoteStartError::Table(e) => {
-                anyhow::Error::new(e).context(format!("resource table in {p}"))
-            }
-            RemoteStartError::Owner(e) => anyhow::Error::new(e).context(format!("--shm {p}")),
-            RemoteStartError::Bind(e) => {
-                anyhow::Error::new(e).context(format!("notify socket {}", a.notify))
-            }
+            RemoteStartError::Create(e) => at(e, format!("creating {p}")),
+            RemoteStartError::Open(e) => at(
+                e,
+                format!("opening {p} (--allow-writable-shm attaches to a file others can write)"),
+            ),
+            RemoteStartError::Table(e) => at(e, format!("resource table in {p}")),
+            RemoteStartError::Owner(e) => at(e, format!("--shm {p}")),
+            RemoteStartError::Bind(e) => at(e, format!("notify socket {}", a.notify)),
         }
     })?;
     let (shm, listener) = (&remote.shm, &remote.listener);
@@ -361,14 +356,10 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
         events(a, format!("the next host on {}", a.notify)),
     )
     .map_err(|e| match e {
-        ServeHostsError::Accept(AcceptError::Accept(e)) => {
-            anyhow::Error::new(e).context("waiting for the host")
-        }
-        ServeHostsError::Accept(AcceptError::Ready(e)) => {
-            anyhow::Error::new(e).context("waiting for DRIVER_OK")
-        }
+        ServeHostsError::Accept(AcceptError::Accept(e)) => at(e, "waiting for the host"),
+        ServeHostsError::Accept(AcceptError::Ready(e)) => at(e, "waiting for DRIVER_OK"),
         ServeHostsError::Announce(e) => anyhow::Error::new(e),
         ServeHostsError::HostGone { reason } => anyhow!("the host went away: {reason}"),
-        ServeHostsError::Reset(e) => anyhow::Error::new(e).context("resetting the device"),
+        ServeHostsError::Reset(e) => at(e, "resetting the device"),
     })
 }

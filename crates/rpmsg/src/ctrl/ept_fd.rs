@@ -15,6 +15,27 @@ use super::proto::{self, EptInfo, OPEN_REPLY_LEN, OP_OPEN};
 use super::{sys, CtrlError};
 use crate::wire::MAX_PAYLOAD;
 
+/// Makes `cmd` inherit endpoint fd `fd` (one that is not close-on-exec, as
+/// [`EptFd::into_fd`] gives it): its number in `IOPATH_RPMSG_FD`, where
+/// the command takes it with [`EptFd::inherited`], its addresses in
+/// `IOPATH_RPMSG_SRC` and `IOPATH_RPMSG_DST`, and a legacy endpoint's node
+/// in `IOPATH_RPMSG_NODE`.
+pub fn hand_to_command<'c>(
+    cmd: &'c mut std::process::Command,
+    fd: BorrowedFd<'_>,
+    info: &EptInfo,
+    node: Option<&Path>,
+) -> &'c mut std::process::Command {
+    use std::os::fd::AsRawFd;
+    cmd.env("IOPATH_RPMSG_FD", fd.as_raw_fd().to_string())
+        .env("IOPATH_RPMSG_SRC", info.src.to_string())
+        .env("IOPATH_RPMSG_DST", info.dst.to_string());
+    if let Some(p) = node {
+        cmd.env("IOPATH_RPMSG_NODE", p);
+    }
+    cmd
+}
+
 /// An endpoint as a client holds it: a `SOCK_SEQPACKET` fd with
 /// rpmsg_char semantics (one message per read and write, at most the
 /// negotiated payload, 496 bytes without negotiation). Plain `read(2)`/`write(2)` on [`EptFd::fd`] work too; this type

@@ -32,7 +32,7 @@ pub mod uapi;
 
 pub use attach::CtrlEndpoint;
 pub use client::CtrlClient;
-pub use ept_fd::EptFd;
+pub use ept_fd::{hand_to_command, EptFd};
 pub use proto::{
     AttachRequest, EptInfo, ServiceStats, ATTACH_LEN, ATTACH_REPLY_LEN, MAGIC, OP_ATTACH, VERSION,
 };

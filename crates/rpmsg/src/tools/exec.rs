@@ -4,6 +4,7 @@
 //! environment variables named here.
 //!
 //! ```text
+//!   check_ctrl ── the endpoint service's socket is there
 //!   find_preload ── --preload | $IOPATH_RPMSG_PRELOAD | beside the binary
 //!   PreloadExec::new(ctrl, cmd) ── program found on $PATH, ELF checked
 //!        .command() ── LD_PRELOAD, IOPATH_RPMSG_CTRL[, IOPATH_RPMSG_RUNDIR]
@@ -77,6 +78,21 @@ pub enum ExecError {
         /// The program's file.
         path: PathBuf,
     },
+    /// The control socket given is some other file.
+    #[error("{}: not a socket", path.display())]
+    CtrlNotSocket {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// Nothing at the control socket's path.
+    #[error("{}: no endpoint service there", path.display())]
+    NoService {
+        /// The path given.
+        path: PathBuf,
+        /// What `stat(2)` said.
+        #[source]
+        source: std::io::Error,
+    },
     /// A file could not be read or resolved.
     #[error("{}", path.display())]
     Io {
@@ -121,6 +137,27 @@ pub fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, ExecError> {
         return Ok(beside);
     }
     Err(ExecError::NotFound { exe })
+}
+
+/// Checks that `ctrl` is a socket before a program is run on it: without
+/// the endpoint service every rpmsg call of the program would fail, far
+/// from the cause.
+///
+/// # Errors
+/// [`ExecError::NoService`] when nothing is there,
+/// [`ExecError::CtrlNotSocket`] for another kind of file.
+pub fn check_ctrl(ctrl: &Path) -> Result<(), ExecError> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata(ctrl) {
+        Ok(m) if m.file_type().is_socket() => Ok(()),
+        Ok(_) => Err(ExecError::CtrlNotSocket {
+            path: ctrl.to_owned(),
+        }),
+        Err(source) => Err(ExecError::NoService {
+            path: ctrl.to_owned(),
+            source,
+        }),
+    }
 }
 
 /// `prog` as `execvp(3)` would find it.
