@@ -249,12 +249,8 @@ impl Bars {
         self.shards.resize_with(p.shards, || None);
         let slot = &mut self.shards[p.shard];
         let b = slot.get_or_insert_with(|| {
-            let label = format!(
-                "shard {:>w$}/{}",
-                p.shard + 1,
-                p.shards,
-                w = digits(p.shards)
-            );
+            let w = p.shards.to_string().len();
+            let label = format!("shard {:>w$}/{}", p.shard + 1, p.shards);
             self.multi.add(bar(&label, 24))
         });
         b.set_length(p.shard_total);
@@ -270,10 +266,6 @@ impl Bars {
         }
         self.total.finish_and_clear();
     }
-}
-
-fn digits(n: usize) -> usize {
-    n.to_string().len()
 }
 
 /// Names the option at fault in a load error, when one is.

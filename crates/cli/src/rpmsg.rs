@@ -10,10 +10,6 @@ mod host;
 mod ping;
 mod remote;
 
-pub use host::HostArgs;
-pub use ping::PingArgs;
-pub use remote::RemoteArgs;
-
 /// The `iopath rpmsg` subcommands (their help is in `main.rs`).
 #[derive(Debug, clap::Subcommand)]
 pub enum RpmsgCmd {
@@ -21,16 +17,16 @@ pub enum RpmsgCmd {
     /// services, echo every message back; then wait for the next host
     /// (--once: exit, status 1 if the host died). SIGINT/SIGTERM: clean
     /// stop, status 0.
-    Remote(RemoteArgs),
+    Remote(remote::RemoteArgs),
     /// Be the host (virtio driver): own the buffers and the bus, serve local
     /// clients on a control socket; if the remote dies, hang its clients up
     /// and serve again once a remote is back (--once: exit, status 1).
     /// SIGINT/SIGTERM: clean stop, status 0.
-    Host(HostArgs),
+    Host(host::HostArgs),
     /// Echo round trips through an endpoint fd from the host's endpoint
     /// service (or an inherited one): every byte checked; p50/p99/max
     /// latency and messages per second.
-    Ping(PingArgs),
+    Ping(ping::PingArgs),
     /// Endpoints from the host's endpoint service: create one as an fd (and
     /// hand it to a command) or the legacy way (a node to open).
     #[command(subcommand)]

@@ -98,15 +98,13 @@ pub fn run(a: PingArgs) -> Result<()> {
     bar.finish_and_clear();
     let echo = Latency::from(r.round_trips_us, r.elapsed);
     // What the round trips went through: the channel name, or the fd.
-    let (label, name) = match a.fd {
-        Some(fd) => (format!("fd {fd}"), format!("fd {fd}")),
-        None => (format!("{:?}", a.name), a.name.clone()),
-    };
-    let limit = if a.limit {
-        Some(raw_pingpong(count.max(1000))?)
+    let name = a.fd.map_or(a.name.clone(), |fd| format!("fd {fd}"));
+    let label = if a.fd.is_some() {
+        name.clone()
     } else {
-        None
+        format!("{name:?}")
     };
+    let limit = a.limit.then(|| raw_pingpong(count.max(1000))).transpose()?;
     let (min_size, max_size) = (r.min_size, r.max_size);
     if a.json {
         let mut v = serde_json::json!({
