@@ -10,7 +10,7 @@ use iopath_heap::{
     load, load_checkpoint, EngineOptions, LoadOptions, Prefault, DEFAULT_SHARDS_AT_ONCE,
 };
 
-use iopath_sys::{human, parse_size};
+use iopath_sys::parse_size;
 
 /// Arguments of `iopath load`.
 #[derive(Debug, clap::Args)]
@@ -137,7 +137,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             "--buffers: not with --format safetensors (the tensors decide the buffers)",
         ));
     }
-    let (stats, tensors) = if safetensors {
+    let (stats, summary, tensors) = if safetensors {
         let t = load_checkpoint(
             &args.file,
             heap.as_ref(),
@@ -152,7 +152,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         if args.verify {
             t.verify()?;
         }
-        (t.stats, Some(t))
+        (t.stats, t.summary(&heap_name), Some(t))
     } else {
         let loaded = load(&args.file, heap.as_ref(), &opts, &mut on_progress)
             .map_err(|e| at_fault(args, e))?;
@@ -162,7 +162,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         if args.verify {
             loaded.verify(&args.file)?;
         }
-        (loaded.stats, None)
+        (loaded.stats, loaded.summary(&heap_name), None)
     };
     if args.json {
         let mut v = serde_json::to_value(stats)?;
@@ -179,27 +179,8 @@ pub fn run(args: &LoadArgs) -> Result<()> {
         println!("{v}");
         return Ok(());
     }
-    let s = &stats;
     let verified = if args.verify { "; verified" } else { "" };
-    match tensors.as_ref().map(|t| (t.tensors.len(), t.shards.len())) {
-        Some((n, shards)) => println!(
-            "loaded {n} tensors{} ({}, {} bytes) into {} {heap_name} buffers of up to {} {s}{verified}",
-            if shards > 1 { format!(" from {shards} shards") } else { String::new() },
-            human(s.bytes + s.mapped),
-            s.bytes + s.mapped,
-            s.buffers,
-            human(s.buffer_size as u64),
-        ),
-        None => println!(
-            "loaded {} ({} bytes) into {} x {} {heap_name} buffers {s}; alloc {:.0} ms (overlapped), read {:.0} ms{verified}",
-            human(s.bytes),
-            s.bytes,
-            s.buffers,
-            human(s.buffer_size as u64),
-            s.alloc_time.as_secs_f64() * 1e3,
-            s.read_time.as_secs_f64() * 1e3,
-        ),
-    }
+    println!("{summary}{verified}");
     if let Some(why) = heap_why {
         println!("heap auto chose {heap_name}: {why}");
     }

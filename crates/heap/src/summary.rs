@@ -1,12 +1,15 @@
 //! How a load reports itself: [`LoadStats`], [`Shard`] and [`Probe`] as
 //! JSON (`Serialize`, times in seconds and milliseconds, rates in GiB/s)
-//! and as the words of a summary line (`Display`).
+//! and as the words of a summary line (`Display`), which
+//! [`Loaded::summary`] and [`Tensors::summary`] complete.
 
 use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-use crate::{LoadStats, Probe, Shard};
+use iopath_sys::human;
+
+use crate::{LoadStats, Loaded, Probe, Shard, Tensors};
 
 /// `in 0.123 s: 4.56 GiB/s, method uring (auto: …), 0 fallback(s), 1 MiB
 /// (3%) from the page cache`, and what was mapped, if anything.
@@ -28,7 +31,6 @@ impl fmt::Display for LoadStats {
         } else {
             self.from_cache as f64 * 100.0 / self.bytes as f64
         };
-        let human = iopath_sys::human;
         write!(
             f,
             ", {} fallback(s), {} ({pct:.0}%) from the page cache",
@@ -43,6 +45,45 @@ impl fmt::Display for LoadStats {
             ),
             None => Ok(()),
         }
+    }
+}
+
+impl Loaded {
+    /// The line `iopath load` prints for a load into buffers of `heap`:
+    /// `loaded 5 MiB (5242880 bytes) into 5 x 1 MiB memfd buffers in …;
+    /// alloc 4 ms (overlapped), read 3 ms`.
+    pub fn summary(&self, heap: &str) -> String {
+        let s = &self.stats;
+        format!(
+            "loaded {} ({} bytes) into {} x {} {heap} buffers {s}; alloc {:.0} ms (overlapped), read {:.0} ms",
+            human(s.bytes),
+            s.bytes,
+            s.buffers,
+            human(s.buffer_size as u64),
+            s.alloc_time.as_secs_f64() * 1e3,
+            s.read_time.as_secs_f64() * 1e3,
+        )
+    }
+}
+
+impl Tensors {
+    /// The line `iopath load` prints for a checkpoint loaded into buffers
+    /// of `heap`: `loaded 4 tensors from 2 shards (1 MiB, 1048576 bytes)
+    /// into 2 memfd buffers of up to 32 MiB in …`.
+    pub fn summary(&self, heap: &str) -> String {
+        let s = &self.stats;
+        let shards = match self.shards.len() {
+            n if n > 1 => format!(" from {n} shards"),
+            _ => String::new(),
+        };
+        format!(
+            "loaded {} tensors{shards} ({}, {} bytes) into {} {heap} buffers of up to {} {s}",
+            self.tensors.len(),
+            human(s.bytes + s.mapped),
+            s.bytes + s.mapped,
+            s.buffers,
+            human(s.buffer_size as u64),
+        )
     }
 }
 
