@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
 use iopath_rpmsg::ctrl::{hand_to_command, proto, CtrlClient, EptFd, EptInfo};
-use iopath_rpmsg::wire::ADDR_ANY;
 
 /// Endpoint requests to the host's endpoint service.
 #[derive(Debug, clap::Subcommand)]
@@ -69,15 +68,7 @@ pub struct CreateArgs {
 
 /// Parses an rpmsg address: "any", 1024, 0x400.
 fn parse_addr(s: &str) -> Result<u32, String> {
-    if s.eq_ignore_ascii_case("any") {
-        return Ok(ADDR_ANY);
-    }
-    let v = if let Some(h) = s.strip_prefix("0x") {
-        u32::from_str_radix(h, 16)
-    } else {
-        s.parse()
-    };
-    v.map_err(|_| format!("not an address: {s:?} (a number, or any)"))
+    proto::parse_addr(s).ok_or_else(|| format!("not an address: {s:?} (a number, or any)"))
 }
 
 /// Runs one `ept` subcommand.

@@ -143,9 +143,14 @@ fn in_units_of(typed: &str, bytes: u64) -> String {
     format!("{}{suffix}", bytes.div_ceil(1 << shift))
 }
 
-/// Runs `iopath rpmsg remote` until a session ends it or a signal stops it.
+/// Runs `iopath rpmsg remote` until a session ends it or a signal stops
+/// it, over shared memory or vhost-user.
 pub fn run(a: RemoteArgs) -> Result<()> {
-    until_stopped("remote", |stop| serve(&a, stop))
+    until_stopped("remote", |stop| match (&a.vhost_user, &a.shm) {
+        (Some(sock), _) => serve_vhost_user(&a, sock, stop),
+        (None, Some(shm)) => serve_shm(&a, shm, stop),
+        (None, None) => Err(crate::usage::usage("--shm or --vhost-user is required")),
+    })
 }
 
 fn channels(a: &RemoteArgs) -> RemoteChannels {
@@ -155,15 +160,6 @@ fn channels(a: &RemoteArgs) -> RemoteChannels {
         openamp: a.openamp,
         exit_on_unbind: a.exit_on_unbind,
         echo_limit: a.echo_limit,
-    }
-}
-
-/// Serves one host after another, over shared memory or vhost-user.
-fn serve(a: &RemoteArgs, stop: &Cleanup) -> Result<()> {
-    match (&a.vhost_user, &a.shm) {
-        (Some(sock), _) => serve_vhost_user(a, sock, stop),
-        (None, Some(shm)) => serve_shm(a, shm, stop),
-        (None, None) => Err(crate::usage::usage("--shm or --vhost-user is required")),
     }
 }
 

@@ -108,6 +108,18 @@ pub struct EptInfo {
     pub dst: u32,
 }
 
+/// An address as a person writes it: `any` ([`ADDR_ANY`], any case), a
+/// decimal number, or `0x` and hex digits; `None` for anything else.
+pub fn parse_addr(s: &str) -> Option<u32> {
+    if s.eq_ignore_ascii_case("any") {
+        return Some(ADDR_ANY);
+    }
+    match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
 fn addr_json<S: serde::Serializer>(a: &u32, s: S) -> Result<S::Ok, S::Error> {
     match *a {
         ADDR_ANY => s.serialize_str("any"),

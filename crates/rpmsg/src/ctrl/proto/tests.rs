@@ -208,3 +208,14 @@ fn attach_request_round_trip_and_refusals() {
     assert_eq!(AttachRequest::parse(&v), Err(libc::EINVAL));
     assert_eq!(AttachRequest::parse(&b[..20]), Err(libc::EINVAL));
 }
+
+#[test]
+fn addresses_as_people_write_them() {
+    assert_eq!(parse_addr("any"), Some(ADDR_ANY));
+    assert_eq!(parse_addr("ANY"), Some(ADDR_ANY));
+    assert_eq!(parse_addr("1024"), Some(1024));
+    assert_eq!(parse_addr("0x400"), Some(0x400));
+    for bad in ["", "0x", "-1", "4294967296", "0X400", "one"] {
+        assert_eq!(parse_addr(bad), None, "{bad:?}");
+    }
+}
