@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use iopath_rpmsg::tools::session::Cleanup;
-use iopath_rpmsg::Convention;
+use iopath_rpmsg::{BufSizes, Convention, Role};
 
 /// Checks an endpoint or channel name as rpmsg's 32-byte name field holds
 /// it (with its terminating NUL).
@@ -61,12 +61,13 @@ impl BufSizeArgs {
         self.buf_size.is_some() || self.tx_buf_size.is_some() || self.rx_buf_size.is_some()
     }
 
-    /// The sizes as `(tx, rx)` of this side; `None` when none was given.
+    /// The sizes given, this side (`role`) sending with the tx size;
+    /// `None` when none was given.
     ///
     /// # Errors
     /// A usage error naming the option whose size is not 512 to 64K or
     /// not a multiple of 4.
-    pub fn sizes(&self) -> anyhow::Result<Option<(u32, u32)>> {
+    pub fn sizes(&self, role: Role) -> anyhow::Result<Option<BufSizes>> {
         use iopath_rpmsg::bufsz::{MAX_BUF_SIZE, MIN_OFFER};
         if !self.given() {
             return Ok(None);
@@ -84,7 +85,17 @@ impl BufSizeArgs {
                 })
         };
         let tx = pick("--tx-buf-size", self.tx_buf_size)?;
-        Ok(Some((tx, pick("--rx-buf-size", self.rx_buf_size)?)))
+        let rx = pick("--rx-buf-size", self.rx_buf_size)?;
+        Ok(Some(match role {
+            Role::Host => BufSizes {
+                to_remote: tx,
+                to_host: rx,
+            },
+            Role::Remote => BufSizes {
+                to_host: tx,
+                to_remote: rx,
+            },
+        }))
     }
 }
 

@@ -13,7 +13,7 @@ use iopath_rpmsg::tools::session::{
 };
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
 use iopath_rpmsg::{
-    shm_path, Bus, Convention, CtrlOptions, HostOptions, NotifySpec, ShmError, ShmOptions,
+    shm_path, Bus, Convention, CtrlOptions, HostOptions, NotifySpec, Role, ShmError, ShmOptions,
     HOST_FEATURES,
 };
 
@@ -121,13 +121,13 @@ pub fn run(a: HostArgs) -> Result<()> {
 /// after another.
 fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
     // Sizes are checked before anything is touched.
-    let fixed = match a.buf.sizes()? {
+    let fixed = match a.buf.sizes(Role::Host)? {
         Some(_) if a.buf.buf_size_convention != Convention::Fixed => {
             return Err(crate::usage::usage(
                 "--buf-size on the host needs --buf-size-convention fixed (otherwise the remote offers the sizes)",
             ))
         }
-        Some((to_remote, to_host)) => BufSizes { to_remote, to_host },
+        Some(sizes) => sizes,
         None => BufSizes::DEFAULT,
     };
     let mut features = HOST_FEATURES;
@@ -194,24 +194,14 @@ fn serve(a: &HostArgs, stop: &Cleanup) -> Result<()> {
         server.rundir().display()
     );
     let Err(e) = host.serve(stop, |ev| match ev {
-        HostEvent::LinkDown { reason, stats } => {
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "role": "host", "end": reason, "stats": stats })
-                );
-            } else {
-                eprintln!("host: {reason}; {stats}");
-            }
-        }
-        HostEvent::Waiting { reason } => eprintln!(
-            "host: the link to the remote went down ({reason}); waiting for a remote on {}",
-            a.notify
+        HostEvent::LinkDown { reason, stats } if a.json => println!(
+            "{}",
+            serde_json::json!({ "role": "host", "end": reason, "stats": stats })
         ),
-        HostEvent::RemoteBack { ctrl: Some(ctrl) } => {
-            eprintln!("host: remote back, serving on {} again", ctrl.display())
+        HostEvent::Waiting { .. } => {
+            eprintln!("host: {ev}; waiting for a remote on {}", a.notify)
         }
-        HostEvent::RemoteBack { ctrl: None } => eprintln!("host: remote back"),
+        ev => eprintln!("host: {ev}"),
     });
     Err(match e {
         ServeRemotesError::LinkDown { reason } => {

@@ -6,17 +6,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
-use iopath_rpmsg::bufsz::BufSizes;
 use iopath_rpmsg::notify::NotifyError;
 use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::tools::session::{
-    feature_names, serve_drivers, serve_hosts, AcceptError, Cleanup, RemoteEvent, RemoteShm,
-    RemoteShmConfig, RemoteStartError, ServeDrivers, ServeDriversError, ServeHosts,
-    ServeHostsError, Skipped,
+    serve_drivers, serve_hosts, AcceptError, Cleanup, RemoteEvent, RemoteShm, RemoteShmConfig,
+    RemoteStartError, ServeDrivers, ServeDriversError, ServeHosts, ServeHostsError, Skipped,
 };
 use iopath_rpmsg::tools::{openamp, RemoteChannels};
 use iopath_rpmsg::vring::VIRTIO_RING_F_EVENT_IDX;
-use iopath_rpmsg::{shm_path, Convention, NotifySpec, ShmOptions};
+use iopath_rpmsg::{shm_path, Convention, NotifySpec, Role, ShmOptions};
 
 use super::common::{at, until_stopped, BufSizeArgs};
 
@@ -166,7 +164,10 @@ fn channels(a: &RemoteArgs) -> RemoteChannels {
 /// Binds the vhost-user socket and serves one driver after another.
 fn serve_vhost_user(a: &RemoteArgs, sock: &Path, stop: &Cleanup) -> Result<()> {
     // Sizes are checked before the socket is bound.
-    let buf_sizes = offered_sizes(a)?.map(|s| (a.buf.buf_size_convention, s));
+    let buf_sizes = a
+        .buf
+        .sizes(Role::Remote)?
+        .map(|s| (a.buf.buf_size_convention, s));
     let listener = iopath_rpmsg::vhost_user::bind(sock)
         .with_context(|| format!("--vhost-user {}", sock.display()))?;
     stop.add_file(sock);
@@ -202,47 +203,15 @@ fn events(a: &RemoteArgs, next: String) -> impl Fn(RemoteEvent<'_>) + Send + Syn
         RemoteEvent::Skipped(Skipped::NotAHost(e @ NotifyError::PeerRefused { .. })) => {
             eprintln!("remote: {e} (--notify-mode widens it); waiting again")
         }
-        RemoteEvent::Skipped(Skipped::NotAHost(e)) => {
-            eprintln!("remote: a connection that is no host ({e}); waiting again")
-        }
-        RemoteEvent::Skipped(Skipped::ClosedBeforeReady(e)) => {
-            eprintln!("remote: the connection closed before DRIVER_OK ({e}); waiting again")
-        }
-        RemoteEvent::HostReady { features } => {
-            let names = feature_names(features);
-            eprintln!(
-                "remote: host ready (features {}), announcing {echo:?}",
-                if names.is_empty() {
-                    "none".into()
-                } else {
-                    names.join(", ")
-                },
-            );
-        }
-        RemoteEvent::EndpointDestroyed { name, addr } => {
-            eprintln!("remote: host destroyed its endpoint {addr} on {name:?}");
-        }
-        RemoteEvent::SessionEnded(end) => eprintln!("remote: {end}"),
-        RemoteEvent::Stats { echoed, stats } => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats })
-                );
-            } else {
-                eprintln!("remote: {stats}");
-            }
-        }
-        RemoteEvent::HostGone { reason } => {
-            eprintln!("remote: host gone ({reason}); waiting for {next}")
-        }
+        RemoteEvent::Skipped(_) => eprintln!("remote: {ev}; waiting again"),
+        RemoteEvent::HostReady { .. } => eprintln!("remote: {ev}, announcing {echo:?}"),
+        RemoteEvent::Stats { echoed, stats } if json => println!(
+            "{}",
+            serde_json::json!({ "role": "remote", "echoed": echoed, "stats": stats })
+        ),
+        RemoteEvent::HostGone { .. } => eprintln!("remote: {ev}; waiting for {next}"),
+        ev => eprintln!("remote: {ev}"),
     }
-}
-
-/// The sizes given by --buf-size, --tx-buf-size and --rx-buf-size, if any.
-fn offered_sizes(a: &RemoteArgs) -> Result<Option<BufSizes>> {
-    let s = a.buf.sizes()?;
-    Ok(s.map(|(to_host, to_remote)| BufSizes { to_host, to_remote }))
 }
 
 /// The layout `--create SIZE` writes: OpenAMP's demo layout for 0x80000
@@ -258,7 +227,7 @@ fn layout(a: &RemoteArgs, create: &TypedSize) -> Result<ShmLayout> {
     if a.event_idx {
         layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
     }
-    if let Some(sizes) = offered_sizes(a)? {
+    if let Some(sizes) = a.buf.sizes(Role::Remote)? {
         layout = layout
             .with_buf_sizes(a.buf.buf_size_convention, sizes)
             .map_err(|e| match ShmLayout::size_for(a.ring, sizes) {
@@ -335,7 +304,7 @@ fn serve_shm(a: &RemoteArgs, shm: &Path, stop: &Cleanup) -> Result<()> {
     );
     let channels = channels(a);
     let fixed = match a.buf.buf_size_convention {
-        Convention::Fixed => offered_sizes(a)?,
+        Convention::Fixed => a.buf.sizes(Role::Remote)?,
         _ => None,
     };
     let cfg = ServeHosts {

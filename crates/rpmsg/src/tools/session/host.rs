@@ -267,6 +267,23 @@ pub enum HostEvent<'a> {
     },
 }
 
+/// What happened, in words: `REASON; rx N tx N ...`, `the link to the
+/// remote went down (REASON)`, `remote back, serving on CTRL again`.
+impl std::fmt::Display for HostEvent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostEvent::LinkDown { reason, stats } => write!(f, "{reason}; {stats}"),
+            HostEvent::Waiting { reason } => {
+                write!(f, "the link to the remote went down ({reason})")
+            }
+            HostEvent::RemoteBack { ctrl: Some(c) } => {
+                write!(f, "remote back, serving on {} again", c.display())
+            }
+            HostEvent::RemoteBack { ctrl: None } => f.write_str("remote back"),
+        }
+    }
+}
+
 /// Why a host stopped serving remotes.
 #[derive(Debug, Error)]
 pub enum ServeRemotesError {

@@ -29,10 +29,11 @@ use crate::notify::{NotifyError, NotifyListener, NotifySpec};
 use crate::{Bus, BusError, LinkError, Notifier, SharedMem};
 
 /// The names of the rpmsg and ring feature bits set in `features` (as a
-/// host negotiated them): `NS`, `BUFSZ`, `BUFSZ (nuttx)`, `EVENT_IDX`.
-pub fn feature_names(features: u32) -> Vec<&'static str> {
+/// host negotiated them), comma-separated: `NS, BUFSZ (nuttx), EVENT_IDX`;
+/// `none` without any.
+pub fn feature_names(features: u32) -> String {
     use crate::bufsz::{NUTTX_RPMSG_F_BUFSZ, VIRTIO_RPMSG_F_BUFSZ};
-    [
+    let names: Vec<&str> = [
         (crate::wire::VIRTIO_RPMSG_F_NS, "NS"),
         (VIRTIO_RPMSG_F_BUFSZ, "BUFSZ"),
         (NUTTX_RPMSG_F_BUFSZ, "BUFSZ (nuttx)"),
@@ -41,7 +42,19 @@ pub fn feature_names(features: u32) -> Vec<&'static str> {
     .into_iter()
     .filter(|(bit, _)| features & (1 << bit) != 0)
     .map(|(_, n)| n)
-    .collect()
+    .collect();
+    if names.is_empty() {
+        return "none".into();
+    }
+    names.join(", ")
+}
+
+#[cfg(test)]
+#[test]
+fn features_by_name() {
+    assert_eq!(feature_names(0), "none");
+    assert_eq!(feature_names(1 | 1 << 29), "NS, EVENT_IDX");
+    assert_eq!(feature_names(1 << 2), "BUFSZ (nuttx)");
 }
 
 /// A connection on the remote's notify socket that it passed over, to wait
@@ -52,6 +65,19 @@ pub enum Skipped {
     NotAHost(NotifyError),
     /// The host's connection closed before it set DRIVER_OK.
     ClosedBeforeReady(NotifyError),
+}
+
+/// `a connection that is no host (why)`, or `the connection closed
+/// before DRIVER_OK (why)`.
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skipped::NotAHost(e) => write!(f, "a connection that is no host ({e})"),
+            Skipped::ClosedBeforeReady(e) => {
+                write!(f, "the connection closed before DRIVER_OK ({e})")
+            }
+        }
+    }
 }
 
 /// Why a remote stopped waiting for hosts.

@@ -171,6 +171,29 @@ pub enum RemoteEvent<'a> {
     },
 }
 
+/// What happened, in words: `host ready (features NS, EVENT_IDX)`, `host
+/// gone (REASON)`, the bus's counters, ...
+impl std::fmt::Display for RemoteEvent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoteEvent::Skipped(s) => write!(f, "{s}"),
+            RemoteEvent::HostReady { features } => {
+                write!(
+                    f,
+                    "host ready (features {})",
+                    super::feature_names(*features)
+                )
+            }
+            RemoteEvent::EndpointDestroyed { name, addr } => {
+                write!(f, "host destroyed its endpoint {addr} on {name:?}")
+            }
+            RemoteEvent::SessionEnded(end) => write!(f, "{end}"),
+            RemoteEvent::Stats { stats, .. } => write!(f, "{stats}"),
+            RemoteEvent::HostGone { reason } => write!(f, "host gone ({reason})"),
+        }
+    }
+}
+
 /// Why a remote stopped serving hosts.
 #[derive(Debug, Error)]
 pub enum ServeHostsError {
