@@ -334,12 +334,7 @@ impl Bus {
             if now >= deadline {
                 return Err(BusError::Timeout);
             }
-            st = self
-                .shared
-                .events
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            st = iopath_sys::wait_timeout(&self.shared.events, st, deadline - now).0;
         }
     }
 
@@ -356,12 +351,7 @@ impl Bus {
                 Some(d) => d.checked_duration_since(Instant::now())?,
                 None => Duration::from_secs(1),
             };
-            st = self
-                .shared
-                .events
-                .wait_timeout(st, wait)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            st = iopath_sys::wait_timeout(&self.shared.events, st, wait).0;
         }
     }
 

@@ -144,11 +144,7 @@ pub(super) fn wait_for_buffer<'a>(
     left: Duration,
 ) -> MutexGuard<'a, State> {
     shared.buf_waiters.fetch_add(1, Ordering::SeqCst);
-    let st = shared
-        .cond
-        .wait_timeout(st, left.min(Duration::from_millis(1)))
-        .unwrap_or_else(|e| e.into_inner())
-        .0;
+    let st = iopath_sys::wait_timeout(&shared.cond, st, left.min(Duration::from_millis(1))).0;
     shared.buf_waiters.fetch_sub(1, Ordering::SeqCst);
     st
 }

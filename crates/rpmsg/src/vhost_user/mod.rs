@@ -238,12 +238,7 @@ impl RpmsgDevice {
                             .ok_or_else(timed_out)?,
                         None => Duration::from_secs(1),
                     };
-                    s = self
-                        .slots
-                        .cond
-                        .wait_timeout(s, wait)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    s = iopath_sys::wait_timeout(&self.slots.cond, s, wait).0;
                 }
             };
             match first_kick(&ctxs, deadline) {
@@ -370,11 +365,7 @@ impl VirtioDevice for RpmsgDevice {
                 }
                 other => s[i] = other,
             }
-            s = slots
-                .cond
-                .wait_timeout(s, STOP_POLL)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            s = iopath_sys::wait_timeout(&slots.cond, s, STOP_POLL).0;
         }
     }
 }
