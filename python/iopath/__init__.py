@@ -9,6 +9,8 @@
     pool = iopath.Pool()                           # a server's reload:
     tensors = iopath.load_safetensors(path, pool=pool)  # buffers reused
     tensors = iopath.load_safetensors(path, method="map")  # cached: file views
+    iopath.load_into(module, "llama/")             # any torch.nn.Module, assigned
+    model = iopath.from_pretrained(AutoModelForCausalLM, "llama/")  # transformers
 
 Arrays are zero-copy views over the heap buffers and keep them alive; a
 buffer's ``fileno()`` can be sent to another process with
@@ -23,7 +25,18 @@ import numpy as np
 
 from ._iopath import Buffer, Pool, Share, attach_raw, load, load_safetensors_raw
 
-__all__ = ["Buffer", "Pool", "Share", "load", "load_safetensors", "share", "attach", "DTYPES"]
+__all__ = [
+    "Buffer",
+    "Pool",
+    "Share",
+    "load",
+    "load_safetensors",
+    "share",
+    "attach",
+    "load_into",
+    "from_pretrained",
+    "DTYPES",
+]
 
 #: safetensors dtype -> numpy dtype (little-endian, as the format is).
 #: With ``ml_dtypes`` installed, also BF16 and the F8 types.
@@ -273,3 +286,7 @@ def attach(handle, framework="numpy", timeout=30.0):
     """
     buffers, table, _metadata = attach_raw(str(handle), timeout)
     return _views(buffers, table, framework)
+
+
+# torch and transformers are imported only when these are called.
+from .models import from_pretrained, load_into  # noqa: E402
