@@ -13,6 +13,7 @@ iopath is imported.
 import copy
 import json
 import os
+import threading
 
 #: load_safetensors' options, which from_pretrained takes beside
 #: transformers' own keyword arguments.
@@ -190,14 +191,18 @@ def from_pretrained(cls, path, dtype=None, **kwargs):
 
     As transformers does: the config is read (``kwargs`` override it, and
     ``dtype=None`` is ``"auto"``: the config's dtype), the model is built
-    on the meta device, its weights are the checkpoint's tensors
+    on the meta device (while iopath loads the checkpoint, on a thread of
+    its own), its weights are the checkpoint's tensors
     (``load_into``: views of iopath's buffers where their dtype is the
     model's), weights the model ties are tied, non-persistent buffers
     (rotary ``inv_freq``, ...) and weights missing from the checkpoint are
     initialised by transformers' own code, the generation config is read,
     and the model is put in eval mode. ``load_safetensors``' options
     (``method``, ``heap``, ``pool``, ``buffer_size``, ``shards_at_once``,
-    ``progress``) may be given among ``kwargs``.
+    ``progress``) may be given among ``kwargs``. ``method`` is ``"map"``
+    unless given: tensors the page cache holds are views of their files,
+    as transformers' own loader maps them (and, as there, a later write
+    to a file shows through), and the rest are read into heap buffers.
 
     A checkpoint whose names need transformers' renaming (another model's
     prefix, legacy names, fused experts) or whose model keeps some weights
@@ -213,6 +218,7 @@ def from_pretrained(cls, path, dtype=None, **kwargs):
 
     directory = checkpoint_directory(path)
     load_kwargs = {k: kwargs.pop(k) for k in LOAD_OPTIONS if k in kwargs}
+    load_kwargs.setdefault("method", "map")
     use_kernels = kwargs.pop("use_kernels", None)
     from_auto = hasattr(cls, "_model_mapping")
     model_class, config, model_kwargs = _model_class(cls, directory, kwargs)
@@ -223,11 +229,28 @@ def from_pretrained(cls, path, dtype=None, **kwargs):
     config, dtype = mu._get_dtype("auto" if dtype is None else dtype, files, config, sharded, None, True, None)
     config.name_or_path = directory
 
-    tensors = load_safetensors(path, framework="pt", **load_kwargs)
-    config = copy.deepcopy(config)
-    with ContextManagers(model_class.get_init_context(dtype, False, False, False, config)):
-        model = model_class(config, **model_kwargs)
-        mu.patch_output_recorders(model)
+    # The load runs while the model is built: the loader releases the GIL
+    # for its reads and copies, and the build is Python.
+    loaded = {}
+
+    def load():
+        try:
+            loaded["tensors"] = load_safetensors(path, framework="pt", **load_kwargs)
+        except BaseException as e:
+            loaded["error"] = e
+
+    loader = threading.Thread(target=load, name="iopath-load")
+    loader.start()
+    try:
+        config = copy.deepcopy(config)
+        with ContextManagers(model_class.get_init_context(dtype, False, False, False, config)):
+            model = model_class(config, **model_kwargs)
+            mu.patch_output_recorders(model)
+    finally:
+        loader.join()
+    if "error" in loaded:
+        raise loaded["error"]
+    tensors = loaded["tensors"]
     dtype_plan = model._get_dtype_plan(dtype)
     expected = model.state_dict()
     if dtype_plan or any(name not in expected for name in tensors):

@@ -249,10 +249,10 @@ def test_from_pretrained_equals_transformers(transformers, torch, tmp_path):
     assert in_iopath_buffer(got.lm_head.weight)
     # The rotary inv_freq, a non-persistent buffer, rebuilt as transformers does.
     assert torch.equal(got.model.rotary_emb.inv_freq, want.model.rotary_emb.inv_freq)
-    # A model class, the config's dtype, the index or a shard's path, map.
+    # A model class, the config's dtype, the index, method="auto" (copies).
     cls = transformers.LlamaForCausalLM
     same_model(torch, iopath.from_pretrained(cls, d), cls.from_pretrained(d))
-    got = iopath.from_pretrained(cls, d / "model.safetensors.index.json", method="map")
+    got = iopath.from_pretrained(cls, d / "model.safetensors.index.json", method="auto")
     same_model(torch, got, want)
     # float32 asked of a bf16 checkpoint: one converted copy per weight.
     got32 = iopath.from_pretrained(auto, d, dtype=torch.float32)
