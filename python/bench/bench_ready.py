@@ -78,8 +78,16 @@ def write_model(path, size, shards):
     with torch.device("cpu"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    model.save_pretrained(path, max_shard_size=-(-total // shards) + (1 << 20))
-    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+    # save_pretrained fills a shard while the next tensor fits: a larger
+    # limit until it writes exactly `shards` files.
+    limit = -(-total // shards)
+    while True:
+        subprocess.run(["rm", "-rf", path])
+        model.save_pretrained(path, max_shard_size=limit)
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        if len(files) <= shards:
+            break
+        limit += limit // 50
     for p in files:
         with open(p, "rb") as f:
             os.fsync(f.fileno())
