@@ -210,12 +210,17 @@ def from_pretrained(cls, path, dtype=None, **kwargs):
     same iopath tensors. A config transformers cannot build raises
     transformers' error.
     """
-    import torch
+    import transformers
     from transformers import modeling_utils as mu
     from transformers.utils.generic import ContextManagers
 
     from . import load_safetensors
 
+    if not hasattr(mu, "LoadStateDictInfo"):
+        raise ImportError(
+            f"iopath.from_pretrained follows transformers 5's loading steps; "
+            f"transformers {transformers.__version__} is installed"
+        )
     directory = checkpoint_directory(path)
     load_kwargs = {k: kwargs.pop(k) for k in LOAD_OPTIONS if k in kwargs}
     load_kwargs.setdefault("method", "map")
