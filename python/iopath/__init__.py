@@ -39,7 +39,8 @@ __all__ = [
 ]
 
 #: safetensors dtype -> numpy dtype (little-endian, as the format is).
-#: With ``ml_dtypes`` installed, also BF16 and the F8 types.
+#: With ``ml_dtypes`` installed, also BF16 and the F8 types, from the first
+#: load into numpy arrays on (ml_dtypes is imported then, not before).
 DTYPES = {
     "BOOL": np.dtype("bool"),
     "U8": np.dtype("<u1"),
@@ -63,19 +64,30 @@ _RAW = {
     "F8_E8M0": np.dtype("u1"),
 }
 
-try:
-    import ml_dtypes
+_ml_dtypes_added = False
 
-    for _name, _attr in [
-        ("BF16", "bfloat16"),
-        ("F8_E4M3", "float8_e4m3fn"),
-        ("F8_E5M2", "float8_e5m2"),
-        ("F8_E8M0", "float8_e8m0fnu"),
-    ]:
-        if hasattr(ml_dtypes, _attr):
-            DTYPES[_name] = np.dtype(getattr(ml_dtypes, _attr))
-except ImportError:
-    pass
+
+def _numpy_dtypes():
+    """DTYPES, with ml_dtypes' types added the first time numpy arrays are
+    made or named: importing ml_dtypes takes about a second, which a load
+    into torch, or a process that never makes an array, does not pay."""
+    global _ml_dtypes_added
+    if not _ml_dtypes_added:
+        _ml_dtypes_added = True
+        try:
+            import ml_dtypes
+        except ImportError:
+            return DTYPES
+        for name, attr in [
+            ("BF16", "bfloat16"),
+            ("F8_E4M3", "float8_e4m3fn"),
+            ("F8_E5M2", "float8_e5m2"),
+            ("F8_E8M0", "float8_e8m0fnu"),
+        ]:
+            if hasattr(ml_dtypes, attr):
+                DTYPES[name] = np.dtype(getattr(ml_dtypes, attr))
+    return DTYPES
+
 
 #: Every buffer handed out by a load or an attach, by id, while alive: what
 #: ``share`` looks tensors up in.
@@ -111,8 +123,9 @@ def _views(buffers, table, framework):
     views = [memoryview(b) for b in buffers]
     out = {}
     if framework == "numpy":
+        dtypes = _numpy_dtypes()
         for name, (index, offset, length, dtype, shape) in table.items():
-            dt = DTYPES.get(dtype) or _RAW.get(dtype)
+            dt = dtypes.get(dtype) or _RAW.get(dtype)
             if dt is None:
                 # Sub-byte types (F4, F6_*): their bytes.
                 out[name] = np.frombuffer(views[index], dtype=np.uint8, count=length, offset=offset)
@@ -219,7 +232,7 @@ def load_safetensors(
 def _dtype_name(t):
     """The safetensors name of an array's or a tensor's element type."""
     if isinstance(t, np.ndarray):
-        for name, dt in DTYPES.items():
+        for name, dt in _numpy_dtypes().items():
             if dt == t.dtype:
                 return name
         raise ValueError(f"dtype {t.dtype} has no safetensors name")
