@@ -29,6 +29,11 @@
 //!        aligned buffer when the front end's is not) ─► status byte + used ring ─► call eventfd
 //! ```
 //!
+//! [`Exports`] serves many images from one process, each on its own socket
+//! with its own settings ([`ExportSpec`], parsed from `image=PATH,
+//! socket=PATH[,readonly][,queues=N]...`), each by its own server thread:
+//! what `iopath blk serve` runs.
+//!
 //! Both sides read and write the wire format through the same `#[repr(C)]`
 //! structs ([`wire`]: `virtio-bindings`' layouts with
 //! [`ByteValued`](vm_memory::ByteValued)):
@@ -53,6 +58,7 @@ pub mod dd;
 pub mod driver;
 mod error;
 mod executor;
+pub mod export;
 mod image;
 mod names;
 mod plan;
@@ -65,6 +71,7 @@ pub mod workload;
 pub use backend::{BackendError, BlkBackend, BlkOptions};
 pub use dd::{DdConfig, DdError, DdReport, DmaMode};
 pub use driver::{BlkDriver, BlkError, BlkQueue, Command, DeviceConfig, Done, DriverOptions};
+pub use export::{ExportError, ExportSpec, Exports};
 pub use iopath_virtio::PollMode;
 pub use names::UnknownName;
 pub use workload::{Access, Blocks, Outcome, Workload, WorkloadError};

@@ -6,6 +6,7 @@
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,10 +116,15 @@ impl<D: VirtioDevice> VhostUserServer<D> {
     /// Only when accepting fails (the listener is broken).
     pub fn run(&self) -> Result<(), ServerError> {
         loop {
-            match self.serve_one() {
-                Ok(()) => tracing::info!("front end disconnected"),
-                Err(e @ ServerError::Accept(_)) => return Err(e),
-                Err(e) => tracing::warn!("front end dropped: {}", error_chain(&e)),
+            // A panic while serving one front end (a bug) drops that front
+            // end only: its handler's drop stops its queues, and the device
+            // holds no state of the connection.
+            let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve_one()));
+            match served {
+                Ok(Ok(())) => tracing::info!("front end disconnected"),
+                Ok(Err(e @ ServerError::Accept(_))) => return Err(e),
+                Ok(Err(e)) => tracing::warn!("front end dropped: {}", error_chain(&e)),
+                Err(_) => tracing::error!("front end dropped: serving it panicked"),
             }
         }
     }
