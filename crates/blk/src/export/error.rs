@@ -75,7 +75,7 @@ pub enum ExportError {
         source: BackendError,
     },
     /// A socket cannot be listened on.
-    #[error("Cannot listen for {}", image.display())]
+    #[error("Cannot listen for the export of {}", image.display())]
     Listen {
         /// The image it was to serve.
         image: PathBuf,
