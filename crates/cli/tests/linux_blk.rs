@@ -14,7 +14,8 @@
 //! `virtio_blk` uses at most one queue per CPU, so with 2 offered the
 //! guest must use exactly `min(2, CPUs)`: `/sys/block/vda/mq` is checked
 //! against that. Debian's prebuilt `linux.uml` (6.1, `virtio_blk` a
-//! module) runs the same on iopath.
+//! module) runs the same on iopath; offered `VIRTIO_F_ACCESS_PLATFORM`, it
+//! fails its probe, and the back end says why and names the flag.
 
 #[allow(dead_code)]
 mod lab;
@@ -325,4 +326,78 @@ fn debian_uml_6_1_virtio_blk_on_iopath_blk_serve() {
         );
     };
     run(start_iopath, &kernel, Some(&ko), 1, 1);
+}
+
+/// Debian's UML 6.1 acknowledges `VIRTIO_F_ACCESS_PLATFORM` from a back
+/// end that offers it (the default) and then fails its probe (it has no
+/// DMA API): the guest has no disk, and the back end, at its default log
+/// level, says why and names the flag that fixes it.
+#[test]
+fn debian_uml_6_1_on_access_platform_is_explained_by_the_back_end() {
+    if !have_peer(DEBIAN_UML.0, DEBIAN_UML.1) {
+        return;
+    }
+    let kernel = iopath_testkit::find_program(DEBIAN_UML.0).unwrap();
+    let Some(ko) = std::fs::read_dir("/usr/lib/uml/modules")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.path().join("kernel/drivers/block/virtio_blk.ko"))
+        .filter(|p| p.exists())
+    else {
+        panic!("{} has no virtio_blk.ko", DEBIAN_UML.1);
+    };
+    let _guard = guest_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    std::fs::File::create(&image).unwrap().set_len(MIB).unwrap();
+    let sock = dir.path().join("vu.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_iopath"));
+    cmd.args(["blk", "serve", "--image"])
+        .arg(&image)
+        .arg("--socket")
+        .arg(&sock)
+        .env_remove("IOPATH_LOG");
+    let backend = Backend::spawn(
+        "iopath blk serve",
+        cmd,
+        dir.path().join("backend.log"),
+        &sock,
+    );
+    let script = dir.path().join("guest.sh");
+    std::fs::write(
+        &script,
+        "insmod \"$VIRTIO_BLK_KO\"\n\
+         for i in 1 2 3 4 5; do [ -b /dev/vda ] && break; sleep 0.2; done\n\
+         [ -b /dev/vda ] && echo 'vda: yes' || echo 'vda: no'\n",
+    )
+    .unwrap();
+    let out = Command::new(lab::repo_root().join("scripts/linux-lab"))
+        .arg("run")
+        .arg("--device")
+        .arg(format!("{}:2", sock.display()))
+        .args(["--timeout", "120", "--kernel"])
+        .arg(&kernel)
+        .arg("--env")
+        .arg(format!("VIRTIO_BLK_KO={}", ko.display()))
+        .arg("--")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.lines().any(|l| l.trim_end() == "vda: no"),
+        "the guest was expected to fail its probe:\n{stdout}"
+    );
+    iopath_testkit::wait_until(
+        "the back end explains the front end that left",
+        Duration::from_secs(10),
+        || backend.log_text().contains("--no-access-platform"),
+    );
+    let log = backend.log_text();
+    assert!(
+        log.contains("having acknowledged VIRTIO_F_ACCESS_PLATFORM") && log.contains("virtio_uml"),
+        "{log}"
+    );
 }

@@ -265,6 +265,15 @@ pub fn serve_connection_with<D: VirtioDevice>(
         if !iotlb.is_empty() {
             tracing::info!(target: IOTLB_STATS_TARGET, "front end's IOTLB: {iotlb}");
         }
+        if let Some((acked, offered)) = h.left_at_access_platform() {
+            tracing::warn!(
+                "the front end left without starting a queue, having acknowledged \
+                 VIRTIO_F_ACCESS_PLATFORM (features {acked:#x} of {offered:#x} offered): \
+                 a front end that takes the offer without running an IOMMU (Linux's \
+                 virtio_uml, whose probe then fails) cannot use this device; serve it \
+                 without offering the feature (iopath blk serve --no-access-platform)"
+            );
+        }
         let truncated = h.memory_truncated();
         h.shutdown();
         truncated

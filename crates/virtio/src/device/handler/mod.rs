@@ -76,6 +76,8 @@ pub(super) struct Handler<D: VirtioDevice> {
     pub(super) fence: Arc<DmaFence>,
     /// The inflight record (`GET_INFLIGHT_FD` / `SET_INFLIGHT_FD`).
     inflight: Option<Arc<InflightRegion>>,
+    /// Queue workers started for this front end so far.
+    started: usize,
 }
 
 fn invalid(reason: &'static str) -> VhostError {
@@ -111,6 +113,7 @@ impl<D: VirtioDevice> Handler<D> {
             vrings,
             fence,
             inflight: None,
+            started: 0,
         }
     }
 
@@ -286,7 +289,10 @@ impl<D: VirtioDevice> Handler<D> {
                 queue
             });
         match spawned {
-            Ok(join) => self.vrings[index].worker = Some(Worker { stop, join }),
+            Ok(join) => {
+                self.vrings[index].worker = Some(Worker { stop, join });
+                self.started += 1;
+            }
             Err(e) => tracing::warn!("vring {index}: cannot start a worker: {e}"),
         }
     }
@@ -336,7 +342,14 @@ impl<D: VirtioDevice> Handler<D> {
         }
     }
 
-    /// Drops everything the front end set up.
+    /// The features the front end acknowledged, when it did so with
+    /// `VIRTIO_F_ACCESS_PLATFORM` but started no queue: what a front end
+    /// that gives up on the offer leaves behind (Linux's `virtio_uml`
+    /// without a DMA API fails its probe with `-ENOMEM` and goes).
+    pub(super) fn left_at_access_platform(&self) -> Option<(u64, u64)> {
+        (self.started == 0 && self.iommu_on()).then_some((self.acked_features, self.offered))
+    }
+
     /// Whether the front end truncated memory it shares (a SIGBUS was
     /// caught in one of its regions).
     pub(super) fn memory_truncated(&self) -> bool {
@@ -346,6 +359,7 @@ impl<D: VirtioDevice> Handler<D> {
             || self.inflight.as_ref().is_some_and(|r| r.truncated())
     }
 
+    /// Drops everything the front end set up.
     pub(super) fn shutdown(&mut self) {
         self.stop_all();
         for v in &mut self.vrings {
