@@ -249,6 +249,14 @@ fn report<O: DmaOps + ?Sized>(
     progress: &dyn Progress,
 ) -> Result<DdReport, DdError> {
     let w = &cfg.workload;
+    if drv.num_queues() < cfg.queues {
+        tracing::warn!(
+            "{} queues asked, but the device offers {}: running {}",
+            cfg.queues,
+            drv.config().num_queues,
+            drv.num_queues()
+        );
+    }
     let out = workload::drive(drv, w, blocks, progress)?;
     let g: Vec<f64> = out.runs.iter().map(|r| r.gib_per_s).collect();
     let stats = Stats::of(&g);

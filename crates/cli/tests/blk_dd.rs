@@ -499,3 +499,45 @@ fn dd_prints_each_run_as_it_completes() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// More queues than the device offers run on what it offers, and dd says
+/// so: `--queues 4` against a back end of 2.
+#[test]
+fn dd_says_when_the_device_offers_fewer_queues_than_asked() {
+    let peer = serve(1 << 20);
+    let out = dd(
+        &peer.socket,
+        &[
+            "--bs",
+            "4K",
+            "--count",
+            "64",
+            "--queues",
+            "4",
+            "--queue-depth",
+            "8",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("4 queues asked, but the device offers 2: running 2"),
+        "{err}"
+    );
+    let json = dd(
+        &peer.socket,
+        &[
+            "--bs",
+            "4K",
+            "--count",
+            "64",
+            "--queues",
+            "4",
+            "--queue-depth",
+            "8",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["queues"], 2, "{v}");
+}
