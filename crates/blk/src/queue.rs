@@ -3,7 +3,7 @@
 //! a coherent metadata slot per request in flight, and only the data goes
 //! through the DMA ops' `map`/`unmap`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,12 +78,17 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     config: DeviceConfig,
     free_slots: Vec<u16>,
     pieces: Vec<Option<Piece>>,
-    transfers: HashMap<u64, Transfer>,
+    /// By tag (foldhash: tags are the caller's, the map is on every
+    /// request's path).
+    transfers: foldhash::HashMap<u64, Transfer>,
     done: VecDeque<Done>,
     timeout: Duration,
     indirect: bool,
     poller: Poller,
     submitted: u64,
+    /// Between [`BlkQueue::plug`] and [`BlkQueue::unplug`]: submissions
+    /// do not notify the device.
+    plugged: bool,
 }
 
 impl<O: DmaOps + ?Sized> BlkQueue<O> {
@@ -110,12 +115,13 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             meta: Some(meta),
             free_slots: (0..size).rev().collect(),
             pieces: vec![None; usize::from(size)],
-            transfers: HashMap::new(),
+            transfers: foldhash::HashMap::default(),
             done: VecDeque::new(),
             timeout,
             indirect,
             poller,
             submitted: 0,
+            plugged: false,
         }
     }
 
@@ -168,7 +174,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 t.pending += 1;
             }
         }
-        if self.vq.should_notify() {
+        if !self.plugged && self.vq.should_notify() {
             if let Err(e) = self.transport.notify(self.vq.index()) {
                 result = result.and(Err(e.into()));
             }
@@ -183,6 +189,27 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             t.error.get_or_insert(e);
         } else if t.pending == 0 {
             self.finish(tag);
+        }
+        Ok(())
+    }
+
+    /// Holds the device's notification back until [`BlkQueue::unplug`]
+    /// (as Linux's `blk_start_plug`): requests submitted meanwhile go on the
+    /// ring, and the device, woken once, finds them all there instead of
+    /// racing the driver for each. A wait for completions unplugs first.
+    pub fn plug(&mut self) {
+        self.plugged = true;
+    }
+
+    /// Ends [`BlkQueue::plug`]: notifies the device if what was submitted
+    /// since needs it (`VIRTIO_RING_F_EVENT_IDX` says whether it sleeps).
+    ///
+    /// # Errors
+    /// The transport's notification failed.
+    pub fn unplug(&mut self) -> Result<()> {
+        self.plugged = false;
+        if self.vq.should_notify() {
+            self.transport.notify(self.vq.index())?;
         }
         Ok(())
     }
@@ -360,15 +387,38 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             .write_at(base + META_STATUS, &[STATUS_UNSET])?;
         let hdr = Seg::coherent(meta, base, HEADER_LEN);
         let status = Seg::coherent(meta, base + META_STATUS, 1);
-        let mut data: Vec<Seg<'_>> = Vec::new();
-        if let PieceSpec::Data {
-            buf_offset, segs, ..
-        } = p
+        let buf = match req {
+            Command::Read { buf, .. } | Command::Write { buf, .. } => Some(*buf),
+            _ => None,
+        };
+        // The common request, one data segment, is built on the stack.
+        if let (
+            Some(buf),
+            PieceSpec::Data {
+                buf_offset, segs, ..
+            },
+        ) = (buf, p)
         {
-            let buf = match req {
-                Command::Read { buf, .. } | Command::Write { buf, .. } => *buf,
-                _ => unreachable!("data pieces come from reads and writes"),
-            };
+            if let [len] = segs[..] {
+                let data = Seg::buf(buf, *buf_offset, len as usize);
+                let (out, inp): (&[Seg<'_>], &[Seg<'_>]) = if kind == req_type::OUT {
+                    (&[hdr, data], &[status])
+                } else {
+                    (&[hdr], &[data, status])
+                };
+                self.vq.add_wait(out, inp, u64::from(slot), wait)?;
+                self.added(slot, tag, kind, sector);
+                return Ok(());
+            }
+        }
+        let mut data: Vec<Seg<'_>> = Vec::new();
+        if let (
+            Some(buf),
+            PieceSpec::Data {
+                buf_offset, segs, ..
+            },
+        ) = (buf, p)
+        {
             let mut at = *buf_offset;
             for &s in segs {
                 data.push(Seg::buf(buf, at, s as usize));
@@ -389,6 +439,12 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             _ => (vec![hdr], vec![status]),
         };
         self.vq.add_wait(&out, &inp, u64::from(slot), wait)?;
+        self.added(slot, tag, kind, sector);
+        Ok(())
+    }
+
+    /// Records the request just put on the ring with metadata `slot`.
+    fn added(&mut self, slot: u16, tag: u64, kind: u32, sector: u64) {
         self.free_slots.pop();
         self.submitted += 1;
         self.pieces[usize::from(slot)] = Some(Piece {
@@ -397,7 +453,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             sector,
             seq: self.submitted,
         });
-        Ok(())
     }
 
     /// Takes every completion the device has published. Returns how many.
@@ -453,9 +508,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     fn reap_blocking(&mut self) -> Result<()> {
         // Whatever was queued but not yet announced must be, or the wait
         // below would be for requests the device never heard of.
-        if self.vq.should_notify() {
-            self.transport.notify(self.vq.index())?;
-        }
+        self.unplug()?;
         loop {
             if self.reap()? > 0 {
                 return Ok(());

@@ -249,8 +249,8 @@ impl workload::Progress for Bar {
         self.0.set_message(format!("run {}/{}", run + 1, runs));
     }
 
-    fn block_done(&self) {
-        self.0.inc(1);
+    fn blocks_done(&self, n: u64) {
+        self.0.inc(n);
     }
 
     /// Each run is printed as it completes (above the bar), so a dd killed

@@ -32,8 +32,10 @@ pub trait Progress: Sync {
     fn run_started(&self, run: usize, runs: usize) {
         let _ = (run, runs);
     }
-    /// A block of a timed run completed.
-    fn block_done(&self) {}
+    /// `n` blocks of a timed run completed.
+    fn blocks_done(&self, n: u64) {
+        let _ = n;
+    }
     /// Timed run `run` (from 0) of `runs` completed (its writes flushed),
     /// moving `bytes`: lets a caller report it before the next starts, so
     /// a dd killed later keeps the runs it finished.
@@ -221,6 +223,11 @@ fn queue_pass<O: DmaOps + ?Sized>(
     // request using it.
     let mut busy: Vec<Option<(u64, u64, Instant)>> = vec![None; slots.len()];
     loop {
+        // Every free slot refilled, then one notification: the device
+        // wakes to the whole batch (as libblkio's do_io does). One clock
+        // read stamps the batch.
+        q.plug();
+        let at = Instant::now();
         for (slot, b) in busy.iter_mut().enumerate() {
             if b.is_some() {
                 continue;
@@ -248,7 +255,6 @@ fn queue_pass<O: DmaOps + ?Sized>(
                     len: bs,
                 },
             };
-            let at = Instant::now();
             q.submit(req, slot as u64)
                 .map_err(|source| WorkloadError::Submit {
                     block,
@@ -257,31 +263,41 @@ fn queue_pass<O: DmaOps + ?Sized>(
                 })?;
             *b = Some((block, offset, at));
         }
+        q.unplug()?;
         if busy.iter().all(Option::is_none) {
             return Ok(bad);
         }
-        let d = q.complete()?;
-        let (block, offset, at) = usize::try_from(d.tag)
-            .ok()
-            .and_then(|s| busy.get_mut(s))
-            .and_then(Option::take)
-            .ok_or(WorkloadError::UnknownTag { tag: d.tag })?;
-        latency.push(at.elapsed().as_nanos().try_into().unwrap_or(u32::MAX));
-        d.result.map_err(|source| WorkloadError::Block {
-            block,
-            offset,
-            source,
-        })?;
-        if check {
-            let (buf, at) = &slots[d.tag as usize];
-            scratch.resize(bs, 0);
-            buf.read_at(*at, &mut scratch)?;
-            if let Some(at) = check_pattern(&scratch, w.pattern, offset) {
-                // Keep the lowest bad offset whatever order blocks finish in.
-                bad = Some(bad.map_or(at, |b| b.min(at)));
+        // Wait for one completion, then take every other one already there
+        // before refilling; they completed by `now`.
+        let mut next_done = Some(q.complete()?);
+        let now = Instant::now();
+        let mut done = 0;
+        while let Some(d) = next_done {
+            let (block, offset, at) = usize::try_from(d.tag)
+                .ok()
+                .and_then(|s| busy.get_mut(s))
+                .and_then(Option::take)
+                .ok_or(WorkloadError::UnknownTag { tag: d.tag })?;
+            let took = now.saturating_duration_since(at);
+            latency.push(took.as_nanos().try_into().unwrap_or(u32::MAX));
+            d.result.map_err(|source| WorkloadError::Block {
+                block,
+                offset,
+                source,
+            })?;
+            if check {
+                let (buf, at) = &slots[d.tag as usize];
+                scratch.resize(bs, 0);
+                buf.read_at(*at, &mut scratch)?;
+                if let Some(at) = check_pattern(&scratch, w.pattern, offset) {
+                    // Keep the lowest bad offset whatever order blocks finish in.
+                    bad = Some(bad.map_or(at, |b| b.min(at)));
+                }
+            } else {
+                done += 1;
             }
-        } else {
-            progress.block_done();
+            next_done = q.try_complete()?;
         }
+        progress.blocks_done(done);
     }
 }
