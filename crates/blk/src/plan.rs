@@ -6,13 +6,50 @@
 use crate::config::DeviceConfig;
 
 /// One virtio request's share of a larger transfer: `len` bytes at byte
-/// offset `offset` from the start of the transfer, sent as data segments of
-/// the given lengths (all contiguous in one mapping).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// offset `offset` from the start of the transfer, sent as data segments
+/// of `seg` bytes (the last one shorter), all contiguous in one mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Chunk {
     pub offset: u64,
     pub len: u64,
-    pub segs: Vec<u32>,
+    pub seg: u64,
+}
+
+impl Chunk {
+    /// The data segments' lengths, in order.
+    pub fn segs(&self) -> impl Iterator<Item = u32> {
+        let (len, seg) = (self.len, self.seg);
+        // `seg <= u32::MAX` (see `plan`).
+        (0..len.div_ceil(seg)).map(move |i| (len - i * seg).min(seg) as u32)
+    }
+}
+
+/// The chunks of a transfer, in order (an iterator: planning allocates
+/// nothing, on every request's path).
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    len: u64,
+    per_req: u64,
+    seg: u64,
+    off: u64,
+}
+
+impl Iterator for Plan {
+    type Item = Chunk;
+
+    fn next(&mut self) -> Option<Chunk> {
+        if self.off >= self.len {
+            return None;
+        }
+        let n = self.per_req.min(self.len - self.off);
+        let c = Chunk {
+            offset: self.off,
+            len: n,
+            seg: self.seg,
+        };
+        self.off += n;
+        Some(c)
+    }
 }
 
 /// Cuts a transfer of `len` bytes into requests that respect the device's
@@ -26,8 +63,8 @@ pub(crate) fn plan(
     max_map: u64,
     max_descs: u32,
     align: u64,
-) -> Option<Vec<Chunk>> {
-    let seg_size = u64::from(cfg.size_max.unwrap_or(u32::MAX))
+) -> Option<Plan> {
+    let seg = u64::from(cfg.size_max.unwrap_or(u32::MAX))
         .min(u64::from(u32::MAX))
         .max(1);
     // Data descriptors left once the header and status have theirs.
@@ -37,33 +74,19 @@ pub(crate) fn plan(
             .min(max_descs.saturating_sub(2)),
     )
     .max(1);
-    let mut per_req = seg_size.saturating_mul(seg_count).min(max_map);
+    let mut per_req = seg.saturating_mul(seg_count).min(max_map);
     // Every request must start on a block: a device (or DMA ops) whose
     // limits cannot carry one block per request cannot be driven.
     per_req -= per_req % align.max(1);
     if per_req == 0 {
         return None;
     }
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off < len {
-        let n = per_req.min(len - off);
-        let mut segs = Vec::new();
-        let mut left = n;
-        while left > 0 {
-            let s = left.min(seg_size);
-            // `s <= seg_size <= u32::MAX`.
-            segs.push(s as u32);
-            left -= s;
-        }
-        out.push(Chunk {
-            offset: off,
-            len: n,
-            segs,
-        });
-        off += n;
-    }
-    Some(out)
+    Some(Plan {
+        len,
+        per_req,
+        seg,
+        off: 0,
+    })
 }
 
 /// One virtio request to build.
@@ -72,7 +95,7 @@ pub(crate) enum PieceSpec {
     Data {
         sector: u64,
         buf_offset: usize,
-        segs: Vec<u32>,
+        chunk: Chunk,
     },
     Flush,
     Range {
@@ -109,37 +132,31 @@ mod tests {
     fn plan_splits_by_size_and_segment_limits() {
         // 8 MiB, 64 KiB segments, 4 segments per request: 32 requests of
         // 256 KiB each, four segments apiece.
-        let p = plan(8 << 20, &cfg(Some(64 << 10), Some(4)), u64::MAX, 256, 512).unwrap();
+        let p: Vec<_> = plan(8 << 20, &cfg(Some(64 << 10), Some(4)), u64::MAX, 256, 512)
+            .unwrap()
+            .collect();
         assert_eq!(p.len(), 32);
         assert!(p
             .iter()
-            .all(|c| c.len == 256 << 10 && c.segs == vec![64 << 10; 4]));
+            .all(|c| c.len == 256 << 10 && c.segs().eq([64 << 10; 4])));
         assert_eq!(p[31].offset, 31 * (256 << 10));
         // No limits: one request, one segment.
-        let p = plan(8 << 20, &cfg(None, None), u64::MAX, 256, 512).unwrap();
-        assert_eq!(
-            p,
-            vec![Chunk {
-                offset: 0,
-                len: 8 << 20,
-                segs: vec![8 << 20]
-            }]
-        );
+        let p: Vec<_> = plan(8 << 20, &cfg(None, None), u64::MAX, 256, 512)
+            .unwrap()
+            .collect();
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].offset, p[0].len), (0, 8 << 20));
+        assert!(p[0].segs().eq([8 << 20]));
         // The DMA ops' largest mapping (a 1 MiB bounce window) bounds it too.
         let p = plan(3 << 20, &cfg(None, Some(126)), 1 << 20, 256, 512).unwrap();
-        assert_eq!(p.len(), 3);
+        assert_eq!(p.count(), 3);
         // Limits that cannot carry one 512-byte block: refused, not split
         // at an unaligned offset.
-        assert_eq!(
-            plan(4096, &cfg(Some(100), Some(2)), u64::MAX, 256, 512),
-            None
-        );
-        assert_eq!(plan(4096, &cfg(None, None), 256, 256, 512), None);
+        assert!(plan(4096, &cfg(Some(100), Some(2)), u64::MAX, 256, 512).is_none());
+        assert!(plan(4096, &cfg(None, None), 256, 256, 512).is_none());
         // A 4 KiB block device with 3 KiB x 2 segments: 4 KiB requests.
-        let p = plan(16384, &cfg(Some(3072), Some(2)), u64::MAX, 256, 4096).unwrap();
-        assert!(p
-            .iter()
-            .all(|c| c.len == 4096 && c.segs == vec![3072, 1024]));
+        let mut p = plan(16384, &cfg(Some(3072), Some(2)), u64::MAX, 256, 4096).unwrap();
+        assert!(p.all(|c| c.len == 4096 && c.segs().eq([3072, 1024])));
     }
 
     proptest! {
@@ -152,15 +169,16 @@ mod tests {
             max_descs in 3u32..1024,
         ) {
             let c = cfg(size_max, seg_max);
-            let p = plan(len, &c, max_map, max_descs, 512).unwrap();
+            let p: Vec<_> = plan(len, &c, max_map, max_descs, 512).unwrap().collect();
             let mut next = 0;
             for (i, ch) in p.iter().enumerate() {
                 prop_assert_eq!(ch.offset, next);
                 prop_assert!(ch.len <= max_map);
-                prop_assert_eq!(ch.segs.iter().map(|&s| u64::from(s)).sum::<u64>(), ch.len);
-                prop_assert!(ch.segs.len() as u32 <= max_descs - 2);
-                if let Some(sm) = seg_max { prop_assert!(ch.segs.len() as u32 <= sm); }
-                if let Some(sz) = size_max { prop_assert!(ch.segs.iter().all(|&s| s <= sz)); }
+                let segs: Vec<u32> = ch.segs().collect();
+                prop_assert_eq!(segs.iter().map(|&s| u64::from(s)).sum::<u64>(), ch.len);
+                prop_assert!(segs.len() as u32 <= max_descs - 2);
+                if let Some(sm) = seg_max { prop_assert!(segs.len() as u32 <= sm); }
+                if let Some(sz) = size_max { prop_assert!(segs.iter().all(|&s| s <= sz)); }
                 if i + 1 < p.len() { prop_assert_eq!(ch.len % 512, 0); }
                 next += ch.len;
             }

@@ -16,7 +16,7 @@ use vm_memory::ByteValued;
 use crate::command::{Command, Done};
 use crate::config::DeviceConfig;
 use crate::error::{BlkError, Result};
-use crate::plan::{plan, PieceSpec};
+use crate::plan::{plan, PieceSpec, Plan};
 use crate::queue_wait::{kind_name, UsedRing};
 use crate::wire::{
     OutHeader, RangeSegment, HEADER_LEN, RANGE_LEN, SECTOR_SIZE as SECTOR,
@@ -64,6 +64,37 @@ struct Piece {
     /// Order of submission on this queue (the oldest is named on a
     /// timeout).
     seq: u64,
+}
+
+/// The virtio requests a [`Command`] is cut into: a read's or write's
+/// chunks as planned (nothing allocated), or a list.
+#[derive(Debug)]
+enum Pieces {
+    Data {
+        plan: Plan,
+        offset: u64,
+        buf_offset: usize,
+    },
+    List(std::vec::IntoIter<PieceSpec>),
+}
+
+impl Iterator for Pieces {
+    type Item = PieceSpec;
+
+    fn next(&mut self) -> Option<PieceSpec> {
+        match self {
+            Pieces::Data {
+                plan,
+                offset,
+                buf_offset,
+            } => plan.next().map(|chunk| PieceSpec::Data {
+                sector: (*offset + chunk.offset) / SECTOR,
+                buf_offset: *buf_offset + chunk.offset as usize,
+                chunk,
+            }),
+            Pieces::List(l) => l.next(),
+        }
+    }
 }
 
 /// One virtio-blk request queue: submit [`Command`]s with tags, collect
@@ -215,7 +246,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     }
 
     /// Checks `req` and cuts it into virtio requests.
-    fn cut(&self, req: &Command<'_>) -> Result<Vec<PieceSpec>> {
+    fn cut(&self, req: &Command<'_>) -> Result<Pieces> {
         let cap = self.config.capacity_bytes();
         let check = |offset: u64, len: u64| -> Result<()> {
             if len == 0 {
@@ -257,7 +288,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                     return Err(BlkError::ReadOnly);
                 }
                 let max_map = self.vq.ops().max_mapping_size() as u64;
-                plan(
+                let plan = plan(
                     len as u64,
                     &self.config,
                     max_map,
@@ -268,20 +299,18 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                     size_max: self.config.size_max,
                     seg_max: self.config.seg_max,
                     max_map,
-                })?
-                .into_iter()
-                .map(|c| PieceSpec::Data {
-                    sector: (offset + c.offset) / SECTOR,
-                    buf_offset: buf_offset + c.offset as usize,
-                    segs: c.segs,
-                })
-                .collect()
+                })?;
+                Pieces::Data {
+                    plan,
+                    offset,
+                    buf_offset,
+                }
             }
             Command::Flush => {
                 if !self.config.flush {
                     return Err(BlkError::NotSupported { what: "flush" });
                 }
-                vec![PieceSpec::Flush]
+                Pieces::List(vec![PieceSpec::Flush].into_iter())
             }
             Command::Discard { offset, len } | Command::WriteZeroes { offset, len, .. } => {
                 let (limits, kind, unmap, what) = match *req {
@@ -316,7 +345,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                     sector += n;
                     left -= n;
                 }
-                out
+                Pieces::List(out.into_iter())
             }
         })
     }
@@ -395,12 +424,12 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         if let (
             Some(buf),
             PieceSpec::Data {
-                buf_offset, segs, ..
+                buf_offset, chunk, ..
             },
         ) = (buf, p)
         {
-            if let [len] = segs[..] {
-                let data = Seg::buf(buf, *buf_offset, len as usize);
+            if chunk.len <= chunk.seg {
+                let data = Seg::buf(buf, *buf_offset, chunk.len as usize);
                 let (out, inp): (&[Seg<'_>], &[Seg<'_>]) = if kind == req_type::OUT {
                     (&[hdr, data], &[status])
                 } else {
@@ -415,12 +444,12 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         if let (
             Some(buf),
             PieceSpec::Data {
-                buf_offset, segs, ..
+                buf_offset, chunk, ..
             },
         ) = (buf, p)
         {
             let mut at = *buf_offset;
-            for &s in segs {
+            for s in chunk.segs() {
                 data.push(Seg::buf(buf, at, s as usize));
                 at += s as usize;
             }
