@@ -13,10 +13,12 @@
 //! Each run keeps D requests in flight on one queue (a poll queue with
 //! `--poll`, else one that sleeps on its completion eventfd), every block
 //! of the range once, and prints one line of JSON per run:
-//! `{"run":1,"count":N,"bs":4096,"seconds":S,"iops":I}`.
+//! `{"run":1,"count":N,"bs":4096,"seconds":S,"iops":I,"p50_us":L,
+//! "p99_us":L,"cpu_ns":C}`: latency from submission to the completion
+//! being taken, and this process's CPU time over the run.
 
 use std::mem::MaybeUninit;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use blkio::{Blkio, Completion, ReqFlags};
 
@@ -79,6 +81,18 @@ fn parse() -> Args {
         usage("--socket is needed; --queue-depth, --count > 0; --bs a multiple of 512");
     }
     a
+}
+
+/// This process's CPU time (user and system, every thread), ns.
+fn cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(r, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Block numbers 0..count, shuffled from `seed` (xorshift) when `rand`.
@@ -147,10 +161,14 @@ fn main() {
                 q.read(off, buf, a.bs, slot, ReqFlags::empty());
             }
         };
+        let mut latency: Vec<u32> = Vec::with_capacity(blocks.len());
+        let mut since = vec![Instant::now(); a.depth];
+        let cpu = cpu_ns();
         let t = Instant::now();
         let mut in_flight = 0;
-        for slot in 0..a.depth {
+        for (slot, at) in since.iter_mut().enumerate() {
             if let Some(&blk) = next.next() {
+                *at = Instant::now();
                 submit(&mut q, slot, blk);
                 in_flight += 1;
             }
@@ -159,6 +177,7 @@ fn main() {
             let n = q
                 .do_io(&mut done, 1, None, None)
                 .unwrap_or_else(|e| fail("do_io", e));
+            let now = Instant::now();
             for c in &done[..n] {
                 // SAFETY: do_io filled the first `n` entries.
                 let c = unsafe { c.assume_init_ref() };
@@ -166,20 +185,32 @@ fn main() {
                     eprintln!("blkio-dd: request failed: {}", c.ret);
                     std::process::exit(1);
                 }
+                let took = now.saturating_duration_since(since[c.user_data]);
+                latency.push(took.as_nanos().try_into().unwrap_or(u32::MAX));
                 in_flight -= 1;
                 if let Some(&blk) = next.next() {
+                    since[c.user_data] = Instant::now();
                     submit(&mut q, c.user_data, blk);
                     in_flight += 1;
                 }
             }
         }
         let s = t.elapsed().as_secs_f64();
+        let cpu = cpu_ns() - cpu;
+        latency.sort_unstable();
+        let pct = |p: usize| {
+            let i = (latency.len() * p / 100).min(latency.len() - 1);
+            Duration::from_nanos(latency[i].into()).as_secs_f64() * 1e6
+        };
         println!(
-            "{{\"run\":{},\"count\":{},\"bs\":{},\"seconds\":{s},\"iops\":{}}}",
+            "{{\"run\":{},\"count\":{},\"bs\":{},\"seconds\":{s},\"iops\":{},\
+             \"p50_us\":{},\"p99_us\":{},\"cpu_ns\":{cpu}}}",
             run + 1,
             a.count,
             a.bs,
-            a.count as f64 / s
+            a.count as f64 / s,
+            pct(50),
+            pct(99),
         );
     }
     drop(q);

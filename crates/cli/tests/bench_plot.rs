@@ -194,10 +194,10 @@ fn blk_small_block_table_measures_every_iopath_row_and_charts_by_depth() {
         dir.path(),
     );
     let s = table(&v, "4 KiB random I/O");
-    // Two directions; five rows at depths 1 and 32, two queues at 32:
-    // measured, or not run.
+    // Two directions; eight rows (libblkio's three among them) at depths
+    // 1 and 32, two queues at 32: measured, or not run.
     let not_run_rows = s["not_run"].as_array().unwrap().len();
-    assert_eq!(rows(s).len() + not_run_rows, 2 * (5 * 2 + 1), "{s}");
+    assert_eq!(rows(s).len() + not_run_rows, 2 * (8 * 2 + 1), "{s}");
     assert!(not_run(s, "iopath blk serve").is_none(), "{s}");
     for r in rows(s) {
         if !r[0].as_str().unwrap().starts_with("iopath blk serve") {
@@ -217,6 +217,7 @@ fn blk_small_block_table_measures_every_iopath_row_and_charts_by_depth() {
             > 0.0
     );
     assert!(ratios.contains_key("read qd 1: --poll / qemu-storage-daemon, IOPS"));
+    assert!(ratios.contains_key("read qd 32: blk serve sleeping, iopath / libblkio, IOPS"));
     // The chart: the dd panel, then IOPS by depth for reads and writes.
     let svg = std::fs::read_to_string(dir.path().join("blk.svg")).unwrap();
     assert!(svg.contains("4 KiB random read: IOPS by queue depth"));

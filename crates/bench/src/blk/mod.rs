@@ -26,6 +26,7 @@ use crate::limit::Limit;
 use crate::place::{on_cpu, Cpus, Placement, Spawned};
 use crate::{fio, Error, Missing, ProgressBar, Report, Result};
 
+mod libblkio;
 mod report;
 mod small;
 

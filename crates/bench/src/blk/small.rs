@@ -2,8 +2,11 @@
 //! writes at queue depths 1 and 32, where the wake-up, not the copy,
 //! decides: fio (the limit); iopath's driver on `iopath blk serve`
 //! sleeping, adaptive and `--poll` (both sides alike), on
-//! qemu-storage-daemon, and over two queues at the deepest depth. IOPS,
-//! p50/p99 latency and CPU time per request, medians; rows alternate.
+//! qemu-storage-daemon, and over two queues at the deepest depth; and
+//! libblkio's driver (`blkio-dd`, [`super::libblkio`]) on the same
+//! sleeping and `--poll` back ends (a poll queue against `--poll`) and on
+//! qemu-storage-daemon, with the same placement. IOPS, p50/p99 latency
+//! and CPU time per request, medians; rows alternate.
 
 use std::path::{Path, PathBuf};
 
@@ -47,10 +50,10 @@ impl SmallConfig {
         }
     }
 
-    /// Progress steps: five rows at every depth, the two-queue row at the
-    /// deepest, both directions.
+    /// Progress steps: eight rows at every depth, the two-queue row at
+    /// the deepest, both directions.
     pub(super) fn steps(&self) -> u64 {
-        (self.runs * 2 * (5 * self.depths.len() + 1)) as u64
+        (self.runs * 2 * (8 * self.depths.len() + 1)) as u64
     }
 }
 
@@ -61,6 +64,9 @@ const ADAPTIVE: &str = "iopath blk serve, adaptive (50 us both sides)";
 const BUSY: &str = "iopath blk serve, --poll (both sides)";
 const QSD: &str = "qemu-storage-daemon, driver adaptive";
 const TWO_QUEUES: &str = "iopath blk serve, adaptive, 2 queues";
+const LIBBLKIO_SLEEP: &str = "libblkio on blk serve, sleeping (--poll-us 0)";
+const LIBBLKIO_POLL: &str = "libblkio poll queue on blk serve --poll";
+const LIBBLKIO_QSD: &str = "libblkio on qemu-storage-daemon";
 
 /// One run of one cell: IOPS, p50 and p99 latency (us), CPU time per
 /// request over every process of the row (driver and back end, or fio; us).
@@ -220,6 +226,17 @@ pub(super) fn run(
             })
         }))
     };
+    let helper = super::libblkio::program();
+    let blkio = |be: &Option<(PathBuf, u32)>, poll: bool| -> Option<Measure<'_>> {
+        let ((socket, pid), helper) = (be.clone()?, helper.clone()?);
+        Some(Box::new(move |op, qd, seed| {
+            let theirs = cpu_ns_of(pid);
+            let (iops, p50, p99, mine) =
+                super::libblkio::run(&helper, &socket, (op, qd, count, seed), poll, client)?;
+            let cpu = mine + cpu_ns_of(pid).saturating_sub(theirs) as f64;
+            Ok([iops, p50, p99, cpu / 1000.0 / count as f64])
+        }))
+    };
     let fio: Option<Measure<'_>> = Missing::FIO.check().is_none().then(|| {
         Box::new(move |op, qd, _| fio_run(image, size, op, qd, count, server)) as Measure<'_>
     });
@@ -231,6 +248,9 @@ pub(super) fn run(
         (BUSY, dd(&b.busy, PollMode::Busy, 1), false),
         (QSD, dd(&b.qsd, adaptive, 1), false),
         (TWO_QUEUES, dd(&b.adaptive, adaptive, 2), true),
+        (LIBBLKIO_SLEEP, blkio(&b.sleep, false), false),
+        (LIBBLKIO_POLL, blkio(&b.busy, true), false),
+        (LIBBLKIO_QSD, blkio(&b.qsd, false), false),
     ];
     let deepest = small.depths.iter().copied().max().unwrap_or(1);
     let mut rows: Vec<Row> = Vec::new();
@@ -249,6 +269,9 @@ pub(super) fn run(
                     runs: Vec::new(),
                     skipped: m.is_none().then(|| match *name {
                         FIO => Missing::FIO.note(),
+                        LIBBLKIO_SLEEP | LIBBLKIO_POLL | LIBBLKIO_QSD if helper.is_none() => {
+                            super::libblkio::BUILD.into()
+                        }
                         _ => "its back end did not start".into(),
                     }),
                 });
@@ -379,6 +402,31 @@ impl Measured {
             ] {
                 t.figure(format!("{op} {what}"), cell);
             }
+            // iopath's driver against libblkio's on the same back end.
+            for qd in [1, deep] {
+                for (what, ours, theirs) in [
+                    (
+                        "blk serve sleeping, iopath / libblkio",
+                        SLEEP,
+                        LIBBLKIO_SLEEP,
+                    ),
+                    (
+                        "blk serve --poll, iopath --poll / libblkio poll queue",
+                        BUSY,
+                        LIBBLKIO_POLL,
+                    ),
+                    (
+                        "qemu-storage-daemon, iopath adaptive / libblkio",
+                        QSD,
+                        LIBBLKIO_QSD,
+                    ),
+                ] {
+                    t.figure(
+                        format!("{op} qd {qd}: {what}, IOPS"),
+                        div(iops(ours, qd), iops(theirs, qd)),
+                    );
+                }
+            }
         }
         t
     }
@@ -392,6 +440,9 @@ impl Measured {
             (BUSY, "--poll"),
             (QSD, "qsd"),
             (TWO_QUEUES, "adaptive 2q"),
+            (LIBBLKIO_SLEEP, "libblkio sleep"),
+            (LIBBLKIO_POLL, "libblkio poll"),
+            (LIBBLKIO_QSD, "libblkio qsd"),
         ];
         let mut panels = Vec::new();
         for op in ["read", "write"] {
@@ -404,7 +455,7 @@ impl Measured {
                     .filter(|r| r.op == op && r.queue_depth == qd && r.name != FIO)
                 {
                     let color = match r.name {
-                        QSD => PEER_COLOR,
+                        QSD | LIBBLKIO_SLEEP | LIBBLKIO_POLL | LIBBLKIO_QSD => PEER_COLOR,
                         SLEEP => SECONDARY,
                         _ => PRIMARY,
                     };
@@ -434,7 +485,7 @@ impl Measured {
                 legend: vec![
                     ("iopath blk serve, sleeping".into(), SECONDARY),
                     ("iopath blk serve, adaptive / --poll".into(), PRIMARY),
-                    ("qemu-storage-daemon".into(), PEER_COLOR),
+                    ("qemu-storage-daemon, libblkio".into(), PEER_COLOR),
                 ],
             });
         }
