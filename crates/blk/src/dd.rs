@@ -186,12 +186,57 @@ pub struct DdReport {
     pub device: String,
 }
 
+/// The summary `iopath blk dd` prints: `wrote 1024 x 8388608 B
+/// (sequential), direct ops (dyn), qd 4: median 3.1 GiB/s (min .., max ..,
+/// spread ..%)`, and a `verify:` line when the range was read back.
+impl std::fmt::Display for DdReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (op, access) = match (self.op, self.access) {
+            (Op::Write, Access::Seq) => ("wrote", "sequential"),
+            (Op::Write, Access::Rand) => ("wrote", "random"),
+            (Op::Read, Access::Seq) => ("read", "sequential"),
+            (Op::Read, Access::Rand) => ("read", "random"),
+        };
+        let s = &self.stats;
+        write!(
+            f,
+            "{op} {} x {} B ({access}), {} ops ({}), qd {}: median {:.3} GiB/s \
+             (min {:.3}, max {:.3}, spread {:.1}%)",
+            self.count,
+            self.bs,
+            self.ops,
+            self.dispatch,
+            self.queue_depth,
+            s.median,
+            s.min,
+            s.max,
+            s.spread * 100.0
+        )?;
+        if self.verified == Some(true) {
+            write!(
+                f,
+                "\nverify: {} bytes match the {:?} pattern",
+                self.bytes, self.pattern
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Errors of a dd.
 #[derive(Debug, thiserror::Error)]
 pub enum DdError {
     /// A setting out of range, or the workload failing.
     #[error(transparent)]
     Workload(#[from] WorkloadError),
+    /// The socket path names something that is not a socket.
+    #[error("{}: not a socket ({what})", socket.display())]
+    NotASocket {
+        /// The path.
+        socket: PathBuf,
+        /// What it is: "a directory", "a regular file", ...
+        what: &'static str,
+    },
     /// The back end cannot be reached.
     #[error("Cannot reach the back end at {socket}")]
     Connect {
@@ -214,6 +259,7 @@ pub enum DdError {
 /// fails, a verification mismatch).
 pub fn run(cfg: &DdConfig, progress: &dyn Progress) -> Result<DdReport, DdError> {
     cfg.validate()?;
+    not_a_socket(&cfg.socket)?;
     let blocks = Blocks::new(&cfg.workload)?;
     let transport: Arc<dyn Transport> = Arc::new(
         VhostUser::connect_with(&cfg.socket, DEVICE_ID_BLOCK, cfg.timeouts).map_err(|source| {
@@ -238,6 +284,26 @@ pub fn run(cfg: &DdConfig, progress: &dyn Progress) -> Result<DdReport, DdError>
     let mut drv = BlkDriver::<dyn DmaOps>::new(transport, &policy, &opts, blocks.buffers())
         .map_err(DdError::Init)?;
     report(&mut drv, cfg, &blocks, progress)
+}
+
+/// Refuses a socket path that exists but is not a socket (connecting to it
+/// would only say "Connection refused"); a missing path is left to the
+/// connect, which waits for a back end to create it.
+fn not_a_socket(path: &std::path::Path) -> Result<(), DdError> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(t) = std::fs::metadata(path).map(|m| m.file_type()) else {
+        return Ok(());
+    };
+    let what = match () {
+        () if t.is_socket() => return Ok(()),
+        () if t.is_dir() => "a directory",
+        () if t.is_file() => "a regular file",
+        () => "something else",
+    };
+    Err(DdError::NotASocket {
+        socket: path.to_owned(),
+        what,
+    })
 }
 
 /// Drives the workload on `drv` and builds the report; generic over the

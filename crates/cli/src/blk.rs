@@ -30,11 +30,13 @@ Examples:
     ///
     /// Front ends (QEMU's vhost-user-blk-pci with a Linux guest,
     /// `iopath blk dd`, any vhost-user front end) connect to SOCKET; one is
-    /// served at a time, and when it goes away the next one is. The image
+    /// served at a time, and when it goes away the next one is. With
+    /// --export, repeated, one process serves many images, each on its own
+    /// socket with its own settings and its own front end. The image
     /// is accessed with O_DIRECT when its file system allows it (buffered
     /// otherwise); with VIRTIO_F_ACCESS_PLATFORM every address is an IOVA
     /// checked against the front end's IOTLB. Runs until SIGINT or SIGTERM,
-    /// then removes SOCKET.
+    /// then removes every socket.
     ///
     /// Requests in flight are recorded in a memfd the front end keeps
     /// (vhost-user INFLIGHT_SHMFD): a back end killed under a running guest
@@ -46,6 +48,7 @@ Examples:
 Examples:
   iopath blk serve --image disk.img --socket /tmp/blk.sock
   iopath blk serve --image disk.img --socket /tmp/blk.sock --queues 2 --readonly
+  iopath blk serve --export image=a.img,socket=/tmp/a.sock --export image=b.img,socket=/tmp/b.sock,readonly,queues=2
   iopath blk serve --image disk.img --socket /tmp/blk.sock --poll-us 0   # sleep at once
   taskset -c 1 iopath blk serve --image disk.img --socket /tmp/blk.sock --poll
   iopath blk serve --image disk.img --socket /tmp/blk.sock --no-access-platform   # for User-Mode Linux

@@ -159,33 +159,8 @@ pub fn run(args: &DdArgs) -> Result<()> {
     let report = dd(args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    println!(
-        "{} {} x {} B ({}), {} ops ({}), qd {}: median {:.3} GiB/s (min {:.3}, max {:.3}, spread {:.1}%)",
-        match report.op {
-            Op::Write => "wrote",
-            Op::Read => "read",
-        },
-        report.count,
-        report.bs,
-        match report.access {
-            Access::Seq => "sequential",
-            Access::Rand => "random",
-        },
-        report.ops,
-        report.dispatch,
-        report.queue_depth,
-        report.stats.median,
-        report.stats.min,
-        report.stats.max,
-        report.stats.spread * 100.0
-    );
-    if report.verified == Some(true) {
-        println!(
-            "verify: {} bytes match the {:?} pattern",
-            report.bytes, report.pattern
-        );
+    } else {
+        println!("{report}");
     }
     Ok(())
 }
@@ -196,7 +171,6 @@ pub fn run(args: &DdArgs) -> Result<()> {
 /// # Errors
 /// As [`run`].
 fn dd(args: &DdArgs) -> Result<DdReport> {
-    not_a_socket(&args.socket)?;
     let cfg = args.config();
     let w = &cfg.workload;
     let bar = if !args.json {
@@ -213,31 +187,6 @@ fn dd(args: &DdArgs) -> Result<DdReport> {
     let report = dd::run(&cfg, &bar);
     bar.0.finish_and_clear();
     report.map_err(crate::blk_error::explain)
-}
-
-/// Refuses a `--socket` path that exists but is not a socket (connecting
-/// to it would only say "Connection refused"); a missing path is left to
-/// the connect, which waits for a back end to create it.
-fn not_a_socket(path: &std::path::Path) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let Ok(m) = std::fs::metadata(path) else {
-        return Ok(());
-    };
-    let t = m.file_type();
-    if t.is_socket() {
-        return Ok(());
-    }
-    let what = if t.is_dir() {
-        "a directory"
-    } else if t.is_file() {
-        "a regular file"
-    } else {
-        "not a socket"
-    };
-    Err(crate::usage::usage(format!(
-        "--socket {}: not a socket ({what}); give the socket `iopath blk serve --socket` made",
-        path.display()
-    )))
 }
 
 /// A progress bar on stderr, advanced by the workload.

@@ -12,6 +12,10 @@ use crate::usage::usage;
 pub fn explain(e: DdError) -> anyhow::Error {
     match e {
         DdError::Workload(e) => explain_workload(e),
+        DdError::NotASocket { socket, what } => usage(format!(
+            "--socket {}: not a socket ({what}); give the socket `iopath blk serve --socket` made",
+            socket.display()
+        )),
         DdError::Connect { socket, source } => {
             let hint = if matches!(source, VhostUserError::Timeout { .. }) {
                 " (is it serving another front end? --timeout sets the wait)"

@@ -308,9 +308,9 @@ fn a_socket_path_past_the_limit_names_it() {
     assert_eq!(code, Some(1), "{err}");
     let len = long.as_os_str().len();
     assert!(
-        err.contains(&format!(
-            "is {len} bytes; a unix socket path holds at most 107"
-        )) && err.contains("choose a shorter path"),
+        err.contains(&format!("is {len} bytes;"))
+            && err.contains("at most")
+            && err.contains("choose a shorter path"),
         "{err}"
     );
     assert!(!long.exists());
