@@ -184,9 +184,10 @@ fn sigterm_stops_every_export_and_removes_every_socket() {
             &spec(&imgs[1], &socks[1], ",poll"),
         ],
     );
-    for s in &socks {
-        wait_path(s);
-    }
+    // The banner comes once the stop is in place.
+    iopath_testkit::wait_until("both exports' banners", Duration::from_secs(10), || {
+        serve.stdout().lines().count() == 2
+    });
     let out = serve.stdout();
     assert!(
         out.contains("a.img (8192 sectors, O_DIRECT, read-only)")
