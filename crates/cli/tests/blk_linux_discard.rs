@@ -49,6 +49,20 @@ fn have_tools() -> bool {
     ])
 }
 
+/// The lab, the guest lock and a scratch directory; `None` (the test
+/// skipped, or failed under CI) without the tools or the lab.
+fn lab() -> Option<(
+    &'static Lab,
+    std::sync::MutexGuard<'static, ()>,
+    tempfile::TempDir,
+)> {
+    if !have_tools() {
+        return None;
+    }
+    let lab = Lab::get()?;
+    Some((lab, guest_lock(), tempfile::tempdir().unwrap()))
+}
+
 /// `iopath blk serve` with one export of `image`, killed on drop.
 struct Serve {
     child: Child,
@@ -172,14 +186,9 @@ echo ranges-done
 
 #[test]
 fn blkdiscard_and_zeroout_from_linux_leave_zeros_and_holes() {
-    if !have_tools() {
-        return;
-    }
-    let Some(lab) = Lab::get() else {
+    let Some((lab, _g, dir)) = lab() else {
         return;
     };
-    let _g = guest_lock();
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let image = filled_image(d);
     let holes = punches_holes(d);
@@ -267,14 +276,9 @@ fn extents(filefrag: &str) -> Vec<(u64, u64)> {
 
 #[test]
 fn fstrim_on_ext4_from_linux_frees_the_deleted_blocks() {
-    if !have_tools() {
-        return;
-    }
-    let Some(lab) = Lab::get() else {
+    let Some((lab, _g, dir)) = lab() else {
         return;
     };
-    let _g = guest_lock();
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let image = filled_image(d);
     let holes = punches_holes(d);
@@ -342,14 +346,9 @@ dd if=/dev/vda of="$dir/read.bin" bs=1M count=4 iflag=direct status=none && echo
 
 #[test]
 fn a_readonly_export_refuses_the_guests_writes_and_keeps_the_image() {
-    if !have_tools() {
-        return;
-    }
-    let Some(lab) = Lab::get() else {
+    let Some((lab, _g, dir)) = lab() else {
         return;
     };
-    let _g = guest_lock();
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let image = d.join("disk.img");
     let content: Vec<u8> = (0..IMAGE / 8)

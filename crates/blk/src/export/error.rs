@@ -5,17 +5,18 @@ use std::path::PathBuf;
 use iopath_sys::unix_socket::SocketError;
 use iopath_virtio::device::ServerError;
 
-use super::spec::OPTIONS;
 use crate::BackendError;
 
 /// Why an export spec or a set of exports is refused, or cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
     /// An option no export takes.
-    #[error("Unknown export option {option:?} (accepted: {})", OPTIONS.join(", "))]
+    #[error("Unknown export option {option:?} (accepted: {})", accepted.join(", "))]
     UnknownOption {
         /// The option as written.
         option: String,
+        /// The options an export takes.
+        accepted: &'static [&'static str],
     },
     /// An option given twice in one export.
     #[error("Export option {option:?} is given twice")]

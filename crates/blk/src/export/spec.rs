@@ -63,7 +63,10 @@ impl FromStr for ExportSpec {
                 None => (item, None),
             };
             let Some(&key) = OPTIONS.iter().find(|o| **o == key) else {
-                return Err(ExportError::UnknownOption { option: key.into() });
+                return Err(ExportError::UnknownOption {
+                    option: key.into(),
+                    accepted: OPTIONS,
+                });
             };
             if given.insert(key, value).is_some() {
                 return Err(ExportError::RepeatedOption { option: key.into() });
