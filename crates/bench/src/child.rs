@@ -18,11 +18,6 @@ pub(crate) const ENV: &str = "IOPATH_BENCH_CHILD";
 /// A server the bench runs in a child process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Server {
-    /// The raw ping-pong's far end ([`crate::rpmsg::raw::pingpong`]).
-    Echo {
-        notify: String,
-        count: u64,
-    },
     /// The create+destroy limits' far end ([`crate::rpmsg::raw::fd`]).
     Fd {
         sock: PathBuf,
@@ -69,10 +64,6 @@ mod tests {
     #[test]
     fn every_server_parses_back_from_its_command() {
         let servers = [
-            Server::Echo {
-                notify: "eventfd:/tmp/ev".into(),
-                count: 7,
-            },
             Server::Fd {
                 sock: "/tmp/s".into(),
             },

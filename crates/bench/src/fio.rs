@@ -70,8 +70,8 @@ pub(crate) fn run(cmd: &mut Command, cpu: Option<usize>) -> Result<serde_json::V
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let out = crate::place::spawn_on(cpu, cmd)?
-        .wait_with_output()
+    let out = crate::place::spawn_on(cpu, cmd)
+        .and_then(std::process::Child::wait_with_output)
         .map_err(Error::spawn(PROGRAM))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);

@@ -32,7 +32,6 @@ mod error;
 mod fio;
 mod guest;
 pub mod heap;
-mod latency;
 mod limit;
 mod place;
 mod progress;
@@ -44,15 +43,18 @@ use std::time::Duration;
 
 pub use error::{Error, Result};
 pub use iopath_blk::workload::Stats;
-pub use latency::{percentile, Latency};
 pub use place::Placement;
 use progress::ProgressBar;
 pub use report::{plot, Report};
 
 /// Runs the bench server this process was started as, if it was started
-/// as one (`IOPATH_BENCH_CHILD` set): its result, to report and exit with.
-/// `None`: a process of its own, to go on as usual.
+/// as one (`IOPATH_BENCH_CHILD` set), or the raw ping-pong's partner
+/// ([`iopath_rpmsg::tools::ping::RawPingPong`]): its result, to report and
+/// exit with. `None`: a process of its own, to go on as usual.
 pub fn serve_if_child() -> Option<Result<()>> {
+    if let Some(r) = iopath_rpmsg::tools::ping::serve_partner_if_asked() {
+        return Some(r.map_err(Error::layer("the raw ping-pong's partner")));
+    }
     let value = std::env::var_os(child::ENV)?;
     Some(child::Server::parse(&value).and_then(rpmsg::raw::serve))
 }

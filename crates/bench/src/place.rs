@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use rustix::thread::CpuSet;
+pub(crate) use iopath_sys::cpus::Cpus;
 
-use crate::error::{check, check_failed};
+use crate::error::check_failed;
 use crate::{Error, Result};
 
 /// Where the processes of one measurement run.
@@ -69,59 +69,10 @@ impl std::str::FromStr for Placement {
     }
 }
 
-/// The CPUs this process may run on.
-#[derive(Debug, Clone)]
-pub(crate) struct Cpus {
-    allowed: CpuSet,
-    ids: Vec<usize>,
-}
-
-thread_local! {
-    /// What "not pinned" means for a child spawned from a pinned thread.
-    static ALL_CPUS: std::cell::Cell<Option<CpuSet>> = const { std::cell::Cell::new(None) };
-}
-
-impl Cpus {
-    /// Reads this thread's affinity (call before pinning anything).
-    pub(crate) fn get() -> Result<Cpus> {
-        let allowed = rustix::thread::sched_getaffinity(None)
-            .map_err(Error::sys("reading the CPU affinity"))?;
-        let ids: Vec<usize> = (0..CpuSet::MAX_CPU)
-            .filter(|&i| allowed.is_set(i))
-            .collect();
-        check!(!ids.is_empty(), "no CPU in this process's affinity mask");
-        ALL_CPUS.with(|c| c.set(Some(allowed)));
-        Ok(Cpus { allowed, ids })
-    }
-
-    /// Two distinct CPUs if there are two (else the one twice).
-    pub(crate) fn pair(&self) -> (usize, usize) {
-        (self.ids[0], *self.ids.get(1).unwrap_or(&self.ids[0]))
-    }
-}
-
-/// Pins the calling thread to `cpu`, or to all of `all` with `None`.
-fn pin(cpu: Option<usize>, all: &CpuSet) -> Result<()> {
-    let mut set = *all;
-    if let Some(c) = cpu {
-        set = CpuSet::new();
-        set.set(c);
-    }
-    rustix::thread::sched_setaffinity(None, &set).map_err(Error::sys("setting the CPU affinity"))
-}
-
-/// Spawns `cmd` pinned to `cpu` (`None`: on every CPU this process may
-/// use), recorded for [`crate::cleanup`]. A child inherits the affinity of
-/// the thread that forks it, so the calling thread is pinned around the
-/// spawn and restored after.
-pub(crate) fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> Result<Child> {
-    let mine =
-        rustix::thread::sched_getaffinity(None).map_err(Error::sys("reading the CPU affinity"))?;
-    pin(cpu, &ALL_CPUS.with(std::cell::Cell::get).unwrap_or(mine))?;
-    let child = crate::cleanup::spawn(cmd, false);
-    rustix::thread::sched_setaffinity(None, &mine)
-        .map_err(Error::sys("restoring the CPU affinity"))?;
-    child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))
+/// Spawns `cmd` on `cpu` (`None`: on every CPU this process may use),
+/// recorded for [`crate::cleanup`].
+pub(crate) fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> std::io::Result<Child> {
+    iopath_sys::cpus::spawn_on(cpu, || crate::cleanup::spawn(cmd, false))?
 }
 
 /// Runs `f` with the calling thread (and the threads it starts) pinned to
@@ -131,10 +82,8 @@ pub(crate) fn on_cpu<T>(
     cpus: &Cpus,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
-    pin(cpu, &cpus.allowed)?;
-    let r = f();
-    pin(None, &cpus.allowed)?;
-    r
+    cpus.on(cpu, f)
+        .map_err(Error::sys("setting the CPU affinity"))?
 }
 
 /// A child process (a server the bench runs beside a measurement), its
@@ -176,7 +125,8 @@ impl Spawned {
         cpu: Option<usize>,
         cmd: &mut Command,
     ) -> Result<Spawned> {
-        let child = spawn_on(cpu, cmd.stdin(Stdio::null()))?;
+        let child = spawn_on(cpu, cmd.stdin(Stdio::null()));
+        let child = child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))?;
         let (log, term) = (PathBuf::new(), false);
         Ok(Spawned {
             child,

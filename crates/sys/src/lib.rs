@@ -7,7 +7,8 @@
 //!        ▼
 //!   iopath-sys: unix_socket (claim, bind, peer) · signals (stop) ·
 //!               limits (fd limit) · sync (lock and wait past poison) ·
-//!               size (one size grammar) · error (an error and its chain)
+//!               size (one size grammar) · error (an error and its chain) ·
+//!               cpus (pin a thread and the processes it starts)
 //! ```
 //!
 //! ```
@@ -22,6 +23,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod cpus;
 mod error;
 pub mod limits;
 pub mod signals;

@@ -71,8 +71,8 @@ pub(super) fn run(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let out = crate::place::spawn_on(cpu, &mut cmd)?
-        .wait_with_output()
+    let out = crate::place::spawn_on(cpu, &mut cmd)
+        .and_then(std::process::Child::wait_with_output)
         .map_err(Error::spawn(PROGRAM))?;
     let failed = |reason: String| Error::Peer {
         program: PROGRAM.into(),

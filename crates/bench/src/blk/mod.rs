@@ -239,7 +239,7 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         .map_err(Error::errno(&image))?;
     let sock = |name: &str| work.path().join(name);
     let (ours_sock, peer_sock) = (sock("iopath.sock"), sock("qsd.sock"));
-    let cpus = Cpus::get()?;
+    let cpus = Cpus::get().map_err(Error::sys("reading the CPU affinity"))?;
     let (client, server) = cfg.placement.cpus(&cpus);
     // `iopath blk serve` on the image with `extra` arguments.
     let serve = |socket: &Path, extra: &[&str]| {

@@ -3,19 +3,18 @@
 //! `--poll`, beside the poll floor), the ways alternating in turns.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use iopath_rpmsg::ctrl::EptFd;
+use iopath_rpmsg::tools::ping::{ping, Latency, Payloads, PingEndpoint, PingOptions, RawPingPong};
 
 use super::children::{Servers, Setup};
 use super::raw::poll::RawPollPath;
-use super::raw::RawPingPong;
 use super::RpmsgConfig;
-use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus};
 use crate::report::plot::{Bar, Panel, LIMIT, PRIMARY};
 use crate::report::{Cell, Column, Table};
-use crate::{Error, Latency, Report, Result};
+use crate::{Error, Report, Result};
 
 /// Echo round trips measured in this many turns, alternating with the raw
 /// ping-pong, so that both see the same machine.
@@ -25,26 +24,33 @@ const ECHO_WARM: u64 = 200;
 
 /// `count` echo round trips of 16-byte messages through `ep`, each
 /// checked; latencies appended to `lat`; returns the time taken.
-fn echo(ep: &EptFd, count: u64, busy: bool, seq: &mut u64, lat: &mut Vec<f64>) -> Result<Duration> {
-    let mut back = [0u8; 512];
-    let t0 = Instant::now();
-    for _ in 0..count {
-        *seq += 1;
-        let msg = u128::from(*seq).to_le_bytes();
-        let t = Instant::now();
-        ep.send(&msg).map_err(Error::layer("sending an echo"))?;
-        let wait = Duration::from_secs(10);
-        let n = if busy {
-            ep.recv_busy(&mut back, wait)
-        } else {
-            ep.recv_timeout(&mut back, wait)
-        }
-        .map_err(Error::layer("receiving an echo"))?
-        .ok_or_else(|| Error::Check(format!("no echo {seq} in 10 s")))?;
-        lat.push(t.elapsed().as_secs_f64() * 1e6);
-        check!(n == 16 && back[..16] == msg, "echo {seq} came back wrong");
+fn echo(ep: &PingEndpoint, count: u64, busy: bool, lat: &mut Vec<f64>) -> Result<Duration> {
+    let (payloads, timeout) = (Payloads::Fixed(16), Duration::from_secs(10));
+    let opts = PingOptions {
+        count,
+        payloads,
+        timeout,
+        busy,
+    };
+    let r = ping(ep, &opts, || {}).map_err(Error::layer("echo round trips"))?;
+    lat.extend(r.round_trips_us);
+    Ok(r.elapsed)
+}
+
+/// The raw ping-pong, its partner a child of `exe` on `cpu`, good for
+/// `kicks` round trips.
+fn raw_pingpong(exe: &Path, kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
+    let dir = crate::cleanup::temp_dir("iopath-bench-rawpp-", &std::env::temp_dir())?;
+    RawPingPong::start(exe, dir.path(), kicks, |c| crate::place::spawn_on(cpu, c))
+        .map_err(Error::layer("starting the raw ping-pong"))
+}
+
+/// `raw`'s round trips as a way of [`alternate`].
+fn raw_way(raw: &RawPingPong) -> impl FnMut(u64, &mut Vec<f64>) -> Result<Duration> + '_ {
+    |n, lat| {
+        raw.round_trips(n, lat)
+            .map_err(Error::layer("raw ping-pong"))
     }
-    Ok(t0.elapsed())
 }
 
 /// A way of doing round trips: `n` of them, latencies appended to the
@@ -79,14 +85,14 @@ fn alternate<const N: usize>(count: u64, mut ways: [Way<'_>; N]) -> Result<[Late
 /// `raw_cpu`), `count` round trips each, in alternating turns.
 pub(super) fn echo_vs_limit(
     exe: &Path,
-    ep: &EptFd,
+    ep: EptFd,
     count: u64,
     raw_cpu: Option<usize>,
 ) -> Result<(Latency, Latency)> {
-    let raw = RawPingPong::start(exe, ECHO_WARM + count, raw_cpu)?;
-    let mut seq = 0;
-    let mut e = |n, lat: &mut Vec<f64>| echo(ep, n, false, &mut seq, lat);
-    let mut r = |n, lat: &mut Vec<f64>| raw.round_trips(n, lat);
+    let raw = raw_pingpong(exe, ECHO_WARM + count, raw_cpu)?;
+    let ep = PingEndpoint::from(ep);
+    let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, false, lat);
+    let mut r = raw_way(&raw);
     let [e, r] = alternate(count, [&mut e, &mut r])?;
     Ok((e, r))
 }
@@ -112,13 +118,13 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Resu
         },
     )?;
     let floor = RawPollPath::start(&a.iopath, ECHO_WARM + a.count, Some(cb), Some(ca))?;
-    let raw = RawPingPong::start(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
+    let raw = raw_pingpong(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
     let [echo, floor, eventfd] = on_cpu(Some(ca), cpus, || {
         let (_c, ep) = servers.client("echo")?;
-        let mut seq = 0;
-        let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, true, &mut seq, lat);
+        let ep = PingEndpoint::from(ep);
+        let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, true, lat);
         let mut f = |n, lat: &mut Vec<f64>| floor.round_trips(n, lat);
-        let mut r = |n, lat: &mut Vec<f64>| raw.round_trips(n, lat);
+        let mut r = raw_way(&raw);
         alternate(a.count, [&mut e, &mut f, &mut r])
     })?;
     let place = format!(

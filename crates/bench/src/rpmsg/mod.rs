@@ -21,7 +21,6 @@ pub(crate) mod raw;
 mod scale;
 
 use children::{Servers, Setup};
-pub use raw::RawPingPong;
 
 /// What `iopath bench rpmsg` measures.
 #[derive(Debug, Clone)]
@@ -181,7 +180,7 @@ fn measure(
         let (c, echo_ep) = servers.client("echo")?;
         let rows = cycles::rows(&c, &raw, &a.loops, a.runs, p, pb)?;
         pb.set_message(format!("{} echo", p.name()));
-        let (echo, limit) = echo::echo_vs_limit(&a.iopath, &echo_ep, a.count, server_cpu)?;
+        let (echo, limit) = echo::echo_vs_limit(&a.iopath, echo_ep, a.count, server_cpu)?;
         Ok((rows, echo, limit))
     })?;
     let place = p.describe(cpus, "client", "host, remote and the limit's server");
@@ -206,7 +205,7 @@ fn measure(
 /// raw server cannot be started or misbehave.
 pub fn run(a: &RpmsgConfig) -> Result<Report> {
     a.check()?;
-    let cpus = Cpus::get()?;
+    let cpus = Cpus::get().map_err(crate::Error::sys("reading the CPU affinity"))?;
     let load_before = crate::loadavg();
     let loops: u64 = a.loops.iter().sum();
     let pb = ProgressBar::new(
@@ -234,10 +233,17 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
     pb.finish();
     let load_after = crate::loadavg();
     if a.scale {
-        scale::run(&a.iopath, &mut r)?;
+        scale::run(&a.iopath, &cpus, &mut r)?;
     }
     if a.bulk_bytes > 0 {
-        bulk::run(&a.bulk_sizes, a.bulk_bytes, a.runs, &a.iopath, &mut r)?;
+        bulk::run(
+            &a.bulk_sizes,
+            a.bulk_bytes,
+            a.runs,
+            &a.iopath,
+            &cpus,
+            &mut r,
+        )?;
     }
     if a.openamp.is_none() {
         r.note(format!("note: {}", peers::NO_PEERS));

@@ -14,6 +14,7 @@ use iopath_rpmsg::wire::ADDR_ANY;
 use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 
 use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
+use iopath_rpmsg::tools::ping::Latency;
 
 use super::children::{self, bound_ept};
 use super::RpmsgConfig;
@@ -21,7 +22,7 @@ use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus, Placement, Spawned};
 use crate::report::plot::{Bar, Panel, PEER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
-use crate::{Error, Latency, ProgressBar, Result, Stats};
+use crate::{Error, ProgressBar, Result, Stats};
 
 /// The programs `--openamp DIR` must hold.
 pub(super) const OPENAMP_PROGRAMS: [&str; 2] = ["rpmsg-echo", "rpmsg-ping-timed"];

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptInfo};
+use iopath_rpmsg::tools::ping::percentile;
 
 use super::children::{bound, Servers, Setup};
 use super::raw::sink::Sinks;
@@ -27,7 +28,7 @@ use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::report::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
-use crate::{percentile, Error, Report, Result, Stats};
+use crate::{Error, Report, Result, Stats};
 
 const ENDPOINTS: [usize; 3] = [1, 16, 256];
 const ECHO_TIME: Duration = Duration::from_secs(1);
@@ -76,9 +77,8 @@ struct CreateRow {
 /// # Errors
 /// When the host, remote or raw sink cannot be started or misbehave (an
 /// echo wrong, a message lost), or the fd limit is too low.
-pub(super) fn run(iopath: &Path, r: &mut Report) -> Result<()> {
-    let cpus = Cpus::get()?;
-    let (client_cpu, server_cpu) = Placement::One.cpus(&cpus);
+pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
+    let (client_cpu, server_cpu) = Placement::One.cpus(cpus);
     let buf = iopath_rpmsg::BufSizes::both(64 * 1024);
     let setup = Setup {
         parent: &std::env::temp_dir(),
@@ -101,7 +101,7 @@ pub(super) fn run(iopath: &Path, r: &mut Report) -> Result<()> {
     let srv = Servers::start(iopath, &setup)?;
     let c = srv.connect()?;
     let mut sinks = Sinks::start(bound(&c, "sink")?, iopath, server_cpu)?;
-    on_cpu(client_cpu, &cpus, || {
+    on_cpu(client_cpu, cpus, || {
         let mut echo: Vec<EchoRow> = ENDPOINTS
             .map(|endpoints| EchoRow {
                 endpoints,
@@ -137,7 +137,7 @@ pub(super) fn run(iopath: &Path, r: &mut Report) -> Result<()> {
         drop(sinks);
         let create = create_many(&srv, &c, CREATE)?;
         let place =
-            Placement::One.describe(&cpus, "client threads", "host, remote and the raw sink");
+            Placement::One.describe(cpus, "client threads", "host, remote and the raw sink");
         tables(&place, &echo, &streams, &create)
             .into_iter()
             .for_each(|t| r.table(t));

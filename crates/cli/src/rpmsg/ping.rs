@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use iopath_bench::rpmsg::RawPingPong;
-use iopath_bench::Latency;
 use iopath_rpmsg::ctrl::EptFd;
 use iopath_rpmsg::tools::openamp::{MAX_DATA as OPENAMP_MAX, SERVICE as OPENAMP_SERVICE};
-use iopath_rpmsg::tools::ping::{Payloads, PingEndpoint, PingOptions, MAX_FIXED};
+use iopath_rpmsg::tools::ping::{
+    Latency, Payloads, PingEndpoint, PingOptions, RawPingPong, MAX_FIXED,
+};
 
 use super::common::parse_name;
 
@@ -133,7 +133,8 @@ pub fn run(a: PingArgs) -> Result<()> {
 /// kick back, `count` times (after a warm-up).
 fn raw_pingpong(count: u64) -> Result<Latency> {
     let warm = 100;
-    let raw = RawPingPong::start(&iopath_bench::current_exe()?, count + warm, None)?;
+    let (exe, dir) = (std::env::current_exe()?, std::env::temp_dir());
+    let raw = RawPingPong::start(&exe, &dir, count + warm, std::process::Command::spawn)?;
     raw.round_trips(warm, &mut Vec::new())?;
     let mut lat = Vec::with_capacity(count as usize);
     let elapsed = raw.round_trips(count, &mut lat)?;

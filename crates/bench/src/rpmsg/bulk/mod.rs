@@ -51,14 +51,14 @@ pub(super) fn run(
     bytes: u64,
     runs: usize,
     iopath: &Path,
+    cpus: &Cpus,
     r: &mut Report,
 ) -> Result<()> {
     let max = (BUF as usize) - iopath_rpmsg::wire::HDR_LEN;
     if sizes.is_empty() || sizes.iter().any(|&s| s == 0 || s > max) {
         invalid!("--bulk-sizes", "give sizes of 1 to {max} bytes");
     }
-    let cpus = Cpus::get()?;
-    let (client_cpu, server_cpu) = Placement::Split.cpus(&cpus);
+    let (client_cpu, server_cpu) = Placement::Split.cpus(cpus);
     let (buf, ring) = (format!("{}K", BUF / 1024), RING.to_string());
     let setup = Setup {
         parent: &std::env::temp_dir(),
@@ -80,13 +80,13 @@ pub(super) fn run(
     let srv = Servers::start(iopath, &setup)?;
     let c = srv.connect()?;
     let mut sinks = Sinks::start(bound(&c, "sink")?, iopath, server_cpu)?;
-    let pair = measure::BusPair::start(&cpus, client_cpu, server_cpu)?;
+    let pair = measure::BusPair::start(cpus, client_cpu, server_cpu)?;
     let place = Placement::Split.describe(
-        &cpus,
+        cpus,
         "senders",
         "host, remote, raw sink and the Bus API's receiver",
     );
-    on_cpu(client_cpu, &cpus, || {
+    on_cpu(client_cpu, cpus, || {
         let mut rows: Vec<BulkRow> = sizes
             .iter()
             .map(|&size| BulkRow {

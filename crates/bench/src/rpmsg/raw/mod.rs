@@ -4,7 +4,6 @@
 //! ```text
 //!   bench (client)                   child ([`crate::child`])
 //!   fd::RawFdServer   <-SEQPACKET->  fd::serve: a packet answered with an fd
-//!   RawPingPong       <-eventfds-->  pingpong::serve: a kick answered
 //!   poll::RawPollPath <-SEQPACKET->  poll::forward <-page-> poll::echo
 //!   sink::RawSink     <-SEQPACKET->  sink::serve: packets counted
 //! ```
@@ -20,16 +19,12 @@ use crate::place::Spawned;
 use crate::{Error, Result};
 
 pub(crate) mod fd;
-pub(crate) mod pingpong;
 pub(crate) mod poll;
 pub(crate) mod sink;
-
-pub use pingpong::RawPingPong;
 
 /// Runs the bench server `server` until its client is done.
 pub(crate) fn serve(server: Server) -> Result<()> {
     match server {
-        Server::Echo { notify, count } => pingpong::serve(&notify, count),
         Server::Fd { sock } => fd::serve(&sock),
         Server::PollForward { sock, shm, count } => poll::forward(&sock, &shm, count),
         Server::PollEcho { shm, count } => poll::echo(&shm, count),

@@ -1,17 +1,21 @@
 //! Echo round trips, every byte checked: a client of the endpoint service
 //! ([`PingEndpoint`], [`ping`]) and OpenAMP's `rpmsg-echo-ping` on a bus
-//! ([`openamp_demo`]).
+//! ([`openamp_demo`]); beside them the limit, a raw eventfd ping-pong
+//! between two processes ([`RawPingPong`]), and the percentiles both are
+//! read as ([`Latency`]).
 //!
 //! ```text
 //!   ping ── payload i ──► endpoint (fd or ATTACH) ──► remote's echo service
 //!        ◄── echo i ────  checked: length, every byte; round trip timed
 //! ```
 //!
-//! The report holds every round trip's time; what is made of them
-//! (percentiles, a limit to compare with) is the caller's.
+//! The report holds every round trip's time; the caller makes them
+//! percentiles and compares them with the limit.
 
+mod limit;
 mod openamp_demo;
 
+pub use limit::{percentile, serve_partner_if_asked, Latency, RawPingPong};
 pub use openamp_demo::{openamp_demo, DemoReport};
 
 use std::path::{Path, PathBuf};
@@ -133,6 +137,18 @@ pub enum PingError {
     LinkDown {
         /// Why, as the bus says.
         reason: String,
+    },
+    /// The raw ping-pong's partner could not be started.
+    #[error("Cannot start the raw ping-pong's partner")]
+    Partner(#[source] std::io::Error),
+    /// The raw ping-pong's notifier failed.
+    #[error("Raw ping-pong: {what}")]
+    Notify {
+        /// What was being done.
+        what: &'static str,
+        /// What failed.
+        #[source]
+        source: crate::notify::NotifyError,
     },
 }
 
