@@ -30,7 +30,6 @@ mod cleanup;
 mod direct;
 mod error;
 mod fio;
-mod guest;
 pub mod heap;
 mod limit;
 mod place;
@@ -221,7 +220,6 @@ pub struct Missing {
 impl Missing {
     const FIO: Missing = Missing::new("fio", "fio");
     const QSD: Missing = Missing::new("qemu-storage-daemon", "qemu-utils");
-    const QEMU: Missing = Missing::new("qemu-system-x86_64", "qemu-system-x86");
 
     const fn new(program: &'static str, package: &'static str) -> Missing {
         Missing { program, package }

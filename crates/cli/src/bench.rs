@@ -163,11 +163,6 @@ struct BlkArgs {
     /// qemu-storage-daemon and fio on another), one (all on one CPU), free.
     #[arg(long, default_value = "split", value_parser = placement())]
     placement: Placement,
-    /// Also a Linux guest's dd (QEMU with TCG, booted by scripts/guest-dd)
-    /// on each back end, and on iopath's with swiotlb=force behind the
-    /// vIOMMU, the two alternating run by run.
-    #[arg(long)]
-    guest: bool,
     /// 4 KiB random requests per run of each row of the small-block table;
     /// 0 leaves the table out.
     #[arg(long, default_value_t = 65536)]
@@ -250,7 +245,6 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             dir: b.dir.clone(),
             modes: b.modes.clone(),
             placement: b.placement,
-            guest: b.guest,
             iopath,
             small: (b.small_count > 0).then(|| SmallConfig {
                 count: b.small_count,

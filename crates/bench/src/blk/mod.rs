@@ -4,12 +4,12 @@
 //! blocks through [`iopath_blk::workload`]) once per DMA mode against
 //! iopath's own back end (`iopath blk serve`, started here), `runs` runs
 //! each; a peer row with the same driver against `qemu-storage-daemon`
-//! exporting the same image; with `--guest`, a Linux guest's dd on each
-//! back end (`guest`); and the limit: the best of a small sweep
+//! exporting the same image; and the limit: the best of a small sweep
 //! of fio's `O_DIRECT` sequential write of the same image file (block
 //! sizes 1 MiB, 8 MiB and `bs`, queue depths 4, 16, 64), or without fio
 //! the bench's own plain O_DIRECT write (labelled so). Then the
-//! small-block table (`small`).
+//! small-block table (`small`). A Linux guest's dd on each back end is
+//! `scripts/guest-dd-bench`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,7 +21,6 @@ use iopath_sys::error_chain;
 
 use crate::direct::DirectJob;
 use crate::error::invalid;
-use crate::guest::GuestDma;
 use crate::limit::Limit;
 use crate::place::{on_cpu, Cpus, Placement, Spawned};
 use crate::{fio, Error, Missing, ProgressBar, Report, Result};
@@ -52,8 +51,6 @@ pub struct BlkBenchConfig {
     pub modes: Vec<DmaMode>,
     /// Where the processes run.
     pub placement: Placement,
-    /// Also a Linux guest's dd (scripts/guest-dd) on each back end.
-    pub guest: bool,
     /// The `iopath` executable whose `blk serve` is iopath's back end.
     pub iopath: PathBuf,
     /// The small-block table (4 KiB random I/O), when asked for.
@@ -72,7 +69,6 @@ impl BlkBenchConfig {
             dir: None,
             modes: Vec::new(),
             placement: Placement::Split,
-            guest: false,
             iopath,
             small: Some(SmallConfig::quick()),
         }
@@ -102,17 +98,11 @@ impl BlkBenchConfig {
         // warm-up round.
         let swept = self.runs.min(crate::limit::SWEEP_RUNS);
         let passes = (self.runs + 1) * (modes + 1) + swept * 6 + (self.runs - swept) + 1;
-        // A guest run: about 20 s of boot and checks under TCG, its dd at
-        // some 50 MB/s direct, 15 MB/s bounced behind the vIOMMU.
-        let guest = match self.guest {
-            true => self.runs as f64 * (3.0 * 20.0 + gib * (2.0 / 0.05 + 1.0 / 0.015)),
-            false => 0.0,
-        };
         // The small-block table: some 10k requests per second at worst.
         let small = self.small.as_ref().map_or(0.0, |s| {
             s.steps() as f64 * (s.count as f64 / 10_000.0 + 0.1)
         });
-        Duration::from_secs_f64(passes as f64 * gib / 2.0 + guest + gib / 2.0 + 3.0 + small)
+        Duration::from_secs_f64(passes as f64 * gib / 2.0 + gib / 2.0 + 3.0 + small)
     }
 }
 
@@ -149,10 +139,6 @@ impl Series {
 const FIO_LIMIT: &str = "fio O_DIRECT write (limit)";
 const OWN_LIMIT: &str = "own O_DIRECT write of the image (limit, no fio)";
 const PEER: &str = "qemu-storage-daemon (peer), dma direct";
-const GUEST_OURS: &str = "guest dd (Linux, TCG) on iopath blk serve";
-const GUEST_SWIOTLB: &str =
-    "guest dd (Linux, TCG) on iopath blk serve, swiotlb=force behind vIOMMU";
-const GUEST_PEER: &str = "guest dd (Linux, TCG) on qemu-storage-daemon";
 
 fn mode_row(m: DmaMode) -> String {
     format!("iopath blk serve, dma {}", m.name())
@@ -165,7 +151,7 @@ struct Measured {
     image: PathBuf,
     image_on: &'static str,
     placement: String,
-    /// The limit first, then each DMA mode, the peer, the guest rows.
+    /// The limit first, then each DMA mode, the peer.
     rows: Vec<Series>,
     limit: Limit,
     small: Option<small::Measured>,
@@ -194,7 +180,7 @@ fn dd_once(socket: &Path, cfg: &BlkBenchConfig, mode: DmaMode) -> Result<f64> {
 }
 
 /// Runs the experiment. Rows are interleaved run by run (the limit, each
-/// DMA mode in a rotating order, the peer, the guest rows, then again),
+/// DMA mode in a rotating order, the peer, then again),
 /// so slow drift of the machine spreads over every row instead of biasing
 /// one. A row whose back end or peer cannot run is reported as not run,
 /// not an error.
@@ -264,19 +250,6 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         .map(|&m| Series::new(mode_row(m), ours.as_ref().err()))
         .collect();
     let mut peer_row = Series::new(PEER, peer.as_ref().err());
-    // --guest: a Linux guest's dd on each back end's socket, in turns.
-    let script = cfg.guest.then(crate::guest::prepare);
-    let mut guests: Vec<(Series, &Path, GuestDma)> = Vec::new();
-    if let Some(script) = &script {
-        for (name, sock, backend, dma) in [
-            (GUEST_OURS, &ours_sock, &ours, GuestDma::Direct),
-            (GUEST_SWIOTLB, &ours_sock, &ours, GuestDma::SwiotlbIommu),
-            (GUEST_PEER, &peer_sock, &peer, GuestDma::Direct),
-        ] {
-            let failed = script.as_ref().err().or(backend.as_ref().err());
-            guests.push((Series::new(name, failed), sock.as_path(), dma));
-        }
-    }
     let (write, size, bs, qd) = (true, cfg.size as u64, cfg.bs as u64, cfg.queue_depth as u32);
     let base = fio::Job {
         write,
@@ -293,7 +266,7 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         depth: qd,
     };
     let mut limit = Limit::new(&base, &[1 << 20, 8 << 20, bs], own.clone());
-    let total = cfg.runs as u64 * (1 + rows.len() + guests.len()) as u64
+    let total = cfg.runs as u64 * (1 + rows.len()) as u64
         + limit.steps(cfg.runs)
         + cfg.small.as_ref().map_or(0, SmallConfig::steps);
     let bar = ProgressBar::new("bench blk", total);
@@ -329,22 +302,6 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         bar.set_message(format!("run {}: qemu-storage-daemon", run + 1));
         peer_row.measure(|| dd_run(&peer_sock, DmaMode::Direct));
         bar.inc(1);
-        // The guest rows, the first moving by one each run, so that the
-        // direct and swiotlb rows alternate; the guest's QEMU on the
-        // driver's CPU.
-        let n = guests.len();
-        for k in 0..n {
-            let (series, sock, dma) = &mut guests[(k + run) % n];
-            bar.set_message(format!("run {}: {}", run + 1, series.name));
-            let (bs, count) = (cfg.bs as u64, (cfg.size / cfg.bs) as u64);
-            series.measure(|| match &script {
-                Some(Ok(s)) => on_cpu(client, &cpus, || {
-                    crate::guest::dd_once(s, sock, bs, count, *dma)
-                }),
-                _ => Err(Error::Check("the guest is not prepared".into())),
-            });
-            bar.inc(1);
-        }
     }
     let small = cfg.small.as_ref().map(|s| {
         // Two more back ends, sleeping at once and never sleeping; the
@@ -369,14 +326,12 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     let mut all = vec![lim_row];
     all.extend(rows);
     all.push(peer_row);
-    all.extend(guests.into_iter().map(|g| g.0));
-    let driver = ["the driver", "the driver and the guest's QEMU"][usize::from(cfg.guest)];
     let servers = "the back end, qemu-storage-daemon and fio";
     let in_ram = crate::fs_type(&image) == Some(crate::TMPFS_MAGIC);
     let m = Measured {
         cfg: cfg.clone(),
         image_on: if in_ram { "RAM (tmpfs)" } else { "disk" },
-        placement: cfg.placement.describe(&cpus, driver, servers),
+        placement: cfg.placement.describe(&cpus, "the driver", servers),
         image,
         rows: all,
         limit,

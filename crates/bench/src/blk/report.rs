@@ -1,7 +1,7 @@
 //! The report of `iopath bench blk`: its tables and chart.
 
 use super::*;
-use crate::report::plot::{Bar, Line, Panel, OTHER, PEER as PEER_COLOR, PRIMARY};
+use crate::report::plot::{Bar, Line, Panel, PEER as PEER_COLOR, PRIMARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::Stats;
 
@@ -66,22 +66,6 @@ impl Measured {
         for (what, v) in self.ratios() {
             t.figure(what, Cell::or_na(v.map(|v| Cell::percent(v * 100.0, 1))));
         }
-        // The guest's swiotlb row over its direct row run by run (the two
-        // ran one after the other in each run).
-        if let (Some(b), Some(d)) = (self.runs_of(GUEST_SWIOTLB), self.runs_of(GUEST_OURS)) {
-            let per: Vec<f64> = b
-                .iter()
-                .zip(d)
-                .filter(|(_, &d)| d > 0.0)
-                .map(|(b, d)| b / d * 100.0)
-                .collect();
-            if !per.is_empty() {
-                t.figure(
-                    format!("{SWIOTLB_RATIO}, run by run"),
-                    Cell::runs(&per, Unit::Percent, 1),
-                );
-            }
-        }
         t.notes = self.limit.notes();
         t
     }
@@ -102,8 +86,7 @@ impl Measured {
     /// The ratios the experiment is about, from the medians: direct / the
     /// fio limit (n/a without fio; then direct / the own limit as well),
     /// each mode / direct, iopath's back end / qemu-storage-daemon (n/a
-    /// without it); with the guest rows, the guest's dd on iopath's back
-    /// end / on qemu-storage-daemon, and with `swiotlb=force` / direct.
+    /// without it).
     fn ratios(&self) -> Vec<(&'static str, Option<f64>)> {
         let m = |name: &str| self.median(name);
         let mode = |d| m(&mode_row(d));
@@ -125,13 +108,6 @@ impl Measured {
                 div(direct, m(PEER)),
             ),
         ]);
-        if self.rows.iter().any(|r| r.name == GUEST_OURS) {
-            v.push((
-                "guest dd: iopath blk serve / qemu-storage-daemon",
-                div(m(GUEST_OURS), m(GUEST_PEER)),
-            ));
-            v.push((SWIOTLB_RATIO, div(m(GUEST_SWIOTLB), m(GUEST_OURS))));
-        }
         v
     }
 
@@ -141,18 +117,11 @@ impl Measured {
         let bars: Vec<Bar> = self.rows[1..]
             .iter()
             .map(|r| {
-                let color = match &r.name[..] {
-                    PEER => PEER_COLOR,
-                    n if n.starts_with("guest") => OTHER,
-                    _ => PRIMARY,
-                };
+                let color = if r.name == PEER { PEER_COLOR } else { PRIMARY };
                 let label = r
                     .name
                     .replace("iopath blk serve, dma ", "")
-                    .replace(PEER, "qsd (direct)")
-                    .replace(GUEST_SWIOTLB, "guest/iopath swiotlb")
-                    .replace(GUEST_OURS, "guest/iopath")
-                    .replace(GUEST_PEER, "guest/qsd");
+                    .replace(PEER, "qsd (direct)");
                 match r.failed {
                     None => Bar::runs(label, &r.runs, color),
                     Some(_) => Bar::runs(format!("{label} (not run)"), &[], color),
@@ -182,6 +151,3 @@ impl Measured {
         }
     }
 }
-
-/// The ratio of the guest's bounced dd to its direct dd.
-const SWIOTLB_RATIO: &str = "guest dd: swiotlb=force behind vIOMMU / direct (iopath blk serve)";

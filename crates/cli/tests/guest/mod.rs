@@ -28,7 +28,6 @@ pub fn repo() -> PathBuf {
 
 pub const QEMU: (&str, &str) = ("qemu-system-x86_64", "qemu-system-x86");
 pub const QSD: (&str, &str) = ("qemu-storage-daemon", "qemu-utils");
-pub const FIO: (&str, &str) = ("fio", "fio");
 
 /// One guest at a time: TCG guests are CPU-bound and the machine is small.
 pub fn guest_lock() -> std::sync::MutexGuard<'static, ()> {
