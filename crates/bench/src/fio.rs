@@ -1,7 +1,7 @@
 //! fio, the limit beside iopath's figures: `fio --output-format=json`, and
 //! the figures read out of it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::{Error, Result};
@@ -20,6 +20,17 @@ pub(crate) struct Job {
 }
 
 impl Job {
+    pub(crate) fn new(write: bool, path: &Path, bytes: u64, bs: u64, iodepth: u32) -> Job {
+        let path = path.to_path_buf();
+        Job {
+            write,
+            path,
+            bytes,
+            bs,
+            iodepth,
+        }
+    }
+
     /// The command line, for reports.
     pub(crate) fn cmdline(&self) -> Vec<String> {
         let mut v = vec!["fio".into(), "--name=limit".into()];
@@ -118,13 +129,7 @@ mod tests {
 
     #[test]
     fn sweep_covers_sizes_and_depths_once() {
-        let base = Job {
-            write: false,
-            path: "/f".into(),
-            bytes: 1 << 30,
-            bs: 1 << 20,
-            iodepth: 16,
-        };
+        let base = Job::new(false, std::path::Path::new("/f"), 1 << 30, 1 << 20, 16);
         let jobs = sweep(&base, &[1 << 20, 8 << 20, 1 << 20]);
         let got: Vec<String> = jobs.iter().map(Job::config).collect();
         let want = [

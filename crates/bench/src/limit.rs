@@ -4,7 +4,6 @@
 
 use serde_json::json;
 
-use crate::direct::DirectJob;
 use crate::fio::{self, Job};
 use crate::{Missing, ProgressBar, Result, Stats};
 
@@ -25,7 +24,7 @@ pub(crate) enum Limit {
     },
     /// fio is missing: the bench's own direct I/O, GiB/s per run.
     Own {
-        job: DirectJob,
+        job: Job,
         missing: Missing,
         runs: Vec<f64>,
     },
@@ -33,11 +32,12 @@ pub(crate) enum Limit {
 
 impl Limit {
     /// A limit over `base` swept at every block size of `bss` and queue
-    /// depths 4, 16, 64; without fio, the own limit `own`.
-    pub(crate) fn new(base: &Job, bss: &[u64], own: DirectJob) -> Limit {
+    /// depths 4, 16, 64; without fio, the own limit: `base` as plain
+    /// O_DIRECT I/O.
+    pub(crate) fn new(base: &Job, bss: &[u64]) -> Limit {
         match Missing::FIO.check() {
             Some(missing) => Limit::Own {
-                job: own,
+                job: base.clone(),
                 missing,
                 runs: Vec::new(),
             },
@@ -48,6 +48,15 @@ impl Limit {
                     .collect(),
                 fixed: None,
             },
+        }
+    }
+
+    /// One unmeasured pass of `base`, fio pinned to `cpu`, or of the own
+    /// limit on the calling thread.
+    pub(crate) fn warm_up(&self, base: &Job, cpu: Option<usize>) -> Result<f64> {
+        match self {
+            Limit::Fio { .. } => base.run(cpu),
+            Limit::Own { job, .. } => crate::direct::run(job),
         }
     }
 
@@ -86,7 +95,7 @@ impl Limit {
             Limit::Own { job, runs, .. } => {
                 bar.set_message("limit: own O_DIRECT");
                 before()?;
-                runs.push(job.run()?);
+                runs.push(crate::direct::run(job)?);
                 bar.inc(1);
             }
         }
@@ -123,7 +132,7 @@ impl Limit {
             Limit::Fio { .. } => format!("fio {}", self.config()),
             Limit::Own { job, .. } => {
                 let bs = iopath_sys::format_size(job.bs);
-                format!("own O_DIRECT bs={bs} qd={}", job.depth)
+                format!("own O_DIRECT bs={bs} qd={}", job.iodepth)
             }
         }
     }
@@ -160,7 +169,7 @@ impl Limit {
             }
             Limit::Own { job, missing, .. } => vec![
                 format!("note: the fio limit row is missing: {}", missing.note()),
-                format!("limit (own, labelled so): {}", job.describe()),
+                format!("limit (own, labelled so): {}", crate::direct::describe(job)),
             ],
         }
     }
@@ -180,7 +189,7 @@ impl Limit {
             Limit::Own {
                 job, missing: m, ..
             } => json!({"source": "own", "label": self.label(),
-                "command": job.describe(), "missing": {"program": m.program, "package": m.package}}),
+                "command": crate::direct::describe(job), "missing": {"program": m.program, "package": m.package}}),
         }
     }
 }
@@ -196,13 +205,7 @@ mod tests {
     use super::*;
 
     fn job(bs: u64, iodepth: u32) -> Job {
-        Job {
-            write: false,
-            path: "/f".into(),
-            bytes: 1 << 30,
-            bs,
-            iodepth,
-        }
+        Job::new(false, std::path::Path::new("/f"), 1 << 30, bs, iodepth)
     }
 
     #[test]

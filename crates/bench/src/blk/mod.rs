@@ -16,10 +16,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use iopath_blk::dd::DdConfig;
-use iopath_blk::workload::{self, Access, Op, Pattern, Workload};
+use iopath_blk::workload::{self, Workload};
 use iopath_sys::error_chain;
 
-use crate::direct::DirectJob;
 use crate::error::invalid;
 use crate::limit::Limit;
 use crate::place::{on_cpu, Cpus, Placement, Spawned};
@@ -135,7 +134,6 @@ impl Series {
     }
 }
 
-/// Row names.
 const FIO_LIMIT: &str = "fio O_DIRECT write (limit)";
 const OWN_LIMIT: &str = "own O_DIRECT write of the image (limit, no fio)";
 const PEER: &str = "qemu-storage-daemon (peer), dma direct";
@@ -162,16 +160,10 @@ struct Measured {
 /// GiB/s.
 fn dd_once(socket: &Path, cfg: &BlkBenchConfig, mode: DmaMode) -> Result<f64> {
     let w = Workload {
-        op: Op::Write,
-        pattern: Pattern::Zero,
-        access: Access::Seq,
-        seed: 0,
         bs: cfg.bs,
         count: (cfg.size / cfg.bs) as u64,
-        offset: 0,
         queue_depth: cfg.queue_depth,
-        runs: 1,
-        verify: false,
+        ..Workload::default()
     };
     let mut dd = DdConfig::new(socket, w);
     dd.dma = Some(mode);
@@ -250,22 +242,9 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         .map(|&m| Series::new(mode_row(m), ours.as_ref().err()))
         .collect();
     let mut peer_row = Series::new(PEER, peer.as_ref().err());
-    let (write, size, bs, qd) = (true, cfg.size as u64, cfg.bs as u64, cfg.queue_depth as u32);
-    let base = fio::Job {
-        write,
-        path: image.clone(),
-        bytes: size,
-        bs,
-        iodepth: qd,
-    };
-    let own = DirectJob {
-        write,
-        path: image.clone(),
-        bytes: size,
-        bs,
-        depth: qd,
-    };
-    let mut limit = Limit::new(&base, &[1 << 20, 8 << 20, bs], own.clone());
+    let (size, bs, qd) = (cfg.size as u64, cfg.bs as u64, cfg.queue_depth as u32);
+    let base = fio::Job::new(true, &image, size, bs, qd);
+    let mut limit = Limit::new(&base, &[1 << 20, 8 << 20, bs]);
     let total = cfg.runs as u64 * (1 + rows.len()) as u64
         + limit.steps(cfg.runs)
         + cfg.small.as_ref().map_or(0, SmallConfig::steps);
@@ -274,10 +253,7 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     // one-time costs (the back end's first request after start, the image's
     // first touch), which showed up as a lone outlier in the first run.
     bar.set_message("warm-up");
-    let _ = match limit.is_fio() {
-        true => base.run(server),
-        false => on_cpu(server, &cpus, || own.run()),
-    };
+    let _ = on_cpu(server, &cpus, || limit.warm_up(&base, server));
     if ours.is_ok() {
         for &mode in &modes {
             let _ = dd_run(&ours_sock, mode);

@@ -179,16 +179,7 @@ fn proposal_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f6
 }
 
 fn options(plan: &Plan<'_>, method: Method) -> LoadOptions {
-    LoadOptions {
-        buffer_size: plan.buffer_size,
-        buffers: Some(plan.buffers),
-        method,
-        engine: iopath_heap::EngineOptions {
-            queue_depth: plan.queue_depth,
-            ..Default::default()
-        },
-        ..LoadOptions::default()
-    }
+    super::load_options(plan.buffer_size, plan.buffers, method, plan.queue_depth)
 }
 
 /// Measures every row `runs` times, each from a cold page cache.

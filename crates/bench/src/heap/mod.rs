@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
 use iopath_sys::{error_chain, human};
 
-use crate::direct::DirectJob;
 use crate::error::{check_failed, invalid};
 use crate::limit::Limit;
 use crate::{fio, loadavg, scratch_dir, Error, ProgressBar, Report, Result};
@@ -260,21 +259,7 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
         }));
     }
     let (path, bytes, qd) = (&r.file, r.bytes, args.queue_depth);
-    let (write, bs) = (false, 1 << 20);
-    let base = fio::Job {
-        write,
-        path: path.clone(),
-        bytes,
-        bs,
-        iodepth: qd,
-    };
-    let own = DirectJob {
-        write,
-        path: path.clone(),
-        bytes,
-        bs,
-        depth: qd,
-    };
+    let base = fio::Job::new(false, path, bytes, 1 << 20, qd);
     let drop_cache = || {
         file.drop_cache()
             .map_err(Error::layer("dropping the file's cache"))
@@ -283,7 +268,7 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
         file.cached_bytes()
             .map_err(Error::layer("counting the file's cached pages"))
     };
-    let mut limit = Limit::new(&base, &[1 << 20, 8 << 20], own);
+    let mut limit = Limit::new(&base, &[1 << 20, 8 << 20]);
     let nrows = r.rows.len();
     let bar = ProgressBar::new(
         "bench heap",
@@ -330,16 +315,7 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
                     path.display()
                 );
             }
-            let opts = LoadOptions {
-                buffer_size: args.buffer_size,
-                buffers: Some(r.buffers),
-                method: row.method,
-                engine: EngineOptions {
-                    queue_depth: qd,
-                    ..EngineOptions::default()
-                },
-                ..LoadOptions::default()
-            };
+            let opts = load_options(args.buffer_size, r.buffers, row.method, qd);
             let loaded = load(path, heap.as_ref(), &opts, &mut |_| {})
                 .map_err(Error::layer(format!("{} {}", row.heap, row.method)))?;
             let growth = cached()?.saturating_sub(cold);
@@ -362,6 +338,21 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
     bar.finish();
     r.limit = Some(limit);
     Ok(())
+}
+
+fn load_options(buffer_size: usize, buffers: usize, method: Method, qd: u32) -> LoadOptions {
+    let engine = EngineOptions {
+        queue_depth: qd,
+        ..EngineOptions::default()
+    };
+    let buffers = Some(buffers);
+    LoadOptions {
+        buffer_size,
+        buffers,
+        method,
+        engine,
+        ..LoadOptions::default()
+    }
 }
 
 /// Writes `size` pseudo-random bytes to a new file on a disk file system.
