@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use iopath_blk::dd::DdConfig;
-use iopath_blk::workload::{Access, Op, Pattern, Workload};
+use iopath_blk::workload::{Access, Op, Workload};
 use iopath_blk::PollMode;
 
 use super::BlkBenchConfig;
@@ -143,15 +143,12 @@ fn dd_run(
 ) -> Result<Run> {
     let w = Workload {
         op,
-        pattern: Pattern::Zero,
         access: Access::Rand,
         seed,
         bs: BS,
         count,
-        offset: 0,
         queue_depth: qd,
-        runs: 1,
-        verify: false,
+        ..Workload::default()
     };
     let mut dd = DdConfig::new(socket, w);
     dd.poll = poll;

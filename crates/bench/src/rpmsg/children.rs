@@ -4,13 +4,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
-use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
-use iopath_rpmsg::wire::ADDR_ANY;
+use iopath_rpmsg::ctrl::{CtrlClient, EptFd};
+use iopath_rpmsg::tools::ping::bound_ept_fd;
 
-use crate::error::{check, check_failed};
 use crate::place::Spawned;
 use crate::{Error, Result};
 
@@ -123,7 +121,9 @@ impl Servers {
 
     /// A connection and an endpoint fd bound to the remote's `name`.
     pub(super) fn client(&self, name: &str) -> Result<(CtrlClient, EptFd)> {
-        bound_ept(&self.ctrl, name)
+        let c = self.connect()?;
+        let ep = bound(&c, name)?;
+        Ok((c, ep))
     }
 
     /// The host's process id.
@@ -132,31 +132,9 @@ impl Servers {
     }
 }
 
-/// A connection to the endpoint service on `ctrl` and an endpoint fd for
-/// `name` ([`bound`]).
-pub(super) fn bound_ept(ctrl: &Path, name: &str) -> Result<(CtrlClient, EptFd)> {
-    let c =
-        CtrlClient::connect(ctrl).map_err(Error::layer("connecting to the endpoint service"))?;
-    let ep = bound(&c, name)?;
-    Ok((c, ep))
-}
-
 /// An endpoint fd from `c` bound to the remote's `name`, once the remote
 /// has announced it (30 s at most).
 pub(super) fn bound(c: &CtrlClient, name: &str) -> Result<EptFd> {
-    let start = Instant::now();
-    loop {
-        let ep = c
-            .create_ept_fd(&EptInfo::new(name), O_RDWR | O_CLOEXEC)
-            .map_err(Error::layer(format!("CREATE_EPT_FD for {name:?}")))?;
-        if ep.info().dst != ADDR_ANY {
-            return Ok(ep);
-        }
-        drop(ep);
-        check!(
-            start.elapsed() < Duration::from_secs(30),
-            "the remote never announced {name:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let ep = bound_ept_fd(c, name, Duration::from_secs(30));
+    ep.map_err(Error::layer(format!("an endpoint fd for {name:?}")))
 }

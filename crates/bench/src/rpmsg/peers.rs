@@ -10,13 +10,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use iopath_rpmsg::wire::ADDR_ANY;
+use iopath_rpmsg::ctrl::CtrlClient;
 use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 
 use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
-use iopath_rpmsg::tools::ping::Latency;
+use iopath_rpmsg::tools::ping::{wait_announced, Latency};
 
-use super::children::{self, bound_ept};
+use super::children::{self, bound};
 use super::RpmsgConfig;
 use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus, Placement, Spawned};
@@ -124,9 +124,12 @@ fn start_remote(
     Ok(kid)
 }
 
-/// Up to `count` strict round trips within `budget`, each one `rt(seq)`;
-/// their latencies.
+/// [`PEER_WARM`] unmeasured round trips, then up to `count` strict round
+/// trips within `budget`, each one `rt(seq)`; their latencies.
 fn timed(count: u64, budget: Duration, mut rt: impl FnMut(u64) -> Result<()>) -> Result<Latency> {
+    for seq in 0..PEER_WARM {
+        rt(seq)?;
+    }
     let mut lat = Vec::with_capacity(count as usize);
     let t0 = Instant::now();
     let mut seq = PEER_WARM;
@@ -207,9 +210,10 @@ fn ept_fd_driver(
     )?;
     host.wait_for("control socket", Duration::from_secs(20), || ctrl.exists())?;
     on_cpu(cpu, cpus, || {
-        let (_c, ep) = bound_ept(&ctrl, SERVICE)?;
+        let c = CtrlClient::connect(&ctrl).map_err(Error::layer("connecting to the host"))?;
+        let ep = bound(&c, SERVICE)?;
         let mut back = [0u8; 512];
-        let mut rt = |seq: u64| -> Result<()> {
+        let rt = |seq: u64| -> Result<()> {
             let msg = message(seq);
             ep.send(&msg).map_err(Error::layer("sending an echo"))?;
             let n = ep
@@ -222,9 +226,6 @@ fn ept_fd_driver(
             );
             Ok(())
         };
-        for seq in 0..PEER_WARM {
-            rt(seq)?;
-        }
         timed(cfg.count, cfg.peer_budget, rt)
     })
 }
@@ -253,17 +254,7 @@ fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Late
 }
 
 fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, ep: &Endpoint, wait: Duration) -> Result<Latency> {
-    let start = Instant::now();
-    while ep.dst() == ADDR_ANY {
-        if let Some(r) = bus.down_reason() {
-            check_failed!("the link to the remote went down: {r}");
-        }
-        check!(
-            start.elapsed() < wait,
-            "the remote never announced {SERVICE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_announced(bus, ep, SERVICE, wait).map_err(Error::layer("waiting for the remote"))?;
     let rt = |seq: u64| -> Result<()> {
         let msg = message(seq);
         ep.send(&msg).map_err(Error::layer("sending an echo"))?;
@@ -273,9 +264,6 @@ fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, ep: &Endpoint, wait: Duration) -> Resu
         check!(m.data == msg, "echo {seq} came back wrong");
         Ok(())
     };
-    for seq in 0..PEER_WARM {
-        rt(seq)?;
-    }
     timed(cfg.count, cfg.peer_budget, rt)
 }
 

@@ -63,18 +63,14 @@ impl BusPair {
         let dir = tempfile::tempdir().map_err(Error::sys("a temporary directory"))?;
         let path = dir.path().join("shm");
         let sizes = BufSizes::both(BUF);
-        let layout = ShmLayout::for_size(shm_size(), RING)
-            .map_err(|e| Error::Check(format!("bulk layout: {e}")))?;
+        let layout = ShmLayout::for_size(shm_size(), RING).map_err(Error::layer("bulk layout"))?;
         let mut layout = layout
             .with_buf_sizes(Convention::Linux, sizes)
-            .map_err(|e| Error::Check(format!("bulk layout: {e}")))?;
+            .map_err(Error::layer("bulk layout"))?;
         layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
-        let shm = SharedMem::create(&path, &layout)
-            .map_err(|e| Error::Check(format!("bulk shared memory: {e}")))?;
+        let shm = SharedMem::create(&path, &layout).map_err(Error::layer("bulk shared memory"))?;
         let spec = NotifySpec::Eventfd(dir.path().join("ev"));
-        let listener = spec
-            .bind()
-            .map_err(|e| Error::Check(format!("bulk notifier: {e}")))?;
+        let listener = spec.bind().map_err(Error::layer("bulk notifier"))?;
         let (ready_tx, ready_rx) = mpsc::channel();
         let (orders, orders_rx) = mpsc::channel::<(u64, usize)>();
         let (done_tx, done) = mpsc::channel();
@@ -83,14 +79,11 @@ impl BusPair {
             .name("bulk-receiver".into())
             .spawn(move || {
                 let started = on_cpu(server_cpu, &cpus2, || {
-                    let n = listener
-                        .accept()
-                        .map_err(|e| Error::Check(format!("bulk notifier: {e}")))?;
-                    let bus = Bus::remote(shm, n, Some(T))
-                        .map_err(|e| Error::Check(format!("bulk remote: {e}")))?;
+                    let n = listener.accept().map_err(Error::layer("bulk notifier"))?;
+                    let bus = Bus::remote(shm, n, Some(T)).map_err(Error::layer("bulk remote"))?;
                     let rx = bus
                         .create_zero_copy(EndpointOptions::new("bulk"))
-                        .map_err(|e| Error::Check(format!("bulk endpoint: {e}")))?;
+                        .map_err(Error::layer("bulk endpoint"))?;
                     Ok((bus, rx))
                 });
                 let (bus, rx) = match started {
@@ -110,13 +103,9 @@ impl BusPair {
             })
             .map_err(Error::sys("spawning the bulk receiver"))?;
         let host = on_cpu(client_cpu, cpus, || {
-            let n = spec
-                .connect(T)
-                .map_err(|e| Error::Check(format!("bulk notifier: {e}")))?;
-            let shm = SharedMem::open(&path)
-                .map_err(|e| Error::Check(format!("bulk shared memory: {e}")))?;
-            Bus::host(shm, n, iopath_rpmsg::HOST_FEATURES)
-                .map_err(|e| Error::Check(format!("bulk host: {e}")))
+            let n = spec.connect(T).map_err(Error::layer("bulk notifier"))?;
+            let shm = SharedMem::open(&path).map_err(Error::layer("bulk shared memory"))?;
+            Bus::host(shm, n, iopath_rpmsg::HOST_FEATURES).map_err(Error::layer("bulk host"))
         })?;
         let (remote, addr) = ready_rx
             .recv_timeout(T)
@@ -130,7 +119,7 @@ impl BusPair {
         );
         let tx = host
             .create(EndpointOptions::new("bulk").dst(addr).announce(false))
-            .map_err(|e| Error::Check(format!("bulk endpoint: {e}")))?;
+            .map_err(Error::layer("bulk endpoint"))?;
         Ok(BusPair {
             host,
             remote,

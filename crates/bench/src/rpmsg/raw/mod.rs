@@ -12,6 +12,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use iopath_sys::unix_socket;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use crate::child::Server;
@@ -36,15 +37,8 @@ pub(crate) fn serve(server: Server) -> Result<()> {
 /// `sock` and takes its one client; with the error mapper for `sock`.
 fn accept_one(sock: &Path) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Error + Copy + '_)> {
     let io = Error::errno(sock);
-    let l = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(io)?;
-    rustix::net::bind(&l, &SocketAddrUnix::new(sock).map_err(io)?).map_err(io)?;
-    rustix::net::listen(&l, 1).map_err(io)?;
+    let l = unix_socket::listen(sock, SocketType::SEQPACKET, unix_socket::PRIVATE_MODE, 1)
+        .map_err(Error::layer(format!("listening on {}", sock.display())))?;
     let c = rustix::net::accept_with(&l, SocketFlags::CLOEXEC).map_err(io)?;
     Ok((c, io))
 }

@@ -16,7 +16,7 @@ mod limit;
 mod openamp_demo;
 
 pub use limit::{percentile, serve_partner_if_asked, Latency, RawPingPong};
-pub use openamp_demo::{openamp_demo, DemoReport};
+pub use openamp_demo::{openamp_demo, wait_announced, DemoReport};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -190,9 +190,8 @@ impl PingEndpoint {
     }
 
     /// Creates an endpoint fd named `name` at the endpoint service on
-    /// `ctrl`, bound to the remote's channel of that name. An endpoint
-    /// created before the remote announced the name stays unbound (as
-    /// rpmsg_char's do): this retries until it binds, for up to `timeout`.
+    /// `ctrl`, bound to the remote's channel of that name
+    /// ([`bound_ept_fd`]).
     ///
     /// # Errors
     /// [`PingError::Connect`], [`PingError::Create`],
@@ -202,26 +201,7 @@ impl PingEndpoint {
             ctrl: ctrl.to_owned(),
             source,
         })?;
-        let start = Instant::now();
-        loop {
-            let ep = c
-                .create_ept_fd(&EptInfo::new(name), proto::O_RDWR | proto::O_CLOEXEC)
-                .map_err(|source| PingError::Create {
-                    name: name.to_owned(),
-                    source,
-                })?;
-            if ep.info().dst != ADDR_ANY {
-                return Ok(PingEndpoint::Fd(ep));
-            }
-            drop(ep);
-            if start.elapsed() >= timeout {
-                return Err(PingError::NotAnnounced {
-                    name: name.to_owned(),
-                    timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        bound_ept_fd(&c, name, timeout).map(PingEndpoint::Fd)
     }
 
     fn send(&self, data: &[u8]) -> Result<(), CtrlError> {
@@ -248,6 +228,36 @@ impl PingEndpoint {
             Err(e) if is_pipe(&e) => Ok(Some(0)),
             r => r,
         }
+    }
+}
+
+/// An endpoint fd from `c` named `name`, bound to the remote's channel of
+/// that name. An endpoint created before the remote announced the name
+/// stays unbound (as rpmsg_char's do): this retries until it binds, for up
+/// to `timeout`.
+///
+/// # Errors
+/// [`PingError::Create`], [`PingError::NotAnnounced`].
+pub fn bound_ept_fd(c: &CtrlClient, name: &str, timeout: Duration) -> Result<EptFd, PingError> {
+    let start = Instant::now();
+    loop {
+        let ep = c
+            .create_ept_fd(&EptInfo::new(name), proto::O_RDWR | proto::O_CLOEXEC)
+            .map_err(|source| PingError::Create {
+                name: name.to_owned(),
+                source,
+            })?;
+        if ep.info().dst != ADDR_ANY {
+            return Ok(ep);
+        }
+        drop(ep);
+        if start.elapsed() >= timeout {
+            return Err(PingError::NotAnnounced {
+                name: name.to_owned(),
+                timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::PingError;
 use crate::tools::openamp::{self, SERVICE};
 use crate::wire::ADDR_ANY;
-use crate::{Bus, EndpointOptions, Stats};
+use crate::{Bus, Endpoint, EndpointOptions, Stats};
 
 /// What [`openamp_demo`] saw (as JSON, `elapsed` is `elapsed_us`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -40,6 +40,32 @@ impl fmt::Display for DemoReport {
     }
 }
 
+/// Waits up to `timeout` for the remote on `bus` to announce the channel
+/// `name` of `ep`, which binds it.
+///
+/// # Errors
+/// [`PingError::NotAnnounced`], or [`PingError::LinkDown`] before the
+/// channel came.
+pub fn wait_announced(
+    bus: &Bus,
+    ep: &Endpoint,
+    name: &str,
+    timeout: Duration,
+) -> Result<(), PingError> {
+    let start = Instant::now();
+    while ep.dst() == ADDR_ANY {
+        if start.elapsed() >= timeout {
+            let name = name.to_owned();
+            return Err(PingError::NotAnnounced { name, timeout });
+        }
+        if let Some(reason) = bus.down_reason() {
+            return Err(PingError::LinkDown { reason });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
 /// Runs the demo on `bus` (the host's): creates an endpoint on
 /// [`SERVICE`], waits up to `timeout` for the remote to announce it, sends
 /// payloads with data sizes 1 to what a buffer holds (480 at 512 bytes)
@@ -60,19 +86,7 @@ pub fn openamp_demo(
     let ep = bus
         .create(EndpointOptions::new(SERVICE))
         .map_err(bus_err("Creating the demo endpoint".into()))?;
-    let start = Instant::now();
-    while ep.dst() == ADDR_ANY {
-        if start.elapsed() >= timeout {
-            return Err(PingError::NotAnnounced {
-                name: SERVICE.into(),
-                timeout,
-            });
-        }
-        if let Some(reason) = bus.down_reason() {
-            return Err(PingError::LinkDown { reason });
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_announced(bus, &ep, SERVICE, timeout)?;
     let mut errors = 0u64;
     let t0 = Instant::now();
     // Sizes 1 up to what one buffer holds, as OpenAMP's ping counts them
