@@ -74,18 +74,11 @@ impl Experiment {
     /// sizes, run by the `iopath` executable `exe`.
     pub fn all(full: bool, exe: PathBuf) -> Vec<Experiment> {
         use {blk::BlkBenchConfig as B, heap::HeapConfig as H, rpmsg::RpmsgConfig as R};
-        match full {
-            false => vec![
-                Self::Heap(H::quick()),
-                Self::Blk(B::quick(exe.clone())),
-                Self::Rpmsg(R::quick(exe)),
-            ],
-            true => vec![
-                Self::Heap(H::full()),
-                Self::Blk(B::full(exe.clone())),
-                Self::Rpmsg(R::full(exe)),
-            ],
-        }
+        let (h, b, r) = match full {
+            false => (H::quick(), B::quick(exe.clone()), R::quick(exe)),
+            true => (H::full(), B::full(exe.clone()), R::full(exe)),
+        };
+        vec![Self::Heap(h), Self::Blk(b), Self::Rpmsg(r)]
     }
 
     fn run(&self) -> Result<Report> {

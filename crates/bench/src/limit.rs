@@ -194,7 +194,6 @@ impl Limit {
     }
 }
 
-/// The configuration with the best median.
 fn best(sweep: &[(Job, Vec<f64>)]) -> Option<usize> {
     let median = |i: &usize| Stats::of(&sweep[*i].1).median;
     (0..sweep.len()).max_by(|a, b| median(a).total_cmp(&median(b)))

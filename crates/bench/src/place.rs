@@ -164,7 +164,6 @@ impl Spawned {
         &self.log
     }
 
-    /// Its exit status, if it has exited.
     pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }

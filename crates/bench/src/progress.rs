@@ -27,7 +27,6 @@ pub(crate) struct ProgressBar {
 }
 
 impl ProgressBar {
-    /// Progress of `total` steps labelled `label`.
     pub(crate) fn new(label: &str, total: u64) -> ProgressBar {
         let show = SHOW.load(Ordering::Relaxed);
         let terminal = show && std::io::stderr().is_terminal();
@@ -50,7 +49,6 @@ impl ProgressBar {
         }
     }
 
-    /// What runs now.
     pub(crate) fn set_message(&self, msg: impl Into<String>) {
         let msg = msg.into();
         if let Some(b) = &self.bar {
@@ -65,7 +63,6 @@ impl ProgressBar {
         }
     }
 
-    /// `n` more steps done.
     pub(crate) fn inc(&self, n: u64) {
         self.pos.fetch_add(n, Ordering::Relaxed);
         if let Some(b) = &self.bar {

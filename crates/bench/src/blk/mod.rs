@@ -142,7 +142,6 @@ fn mode_row(m: DmaMode) -> String {
     format!("iopath blk serve, dma {}", m.name())
 }
 
-/// What the experiment measured.
 #[derive(Debug)]
 struct Measured {
     cfg: BlkBenchConfig,

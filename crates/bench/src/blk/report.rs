@@ -96,18 +96,12 @@ impl Measured {
         if m(OWN_LIMIT).is_some() {
             v.push(("direct / own limit", div(direct, m(OWN_LIMIT))));
         }
-        v.extend([
-            (
-                "direct-static / direct",
-                div(mode(DmaMode::DirectStatic), direct),
-            ),
-            ("iommu / direct", div(mode(DmaMode::Iommu), direct)),
-            ("bounce / direct", div(mode(DmaMode::Bounce), direct)),
-            (
-                "iopath blk serve / qemu-storage-daemon (dma direct)",
-                div(direct, m(PEER)),
-            ),
-        ]);
+        let (static_, iommu, bounce) = (DmaMode::DirectStatic, DmaMode::Iommu, DmaMode::Bounce);
+        v.push(("direct-static / direct", div(mode(static_), direct)));
+        v.push(("iommu / direct", div(mode(iommu), direct)));
+        v.push(("bounce / direct", div(mode(bounce), direct)));
+        let peer = "iopath blk serve / qemu-storage-daemon (dma direct)";
+        v.push((peer, div(direct, m(PEER))));
         v
     }
 

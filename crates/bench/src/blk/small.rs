@@ -89,7 +89,6 @@ impl Row {
     }
 }
 
-/// The table's measurements.
 #[derive(Debug)]
 pub(super) struct Measured {
     count: u64,
@@ -364,40 +363,28 @@ impl Measured {
                     .map(|(a, b)| Cell::times(a / b)),
             )
         };
+        // (depth, ratio, row over row, of figure: 0 IOPS, 1 p50 latency)
+        let ratios = [
+            (1, "--poll / qemu-storage-daemon", BUSY, QSD, 0),
+            (1, "--poll / fio", BUSY, FIO, 1),
+            (1, "adaptive / qemu-storage-daemon", ADAPTIVE, QSD, 0),
+            (1, "adaptive / sleeping", ADAPTIVE, SLEEP, 0),
+            (deep, "adaptive / qemu-storage-daemon", ADAPTIVE, QSD, 0),
+            (deep, "adaptive / fio", ADAPTIVE, FIO, 0),
+            (
+                deep,
+                "2 queues / 1 queue (adaptive)",
+                TWO_QUEUES,
+                ADAPTIVE,
+                0,
+            ),
+        ];
         for op in ["read", "write"] {
             let iops = |name, qd| self.median(name, op, qd, 0);
-            let p50 = |name| self.median(name, op, 1, 1);
-            for (what, cell) in [
-                (
-                    "qd 1: --poll / qemu-storage-daemon, IOPS".to_string(),
-                    div(iops(BUSY, 1), iops(QSD, 1)),
-                ),
-                (
-                    "qd 1: --poll / fio, p50 latency".into(),
-                    div(p50(BUSY), p50(FIO)),
-                ),
-                (
-                    "qd 1: adaptive / qemu-storage-daemon, IOPS".into(),
-                    div(iops(ADAPTIVE, 1), iops(QSD, 1)),
-                ),
-                (
-                    "qd 1: adaptive / sleeping, IOPS".into(),
-                    div(iops(ADAPTIVE, 1), iops(SLEEP, 1)),
-                ),
-                (
-                    format!("qd {deep}: adaptive / qemu-storage-daemon, IOPS"),
-                    div(iops(ADAPTIVE, deep), iops(QSD, deep)),
-                ),
-                (
-                    format!("qd {deep}: adaptive / fio, IOPS"),
-                    div(iops(ADAPTIVE, deep), iops(FIO, deep)),
-                ),
-                (
-                    format!("qd {deep}: 2 queues / 1 queue (adaptive), IOPS"),
-                    div(iops(TWO_QUEUES, deep), iops(ADAPTIVE, deep)),
-                ),
-            ] {
-                t.figure(format!("{op} {what}"), cell);
+            for (qd, what, a, b, i) in ratios {
+                let m = |name| self.median(name, op, qd, i);
+                let of = ["IOPS", "p50 latency"][i];
+                t.figure(format!("{op} qd {qd}: {what}, {of}"), div(m(a), m(b)));
             }
             // iopath's driver against libblkio's on the same back end.
             for qd in [1, deep] {

@@ -102,8 +102,7 @@ struct Row {
     fallbacks: u64,
 }
 
-/// What the heap experiment measured.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Measured {
     /// Seconds to allocate and fault in the buffers, no I/O, per run.
     alloc_limit: Vec<f64>,
@@ -198,8 +197,6 @@ pub fn run(args: &HeapConfig) -> Result<Report> {
         );
     }
     let mut m = Measured {
-        alloc_limit: Vec::new(),
-        alloc_heap: String::new(),
         loadavg: (loadavg(), None),
         fs: fs_name(&path),
         file: path.clone(),
@@ -207,11 +204,7 @@ pub fn run(args: &HeapConfig) -> Result<Report> {
         buffers,
         buffer_size: args.buffer_size,
         runs: args.runs,
-        rows: Vec::new(),
-        limit: None,
-        skipped: Vec::new(),
-        warm_warnings: 0,
-        dma_buf: Vec::new(),
+        ..Measured::default()
     };
     if !args.dma_buf_only {
         measure(args, &methods, &file, &mut m)?;

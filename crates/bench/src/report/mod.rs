@@ -84,7 +84,6 @@ impl Report {
         }
     }
 
-    /// Adds a panel to the chart.
     pub(crate) fn panel(&mut self, p: plot::Panel) {
         self.chart.1.push(p);
     }

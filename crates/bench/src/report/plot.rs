@@ -84,7 +84,6 @@ impl Line {
     }
 }
 
-/// One chart panel.
 #[derive(Debug, Clone)]
 pub(crate) struct Panel {
     pub title: String,

@@ -114,7 +114,6 @@ impl Servers {
         })
     }
 
-    /// A connection to the host's endpoint service.
     pub(super) fn connect(&self) -> Result<CtrlClient> {
         CtrlClient::connect(&self.ctrl).map_err(Error::layer("connecting to the endpoint service"))
     }
@@ -126,7 +125,6 @@ impl Servers {
         Ok((c, ep))
     }
 
-    /// The host's process id.
     pub(super) fn host_pid(&self) -> u32 {
         self.host.id()
     }

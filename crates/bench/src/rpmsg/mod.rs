@@ -109,7 +109,6 @@ impl RpmsgConfig {
         Duration::from_secs_f64(per_place * self.placement.len() as f64 + poll + peers)
     }
 
-    /// Refuses settings the experiment cannot run with.
     fn check(&self) -> Result<()> {
         if self.runs == 0 {
             invalid!("--runs", "give at least 1");

@@ -28,7 +28,6 @@ use crate::{Error, ProgressBar, Result, Stats};
 pub(super) const OPENAMP_PROGRAMS: [&str; 2] = ["rpmsg-echo", "rpmsg-ping-timed"];
 /// Unmeasured round trips before each row's measured ones.
 const PEER_WARM: u64 = 100;
-/// Bytes per message.
 const SIZE: usize = 16;
 
 /// Who drives (the virtio driver side, owning the buffers): OpenAMP's
@@ -82,7 +81,6 @@ struct PeerRow {
 }
 
 impl PeerRow {
-    /// One figure of every run.
     fn each(&self, f: impl Fn(&Latency) -> f64) -> Vec<f64> {
         self.runs.iter().map(f).collect()
     }
@@ -142,7 +140,6 @@ fn timed(count: u64, budget: Duration, mut rt: impl FnMut(u64) -> Result<()>) ->
     Ok(Latency::from(lat, t0.elapsed()))
 }
 
-/// The message numbered `seq`.
 fn message(seq: u64) -> [u8; SIZE] {
     u128::from(seq).to_le_bytes()
 }
@@ -267,7 +264,6 @@ fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, ep: &Endpoint, wait: Duration) -> Resu
     timed(cfg.count, cfg.peer_budget, rt)
 }
 
-/// One run of one pair.
 fn one(
     cfg: &RpmsgConfig,
     (driver, remote): (Driver, Remote),
@@ -390,8 +386,8 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
         let s = Stats::of(&per);
         // By the median round trip, unlike round trips/s, the rare long
         // stall a spinning peer takes when it loses its CPU does not count.
+        // Without the pair's runs both are NaN: n/a.
         let by_p50 = pair.median(|l| l.p50_us) / r.median(|l| l.p50_us);
-        let na = pair.runs.is_empty();
         t.row(vec![
             Cell::text(d),
             Cell::text(m),
@@ -399,16 +395,8 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
                 .with_samples(r.runs.iter().map(|l| l.count).collect()),
             Cell::median(&r.each(|l| l.p50_us), Unit::Plain, 1),
             Cell::median(&r.each(|l| l.p99_us), Unit::Plain, 1),
-            if na {
-                Cell::NotAvailable
-            } else {
-                by_rate.with_range(s.min, s.max)
-            },
-            if na {
-                Cell::NotAvailable
-            } else {
-                Cell::times(by_p50)
-            },
+            by_rate.with_range(s.min, s.max),
+            Cell::times(by_p50),
         ]);
     }
     t

@@ -162,7 +162,6 @@ impl BusPair {
         Ok(took)
     }
 
-    /// Stops both buses.
     pub(super) fn stop(mut self) {
         drop(self.orders);
         self.host.shutdown();

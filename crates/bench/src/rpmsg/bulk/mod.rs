@@ -25,7 +25,6 @@ use crate::{Report, Result, Stats};
 
 /// Buffer size both ways: the largest rpmsg can have.
 const BUF: u32 = 64 * 1024;
-/// Entries per vring.
 const RING: u32 = 64;
 
 /// One message size over every run: messages per run, MB/s per run of

@@ -22,32 +22,23 @@ use crate::child::Server;
 use crate::error::{check, check_failed};
 use crate::{Error, ProgressBar, Result};
 
-/// What the raw fd server passes for a request, by the request's first
-/// byte.
+/// What the raw fd server passes for a request, cued by the request's
+/// first byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Pass {
-    /// Always the same eventfd.
-    Eventfd,
+    /// Always the same eventfd (no cue: the request as it is, whose magic
+    /// starts with neither cue).
+    Eventfd = 0,
     /// One end of a fresh `SOCK_SEQPACKET` socketpair, the other end
-    /// closed at once (cue `S`).
-    Socket,
+    /// closed at once.
+    Socket = b'S',
     /// One end of a fresh socketpair with the smallest send buffer, the
-    /// other end watched with epoll until the client closes its own (cue
-    /// `W`).
-    Watched,
+    /// other end watched with epoll until the client closes its own.
+    Watched = b'W',
 }
 
 impl Pass {
-    /// The request's first byte that asks for this way (none: the request
-    /// as it is, whose magic starts with no cue).
-    fn cue(self) -> Option<u8> {
-        match self {
-            Pass::Eventfd => None,
-            Pass::Socket => Some(b'S'),
-            Pass::Watched => Some(b'W'),
-        }
-    }
-
     fn of(cue: u8) -> Pass {
         match cue {
             b'S' => Pass::Socket,
@@ -206,8 +197,8 @@ impl RawFdServer {
             .ok_or_else(|| {
                 Error::Check("the bench's CREATE_EPT_FD request does not encode".into())
             })?;
-        if let Some(cue) = pass.cue() {
-            req[0] = cue;
+        if pass != Pass::Eventfd {
+            req[0] = pass as u8;
         }
         let mut b = [0u8; 128];
         let t = Instant::now();
