@@ -170,4 +170,33 @@ mod tests {
         assert_eq!(l.msgs_per_s, 100.0);
         assert_eq!(percentile(&[], 0.5), 0.0);
     }
+
+    /// The partner's side, run by the test below as a child of this test
+    /// binary.
+    #[test]
+    #[ignore]
+    fn raw_pingpong_partner() {
+        serve_partner_if_asked()
+            .expect("IOPATH_RAW_PINGPONG set")
+            .unwrap();
+    }
+
+    #[test]
+    fn raw_pingpong_round_trips_with_a_partner_process() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let partner = "tools::ping::limit::tests::raw_pingpong_partner";
+        let raw = RawPingPong::start(&exe, dir.path(), 50, |c| {
+            c.args(["--exact", partner, "--ignored"])
+                .stdout(Stdio::null())
+                .spawn()
+        })
+        .unwrap();
+        // Its socket went once the partner connected.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let mut lat = Vec::new();
+        raw.round_trips(50, &mut lat).unwrap();
+        assert_eq!(lat.len(), 50);
+        assert!(lat.iter().all(|&us| us > 0.0), "{lat:?}");
+    }
 }
