@@ -105,7 +105,7 @@ pub struct Outputs {
     /// Every figure as one JSON object into this file; `-`: on stdout
     /// instead of the tables.
     pub json: Option<PathBuf>,
-    /// One SVG chart per experiment into this directory.
+    /// The SVG charts, one per message, into this directory.
     pub plot: Option<PathBuf>,
     /// The tables as Markdown into this file.
     pub markdown: Option<PathBuf>,

@@ -45,8 +45,9 @@ pub struct BenchArgs {
     /// (`-` or no FILE: stdout, instead of the tables).
     #[arg(long, global = true, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     json: Option<PathBuf>,
-    /// Write one SVG chart per experiment into DIR (created if needed):
-    /// heap.svg, blk.svg, rpmsg.svg.
+    /// Write the SVG charts into DIR (created if needed), one per message,
+    /// named by what they show: heap-load-time-by-method.svg,
+    /// blk-8m-throughput-by-dma-mode.svg, rpmsg-echo-latency.svg, ...
     #[arg(long, global = true, value_name = "DIR")]
     plot: Option<PathBuf>,
     /// Write the tables as Markdown (as in BENCHMARKS.md) to FILE.

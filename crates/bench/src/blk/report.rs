@@ -1,7 +1,9 @@
 //! The report of `iopath bench blk`: its tables and chart.
 
+use iopath_sys::human;
+
 use super::*;
-use crate::report::plot::{Bar, Line, Panel, PEER as PEER_COLOR, PRIMARY};
+use crate::report::plot::{Chart, LIMIT, PEER as PEER_COLOR, PRIMARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::Stats;
 
@@ -24,13 +26,16 @@ impl Measured {
         r.context(serde_json::json!({"bytes": c.size, "bs": c.bs, "queue_depth": c.queue_depth,
             "runs": c.runs, "image": self.image, "image_on": self.image_on, "placement": self.placement,
             "limit": self.limit.context()}));
-        r.table(self.table());
-        let mut panels = vec![self.panel()];
+        let t = self.table();
+        r.chart(self.chart(&t));
+        r.table(t);
         if let Some(s) = &self.small {
-            r.table(s.table(&self.placement));
-            panels.extend(s.panels());
+            let t = s.table(&self.placement);
+            s.charts(&t, &self.placement)
+                .into_iter()
+                .for_each(|c| r.chart(c));
+            r.table(t);
         }
-        r.chart = ("bench blk: dd through each DMA mode".into(), panels, 1);
         r
     }
 
@@ -105,43 +110,44 @@ impl Measured {
         v
     }
 
-    /// The chart: GiB/s per row with min-max whiskers, iopath's modes,
-    /// qemu-storage-daemon's bar beside them, the limit as a line.
-    fn panel(&self) -> Panel {
-        let bars: Vec<Bar> = self.rows[1..]
-            .iter()
-            .map(|r| {
-                let color = if r.name == PEER { PEER_COLOR } else { PRIMARY };
-                let label = r
-                    .name
-                    .replace("iopath blk serve, dma ", "")
-                    .replace(PEER, "qsd (direct)");
-                match r.failed {
-                    None => Bar::runs(label, &r.runs, color),
-                    Some(_) => Bar::runs(format!("{label} (not run)"), &[], color),
-                }
-            })
-            .collect();
-        let lim = self.limit.stats().median;
-        let legend = format!("{} ({lim:.2} GiB/s)", self.limit.label());
+    /// The chart: GiB/s per row with min-max whiskers: the limit, each
+    /// DMA mode of iopath's back end, qemu-storage-daemon's.
+    fn chart(&self, t: &Table) -> Chart {
         let c = &self.cfg;
-        Panel {
-            title: format!(
-                "{} MiB per run, bs {} KiB, queue depth {}, {} runs; image in {}",
-                c.size >> 20,
-                c.bs >> 10,
-                c.queue_depth,
-                c.runs,
-                self.image_on
-            ),
-            y_desc: "GiB/s, median (min-max)".into(),
-            log: false,
-            lines: vec![Line::span(legend, 0, bars.len(), lim)],
-            bars,
-            legend: vec![
-                ("iopath blk serve, per DMA mode".into(), PRIMARY),
-                ("qemu-storage-daemon".into(), PEER_COLOR),
-            ],
+        let bs = match c.bs {
+            b if b % (1 << 20) == 0 => format!("{}m", b >> 20),
+            b if b % 1024 == 0 => format!("{}k", b >> 10),
+            b => b.to_string(),
+        };
+        let title = format!(
+            "virtio-blk dd write, {} blocks: GiB/s by DMA mode",
+            human(c.bs as u64)
+        );
+        let about = format!(
+            "{} per run, queue depth {}, median (min-max) of {} runs; image in {}; {}",
+            human(c.size as u64),
+            c.queue_depth,
+            c.runs,
+            self.image_on,
+            self.placement
+        );
+        let mut chart = Chart::new(format!("blk-{bs}-throughput-by-dma-mode"), title, "GiB/s")
+            .about(about, "GiB/s, higher is faster")
+            .legend(&[
+                ("iopath blk serve, per DMA mode", PRIMARY),
+                ("qemu-storage-daemon", PEER_COLOR),
+                ("limit", LIMIT),
+            ]);
+        let v = t.col("GiB/s, median (min-max)");
+        for row in &t.rows {
+            let name = row[0].to_string();
+            let color = match name.as_str() {
+                FIO_LIMIT | OWN_LIMIT => LIMIT,
+                PEER => PEER_COLOR,
+                _ => PRIMARY,
+            };
+            chart.bar(name, &row[v], color);
         }
+        chart
     }
 }

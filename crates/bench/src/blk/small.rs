@@ -16,7 +16,7 @@ use iopath_blk::PollMode;
 
 use super::BlkBenchConfig;
 use crate::place::{on_cpu, Cpus};
-use crate::report::plot::{Bar, Line, Panel, PEER as PEER_COLOR, PRIMARY, SECONDARY};
+use crate::report::plot::{Chart, LIMIT, PEER as PEER_COLOR, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::{fio, Error, Missing, ProgressBar, Result, Stats};
 
@@ -415,65 +415,44 @@ impl Measured {
         t
     }
 
-    /// One panel per direction: IOPS by queue depth, a bar per row and
-    /// depth, fio's IOPS at each depth as a line.
-    pub(super) fn panels(&self) -> Vec<Panel> {
-        let short = [
-            (SLEEP, "sleep"),
-            (ADAPTIVE, "adaptive"),
-            (BUSY, "--poll"),
-            (QSD, "qsd"),
-            (TWO_QUEUES, "adaptive 2q"),
-            (LIBBLKIO_SLEEP, "libblkio sleep"),
-            (LIBBLKIO_POLL, "libblkio poll"),
-            (LIBBLKIO_QSD, "libblkio qsd"),
-        ];
-        let mut panels = Vec::new();
-        for op in ["read", "write"] {
-            let (mut bars, mut lines) = (Vec::new(), Vec::new());
-            for qd in self.depths() {
-                let start = bars.len();
-                for r in self
-                    .rows
-                    .iter()
-                    .filter(|r| r.op == op && r.queue_depth == qd && r.name != FIO)
-                {
-                    let color = match r.name {
-                        QSD | LIBBLKIO_SLEEP | LIBBLKIO_POLL | LIBBLKIO_QSD => PEER_COLOR,
-                        SLEEP => SECONDARY,
-                        _ => PRIMARY,
-                    };
-                    let name = short.iter().find(|s| s.0 == r.name).map_or(r.name, |s| s.1);
-                    let runs = if r.skipped.is_none() {
-                        r.each(0)
-                    } else {
-                        Vec::new()
-                    };
-                    bars.push(Bar::runs(format!("{name} qd{qd}"), &runs, color));
+    /// A chart per direction: the IOPS of each row of `t` (the table)
+    /// with its min-max, grouped by queue depth, fio's first.
+    pub(super) fn charts(&self, t: &Table, placement: &str) -> Vec<Chart> {
+        let [op, qd, iops] = ["op", "QD", "IOPS, median (min-max)"].map(|n| t.col(n));
+        let about = format!(
+            "{} requests per run, median (min-max) of {} runs; {placement}",
+            self.count, self.runs
+        );
+        ["read", "write"]
+            .map(|dir| {
+                let title = format!(
+                    "virtio-blk 4 KiB random {dir}s: IOPS by driver, back end and queue depth"
+                );
+                let mut c = Chart::new(format!("blk-4k-random-{dir}-iops"), title, "IOPS")
+                    .about(about.clone(), "IOPS, higher is faster")
+                    .legend(&[
+                        ("fio (limit)", LIMIT),
+                        ("iopath, sleeping back end", SECONDARY),
+                        ("iopath, adaptive or polling", PRIMARY),
+                        ("qemu-storage-daemon or libblkio", PEER_COLOR),
+                    ]);
+                for depth in self.depths() {
+                    c.group(format!("queue depth {depth}"));
+                    let rows = t.rows.iter().filter(|r| r[op].to_string() == dir);
+                    for r in rows.filter(|r| r[qd].value() == Some(depth as f64)) {
+                        let name = r[0].to_string();
+                        let color = match name.as_str() {
+                            FIO => LIMIT,
+                            QSD | LIBBLKIO_SLEEP | LIBBLKIO_POLL | LIBBLKIO_QSD => PEER_COLOR,
+                            SLEEP => SECONDARY,
+                            _ => PRIMARY,
+                        };
+                        c.bar(name, &r[iops], color);
+                    }
                 }
-                if let Some(f) = self.median(FIO, op, qd, 0) {
-                    lines.push(Line::span(
-                        format!("fio qd{qd} ({f:.0} IOPS)"),
-                        start,
-                        bars.len(),
-                        f,
-                    ));
-                }
-            }
-            panels.push(Panel {
-                title: format!("4 KiB random {op}: IOPS by queue depth"),
-                y_desc: "IOPS, median (min-max)".into(),
-                log: true,
-                bars,
-                lines,
-                legend: vec![
-                    ("iopath blk serve, sleeping".into(), SECONDARY),
-                    ("iopath blk serve, adaptive / --poll".into(), PRIMARY),
-                    ("qemu-storage-daemon, libblkio".into(), PEER_COLOR),
-                ],
-            });
-        }
-        panels
+                c
+            })
+            .into()
     }
 }
 

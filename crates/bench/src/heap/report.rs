@@ -4,7 +4,7 @@ use iopath_sys::human;
 use serde_json::json;
 
 use super::Measured;
-use crate::report::plot::{Bar, Line, Panel, OTHER, PRIMARY, SECONDARY};
+use crate::report::plot::{Chart, LIMIT, OTHER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Report, Table, Unit};
 use crate::Stats;
 
@@ -48,9 +48,17 @@ impl Measured {
             "buffer_size": self.buffer_size, "runs": self.runs, "loadavg": [self.loadavg.0, self.loadavg.1],
             "limit": self.limit.as_ref().map(|l| l.context())}));
         if self.limit.is_some() {
-            r.table(self.table());
+            let t = self.table();
+            r.chart(self.chart(&t));
+            r.table(t);
         }
-        r.table(self.dma_buf_table());
+        let t = self.dma_buf_table();
+        let mut c = Chart::new("dma-buf-fill-time", "Filling dma-bufs from a file: time per route", "ms")
+            .about(format!("{} from a cold page cache, median of {} runs; the proposal's six rows allocate, then read; iopath's and the pool's overlap the two", human(self.bytes), self.runs), "ms, lower is faster")
+            .legend(&[("total", PRIMARY), ("alloc", OTHER), ("read", SECONDARY)]);
+        load_times(&mut c, &t, |row| row[0].to_string());
+        r.chart(c);
+        r.table(t);
         if self.rows.iter().any(|r| r.heap == "memfd:thp") {
             let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
                 .ok()
@@ -72,13 +80,6 @@ impl Measured {
                 "load average (1 min) {a:.2} before, {b:.2} after, on {} CPU(s)",
                 std::thread::available_parallelism().map_or(0, |n| n.get())
             ));
-        }
-        if self.limit.is_some() {
-            r.chart = (
-                "bench heap: fill buffers from a file".into(),
-                vec![self.panel()],
-                1,
-            );
         }
         r
     }
@@ -221,55 +222,48 @@ impl Measured {
         t
     }
 
-    /// The chart: one bar per heap x method, allocation time with read
-    /// time stacked on it, the alloc-only bound, the limit's time as a
-    /// line.
-    fn panel(&self) -> Panel {
-        let mut bars: Vec<Bar> = self
-            .rows
-            .iter()
-            .map(|r| {
-                let (a, rd) = (median(&r.ms[0]), median(&r.ms[1]));
-                Bar {
-                    label: format!("{} {}", r.heap.replace("memfd:", ""), r.method),
-                    segments: vec![(0.0, a, PRIMARY), (a, a + rd, SECONDARY)],
-                    whisker: None,
-                }
-            })
-            .collect();
-        bars.push(Bar::of(
-            "alloc only",
-            median(&self.alloc_limit) * 1e3,
-            OTHER,
-        ));
-        let mut lines = Vec::new();
-        if let (Some(l), Some(s)) = (&self.limit, self.limit_stats()) {
-            let ms = self.limit_ms(&s);
-            lines.push(Line::span(
-                format!("limit: {} ({ms:.0} ms)", l.label()),
-                0,
-                bars.len(),
-                ms,
-            ));
-        }
-        Panel {
-            title: format!(
-                "{} x {} buffers from a cold {} file ({}), medians of {} runs",
-                self.buffers,
-                human(self.buffer_size as u64),
-                human(self.bytes),
-                self.fs,
-                self.runs
-            ),
-            y_desc: "ms (lower is faster)".into(),
-            log: false,
-            bars,
-            lines,
-            legend: vec![
-                ("allocation ms".into(), PRIMARY),
-                ("read ms".into(), SECONDARY),
-                ("alloc only".into(), OTHER),
-            ],
+    /// The chart: per heap x method the measured total, allocation and
+    /// read time under it (they overlap: the loader allocates while it
+    /// reads), the limit's and alloc only's totals as bars of their own.
+    fn chart(&self, t: &Table) -> Chart {
+        let title = format!(
+            "Loading a {} file into {} x {} buffers: time by heap and method",
+            human(self.bytes),
+            self.buffers,
+            human(self.buffer_size as u64)
+        );
+        let about = format!(
+            "{}, cold page cache, median of {} runs; alloc and read overlap, the total is measured",
+            self.fs, self.runs
+        );
+        let mut c = Chart::new("heap-load-time-by-method", title, "ms")
+            .about(about, "ms, lower is faster")
+            .legend(&[
+                ("total", PRIMARY),
+                ("alloc (overlaps read)", OTHER),
+                ("read (overlaps alloc)", SECONDARY),
+                ("limit: fio O_DIRECT read", LIMIT),
+            ]);
+        load_times(&mut c, t, |row| format!("{} {}", row[0], row[1]));
+        c
+    }
+}
+
+/// A bar per row of `t` (labelled by `label`) at its total ms, with its
+/// alloc and read ms as thin bars under it; a limit's row in the limit's
+/// colour, an alloc-only row in alloc's, each at its total alone.
+fn load_times(c: &mut Chart, t: &Table, label: impl Fn(&[Cell]) -> String) {
+    let [alloc, read, total] = ["alloc ms", "read ms", "total ms"].map(|n| t.col(n));
+    for row in &t.rows {
+        let name = row[0].to_string();
+        if name.starts_with("limit") {
+            c.bar(format!("{name}, {}", row[1]), &row[total], LIMIT);
+        } else if name == "alloc only" {
+            c.bar(format!("{name}, {}", row[1]), &row[total], OTHER);
+        } else {
+            c.bar(label(row), &row[total], PRIMARY)
+                .thin("alloc", &row[alloc], OTHER)
+                .thin("read", &row[read], SECONDARY);
         }
     }
 }

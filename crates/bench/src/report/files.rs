@@ -1,5 +1,5 @@
-//! The files `iopath bench` writes when asked, and only then: a chart per
-//! experiment (`--plot DIR`), the tables as one Markdown document
+//! The files `iopath bench` writes when asked, and only then: each
+//! experiment's charts (`--plot DIR`), the tables as one Markdown document
 //! (`--markdown FILE`), every figure as one JSON object (`--json FILE`).
 
 use std::path::{Path, PathBuf};
@@ -13,8 +13,8 @@ pub(crate) struct Files {
     plot: Option<PathBuf>,
     markdown: Option<PathBuf>,
     json: Option<PathBuf>,
-    /// Each report with the chart drawn for it.
-    done: Vec<(Report, Option<PathBuf>)>,
+    /// Each report with the charts drawn for it.
+    done: Vec<(Report, Vec<PathBuf>)>,
 }
 
 impl Files {
@@ -58,19 +58,17 @@ impl Files {
         Ok(())
     }
 
-    /// Adds an experiment's report and draws its chart now (with a plot
-    /// directory), so that a later experiment's failure keeps it.
+    /// Adds an experiment's report and draws its charts now (with a plot
+    /// directory), so that a later experiment's failure keeps them.
     pub(crate) fn add(&mut self, r: Report) -> Result<&Report> {
-        let chart = match &self.plot {
-            None => None,
+        let charts = match &self.plot {
+            None => Vec::new(),
             Some(dir) => {
                 std::fs::create_dir_all(dir).map_err(Error::write("--plot", dir))?;
-                let path = dir.join(format!("{}.svg", r.name()));
-                r.plot(&path)?;
-                Some(path)
+                r.plot(dir)?
             }
         };
-        self.done.push((r, chart));
+        self.done.push((r, charts));
         Ok(&self.done[self.done.len() - 1].0)
     }
 
@@ -88,7 +86,7 @@ impl Files {
     }
 
     /// The Markdown document: the command line, then each report (under a
-    /// heading when there are several) with its chart linked relative to
+    /// heading when there are several) with its charts linked relative to
     /// the document.
     pub(crate) fn markdown(&self, command: &str) -> String {
         let base = self
@@ -97,14 +95,15 @@ impl Files {
             .and_then(Path::parent)
             .unwrap_or(Path::new(""));
         let mut md = format!("Command: `{command}`\n\n");
-        for (r, chart) in &self.done {
+        for (r, charts) in &self.done {
             if self.done.len() > 1 {
                 md.push_str(&format!("### {}\n\n", r.name()));
             }
             md.push_str(&r.markdown());
-            if let Some(c) = chart {
+            for c in charts {
+                let name = c.file_stem().unwrap_or_default().to_string_lossy();
                 let rel = relative(c, base);
-                md.push_str(&format!("![{} chart]({})\n\n", r.name(), rel.display()));
+                md.push_str(&format!("![{name}]({})\n\n", rel.display()));
             }
         }
         md
@@ -122,7 +121,7 @@ impl Files {
             std::fs::write(file, format!("{}\n", self.json()))
                 .map_err(Error::write("--json", file))?;
         }
-        let charts = self.done.iter().filter_map(|(_, c)| c.as_ref());
+        let charts = self.done.iter().flat_map(|(_, c)| c);
         let files = [("markdown", &self.markdown), ("json", &self.json)];
         Ok(charts
             .map(|c| format!("chart: {}", c.display()))

@@ -3,11 +3,12 @@
 //! ```text
 //!   heap / blk / rpmsg measurements --build--> Report
 //!        Report = what was measured (one line) + context (sizes, placement,
-//!                 the limit's command) + tables + notes + chart panels
+//!                 the limit's command) + tables + notes + charts (each
+//!                 built from a table's cells, one message each)
 //!   Report --> text()      aligned columns (what `iopath bench` prints)
 //!          --> markdown()  the same tables as Markdown (BENCHMARKS.md)
 //!          --> json()      the same tables, every cell with its unit and runs
-//!          --> plot(path)  SVG chart
+//!          --> plot(dir)   an SVG file per chart
 //!   Files::write(reports)  --plot DIR, --markdown FILE, --json FILE
 //! ```
 //!
@@ -29,7 +30,7 @@ mod model;
 pub mod plot;
 mod text;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
@@ -46,14 +47,12 @@ pub struct Report {
     context: serde_json::Map<String, Value>,
     tables: Vec<Table>,
     notes: Vec<String>,
-    /// The chart's title, its panels (left to right, top to bottom) and
-    /// panels per row.
-    pub(crate) chart: (String, Vec<plot::Panel>, usize),
+    charts: Vec<plot::Chart>,
 }
 
 impl Report {
     /// An empty report of experiment `name` (`heap`, `blk`, `rpmsg`: the
-    /// chart's file name and the key in a combined JSON object) that
+    /// key in a combined JSON object) that
     /// measured what `summary` says.
     pub fn new(name: &'static str, summary: impl Into<String>) -> Report {
         Report {
@@ -62,7 +61,7 @@ impl Report {
             context: serde_json::Map::new(),
             tables: Vec::new(),
             notes: Vec::new(),
-            chart: (String::new(), Vec::new(), 1),
+            charts: Vec::new(),
         }
     }
 
@@ -84,8 +83,17 @@ impl Report {
         }
     }
 
-    pub(crate) fn panel(&mut self, p: plot::Panel) {
-        self.chart.1.push(p);
+    /// Adds a chart; one of the same name takes its groups (the same
+    /// chart measured at another placement). A chart with no bar is left
+    /// out.
+    pub(crate) fn chart(&mut self, c: plot::Chart) {
+        if c.is_empty() {
+            return;
+        }
+        match self.charts.iter_mut().find(|o| o.name == c.name) {
+            Some(o) => o.extend(c),
+            None => self.charts.push(c),
+        }
     }
 
     /// The experiment's name.
@@ -115,12 +123,16 @@ impl Report {
         })
     }
 
-    /// Draws the chart into the SVG file `path`.
+    /// Writes each chart into the directory `dir` as `NAME.svg`; returns
+    /// the files.
     ///
     /// # Errors
-    /// [`crate::Error::Plot`] when it cannot be drawn or written.
-    pub fn plot(&self, path: &Path) -> Result<()> {
-        let (title, panels, columns) = &self.chart;
-        plot::draw(path, title, panels, *columns)
+    /// [`crate::Error::Write`] when a file cannot be written.
+    pub fn plot(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        let path = |c: &plot::Chart| dir.join(format!("{}.svg", c.name));
+        self.charts
+            .iter()
+            .map(|c| c.draw(&path(c)).map(|()| path(c)))
+            .collect()
     }
 }

@@ -304,6 +304,15 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// The index of the column headed `name`.
+    ///
+    /// # Panics
+    /// When there is none: the caller named a column its table lacks.
+    pub fn col(&self, name: &str) -> usize {
+        let i = self.columns.iter().position(|c| c.name == name);
+        i.unwrap_or_else(|| panic!("no column {name:?} in {:?}", self.title))
+    }
+
     /// Adds a note below the table.
     pub fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());

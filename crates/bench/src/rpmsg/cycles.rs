@@ -10,7 +10,7 @@ use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 
 use super::raw::fd::{Pass, RawFdServer};
 use crate::error::{check, check_failed};
-use crate::report::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
+use crate::report::plot::{Chart, LIMIT, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::{Error, Placement, ProgressBar, Result, Stats};
 
@@ -170,35 +170,38 @@ pub(super) fn table(placement: Placement, place: &str, rows: &[Row], runs: usize
     t
 }
 
-/// Legacy vs fd totals per loop count (log scale, min-max whiskers) with
-/// the raw limit as a line.
-pub(super) fn panel(placement: Placement, rows: &[Row]) -> Panel {
-    let mut bars = Vec::new();
-    let mut points = Vec::new();
-    for (k, r) in rows.iter().enumerate() {
-        let loops = match r.loops {
-            n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
-            n => n.to_string(),
-        };
-        bars.push(Bar::runs(
-            format!("legacy {loops}"),
-            &r.totals[LEGACY],
-            SECONDARY,
-        ));
-        bars.push(Bar::runs(format!("fd {loops}"), &r.totals[FD], PRIMARY));
-        let lim = Stats::of(&r.totals[LIMIT_WAY]).median;
-        points.extend([(2 * k, lim), (2 * k + 2, lim)]);
+/// The chart of `t` (the table at `placement`): each way's microseconds
+/// per cycle, min-max over its chunks, in a group of the placement.
+pub(super) fn chart(placement: Placement, t: &Table) -> Chart {
+    let title = "Creating and destroying an rpmsg endpoint: us per cycle, legacy vs fd";
+    let about = format!(
+        "median (min-max) over {CHUNK}-cycle chunks; the limits hand an eventfd or a socket \
+         over a raw SOCK_SEQPACKET between two processes"
+    );
+    let mut c = Chart::new("rpmsg-endpoint-create-destroy", title, "us")
+        .about(about, "us per create+destroy cycle, lower is faster")
+        .legend(&[
+            ("legacy: CREATE_EPT, open the node", SECONDARY),
+            ("fd: CREATE_EPT_FD", PRIMARY),
+            ("limits: raw fd hand-offs", LIMIT),
+        ]);
+    c.group(format!("placement {}", placement.name()));
+    let v = t.col("per cycle us");
+    let labels = [
+        "legacy",
+        "fd",
+        "limit: eventfd passed",
+        "limit-s: socket passed",
+        "limit-w: socket, watched",
+    ];
+    for ((row, label), color) in t
+        .rows
+        .iter()
+        .zip(labels)
+        .zip([SECONDARY, PRIMARY, LIMIT, LIMIT, LIMIT])
+    {
+        debug_assert!(label.starts_with(&row[0].to_string()));
+        c.bar(label, &row[v], color);
     }
-    Panel {
-        title: format!("create+destroy, placement {}: totals", placement.name()),
-        y_desc: "total us (log)".into(),
-        log: true,
-        bars,
-        lines: vec![Line {
-            legend: "limit: raw SOCK_SEQPACKET + fd".into(),
-            points,
-            color: LIMIT,
-        }],
-        legend: vec![("legacy".into(), SECONDARY), ("fd".into(), PRIMARY)],
-    }
+    c
 }

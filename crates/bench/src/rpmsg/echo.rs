@@ -12,7 +12,7 @@ use super::children::{Servers, Setup};
 use super::raw::poll::RawPollPath;
 use super::RpmsgConfig;
 use crate::place::{on_cpu, Cpus};
-use crate::report::plot::{Bar, Panel, LIMIT, PRIMARY};
+use crate::report::plot::{Chart, LIMIT, OTHER, PRIMARY};
 use crate::report::{Cell, Column, Table};
 use crate::{Error, Report, Result};
 
@@ -102,7 +102,7 @@ pub(super) fn echo_vs_limit(
 /// (where it gives way to the client whenever the client runs). Beside it
 /// the poll floor ([`super::raw::poll`]) in the same places, and the raw
 /// eventfd ping-pong in its fastest placement, both on the client's CPU:
-/// the table, and the chart's panel.
+/// the table, and its chart.
 pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
     let (ca, cb) = cpus.pair();
     let servers = Servers::start(
@@ -144,14 +144,10 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Resu
     );
     let ratio = Cell::times(echo.p50_us / floor.p50_us);
     t.figure("endpoint fd busy-polled / floor, p50", ratio);
+    let title = "rpmsg echo round trip, everything polling: latency beside its floor";
+    let heading = "host, remote and client polling".to_string();
+    r.chart(chart("rpmsg-echo-latency-polling", title, heading, &t));
     r.table(t);
-    let title = "echo round trip, polling (limit: the poll floor)";
-    r.panel(panel(
-        title.into(),
-        &echo,
-        &floor,
-        "the same hops, no rpmsg",
-    ));
     Ok(())
 }
 
@@ -184,22 +180,33 @@ pub(super) fn table(title: String, paths: &[(&str, &Latency)], limit: &Latency) 
     t
 }
 
-/// Echo p50/p99 beside the limit's (log scale).
-pub(super) fn panel(title: String, echo: &Latency, limit: &Latency, limit_name: &str) -> Panel {
-    Panel {
-        title,
-        y_desc: "us (log)".into(),
-        log: true,
-        bars: vec![
-            Bar::of("echo p50", echo.p50_us, PRIMARY),
-            Bar::of("raw p50", limit.p50_us, LIMIT),
-            Bar::of("echo p99", echo.p99_us, PRIMARY),
-            Bar::of("raw p99", limit.p99_us, LIMIT),
-        ],
-        lines: Vec::new(),
-        legend: vec![
-            ("endpoint fd echo".into(), PRIMARY),
-            (format!("limit: {limit_name}"), LIMIT),
-        ],
+/// The chart `name` of an echo table `t`, in a group `heading`: each
+/// row's p50, then each row's p99, the limit in its colour.
+pub(super) fn chart(name: &str, title: &str, heading: String, t: &Table) -> Chart {
+    let mut c = Chart::new(name, title, "us")
+        .about("16-byte messages, strict round trips; the limit: a raw eventfd ping-pong between two processes", "round-trip us, lower is faster")
+        .legend(&[
+            ("endpoint fd", PRIMARY),
+            ("floor: the same hops, no rpmsg", OTHER),
+            ("limit: raw eventfd ping-pong", LIMIT),
+        ]);
+    c.group(heading);
+    for col in ["p50 us", "p99 us"] {
+        let i = t.col(col);
+        for row in &t.rows {
+            let name = row[0].to_string();
+            let short = name
+                .split([',', ':', '('])
+                .next()
+                .unwrap_or_default()
+                .trim();
+            let color = match short {
+                "endpoint fd" => PRIMARY,
+                "limit" => LIMIT,
+                _ => OTHER,
+            };
+            c.bar(format!("{short}, {}", &col[..3]), &row[i], color);
+        }
     }
+    c
 }

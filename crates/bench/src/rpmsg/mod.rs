@@ -183,17 +183,20 @@ fn measure(
         Ok((rows, echo, limit))
     })?;
     let place = p.describe(cpus, "client", "host, remote and the limit's server");
-    r.table(cycles::table(p, &place, &rows, a.runs));
-    r.panel(cycles::panel(p, &rows));
+    let t = cycles::table(p, &place, &rows, a.runs);
+    r.chart(cycles::chart(p, &t));
+    r.table(t);
     let (name, turns) = (p.name(), echo::ECHO_TURNS);
     let title = format!("echo round trip, placement {name}: 16 B, {} round trips each, in {turns} alternating turns", a.count);
-    r.table(echo::table(
+    let t = echo::table(title, &[("endpoint fd (eventfd notify)", &echo)], &limit);
+    let title = "rpmsg echo round trip: an endpoint fd's latency beside its limit";
+    r.chart(echo::chart(
+        "rpmsg-echo-latency",
         title,
-        &[("endpoint fd (eventfd notify)", &echo)],
-        &limit,
+        format!("placement {name}"),
+        &t,
     ));
-    let title = format!("echo round trip, placement {name}");
-    r.panel(echo::panel(title, &echo, &limit, "raw eventfd ping-pong"));
+    r.table(t);
     Ok(place)
 }
 
@@ -248,11 +251,9 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
         r.note(format!("note: {}", peers::NO_PEERS));
     }
     for (t, p) in peers {
+        r.chart(peers::chart(p, &t));
         r.table(t);
-        r.panel(p);
     }
-    r.chart.0 = "bench rpmsg: endpoints the legacy way vs as fds".into();
-    r.chart.2 = 2;
     let f = |v: Option<f64>| v.map_or_else(|| "?".into(), |v| format!("{v:.2}"));
     let (before, after) = (f(load_before), f(load_after));
     r.summary = format!(

@@ -20,7 +20,7 @@ use super::children::{self, bound};
 use super::RpmsgConfig;
 use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus, Placement, Spawned};
-use crate::report::plot::{Bar, Panel, PEER, PRIMARY, SECONDARY};
+use crate::report::plot::{Chart, PEER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::{Error, ProgressBar, Result, Stats};
 
@@ -291,14 +291,15 @@ fn one(
 }
 
 /// Every pair in `placement`, `cfg.runs` times, the pairs taking turns
-/// (the first pair rotating from run to run): its table and chart panel.
+/// (the first pair rotating from run to run): its table, and where it
+/// ran.
 /// A run that fails is noted in its row; the others go on.
 pub(super) fn measure(
     cfg: &RpmsgConfig,
     placement: Placement,
     cpus: &Cpus,
     pb: &ProgressBar,
-) -> (Table, Panel) {
+) -> (Table, Placement) {
     let place = placement.cpus(cpus);
     // The demo platform's fixed files go too if a signal ends the run.
     crate::cleanup::path(Path::new(OPENAMP_SHM));
@@ -328,10 +329,7 @@ pub(super) fn measure(
         }
     }
     let place = placement.describe(cpus, "driver side", "remote");
-    (
-        table(cfg, placement, &place, &rows),
-        panel(placement, &rows),
-    )
+    (table(cfg, placement, &place, &rows), placement)
 }
 
 /// One placement's table: round trips/s per pair, p50, p99, and each pair
@@ -402,32 +400,30 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
     t
 }
 
-/// Round trips/s per pair, coloured by driver.
-fn panel(placement: Placement, rows: &[PeerRow]) -> Panel {
-    let color = |d| match d {
-        Driver::OpenAmp => PEER,
-        Driver::EptFd => PRIMARY,
-        Driver::Bus => SECONDARY,
-    };
-    let bar = |r: &PeerRow| {
-        let label = format!(
-            "{}/{}",
-            DRIVERS[r.driver as usize].1, REMOTES[r.remote as usize].1
-        );
-        Bar::runs(label, &r.each(|l| l.msgs_per_s), color(r.driver))
-    };
-    Panel {
-        title: format!("peers, placement {}: round trips/s", placement.name()),
-        y_desc: "round trips/s".into(),
-        log: false,
-        bars: rows.iter().map(bar).collect(),
-        lines: Vec::new(),
-        legend: vec![
-            ("OpenAMP driver".into(), PEER),
-            ("endpoint fd".into(), PRIMARY),
-            ("Bus API".into(), SECONDARY),
-        ],
+/// The chart of `t` (the peers' table at `placement`): round trips/s per
+/// pair, coloured by driver, in a group of the placement.
+pub(super) fn chart(placement: Placement, t: &Table) -> Chart {
+    let title = "rpmsg peers: round trips/s of each driver with each remote";
+    let mut c = Chart::new("rpmsg-peers-round-trips", title, "round trips/s")
+        .about(format!("strict {SIZE}-byte round trips over OpenAMP's demo platform, median (min-max) over runs"), "round trips/s, higher is faster")
+        .legend(&[
+            ("OpenAMP driver", PEER),
+            ("iopath endpoint fd", PRIMARY),
+            ("iopath Bus API", SECONDARY),
+        ]);
+    c.group(format!("placement {}", placement.name()));
+    let v = t.col("round trips/s, median (min-max)");
+    for row in &t.rows {
+        let (d, m) = (row[0].to_string(), row[1].to_string());
+        let color = match d.split_whitespace().nth(1) {
+            Some("driver") => PEER,
+            Some("endpoint") => PRIMARY,
+            _ => SECONDARY,
+        };
+        let short = |s: &str| s.split(" (").next().unwrap_or_default().to_string();
+        c.bar(format!("{} <-> {}", short(&d), short(&m)), &row[v], color);
     }
+    c
 }
 
 /// The note in place of the peer rows without `--openamp`.

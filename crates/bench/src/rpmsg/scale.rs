@@ -26,7 +26,7 @@ use super::children::{bound, Servers, Setup};
 use super::raw::sink::Sinks;
 use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::report::plot::{Bar, Line, Panel, LIMIT, PRIMARY, SECONDARY};
+use crate::report::plot::{Chart, LIMIT, PRIMARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::{Error, Report, Result, Stats};
 
@@ -72,7 +72,7 @@ struct CreateRow {
     rss_kib: [u64; 3],
 }
 
-/// Runs the scale experiments: their tables and chart panels.
+/// Runs the scale experiments: their tables and charts.
 ///
 /// # Errors
 /// When the host, remote or raw sink cannot be started or misbehave (an
@@ -138,12 +138,11 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
         let create = create_many(&srv, &c, CREATE)?;
         let place =
             Placement::One.describe(cpus, "client threads", "host, remote and the raw sink");
-        tables(&place, &echo, &streams, &create)
+        let tables = tables(&place, &echo, &streams, &create);
+        charts(&tables, &create)
             .into_iter()
-            .for_each(|t| r.table(t));
-        panels(&echo, &streams, &create)
-            .into_iter()
-            .for_each(|p| r.panel(p));
+            .for_each(|c| r.chart(c));
+        tables.into_iter().for_each(|t| r.table(t));
         Ok(())
     })
 }
@@ -364,78 +363,67 @@ fn tables(place: &str, echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -
     vec![e, s, t]
 }
 
-/// The chart's panels: aggregate round trips/s and the per-endpoint p99
-/// as endpoints grow, the one-way stream beside its raw limit, the time to
-/// create each thousand endpoints; medians with min-max whiskers.
-fn panels(echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -> Vec<Panel> {
-    let bar = Bar::runs;
-    let one = echo.first().map_or(0.0, |r| Stats::of(&r.aggregate).median);
-    let panel = |title: &str, y_desc: &str, log, bars, legend: &[(&str, _)]| Panel {
-        title: title.into(),
-        y_desc: y_desc.into(),
-        log,
-        bars,
-        lines: Vec::new(),
-        legend: legend.iter().map(|(l, c)| (l.to_string(), *c)).collect(),
+/// The charts of the echo and stream tables (`t`) and of `c`: aggregate
+/// round trips/s and the median endpoint's p99 by endpoints echoing at
+/// once, the stream's messages/s beside its raw limit by payload, the
+/// time to create each thousand endpoints; medians with min-max whiskers.
+fn charts(t: &[Table], c: &CreateRow) -> Vec<Chart> {
+    let (e, s) = (&t[0], &t[1]);
+    let about = format!("every process on one CPU; median (min-max) of {RUNS} runs");
+    let by_endpoints = |name: &str, title: &str, col: &str, unit, axis: &str| {
+        let mut ch = Chart::new(name, title, unit).about(about.clone(), axis);
+        let i = e.col(col);
+        for row in &e.rows {
+            ch.bar(format!("{} endpoints", row[0]), &row[i], PRIMARY);
+        }
+        ch
     };
-    let mut aggregate = panel(
-        "endpoints echoing at once, one CPU: aggregate round trips/s",
+    let title = "rpmsg endpoints echoing at once: aggregate round trips/s";
+    let rate = by_endpoints(
+        "rpmsg-scale-echo-throughput",
+        title,
+        "round trips/s (aggregate)",
         "round trips/s",
-        false,
-        echo.iter()
-            .map(|r| bar(format!("{} endpoints", r.endpoints), &r.aggregate, PRIMARY))
-            .collect(),
-        &[("aggregate", PRIMARY)],
+        "round trips/s, higher is faster",
     );
-    aggregate.lines = vec![Line::span("one endpoint's rate".into(), 0, echo.len(), one)];
-    let p99 = echo.iter().flat_map(|r| {
-        let n = r.endpoints;
-        [
-            bar(format!("{n} median"), &r.p99_median, PRIMARY),
-            bar(format!("{n} worst"), &r.p99_max, SECONDARY),
-        ]
-    });
-    let stream = streams.iter().flat_map(|r| {
-        [
-            bar(format!("{} B endpoint", r.size), &r.ept, PRIMARY),
-            bar(format!("{} B raw", r.size), &r.raw, LIMIT),
-        ]
-    });
-    let create = c
-        .per_thousand_us
-        .iter()
-        .enumerate()
-        .map(|(k, &us)| bar(format!("{}k", k + 1), &[us], PRIMARY));
-    vec![
-        aggregate,
-        panel(
-            "per-endpoint p99: median endpoint and worst endpoint",
-            "us (log)",
-            true,
-            p99.collect(),
-            &[
-                ("median endpoint's p99", PRIMARY),
-                ("worst endpoint's p99", SECONDARY),
-            ],
-        ),
-        panel(
-            "one-way stream: messages/s",
-            "messages/s",
-            false,
-            stream.collect(),
-            &[
-                ("endpoint fd", PRIMARY),
-                ("limit: raw SOCK_SEQPACKET", LIMIT),
-            ],
-        ),
-        panel(
-            &format!("creating {CREATE} endpoint fds: us per endpoint, each thousand in turn"),
-            "us per endpoint",
-            false,
-            create.collect(),
-            &[("endpoint fd create", PRIMARY)],
-        ),
-    ]
+    let title = "rpmsg endpoints echoing at once: the median endpoint's p99 latency";
+    let p99 = by_endpoints(
+        "rpmsg-scale-echo-p99",
+        title,
+        "per-endpoint p99 us, median endpoint",
+        "us",
+        "p99 us, lower is faster",
+    );
+    let title = "rpmsg one-way stream: messages/s of an endpoint fd beside a raw socket";
+    let mut stream = Chart::new("rpmsg-scale-stream", title, "msgs/s")
+        .about(about.clone(), "messages/s, higher is faster")
+        .legend(&[
+            ("endpoint fd", PRIMARY),
+            ("limit: raw SOCK_SEQPACKET", LIMIT),
+        ]);
+    let (ept, raw) = (
+        s.col("endpoint fd msgs/s"),
+        s.col("raw SOCK_SEQPACKET msgs/s (limit)"),
+    );
+    for row in &s.rows {
+        stream
+            .group(format!("payload {}", row[0]))
+            .bar("endpoint fd", &row[ept], PRIMARY)
+            .bar("raw SOCK_SEQPACKET", &row[raw], LIMIT);
+    }
+    let title = format!("Creating {CREATE} rpmsg endpoint fds and holding them: us per endpoint");
+    let mut create = Chart::new("rpmsg-scale-create", title, "us").about(
+        "one control connection, every endpoint held; each thousand in turn",
+        "us per endpoint, lower is faster",
+    );
+    for (k, &us) in c.per_thousand_us.iter().enumerate() {
+        create.bar(
+            format!("endpoints {}k-{}k", k, k + 1),
+            &Cell::num(us, 1),
+            PRIMARY,
+        );
+    }
+    vec![rate, p99, stream, create]
 }
 
 #[cfg(test)]
@@ -443,7 +431,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_chart_has_a_curve_per_experiment_from_the_rows() {
+    fn the_charts_are_the_tables_figures() {
         let echo: Vec<EchoRow> = [(1, 40_000.0), (16, 60_000.0), (256, 38_000.0)]
             .into_iter()
             .map(|(endpoints, rate)| EchoRow {
@@ -466,22 +454,16 @@ mod tests {
             destroy_s: 0.02,
             rss_kib: [1, 2, 2],
         };
-        let p = panels(&echo, &stream, &create);
-        assert_eq!(p.len(), 4);
-        // The echo curve: one bar per endpoint count at its median, the
-        // runs' spread as the whisker, one endpoint's rate as the line.
-        let medians: Vec<f64> = p[0].bars.iter().map(|b| b.segments[0].1).collect();
-        assert_eq!(medians, [40_000.0, 60_000.0, 38_000.0]);
-        assert_eq!(p[0].bars[1].whisker, Some((59_000.0, 65_000.0)));
-        assert_eq!(p[0].lines.len(), 1);
-        assert!(p[0].lines[0].points.iter().all(|&(_, y)| y == 40_000.0));
-        // Median and worst endpoint's p99 per count; endpoint and raw per
-        // size; one bar per thousand created.
-        assert_eq!(p[1].bars.len(), 6);
-        assert_eq!(p[1].bars[1].segments[0].1, 21.0);
-        let stream: Vec<f64> = p[2].bars.iter().map(|b| b.segments[0].1).collect();
-        assert_eq!(stream, [2.0, 5.0]);
-        let create: Vec<f64> = p[3].bars.iter().map(|b| b.segments[0].1).collect();
-        assert_eq!(create, [30.0, 31.0]);
+        let c = charts(&tables("here", &echo, &stream, &create), &create);
+        let t: Vec<_> = c.iter().map(|c| c.bar_titles()).collect();
+        assert!(t[0]
+            .0
+            .contains(&"16 endpoints: 60,000 round trips/s".into()));
+        assert_eq!(t[0].1, 3);
+        assert!(t[1].0.contains(&"256 endpoints: 11.0 us".into()));
+        assert!(t[2]
+            .0
+            .contains(&"payload 16 B, raw SOCK_SEQPACKET: 5 msgs/s".into()));
+        assert!(t[3].0.contains(&"endpoints 1k-2k: 31.0 us".into()));
     }
 }

@@ -19,7 +19,7 @@ use super::children::{bound, Servers, Setup};
 use super::raw::sink::Sinks;
 use crate::error::invalid;
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::report::plot::{Bar, Panel, LIMIT, OTHER, PRIMARY, SECONDARY};
+use crate::report::plot::{Chart, LIMIT, OTHER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::{Report, Result, Stats};
 
@@ -40,7 +40,7 @@ struct BulkRow {
 }
 
 /// Runs the bulk rows, a row per message size of `sizes`, `bytes` streamed
-/// each way per row and run, `runs` runs: their table and chart panel.
+/// each way per row and run, `runs` runs: their table and chart.
 ///
 /// # Errors
 /// [`crate::Error::Invalid`] for a size out of range; when a child cannot
@@ -117,8 +117,9 @@ pub(super) fn run(
         }
         drop(sinks);
         pair.stop();
-        r.table(table(&place, bytes, runs, &rows));
-        r.panel(panel(&place, &rows));
+        let t = table(&place, bytes, runs, &rows);
+        r.chart(chart(&place, &t));
+        r.table(t);
         Ok(())
     })
 }
@@ -156,29 +157,33 @@ fn table(place: &str, bytes: u64, runs: usize, rows: &[BulkRow]) -> Table {
     t
 }
 
-/// MB/s by message size: each way beside its limit.
-fn panel(place: &str, rows: &[BulkRow]) -> Panel {
-    let bars = rows.iter().flat_map(|r| {
-        [
-            Bar::runs(format!("{} fd", r.size), &r.fd, PRIMARY),
-            Bar::runs(format!("{} raw", r.size), &r.raw, LIMIT),
-            Bar::runs(format!("{} Bus", r.size), &r.bus, SECONDARY),
-            Bar::runs(format!("{} memcpy", r.size), &r.memcpy, OTHER),
-        ]
-    });
-    Panel {
-        title: format!("bulk one-way streams, {place}: MB/s by message size"),
-        y_desc: "MB/s (log)".into(),
-        log: true,
-        bars: bars.collect(),
-        lines: Vec::new(),
-        legend: vec![
-            ("endpoint fd".into(), PRIMARY),
-            ("limit: raw SOCK_SEQPACKET".into(), LIMIT),
-            ("Bus API (zero-copy receive)".into(), SECONDARY),
-            ("limit: memcpy, one thread".into(), OTHER),
-        ],
+/// The chart of `t`: MB/s by message size, each way beside its limit.
+fn chart(place: &str, t: &Table) -> Chart {
+    let title = "rpmsg bulk one-way streams: MB/s by message size, each way beside its limit";
+    let mut c = Chart::new("rpmsg-bulk-throughput", title, "MB/s")
+        .about(
+            format!("64 KiB buffers, {place}; median (min-max) over runs"),
+            "MB/s, higher is faster",
+        )
+        .legend(&[
+            ("endpoint fd", PRIMARY),
+            ("limit: raw SOCK_SEQPACKET", LIMIT),
+            ("Bus API, zero-copy receive", SECONDARY),
+            ("limit: memcpy, one thread", OTHER),
+        ]);
+    let ways = [
+        ("endpoint fd", PRIMARY),
+        ("raw SOCK_SEQPACKET (limit)", LIMIT),
+        ("Bus API, zero-copy receive", SECONDARY),
+        ("memcpy, one thread (limit)", OTHER),
+    ];
+    for row in &t.rows {
+        c.group(format!("{} messages", row[0]));
+        for (way, color) in ways {
+            c.bar(way, &row[t.col(way)], color);
+        }
     }
+    c
 }
 
 #[cfg(test)]
@@ -186,7 +191,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_make_the_table_and_panel() {
+    fn rows_make_the_table_and_chart() {
         let rows = [BulkRow {
             size: 4096,
             msgs: 8192,
@@ -195,12 +200,19 @@ mod tests {
             bus: vec![2000.0, 2500.0, 2600.0],
             memcpy: vec![5000.0, 5000.0, 5000.0],
         }];
-        let p = panel("split", &rows);
-        let medians: Vec<f64> = p.bars.iter().map(|b| b.segments[0].1).collect();
-        assert_eq!(medians, [800.0, 1000.0, 2500.0, 5000.0]);
-        assert_eq!(p.bars[0].whisker, Some((700.0, 900.0)));
         let t = table("split", 32 << 20, 3, &rows);
         assert_eq!(t.rows.len(), 1);
         assert_eq!(t.rows[0][3].value(), Some(0.8));
+        let (titles, whiskers) = chart("split", &t).bar_titles();
+        for v in [
+            "endpoint fd: 800",
+            "(limit): 1,000",
+            "receive: 2,500",
+            "(limit): 5,000",
+        ] {
+            let v = format!("{v} MB/s");
+            assert!(titles.iter().any(|t| t.ends_with(&v)), "{v}: {titles:?}");
+        }
+        assert_eq!(whiskers, 4);
     }
 }
