@@ -57,14 +57,6 @@ pub enum Error {
     /// service kept endpoints, a peer did not come up in time).
     #[error("{0}")]
     Check(String),
-    /// A chart could not be drawn or written.
-    #[error("Cannot draw the chart {}: {reason}", path.display())]
-    Plot {
-        /// The SVG file.
-        path: PathBuf,
-        /// What plotters said.
-        reason: String,
-    },
     /// A report file could not be written.
     #[error("{option}: cannot write {}", path.display())]
     Write {

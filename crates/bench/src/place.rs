@@ -104,12 +104,11 @@ impl Drop for Spawned {
         if self.term {
             let pid = rustix::process::Pid::from_child(&self.child);
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if self
+                .wait_until(Instant::now() + Duration::from_secs(3))
+                .is_ok()
+            {
+                return;
             }
         }
         let _ = self.child.kill();

@@ -40,7 +40,7 @@ pub use model::{grouped, Cell, Column, Figure, NotRun, Table, Unit};
 use crate::Result;
 
 /// What one experiment measured, ready to print, write or draw.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Report {
     name: &'static str,
     pub(crate) summary: String,
@@ -55,13 +55,11 @@ impl Report {
     /// key in a combined JSON object) that
     /// measured what `summary` says.
     pub fn new(name: &'static str, summary: impl Into<String>) -> Report {
+        let summary = summary.into();
         Report {
             name,
-            summary: summary.into(),
-            context: serde_json::Map::new(),
-            tables: Vec::new(),
-            notes: Vec::new(),
-            charts: Vec::new(),
+            summary,
+            ..Report::default()
         }
     }
 

@@ -67,7 +67,7 @@ struct Bar {
 
 /// One chart, written as `NAME.svg`: a title that says what it shows, a
 /// line on how it was measured, a legend, bars in groups under headings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Chart {
     pub(crate) name: String,
     title: String,
@@ -86,17 +86,13 @@ impl Chart {
         title: impl Into<String>,
         unit: &'static str,
     ) -> Chart {
-        let (name, title, axis) = (name.into(), title.into(), unit.to_string());
-        let (about, legend, groups) =
-            (String::new(), Vec::new(), vec![(String::new(), Vec::new())]);
         Chart {
-            name,
-            title,
-            about,
+            name: name.into(),
+            title: title.into(),
             unit,
-            axis,
-            legend,
-            groups,
+            axis: unit.to_string(),
+            groups: vec![(String::new(), Vec::new())],
+            ..Chart::default()
         }
     }
 
@@ -134,17 +130,13 @@ impl Chart {
             Cell::Figure(f) => Some(f.clone()),
             _ => None,
         };
-        let bar = Bar {
+        let group = &mut self.groups.last_mut().expect("a chart has a group").1;
+        group.push(Bar {
             label,
             figure,
             color,
             thin,
-        };
-        self.groups
-            .last_mut()
-            .expect("a chart has a group")
-            .1
-            .push(bar);
+        });
         self
     }
 
@@ -178,10 +170,9 @@ impl Chart {
             }
             _ => plain.to_string(),
         };
-        if b.thin {
-            format!("{} {v}", b.label)
-        } else {
-            v
+        match b.thin {
+            true => format!("{} {v}", b.label),
+            false => v,
         }
     }
 
@@ -211,14 +202,12 @@ impl Chart {
     /// Writes the chart into the SVG file `path`.
     ///
     /// # Errors
-    /// [`Error::Plot`] when plotters cannot draw it, [`Error::Write`]
-    /// naming `--plot` when the file cannot be written.
+    /// [`Error::Write`] naming `--plot` when plotters cannot draw it or
+    /// the file cannot be written.
     pub(crate) fn draw(&self, path: &Path) -> Result<()> {
-        let svg = self.svg().map_err(|reason| Error::Plot {
-            path: path.to_path_buf(),
-            reason,
-        })?;
-        std::fs::write(path, svg).map_err(Error::write("--plot", path))
+        let svg = self.svg().map_err(std::io::Error::other);
+        svg.and_then(|svg| std::fs::write(path, svg))
+            .map_err(Error::write("--plot", path))
     }
 
     /// The chart as an SVG document, drawn by plotters from [`Chart::layout`].
@@ -321,18 +310,14 @@ impl Chart {
                         end = end.max(z);
                     }
                 }
-                text(
-                    &mut marks,
-                    Class::Value,
-                    (end + 8.0, cy + 5.5),
-                    &self.value_text(b),
-                );
+                let value = self.value_text(b);
+                text(&mut marks, Class::Value, (end + 8.0, cy + 5.5), &value);
                 y += pitch;
             }
             y += 6.0;
         }
         // The grid under the marks, the axis below them.
-        let line = |a: (f64, f64), z: (f64, f64), color| Mark::Line {
+        let line = |a, z, color| Mark::Line {
             points: vec![a, z],
             color,
             width: 1,
@@ -445,11 +430,9 @@ impl Scale {
         }
         max = if max > 0.0 { max } else { 1.0 };
         let log = min.is_finite() && max / min > 100.0;
+        let pow10 = |e: f64| 10f64.powf(e);
         let (lo, hi) = match log {
-            true => (
-                10f64.powf(low.log10().floor()),
-                10f64.powf(max.log10().ceil()),
-            ),
+            true => (pow10(low.log10().floor()), pow10(max.log10().ceil())),
             false => (0.0, (max / step(max)).ceil() * step(max)),
         };
         Scale {

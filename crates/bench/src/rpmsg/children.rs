@@ -46,11 +46,11 @@ pub(super) fn host(exe: &Path, shm: &Path, notify: &str, ctrl: &Path) -> Command
 }
 
 /// How to start a remote and a host.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Setup<'a> {
     /// Where the scratch directory (shared memory, control socket, logs)
     /// goes, and its name's prefix.
-    pub(super) parent: &'a Path,
+    pub(super) parent: PathBuf,
     pub(super) prefix: &'a str,
     /// Polling instead of an eventfd pair.
     pub(super) poll: bool,
@@ -61,6 +61,22 @@ pub(super) struct Setup<'a> {
     /// The remote's and the host's CPUs (`None`: anywhere).
     pub(super) remote_cpu: Option<usize>,
     pub(super) host_cpu: Option<usize>,
+}
+
+impl<'a> Setup<'a> {
+    /// What the create+destroy and echo rows use: a remote echoing on
+    /// `echo`, on an eventfd pair, in [`super::shm_dir`].
+    pub(super) fn echo(remote_cpu: Option<usize>, host_cpu: Option<usize>) -> Setup<'a> {
+        Setup {
+            parent: super::shm_dir(),
+            prefix: "iopath-bench-rpmsg-",
+            poll: false,
+            remote_args: &["--echo", "echo"],
+            shm_size: SHM_SIZE,
+            remote_cpu,
+            host_cpu,
+        }
+    }
 }
 
 /// A remote and a host on a temporary shared-memory file, the host's
@@ -78,7 +94,7 @@ impl Servers {
     /// Starts the remote, then the host, and waits (30 s at most) for the
     /// host's control socket.
     pub(super) fn start(exe: &Path, s: &Setup<'_>) -> Result<Servers> {
-        let dir = crate::cleanup::temp_dir(s.prefix, s.parent)?;
+        let dir = crate::cleanup::temp_dir(s.prefix, &s.parent)?;
         let shm = dir.path().join("shm");
         let notify = if s.poll {
             "poll".to_owned()

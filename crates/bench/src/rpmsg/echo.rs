@@ -105,18 +105,11 @@ pub(super) fn echo_vs_limit(
 /// the table, and its chart.
 pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
     let (ca, cb) = cpus.pair();
-    let servers = Servers::start(
-        &a.iopath,
-        &Setup {
-            parent: &super::shm_dir(),
-            prefix: "iopath-bench-rpmsg-",
-            poll: true,
-            remote_args: &["--echo", "echo"],
-            shm_size: super::children::SHM_SIZE,
-            remote_cpu: Some(ca),
-            host_cpu: Some(cb),
-        },
-    )?;
+    let setup = Setup {
+        poll: true,
+        ..Setup::echo(Some(ca), Some(cb))
+    };
+    let servers = Servers::start(&a.iopath, &setup)?;
     let floor = RawPollPath::start(&a.iopath, ECHO_WARM + a.count, Some(cb), Some(ca))?;
     let raw = raw_pingpong(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
     let [echo, floor, eventfd] = on_cpu(Some(ca), cpus, || {

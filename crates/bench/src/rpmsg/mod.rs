@@ -164,16 +164,7 @@ fn measure(
     r: &mut Report,
 ) -> Result<String> {
     let (client_cpu, server_cpu) = p.cpus(cpus);
-    let setup = Setup {
-        parent: &shm_dir(),
-        prefix: "iopath-bench-rpmsg-",
-        poll: false,
-        remote_args: &["--echo", "echo"],
-        shm_size: children::SHM_SIZE,
-        remote_cpu: server_cpu,
-        host_cpu: server_cpu,
-    };
-    let servers = Servers::start(&a.iopath, &setup)?;
+    let servers = Servers::start(&a.iopath, &Setup::echo(server_cpu, server_cpu))?;
     let raw = raw::fd::RawFdServer::start(&a.iopath, server_cpu)?;
     let (rows, echo, limit) = on_cpu(client_cpu, cpus, || {
         let (c, echo_ep) = servers.client("echo")?;

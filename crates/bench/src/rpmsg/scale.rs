@@ -81,9 +81,8 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
     let (client_cpu, server_cpu) = Placement::One.cpus(cpus);
     let buf = iopath_rpmsg::BufSizes::both(64 * 1024);
     let setup = Setup {
-        parent: &std::env::temp_dir(),
+        parent: std::env::temp_dir(),
         prefix: "iopath-bench-scale-",
-        poll: false,
         remote_args: &[
             "--event-idx",
             "--echo",
@@ -95,8 +94,7 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
         ],
         shm_size: iopath_rpmsg::rsc_table::ShmLayout::size_for(256, buf)
             .expect("rings of 256 have a layout"),
-        remote_cpu: server_cpu,
-        host_cpu: server_cpu,
+        ..Setup::echo(server_cpu, server_cpu)
     };
     let srv = Servers::start(iopath, &setup)?;
     let c = srv.connect()?;

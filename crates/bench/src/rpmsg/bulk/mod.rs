@@ -60,9 +60,8 @@ pub(super) fn run(
     let (client_cpu, server_cpu) = Placement::Split.cpus(cpus);
     let (buf, ring) = (format!("{}K", BUF / 1024), RING.to_string());
     let setup = Setup {
-        parent: &std::env::temp_dir(),
+        parent: std::env::temp_dir(),
         prefix: "iopath-bench-bulk-",
-        poll: false,
         remote_args: &[
             "--event-idx",
             "--sink",
@@ -73,8 +72,7 @@ pub(super) fn run(
             &ring,
         ],
         shm_size: measure::shm_size(),
-        remote_cpu: server_cpu,
-        host_cpu: server_cpu,
+        ..Setup::echo(server_cpu, server_cpu)
     };
     let srv = Servers::start(iopath, &setup)?;
     let c = srv.connect()?;

@@ -80,6 +80,22 @@ fn try_recv(c: &OwnedFd, buf: &mut [u8], what: &str) -> Result<Option<usize>> {
     }
 }
 
+/// Polls `c` with `spin` for a packet into `buf`: its length, `None`
+/// after [`PATIENCE`].
+fn poll_recv(
+    spin: &mut PollSpin,
+    c: &OwnedFd,
+    buf: &mut [u8],
+    what: &str,
+) -> Result<Option<usize>> {
+    let mut n = None;
+    poll_until(spin, || {
+        n = try_recv(c, buf, what)?;
+        Ok(n.is_some())
+    })?;
+    Ok(n)
+}
+
 /// The host's stand-in (child [`Server::PollForward`]): takes each packet
 /// from the one client on `sock`, raises the flag in `shm`, waits for the
 /// echo's answer and sends the packet back; `count` times.
@@ -90,14 +106,9 @@ pub(crate) fn forward(sock: &Path, shm: &Path, count: u64) -> Result<()> {
     let mut spin = PollSpin::new();
     let mut buf = [0u8; 512];
     for i in 0..count {
-        let mut n = 0;
-        if !poll_until(&mut spin, || {
-            Ok(try_recv(&c, &mut buf, "forwarder")?
-                .map(|got| n = got)
-                .is_some())
-        })? {
+        let Some(n) = poll_recv(&mut spin, &c, &mut buf, "forwarder")? else {
             check_failed!("the poll floor's forwarder got no packet {i} in 10 s");
-        }
+        };
         set_flag(&shm, ASKED)?;
         if !poll_until(&mut spin, || Ok(flag(&shm)? == ANSWERED))? {
             check_failed!("the poll floor's echo never answered {i}");
@@ -186,14 +197,9 @@ impl RawPollPath {
             rustix::net::send(&self.conn, &msg, SendFlags::NOSIGNAL)
                 .map_err(Error::sys("send on the poll floor's socket"))?;
             let mut spin = PollSpin::new();
-            let mut n = 0;
-            if !poll_until(&mut spin, || {
-                Ok(try_recv(&self.conn, &mut back, "poll floor client")?
-                    .map(|got| n = got)
-                    .is_some())
-            })? {
+            let Some(n) = poll_recv(&mut spin, &self.conn, &mut back, "poll floor client")? else {
                 check_failed!("the poll floor answered nothing in 10 s");
-            }
+            };
             lat.push(t.elapsed().as_secs_f64() * 1e6);
             check!(
                 n == 16 && back[..16] == msg,
