@@ -168,6 +168,13 @@ fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
     Ok(())
 }
 
+/// The indices `0..n` from `first` on, wrapping round: the order in which
+/// a run takes its rows, rotated from run to run so that none always goes
+/// first.
+fn turns(n: usize, first: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |k| (k + first) % n)
+}
+
 fn minutes(d: Duration) -> String {
     match d.as_secs() {
         s if s >= 60 => format!("{} min {:02} s", s / 60, s % 60),

@@ -267,9 +267,8 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         })?;
         // Rotate the modes' order from run to run, so none always runs
         // right after the limit or right before the peer.
-        let n = rows.len();
-        for k in 0..n {
-            let (mode, series) = (modes[(k + run) % n], &mut rows[(k + run) % n]);
+        for i in crate::turns(rows.len(), run) {
+            let (mode, series) = (modes[i], &mut rows[i]);
             bar.set_message(format!("run {}: dma {}", run + 1, mode.name()));
             series.measure(|| dd_run(&ours_sock, mode));
             bar.inc(1);

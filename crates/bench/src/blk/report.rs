@@ -75,17 +75,13 @@ impl Measured {
         t
     }
 
-    fn runs_of(&self, name: &str) -> Option<&[f64]> {
+    /// The median of the measured row `name`.
+    fn median(&self, name: &str) -> Option<f64> {
         let r = self
             .rows
             .iter()
-            .find(|r| r.name == name && r.failed.is_none())?;
-        Some(&r.runs)
-    }
-
-    /// The median of the measured row `name`.
-    fn median(&self, name: &str) -> Option<f64> {
-        self.runs_of(name).map(|r| Stats::of(r).median)
+            .find(|r| r.name == name && r.failed.is_none());
+        Some(Stats::of(&r?.runs).median)
     }
 
     /// The ratios the experiment is about, from the medians: direct / the

@@ -275,9 +275,7 @@ pub(super) fn run(
         }
     }
     for run in 0..small.runs {
-        let n = rows.len();
-        for k in 0..n {
-            let c = (k + run) % n;
+        for c in crate::turns(rows.len(), run) {
             let (op, qd, i) = index[c];
             let (row, (name, m, _)) = (&mut rows[c], &ways[i]);
             if let (None, Some(m)) = (&row.skipped, m) {

@@ -285,9 +285,8 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
         // Rotate the order from run to run, so that no row always runs first
         // (right after fio) or last: memory the previous row freed is cheaper
         // to allocate again on a VM than memory returned to the host.
-        let shift = run * nrows / args.runs;
-        for k in 0..nrows {
-            let row = &mut r.rows[(k + shift) % nrows];
+        for i in crate::turns(nrows, run * nrows / args.runs) {
+            let row = &mut r.rows[i];
             bar.set_message(format!(
                 "run {}/{}: {} {}",
                 run + 1,

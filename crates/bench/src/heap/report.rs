@@ -4,6 +4,7 @@ use iopath_sys::human;
 use serde_json::json;
 
 use super::Measured;
+use crate::limit::Limit;
 use crate::report::plot::{Chart, LIMIT, OTHER, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Report, Table, Unit};
 use crate::Stats;
@@ -13,22 +14,6 @@ fn median(v: &[f64]) -> f64 {
 }
 
 impl Measured {
-    /// The GiB/s of allocating and faulting in the buffers, per run.
-    fn alloc_gib_per_s(&self) -> Vec<f64> {
-        let gib = self.bytes as f64 / f64::from(1u32 << 30);
-        self.alloc_limit.iter().map(|s| gib / s).collect()
-    }
-
-    /// The limit's runs, if it ran.
-    fn limit_stats(&self) -> Option<Stats> {
-        Some(self.limit.as_ref()?.stats()).filter(|s| s.median > 0.0)
-    }
-
-    /// The limit's time for the whole load, ms.
-    fn limit_ms(&self, l: &Stats) -> f64 {
-        self.bytes as f64 / f64::from(1u32 << 30) / l.median * 1e3
-    }
-
     /// The report: every heap x method beside the limit and the alloc-only
     /// bound, the dma-buf table, the notes and the chart.
     pub(super) fn report(&self) -> Report {
@@ -100,7 +85,10 @@ impl Measured {
                 Column::right("page cache growth"),
             ],
         );
-        let limit = self.limit_stats();
+        let load_gib = self.bytes as f64 / f64::from(1u32 << 30);
+        // The limit's runs, if it ran.
+        let limit = self.limit.as_ref().map(Limit::stats);
+        let limit = limit.filter(|s| s.median > 0.0);
         let of_limit = |g: f64| Cell::or_na(limit.map(|l| Cell::percent(g / l.median * 100.0, 0)));
         let ms = |v: &[f64]| Cell::median(v, Unit::Plain, 1);
         let gib = |v: &[f64]| Cell::median(v, Unit::Plain, 3);
@@ -135,14 +123,14 @@ impl Measured {
                 l.label().into(),
                 Cell::Empty,
                 Cell::Empty,
-                Cell::num(self.limit_ms(&s), 1),
+                Cell::num(load_gib / s.median * 1e3, 1),
                 gib(l.runs()),
                 spread(l.runs()),
                 Cell::percent(100.0, 0),
                 Cell::Empty,
             ]);
         }
-        let alloc = self.alloc_gib_per_s();
+        let alloc: Vec<f64> = self.alloc_limit.iter().map(|s| load_gib / s).collect();
         let alloc_ms = median(&self.alloc_limit) * 1e3;
         t.row(vec![
             "alloc only".into(),

@@ -102,8 +102,7 @@ pub(super) fn rows(
             let (mut done, mut turn) = (0, run);
             while done < row.loops {
                 let n = CHUNK.min(row.loops - done);
-                for k in 0..WAYS {
-                    let w = (k + turn) % WAYS;
+                for w in crate::turns(WAYS, turn) {
                     pb.set_message(format!("{} {}", placement.name(), NAMES[w]));
                     let took = match w {
                         LEGACY => legacy_cycles(c, n, pb)?,

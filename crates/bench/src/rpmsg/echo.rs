@@ -70,8 +70,7 @@ fn alternate<const N: usize>(count: u64, mut ways: [Way<'_>; N]) -> Result<[Late
     let mut done = 0;
     for turn in 0..ECHO_TURNS {
         let n = (count - done) / (ECHO_TURNS - turn);
-        for k in 0..N {
-            let i = (k + turn as usize) % N;
+        for i in crate::turns(N, turn as usize) {
             time[i] += ways[i](n, &mut lat[i])?;
         }
         done += n;

@@ -181,12 +181,8 @@ fn measure(
     let title = format!("echo round trip, placement {name}: 16 B, {} round trips each, in {turns} alternating turns", a.count);
     let t = echo::table(title, &[("endpoint fd (eventfd notify)", &echo)], &limit);
     let title = "rpmsg echo round trip: an endpoint fd's latency beside its limit";
-    r.chart(echo::chart(
-        "rpmsg-echo-latency",
-        title,
-        format!("placement {name}"),
-        &t,
-    ));
+    let heading = format!("placement {name}");
+    r.chart(echo::chart("rpmsg-echo-latency", title, heading, &t));
     r.table(t);
     Ok(place)
 }
@@ -229,14 +225,7 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
         scale::run(&a.iopath, &cpus, &mut r)?;
     }
     if a.bulk_bytes > 0 {
-        bulk::run(
-            &a.bulk_sizes,
-            a.bulk_bytes,
-            a.runs,
-            &a.iopath,
-            &cpus,
-            &mut r,
-        )?;
+        bulk::run(a, &cpus, &mut r)?;
     }
     if a.openamp.is_none() {
         r.note(format!("note: {}", peers::NO_PEERS));

@@ -314,8 +314,7 @@ pub(super) fn measure(
         })
         .collect();
     for run in 0..cfg.runs {
-        for k in 0..PAIRS.len() {
-            let i = (k + run) % PAIRS.len();
+        for i in crate::turns(PAIRS.len(), run) {
             let row = &mut rows[i];
             let (d, r) = (
                 DRIVERS[row.driver as usize].1,

@@ -116,14 +116,11 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
             .into();
         for run in 0..RUNS {
             // Rows take turns, the order rotating per run.
-            for k in 0..echo.len() {
-                let n = echo.len();
-                let row = &mut echo[(k + run) % n];
-                echo_run(&c, row, ECHO_TIME)?;
+            for i in crate::turns(echo.len(), run) {
+                echo_run(&c, &mut echo[i], ECHO_TIME)?;
             }
-            for k in 0..streams.len() {
-                let n = streams.len();
-                let row = &mut streams[(k + run) % n];
+            for i in crate::turns(streams.len(), run) {
+                let row = &mut streams[i];
                 // The endpoint first in even runs, the raw socket in odd.
                 for raw in [run % 2 == 1, run % 2 == 0] {
                     let took = sinks.stream(raw, row.msgs, row.size)?;

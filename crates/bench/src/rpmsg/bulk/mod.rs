@@ -13,10 +13,9 @@
 
 mod measure;
 
-use std::path::Path;
-
 use super::children::{bound, Servers, Setup};
 use super::raw::sink::Sinks;
+use super::RpmsgConfig;
 use crate::error::invalid;
 use crate::place::{on_cpu, Cpus, Placement};
 use crate::report::plot::{Chart, LIMIT, OTHER, PRIMARY, SECONDARY};
@@ -39,20 +38,15 @@ struct BulkRow {
     memcpy: Vec<f64>,
 }
 
-/// Runs the bulk rows, a row per message size of `sizes`, `bytes` streamed
-/// each way per row and run, `runs` runs: their table and chart.
+/// Runs the bulk rows, a row per message size of `a.bulk_sizes`,
+/// `a.bulk_bytes` streamed each way per row and run, `a.runs` runs: their
+/// table and chart.
 ///
 /// # Errors
 /// [`crate::Error::Invalid`] for a size out of range; when a child cannot
 /// start or a stream loses or garbles a message.
-pub(super) fn run(
-    sizes: &[usize],
-    bytes: u64,
-    runs: usize,
-    iopath: &Path,
-    cpus: &Cpus,
-    r: &mut Report,
-) -> Result<()> {
+pub(super) fn run(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
+    let (sizes, bytes, runs) = (&a.bulk_sizes, a.bulk_bytes, a.runs);
     let max = (BUF as usize) - iopath_rpmsg::wire::HDR_LEN;
     if sizes.is_empty() || sizes.iter().any(|&s| s == 0 || s > max) {
         invalid!("--bulk-sizes", "give sizes of 1 to {max} bytes");
@@ -74,9 +68,9 @@ pub(super) fn run(
         shm_size: measure::shm_size(),
         ..Setup::echo(server_cpu, server_cpu)
     };
-    let srv = Servers::start(iopath, &setup)?;
+    let srv = Servers::start(&a.iopath, &setup)?;
     let c = srv.connect()?;
-    let mut sinks = Sinks::start(bound(&c, "sink")?, iopath, server_cpu)?;
+    let mut sinks = Sinks::start(bound(&c, "sink")?, &a.iopath, server_cpu)?;
     let pair = measure::BusPair::start(cpus, client_cpu, server_cpu)?;
     let place = Placement::Split.describe(
         cpus,
@@ -96,9 +90,8 @@ pub(super) fn run(
             })
             .collect();
         for run in 0..runs {
-            for k in 0..rows.len() {
-                let n = rows.len();
-                let row = &mut rows[(k + run) % n];
+            for i in crate::turns(rows.len(), run) {
+                let row = &mut rows[i];
                 let mb = |took: std::time::Duration| {
                     (row.msgs * row.size as u64) as f64 / took.as_secs_f64() / 1e6
                 };
