@@ -145,33 +145,24 @@ fn proposal_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f6
         alloc += t.elapsed().as_secs_f64();
         let off = (i * plan.buffer_size) as u64;
         let t = Instant::now();
-        match fill {
-            Fill::Buffered => BufferedEngine
-                .read(plan.file, off, &b, 0, plan.buffer_size)
-                .map(|_| ())
-                .map_err(err)?,
-            Fill::Direct => {
-                let t = DirectEngine
-                    .read(plan.file, off, &b, 0, plan.buffer_size)
-                    .map_err(err)?;
-                if t.fallbacks > 0 {
-                    return Err("direct I/O was refused (fell back to buffered)".into());
-                }
-            }
-            Fill::Sendfile => SendfileEngine
-                .read(plan.file, off, &b, 0, plan.buffer_size)
-                .map(|_| ())
-                .map_err(err)?,
+        let engine: &dyn Engine = match fill {
+            Fill::Buffered => &BufferedEngine,
+            Fill::Direct => &DirectEngine,
+            Fill::Sendfile => &SendfileEngine,
             Fill::DirectSendfile => {
                 let memfd = b.memfd().ok_or("no memfd under this buffer")?;
-                let dfd = plan
-                    .file
-                    .direct_fd()
-                    .map_err(err)?
-                    .ok_or("no O_DIRECT on this file system")?;
+                let dfd = plan.file.direct_fd().map_err(err)?;
+                let dfd = dfd.ok_or("no O_DIRECT on this file system")?;
                 direct_sendfile(memfd, dfd, off, plan.buffer_size)
                     .map_err(|e| format!("sendfile from O_DIRECT: {e}"))?;
+                read += t.elapsed().as_secs_f64();
+                continue;
             }
+        };
+        // Only the direct engine falls back.
+        let moved = engine.read(plan.file, off, &b, 0, plan.buffer_size);
+        if moved.map_err(err)?.fallbacks > 0 {
+            return Err("direct I/O was refused (fell back to buffered)".into());
         }
         read += t.elapsed().as_secs_f64();
     }
