@@ -39,14 +39,9 @@ fn tracked() -> std::sync::MutexGuard<'static, Tracked> {
 
 /// Whether the process behind `pidfd` has exited (its pidfd is readable).
 fn exited(pidfd: &OwnedFd) -> bool {
-    let mut fds = [rustix::event::PollFd::new(
-        pidfd,
-        rustix::event::PollFlags::IN,
-    )];
-    matches!(
-        rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())),
-        Ok(n) if n > 0
-    )
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&Timespec::default())), Ok(n) if n > 0)
 }
 
 impl Tracked {

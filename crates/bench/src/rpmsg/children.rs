@@ -9,6 +9,7 @@ use std::time::Duration;
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd};
 use iopath_rpmsg::tools::ping::bound_ept_fd;
 
+use crate::error::{check, check_failed};
 use crate::place::Spawned;
 use crate::{Error, Result};
 
@@ -102,12 +103,9 @@ impl Servers {
             format!("eventfd:{}", dir.path().join("ev").display())
         };
         let ctrl = dir.path().join("ctrl");
-        let mut remote = Spawned::logged(
-            dir.path().join("remote.log"),
-            "remote",
-            s.remote_cpu,
-            remote(exe, &shm, &notify, s.shm_size).args(s.remote_args),
-        )?;
+        let mut cmd = remote(exe, &shm, &notify, s.shm_size);
+        let log = dir.path().join("remote.log");
+        let mut remote = Spawned::logged(log, "remote", s.remote_cpu, cmd.args(s.remote_args))?;
         if s.poll {
             // With no notifier to connect through, the host must find the
             // table already written.
@@ -115,12 +113,9 @@ impl Servers {
                 std::fs::metadata(&shm).is_ok_and(|m| m.len() >= s.shm_size)
             })?;
         }
-        let mut host = Spawned::logged(
-            dir.path().join("host.log"),
-            "host",
-            s.host_cpu,
-            &mut host(exe, &shm, &notify, &ctrl),
-        )?;
+        let mut cmd = host(exe, &shm, &notify, &ctrl);
+        let log = dir.path().join("host.log");
+        let mut host = Spawned::logged(log, "host", s.host_cpu, &mut cmd)?;
         host.wait_for("control socket", Duration::from_secs(30), || ctrl.exists())?;
         Ok(Servers {
             _remote: remote,
@@ -144,6 +139,27 @@ impl Servers {
     pub(super) fn host_pid(&self) -> u32 {
         self.host.id()
     }
+}
+
+/// One strict round trip through `ep`: sends `msg` (number `seq`), takes
+/// its echo into `back` (10 s at most) and checks it byte for byte; errors
+/// start with `who` (`endpoint 3: `, or nothing).
+pub(super) fn echo_once(
+    ep: &EptFd,
+    msg: &[u8],
+    back: &mut [u8],
+    who: &str,
+    seq: u64,
+) -> Result<()> {
+    ep.send(msg).map_err(Error::layer("sending an echo"))?;
+    let got = ep.recv_timeout(back, Duration::from_secs(10));
+    let got = got.map_err(Error::layer("receiving an echo"))?;
+    let n = got.ok_or_else(|| Error::Check(format!("{who}no echo {seq} in 10 s")))?;
+    check!(
+        n == msg.len() && back[..n] == *msg,
+        "{who}echo {seq} came back wrong"
+    );
+    Ok(())
 }
 
 /// An endpoint fd from `c` bound to the remote's `name`, once the remote

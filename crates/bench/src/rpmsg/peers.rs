@@ -16,7 +16,7 @@ use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_F
 use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
 use iopath_rpmsg::tools::ping::{wait_announced, Latency};
 
-use super::children::{self, bound};
+use super::children::{self, bound, echo_once};
 use super::RpmsgConfig;
 use crate::error::{check, check_failed};
 use crate::place::{on_cpu, Cpus, Placement, Spawned};
@@ -157,12 +157,8 @@ fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<L
     cmd.args([
         "-n", &args[0], "-w", &args[1], "-s", &args[2], "-t", &args[3],
     ]);
-    let mut kid = Spawned::logged(
-        dir.join("rpmsg-ping-timed.log"),
-        "rpmsg-ping-timed",
-        cpu,
-        &mut cmd,
-    )?;
+    let name = "rpmsg-ping-timed";
+    let mut kid = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
     let out = std::fs::read_to_string(kid.log()).map_err(Error::io(kid.log()))?;
     let last = out.lines().rev().find(|l| l.starts_with('{'));
@@ -199,30 +195,14 @@ fn ept_fd_driver(
     let notify = format!("unix:{OPENAMP_EVENT}");
     let mut cmd = children::host(&cfg.iopath, Path::new(OPENAMP_SHM), &notify, &ctrl);
     cmd.args(["--once", "--timeout", "20"]);
-    let mut host = Spawned::logged(
-        dir.join("iopath rpmsg host.log"),
-        "iopath rpmsg host",
-        cpu,
-        &mut cmd,
-    )?;
+    let name = "iopath rpmsg host";
+    let mut host = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
     host.wait_for("control socket", Duration::from_secs(20), || ctrl.exists())?;
     on_cpu(cpu, cpus, || {
         let c = CtrlClient::connect(&ctrl).map_err(Error::layer("connecting to the host"))?;
         let ep = bound(&c, SERVICE)?;
         let mut back = [0u8; 512];
-        let rt = |seq: u64| -> Result<()> {
-            let msg = message(seq);
-            ep.send(&msg).map_err(Error::layer("sending an echo"))?;
-            let n = ep
-                .recv_timeout(&mut back, Duration::from_secs(10))
-                .map_err(Error::layer("receiving an echo"))?
-                .ok_or_else(|| Error::Check(format!("no echo {seq} in 10 s")))?;
-            check!(
-                n == SIZE && back[..SIZE] == msg,
-                "echo {seq} came back wrong"
-            );
-            Ok(())
-        };
+        let rt = |seq| echo_once(&ep, &message(seq), &mut back, "", seq);
         timed(cfg.count, cfg.peer_budget, rt)
     })
 }

@@ -22,7 +22,7 @@ use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptInfo};
 use iopath_rpmsg::tools::ping::percentile;
 
-use super::children::{bound, Servers, Setup};
+use super::children::{bound, echo_once, Servers, Setup};
 use super::raw::sink::Sinks;
 use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
@@ -162,6 +162,7 @@ fn echo_run(c: &CtrlClient, row: &mut EchoRow, time: Duration) -> Result<()> {
                 .spawn_scoped(s, move || -> Result<(f64, f64)> {
                     let mut lat = Vec::with_capacity(1 << 14);
                     let mut back = [0u8; 512];
+                    let who = format!("endpoint {i}: ");
                     go.wait();
                     let end = t0 + Duration::from_nanos(deadline.load(Ordering::SeqCst));
                     let mut seq = 0u64;
@@ -174,17 +175,7 @@ fn echo_run(c: &CtrlClient, row: &mut EchoRow, time: Duration) -> Result<()> {
                         let mut msg = [0u8; 16];
                         msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
                         msg[8..].copy_from_slice(&seq.to_le_bytes());
-                        ep.send(&msg).map_err(Error::layer("sending an echo"))?;
-                        let got = ep
-                            .recv_timeout(&mut back, Duration::from_secs(10))
-                            .map_err(Error::layer("receiving an echo"))?
-                            .ok_or_else(|| {
-                                Error::Check(format!("endpoint {i}: no echo {seq} in 10 s"))
-                            })?;
-                        check!(
-                            got == 16 && back[..16] == msg,
-                            "endpoint {i}: echo {seq} came back wrong"
-                        );
+                        echo_once(ep, &msg, &mut back, &who, seq)?;
                         lat.push(t.elapsed().as_secs_f64() * 1e6);
                     }
                     lat.sort_by(f64::total_cmp);
