@@ -205,12 +205,8 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     };
     let work = crate::cleanup::temp_dir("iopath-bench-blk.", &dir)?;
     let image = work.path().join("disk.img");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&image);
-    let f = f.map_err(Error::io(&image))?;
+    // A new file in a new directory.
+    let f = std::fs::File::create(&image).map_err(Error::io(&image))?;
     // Every block allocated up front, so that no run pays for allocation.
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, cfg.size as u64)
         .map_err(Error::errno(&image))?;

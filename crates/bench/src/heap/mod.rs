@@ -156,17 +156,11 @@ pub fn run(args: &HeapConfig) -> Result<Report> {
             args.buffer_size
         );
     }
-    let methods: Vec<Method> = match args.methods.is_empty() {
-        true => Method::ALL.to_vec(),
-        false => args
-            .methods
-            .iter()
-            .map(|m| m.parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e: iopath_heap::Error| Error::Invalid {
-                option: "--methods",
-                reason: e.to_string(),
-            })?,
+    let parsed: Result<Vec<Method>, _> = args.methods.iter().map(|m| m.parse()).collect();
+    let methods = match (args.methods.is_empty(), parsed) {
+        (true, _) => Method::ALL.to_vec(),
+        (false, Ok(methods)) => methods,
+        (false, Err(e)) => invalid!("--methods", "{e}"),
     };
     // The file: given, or a scratch file removed when `_scratch` drops.
     let (_scratch, path) = match &args.file {

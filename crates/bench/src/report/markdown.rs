@@ -1,7 +1,7 @@
 //! The Markdown writer: the same tables as the text writer, as pipe
 //! tables (figures right-aligned), each title and line below a paragraph.
 
-use super::model::Table;
+use super::model::{Column, Table};
 use super::Report;
 
 /// The whole report: the summary, the tables, the notes, as paragraphs.
@@ -29,16 +29,10 @@ fn table(out: &mut String, t: &Table) {
     let row = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
     // A pipe in a cell would end it.
     let escape = |s: String| s.replace('|', "\\|");
-    out.push_str(&row(t
-        .columns
-        .iter()
-        .map(|c| escape(c.name.clone()))
-        .collect()));
-    out.push_str(&row(t
-        .columns
-        .iter()
-        .map(|c| if c.right { "---:" } else { "---" }.into())
-        .collect()));
+    let name = |c: &Column| escape(c.name.clone());
+    let align = |c: &Column| if c.right { "---:" } else { "---" };
+    out.push_str(&row(t.columns.iter().map(name).collect()));
+    out.push_str(&row(t.columns.iter().map(|c| align(c).into()).collect()));
     for r in &t.rows {
         out.push_str(&row(r.iter().map(|c| escape(c.to_string())).collect()));
     }
@@ -50,7 +44,7 @@ fn table(out: &mut String, t: &Table) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::{Cell, Column};
+    use super::super::model::Cell;
     use super::*;
 
     #[test]

@@ -236,9 +236,7 @@ impl fmt::Display for Cell {
 /// commas: `12,345.6`.
 pub fn grouped(v: f64, digits: usize) -> String {
     let s = format!("{:.d$}", v.abs(), d = digits);
-    let (int, frac) = s
-        .split_once('.')
-        .map_or((&s[..], None), |(i, f)| (i, Some(f)));
+    let (int, frac) = s.split_at(s.find('.').unwrap_or(s.len()));
     let mut out = String::new();
     if v < 0.0 && s.bytes().any(|b| b.is_ascii_digit() && b != b'0') {
         out.push('-');
@@ -249,11 +247,7 @@ pub fn grouped(v: f64, digits: usize) -> String {
         }
         out.push(c);
     }
-    if let Some(frac) = frac {
-        out.push('.');
-        out.push_str(frac);
-    }
-    out
+    out + frac
 }
 
 /// A row that did not run: what it needs (the kernel feature, the peer

@@ -296,11 +296,8 @@ pub(super) fn measure(
     for run in 0..cfg.runs {
         for i in crate::turns(PAIRS.len(), run) {
             let row = &mut rows[i];
-            let (d, r) = (
-                DRIVERS[row.driver as usize].1,
-                REMOTES[row.remote as usize].1,
-            );
-            pb.set_message(format!("peers {}: {d} <-> {r}", placement.name()));
+            let (d, r) = (DRIVERS[row.driver as usize], REMOTES[row.remote as usize]);
+            pb.set_message(format!("peers {}: {} <-> {}", placement.name(), d.1, r.1));
             match one(cfg, PAIRS[i], place, cpus) {
                 Ok(l) => row.runs.push(l),
                 Err(e) => row.failures.push(e.chain()),
@@ -353,10 +350,8 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
         let rates = r.each(|l| l.msgs_per_s);
         // The ratio of the medians, and the range of the per-run ratios
         // (run i of one against run i of the other: they ran side by side).
-        let per: Vec<f64> = r
-            .runs
-            .iter()
-            .zip(&pair.runs)
+        let side_by_side = r.runs.iter().zip(&pair.runs);
+        let per: Vec<f64> = side_by_side
             .map(|(x, y)| x.msgs_per_s / y.msgs_per_s)
             .collect();
         let by_rate = Cell::times(Stats::of(&rates).median / pair.median(|l| l.msgs_per_s));

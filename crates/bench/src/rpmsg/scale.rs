@@ -285,12 +285,8 @@ fn tables(place: &str, echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -
     let one = echo.iter().find(|r| r.endpoints == 1);
     let base = one.map_or(f64::NAN, |r| Stats::of(&r.aggregate).median);
     for r in echo {
-        let ratio: Vec<f64> = r
-            .p99_max
-            .iter()
-            .zip(&r.p99_median)
-            .map(|(m, d)| m / d.max(1e-9))
-            .collect();
+        let worst_and_median = r.p99_max.iter().zip(&r.p99_median);
+        let ratio: Vec<f64> = worst_and_median.map(|(m, d)| m / d.max(1e-9)).collect();
         e.row(vec![
             Cell::grouped(r.endpoints as f64, 0),
             range(&r.aggregate, 0),
@@ -328,16 +324,15 @@ fn tables(place: &str, echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -
     let title = format!("creating {CREATE} endpoint fds (held, one control connection)");
     let mut t = Table::new(title, vec![Column::left("what"), Column::left("measured")]);
     let each = |secs: f64| format!("{secs:.2} s ({:.1} us each)", secs * 1e6 / CREATE as f64);
-    let curve: Vec<String> = c
-        .per_thousand_us
-        .iter()
-        .map(|v| format!("{v:.1}"))
-        .collect();
+    let curve = c.per_thousand_us.iter().map(|v| format!("{v:.1}"));
     let [before, full, after] = c.rss_kib;
     let per = full.saturating_sub(before) as f64 / CREATE as f64;
     for (what, measured) in [
         ("created in", each(c.create_s)),
-        ("us per endpoint, each thousand in turn", curve.join(", ")),
+        (
+            "us per endpoint, each thousand in turn",
+            curve.collect::<Vec<_>>().join(", "),
+        ),
         ("closed and freed in", each(c.destroy_s)),
         (
             "host resident memory: before, all held, after",
