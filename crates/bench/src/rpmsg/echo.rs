@@ -123,17 +123,15 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Resu
         "host and the floor's forwarder on CPU {cb}; remote, the floor's echo and the \
          busy-polling client on CPU {ca}; eventfd pair on CPU {ca}"
     );
-    let mut t = table(
-        format!(
-            "echo round trip, polling ({place}): 16 B, {} round trips each",
-            a.count
-        ),
-        &[
-            ("endpoint fd, busy-polled, host and remote polling", &echo),
-            ("floor: the same hops and places, no rpmsg", &floor),
-        ],
-        &eventfd,
+    let title = format!(
+        "echo round trip, polling ({place}): 16 B, {} round trips each",
+        a.count
     );
+    let paths = [
+        ("endpoint fd, busy-polled, host and remote polling", &echo),
+        ("floor: the same hops and places, no rpmsg", &floor),
+    ];
+    let mut t = table(title, &paths, &eventfd);
     let ratio = Cell::times(echo.p50_us / floor.p50_us);
     t.figure("endpoint fd busy-polled / floor, p50", ratio);
     let title = "rpmsg echo round trip, everything polling: latency beside its floor";
