@@ -342,7 +342,13 @@ impl Table {
             })
             .collect();
         let not_run = (!groups.is_empty()).then(|| format!("not run here: {}", groups.join("; ")));
-        let figures = self.figures.iter().map(|(l, c)| format!("{l}: {c}"));
+        // A ratio between rows that did not run says nothing the not-run
+        // line does not (JSON keeps it, as null).
+        let figures = self
+            .figures
+            .iter()
+            .filter(|(_, c)| !matches!(c, Cell::NotAvailable))
+            .map(|(l, c)| format!("{l}: {c}"));
         not_run
             .into_iter()
             .chain(figures)
