@@ -67,12 +67,13 @@ _RAW = {
 _ml_dtypes_added = False
 
 
-def _numpy_dtypes():
-    """DTYPES, with ml_dtypes' types added the first time numpy arrays are
-    made or named: importing ml_dtypes takes about a second, which a load
-    into torch, or a process that never makes an array, does not pay."""
+def _numpy_dtypes(needed=True):
+    """DTYPES, with ml_dtypes' types added the first time numpy arrays of
+    them are made or named (`needed`): importing ml_dtypes takes about a
+    second, which a load into torch, a load with no BF16 or F8 tensor, or a
+    process that never makes an array, does not pay."""
     global _ml_dtypes_added
-    if not _ml_dtypes_added:
+    if needed and not _ml_dtypes_added:
         _ml_dtypes_added = True
         try:
             import ml_dtypes
@@ -123,7 +124,7 @@ def _views(buffers, table, framework):
     views = [memoryview(b) for b in buffers]
     out = {}
     if framework == "numpy":
-        dtypes = _numpy_dtypes()
+        dtypes = _numpy_dtypes(any(t[3] in _RAW for t in table.values()))
         for name, (index, offset, length, dtype, shape) in table.items():
             dt = dtypes.get(dtype) or _RAW.get(dtype)
             if dt is None:

@@ -91,6 +91,25 @@ def test_bf16_comes_as_ml_dtypes_bfloat16(sharded):
     assert np.array_equal(a.astype(np.float32), expect)
 
 
+def test_no_ml_dtypes_import_without_a_tensor_that_needs_it(tmp_path):
+    # Importing ml_dtypes takes most of a second: a checkpoint of F32 and
+    # I64 tensors loads without it (BF16 brings it: the test above).
+    from safetensors.numpy import save_file
+
+    plain = tmp_path / "plain.safetensors"
+    save_file({"w": np.arange(1024, dtype=np.float32), "n": np.arange(8, dtype=np.int64)}, str(plain))
+    code = textwrap.dedent(
+        """
+        import sys, iopath
+        t = iopath.load_safetensors(sys.argv[1])
+        print(sorted(str(a.dtype) for a in t.values()), "ml_dtypes" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(plain)], capture_output=True, check=True, text=True)
+    assert out.stdout.split("]")[1].strip() == "False", out.stdout
+    assert out.stdout.startswith("['float32', 'int64']"), out.stdout
+
+
 def test_bf16_without_ml_dtypes_is_raw_uint16(sharded):
     d, want = sharded
     code = textwrap.dedent(
