@@ -1,9 +1,13 @@
-//! Request planning for the driver: how a transfer is cut into virtio
-//! requests that respect the device's `size_max`/`seg_max`, the DMA ops'
-//! largest mapping and the ring ([`plan`]). Pure code, apart from the
-//! queue that runs it; the wire layouts are in `wire.rs`.
+//! Request planning for the driver: a [`Command`] checked against the
+//! device and cut into virtio requests ([`cut`]), a transfer's chunks
+//! respecting the device's `size_max`/`seg_max`, the DMA ops' largest
+//! mapping and the ring ([`plan`]). Pure code, apart from the queue that
+//! runs it; the wire layouts are in `wire.rs`.
 
+use crate::command::Command;
 use crate::config::DeviceConfig;
+use crate::error::{BlkError, Result};
+use crate::wire::{SECTOR_SIZE as SECTOR, VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES};
 
 /// One virtio request's share of a larger transfer: `len` bytes at byte
 /// offset `offset` from the start of the transfer, sent as data segments
@@ -105,6 +109,141 @@ pub(crate) enum PieceSpec {
         unmap: bool,
     },
     GetId,
+}
+
+/// The virtio requests a [`Command`] is cut into: a read's or write's
+/// chunks as planned (nothing allocated), or a list.
+#[derive(Debug)]
+pub(crate) enum Pieces {
+    Data {
+        plan: Plan,
+        offset: u64,
+        buf_offset: usize,
+    },
+    List(std::vec::IntoIter<PieceSpec>),
+}
+
+impl Iterator for Pieces {
+    type Item = PieceSpec;
+
+    fn next(&mut self) -> Option<PieceSpec> {
+        match self {
+            Pieces::Data {
+                plan,
+                offset,
+                buf_offset,
+            } => plan.next().map(|chunk| PieceSpec::Data {
+                sector: (*offset + chunk.offset) / SECTOR,
+                buf_offset: *buf_offset + chunk.offset as usize,
+                chunk,
+            }),
+            Pieces::List(l) => l.next(),
+        }
+    }
+}
+
+/// Checks `req` against the device (`config`) and cuts it into virtio
+/// requests of at most `max_descs` descriptors, each one mapping of at
+/// most `max_map` bytes.
+pub(crate) fn cut(
+    req: &Command<'_>,
+    config: &DeviceConfig,
+    max_map: u64,
+    max_descs: u32,
+) -> Result<Pieces> {
+    let cap = config.capacity_bytes();
+    let check = |offset: u64, len: u64| -> Result<()> {
+        if len == 0 {
+            return Err(BlkError::Empty);
+        }
+        if offset % SECTOR != 0 || len % SECTOR != 0 {
+            return Err(BlkError::Unaligned { offset, len });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= cap => Ok(()),
+            _ => Err(BlkError::OutOfRange {
+                offset,
+                len,
+                capacity: cap,
+            }),
+        }
+    };
+    Ok(match *req {
+        Command::Read {
+            offset,
+            buf,
+            buf_offset,
+            len,
+        }
+        | Command::Write {
+            offset,
+            buf,
+            buf_offset,
+            len,
+        } => {
+            check(offset, len as u64)?;
+            buf.check_range(buf_offset, len)?;
+            if matches!(req, Command::Write { .. }) && config.read_only {
+                return Err(BlkError::ReadOnly);
+            }
+            let plan = plan(
+                len as u64,
+                config,
+                max_map,
+                max_descs,
+                u64::from(config.blk_size),
+            )
+            .ok_or(BlkError::Limits {
+                size_max: config.size_max,
+                seg_max: config.seg_max,
+                max_map,
+            })?;
+            Pieces::Data {
+                plan,
+                offset,
+                buf_offset,
+            }
+        }
+        Command::Flush => {
+            if !config.flush {
+                return Err(BlkError::NotSupported { what: "flush" });
+            }
+            Pieces::List(vec![PieceSpec::Flush].into_iter())
+        }
+        Command::Discard { offset, len } | Command::WriteZeroes { offset, len, .. } => {
+            let (limits, kind, unmap, what) = match *req {
+                Command::Discard { .. } => (config.discard, VIRTIO_BLK_T_DISCARD, false, "discard"),
+                Command::WriteZeroes { unmap, .. } => (
+                    config.write_zeroes,
+                    VIRTIO_BLK_T_WRITE_ZEROES,
+                    unmap && config.write_zeroes_may_unmap,
+                    "write-zeroes",
+                ),
+                _ => unreachable!("matched above"),
+            };
+            let limits = limits.ok_or(BlkError::NotSupported { what })?;
+            if config.read_only {
+                return Err(BlkError::ReadOnly);
+            }
+            check(offset, len)?;
+            let mut out = Vec::new();
+            let mut sector = offset / SECTOR;
+            let mut left = len / SECTOR;
+            while left > 0 {
+                let n = left.min(u64::from(limits.max_sectors));
+                out.push(PieceSpec::Range {
+                    kind,
+                    sector,
+                    // `n <= max_sectors`, a u32.
+                    sectors: n as u32,
+                    unmap,
+                });
+                sector += n;
+                left -= n;
+            }
+            Pieces::List(out.into_iter())
+        }
+    })
 }
 
 #[cfg(test)]

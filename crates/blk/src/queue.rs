@@ -16,20 +16,18 @@ use vm_memory::ByteValued;
 use crate::command::{Command, Done};
 use crate::config::DeviceConfig;
 use crate::error::{BlkError, Result};
-use crate::plan::{plan, PieceSpec, Plan};
+use crate::plan::{cut, PieceSpec};
 use crate::queue_wait::{kind_name, UsedRing};
 use crate::wire::{
-    OutHeader, RangeSegment, HEADER_LEN, RANGE_LEN, SECTOR_SIZE as SECTOR,
-    VIRTIO_BLK_ID_BYTES as ID_LEN, VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK,
-    VIRTIO_BLK_S_UNSUPP as S_UNSUPP,
+    OutHeader, RangeSegment, HEADER_LEN, RANGE_LEN, VIRTIO_BLK_ID_BYTES as ID_LEN,
+    VIRTIO_BLK_S_IOERR as S_IOERR, VIRTIO_BLK_S_OK as S_OK, VIRTIO_BLK_S_UNSUPP as S_UNSUPP,
 };
 
 /// Request types (virtio 1.x, 5.2.6) by their short names.
 mod req_type {
     pub use crate::wire::{
-        VIRTIO_BLK_T_DISCARD as DISCARD, VIRTIO_BLK_T_FLUSH as FLUSH,
-        VIRTIO_BLK_T_GET_ID as GET_ID, VIRTIO_BLK_T_IN as IN, VIRTIO_BLK_T_OUT as OUT,
-        VIRTIO_BLK_T_WRITE_ZEROES as WRITE_ZEROES,
+        VIRTIO_BLK_T_FLUSH as FLUSH, VIRTIO_BLK_T_GET_ID as GET_ID, VIRTIO_BLK_T_IN as IN,
+        VIRTIO_BLK_T_OUT as OUT,
     };
 }
 
@@ -64,37 +62,6 @@ struct Piece {
     /// Order of submission on this queue (the oldest is named on a
     /// timeout).
     seq: u64,
-}
-
-/// The virtio requests a [`Command`] is cut into: a read's or write's
-/// chunks as planned (nothing allocated), or a list.
-#[derive(Debug)]
-enum Pieces {
-    Data {
-        plan: Plan,
-        offset: u64,
-        buf_offset: usize,
-    },
-    List(std::vec::IntoIter<PieceSpec>),
-}
-
-impl Iterator for Pieces {
-    type Item = PieceSpec;
-
-    fn next(&mut self) -> Option<PieceSpec> {
-        match self {
-            Pieces::Data {
-                plan,
-                offset,
-                buf_offset,
-            } => plan.next().map(|chunk| PieceSpec::Data {
-                sector: (*offset + chunk.offset) / SECTOR,
-                buf_offset: *buf_offset + chunk.offset as usize,
-                chunk,
-            }),
-            Pieces::List(l) => l.next(),
-        }
-    }
 }
 
 /// One virtio-blk request queue: submit [`Command`]s with tags, collect
@@ -186,7 +153,13 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         if self.transfers.contains_key(&tag) {
             return Err(BlkError::DuplicateTag { tag });
         }
-        let pieces = self.cut(&req)?;
+        let max_descs = u32::from(self.vq.size()).min(if self.indirect {
+            INDIRECT_MAX as u32
+        } else {
+            u32::MAX
+        });
+        let max_map = self.vq.ops().max_mapping_size() as u64;
+        let pieces = cut(&req, &self.config, max_map, max_descs)?;
         self.transfers.insert(
             tag,
             Transfer {
@@ -243,111 +216,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             self.transport.notify(self.vq.index())?;
         }
         Ok(())
-    }
-
-    /// Checks `req` and cuts it into virtio requests.
-    fn cut(&self, req: &Command<'_>) -> Result<Pieces> {
-        let cap = self.config.capacity_bytes();
-        let check = |offset: u64, len: u64| -> Result<()> {
-            if len == 0 {
-                return Err(BlkError::Empty);
-            }
-            if offset % SECTOR != 0 || len % SECTOR != 0 {
-                return Err(BlkError::Unaligned { offset, len });
-            }
-            match offset.checked_add(len) {
-                Some(end) if end <= cap => Ok(()),
-                _ => Err(BlkError::OutOfRange {
-                    offset,
-                    len,
-                    capacity: cap,
-                }),
-            }
-        };
-        let max_descs = u32::from(self.vq.size()).min(if self.indirect {
-            INDIRECT_MAX as u32
-        } else {
-            u32::MAX
-        });
-        Ok(match *req {
-            Command::Read {
-                offset,
-                buf,
-                buf_offset,
-                len,
-            }
-            | Command::Write {
-                offset,
-                buf,
-                buf_offset,
-                len,
-            } => {
-                check(offset, len as u64)?;
-                buf.check_range(buf_offset, len)?;
-                if matches!(req, Command::Write { .. }) && self.config.read_only {
-                    return Err(BlkError::ReadOnly);
-                }
-                let max_map = self.vq.ops().max_mapping_size() as u64;
-                let plan = plan(
-                    len as u64,
-                    &self.config,
-                    max_map,
-                    max_descs,
-                    u64::from(self.config.blk_size),
-                )
-                .ok_or(BlkError::Limits {
-                    size_max: self.config.size_max,
-                    seg_max: self.config.seg_max,
-                    max_map,
-                })?;
-                Pieces::Data {
-                    plan,
-                    offset,
-                    buf_offset,
-                }
-            }
-            Command::Flush => {
-                if !self.config.flush {
-                    return Err(BlkError::NotSupported { what: "flush" });
-                }
-                Pieces::List(vec![PieceSpec::Flush].into_iter())
-            }
-            Command::Discard { offset, len } | Command::WriteZeroes { offset, len, .. } => {
-                let (limits, kind, unmap, what) = match *req {
-                    Command::Discard { .. } => {
-                        (self.config.discard, req_type::DISCARD, false, "discard")
-                    }
-                    Command::WriteZeroes { unmap, .. } => (
-                        self.config.write_zeroes,
-                        req_type::WRITE_ZEROES,
-                        unmap && self.config.write_zeroes_may_unmap,
-                        "write-zeroes",
-                    ),
-                    _ => unreachable!("matched above"),
-                };
-                let limits = limits.ok_or(BlkError::NotSupported { what })?;
-                if self.config.read_only {
-                    return Err(BlkError::ReadOnly);
-                }
-                check(offset, len)?;
-                let mut out = Vec::new();
-                let mut sector = offset / SECTOR;
-                let mut left = len / SECTOR;
-                while left > 0 {
-                    let n = left.min(u64::from(limits.max_sectors));
-                    out.push(PieceSpec::Range {
-                        kind,
-                        sector,
-                        // `n <= max_sectors`, a u32.
-                        sectors: n as u32,
-                        unmap,
-                    });
-                    sector += n;
-                    left -= n;
-                }
-                Pieces::List(out.into_iter())
-            }
-        })
     }
 
     /// Puts one virtio request on the ring, waiting for room if needed.
