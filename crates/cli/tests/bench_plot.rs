@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use iopath_bench::plot::{hex, Rgb, LIMIT, PEER, PRIMARY, SECONDARY, WHISKER};
+use iopath_bench::plot::{hex, RGBColor, LIMIT, PEER, PRIMARY, SECONDARY, WHISKER};
 
 const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 
@@ -154,7 +154,7 @@ impl Chart {
         self.bars.iter().map(|b| b.1.as_str()).collect()
     }
 
-    fn count(&self, color: Rgb) -> usize {
+    fn count(&self, color: RGBColor) -> usize {
         self.bars.iter().filter(|b| b.0 == hex(color)).count()
     }
 }

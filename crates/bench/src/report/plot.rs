@@ -24,27 +24,26 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use super::model::{Cell, Figure, Unit};
 use crate::{Error, Result};
 
-/// An sRGB colour.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rgb(pub u8, pub u8, pub u8);
+/// An sRGB colour, as plotters draws it.
+pub use plotters::style::RGBColor;
 
 /// The measured way the chart is about (heap total, iopath's back end, the
 /// fd way).
-pub const PRIMARY: Rgb = Rgb(0x4C, 0x72, 0xB0);
+pub const PRIMARY: RGBColor = RGBColor(0x4C, 0x72, 0xB0);
 /// The way it is compared with (the legacy way, a sleeping back end), and
 /// heap read time.
-pub const SECONDARY: Rgb = Rgb(0xDD, 0x84, 0x52);
+pub const SECONDARY: RGBColor = RGBColor(0xDD, 0x84, 0x52);
 /// A peer's bar (qemu-storage-daemon, libblkio, OpenAMP).
-pub const PEER: Rgb = Rgb(0x55, 0xA8, 0x68);
+pub const PEER: RGBColor = RGBColor(0x55, 0xA8, 0x68);
 /// Bounds that are not the limit (alloc only), heap allocation time.
-pub const OTHER: Rgb = Rgb(0x8C, 0x8C, 0x8C);
+pub const OTHER: RGBColor = RGBColor(0x8C, 0x8C, 0x8C);
 /// The limit measured in the same run.
-pub const LIMIT: Rgb = Rgb(0xC4, 0x4E, 0x52);
+pub const LIMIT: RGBColor = RGBColor(0xC4, 0x4E, 0x52);
 /// Min-max whiskers.
-pub const WHISKER: Rgb = Rgb(0x20, 0x20, 0x20);
+pub const WHISKER: RGBColor = RGBColor(0x20, 0x20, 0x20);
 
 /// `#RRGGBB` as the SVG writes a colour.
-pub fn hex(c: Rgb) -> String {
+pub fn hex(c: RGBColor) -> String {
     format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
 }
 
@@ -61,7 +60,7 @@ const EM: f64 = 0.6;
 struct Bar {
     label: String,
     figure: Option<Figure>,
-    color: Rgb,
+    color: RGBColor,
     thin: bool,
 }
 
@@ -74,7 +73,7 @@ pub struct Chart {
     about: String,
     unit: &'static str,
     axis: String,
-    legend: Vec<(String, Rgb)>,
+    legend: Vec<(String, RGBColor)>,
     groups: Vec<(String, Vec<Bar>)>,
 }
 
@@ -103,7 +102,7 @@ impl Chart {
     }
 
     /// The legend: each colour's meaning (drawn when a bar has it).
-    pub(crate) fn legend(mut self, entries: &[(&str, Rgb)]) -> Chart {
+    pub(crate) fn legend(mut self, entries: &[(&str, RGBColor)]) -> Chart {
         self.legend = entries.iter().map(|(t, c)| (t.to_string(), *c)).collect();
         self
     }
@@ -116,16 +115,21 @@ impl Chart {
     }
 
     /// A row `label`, its bar at `cell`'s figure.
-    pub(crate) fn bar(&mut self, label: impl Into<String>, cell: &Cell, color: Rgb) -> &mut Chart {
+    pub(crate) fn bar(
+        &mut self,
+        label: impl Into<String>,
+        cell: &Cell,
+        color: RGBColor,
+    ) -> &mut Chart {
         self.push(label.into(), cell, color, false)
     }
 
     /// A thin bar under the row, its figure written after `phase`.
-    pub(crate) fn thin(&mut self, phase: &str, cell: &Cell, color: Rgb) -> &mut Chart {
+    pub(crate) fn thin(&mut self, phase: &str, cell: &Cell, color: RGBColor) -> &mut Chart {
         self.push(phase.into(), cell, color, true)
     }
 
-    fn push(&mut self, label: String, cell: &Cell, color: Rgb, thin: bool) -> &mut Chart {
+    fn push(&mut self, label: String, cell: &Cell, color: RGBColor, thin: bool) -> &mut Chart {
         let figure = match cell {
             Cell::Figure(f) => Some(f.clone()),
             _ => None,
@@ -224,7 +228,7 @@ impl Chart {
                 match m {
                     Mark::Rect { at, size, color } => {
                         let end = (at.0 + size.0, at.1 + size.1);
-                        let fill = RGBColor(color.0, color.1, color.2).filled();
+                        let fill = color.filled();
                         root.draw(&Rectangle::new([px(*at), px(end)], fill))
                     }
                     Mark::Line {
@@ -233,8 +237,7 @@ impl Chart {
                         width,
                     } => {
                         let points: Vec<_> = points.iter().map(|p| px(*p)).collect();
-                        let c = RGBColor(color.0, color.1, color.2);
-                        root.draw(&PathElement::new(points, c.stroke_width(*width)))
+                        root.draw(&PathElement::new(points, color.stroke_width(*width)))
                     }
                     Mark::Text { at, s, class } => {
                         let at = px((at.0, class.centre(at.1)));
@@ -324,10 +327,10 @@ impl Chart {
         };
         for (v, label) in scale.ticks() {
             let x = scale.x(v);
-            out.push(line((x, top), (x, y), Rgb(0xDD, 0xDD, 0xDD)));
+            out.push(line((x, top), (x, y), RGBColor(0xDD, 0xDD, 0xDD)));
             text(&mut out, Class::Tick, (x, y + 22.0), &label);
         }
-        out.push(line((x0, y), (x1, y), Rgb(0x22, 0x22, 0x22)));
+        out.push(line((x0, y), (x1, y), RGBColor(0x22, 0x22, 0x22)));
         let log = if scale.log { " (log scale)" } else { "" };
         let axis = format!("{}{log}", self.axis);
         text(&mut out, Class::Tick, ((x0 + x1) / 2.0, y + 48.0), &axis);
@@ -342,11 +345,11 @@ enum Mark {
     Rect {
         at: (f64, f64),
         size: (f64, f64),
-        color: Rgb,
+        color: RGBColor,
     },
     Line {
         points: Vec<(f64, f64)>,
-        color: Rgb,
+        color: RGBColor,
         width: u32,
     },
     /// Text with its baseline at `at`.
@@ -358,7 +361,7 @@ enum Mark {
 }
 
 impl Mark {
-    fn rect(at: (f64, f64), size: (f64, f64), color: Rgb) -> Mark {
+    fn rect(at: (f64, f64), size: (f64, f64), color: RGBColor) -> Mark {
         Mark::Rect { at, size, color }
     }
 }
