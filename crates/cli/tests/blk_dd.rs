@@ -505,39 +505,24 @@ fn dd_prints_each_run_as_it_completes() {
 #[test]
 fn dd_says_when_the_device_offers_fewer_queues_than_asked() {
     let peer = serve(1 << 20);
-    let out = dd(
-        &peer.socket,
-        &[
-            "--bs",
-            "4K",
-            "--count",
-            "64",
-            "--queues",
-            "4",
-            "--queue-depth",
-            "8",
-        ],
-    );
+    let args = [
+        "--bs",
+        "4K",
+        "--count",
+        "64",
+        "--queues",
+        "4",
+        "--queue-depth",
+        "8",
+    ];
+    let out = dd(&peer.socket, &args);
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("4 queues asked, but the device offers 2: running 2"),
         "{err}"
     );
-    let json = dd(
-        &peer.socket,
-        &[
-            "--bs",
-            "4K",
-            "--count",
-            "64",
-            "--queues",
-            "4",
-            "--queue-depth",
-            "8",
-            "--json",
-        ],
-    );
+    let json = dd(&peer.socket, &[&args[..], &["--json"]].concat());
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v["queues"], 2, "{v}");
 }
