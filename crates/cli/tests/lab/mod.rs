@@ -37,13 +37,24 @@ pub struct Lab {
 /// What a boot printed and how it ended.
 #[derive(Debug)]
 pub struct Guest {
-    /// The script's exit status; 124 on timeout, 125 if the guest died.
+    /// The script's exit status; 124 on timeout, 125 if the guest died,
+    /// 126 if every boot hung before the script started.
     pub status: Option<i32>,
     /// The script's output (console line ends normalised to `\n`).
     pub out: String,
     /// linux-lab's own messages.
     pub err: String,
+    /// Boots that hung before the script started and were retried
+    /// (`scripts/linux-lab --help`, BOOT HANG): each still connected to
+    /// the devices, so a back end counts them among its drivers.
+    pub hung_boots: u32,
 }
+
+/// linux-lab's status for a boot that hung before the script started.
+const BOOT_HUNG: i32 = 126;
+
+/// Boots tried in all when they hang before the script starts.
+const BOOT_TRIES: u32 = 3;
 
 impl Guest {
     /// Panics with everything the guest printed unless the script
@@ -120,21 +131,41 @@ impl Lab {
     }
 
     /// Boots the kernel with `devices` (`SOCK:ID`) and runs `script ARGS`
-    /// inside it, killing the guest after `timeout_s`.
+    /// inside it, killing the guest after `timeout_s`. A boot that hangs
+    /// before the script starts, a Linux deadlock that an rpmsg
+    /// announcement can trigger (`scripts/linux-lab --help`, BOOT HANG),
+    /// is reported and tried again, up to [`BOOT_TRIES`] boots in all.
+    /// `IOPATH_LAB_VERBOSE=1` shows the kernel's log in the output.
     pub fn run(&self, devices: &[String], timeout_s: u32, script: &Path, args: &[&str]) -> Guest {
-        let mut cmd = Command::new(&self.script);
-        cmd.arg("run").args(["--timeout", &timeout_s.to_string()]);
-        if let Some(p) = &self.patches {
-            cmd.arg("--patches").arg(p);
-        }
-        for d in devices {
-            cmd.args(["--device", d]);
-        }
-        let o = cmd.arg("--").arg(script).args(args).output().unwrap();
-        Guest {
-            status: o.status.code(),
-            out: String::from_utf8_lossy(&o.stdout).replace("\r\n", "\n"),
-            err: String::from_utf8_lossy(&o.stderr).into_owned(),
+        let mut hung_boots = 0;
+        loop {
+            let mut cmd = Command::new(&self.script);
+            cmd.arg("run").args(["--timeout", &timeout_s.to_string()]);
+            if std::env::var_os("IOPATH_LAB_VERBOSE").is_some() {
+                cmd.arg("--verbose");
+            }
+            if let Some(p) = &self.patches {
+                cmd.arg("--patches").arg(p);
+            }
+            for d in devices {
+                cmd.args(["--device", d]);
+            }
+            let o = cmd.arg("--").arg(script).args(args).output().unwrap();
+            let g = Guest {
+                status: o.status.code(),
+                out: String::from_utf8_lossy(&o.stdout).replace("\r\n", "\n"),
+                err: String::from_utf8_lossy(&o.stderr).into_owned(),
+                hung_boots,
+            };
+            if g.status != Some(BOOT_HUNG) || hung_boots + 1 >= BOOT_TRIES {
+                return g;
+            }
+            hung_boots += 1;
+            eprintln!(
+                "lab: boot {hung_boots} of {} hung before the script started; booting again:\n{}",
+                script.display(),
+                g.err.trim_end()
+            );
         }
     }
 }
