@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 pub(crate) use files::Files;
 pub use model::{grouped, Cell, Column, Figure, NotRun, Table, Unit};
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// What one experiment measured, ready to print, write or draw.
 #[derive(Debug, Clone, Default)]
@@ -125,12 +125,16 @@ impl Report {
     /// the files.
     ///
     /// # Errors
-    /// [`crate::Error::Write`] when a file cannot be written.
+    /// [`Error::Write`] naming `--plot` when plotters cannot draw a chart
+    /// or its file cannot be written.
     pub fn plot(&self, dir: &Path) -> Result<Vec<PathBuf>> {
-        let path = |c: &plot::Chart| dir.join(format!("{}.svg", c.name));
-        self.charts
-            .iter()
-            .map(|c| c.draw(&path(c)).map(|()| path(c)))
-            .collect()
+        let draw = |c: &plot::Chart| {
+            let path = dir.join(format!("{}.svg", c.name));
+            let svg = c.svg().map_err(std::io::Error::other);
+            let written = svg.and_then(|svg| std::fs::write(&path, svg));
+            written.map_err(Error::write("--plot", &path))?;
+            Ok(path)
+        };
+        self.charts.iter().map(draw).collect()
     }
 }

@@ -205,6 +205,8 @@ impl From<String> for Cell {
     }
 }
 
+/// The value with its unit, then the range: `1.5 (1.2-1.8)`; with `{:#}`,
+/// the value alone (as a chart writes it beside its bar).
 impl fmt::Display for Figure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let num = |v: f64| match self.unit {
@@ -214,7 +216,7 @@ impl fmt::Display for Figure {
         };
         let unit = ["", "", "%", "x", " us", ""][self.unit as usize];
         write!(f, "{}{unit}", num(self.value))?;
-        if let Some((lo, hi)) = self.range {
+        if let Some((lo, hi)) = self.range.filter(|_| !f.alternate()) {
             write!(f, " ({}-{})", num(lo), num(hi))?;
         }
         Ok(())

@@ -16,13 +16,10 @@
 //! titles 24, every other text 16, so that a page showing the chart 800
 //! to 1200 wide shows them at 11 to 24 px.
 
-use std::path::Path;
-
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::model::{Cell, Figure, Unit};
-use crate::{Error, Result};
+use super::model::{Cell, Unit};
 
 /// An sRGB colour, as plotters draws it.
 pub use plotters::style::RGBColor;
@@ -53,13 +50,13 @@ const PAD: f64 = 24.0;
 /// A character's width in em, generous for common sans-serif fonts.
 const EM: f64 = 0.6;
 
-/// One bar: its row's label, its figure (as the table's cell holds it;
-/// `None`: not measured), its colour; a thin bar draws a part of the row
-/// above (a phase), named by its label before its value.
+/// One bar: its row's label, the table's cell (drawn when a figure), its
+/// colour; a thin bar draws a part of the row above (a phase), named by
+/// its label before its value.
 #[derive(Debug, Clone)]
 struct Bar {
     label: String,
-    figure: Option<Figure>,
+    cell: Cell,
     color: RGBColor,
     thin: bool,
 }
@@ -130,14 +127,10 @@ impl Chart {
     }
 
     fn push(&mut self, label: String, cell: &Cell, color: RGBColor, thin: bool) -> &mut Chart {
-        let figure = match cell {
-            Cell::Figure(f) => Some(f.clone()),
-            _ => None,
-        };
         let group = &mut self.groups.last_mut().expect("a chart has a group").1;
         group.push(Bar {
             label,
-            figure,
+            cell: cell.clone(),
             color,
             thin,
         });
@@ -156,28 +149,22 @@ impl Chart {
 
     /// Whether the chart has no bar to draw.
     pub(crate) fn is_empty(&self) -> bool {
-        self.bars().all(|b| b.figure.is_none())
+        self.bars().all(|b| b.cell.value().is_none())
     }
 
     /// A bar's value as its cell writes it (no range), with the unit.
     fn value_text(&self, b: &Bar) -> String {
-        let Some(f) = &b.figure else {
+        let Cell::Figure(f) = &b.cell else {
             return "n/a".into();
         };
-        let plain = Figure {
-            range: None,
-            ..f.clone()
-        };
-        let v = match f.unit {
-            Unit::Plain | Unit::Grouped if !self.unit.is_empty() => {
-                format!("{plain} {}", self.unit)
-            }
-            _ => plain.to_string(),
-        };
-        match b.thin {
-            true => format!("{} {v}", b.label),
-            false => v,
+        let mut v = format!("{f:#}");
+        if matches!(f.unit, Unit::Plain | Unit::Grouped) && !self.unit.is_empty() {
+            v = format!("{v} {}", self.unit);
         }
+        if b.thin {
+            v = format!("{} {v}", b.label);
+        }
+        v
     }
 
     /// Each drawn bar as `GROUP, ROW: VALUE` (its value as written beside
@@ -191,63 +178,43 @@ impl Chart {
                 if !b.thin {
                     row = &b.label;
                 }
-                let Some(f) = &b.figure else { continue };
+                let Cell::Figure(f) = &b.cell else { continue };
                 whiskers += usize::from(f.range.is_some());
-                let value = self.value_text(b);
-                titles.push(match heading.as_str() {
-                    "" => format!("{row}: {value}"),
-                    h => format!("{h}, {row}: {value}"),
-                });
+                let group = heading.clone() + if heading.is_empty() { "" } else { ", " };
+                titles.push(format!("{group}{row}: {}", self.value_text(b)));
             }
         }
         (titles, whiskers)
-    }
-
-    /// Writes the chart into the SVG file `path`.
-    ///
-    /// # Errors
-    /// [`Error::Write`] naming `--plot` when plotters cannot draw it or
-    /// the file cannot be written.
-    pub(crate) fn draw(&self, path: &Path) -> Result<()> {
-        let svg = self.svg().map_err(std::io::Error::other);
-        svg.and_then(|svg| std::fs::write(path, svg))
-            .map_err(Error::write("--plot", path))
     }
 
     /// The chart as an SVG document, drawn by plotters from [`Chart::layout`].
     pub(crate) fn svg(&self) -> std::result::Result<String, String> {
         let (marks, height) = self.layout();
         let mut svg = String::new();
-        {
-            let size = (WIDTH as u32, height.ceil() as u32);
-            let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
-            let e = |e: DrawingAreaErrorKind<_>| e.to_string();
-            root.fill(&WHITE).map_err(e)?;
-            let px = |(x, y): (f64, f64)| (x.round() as i32, y.round() as i32);
-            for m in &marks {
-                match m {
-                    Mark::Rect { at, size, color } => {
-                        let end = (at.0 + size.0, at.1 + size.1);
-                        let fill = color.filled();
-                        root.draw(&Rectangle::new([px(*at), px(end)], fill))
-                    }
-                    Mark::Line {
-                        points,
-                        color,
-                        width,
-                    } => {
-                        let points: Vec<_> = points.iter().map(|p| px(*p)).collect();
-                        root.draw(&PathElement::new(points, color.stroke_width(*width)))
-                    }
-                    Mark::Text { at, s, class } => {
-                        let at = px((at.0, class.centre(at.1)));
-                        root.draw(&Text::new(s.as_str(), at, class.style()))
-                    }
+        let size = (WIDTH as u32, height.ceil() as u32);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+        root.fill(&WHITE).map_err(e)?;
+        let px = |(x, y): (f64, f64)| (x.round() as i32, y.round() as i32);
+        for m in &marks {
+            match m {
+                Mark::Rect(at, size, color) => {
+                    let corners = [px(*at), px((at.0 + size.0, at.1 + size.1))];
+                    root.draw(&Rectangle::new(corners, color.filled()))
                 }
-                .map_err(e)?;
+                Mark::Line(points, color, width) => {
+                    let points: Vec<_> = points.iter().map(|p| px(*p)).collect();
+                    root.draw(&PathElement::new(points, color.stroke_width(*width)))
+                }
+                Mark::Text(at, s, class) => {
+                    let (style, above) = class.style();
+                    root.draw(&Text::new(s.as_str(), px((at.0, at.1 - above)), style))
+                }
             }
-            root.present().map_err(e)?;
+            .map_err(e)?;
         }
+        root.present().map_err(e)?;
+        drop(root);
         Ok(svg)
     }
 
@@ -266,16 +233,13 @@ impl Chart {
         }
         y += 32.0;
         let mut x = PAD;
-        for (t, c) in self
-            .legend
-            .iter()
-            .filter(|(_, c)| self.bars().any(|b| b.color == *c))
-        {
+        let legend = self.legend.iter();
+        for (t, c) in legend.filter(|(_, c)| self.bars().any(|b| b.color == *c)) {
             let w = width(t) + 48.0;
             if x + w > WIDTH - PAD && x > PAD {
                 (x, y) = (PAD, y + 26.0);
             }
-            out.push(Mark::rect((x, y - 13.0), (14.0, 14.0), *c));
+            out.push(Mark::Rect((x, y - 13.0), (14.0, 14.0), *c));
             text(&mut out, Class::Legend, (x + 20.0, y), t);
             x += w;
         }
@@ -284,7 +248,8 @@ impl Chart {
         let x1 = WIDTH - PAD - 10.0 - widest(&|b| width(&self.value_text(b)));
         // A thin bar, a part of its row, draws on the rows' scale.
         let rows = self.bars().filter(|b| !b.thin);
-        let scale = Scale::new(rows.filter_map(|b| b.figure.as_ref()), x0, x1);
+        let scale = Scale::new(rows.map(|b| &b.cell));
+        let x = |v| x0 + scale.at(v) * (x1 - x0);
         let (top, mut marks) = (y + 20.0, Vec::new());
         y = top;
         for (heading, bars) in &self.groups {
@@ -298,18 +263,14 @@ impl Chart {
                 if !b.thin {
                     text(&mut marks, Class::Label, (x0 - 12.0, cy + 5.5), &b.label);
                 }
-                if let Some(f) = &b.figure {
-                    end = scale.x(f.value);
+                if let Cell::Figure(f) = &b.cell {
+                    end = x(f.value);
                     let w = (end - x0).max(1.0);
-                    marks.push(Mark::rect((x0, cy - h / 2.0), (w, h), b.color));
+                    marks.push(Mark::Rect((x0, cy - h / 2.0), (w, h), b.color));
                     if let Some((lo, hi)) = f.range {
-                        let (a, z, c, d) = (scale.x(lo), scale.x(hi), cy - h * 0.3, cy + h * 0.3);
+                        let (a, z, c, d) = (x(lo), x(hi), cy - h * 0.3, cy + h * 0.3);
                         let points = vec![(a, c), (a, d), (a, cy), (z, cy), (z, c), (z, d)];
-                        marks.push(Mark::Line {
-                            points,
-                            color: WHISKER,
-                            width: 2,
-                        });
+                        marks.push(Mark::Line(points, WHISKER, 2));
                         end = end.max(z);
                     }
                 }
@@ -320,17 +281,12 @@ impl Chart {
             y += 6.0;
         }
         // The grid under the marks, the axis below them.
-        let line = |a, z, color| Mark::Line {
-            points: vec![a, z],
-            color,
-            width: 1,
-        };
-        for (v, label) in scale.ticks() {
-            let x = scale.x(v);
-            out.push(line((x, top), (x, y), RGBColor(0xDD, 0xDD, 0xDD)));
-            text(&mut out, Class::Tick, (x, y + 22.0), &label);
+        let line = |a, z, grey| Mark::Line(vec![a, z], RGBColor(grey, grey, grey), 1);
+        for v in scale.ticks() {
+            out.push(line((x(v), top), (x(v), y), 0xDD));
+            text(&mut out, Class::Tick, (x(v), y + 22.0), &short_num(v));
         }
-        out.push(line((x0, y), (x1, y), RGBColor(0x22, 0x22, 0x22)));
+        out.push(line((x0, y), (x1, y), 0x22));
         let log = if scale.log { " (log scale)" } else { "" };
         let axis = format!("{}{log}", self.axis);
         text(&mut out, Class::Tick, ((x0 + x1) / 2.0, y + 48.0), &axis);
@@ -342,28 +298,12 @@ impl Chart {
 /// What the layout places, in SVG pixels.
 #[derive(Debug, Clone, PartialEq)]
 enum Mark {
-    Rect {
-        at: (f64, f64),
-        size: (f64, f64),
-        color: RGBColor,
-    },
-    Line {
-        points: Vec<(f64, f64)>,
-        color: RGBColor,
-        width: u32,
-    },
-    /// Text with its baseline at `at`.
-    Text {
-        at: (f64, f64),
-        s: String,
-        class: Class,
-    },
-}
-
-impl Mark {
-    fn rect(at: (f64, f64), size: (f64, f64), color: RGBColor) -> Mark {
-        Mark::Rect { at, size, color }
-    }
+    /// A filled rectangle: its top left corner, size and colour.
+    Rect((f64, f64), (f64, f64), RGBColor),
+    /// A line through points: the points, its colour and width.
+    Line(Vec<(f64, f64)>, RGBColor, u32),
+    /// A text with its baseline at a point.
+    Text((f64, f64), String, Class),
 }
 
 /// A kind of text, which sets its size, weight, anchor and colour.
@@ -379,51 +319,39 @@ enum Class {
 }
 
 impl Class {
-    /// Its size in px, weight, anchor and grey level: titles 24 px, all
-    /// else 16 px.
-    fn spec(self) -> (f64, FontStyle, HPos, u8) {
-        match self {
+    /// Its plotters style (titles 24 px, all else 16), centred vertically
+    /// (plotters writes `dy="0.5ex"`) and sized so that the SVG says the
+    /// size (plotters writes a font's size divided by 1.24); and how far
+    /// above the baseline that centre is (half an ex, about 0.27 em).
+    fn style(self) -> (TextStyle<'static>, f64) {
+        let (size, weight, h, grey) = match self {
             Class::Title => (24.0, FontStyle::Bold, HPos::Left, 0x00),
             Class::Group => (16.0, FontStyle::Bold, HPos::Left, 0x00),
             Class::About => (16.0, FontStyle::Normal, HPos::Left, 0x44),
             Class::Label => (16.0, FontStyle::Normal, HPos::Right, 0x00),
             Class::Tick => (16.0, FontStyle::Normal, HPos::Center, 0x22),
             Class::Legend | Class::Value => (16.0, FontStyle::Normal, HPos::Left, 0x00),
-        }
-    }
-
-    /// Its plotters style, centred vertically (plotters writes `dy="0.5ex"`)
-    /// and sized so that the SVG says `size` (plotters writes a font's size
-    /// divided by 1.24).
-    fn style(self) -> TextStyle<'static> {
-        let (size, style, h, grey) = self.spec();
-        let font = FontDesc::new(FontFamily::SansSerif, size * 1.24, style);
-        let color = RGBColor(grey, grey, grey);
-        font.color(&color).pos(Pos::new(h, VPos::Center))
-    }
-
-    /// From a baseline to the centre plotters places text at (half an ex,
-    /// about 0.27 em, above it).
-    fn centre(self, baseline: f64) -> f64 {
-        baseline - 0.27 * self.spec().0
+        };
+        let font = FontDesc::new(FontFamily::SansSerif, size * 1.24, weight);
+        let style = font.color(&RGBColor(grey, grey, grey));
+        (style.pos(Pos::new(h, VPos::Center)), 0.27 * size)
     }
 }
 
-/// Where values go on the axis between `x0` and `x1`: linear from zero, or
-/// (over more than two orders of magnitude) log from a power of ten below
-/// the smallest to one above the largest.
+/// Where values go along the axis: linear from zero, or (over more than
+/// two orders of magnitude) log from a power of ten below the smallest to
+/// one above the largest.
 struct Scale {
     lo: f64,
     hi: f64,
     log: bool,
-    x0: f64,
-    x1: f64,
 }
 
 impl Scale {
-    fn new<'a>(figures: impl Iterator<Item = &'a Figure>, x0: f64, x1: f64) -> Scale {
+    fn new<'a>(cells: impl Iterator<Item = &'a Cell>) -> Scale {
         let (mut min, mut max, mut low) = (f64::INFINITY, 0f64, f64::INFINITY);
-        for f in figures {
+        for c in cells {
+            let Cell::Figure(f) = c else { continue };
             let (a, z) = f.range.unwrap_or((f.value, f.value));
             max = max.max(f.value).max(z);
             if f.value > 0.0 {
@@ -438,35 +366,27 @@ impl Scale {
             true => (pow10(low.log10().floor()), pow10(max.log10().ceil())),
             false => (0.0, (max / step(max)).ceil() * step(max)),
         };
-        Scale {
-            lo,
-            hi,
-            log,
-            x0,
-            x1,
-        }
+        Scale { lo, hi, log }
     }
 
-    fn x(&self, v: f64) -> f64 {
+    /// How far along the axis `v` goes, from 0 to 1.
+    fn at(&self, v: f64) -> f64 {
         let t = match self.log {
             true => (v.max(self.lo) / self.lo).log10() / (self.hi / self.lo).log10(),
             false => v / self.hi,
         };
-        self.x0 + t.clamp(0.0, 1.0) * (self.x1 - self.x0)
+        t.clamp(0.0, 1.0)
     }
 
-    /// The ticks and their labels: powers of ten, or a round step.
-    fn ticks(&self) -> Vec<(f64, String)> {
-        let (mut v, mut t) = (Vec::new(), self.lo);
-        while t <= self.hi * (1.0 + 1e-9) {
-            v.push((t, short_num(t)));
-            t = if self.log {
-                t * 10.0
-            } else {
-                t + step(self.hi)
-            };
-        }
-        v
+    /// The ticks: powers of ten, or a round step.
+    fn ticks(&self) -> Vec<f64> {
+        let step = step(self.hi);
+        let next = |t: f64| match self.log {
+            true => t * 10.0,
+            false => t + step,
+        };
+        let ticks = std::iter::successors(Some(self.lo), |&t| Some(next(t)));
+        ticks.take_while(|&t| t <= self.hi * (1.0 + 1e-9)).collect()
     }
 }
 
@@ -474,24 +394,21 @@ impl Scale {
 /// ticks up to `max`.
 fn step(max: f64) -> f64 {
     let mag = 10f64.powf((max / 5.0).log10().floor());
-    let f = [1.0, 2.0, 2.5, 5.0]
-        .into_iter()
-        .find(|f| f * mag >= max / 5.0);
+    let enough = |f: &f64| f * mag >= max / 5.0;
+    let f = [1.0, 2.0, 2.5, 5.0].into_iter().find(enough);
     f.unwrap_or(10.0) * mag
 }
 
 /// An axis figure: 2.5M, 400k, 12, 0.75.
 fn short_num(v: f64) -> String {
-    let trim = |v: f64| {
-        let s = format!("{v:.6}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    let (v, unit) = match v.abs() {
+        a if a >= 1e6 => (v / 1e6, "M"),
+        a if a >= 1e4 => (v / 1e3, "k"),
+        a if a >= 10.0 || a == 0.0 => return format!("{v:.0}"),
+        _ => (v, ""),
     };
-    match v.abs() {
-        a if a >= 1e6 => format!("{}M", trim(v / 1e6)),
-        a if a >= 1e4 => format!("{}k", trim(v / 1e3)),
-        a if a >= 10.0 || a == 0.0 => format!("{v:.0}"),
-        _ => trim(v),
-    }
+    let s = format!("{v:.6}");
+    format!("{}{unit}", s.trim_end_matches('0').trim_end_matches('.'))
 }
 
 /// The width of `s` in pixels at 16 px, estimated.
@@ -514,8 +431,7 @@ fn wrap(s: &str, size: f64) -> Vec<String> {
 
 /// A text of `class` with its baseline at `at`.
 fn text(out: &mut Vec<Mark>, class: Class, at: (f64, f64), s: &str) {
-    let s = s.to_string();
-    out.push(Mark::Text { at, s, class });
+    out.push(Mark::Text(at, s.to_string(), class));
 }
 
 #[cfg(test)]
@@ -531,70 +447,52 @@ mod tests {
         assert_eq!(short_num(0.001), "0.001");
         assert_eq!(short_num(0.0), "0");
         assert_eq!(hex(LIMIT), "#C44E52");
-        assert_eq!(
-            [step(401.9), step(4.1), step(12_000.0)],
-            [100.0, 1.0, 2500.0]
-        );
+        let steps = [step(401.9), step(4.1), step(12_000.0)];
+        assert_eq!(steps, [100.0, 1.0, 2500.0]);
     }
 
     /// The texts of `class` in drawing order.
     fn texts(marks: &[Mark], class: Class) -> Vec<&str> {
-        marks
-            .iter()
-            .filter_map(|m| match m {
-                Mark::Text { s, class: c, .. } if *c == class => Some(s.as_str()),
-                _ => None,
-            })
-            .collect()
+        let texts = marks.iter().filter_map(|m| match m {
+            Mark::Text(_, s, c) if *c == class => Some(s.as_str()),
+            _ => None,
+        });
+        texts.collect()
     }
 
     #[test]
     fn bars_write_their_cells_and_pick_the_axis() {
         let mut c = Chart::new("c", "t", "ms").legend(&[("total", PRIMARY)]);
-        c.bar(
-            "a & b",
-            &Cell::runs(&[2.0, 1.0, 4.0], Unit::Plain, 1),
-            PRIMARY,
-        )
-        .thin("alloc", &Cell::num(1.25, 2), OTHER)
-        .bar("b", &Cell::NotAvailable, PRIMARY);
+        let runs = Cell::runs(&[2.0, 1.0, 4.0], Unit::Plain, 1);
+        c.bar("a & b", &runs, PRIMARY)
+            .thin("alloc", &Cell::num(1.25, 2), OTHER)
+            .bar("b", &Cell::NotAvailable, PRIMARY);
         let (marks, _) = c.layout();
         assert_eq!(texts(&marks, Class::Label), ["a & b", "b"]);
-        assert_eq!(
-            texts(&marks, Class::Value),
-            ["2.0 ms", "alloc 1.25 ms", "n/a"]
-        );
+        let values = ["2.0 ms", "alloc 1.25 ms", "n/a"];
+        assert_eq!(texts(&marks, Class::Value), values);
         assert_eq!(texts(&marks, Class::Tick).last(), Some(&"ms"));
-        let bars: Vec<_> = marks
-            .iter()
-            .filter_map(|m| match m {
-                Mark::Rect { size, color, .. } if size.1 > 14.0 || size.1 == 12.0 => {
-                    Some((size.0, *color))
-                }
-                _ => None,
-            })
-            .collect();
+        let bars = marks.iter().filter_map(|m| match m {
+            Mark::Rect(_, (w, h), color) if *h > 14.0 || *h == 12.0 => Some((*w, *color)),
+            _ => None,
+        });
+        let bars: Vec<_> = bars.collect();
         assert_eq!(bars.len(), 2);
         // Linear from 0 to 4: the median 2 is half the 4 the whisker ends at.
         let whisker = marks.iter().find_map(|m| match m {
-            Mark::Line { points, color, .. } if *color == WHISKER => Some(points.clone()),
+            Mark::Line(points, color, _) if *color == WHISKER => Some(points.clone()),
             _ => None,
         });
         let w = whisker.unwrap();
-        assert!(
-            ((w[3].0 - w[0].0) - (bars[0].0 * 1.5)).abs() < 1e-6,
-            "{w:?} {bars:?}"
-        );
+        let (span, bar) = (w[3].0 - w[0].0, bars[0].0);
+        assert!((span - bar * 1.5).abs() < 1e-6, "{w:?} {bars:?}");
         let svg = c.svg().unwrap();
         assert!(svg.contains("\na &amp; b\n"), "{svg}");
         assert!(svg.contains("font-size=\"16\""), "{svg}");
-        let mut wide = Chart::new("w", "t", "us");
-        wide.group("one").bar("x", &Cell::num(5.0, 0), PRIMARY).bar(
-            "y",
-            &Cell::num(900.0, 0),
-            PRIMARY,
-        );
-        let (marks, _) = wide.layout();
+        let mut log = Chart::new("w", "t", "us");
+        let (x, y) = (Cell::num(5.0, 0), Cell::num(900.0, 0));
+        log.group("one").bar("x", &x, PRIMARY).bar("y", &y, PRIMARY);
+        let (marks, _) = log.layout();
         assert_eq!(texts(&marks, Class::Tick).last(), Some(&"us (log scale)"));
         assert_eq!(texts(&marks, Class::Group), ["one"]);
     }
