@@ -25,16 +25,16 @@
 //! ```
 
 mod files;
-mod markdown;
 mod model;
 pub mod plot;
-mod text;
 
+use std::iter::once;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
 pub(crate) use files::Files;
+use model::paragraphs;
 pub use model::{grouped, Cell, Column, Figure, NotRun, Table, Unit};
 
 use crate::{Error, Result};
@@ -99,14 +99,20 @@ impl Report {
         self.name
     }
 
-    /// The report as `iopath bench` prints it: aligned columns.
+    /// The report as `iopath bench` prints it: the summary line, each
+    /// table in aligned columns, the notes, a blank line between them.
     pub fn text(&self) -> String {
-        text::report(self)
+        let (tables, notes) = (self.tables.iter().map(Table::text), self.notes.join("\n"));
+        let blocks = once(self.summary.clone()).chain(tables).chain(once(notes));
+        let blocks: Vec<_> = blocks.filter(|b| !b.is_empty()).collect();
+        format!("{}\n", blocks.join("\n\n"))
     }
 
-    /// The report as Markdown (as in BENCHMARKS.md).
+    /// The report as Markdown (as in BENCHMARKS.md): the summary, each
+    /// table, the notes, as paragraphs.
     pub fn markdown(&self) -> String {
-        markdown::report(self)
+        let tables: String = self.tables.iter().map(Table::markdown).collect();
+        paragraphs([self.summary.clone()]) + &tables + &paragraphs(self.notes.clone())
     }
 
     /// The report as JSON: `experiment`, `summary`, `context`, `tables`

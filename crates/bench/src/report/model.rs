@@ -1,8 +1,9 @@
 //! The report model: tables of cells, each cell a figure with its unit,
-//! the runs behind it and their range, or words. The writers lay the same
-//! cells out; none formats a figure itself.
+//! the runs behind it and their range, or words. A table lays the same
+//! cells out as text, Markdown or JSON; only a cell formats its figure.
 
 use std::fmt;
+use std::iter::once;
 
 use serde_json::{json, Value};
 
@@ -252,6 +253,13 @@ pub fn grouped(v: f64, digits: usize) -> String {
     out + frac
 }
 
+/// Markdown paragraphs: each followed by a blank line, empty ones left
+/// out.
+pub(super) fn paragraphs(ps: impl IntoIterator<Item = String>) -> String {
+    let ps = ps.into_iter().filter(|p| !p.is_empty());
+    ps.map(|p| p + "\n\n").collect()
+}
+
 /// A row that did not run: what it needs (the kernel feature, the peer
 /// program) and the error it met (JSON only).
 #[derive(Debug, Clone, PartialEq)]
@@ -358,6 +366,47 @@ impl Table {
             .collect()
     }
 
+    /// The table as `iopath bench` prints it: the title, the heading and
+    /// rows in columns two spaces apart (names left, figures right), the
+    /// lines below (no trailing newline).
+    pub(super) fn text(&self) -> String {
+        let all = self.cells();
+        let width = |i: usize| all.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..self.columns.len()).map(width).collect();
+        let line = |row: &Vec<String>| {
+            let cells = row.iter().zip(&self.columns).zip(&widths);
+            let cells = cells.map(|((cell, col), &w)| match col.right {
+                true => format!("{cell:>w$}"),
+                false => format!("{cell:<w$}"),
+            });
+            cells.collect::<Vec<_>>().join("  ").trim_end().to_string()
+        };
+        let title = Some(self.title.clone()).filter(|t| !t.is_empty());
+        let rows = all.iter().map(line);
+        let lines = title.into_iter().chain(rows).chain(self.below());
+        lines.collect::<Vec<_>>().join("\n")
+    }
+
+    /// The table as Markdown: its title, a pipe table (figures
+    /// right-aligned), each line below, as paragraphs.
+    pub(super) fn markdown(&self) -> String {
+        let line = |cells: Vec<String>| format!("| {} |", cells.join(" | "));
+        // A pipe in a cell would end it.
+        let escape = |row: Vec<String>| line(row.iter().map(|c| c.replace('|', "\\|")).collect());
+        let mut lines: Vec<String> = self.cells().into_iter().map(escape).collect();
+        let align = |c: &Column| String::from(if c.right { "---:" } else { "---" });
+        lines.insert(1, line(self.columns.iter().map(align).collect()));
+        let table = once(lines.join("\n"));
+        paragraphs(once(self.title.clone()).chain(table).chain(self.below()))
+    }
+
+    /// The heading and the rows, each cell as it writes itself.
+    fn cells(&self) -> Vec<Vec<String>> {
+        let heading = self.columns.iter().map(|c| c.name.clone()).collect();
+        let row = |r: &Vec<Cell>| r.iter().map(Cell::to_string).collect();
+        once(heading).chain(self.rows.iter().map(row)).collect()
+    }
+
     /// The table in JSON: `title`, `columns` (headings), `rows` (arrays of
     /// cells), `not_run` (`row`, `needs`, `why`), `figures` (by label),
     /// `notes`.
@@ -439,6 +488,27 @@ mod tests {
         let want = ["not run here: 2 rows: /dev/udmabuf; b: fio", "r: 2.00x"];
         assert_eq!(t.below(), want);
         assert_eq!(t.json()["not_run"][2]["why"], "no such file");
+    }
+
+    #[test]
+    fn columns_line_up() {
+        let (row, x) = (Column::left("row"), Column::left("x"));
+        let mut t = Table::new("title", vec![row, Column::right("GiB/s"), x]);
+        t.row(vec!["a long name".into(), Cell::num(1.5, 2), "".into()]);
+        t.row(vec!["b".into(), Cell::num(12.25, 2), "y".into()]);
+        t.note("a note");
+        let want =
+            "title\nrow          GiB/s  x\na long name   1.50\nb            12.25  y\na note";
+        assert_eq!(t.text(), want);
+    }
+
+    #[test]
+    fn a_pipe_table_between_paragraphs() {
+        let mut t = Table::new("title", vec![Column::left("row"), Column::right("x")]);
+        t.row(vec!["a|b".into(), Cell::times(1.0)]);
+        t.note("note");
+        let want = "title\n\n| row | x |\n| --- | ---: |\n| a\\|b | 1.00x |\n\nnote\n\n";
+        assert_eq!(t.markdown(), want);
     }
 
     #[test]
