@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 
 pub(crate) use files::Files;
 use model::paragraphs;
-pub use model::{grouped, Cell, Column, Figure, NotRun, Table, Unit};
+pub use model::{grouped, Cell, Column, Figure, Table, Unit};
 
 use crate::{Error, Result};
 

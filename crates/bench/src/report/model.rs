@@ -5,16 +5,15 @@
 use std::fmt;
 use std::iter::once;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 /// A column: its heading, and whether its cells are figures (aligned
 /// right in text) or names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {
-    /// The heading.
-    pub name: String,
-    /// Figures, aligned right.
-    pub right: bool,
+    pub(crate) name: String,
+    pub(crate) right: bool,
 }
 
 impl Column {
@@ -32,9 +31,10 @@ impl Column {
 }
 
 /// What a figure counts, as its cell writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Unit {
     /// A bare number; the column heading names the unit.
+    #[default]
     Plain,
     /// A count or a large figure: thousands separated (`12,345`).
     Grouped,
@@ -49,22 +49,17 @@ pub enum Unit {
 }
 
 /// One measured figure: its value (a median over runs, usually), unit and
-/// decimals, the runs' range written `(min-max)`, each run's figure and
-/// the samples each run took (round trips, say), which only JSON shows.
-#[derive(Debug, Clone, PartialEq)]
+/// decimals written, the runs' minimum and maximum written `(min-max)`,
+/// each run's figure and the samples each run took (round trips, say),
+/// which only JSON shows.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Figure {
-    /// The value.
-    pub value: f64,
-    /// What it counts.
-    pub unit: Unit,
-    /// Decimals written.
-    pub digits: usize,
-    /// The runs' minimum and maximum.
-    pub range: Option<(f64, f64)>,
-    /// Each run's figure.
-    pub runs: Vec<f64>,
-    /// The samples of each run.
-    pub samples: Vec<u64>,
+    pub(crate) value: f64,
+    pub(crate) unit: Unit,
+    pub(crate) digits: usize,
+    pub(crate) range: Option<(f64, f64)>,
+    pub(crate) runs: Vec<f64>,
+    pub(crate) samples: Vec<u64>,
 }
 
 /// One cell of a table.
@@ -109,15 +104,12 @@ impl Cell {
     /// A figure of `unit`; `n/a` when it is not a finite number (a row
     /// with no runs, a ratio over zero).
     pub fn figure(value: f64, unit: Unit, digits: usize) -> Cell {
-        let (range, runs, samples) = (None, Vec::new(), Vec::new());
         match value.is_finite() {
             true => Cell::Figure(Figure {
                 value,
                 unit,
                 digits,
-                range,
-                runs,
-                samples,
+                ..Figure::default()
             }),
             false => Cell::NotAvailable,
         }
@@ -176,19 +168,14 @@ impl Cell {
             Cell::Empty | Cell::NotAvailable => return Value::Null,
             Cell::Figure(f) => f,
         };
-        let mut v = json!({ "value": f.value });
         let unit = ["", "", "%", "x", "us", "bytes"][f.unit as usize];
-        if !unit.is_empty() {
-            v["unit"] = json!(unit);
-        }
-        if let Some((lo, hi)) = f.range {
-            (v["min"], v["max"]) = (json!(lo), json!(hi));
-        }
-        if !f.runs.is_empty() {
-            v["runs"] = json!(f.runs);
-        }
-        if !f.samples.is_empty() {
-            v["samples"] = json!(f.samples);
+        let (min, max) = f.range.unzip();
+        let mut v = json!({"value": f.value, "unit": unit, "min": min, "max": max,
+                           "runs": f.runs, "samples": f.samples});
+        // Leave out what the figure lacks: a unit, a range, runs, samples.
+        let lacks = |v: &Value| v.is_null() || v == "" || v.as_array().is_some_and(Vec::is_empty);
+        if let Value::Object(m) = &mut v {
+            m.retain(|_, v| !lacks(v));
         }
         v
     }
@@ -240,17 +227,11 @@ impl fmt::Display for Cell {
 pub fn grouped(v: f64, digits: usize) -> String {
     let s = format!("{:.d$}", v.abs(), d = digits);
     let (int, frac) = s.split_at(s.find('.').unwrap_or(s.len()));
-    let mut out = String::new();
-    if v < 0.0 && s.bytes().any(|b| b.is_ascii_digit() && b != b'0') {
-        out.push('-');
-    }
-    for (i, c) in int.chars().enumerate() {
-        if i > 0 && (int.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out + frac
+    let int: Vec<char> = int.chars().collect();
+    let groups: Vec<String> = int.rchunks(3).rev().map(String::from_iter).collect();
+    // No minus before a figure that rounds to zero.
+    let minus = v < 0.0 && s.bytes().any(|b| matches!(b, b'1'..=b'9'));
+    format!("{}{}{frac}", if minus { "-" } else { "" }, groups.join(","))
 }
 
 /// Markdown paragraphs: each followed by a blank line, empty ones left
@@ -262,42 +243,33 @@ pub(super) fn paragraphs(ps: impl IntoIterator<Item = String>) -> String {
 
 /// A row that did not run: what it needs (the kernel feature, the peer
 /// program) and the error it met (JSON only).
-#[derive(Debug, Clone, PartialEq)]
-pub struct NotRun {
-    /// The row.
-    pub row: String,
-    /// What it needs.
-    pub needs: String,
-    /// The error it met.
-    pub why: String,
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct NotRun {
+    row: String,
+    needs: String,
+    why: String,
 }
 
-/// A table: a title above, headed columns, rows of cells; below, the rows
-/// that did not run (one line), figures (`label: cell`) and notes.
+/// A table: a title above (what it shows and how it was measured; may be
+/// empty), headed columns, rows of one cell per column; below, the rows
+/// that did not run (one line), the ratios the table is about (`label:
+/// cell`) and notes (the limit's source, what it compares).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Table {
-    /// What the table shows and how it was measured (may be empty).
-    pub title: String,
-    /// The columns.
-    pub columns: Vec<Column>,
-    /// The rows, one cell per column.
-    pub rows: Vec<Vec<Cell>>,
-    /// The rows that did not run.
-    pub not_run: Vec<NotRun>,
-    /// The ratios the table is about.
-    pub figures: Vec<(String, Cell)>,
-    /// Lines below the figures: the limit's source, what it compares.
-    pub notes: Vec<String>,
+    pub(crate) title: String,
+    pub(crate) columns: Vec<Column>,
+    pub(crate) rows: Vec<Vec<Cell>>,
+    pub(crate) not_run: Vec<NotRun>,
+    pub(crate) figures: Vec<(String, Cell)>,
+    pub(crate) notes: Vec<String>,
 }
 
 impl Table {
     /// A table titled `title` with `columns` and no rows yet.
     pub fn new(title: impl Into<String>, columns: Vec<Column>) -> Table {
-        let (title, rows) = (title.into(), Vec::new());
         Table {
-            title,
+            title: title.into(),
             columns,
-            rows,
             ..Table::default()
         }
     }
@@ -337,33 +309,24 @@ impl Table {
     /// grouped by what they need (`not run here: ROW: NEED; 4 rows:
     /// NEED`), the figures, the notes.
     pub fn below(&self) -> Vec<String> {
-        let mut needs: Vec<(&str, Vec<&str>)> = Vec::new();
-        for n in &self.not_run {
-            match needs.iter_mut().find(|(need, _)| *need == n.needs) {
-                Some((_, rows)) => rows.push(&n.row),
-                None => needs.push((&n.needs, vec![&n.row])),
+        let mut groups = Vec::new();
+        for (i, n) in self.not_run.iter().enumerate() {
+            // Each need once, where its first row is.
+            let need = |m: &NotRun| m.needs == n.needs;
+            if !self.not_run[..i].iter().any(need) {
+                groups.push(match self.not_run.iter().filter(|m| need(m)).count() {
+                    1 => format!("{}: {}", n.row, n.needs),
+                    rows => format!("{rows} rows: {}", n.needs),
+                });
             }
         }
-        let groups: Vec<String> = needs
-            .iter()
-            .map(|(need, rows)| match rows[..] {
-                [row] => format!("{row}: {need}"),
-                _ => format!("{} rows: {need}", rows.len()),
-            })
-            .collect();
         let not_run = (!groups.is_empty()).then(|| format!("not run here: {}", groups.join("; ")));
         // A ratio between rows that did not run says nothing the not-run
         // line does not (JSON keeps it, as null).
-        let figures = self
-            .figures
-            .iter()
-            .filter(|(_, c)| !matches!(c, Cell::NotAvailable))
-            .map(|(l, c)| format!("{l}: {c}"));
-        not_run
-            .into_iter()
-            .chain(figures)
-            .chain(self.notes.iter().cloned())
-            .collect()
+        let figures = self.figures.iter().filter(|f| f.1 != Cell::NotAvailable);
+        let figures = figures.map(|(l, c)| format!("{l}: {c}"));
+        let notes = self.notes.iter().cloned();
+        not_run.into_iter().chain(figures).chain(notes).collect()
     }
 
     /// The table as `iopath bench` prints it: the title, the heading and
@@ -411,24 +374,12 @@ impl Table {
     /// cells), `not_run` (`row`, `needs`, `why`), `figures` (by label),
     /// `notes`.
     pub fn json(&self) -> Value {
-        let rows: Vec<Vec<Value>> = self
-            .rows
-            .iter()
-            .map(|r| r.iter().map(Cell::json).collect())
-            .collect();
-        let not_run: Vec<Value> = self
-            .not_run
-            .iter()
-            .map(|n| json!({"row": n.row, "needs": n.needs, "why": n.why}))
-            .collect();
-        let figures: serde_json::Map<String, Value> = self
-            .figures
-            .iter()
-            .map(|(l, c)| (l.clone(), c.json()))
-            .collect();
         let columns: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
-        json!({"title": self.title, "columns": columns, "rows": rows, "not_run": not_run,
-               "figures": figures, "notes": self.notes})
+        let cells = |r: &Vec<Cell>| r.iter().map(Cell::json).collect::<Vec<_>>();
+        let rows: Vec<_> = self.rows.iter().map(cells).collect();
+        let figures = self.figures.iter().map(|(l, c)| (l.clone(), c.json()));
+        json!({"title": self.title, "columns": columns, "rows": rows, "not_run": self.not_run,
+               "figures": figures.collect::<serde_json::Map<_, _>>(), "notes": self.notes})
     }
 }
 
@@ -438,32 +389,26 @@ mod tests {
 
     #[test]
     fn cells_write_their_figures() {
-        assert_eq!(Cell::num(1.23456, 3).to_string(), "1.235");
-        assert_eq!(Cell::percent(97.54, 1).to_string(), "97.5%");
-        assert_eq!(Cell::times(1.256).to_string(), "1.26x");
-        assert_eq!(Cell::figure(6.04, Unit::Micros, 1).to_string(), "6.0 us");
-        assert_eq!(
-            Cell::figure(32.0 * 1048576.0, Unit::Bytes, 0).to_string(),
-            "32 MiB"
-        );
-        let c = Cell::grouped(12_345.4, 0).with_range(9_999.6, 1_234_567.0);
-        assert_eq!(c.to_string(), "12,345 (10,000-1,234,567)");
-        assert_eq!(Cell::num(f64::NAN, 1).to_string(), "n/a");
-        assert_eq!(
-            Cell::num(1.0, 1).with_range(f64::NAN, 2.0).to_string(),
-            "1.0"
-        );
-        assert_eq!(Cell::Empty.to_string(), "-");
-        assert_eq!(Cell::or_na(None).to_string(), "n/a");
-        assert_eq!(
-            Cell::runs(&[3.0, 1.0, 2.0], Unit::Plain, 0).to_string(),
-            "2 (1-3)"
-        );
-        assert_eq!(
-            Cell::median(&[3.0, 1.0, 2.0], Unit::Plain, 0).to_string(),
-            "2"
-        );
-        assert_eq!(Cell::runs(&[], Unit::Plain, 0).to_string(), "n/a");
+        let (runs, mib) = ([3.0, 1.0, 2.0], 1048576.0);
+        let wide = Cell::grouped(12_345.4, 0).with_range(9_999.6, 1_234_567.0);
+        let cells = [
+            (Cell::num(1.23456, 3), "1.235"),
+            (Cell::percent(97.54, 1), "97.5%"),
+            (Cell::times(1.256), "1.26x"),
+            (Cell::figure(6.04, Unit::Micros, 1), "6.0 us"),
+            (Cell::figure(32.0 * mib, Unit::Bytes, 0), "32 MiB"),
+            (wide, "12,345 (10,000-1,234,567)"),
+            (Cell::num(f64::NAN, 1), "n/a"),
+            (Cell::num(1.0, 1).with_range(f64::NAN, 2.0), "1.0"),
+            (Cell::Empty, "-"),
+            (Cell::or_na(None), "n/a"),
+            (Cell::runs(&runs, Unit::Plain, 0), "2 (1-3)"),
+            (Cell::median(&runs, Unit::Plain, 0), "2"),
+            (Cell::runs(&[], Unit::Plain, 0), "n/a"),
+        ];
+        for (cell, want) in cells {
+            assert_eq!(cell.to_string(), want);
+        }
     }
 
     #[test]
