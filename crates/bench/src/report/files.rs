@@ -25,12 +25,11 @@ impl Files {
         markdown: Option<PathBuf>,
         json: Option<PathBuf>,
     ) -> Files {
-        let done = Vec::new();
         Files {
             plot,
             markdown,
             json,
-            done,
+            ..Files::default()
         }
     }
 
@@ -40,20 +39,17 @@ impl Files {
     /// existing file must open for writing (left as it is).
     pub(crate) fn check(&self) -> Result<()> {
         if let Some(dir) = &self.plot {
-            std::fs::create_dir_all(dir).map_err(Error::write("--plot", dir))?;
-            probe(dir).map_err(Error::write("--plot", dir))?;
+            let made = std::fs::create_dir_all(dir).and_then(|()| probe(dir));
+            made.map_err(Error::write("--plot", dir))?;
         }
         for (option, file) in [("--markdown", &self.markdown), ("--json", &self.json)] {
             let Some(file) = file else { continue };
-            if file.exists() {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(file)
-                    .map_err(Error::write(option, file))?;
-            } else {
-                let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
-                probe(dir.unwrap_or(Path::new("."))).map_err(Error::write(option, file))?;
-            }
+            let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
+            let writable = match file.exists() {
+                true => std::fs::OpenOptions::new().write(true).open(file).map(drop),
+                false => probe(dir.unwrap_or(Path::new("."))),
+            };
+            writable.map_err(Error::write(option, file))?;
         }
         Ok(())
     }
@@ -77,11 +73,7 @@ impl Files {
     pub(crate) fn json(&self) -> serde_json::Value {
         match &self.done[..] {
             [(r, _)] => r.json(),
-            all => serde_json::Value::Object(
-                all.iter()
-                    .map(|(r, _)| (r.name().to_string(), r.json()))
-                    .collect(),
-            ),
+            all => all.iter().map(|(r, _)| (r.name, r.json())).collect(),
         }
     }
 
@@ -89,21 +81,17 @@ impl Files {
     /// heading when there are several) with its charts linked relative to
     /// the document.
     pub(crate) fn markdown(&self, command: &str) -> String {
-        let base = self
-            .markdown
-            .as_deref()
-            .and_then(Path::parent)
-            .unwrap_or(Path::new(""));
+        let base = self.markdown.as_deref().and_then(Path::parent);
+        let base = base.unwrap_or(Path::new(""));
         let mut md = format!("Command: `{command}`\n\n");
         for (r, charts) in &self.done {
             if self.done.len() > 1 {
-                md.push_str(&format!("### {}\n\n", r.name()));
+                md.push_str(&format!("### {}\n\n", r.name));
             }
             md.push_str(&r.markdown());
             for c in charts {
                 let name = c.file_stem().unwrap_or_default().to_string_lossy();
-                let rel = relative(c, base);
-                md.push_str(&format!("![{name}]({})\n\n", rel.display()));
+                md.push_str(&format!("![{name}]({})\n\n", relative(c, base).display()));
             }
         }
         md
@@ -113,33 +101,27 @@ impl Files {
     /// names) and the JSON file, as asked; returns a line per file written
     /// (`chart: PATH`, `markdown: PATH`, `json: PATH`).
     pub(crate) fn finish(&self, command: &str) -> Result<Vec<String>> {
+        let charts = self.done.iter().flat_map(|(_, c)| c);
+        let mut lines: Vec<_> = charts.map(|c| format!("chart: {}", c.display())).collect();
         if let Some(file) = &self.markdown {
-            std::fs::write(file, self.markdown(command))
-                .map_err(Error::write("--markdown", file))?;
+            let written = std::fs::write(file, self.markdown(command));
+            written.map_err(Error::write("--markdown", file))?;
+            lines.push(format!("markdown: {}", file.display()));
         }
         if let Some(file) = &self.json {
-            std::fs::write(file, format!("{}\n", self.json()))
-                .map_err(Error::write("--json", file))?;
+            let written = std::fs::write(file, format!("{}\n", self.json()));
+            written.map_err(Error::write("--json", file))?;
+            lines.push(format!("json: {}", file.display()));
         }
-        let charts = self.done.iter().flat_map(|(_, c)| c);
-        let files = [("markdown", &self.markdown), ("json", &self.json)];
-        Ok(charts
-            .map(|c| format!("chart: {}", c.display()))
-            .chain(
-                files
-                    .iter()
-                    .filter_map(|(k, f)| Some(format!("{k}: {}", f.as_ref()?.display()))),
-            )
-            .collect())
+        Ok(lines)
     }
 }
 
 /// Creates and removes a file in `dir`: whether files can be made there.
 fn probe(dir: &Path) -> std::io::Result<()> {
-    let f = tempfile::Builder::new()
-        .prefix(".iopath-bench-probe")
-        .tempfile_in(dir)?;
-    f.close()
+    let mut probe = tempfile::Builder::new();
+    let file = probe.prefix(".iopath-bench-probe").tempfile_in(dir)?;
+    file.close()
 }
 
 /// `path` relative to `base` when it lies under it (else as given).

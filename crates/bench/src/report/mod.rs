@@ -94,11 +94,6 @@ impl Report {
         }
     }
 
-    /// The experiment's name.
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
     /// The report as `iopath bench` prints it: the summary line, each
     /// table in aligned columns, the notes, a blank line between them.
     pub fn text(&self) -> String {
