@@ -9,7 +9,7 @@
 //!          --> markdown()  the same tables as Markdown (BENCHMARKS.md)
 //!          --> json()      the same tables, every cell with its unit and runs
 //!          --> plot(dir)   an SVG file per chart
-//!   Files::write(reports)  --plot DIR, --markdown FILE, --json FILE
+//!   Files: add(report) each, finish()  --plot DIR, --markdown FILE, --json FILE
 //! ```
 //!
 //! ```
@@ -52,13 +52,11 @@ pub struct Report {
 
 impl Report {
     /// An empty report of experiment `name` (`heap`, `blk`, `rpmsg`: the
-    /// key in a combined JSON object) that
-    /// measured what `summary` says.
+    /// key in a combined JSON object) that measured what `summary` says.
     pub fn new(name: &'static str, summary: impl Into<String>) -> Report {
-        let summary = summary.into();
         Report {
             name,
-            summary,
+            summary: summary.into(),
             ..Report::default()
         }
     }
@@ -85,10 +83,8 @@ impl Report {
     /// chart measured at another placement). A chart with no bar is left
     /// out.
     pub(crate) fn chart(&mut self, c: plot::Chart) {
-        if c.is_empty() {
-            return;
-        }
         match self.charts.iter_mut().find(|o| o.name == c.name) {
+            _ if c.is_empty() => {}
             Some(o) => o.extend(c),
             None => self.charts.push(c),
         }
@@ -113,13 +109,9 @@ impl Report {
     /// The report as JSON: `experiment`, `summary`, `context`, `tables`
     /// ([`Table::json`]), `notes`.
     pub fn json(&self) -> Value {
-        json!({
-            "experiment": self.name,
-            "summary": self.summary,
-            "context": self.context,
-            "tables": self.tables.iter().map(Table::json).collect::<Vec<_>>(),
-            "notes": self.notes,
-        })
+        let tables: Vec<Value> = self.tables.iter().map(Table::json).collect();
+        json!({"experiment": self.name, "summary": self.summary, "context": self.context,
+               "tables": tables, "notes": self.notes})
     }
 
     /// Writes each chart into the directory `dir` as `NAME.svg`; returns
