@@ -61,8 +61,6 @@ struct Watched {
     ends: HashMap<u64, OwnedFd>,
     next_key: u64,
     since_look: usize,
-    /// Reads of an end that brought data rather than the end of file.
-    messages: u64,
 }
 
 impl Watched {
@@ -72,7 +70,6 @@ impl Watched {
             ends: HashMap::new(),
             next_key: 0,
             since_look: 0,
-            messages: 0,
         })
     }
 
@@ -114,11 +111,8 @@ impl Watched {
                 continue;
             };
             match rustix::net::recv(end, &mut b, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
-                Ok((_, 0)) => {
-                    self.ends.remove(&key);
-                }
-                Ok(_) => self.messages += 1,
-                Err(rustix::io::Errno::AGAIN) => {}
+                Ok((_, 0)) => drop(self.ends.remove(&key)),
+                Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -128,26 +122,20 @@ impl Watched {
 
 /// The limit's server (child [`Server::Fd`]): answers every packet on one
 /// connection with a packet of CREATE_EPT_FD answer size and an fd, as
-/// [`Pass`] says. The answer's first 8 bytes (little endian) count the
-/// kept ends still open, the next 8 the reads of a kept end that brought
-/// data, the rest are zero. Returns when the client hangs up.
+/// [`Pass`] says. Returns when the client hangs up.
 pub(crate) fn serve(sock: &Path) -> Result<()> {
     let (c, io) = accept_one(sock)?;
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
     let mut watched = Watched::new().map_err(io)?;
-    let mut answer = [0u8; 12 + 48];
+    let answer = [0u8; 12 + 48];
     let mut req = [0u8; 128];
-    loop {
-        let n = rustix::net::recv(&c, &mut req, RecvFlags::empty())
-            .map_err(io)?
-            .0;
-        if n == 0 {
-            return Ok(());
-        }
+    while rustix::net::recv(&c, &mut req, RecvFlags::empty())
+        .map_err(io)?
+        .0
+        > 0
+    {
         let pass = Pass::of(req[0]);
-        let held = watched.ends.len() as u64;
-        answer[..8].copy_from_slice(&held.to_le_bytes());
-        answer[8..16].copy_from_slice(&watched.messages.to_le_bytes());
+        // For a socket: a fresh pair, (the end kept, the end passed).
         let pair = match pass {
             Pass::Eventfd => None,
             Pass::Socket | Pass::Watched => Some(
@@ -160,16 +148,15 @@ pub(crate) fn serve(sock: &Path) -> Result<()> {
                 .map_err(io)?,
             ),
         };
-        let fds = match &pair {
-            None => [ev.as_fd()],
-            Some((_, theirs)) => [theirs.as_fd()],
-        };
-        if let (Pass::Watched, Some((_, theirs))) = (pass, &pair) {
-            rustix::net::sockopt::set_socket_send_buffer_size(theirs, 0).map_err(io)?;
+        let passed = [pair
+            .as_ref()
+            .map_or(ev.as_fd(), |(_, theirs)| theirs.as_fd())];
+        if pass == Pass::Watched {
+            rustix::net::sockopt::set_socket_send_buffer_size(passed[0], 0).map_err(io)?;
         }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut anc = SendAncillaryBuffer::new(&mut space);
-        anc.push(SendAncillaryMessage::ScmRights(&fds));
+        anc.push(SendAncillaryMessage::ScmRights(&passed));
         rustix::net::sendmsg(&c, &[IoSlice::new(&answer)], &mut anc, SendFlags::NOSIGNAL)
             .map_err(io)?;
         if let (Pass::Watched, Some((ours, theirs))) = (pass, pair) {
@@ -177,6 +164,7 @@ pub(crate) fn serve(sock: &Path) -> Result<()> {
             watched.add(ours).map_err(io)?;
         }
     }
+    Ok(())
 }
 
 /// A raw fd server child (on `cpu`) and the connection to it.
@@ -186,7 +174,8 @@ pub(crate) struct RawFdServer(Connected);
 impl RawFdServer {
     /// Starts the server of the executable `exe` on `cpu` and connects.
     pub(crate) fn start(exe: &Path, cpu: Option<usize>) -> Result<RawFdServer> {
-        Connected::start(exe, "iopath-bench-raw-", cpu, |sock| Server::Fd { sock }).map(RawFdServer)
+        Connected::server(exe, "iopath-bench-raw-", cpu, |sock| Server::Fd { sock })
+            .map(RawFdServer)
     }
 
     /// The client side of the limit: `loops` request/response cycles, each
@@ -260,7 +249,7 @@ mod tests {
         let s2 = sock.clone();
         let server = std::thread::spawn(move || serve(&s2));
         let c = super::super::connect_retry(&sock).expect("no raw fd server");
-        let big = [5u8; 5000];
+        let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
         // An eventfd: 8-byte counter writes.
         let ev = ask_for(&c, 0);
         assert_eq!(rustix::io::write(&ev, &1u64.to_ne_bytes()), Ok(8));
@@ -268,7 +257,7 @@ mod tests {
         // is not refused for its size (it goes, or finds the far end
         // closed already).
         let s = ask_for(&c, b'S');
-        let sent = rustix::net::send(&s, &big, SendFlags::NOSIGNAL | SendFlags::DONTWAIT);
+        let sent = rustix::net::send(&s, &[5u8; 5000], flags);
         assert!(
             matches!(sent, Ok(5000) | Err(rustix::io::Errno::PIPE)),
             "{sent:?}"
@@ -279,7 +268,11 @@ mod tests {
         let mut watched = Vec::new();
         for _ in 0..2 * WATCH_DRAIN {
             let w = ask_for(&c, b'W');
-            assert_smallest_send_buffer(&w);
+            assert_eq!(
+                rustix::net::send(&w, &[5u8; 5000], flags),
+                Err(rustix::io::Errno::MSGSIZE)
+            );
+            assert_eq!(rustix::net::send(&w, &[1u8; 16], flags), Ok(16));
             watched.push(w);
         }
         // Closing them all and asking for more: the server closes its ends
@@ -290,16 +283,5 @@ mod tests {
         }
         drop(c);
         server.join().unwrap().unwrap();
-    }
-
-    /// A passed socket with the smallest send buffer whose far end is
-    /// alive and reads nothing: the kernel refuses 5000 bytes, takes 16.
-    fn assert_smallest_send_buffer(fd: &OwnedFd) {
-        let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
-        assert_eq!(
-            rustix::net::send(fd, &[5u8; 5000], flags),
-            Err(rustix::io::Errno::MSGSIZE)
-        );
-        assert_eq!(rustix::net::send(fd, &[1u8; 16], flags), Ok(16));
     }
 }

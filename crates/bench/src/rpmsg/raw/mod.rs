@@ -5,7 +5,7 @@
 //!   bench (client)                   child ([`crate::child`])
 //!   fd::RawFdServer   <-SEQPACKET->  fd::serve: a packet answered with an fd
 //!   poll::RawPollPath <-SEQPACKET->  poll::forward <-page-> poll::echo
-//!   sink::RawSink     <-SEQPACKET->  sink::serve: packets counted
+//!   sink::Sinks       <-SEQPACKET->  sink::serve: packets counted
 //! ```
 
 use std::os::fd::OwnedFd;
@@ -67,31 +67,44 @@ fn connect_retry(sock: &Path) -> Result<OwnedFd> {
     }
 }
 
-/// A raw server child on a socket of its own and the connection to it.
+/// Raw server children and the client's connection to the one listening
+/// on `sock` in their scratch directory.
 #[derive(Debug)]
 struct Connected {
-    _child: Spawned,
+    _children: Vec<Spawned>,
     conn: OwnedFd,
     _dir: tempfile::TempDir,
 }
 
 impl Connected {
-    /// Starts `server(socket)` of the executable `exe` on `cpu`, the
-    /// socket in a scratch directory named after `prefix`, and connects.
+    /// Makes a scratch directory in `parent` named after `prefix`, starts
+    /// the children `spawn(dir, socket)` returns, and connects to the socket.
     fn start(
+        prefix: &str,
+        parent: &Path,
+        spawn: impl FnOnce(&Path, PathBuf) -> Result<Vec<Spawned>>,
+    ) -> Result<Connected> {
+        let dir = crate::cleanup::temp_dir(prefix, parent)?;
+        let sock = dir.path().join("sock");
+        let children = spawn(dir.path(), sock.clone())?;
+        let conn = connect_retry(&sock)?;
+        Ok(Connected {
+            _children: children,
+            conn,
+            _dir: dir,
+        })
+    }
+
+    /// One raw server, `server(socket)` of the executable `exe`, on `cpu`.
+    fn server(
         exe: &Path,
         prefix: &str,
         cpu: Option<usize>,
         server: impl FnOnce(PathBuf) -> Server,
     ) -> Result<Connected> {
-        let dir = crate::cleanup::temp_dir(prefix, &std::env::temp_dir())?;
-        let sock = dir.path().join("sock");
-        let child = Spawned::new("a raw server", cpu, &mut server(sock.clone()).command(exe))?;
-        let conn = connect_retry(&sock)?;
-        Ok(Connected {
-            _child: child,
-            conn,
-            _dir: dir,
+        Connected::start(prefix, &std::env::temp_dir(), |_, sock| {
+            let mut cmd = server(sock).command(exe);
+            Ok(vec![Spawned::new("a raw server", cpu, &mut cmd)?])
         })
     }
 }

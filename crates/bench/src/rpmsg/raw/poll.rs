@@ -18,7 +18,7 @@ use iopath_rpmsg::notify::PollSpin;
 use iopath_rpmsg::SharedMem;
 use rustix::net::{RecvFlags, SendFlags};
 
-use super::{accept_one, connect_retry};
+use super::{accept_one, Connected};
 use crate::child::Server;
 use crate::error::{check, check_failed};
 use crate::place::Spawned;
@@ -136,11 +136,7 @@ pub(crate) fn echo(shm: &Path, count: u64) -> Result<()> {
 
 /// The floor running: its two processes and the client's connection.
 #[derive(Debug)]
-pub(crate) struct RawPollPath {
-    _children: [Spawned; 2],
-    conn: OwnedFd,
-    _dir: tempfile::TempDir,
-}
+pub(crate) struct RawPollPath(Connected);
 
 impl RawPollPath {
     /// The forwarder on `forward_cpu` and the echo on `echo_cpu` (children
@@ -151,39 +147,34 @@ impl RawPollPath {
         forward_cpu: Option<usize>,
         echo_cpu: Option<usize>,
     ) -> Result<RawPollPath> {
-        let dir = crate::cleanup::temp_dir("iopath-bench-pollfloor-", &crate::rpmsg::shm_dir())?;
-        let page = dir.path().join("page");
-        let f = std::fs::File::create(&page).map_err(Error::io(&page))?;
-        f.set_len(rustix::param::page_size() as u64)
-            .map_err(Error::io(&page))?;
-        let sock = dir.path().join("sock");
-        let echo = Server::PollEcho {
-            shm: page.clone(),
-            count,
-        };
-        let forward = Server::PollForward {
-            sock: sock.clone(),
-            shm: page,
-            count,
-        };
-        let children = [
-            Spawned::new(
-                "the poll floor's echo",
-                echo_cpu,
-                echo.command(iopath).stdout(Stdio::null()),
-            )?,
-            Spawned::new(
-                "the poll floor's forwarder",
-                forward_cpu,
-                forward.command(iopath).stdout(Stdio::null()),
-            )?,
-        ];
-        let conn = connect_retry(&sock)?;
-        Ok(RawPollPath {
-            _children: children,
-            conn,
-            _dir: dir,
-        })
+        let parent = crate::rpmsg::shm_dir();
+        let c = Connected::start("iopath-bench-pollfloor-", &parent, |dir, sock| {
+            let page = dir.join("page");
+            let f = std::fs::File::create(&page).map_err(Error::io(&page))?;
+            f.set_len(rustix::param::page_size() as u64)
+                .map_err(Error::io(&page))?;
+            let child = |name, cpu, server: Server| {
+                Spawned::new(name, cpu, server.command(iopath).stdout(Stdio::null()))
+            };
+            let shm = page.clone();
+            Ok(vec![
+                child(
+                    "the poll floor's echo",
+                    echo_cpu,
+                    Server::PollEcho { shm, count },
+                )?,
+                child(
+                    "the poll floor's forwarder",
+                    forward_cpu,
+                    Server::PollForward {
+                        sock,
+                        shm: page,
+                        count,
+                    },
+                )?,
+            ])
+        })?;
+        Ok(RawPollPath(c))
     }
 
     /// `count` round trips of a 16-byte packet, busy-polled; latencies
@@ -194,10 +185,11 @@ impl RawPollPath {
         for seq in 0..count {
             let msg = u128::from(seq).to_le_bytes();
             let t = Instant::now();
-            rustix::net::send(&self.conn, &msg, SendFlags::NOSIGNAL)
+            rustix::net::send(&self.0.conn, &msg, SendFlags::NOSIGNAL)
                 .map_err(Error::sys("send on the poll floor's socket"))?;
             let mut spin = PollSpin::new();
-            let Some(n) = poll_recv(&mut spin, &self.conn, &mut back, "poll floor client")? else {
+            let Some(n) = poll_recv(&mut spin, &self.0.conn, &mut back, "poll floor client")?
+            else {
                 check_failed!("the poll floor answered nothing in 10 s");
             };
             lat.push(t.elapsed().as_secs_f64() * 1e6);

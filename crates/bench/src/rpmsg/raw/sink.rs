@@ -49,7 +49,7 @@ impl Sinks {
     /// The remote's sink behind `ept`, and a raw sink of the executable
     /// `exe` started on `cpu`.
     pub(crate) fn start(ept: EptFd, exe: &Path, cpu: Option<usize>) -> Result<Sinks> {
-        let raw = Connected::start(exe, "iopath-bench-sink-", cpu, |sock| Server::Sink { sock })?;
+        let raw = Connected::server(exe, "iopath-bench-sink-", cpu, |sock| Server::Sink { sock })?;
         Ok(Sinks {
             ept,
             raw,
