@@ -3,7 +3,7 @@
 //! fd way (create, close), beside the raw fd server's hand-offs, the ways
 //! taking turns in chunks of [`CHUNK`] cycles.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
@@ -36,42 +36,11 @@ const WHAT: [&str; WAYS] = [
 
 /// One loop count's figures, per way: the totals of each run and the
 /// per-cycle microseconds of every chunk of every run.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Row {
     loops: u64,
     totals: [Vec<f64>; WAYS],
     chunks: [Vec<f64>; WAYS],
-}
-
-fn legacy_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> {
-    let info = EptInfo::new("bench");
-    let t = Instant::now();
-    for _ in 0..loops {
-        let (_, path) = c.create_ept(&info).map_err(Error::layer("CREATE_EPT"))?;
-        let node = EptFd::open_node(&path, O_CLOEXEC).map_err(Error::layer("opening the node"))?;
-        node.destroy()
-            .map_err(Error::layer("destroying through the node"))?;
-        bar.inc(1);
-    }
-    Ok(t.elapsed())
-}
-
-fn fd_cycles(c: &CtrlClient, loops: u64, bar: &ProgressBar) -> Result<Duration> {
-    let info = EptInfo::new("bench");
-    let t = Instant::now();
-    for _ in 0..loops {
-        drop(
-            c.create_ept_fd(&info, O_RDWR | O_CLOEXEC)
-                .map_err(Error::layer("CREATE_EPT_FD"))?,
-        );
-        bar.inc(1);
-    }
-    // Closing is asynchronous: count until the service has freed them all
-    // but the echo endpoint the bench holds.
-    while c.stats().map_err(Error::layer("STATS"))?.endpoints() > 1 {
-        std::hint::spin_loop();
-    }
-    Ok(t.elapsed())
 }
 
 /// A row per loop count in `loops`, `runs` times each: every way through
@@ -85,12 +54,28 @@ pub(super) fn rows(
     placement: Placement,
     pb: &ProgressBar,
 ) -> Result<Vec<Row>> {
+    let info = EptInfo::new("bench");
+    let requests = PASSES.map(RawFdServer::request);
+    let requests = requests.into_iter().collect::<Result<Vec<_>>>()?;
+    let cycle = |w| match w {
+        LEGACY => {
+            let (_, path) = c.create_ept(&info).map_err(Error::layer("CREATE_EPT"))?;
+            let node =
+                EptFd::open_node(&path, O_CLOEXEC).map_err(Error::layer("opening the node"))?;
+            node.destroy()
+                .map_err(Error::layer("destroying through the node"))
+        }
+        FD => c
+            .create_ept_fd(&info, O_RDWR | O_CLOEXEC)
+            .map(drop)
+            .map_err(Error::layer("CREATE_EPT_FD")),
+        _ => raw.cycle(&requests[w - LIMIT_WAY]),
+    };
     let mut rows: Vec<Row> = loops
         .iter()
         .map(|&loops| Row {
             loops,
-            totals: Default::default(),
-            chunks: Default::default(),
+            ..Row::default()
         })
         .collect();
     for run in 0..runs {
@@ -104,12 +89,18 @@ pub(super) fn rows(
                 let n = CHUNK.min(row.loops - done);
                 for w in crate::turns(WAYS, turn) {
                     pb.set_message(format!("{} {}", placement.name(), NAMES[w]));
-                    let took = match w {
-                        LEGACY => legacy_cycles(c, n, pb)?,
-                        FD => fd_cycles(c, n, pb)?,
-                        _ => raw.cycles(n, PASSES[w - LIMIT_WAY], pb)?,
-                    };
-                    let us = took.as_secs_f64() * 1e6;
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        cycle(w)?;
+                        pb.inc(1);
+                    }
+                    // Closing is asynchronous: the fd way counts until the
+                    // service has freed them all but the echo endpoint the
+                    // bench holds.
+                    while w == FD && c.stats().map_err(Error::layer("STATS"))?.endpoints() > 1 {
+                        std::hint::spin_loop();
+                    }
+                    let us = t.elapsed().as_secs_f64() * 1e6;
                     tot[w] += us;
                     row.chunks[w].push(us / n as f64);
                 }

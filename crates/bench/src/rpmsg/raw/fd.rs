@@ -8,7 +8,6 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{Request, O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::EptInfo;
@@ -20,7 +19,7 @@ use rustix::net::{
 use super::{accept_one, Connected};
 use crate::child::Server;
 use crate::error::{check, check_failed};
-use crate::{Error, ProgressBar, Result};
+use crate::{Error, Result};
 
 /// What the raw fd server passes for a request, cued by the request's
 /// first byte.
@@ -178,30 +177,28 @@ impl RawFdServer {
             .map(RawFdServer)
     }
 
-    /// The client side of the limit: `loops` request/response cycles, each
-    /// receiving an fd (as `pass` asks) and closing it; the time taken.
-    pub(crate) fn cycles(&self, loops: u64, pass: Pass, bar: &ProgressBar) -> Result<Duration> {
-        let mut req = Request::CreateEptFd(EptInfo::new("bench"), O_RDWR | O_CLOEXEC)
-            .encode()
-            .ok_or_else(|| {
-                Error::Check("the bench's CREATE_EPT_FD request does not encode".into())
-            })?;
+    /// The bench's CREATE_EPT_FD request, its first byte the cue of `pass`.
+    pub(crate) fn request(pass: Pass) -> Result<Vec<u8>> {
+        let req = Request::CreateEptFd(EptInfo::new("bench"), O_RDWR | O_CLOEXEC).encode();
+        let mut req = req.ok_or_else(|| {
+            Error::Check("the bench's CREATE_EPT_FD request does not encode".into())
+        })?;
         if pass != Pass::Eventfd {
             req[0] = pass as u8;
         }
-        let mut b = [0u8; 128];
-        let t = Instant::now();
-        for _ in 0..loops {
-            let (bytes, fds) = ask(&self.0.conn, &req, &mut b)?;
-            check!(
-                bytes == 60 && fds.len() == 1,
-                "the raw fd server answered {bytes} bytes and {} fds, not 60 and 1",
-                fds.len()
-            );
-            drop(fds);
-            bar.inc(1);
-        }
-        Ok(t.elapsed())
+        Ok(req)
+    }
+
+    /// The client side of one cycle of the limit: sends `req` (of
+    /// [`RawFdServer::request`]), receives the answer and its fd, closes it.
+    pub(crate) fn cycle(&self, req: &[u8]) -> Result<()> {
+        let (bytes, fds) = ask(&self.0.conn, req, &mut [0u8; 128])?;
+        check!(
+            bytes == 60 && fds.len() == 1,
+            "the raw fd server answered {bytes} bytes and {} fds, not 60 and 1",
+            fds.len()
+        );
+        Ok(())
     }
 }
 
