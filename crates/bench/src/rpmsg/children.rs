@@ -7,7 +7,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd};
+use iopath_rpmsg::rsc_table::ShmLayout;
 use iopath_rpmsg::tools::ping::bound_ept_fd;
+use iopath_rpmsg::BufSizes;
 
 use crate::error::{check, check_failed};
 use crate::place::Spawned;
@@ -48,15 +50,15 @@ pub(super) fn host(exe: &Path, shm: &Path, notify: &str, ctrl: &Path) -> Command
 
 /// How to start a remote and a host.
 #[derive(Debug, Clone)]
-pub(super) struct Setup<'a> {
+pub(super) struct Setup {
     /// Where the scratch directory (shared memory, control socket, logs)
     /// goes, and its name's prefix.
     pub(super) parent: PathBuf,
-    pub(super) prefix: &'a str,
+    pub(super) prefix: &'static str,
     /// Polling instead of an eventfd pair.
     pub(super) poll: bool,
     /// The remote's services and options after the common ones.
-    pub(super) remote_args: &'a [&'a str],
+    pub(super) remote_args: Vec<String>,
     /// Size of the shared memory the remote creates.
     pub(super) shm_size: u64,
     /// The remote's and the host's CPUs (`None`: anywhere).
@@ -64,18 +66,34 @@ pub(super) struct Setup<'a> {
     pub(super) host_cpu: Option<usize>,
 }
 
-impl<'a> Setup<'a> {
+impl Setup {
     /// What the create+destroy and echo rows use: a remote echoing on
     /// `echo`, on an eventfd pair, in [`super::shm_dir`].
-    pub(super) fn echo(remote_cpu: Option<usize>, host_cpu: Option<usize>) -> Setup<'a> {
+    pub(super) fn echo(remote_cpu: Option<usize>, host_cpu: Option<usize>) -> Setup {
         Setup {
             parent: super::shm_dir(),
             prefix: "iopath-bench-rpmsg-",
             poll: false,
-            remote_args: &["--echo", "echo"],
+            remote_args: vec!["--echo".into(), "echo".into()],
             shm_size: SHM_SIZE,
             remote_cpu,
             host_cpu,
+        }
+    }
+
+    /// What the stream rows use: a remote offering EVENT_IDX, rings of
+    /// `ring` buffers of 64 KiB and a sink on `sink` (`more`: its other
+    /// services), in the temporary directory, all on `cpu`.
+    pub(super) fn sink(prefix: &'static str, ring: u32, more: &[&str], cpu: Option<usize>) -> Self {
+        let args = format!("--event-idx --sink sink --buf-size 64K --ring {ring}");
+        let remote_args = args.split(' ').chain(more.iter().copied());
+        let shm_size = ShmLayout::size_for(ring, BufSizes::both(64 * 1024));
+        Setup {
+            parent: std::env::temp_dir(),
+            prefix,
+            remote_args: remote_args.map(String::from).collect(),
+            shm_size: shm_size.expect("rings of 64 and 256 have a layout"),
+            ..Setup::echo(cpu, cpu)
         }
     }
 }
@@ -94,7 +112,7 @@ pub(super) struct Servers {
 impl Servers {
     /// Starts the remote, then the host, and waits (30 s at most) for the
     /// host's control socket.
-    pub(super) fn start(exe: &Path, s: &Setup<'_>) -> Result<Servers> {
+    pub(super) fn start(exe: &Path, s: &Setup) -> Result<Servers> {
         let dir = crate::cleanup::temp_dir(s.prefix, &s.parent)?;
         let shm = dir.path().join("shm");
         let notify = if s.poll {
@@ -105,7 +123,7 @@ impl Servers {
         let ctrl = dir.path().join("ctrl");
         let mut cmd = remote(exe, &shm, &notify, s.shm_size);
         let log = dir.path().join("remote.log");
-        let mut remote = Spawned::logged(log, "remote", s.remote_cpu, cmd.args(s.remote_args))?;
+        let mut remote = Spawned::logged(log, "remote", s.remote_cpu, cmd.args(&s.remote_args))?;
         if s.poll {
             // With no notifier to connect through, the host must find the
             // table already written.

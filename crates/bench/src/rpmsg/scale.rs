@@ -14,12 +14,11 @@
 //! The remote offers `EVENT_IDX` and 64 KiB buffers.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
-use iopath_rpmsg::ctrl::{CtrlClient, EptInfo};
+use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::tools::ping::percentile;
 
 use super::children::{bound, echo_once, Servers, Setup};
@@ -40,23 +39,21 @@ const STREAM_SIZES: [usize; 4] = [16, 496, 4096, 65520];
 const CREATE: usize = 10_000;
 
 /// One echo row over every run: aggregate round trips/s; the median
-/// endpoint's p99, the worst endpoint's p99, the fewest round trips of an
-/// endpoint over the median endpoint's.
+/// endpoint's p99; the worst endpoint's p99 and the fewest round trips of
+/// an endpoint, each over the median endpoint's.
 #[derive(Debug, Default)]
 struct EchoRow {
     endpoints: usize,
     aggregate: Vec<f64>,
     p99_median: Vec<f64>,
-    p99_max: Vec<f64>,
+    worst_share: Vec<f64>,
     fewest_share: Vec<f64>,
 }
 
-/// One stream row: messages per run, messages/s per run through the
-/// endpoint and raw.
-#[derive(Debug)]
+/// One stream row: messages/s per run through the endpoint and raw.
+#[derive(Debug, Default)]
 struct StreamRow {
     size: usize,
-    msgs: u64,
     ept: Vec<f64>,
     raw: Vec<f64>,
 }
@@ -79,23 +76,7 @@ struct CreateRow {
 /// echo wrong, a message lost), or the fd limit is too low.
 pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
     let (client_cpu, server_cpu) = Placement::One.cpus(cpus);
-    let buf = iopath_rpmsg::BufSizes::both(64 * 1024);
-    let setup = Setup {
-        parent: std::env::temp_dir(),
-        prefix: "iopath-bench-scale-",
-        remote_args: &[
-            "--event-idx",
-            "--echo",
-            "echo",
-            "--sink",
-            "sink",
-            "--buf-size",
-            "64K",
-        ],
-        shm_size: iopath_rpmsg::rsc_table::ShmLayout::size_for(256, buf)
-            .expect("rings of 256 have a layout"),
-        ..Setup::echo(server_cpu, server_cpu)
-    };
+    let setup = Setup::sink("iopath-bench-scale-", 256, &["--echo", "echo"], server_cpu);
     let srv = Servers::start(iopath, &setup)?;
     let c = srv.connect()?;
     let mut sinks = Sinks::start(bound(&c, "sink")?, iopath, server_cpu)?;
@@ -109,9 +90,7 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
         let mut streams: Vec<StreamRow> = STREAM_SIZES
             .map(|size| StreamRow {
                 size,
-                msgs: STREAM_MSGS.min(STREAM_BYTES / size as u64),
-                ept: Vec::new(),
-                raw: Vec::new(),
+                ..StreamRow::default()
             })
             .into();
         for run in 0..RUNS {
@@ -121,11 +100,12 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
             }
             for i in crate::turns(streams.len(), run) {
                 let row = &mut streams[i];
+                let msgs = STREAM_MSGS.min(STREAM_BYTES / row.size as u64);
                 // The endpoint first in even runs, the raw socket in odd.
                 for raw in [run % 2 == 1, run % 2 == 0] {
-                    let took = sinks.stream(raw, row.msgs, row.size)?;
+                    let took = sinks.stream(raw, msgs, row.size)?;
                     let rates = if raw { &mut row.raw } else { &mut row.ept };
-                    rates.push(row.msgs as f64 / took.as_secs_f64());
+                    rates.push(msgs as f64 / took.as_secs_f64());
                 }
             }
         }
@@ -149,44 +129,24 @@ fn echo_run(c: &CtrlClient, row: &mut EchoRow, time: Duration) -> Result<()> {
     let eps = (0..n)
         .map(|_| bound(c, "echo"))
         .collect::<Result<Vec<_>>>()?;
-    let go = Barrier::new(n + 1);
-    let deadline = AtomicU64::new(0);
-    let t0 = Instant::now();
+    let (go, end) = (Barrier::new(n + 1), OnceLock::new());
     // Each endpoint's round trips and p99.
     let per = std::thread::scope(|s| -> Result<Vec<(f64, f64)>> {
         let mut handles = Vec::with_capacity(n);
         for (i, ep) in eps.iter().enumerate() {
-            let (go, deadline) = (&go, &deadline);
-            let h = std::thread::Builder::new()
-                .stack_size(256 << 10)
-                .spawn_scoped(s, move || -> Result<(f64, f64)> {
-                    let mut lat = Vec::with_capacity(1 << 14);
-                    let mut back = [0u8; 512];
-                    let who = format!("endpoint {i}: ");
-                    go.wait();
-                    let end = t0 + Duration::from_nanos(deadline.load(Ordering::SeqCst));
-                    let mut seq = 0u64;
-                    loop {
-                        let t = Instant::now();
-                        if t >= end {
-                            break;
-                        }
-                        seq += 1;
-                        let mut msg = [0u8; 16];
-                        msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
-                        msg[8..].copy_from_slice(&seq.to_le_bytes());
-                        echo_once(ep, &msg, &mut back, &who, seq)?;
-                        lat.push(t.elapsed().as_secs_f64() * 1e6);
-                    }
-                    lat.sort_by(f64::total_cmp);
-                    Ok((lat.len() as f64, percentile(&lat, 0.99)))
-                })
-                .map_err(Error::sys("spawning an echo thread"))?;
-            handles.push(h);
+            let (go, end) = (&go, &end);
+            let echo = move || {
+                go.wait();
+                echo_until(ep, i, *end.get().expect("set before the start"))
+            };
+            let h = std::thread::Builder::new().stack_size(256 << 10);
+            handles.push(
+                h.spawn_scoped(s, echo)
+                    .map_err(Error::sys("spawning an echo thread"))?,
+            );
         }
         // Every thread made and parked before the clock starts.
-        let start = t0.elapsed() + Duration::from_millis(20) + time;
-        deadline.store(start.as_nanos() as u64, Ordering::SeqCst);
+        end.get_or_init(|| Instant::now() + Duration::from_millis(20) + time);
         go.wait();
         let panicked = || Err(Error::Check("an echo thread panicked".into()));
         handles
@@ -199,11 +159,33 @@ fn echo_run(c: &CtrlClient, row: &mut EchoRow, time: Duration) -> Result<()> {
     p99.sort_by(f64::total_cmp);
     row.aggregate
         .push(rts.iter().sum::<f64>() / time.as_secs_f64());
-    row.p99_median.push(percentile(&p99, 0.5));
-    row.p99_max.push(p99.last().copied().unwrap_or(0.0));
+    let median = percentile(&p99, 0.5);
+    row.p99_median.push(median);
+    row.worst_share
+        .push(p99.last().copied().unwrap_or(0.0) / median.max(1e-9));
     row.fewest_share
         .push(rts[0] / percentile(&rts, 0.5).max(1.0));
     Ok(())
+}
+
+/// Endpoint `i`'s strict round trips through `ep` until `end`: their
+/// count and p99.
+fn echo_until(ep: &EptFd, i: usize, end: Instant) -> Result<(f64, f64)> {
+    let mut lat = Vec::with_capacity(1 << 14);
+    let (mut msg, mut back) = ([0u8; 16], [0u8; 512]);
+    msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    let who = format!("endpoint {i}: ");
+    for seq in 1u64.. {
+        let t = Instant::now();
+        if t >= end {
+            break;
+        }
+        msg[8..].copy_from_slice(&seq.to_le_bytes());
+        echo_once(ep, &msg, &mut back, &who, seq)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok((lat.len() as f64, percentile(&lat, 0.99)))
 }
 
 /// The resident memory of process `pid`, KiB.
@@ -285,14 +267,12 @@ fn tables(place: &str, echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -
     let one = echo.iter().find(|r| r.endpoints == 1);
     let base = one.map_or(f64::NAN, |r| Stats::of(&r.aggregate).median);
     for r in echo {
-        let worst_and_median = r.p99_max.iter().zip(&r.p99_median);
-        let ratio: Vec<f64> = worst_and_median.map(|(m, d)| m / d.max(1e-9)).collect();
         e.row(vec![
             Cell::grouped(r.endpoints as f64, 0),
             range(&r.aggregate, 0),
             Cell::times(Stats::of(&r.aggregate).median / base),
             range(&r.p99_median, 1),
-            range(&ratio, 2),
+            range(&r.worst_share, 2),
             range(&r.fewest_share, 2),
         ]);
     }
@@ -419,13 +399,12 @@ mod tests {
                 endpoints,
                 aggregate: vec![rate - 1000.0, rate, rate + 5000.0],
                 p99_median: vec![10.0, 11.0, 12.0],
-                p99_max: vec![20.0, 21.0, 22.0],
+                worst_share: vec![20.0 / 10.0, 21.0 / 11.0, 22.0 / 12.0],
                 fewest_share: vec![1.0; 3],
             })
             .collect();
         let stream = [StreamRow {
             size: 16,
-            msgs: 100,
             ept: vec![1.0, 2.0, 3.0],
             raw: vec![4.0, 5.0, 6.0],
         }];

@@ -13,6 +13,8 @@
 
 mod measure;
 
+use std::time::Duration;
+
 use super::children::{bound, Servers, Setup};
 use super::raw::sink::Sinks;
 use super::RpmsgConfig;
@@ -26,12 +28,10 @@ use crate::{Report, Result, Stats};
 const BUF: u32 = 64 * 1024;
 const RING: u32 = 64;
 
-/// One message size over every run: messages per run, MB/s per run of
-/// each way.
-#[derive(Debug, Clone)]
+/// One message size over every run: MB/s per run of each way.
+#[derive(Debug, Clone, Default)]
 struct BulkRow {
     size: usize,
-    msgs: u64,
     fd: Vec<f64>,
     raw: Vec<f64>,
     bus: Vec<f64>,
@@ -52,22 +52,7 @@ pub(super) fn run(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
         invalid!("--bulk-sizes", "give sizes of 1 to {max} bytes");
     }
     let (client_cpu, server_cpu) = Placement::Split.cpus(cpus);
-    let (buf, ring) = (format!("{}K", BUF / 1024), RING.to_string());
-    let setup = Setup {
-        parent: std::env::temp_dir(),
-        prefix: "iopath-bench-bulk-",
-        remote_args: &[
-            "--event-idx",
-            "--sink",
-            "sink",
-            "--buf-size",
-            &buf,
-            "--ring",
-            &ring,
-        ],
-        shm_size: measure::shm_size(),
-        ..Setup::echo(server_cpu, server_cpu)
-    };
+    let setup = Setup::sink("iopath-bench-bulk-", RING, &[], server_cpu);
     let srv = Servers::start(&a.iopath, &setup)?;
     let c = srv.connect()?;
     let mut sinks = Sinks::start(bound(&c, "sink")?, &a.iopath, server_cpu)?;
@@ -82,26 +67,21 @@ pub(super) fn run(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
             .iter()
             .map(|&size| BulkRow {
                 size,
-                msgs: (bytes / size as u64).max(1),
-                fd: Vec::new(),
-                raw: Vec::new(),
-                bus: Vec::new(),
-                memcpy: Vec::new(),
+                ..BulkRow::default()
             })
             .collect();
         for run in 0..runs {
             for i in crate::turns(rows.len(), run) {
-                let row = &mut rows[i];
-                let mb = |took: std::time::Duration| {
-                    (row.msgs * row.size as u64) as f64 / took.as_secs_f64() / 1e6
-                };
+                let (row, msgs) = (&mut rows[i], (bytes / sizes[i] as u64).max(1));
+                let mb =
+                    |took: Duration| (msgs * row.size as u64) as f64 / took.as_secs_f64() / 1e6;
                 // The ways take turns, the order rotating per run.
-                for w in 0..4 {
-                    match (w + run) % 4 {
-                        0 => row.fd.push(mb(sinks.stream(false, row.msgs, row.size)?)),
-                        1 => row.raw.push(mb(sinks.stream(true, row.msgs, row.size)?)),
-                        2 => row.bus.push(mb(pair.stream(row.msgs, row.size)?)),
-                        _ => row.memcpy.push(mb(measure::memcpy(row.msgs, row.size))),
+                for w in crate::turns(4, run) {
+                    match w {
+                        0 => row.fd.push(mb(sinks.stream(false, msgs, row.size)?)),
+                        1 => row.raw.push(mb(sinks.stream(true, msgs, row.size)?)),
+                        2 => row.bus.push(mb(pair.stream(msgs, row.size)?)),
+                        _ => row.memcpy.push(mb(measure::memcpy(msgs, row.size))),
                     }
                 }
             }
@@ -185,7 +165,6 @@ mod tests {
     fn rows_make_the_table_and_chart() {
         let rows = [BulkRow {
             size: 4096,
-            msgs: 8192,
             fd: vec![700.0, 800.0, 900.0],
             raw: vec![1000.0, 1000.0, 1100.0],
             bus: vec![2000.0, 2500.0, 2600.0],
