@@ -62,55 +62,35 @@ impl BusPair {
     ) -> Result<BusPair> {
         let dir = tempfile::tempdir().map_err(Error::sys("a temporary directory"))?;
         let path = dir.path().join("shm");
-        let sizes = BufSizes::both(BUF);
         let layout = ShmLayout::for_size(shm_size(), RING).map_err(Error::layer("bulk layout"))?;
         let mut layout = layout
-            .with_buf_sizes(Convention::Linux, sizes)
+            .with_buf_sizes(Convention::Linux, BufSizes::both(BUF))
             .map_err(Error::layer("bulk layout"))?;
         layout.dfeatures |= 1 << VIRTIO_RING_F_EVENT_IDX;
         let shm = SharedMem::create(&path, &layout).map_err(Error::layer("bulk shared memory"))?;
         let spec = NotifySpec::Eventfd(dir.path().join("ev"));
         let listener = spec.bind().map_err(Error::layer("bulk notifier"))?;
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let (orders, orders_rx) = mpsc::channel::<(u64, usize)>();
-        let (done_tx, done) = mpsc::channel();
-        let cpus2 = cpus.clone();
-        let receiver = std::thread::Builder::new()
-            .name("bulk-receiver".into())
-            .spawn(move || {
-                let started = on_cpu(server_cpu, &cpus2, || {
-                    let n = listener.accept().map_err(Error::layer("bulk notifier"))?;
+        let (remote, host) = std::thread::scope(|s| {
+            let remote = s.spawn(|| {
+                on_cpu(server_cpu, cpus, || {
+                    let n = listener.accept_until(Instant::now() + T, T);
+                    let n = n.map_err(Error::layer("bulk notifier"))?;
                     let bus = Bus::remote(shm, n, Some(T)).map_err(Error::layer("bulk remote"))?;
                     let rx = bus
                         .create_zero_copy(EndpointOptions::new("bulk"))
                         .map_err(Error::layer("bulk endpoint"))?;
                     Ok((bus, rx))
-                });
-                let (bus, rx) = match started {
-                    Ok(x) => x,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok((bus, rx.addr())));
-                let _ = on_cpu(server_cpu, &cpus2, || {
-                    for (msgs, size) in orders_rx {
-                        let _ = done_tx.send(take(&rx, msgs, size));
-                    }
-                    Ok(())
-                });
-            })
-            .map_err(Error::sys("spawning the bulk receiver"))?;
-        let host = on_cpu(client_cpu, cpus, || {
-            let n = spec.connect(T).map_err(Error::layer("bulk notifier"))?;
-            let shm = SharedMem::open(&path).map_err(Error::layer("bulk shared memory"))?;
-            Bus::host(shm, n, iopath_rpmsg::HOST_FEATURES).map_err(Error::layer("bulk host"))
-        })?;
-        let (remote, addr) = ready_rx
-            .recv_timeout(T)
-            .map_err(|_| Error::Check("the bulk remote did not start in 30 s".into()))?
-            .map_err(Error::Check)?;
+                })
+            });
+            let host = on_cpu(client_cpu, cpus, || {
+                let n = spec.connect(T).map_err(Error::layer("bulk notifier"))?;
+                let shm = SharedMem::open(&path).map_err(Error::layer("bulk shared memory"))?;
+                Bus::host(shm, n, iopath_rpmsg::HOST_FEATURES).map_err(Error::layer("bulk host"))
+            });
+            let panicked = || Err(Error::Check("the bulk remote panicked".into()));
+            (remote.join().unwrap_or_else(|_| panicked()), host)
+        });
+        let ((remote, rx), host) = (remote?, host?);
         check!(
             host.max_payload() == BUF as usize - 16,
             "the bulk host negotiated {} bytes of payload, not {}",
@@ -118,8 +98,22 @@ impl BusPair {
             BUF - 16
         );
         let tx = host
-            .create(EndpointOptions::new("bulk").dst(addr).announce(false))
+            .create(EndpointOptions::new("bulk").dst(rx.addr()).announce(false))
             .map_err(Error::layer("bulk endpoint"))?;
+        let (orders, orders_rx) = mpsc::channel::<(u64, usize)>();
+        let (done_tx, done) = mpsc::channel();
+        let cpus = cpus.clone();
+        let receiver = std::thread::Builder::new()
+            .name("bulk-receiver".into())
+            .spawn(move || {
+                let _ = on_cpu(server_cpu, &cpus, || {
+                    for (msgs, size) in orders_rx {
+                        let _ = done_tx.send(take(&rx, msgs, size));
+                    }
+                    Ok(())
+                });
+            })
+            .map_err(Error::sys("spawning the bulk receiver"))?;
         Ok(BusPair {
             host,
             remote,
