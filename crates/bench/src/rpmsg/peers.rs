@@ -49,7 +49,8 @@ enum Remote {
     Iopath,
 }
 
-/// Each driver's and remote's name in the tables and key in the charts.
+/// Each driver's and remote's name in the tables and key in the progress
+/// line.
 const DRIVERS: [(&str, &str); 3] = [
     ("OpenAMP driver (rpmsg-ping-timed)", "openamp"),
     ("iopath endpoint fd (rpmsg host + client)", "ept_fd"),
@@ -72,10 +73,8 @@ const PAIRS: [(Driver, Remote); 6] = [
 
 /// One pair's runs in one placement: each run that completed, and why
 /// the others did not.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct PeerRow {
-    driver: Driver,
-    remote: Remote,
     runs: Vec<Latency>,
     failures: Vec<String>,
 }
@@ -99,8 +98,7 @@ fn start_remote(
 ) -> Result<Spawned> {
     // Each remote binds the socket and writes the table afresh; what an
     // earlier pair left would let a driver connect to nothing.
-    let _ = std::fs::remove_file(OPENAMP_EVENT);
-    let _ = std::fs::remove_file(OPENAMP_SHM);
+    clear_platform();
     let (name, mut cmd) = match remote {
         Remote::OpenAmp => ("rpmsg-echo", Command::new(openamp(cfg).join("rpmsg-echo"))),
         Remote::Iopath => {
@@ -153,11 +151,11 @@ fn openamp(cfg: &RpmsgConfig) -> &Path {
 fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
     let secs = cfg.peer_budget.as_secs().max(1);
     let args = [cfg.count, PEER_WARM, SIZE as u64, secs].map(|n| n.to_string());
-    let mut cmd = Command::new(openamp(cfg).join("rpmsg-ping-timed"));
+    let name = "rpmsg-ping-timed";
+    let mut cmd = Command::new(openamp(cfg).join(name));
     cmd.args([
         "-n", &args[0], "-w", &args[1], "-s", &args[2], "-t", &args[3],
     ]);
-    let name = "rpmsg-ping-timed";
     let mut kid = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
     let out = std::fs::read_to_string(kid.log()).map_err(Error::io(kid.log()))?;
@@ -165,7 +163,7 @@ fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<L
     let parsed = last.and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
     let Some(v) = parsed.filter(|_| st.success()) else {
         return Err(Error::Peer {
-            program: "rpmsg-ping-timed".into(),
+            program: name.into(),
             reason: format!("{st}; {}", kid.last_words()),
         });
     };
@@ -265,9 +263,14 @@ fn one(
         _ => e,
     });
     drop(remote_kid);
+    clear_platform();
+    r
+}
+
+/// Removes the demo platform's files.
+fn clear_platform() {
     let _ = std::fs::remove_file(OPENAMP_EVENT);
     let _ = std::fs::remove_file(OPENAMP_SHM);
-    r
 }
 
 /// Every pair in `placement`, `cfg.runs` times, the pairs taking turns
@@ -284,23 +287,14 @@ pub(super) fn measure(
     // The demo platform's fixed files go too if a signal ends the run.
     crate::cleanup::path(Path::new(OPENAMP_SHM));
     crate::cleanup::path(Path::new(OPENAMP_EVENT));
-    let mut rows: Vec<PeerRow> = PAIRS
-        .iter()
-        .map(|&(driver, remote)| PeerRow {
-            driver,
-            remote,
-            runs: Vec::new(),
-            failures: Vec::new(),
-        })
-        .collect();
+    let mut rows: Vec<PeerRow> = PAIRS.map(|_| PeerRow::default()).into();
     for run in 0..cfg.runs {
         for i in crate::turns(PAIRS.len(), run) {
-            let row = &mut rows[i];
-            let (d, r) = (DRIVERS[row.driver as usize], REMOTES[row.remote as usize]);
+            let (d, r) = (DRIVERS[PAIRS[i].0 as usize], REMOTES[PAIRS[i].1 as usize]);
             pb.set_message(format!("peers {}: {} <-> {}", placement.name(), d.1, r.1));
             match one(cfg, PAIRS[i], place, cpus) {
-                Ok(l) => row.runs.push(l),
-                Err(e) => row.failures.push(e.chain()),
+                Ok(l) => rows[i].runs.push(l),
+                Err(e) => rows[i].failures.push(e.chain()),
             }
         }
     }
@@ -334,8 +328,8 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
     );
     // Every ratio is over OpenAMP's own pair, the first row.
     let pair = &rows[0];
-    for r in rows {
-        let (d, m) = (DRIVERS[r.driver as usize].0, REMOTES[r.remote as usize].0);
+    for (r, (driver, remote)) in rows.iter().zip(PAIRS) {
+        let (d, m) = (DRIVERS[driver as usize].0, REMOTES[remote as usize].0);
         for f in &r.failures {
             t.note(format!("note: a run of {d} <-> {m} failed: {f}"));
         }
