@@ -70,18 +70,8 @@ fn set_flag(shm: &SharedMem, v: u16) -> Result<()> {
         .map_err(|e| Error::Check(format!("the poll floor's flag: {e}")))
 }
 
-/// A nonblocking receive: `Some(len)` of a packet, `None` when none waits.
-fn try_recv(c: &OwnedFd, buf: &mut [u8], what: &str) -> Result<Option<usize>> {
-    match rustix::net::recv(c, buf, RecvFlags::DONTWAIT) {
-        Ok((0, _)) => Err(Error::Check(format!("{what}: the other end hung up"))),
-        Ok((n, _)) => Ok(Some(n)),
-        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Ok(None),
-        Err(e) => Err(Error::sys("recv on the poll floor's socket")(e)),
-    }
-}
-
 /// Polls `c` with `spin` for a packet into `buf`: its length, `None`
-/// after [`PATIENCE`].
+/// after [`PATIENCE`]; `what` names the receiver in errors.
 fn poll_recv(
     spin: &mut PollSpin,
     c: &OwnedFd,
@@ -90,7 +80,12 @@ fn poll_recv(
 ) -> Result<Option<usize>> {
     let mut n = None;
     poll_until(spin, || {
-        n = try_recv(c, buf, what)?;
+        n = match rustix::net::recv(c, &mut *buf, RecvFlags::DONTWAIT) {
+            Ok((0, _)) => check_failed!("{what}: the other end hung up"),
+            Ok((got, _)) => Some(got),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => None,
+            Err(e) => return Err(Error::sys("recv on the poll floor's socket")(e)),
+        };
         Ok(n.is_some())
     })?;
     Ok(n)

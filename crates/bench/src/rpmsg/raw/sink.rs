@@ -87,12 +87,9 @@ impl Sinks {
         let took = t0.elapsed();
         check!(n == 8, "the sink answered {n} bytes, not 8");
         let count = u64::from_le_bytes(answer[..8].try_into().expect("8 bytes"));
-        let (name, sent) = if raw {
-            ("raw", &mut self.sent[1])
-        } else {
-            ("remote", &mut self.sent[0])
-        };
+        let sent = &mut self.sent[usize::from(raw)];
         *sent += msgs + 1;
+        let name = if raw { "raw" } else { "remote" };
         check!(
             count == *sent,
             "the {name} sink counted {count} messages, not {}: messages were lost",
