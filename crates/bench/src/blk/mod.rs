@@ -142,6 +142,11 @@ fn mode_row(m: DmaMode) -> String {
     format!("iopath blk serve, dma {}", m.name())
 }
 
+/// `a / b` when both were measured and `b` is positive.
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? / b.filter(|b| *b > 0.0)?)
+}
+
 #[derive(Debug)]
 struct Measured {
     cfg: BlkBenchConfig,

@@ -14,7 +14,7 @@ use iopath_blk::dd::DdConfig;
 use iopath_blk::workload::{Access, Op, Workload};
 use iopath_blk::PollMode;
 
-use super::BlkBenchConfig;
+use super::{libblkio, ratio, BlkBenchConfig};
 use crate::place::{on_cpu, Cpus};
 use crate::report::plot::{Chart, LIMIT, PEER as PEER_COLOR, PRIMARY, SECONDARY};
 use crate::report::{Cell, Column, Table, Unit};
@@ -68,6 +68,12 @@ const LIBBLKIO_SLEEP: &str = "libblkio on blk serve, sleeping (--poll-us 0)";
 const LIBBLKIO_POLL: &str = "libblkio poll queue on blk serve --poll";
 const LIBBLKIO_QSD: &str = "libblkio on qemu-storage-daemon";
 
+/// libblkio's poll queue spins without yielding: beside a polling back
+/// end on the same CPU, each request waits for a time slice (minutes per
+/// run), so that row needs two CPUs.
+const SPINS: &str = "its poll queue spins without yielding: on the back end's CPU each \
+                     request waits for a time slice (run it with --placement split)";
+
 /// One run of one cell: IOPS, p50 and p99 latency (us), CPU time per
 /// request over every process of the row (driver and back end, or fio; us).
 type Run = [f64; 4];
@@ -76,7 +82,7 @@ type Run = [f64; 4];
 #[derive(Debug)]
 pub(super) struct Row {
     name: &'static str,
-    op: &'static str,
+    op: Op,
     queue_depth: usize,
     runs: Vec<Run>,
     skipped: Option<String>,
@@ -110,16 +116,11 @@ pub(super) struct Backends {
 /// miss them).
 fn cpu_ns_of(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command (which may hold spaces) and its `)`.
-    let f: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |r| r.1)
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
-        .sum();
+    // utime and stime: the 12th and 13th fields after the command (which
+    // may hold spaces) and its `)`.
+    let after = stat.rsplit_once(')').map_or("", |r| r.1);
+    let fields = after.split_whitespace().skip(11).take(2);
+    let ticks: u64 = fields.filter_map(|f| f.parse::<u64>().ok()).sum();
     ticks * 1_000_000_000 / rustix::param::clock_ticks_per_second().max(1)
 }
 
@@ -133,10 +134,7 @@ fn cpu_ns_self() -> u64 {
 /// (pid `pid`), `queues` queues.
 fn dd_run(
     (socket, pid): &(PathBuf, u32),
-    op: Op,
-    qd: usize,
-    count: u64,
-    seed: u64,
+    (op, qd, count, seed): (Op, usize, u64, u64),
     poll: PollMode,
     queues: usize,
 ) -> Result<Run> {
@@ -169,7 +167,7 @@ fn fio_run(
     count: u64,
     cpu: Option<usize>,
 ) -> Result<Run> {
-    let dir = if op == Op::Read { "read" } else { "write" };
+    let dir = op.name();
     let mut cmd = std::process::Command::new(fio::PROGRAM);
     cmd.arg("--name=limit")
         .arg(format!("--filename={}", image.display()))
@@ -214,85 +212,76 @@ pub(super) fn run(
     type Measure<'a> = Box<dyn Fn(Op, usize, u64) -> Result<Run> + 'a>;
     let size = cfg.size as u64;
     let count = small.count.min(size / BS as u64);
-    let dd = |be: &Option<(PathBuf, u32)>, poll: PollMode, queues: usize| -> Option<Measure<'_>> {
-        let be = be.clone()?;
-        Some(Box::new(move |op, qd, seed| {
+    let no_back_end = || "its back end did not start".to_string();
+    let dd = |be: &Option<(PathBuf, u32)>, poll, queues| -> Result<Measure<'_>, String> {
+        let be = be.clone().ok_or_else(no_back_end)?;
+        Ok(Box::new(move |op, qd, seed| {
             on_cpu(client, cpus, || {
-                dd_run(&be, op, qd, count, seed, poll, queues)
+                dd_run(&be, (op, qd, count, seed), poll, queues)
             })
         }))
     };
-    let helper = super::libblkio::program();
-    let blkio = |be: &Option<(PathBuf, u32)>, poll: bool| -> Option<Measure<'_>> {
-        let ((socket, pid), helper) = (be.clone()?, helper.clone()?);
-        Some(Box::new(move |op, qd, seed| {
+    let helper = libblkio::program();
+    let one_cpu = client.is_some() && client == server;
+    let blkio = |be: &Option<(PathBuf, u32)>, poll: bool| -> Result<Measure<'_>, String> {
+        let helper = helper.clone().ok_or(libblkio::BUILD)?;
+        if poll && one_cpu {
+            return Err(SPINS.into());
+        }
+        let (socket, pid) = be.clone().ok_or_else(no_back_end)?;
+        Ok(Box::new(move |op, qd, seed| {
             let theirs = cpu_ns_of(pid);
             let (iops, p50, p99, mine) =
-                super::libblkio::run(&helper, &socket, (op, qd, count, seed), poll, client)?;
+                libblkio::run(&helper, &socket, (op, qd, count, seed), poll, client)?;
             let cpu = mine + cpu_ns_of(pid).saturating_sub(theirs) as f64;
             Ok([iops, p50, p99, cpu / 1000.0 / count as f64])
         }))
     };
-    let fio: Option<Measure<'_>> = Missing::FIO.check().is_none().then(|| {
-        Box::new(move |op, qd, _| fio_run(image, size, op, qd, count, server)) as Measure<'_>
-    });
+    let fio: Result<Measure<'_>, String> = match Missing::FIO.check() {
+        Some(m) => Err(m.note()),
+        None => Ok(Box::new(move |op, qd, _| {
+            fio_run(image, size, op, qd, count, server)
+        })),
+    };
     let adaptive = PollMode::default();
-    // libblkio's poll queue spins without yielding: beside a polling back
-    // end on the same CPU, each request waits for a time slice (minutes
-    // per run), so that row needs two CPUs.
-    let one_cpu = client.is_some() && client == server;
-    let ways: Vec<(&str, Option<Measure<'_>>, bool)> = vec![
-        (FIO, fio, false),
-        (SLEEP, dd(&b.sleep, PollMode::SLEEP, 1), false),
-        (ADAPTIVE, dd(&b.adaptive, adaptive, 1), false),
-        (BUSY, dd(&b.busy, PollMode::Busy, 1), false),
-        (QSD, dd(&b.qsd, adaptive, 1), false),
-        (TWO_QUEUES, dd(&b.adaptive, adaptive, 2), true),
-        (LIBBLKIO_SLEEP, blkio(&b.sleep, false), false),
-        (
-            LIBBLKIO_POLL,
-            blkio(&b.busy, true).filter(|_| !one_cpu),
-            false,
-        ),
-        (LIBBLKIO_QSD, blkio(&b.qsd, false), false),
+    let ways = [
+        (FIO, fio),
+        (SLEEP, dd(&b.sleep, PollMode::SLEEP, 1)),
+        (ADAPTIVE, dd(&b.adaptive, adaptive, 1)),
+        (BUSY, dd(&b.busy, PollMode::Busy, 1)),
+        (QSD, dd(&b.qsd, adaptive, 1)),
+        (TWO_QUEUES, dd(&b.adaptive, adaptive, 2)),
+        (LIBBLKIO_SLEEP, blkio(&b.sleep, false)),
+        (LIBBLKIO_POLL, blkio(&b.busy, true)),
+        (LIBBLKIO_QSD, blkio(&b.qsd, false)),
     ];
+    // Two queues only at the deepest depth.
     let deepest = small.depths.iter().copied().max().unwrap_or(1);
     let mut rows: Vec<Row> = Vec::new();
-    let mut index = Vec::new();
+    let mut way = Vec::new();
     for op in [Op::Read, Op::Write] {
-        for &qd in &small.depths {
-            for (i, (name, m, deep_only)) in ways.iter().enumerate() {
-                if *deep_only && qd != deepest {
-                    continue;
+        for &queue_depth in &small.depths {
+            for (i, (name, m)) in ways.iter().enumerate() {
+                if *name != TWO_QUEUES || queue_depth == deepest {
+                    way.push(i);
+                    let (runs, skipped) = (Vec::new(), m.as_ref().err().cloned());
+                    rows.push(Row {
+                        name,
+                        op,
+                        queue_depth,
+                        runs,
+                        skipped,
+                    });
                 }
-                index.push((op, qd, i));
-                rows.push(Row {
-                    name,
-                    op: if op == Op::Read { "read" } else { "write" },
-                    queue_depth: qd,
-                    runs: Vec::new(),
-                    skipped: m.is_none().then(|| match *name {
-                        FIO => Missing::FIO.note(),
-                        LIBBLKIO_SLEEP | LIBBLKIO_POLL | LIBBLKIO_QSD if helper.is_none() => {
-                            super::libblkio::BUILD.into()
-                        }
-                        LIBBLKIO_POLL if one_cpu => {
-                            "its poll queue spins without yielding: on the back end's CPU each \
-                             request waits for a time slice (run it with --placement split)"
-                                .into()
-                        }
-                        _ => "its back end did not start".into(),
-                    }),
-                });
             }
         }
     }
     for run in 0..small.runs {
         for c in crate::turns(rows.len(), run) {
-            let (op, qd, i) = index[c];
-            let (row, (name, m, _)) = (&mut rows[c], &ways[i]);
-            if let (None, Some(m)) = (&row.skipped, m) {
-                bar.set_message(format!("run {}: 4K {} qd {qd}: {name}", run + 1, row.op));
+            let (row, (name, m)) = (&mut rows[c], &ways[way[c]]);
+            if let (None, Ok(m)) = (&row.skipped, m) {
+                let (op, qd) = (row.op, row.queue_depth);
+                bar.set_message(format!("run {}: 4K {op} qd {qd}: {name}", run + 1));
                 match m(op, qd, run as u64 + 1) {
                     Ok(r) => row.runs.push(r),
                     Err(e) => row.skipped = Some(e.chain()),
@@ -306,15 +295,11 @@ pub(super) fn run(
 }
 
 impl Measured {
-    fn find(&self, name: &str, op: &str, qd: usize) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|r| r.name == name && r.op == op && r.queue_depth == qd && r.skipped.is_none())
-    }
-
-    /// The median of figure `i` of a measured row.
-    fn median(&self, name: &str, op: &str, qd: usize, i: usize) -> Option<f64> {
-        Some(Stats::of(&self.find(name, op, qd)?.each(i)).median)
+    /// The median of figure `i` of row `name` at `op` and `qd`, if it ran.
+    fn median(&self, name: &str, op: Op, qd: usize, i: usize) -> Option<f64> {
+        let is = |r: &&Row| r.name == name && r.op == op && r.queue_depth == qd;
+        let r = self.rows.iter().find(is).filter(|r| r.skipped.is_none())?;
+        Some(Stats::of(&r.each(i)).median)
     }
 
     fn depths(&self) -> Vec<usize> {
@@ -345,35 +330,25 @@ impl Measured {
         );
         for r in &self.rows {
             if let Some(why) = &r.skipped {
-                t.not_run(
-                    format!("{} {} qd {}", r.name, r.op, r.queue_depth),
-                    why.as_str(),
-                    why.as_str(),
-                );
+                let row = format!("{} {} qd {}", r.name, r.op, r.queue_depth);
+                t.not_run(row, why, why);
                 continue;
             }
             let iops = Stats::of(&r.each(0)).median;
-            let lim = self
-                .median(FIO, r.op, r.queue_depth, 0)
-                .filter(|l| *l > 0.0);
+            let of_fio = ratio(Some(iops), self.median(FIO, r.op, r.queue_depth, 0));
             t.row(vec![
                 r.name.into(),
-                r.op.into(),
+                r.op.name().into(),
                 Cell::num(r.queue_depth as f64, 0),
                 Cell::runs(&r.each(0), Unit::Grouped, 0),
                 Cell::median(&r.each(1), Unit::Micros, 1),
                 Cell::median(&r.each(2), Unit::Micros, 1),
                 Cell::median(&r.each(3), Unit::Micros, 1),
-                Cell::or_na(lim.map(|l| Cell::percent(iops / l * 100.0, 1))),
+                Cell::or_na(of_fio.map(|q| Cell::percent(q * 100.0, 1))),
             ]);
         }
         let deep = self.depths().into_iter().max().unwrap_or(1);
-        let div = |a: Option<f64>, b: Option<f64>| {
-            Cell::or_na(
-                a.zip(b.filter(|b| *b > 0.0))
-                    .map(|(a, b)| Cell::times(a / b)),
-            )
-        };
+        let div = |a, b| Cell::or_na(ratio(a, b).map(Cell::times));
         // (depth, ratio, row over row, of figure: 0 IOPS, 1 p50 latency)
         let ratios = [
             (1, "--poll / qemu-storage-daemon", BUSY, QSD, 0),
@@ -390,7 +365,7 @@ impl Measured {
                 0,
             ),
         ];
-        for op in ["read", "write"] {
+        for op in [Op::Read, Op::Write] {
             let iops = |name, qd| self.median(name, op, qd, 0);
             for (qd, what, a, b, i) in ratios {
                 let m = |name| self.median(name, op, qd, i);
