@@ -27,20 +27,11 @@ pub(super) fn program() -> Option<PathBuf> {
     }
     let beside = std::env::current_exe()
         .ok()
-        .and_then(|e| Some(e.parent()?.join("examples").join(PROGRAM)));
-    if let Some(p) = beside.filter(|p| p.is_file()) {
-        return Some(p);
-    }
-    on_path(PROGRAM)
-}
-
-/// `program` on the `PATH`.
-fn on_path(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
+        .map(|e| e.with_file_name("examples"));
+    let path = std::env::var_os("PATH");
+    let on_path = path.iter().flat_map(std::env::split_paths);
+    let dirs = beside.into_iter().chain(on_path);
+    dirs.map(|d| d.join(PROGRAM)).find(|p| p.is_file())
 }
 
 /// One run: `count` 4 KiB random requests, `qd` in flight, on a poll
@@ -53,18 +44,11 @@ pub(super) fn run(
     poll: bool,
     cpu: Option<usize>,
 ) -> Result<(f64, f64, f64, f64)> {
+    let (count, qd, seed) = (count.to_string(), qd.to_string(), seed.to_string());
     let mut cmd = Command::new(helper);
-    cmd.arg("--socket")
-        .arg(socket)
-        .args(["--bs", "4096", "--access", "rand"])
-        .arg("--op")
-        .arg(if op == Op::Read { "read" } else { "write" })
-        .arg("--count")
-        .arg(count.to_string())
-        .arg("--queue-depth")
-        .arg(qd.to_string())
-        .arg("--seed")
-        .arg(seed.to_string());
+    cmd.arg("--socket").arg(socket);
+    cmd.args(["--bs", "4096", "--access", "rand", "--op", op.name()]);
+    cmd.args(["--count", &count, "--queue-depth", &qd, "--seed", &seed]);
     if poll {
         cmd.arg("--poll");
     }
@@ -79,11 +63,8 @@ pub(super) fn run(
         reason,
     };
     if !out.status.success() {
-        return Err(failed(format!(
-            "{}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(failed(format!("{}: {}", out.status, err.trim())));
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| failed(format!("its output is not one JSON line: {e}")))?;
