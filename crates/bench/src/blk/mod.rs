@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use iopath_blk::dd::DdConfig;
 use iopath_blk::workload::{self, Workload};
-use iopath_sys::error_chain;
 
 use crate::error::invalid;
 use crate::limit::Limit;
@@ -87,11 +86,7 @@ impl BlkBenchConfig {
     /// dd or fio pass and for the image's first touch).
     pub(crate) fn estimate(&self) -> Duration {
         let gib = self.size as f64 / f64::from(1u32 << 30);
-        let modes = if self.modes.is_empty() {
-            4
-        } else {
-            self.modes.len()
-        };
+        let modes = self.modes().len();
         // Every run: the modes and the peer; the limit's sweep (6 fio passes
         // at the default bs) in the first runs, its best alone after; a
         // warm-up round.
@@ -102,6 +97,14 @@ impl BlkBenchConfig {
             s.steps() as f64 * (s.count as f64 / 10_000.0 + 0.1)
         });
         Duration::from_secs_f64(passes as f64 * gib / 2.0 + gib / 2.0 + 3.0 + small)
+    }
+
+    /// The DMA modes to measure: those asked for, or every one.
+    fn modes(&self) -> Vec<DmaMode> {
+        match self.modes.is_empty() {
+            true => DmaMode::ALL.to_vec(),
+            false => self.modes.clone(),
+        }
     }
 }
 
@@ -116,11 +119,7 @@ struct Series {
 
 impl Series {
     fn new(name: impl Into<String>, failed: Option<&Error>) -> Self {
-        let failed = failed.map(|e| match e {
-            Error::MissingPeer(m) => m.note(),
-            e => error_chain(e),
-        });
-        let (name, runs) = (name.into(), Vec::new());
+        let (name, runs, failed) = (name.into(), Vec::new(), failed.map(Error::chain));
         Series { name, runs, failed }
     }
 
@@ -128,7 +127,7 @@ impl Series {
         if self.failed.is_none() {
             match f() {
                 Ok(v) => self.runs.push(v),
-                Err(e) => self.failed = Some(error_chain(&e)),
+                Err(e) => self.failed = Some(e.chain()),
             }
         }
     }
@@ -222,21 +221,14 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     // `iopath blk serve` on the image with `extra` arguments.
     let serve = |socket: &Path, extra: &[&str]| {
         let mut cmd = Command::new(&cfg.iopath);
-        cmd.args(["blk", "serve", "--image"])
-            .arg(&image)
-            .arg("--socket")
-            .arg(socket)
-            .args(extra);
+        cmd.args(["blk", "serve", "--image"]).arg(&image);
+        cmd.arg("--socket").arg(socket).args(extra);
         back_end("iopath blk serve", socket, server, &mut cmd)
     };
     let ours = serve(&ours_sock, &["--queues", "2"]);
     let peer = qsd(&image, &peer_sock, server);
     let dd_run = |sock: &Path, mode| on_cpu(client, &cpus, || dd_once(sock, cfg, mode));
-    let modes = if cfg.modes.is_empty() {
-        DmaMode::ALL.to_vec()
-    } else {
-        cfg.modes.clone()
-    };
+    let modes = cfg.modes();
     let mut rows: Vec<Series> = modes
         .iter()
         .map(|&m| Series::new(mode_row(m), ours.as_ref().err()))
@@ -298,9 +290,7 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     drop((ours, peer));
     let mut lim_row = Series::new(if limit.is_fio() { FIO_LIMIT } else { OWN_LIMIT }, None);
     lim_row.runs = limit.runs().to_vec();
-    let mut all = vec![lim_row];
-    all.extend(rows);
-    all.push(peer_row);
+    let all = std::iter::once(lim_row).chain(rows).chain([peer_row]);
     let servers = "the back end, qemu-storage-daemon and fio";
     let in_ram = crate::fs_type(&image) == Some(crate::TMPFS_MAGIC);
     let m = Measured {
@@ -308,7 +298,7 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
         image_on: if in_ram { "RAM (tmpfs)" } else { "disk" },
         placement: cfg.placement.describe(&cpus, "the driver", servers),
         image,
-        rows: all,
+        rows: all.collect(),
         limit,
         small,
     };

@@ -31,16 +31,19 @@ impl Measured {
         r.table(t);
         if let Some(s) = &self.small {
             let t = s.table(&self.placement);
-            s.charts(&t, &self.placement)
-                .into_iter()
-                .for_each(|c| r.chart(c));
+            for c in s.charts(&t, &self.placement) {
+                r.chart(c);
+            }
             r.table(t);
         }
         r
     }
 
     /// The table: GiB/s per row, median (min-max), spread and share of the
-    /// limit; below it the ratios of medians and the limit's notes.
+    /// limit; below it the ratios the experiment is about, from the
+    /// medians (direct / the fio limit, n/a without fio, then direct / the
+    /// own limit as well; each mode / direct; iopath's back end /
+    /// qemu-storage-daemon, n/a without it), and the limit's notes.
     fn table(&self) -> Table {
         let mut t = Table::new(
             "",
@@ -51,10 +54,19 @@ impl Measured {
                 Column::right("of limit"),
             ],
         );
-        let lim = self.median(FIO_LIMIT).or(self.median(OWN_LIMIT));
+        let percent = |a, b| Cell::or_na(ratio(a, b).map(|q| Cell::percent(q * 100.0, 1)));
+        // The median of the measured row `name`.
+        let m = |name: &str| {
+            let r = self
+                .rows
+                .iter()
+                .find(|r| r.name == name && r.failed.is_none());
+            Some(Stats::of(&r?.runs).median)
+        };
+        let lim = m(FIO_LIMIT).or(m(OWN_LIMIT));
         for r in &self.rows {
             if let Some(why) = &r.failed {
-                t.not_run(r.name.as_str(), why.as_str(), why.as_str());
+                t.not_run(r.name.as_str(), why, why);
                 continue;
             }
             let s = Stats::of(&r.runs);
@@ -62,48 +74,22 @@ impl Measured {
                 r.name.clone().into(),
                 Cell::runs(&r.runs, Unit::Plain, 3),
                 Cell::percent(s.spread * 100.0, 1),
-                Cell::or_na(
-                    lim.filter(|l| *l > 0.0)
-                        .map(|l| Cell::percent(s.median / l * 100.0, 1)),
-                ),
+                percent(Some(s.median), lim),
             ]);
         }
-        for (what, v) in self.ratios() {
-            t.figure(what, Cell::or_na(v.map(|v| Cell::percent(v * 100.0, 1))));
+        let mode = |d| m(&mode_row(d));
+        let direct = mode(DmaMode::Direct);
+        t.figure("direct / fio limit", percent(direct, m(FIO_LIMIT)));
+        if m(OWN_LIMIT).is_some() {
+            t.figure("direct / own limit", percent(direct, m(OWN_LIMIT)));
         }
+        for d in [DmaMode::DirectStatic, DmaMode::Iommu, DmaMode::Bounce] {
+            t.figure(format!("{d} / direct"), percent(mode(d), direct));
+        }
+        let peer = "iopath blk serve / qemu-storage-daemon (dma direct)";
+        t.figure(peer, percent(direct, m(PEER)));
         t.notes = self.limit.notes();
         t
-    }
-
-    /// The median of the measured row `name`.
-    fn median(&self, name: &str) -> Option<f64> {
-        let r = self
-            .rows
-            .iter()
-            .find(|r| r.name == name && r.failed.is_none());
-        Some(Stats::of(&r?.runs).median)
-    }
-
-    /// The ratios the experiment is about, from the medians: direct / the
-    /// fio limit (n/a without fio; then direct / the own limit as well),
-    /// each mode / direct, iopath's back end / qemu-storage-daemon (n/a
-    /// without it).
-    fn ratios(&self) -> Vec<(&'static str, Option<f64>)> {
-        let m = |name: &str| self.median(name);
-        let mode = |d| m(&mode_row(d));
-        let div = |a: Option<f64>, b: Option<f64>| Some(a? / b.filter(|b| *b > 0.0)?);
-        let direct = mode(DmaMode::Direct);
-        let mut v = vec![("direct / fio limit", div(direct, m(FIO_LIMIT)))];
-        if m(OWN_LIMIT).is_some() {
-            v.push(("direct / own limit", div(direct, m(OWN_LIMIT))));
-        }
-        let (static_, iommu, bounce) = (DmaMode::DirectStatic, DmaMode::Iommu, DmaMode::Bounce);
-        v.push(("direct-static / direct", div(mode(static_), direct)));
-        v.push(("iommu / direct", div(mode(iommu), direct)));
-        v.push(("bounce / direct", div(mode(bounce), direct)));
-        let peer = "iopath blk serve / qemu-storage-daemon (dma direct)";
-        v.push((peer, div(direct, m(PEER))));
-        v
     }
 
     /// The chart: GiB/s per row with min-max whiskers: the limit, each
