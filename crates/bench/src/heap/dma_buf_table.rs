@@ -21,14 +21,14 @@
 
 use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::path::Path;
 use std::time::Instant;
 
 use iopath_heap::{
-    load, open_heap, BufferedEngine, DirectEngine, Engine, Heap, IoFile, LoadOptions, Method, Pool,
-    SendfileEngine,
+    open_heap, BufferedEngine, DirectEngine, Engine, Heap, Loaded, Method, Pool, SendfileEngine,
 };
 use iopath_sys::error_chain;
+
+use super::{load_ms, needs, push_run, Plan};
 
 /// One row of the dma-buf table: ms allocating, reading and in all per
 /// run, or why it has none (the kernel's own error) and what it needs.
@@ -48,23 +48,23 @@ impl DmaBufRow {
         }
     }
 
-    fn push(&mut self, figures: [f64; 3]) {
-        for (v, x) in self.ms.iter_mut().zip(figures) {
-            v.push(x);
+    /// Adds a run's figures, or records why the row has none.
+    fn record(&mut self, r: Result<[f64; 3], (String, String)>) {
+        match r {
+            Ok(ms) => push_run(&mut self.ms, ms),
+            Err(e) => self.missing = Some(e),
         }
     }
 
-    /// Adds a load's figures, or records why it failed (the heap `heap`'s
-    /// error and what the row needs).
-    fn loaded(&mut self, heap: &str, r: iopath_heap::Result<iopath_heap::Loaded>) {
-        match r {
-            Ok(l) => self.push(
-                [l.stats.alloc_time, l.stats.read_time, l.stats.elapsed]
-                    .map(|d| d.as_secs_f64() * 1e3),
-            ),
-            Err(e) => self.missing = Some((error_chain(&e), super::needs(heap, &e))),
-        }
+    /// Adds a load's figures, or records why it failed on heap `heap`.
+    fn loaded(&mut self, heap: &str, r: iopath_heap::Result<Loaded>) {
+        self.record(r.map(|l| load_ms(&l.stats)).map_err(|e| missing(heap, &e)));
     }
+}
+
+/// Why a row on `heap` has no figures (`e`) and what it needs.
+fn missing(heap: &str, e: &iopath_heap::Error) -> (String, String) {
+    (error_chain(e), needs(heap, e))
 }
 
 /// How a proposal row fills a buffer.
@@ -74,15 +74,6 @@ enum Fill {
     Direct,
     Sendfile,
     DirectSendfile,
-}
-
-/// What the rows read, into what.
-pub(super) struct Plan<'a> {
-    pub path: &'a Path,
-    pub file: &'a IoFile,
-    pub buffers: usize,
-    pub buffer_size: usize,
-    pub queue_depth: u32,
 }
 
 /// The kernel-side direct read the proposal adds has no user-space
@@ -123,12 +114,10 @@ fn direct_sendfile(
     let out = OpenOptions::new()
         .write(true)
         .open(format!("/proc/self/fd/{}", memfd.as_raw_fd()))?;
-    let mut off = file_off;
-    let end = file_off + len as u64;
+    let (mut off, end) = (file_off, file_off + len as u64);
     while off < end {
         let want = (end - off) as usize;
-        let n = rustix::fs::sendfile(&out, dfd, Some(&mut off), want)?;
-        if n == 0 {
+        if rustix::fs::sendfile(&out, dfd, Some(&mut off), want)? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
     }
@@ -169,74 +158,53 @@ fn proposal_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f6
     Ok((alloc * 1e3, read * 1e3))
 }
 
-fn options(plan: &Plan<'_>, method: Method) -> LoadOptions {
-    super::load_options(plan.buffer_size, plan.buffers, method, plan.queue_depth)
-}
-
 /// Measures every row `runs` times, each from a cold page cache.
 pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
-    let proposal_rows: [(&str, &str, Fill); 5] = [
+    let mut steps = [
         ("udmabuf buffered read", "udmabuf", Fill::Buffered),
         ("udmabuf direct read", "udmabuf", Fill::Direct),
         ("udmabuf buffered sendfile", "udmabuf", Fill::Sendfile),
         ("udmabuf direct sendfile", "udmabuf", Fill::DirectSendfile),
         ("dmabuf buffered read", "dma-heap:system", Fill::Buffered),
-    ];
-    let iopath_rows: [(&str, Method); 3] = [
-        ("udmabuf", Method::Uring),
-        ("memfd", Method::Auto),
-        ("dma-heap:system", Method::Auto),
-    ];
-    let pool_heaps = ["memfd", "udmabuf", "dma-heap:system"];
-    let mut rows: Vec<DmaBufRow> = proposal_rows
-        .iter()
-        .map(|(l, _, _)| DmaBufRow::new(*l))
-        .collect();
+    ]
+    .map(|(label, heap, fill)| (DmaBufRow::new(label), heap, fill));
     let mut kernel_side = DmaBufRow::new("dmabuf direct read");
     kernel_side.missing = Some((
         kernel_side_missing(plan),
         "DMA_BUF_IOCTL_RW_FILE, which was not merged".into(),
     ));
-    rows.push(kernel_side);
-    rows.extend(
-        iopath_rows
-            .iter()
-            .map(|(h, m)| DmaBufRow::new(format!("iopath {h} {m}"))),
-    );
-    for h in pool_heaps {
-        rows.push(DmaBufRow::new(format!("pool {h} auto, 1st load")));
-        rows.push(DmaBufRow::new(format!("pool {h} auto, 2nd load")));
-    }
+    let mut loaders = [
+        ("udmabuf", Method::Uring),
+        ("memfd", Method::Auto),
+        ("dma-heap:system", Method::Auto),
+    ]
+    .map(|(heap, method)| {
+        let row = DmaBufRow::new(format!("iopath {heap} {method}"));
+        (row, heap, method)
+    });
+    let mut pools = ["memfd", "udmabuf", "dma-heap:system"].map(|heap| {
+        let load = |nth| DmaBufRow::new(format!("pool {heap} auto, {nth} load"));
+        (heap, [load("1st"), load("2nd")])
+    });
     let cold = || {
         let _ = plan.file.drop_cache();
     };
     for _ in 0..runs {
-        for (k, (_, heap, fill)) in proposal_rows.iter().enumerate() {
-            if rows[k].missing.is_some() {
-                continue;
-            }
+        for (row, heap, fill) in steps.iter_mut().filter(|s| s.0.missing.is_none()) {
             let r = open_heap(heap)
-                .map_err(|e| (error_chain(&e), super::needs(heap, &e)))
+                .map_err(|e| missing(heap, &e))
                 .and_then(|h| {
                     cold();
                     let t = Instant::now();
                     let (a, rd) =
                         proposal_run(plan, h.as_ref(), *fill).map_err(|e| (e.clone(), e))?;
-                    Ok((a, rd, t.elapsed().as_secs_f64() * 1e3))
+                    Ok([a, rd, t.elapsed().as_secs_f64() * 1e3])
                 });
-            match r {
-                Ok((a, rd, total)) => rows[k].push([a, rd, total]),
-                Err(e) => rows[k].missing = Some(e),
-            }
+            row.record(r);
         }
-        for (j, (heap, method)) in iopath_rows.iter().enumerate() {
-            let row = &mut rows[6 + j];
-            if row.missing.is_some() {
-                continue;
-            }
+        for (row, heap, method) in loaders.iter_mut().filter(|l| l.0.missing.is_none()) {
             cold();
-            let r = open_heap(heap)
-                .and_then(|h| load(plan.path, h.as_ref(), &options(plan, *method), &mut |_| {}));
+            let r = open_heap(heap).and_then(|h| plan.load(h.as_ref(), *method));
             if let Ok(l) = &r {
                 if l.stats.method != *method {
                     row.label = format!("iopath {heap} {method} ({})", l.stats.method);
@@ -244,27 +212,26 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
             }
             row.loaded(heap, r);
         }
-        for (j, heap) in pool_heaps.iter().enumerate() {
-            let at = 9 + 2 * j;
-            if rows[at].missing.is_some() {
-                continue;
-            }
+        // The second load takes the first one's buffers back; a pool whose
+        // first load failed is not loaded again.
+        for (heap, loads) in pools.iter_mut().filter(|p| p.1[0].missing.is_none()) {
             let bytes = (plan.buffers * plan.buffer_size) as u64;
-            let pool = match open_heap(heap).and_then(|h| Pool::new(h, bytes)) {
-                Ok(p) => p,
-                Err(e) => {
-                    let why = (error_chain(&e), super::needs(heap, &e));
-                    rows[at].missing = Some(why.clone());
-                    rows[at + 1].missing = Some(why);
-                    continue;
+            match open_heap(heap).and_then(|h| Pool::new(h, bytes)) {
+                Ok(pool) => {
+                    for row in loads {
+                        cold();
+                        row.loaded(heap, plan.load(&pool, Method::Auto));
+                    }
                 }
-            };
-            for second in [0, 1] {
-                cold();
-                let r = load(plan.path, &pool, &options(plan, Method::Auto), &mut |_| {});
-                rows[at + second].loaded(heap, r);
+                Err(e) => loads
+                    .iter_mut()
+                    .for_each(|r| r.missing = Some(missing(heap, &e))),
             }
         }
     }
+    let mut rows: Vec<DmaBufRow> = steps.into_iter().map(|s| s.0).collect();
+    rows.push(kernel_side);
+    rows.extend(loaders.into_iter().map(|l| l.0));
+    rows.extend(pools.into_iter().flat_map(|p| p.1));
     rows
 }

@@ -10,10 +10,12 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use iopath_heap::{load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, Method};
+use iopath_heap::{
+    load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, LoadStats, Loaded, Method,
+};
 use iopath_sys::{error_chain, human};
 
-use crate::error::{check_failed, invalid};
+use crate::error::{check, check_failed, invalid};
 use crate::limit::Limit;
 use crate::{fio, loadavg, scratch_dir, Error, ProgressBar, Report, Result};
 
@@ -78,10 +80,9 @@ impl HeapConfig {
     pub(crate) fn estimate(&self) -> Duration {
         let gib =
             self.buffers.unwrap_or(8) as f64 * self.buffer_size as f64 / f64::from(1u32 << 30);
-        let rows = if self.methods.is_empty() {
-            10
-        } else {
-            2 * self.methods.len()
+        let rows = match self.methods.len() {
+            0 => 10,
+            n => 2 * n,
         };
         let swept = self.runs.min(crate::limit::SWEEP_RUNS);
         let passes = self.runs * (rows + 1) + swept * 6 + (self.runs - swept);
@@ -200,39 +201,37 @@ pub fn run(args: &HeapConfig) -> Result<Report> {
         runs: args.runs,
         ..Measured::default()
     };
-    if !args.dma_buf_only {
-        measure(args, &methods, &file, &mut m)?;
-    }
-    let plan = dma_buf_table::Plan {
+    let plan = Plan {
         path: &path,
         file: &file,
         buffers,
         buffer_size: args.buffer_size,
         queue_depth: args.queue_depth,
     };
+    if !args.dma_buf_only {
+        measure(args, &methods, &plan, &mut m)?;
+    }
     m.dma_buf = dma_buf_table::measure(&plan, args.runs);
     m.loadavg.1 = loadavg();
     Ok(m.report())
 }
 
 /// Every heap x method row and the two bounds, `args.runs` times.
-fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measured) -> Result<()> {
+fn measure(args: &HeapConfig, methods: &[Method], plan: &Plan<'_>, r: &mut Measured) -> Result<()> {
     let names: Vec<String> = match args.heaps.is_empty() {
-        true => HEAPS.iter().map(|s| s.to_string()).collect(),
+        true => HEAPS.map(String::from).to_vec(),
         false => args.heaps.clone(),
     };
     let mut heaps: Vec<Box<dyn Heap>> = Vec::new();
     for name in &names {
-        match open_heap(name).and_then(|h| h.alloc(args.buffer_size).map(|_| h)) {
+        match open_heap(name).and_then(|h| h.alloc(plan.buffer_size).map(|_| h)) {
             Ok(h) => heaps.push(h),
             Err(e) => r
                 .skipped
                 .push((name.clone(), needs(name, &e), error_chain(&e))),
         }
     }
-    if heaps.is_empty() {
-        check_failed!("no heap works here: {:?}", r.skipped);
-    }
+    check!(!heaps.is_empty(), "no heap works here: {:?}", r.skipped);
     r.alloc_heap = heaps[0].name();
     for h in &heaps {
         r.rows.extend(methods.iter().map(|&m| Row {
@@ -245,8 +244,8 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
             fallbacks: 0,
         }));
     }
-    let (path, bytes, qd) = (&r.file, r.bytes, args.queue_depth);
-    let base = fio::Job::new(false, path, bytes, 1 << 20, qd);
+    let (file, path, bytes) = (plan.file, plan.path, r.bytes);
+    let base = fio::Job::new(false, path, bytes, 1 << 20, plan.queue_depth);
     let drop_cache = || {
         file.drop_cache()
             .map_err(Error::layer("dropping the file's cache"))
@@ -266,10 +265,10 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
         // The other bound: allocating and faulting in the same buffers with
         // no I/O at all (first heap).
         let t = Instant::now();
-        let mut held = Vec::with_capacity(r.buffers);
-        for _ in 0..r.buffers {
+        let mut held = Vec::with_capacity(plan.buffers);
+        for _ in 0..plan.buffers {
             let b = heaps[0]
-                .alloc(args.buffer_size)
+                .alloc(plan.buffer_size)
                 .map_err(Error::layer("allocating a buffer"))?;
             b.populate().map_err(Error::layer("faulting in a buffer"))?;
             held.push(b);
@@ -280,41 +279,25 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
         // (right after fio) or last: memory the previous row freed is cheaper
         // to allocate again on a VM than memory returned to the host.
         for i in crate::turns(nrows, run * nrows / args.runs) {
-            let row = &mut r.rows[i];
-            bar.set_message(format!(
-                "run {}/{}: {} {}",
-                run + 1,
-                args.runs,
-                row.heap,
-                row.method
-            ));
-            let heap = heaps
-                .iter()
-                .find(|h| h.name() == row.heap)
-                .expect("a row's heap opened");
+            // The rows go heap by heap, a method each.
+            let (row, heap) = (&mut r.rows[i], &heaps[i / methods.len()]);
+            let what = format!("{} {}", row.heap, row.method);
+            bar.set_message(format!("run {}/{}: {what}", run + 1, args.runs));
             drop_cache()?;
             let cold = cached()?;
             if cold > bytes / 100 {
                 r.warm_warnings += 1;
-                tracing::warn!(
-                    "{} still has {cold} bytes cached after dropping",
-                    path.display()
-                );
+                let file = path.display();
+                tracing::warn!("{file} still has {cold} bytes cached after dropping");
             }
-            let opts = load_options(args.buffer_size, r.buffers, row.method, qd);
-            let loaded = load(path, heap.as_ref(), &opts, &mut |_| {})
-                .map_err(Error::layer(format!("{} {}", row.heap, row.method)))?;
+            let loaded = plan
+                .load(heap.as_ref(), row.method)
+                .map_err(Error::layer(what))?;
             let growth = cached()?.saturating_sub(cold);
             drop(loaded.buffers);
             let s = loaded.stats;
             row.used = s.method;
-            for (v, d) in row
-                .ms
-                .iter_mut()
-                .zip([s.alloc_time, s.read_time, s.elapsed])
-            {
-                v.push(d.as_secs_f64() * 1e3);
-            }
+            push_run(&mut row.ms, load_ms(&s));
             row.gib_per_s.push(s.gib_per_s());
             row.cache_growth = row.cache_growth.max(growth);
             row.fallbacks += s.fallbacks;
@@ -326,18 +309,42 @@ fn measure(args: &HeapConfig, methods: &[Method], file: &IoFile, r: &mut Measure
     Ok(())
 }
 
-fn load_options(buffer_size: usize, buffers: usize, method: Method, qd: u32) -> LoadOptions {
-    let engine = EngineOptions {
-        queue_depth: qd,
-        ..EngineOptions::default()
-    };
-    let buffers = Some(buffers);
-    LoadOptions {
-        buffer_size,
-        buffers,
-        method,
-        engine,
-        ..LoadOptions::default()
+/// What every load reads, into how many buffers of what size.
+struct Plan<'a> {
+    path: &'a Path,
+    file: &'a IoFile,
+    buffers: usize,
+    buffer_size: usize,
+    queue_depth: u32,
+}
+
+impl Plan<'_> {
+    /// Loads the buffers from the file into `heap` with `method`.
+    fn load(&self, heap: &dyn Heap, method: Method) -> iopath_heap::Result<Loaded> {
+        let engine = EngineOptions {
+            queue_depth: self.queue_depth,
+            ..EngineOptions::default()
+        };
+        let opts = LoadOptions {
+            buffer_size: self.buffer_size,
+            buffers: Some(self.buffers),
+            method,
+            engine,
+            ..LoadOptions::default()
+        };
+        load(self.path, heap, &opts, &mut |_| {})
+    }
+}
+
+/// A load's milliseconds allocating, reading and in all.
+fn load_ms(s: &LoadStats) -> [f64; 3] {
+    [s.alloc_time, s.read_time, s.elapsed].map(|d| d.as_secs_f64() * 1e3)
+}
+
+/// Adds a run's three figures to the runs of each.
+fn push_run(runs: &mut [Vec<f64>; 3], figures: [f64; 3]) {
+    for (v, x) in runs.iter_mut().zip(figures) {
+        v.push(x);
     }
 }
 
@@ -351,11 +358,8 @@ fn make_scratch(size: u64) -> Result<tempfile::NamedTempFile> {
         .map_err(Error::io(&dir))?;
     crate::cleanup::path(t.path());
     if std::io::stderr().is_terminal() {
-        eprintln!(
-            "writing {} scratch file {}",
-            human(size),
-            t.path().display()
-        );
+        let (size, path) = (human(size), t.path().display());
+        eprintln!("writing {size} scratch file {path}");
     }
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut chunk = vec![0u8; 8 << 20];
