@@ -38,11 +38,10 @@ impl Measured {
             r.table(t);
         }
         let t = self.dma_buf_table();
-        let mut c = Chart::new("dma-buf-fill-time", "Filling dma-bufs from a file: time per route", "ms")
+        let c = Chart::new("dma-buf-fill-time", "Filling dma-bufs from a file: time per route", "ms")
             .about(format!("{} from a cold page cache, median of {} runs; the proposal's six rows allocate, then read; iopath's and the pool's overlap the two", human(self.bytes), self.runs), "ms, lower is faster")
             .legend(&[("total", PRIMARY), ("alloc", OTHER), ("read", SECONDARY)]);
-        load_times(&mut c, &t, |row| row[0].to_string());
-        r.chart(c);
+        r.chart(load_times(c, &t, |row| row[0].to_string()));
         r.table(t);
         if self.rows.iter().any(|r| r.heap == "memfd:thp") {
             let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
@@ -144,7 +143,7 @@ impl Measured {
             Cell::Empty,
         ]);
         for (heap, needs, why) in &self.skipped {
-            t.not_run(heap.as_str(), needs.as_str(), why.as_str());
+            t.not_run(heap.as_str(), needs, why);
         }
         t.notes.extend(self.limit.iter().flat_map(|l| l.notes()));
         t.note(format!(
@@ -179,7 +178,7 @@ impl Measured {
         let mut first_alloc = None;
         for r in &self.dma_buf {
             if let Some((why, needs)) = &r.missing {
-                t.not_run(r.label.as_str(), needs.as_str(), why.as_str());
+                t.not_run(r.label.as_str(), needs, why);
                 continue;
             }
             let [alloc, read, total] = &r.ms;
@@ -224,7 +223,7 @@ impl Measured {
             "{}, cold page cache, median of {} runs; alloc and read overlap, the total is measured",
             self.fs, self.runs
         );
-        let mut c = Chart::new("heap-load-time-by-method", title, "ms")
+        let c = Chart::new("heap-load-time-by-method", title, "ms")
             .about(about, "ms, lower is faster")
             .legend(&[
                 ("total", PRIMARY),
@@ -232,15 +231,14 @@ impl Measured {
                 ("read (overlaps alloc)", SECONDARY),
                 ("limit: fio O_DIRECT read", LIMIT),
             ]);
-        load_times(&mut c, t, |row| format!("{} {}", row[0], row[1]));
-        c
+        load_times(c, t, |row| format!("{} {}", row[0], row[1]))
     }
 }
 
-/// A bar per row of `t` (labelled by `label`) at its total ms, with its
-/// alloc and read ms as thin bars under it; a limit's row in the limit's
-/// colour, an alloc-only row in alloc's, each at its total alone.
-fn load_times(c: &mut Chart, t: &Table, label: impl Fn(&[Cell]) -> String) {
+/// `c` with a bar per row of `t` (labelled by `label`) at its total ms,
+/// its alloc and read ms as thin bars under it; a limit's row in the
+/// limit's colour, an alloc-only row in alloc's, each at its total alone.
+fn load_times(mut c: Chart, t: &Table, label: impl Fn(&[Cell]) -> String) -> Chart {
     let [alloc, read, total] = ["alloc ms", "read ms", "total ms"].map(|n| t.col(n));
     for row in &t.rows {
         let name = row[0].to_string();
@@ -254,4 +252,5 @@ fn load_times(c: &mut Chart, t: &Table, label: impl Fn(&[Cell]) -> String) {
                 .thin("read", &row[read], SECONDARY);
         }
     }
+    c
 }
