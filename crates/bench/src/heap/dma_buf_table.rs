@@ -124,8 +124,10 @@ fn direct_sendfile(
     Ok(())
 }
 
-/// One run of a proposal row: allocate and fill each buffer in turn.
-fn proposal_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f64), String> {
+/// One run of a proposal row: allocate and fill each buffer in turn; ms
+/// allocating, reading and in all.
+fn proposal_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<[f64; 3], String> {
+    let start = Instant::now();
     let (mut alloc, mut read) = (0.0, 0.0);
     let err = |e: iopath_heap::Error| error_chain(&e);
     for i in 0..plan.buffers {
@@ -155,7 +157,7 @@ fn proposal_run(plan: &Plan<'_>, heap: &dyn Heap, fill: Fill) -> Result<(f64, f6
         }
         read += t.elapsed().as_secs_f64();
     }
-    Ok((alloc * 1e3, read * 1e3))
+    Ok([alloc, read, start.elapsed().as_secs_f64()].map(|s| s * 1e3))
 }
 
 /// Measures every row `runs` times, each from a cold page cache.
@@ -195,10 +197,7 @@ pub(super) fn measure(plan: &Plan<'_>, runs: usize) -> Vec<DmaBufRow> {
                 .map_err(|e| missing(heap, &e))
                 .and_then(|h| {
                     cold();
-                    let t = Instant::now();
-                    let (a, rd) =
-                        proposal_run(plan, h.as_ref(), *fill).map_err(|e| (e.clone(), e))?;
-                    Ok([a, rd, t.elapsed().as_secs_f64() * 1e3])
+                    proposal_run(plan, h.as_ref(), *fill).map_err(|e| (e.clone(), e))
                 });
             row.record(r);
         }

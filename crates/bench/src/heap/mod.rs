@@ -256,10 +256,8 @@ fn measure(args: &HeapConfig, methods: &[Method], plan: &Plan<'_>, r: &mut Measu
     };
     let mut limit = Limit::new(&base, &[1 << 20, 8 << 20]);
     let nrows = r.rows.len();
-    let bar = ProgressBar::new(
-        "bench heap",
-        args.runs as u64 * nrows as u64 + limit.steps(args.runs),
-    );
+    let steps = args.runs as u64 * nrows as u64 + limit.steps(args.runs);
+    let bar = ProgressBar::new("bench heap", steps);
     for run in 0..args.runs {
         limit.measure(None, &mut || drop_cache(), &bar)?;
         // The other bound: allocating and faulting in the same buffers with
