@@ -1,7 +1,7 @@
 //! The bench's error type.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Why an experiment could not run (a missing peer is not one of them when
 /// the peer only has a row: that row is dropped and the run goes on).
@@ -89,15 +89,12 @@ impl Error {
         iopath_sys::error_chain(self)
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
-        let path = path.into();
-        move |source| Error::Io { path, source }
-    }
-
-    /// [`Error::Io`] on `path` from a rustix error.
-    pub(crate) fn errno(path: &std::path::Path) -> impl Fn(rustix::io::Errno) -> Error + Copy + '_ {
+    /// [`Error::Io`] on `path` from an OS or a rustix error.
+    pub(crate) fn io<E: Into<io::Error>>(
+        path: &(impl AsRef<Path> + ?Sized),
+    ) -> impl Fn(E) -> Error + Copy + '_ {
         move |e| Error::Io {
-            path: path.to_path_buf(),
+            path: path.as_ref().to_path_buf(),
             source: e.into(),
         }
     }

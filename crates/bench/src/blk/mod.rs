@@ -213,7 +213,7 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
     let f = std::fs::File::create(&image).map_err(Error::io(&image))?;
     // Every block allocated up front, so that no run pays for allocation.
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, cfg.size as u64)
-        .map_err(Error::errno(&image))?;
+        .map_err(Error::io(&image))?;
     let sock = |name: &str| work.path().join(name);
     let (ours_sock, peer_sock) = (sock("iopath.sock"), sock("qsd.sock"));
     let cpus = Cpus::get().map_err(Error::sys("reading the CPU affinity"))?;

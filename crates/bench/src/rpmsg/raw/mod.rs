@@ -36,7 +36,7 @@ pub(crate) fn serve(server: Server) -> Result<()> {
 /// The far end of a raw limit: listens on the `SOCK_SEQPACKET` socket
 /// `sock` and takes its one client; with the error mapper for `sock`.
 fn accept_one(sock: &Path) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Error + Copy + '_)> {
-    let io = Error::errno(sock);
+    let io = Error::io(sock);
     let l = unix_socket::listen(sock, SocketType::SEQPACKET, unix_socket::PRIVATE_MODE, 1)
         .map_err(Error::layer(format!("listening on {}", sock.display())))?;
     let c = rustix::net::accept_with(&l, SocketFlags::CLOEXEC).map_err(io)?;
@@ -46,7 +46,7 @@ fn accept_one(sock: &Path) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Err
 /// A `SOCK_SEQPACKET` connection to `sock`, retrying for 10 s while its
 /// server starts.
 fn connect_retry(sock: &Path) -> Result<OwnedFd> {
-    let io = Error::errno(sock);
+    let io = Error::io(sock);
     let addr = SocketAddrUnix::new(sock).map_err(io)?;
     let start = Instant::now();
     loop {
