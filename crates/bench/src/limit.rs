@@ -12,22 +12,17 @@ use crate::{Missing, ProgressBar, Result, Stats};
 /// otherwise spend most of its time sweeping).
 pub(crate) const SWEEP_RUNS: usize = 3;
 
-/// A limit row: the best of a fio sweep, or the bench's own.
+/// A limit row: the best of a fio sweep, or, without fio, the bench's own
+/// O_DIRECT I/O (a sweep of one job, measured the same way).
 #[derive(Debug, Clone)]
-pub(crate) enum Limit {
+pub(crate) struct Limit {
     /// Every configuration of the sweep with its GiB/s per run; the limit
     /// is the one with the best median over the first [`SWEEP_RUNS`] runs
     /// (`fixed` once they are done), measured alone after them.
-    Fio {
-        sweep: Vec<(Job, Vec<f64>)>,
-        fixed: Option<usize>,
-    },
-    /// fio is missing: the bench's own direct I/O, GiB/s per run.
-    Own {
-        job: Job,
-        missing: Missing,
-        runs: Vec<f64>,
-    },
+    sweep: Vec<(Job, Vec<f64>)>,
+    fixed: Option<usize>,
+    /// fio, when it is missing: the one job runs as plain O_DIRECT I/O.
+    missing: Option<Missing>,
 }
 
 impl Limit {
@@ -35,38 +30,29 @@ impl Limit {
     /// depths 4, 16, 64; without fio, the own limit: `base` as plain
     /// O_DIRECT I/O.
     pub(crate) fn new(base: &Job, bss: &[u64]) -> Limit {
-        match Missing::FIO.check() {
-            Some(missing) => Limit::Own {
-                job: base.clone(),
-                missing,
-                runs: Vec::new(),
-            },
-            None => Limit::Fio {
-                sweep: fio::sweep(base, bss)
-                    .into_iter()
-                    .map(|j| (j, Vec::new()))
-                    .collect(),
-                fixed: None,
-            },
+        let missing = Missing::FIO.check();
+        let jobs = match missing {
+            Some(_) => vec![base.clone()],
+            None => fio::sweep(base, bss),
+        };
+        let sweep = jobs.into_iter().map(|j| (j, Vec::new())).collect();
+        Limit {
+            sweep,
+            fixed: None,
+            missing,
         }
     }
 
     /// One unmeasured pass of `base`, fio pinned to `cpu`, or of the own
     /// limit on the calling thread.
     pub(crate) fn warm_up(&self, base: &Job, cpu: Option<usize>) -> Result<f64> {
-        match self {
-            Limit::Fio { .. } => base.run(cpu),
-            Limit::Own { job, .. } => crate::direct::run(job),
-        }
+        pass(base, self.is_fio(), cpu)
     }
 
     /// Passes `runs` runs of the limit take (for progress totals).
     pub(crate) fn steps(&self, runs: usize) -> u64 {
         let swept = runs.min(SWEEP_RUNS);
-        match self {
-            Limit::Fio { sweep, .. } => (swept * sweep.len() + (runs - swept)) as u64,
-            Limit::Own { .. } => runs as u64,
-        }
+        (swept * self.sweep.len() + (runs - swept)) as u64
     }
 
     /// One run: every configuration of the sweep once (in the first
@@ -78,44 +64,33 @@ impl Limit {
         before: &mut dyn FnMut() -> Result<()>,
         bar: &ProgressBar,
     ) -> Result<()> {
-        match self {
-            Limit::Fio { sweep, fixed } => {
-                if fixed.is_none() && sweep.first().is_some_and(|(_, r)| r.len() >= SWEEP_RUNS) {
-                    *fixed = best(sweep);
-                }
-                for (i, (job, runs)) in sweep.iter_mut().enumerate() {
-                    if fixed.is_none_or(|f| f == i) {
-                        bar.set_message(format!("limit: fio {}", job.config()));
-                        before()?;
-                        runs.push(job.run(cpu)?);
-                        bar.inc(1);
-                    }
-                }
-            }
-            Limit::Own { job, runs, .. } => {
-                bar.set_message("limit: own O_DIRECT");
+        let fio = self.is_fio();
+        let Limit { sweep, fixed, .. } = self;
+        if fixed.is_none() && sweep.first().is_some_and(|(_, r)| r.len() >= SWEEP_RUNS) {
+            *fixed = best(sweep);
+        }
+        for (i, (job, runs)) in sweep.iter_mut().enumerate() {
+            if fixed.is_none_or(|f| f == i) {
+                bar.set_message(match fio {
+                    true => format!("limit: fio {}", job.config()),
+                    false => "limit: own O_DIRECT".into(),
+                });
                 before()?;
-                runs.push(crate::direct::run(job)?);
+                runs.push(pass(job, fio, cpu)?);
                 bar.inc(1);
             }
         }
         Ok(())
     }
 
-    /// The fio configuration with the best median (fio only).
+    /// The configuration with the best median.
     fn chosen(&self) -> Option<&(Job, Vec<f64>)> {
-        match self {
-            Limit::Fio { sweep, fixed } => sweep.get(fixed.or_else(|| best(sweep))?),
-            Limit::Own { .. } => None,
-        }
+        self.sweep.get(self.fixed.or_else(|| best(&self.sweep))?)
     }
 
     /// GiB/s of each run of the limit (the chosen configuration's).
     pub(crate) fn runs(&self) -> &[f64] {
-        match self {
-            Limit::Fio { .. } => self.chosen().map_or(&[], |(_, r)| r),
-            Limit::Own { runs, .. } => runs,
-        }
+        self.chosen().map_or(&[], |(_, r)| r)
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -123,74 +98,79 @@ impl Limit {
     }
 
     pub(crate) fn is_fio(&self) -> bool {
-        matches!(self, Limit::Fio { .. })
+        self.missing.is_none()
     }
 
     /// The short label: `fio bs=8M qd=16`, or `own O_DIRECT bs=1M qd=16`.
     pub(crate) fn label(&self) -> String {
-        match self {
-            Limit::Fio { .. } => format!("fio {}", self.config()),
-            Limit::Own { job, .. } => {
-                let bs = iopath_sys::format_size(job.bs);
-                format!("own O_DIRECT bs={bs} qd={}", job.iodepth)
-            }
-        }
+        let source = if self.is_fio() { "fio" } else { "own O_DIRECT" };
+        format!("{source} {}", self.config())
     }
 
-    /// The chosen fio configuration (`bs=8M qd=16`) and its command line.
+    /// The chosen configuration (`bs=8M qd=16`).
     fn config(&self) -> String {
         self.chosen().map(|c| c.0.config()).unwrap_or_default()
     }
 
+    /// What the limit runs: the chosen configuration's fio command line,
+    /// or the own I/O in words.
     fn command(&self) -> String {
-        self.chosen()
-            .map(|c| c.0.cmdline().join(" "))
-            .unwrap_or_default()
+        match self.chosen() {
+            Some((job, _)) if self.is_fio() => job.cmdline().join(" "),
+            Some((job, _)) => crate::direct::describe(job),
+            None => String::new(),
+        }
     }
 
     /// The lines printed under the table: the sweep and the chosen
     /// configuration's command, or the note on the missing peer and what
     /// was measured instead.
     pub(crate) fn notes(&self) -> Vec<String> {
-        match self {
-            Limit::Fio { sweep, .. } => {
-                let runs = sweep.iter().map(|(_, r)| r.len()).min().unwrap_or(0);
-                let each = sweep
-                    .iter()
-                    .map(|(j, r)| format!("{} {:.3}", j.config(), Stats::of(r).median));
-                vec![
-                    format!(
-                        "limit: the best median of a fio sweep measured in the same run ({runs} runs of each, GiB/s): {}; chosen {}",
-                        each.collect::<Vec<_>>().join(", "),
-                        self.config()
-                    ),
-                    format!("limit: {}", self.command()),
-                ]
-            }
-            Limit::Own { job, missing, .. } => vec![
-                format!("note: the fio limit row is missing: {}", missing.note()),
-                format!("limit (own, labelled so): {}", crate::direct::describe(job)),
-            ],
-        }
+        let Some(missing) = self.missing else {
+            let runs = self.sweep.iter().map(|(_, r)| r.len()).min().unwrap_or(0);
+            let each = self
+                .sweep
+                .iter()
+                .map(|(j, r)| format!("{} {:.3}", j.config(), Stats::of(r).median));
+            return vec![
+                format!(
+                    "limit: the best median of a fio sweep measured in the same run ({runs} runs of each, GiB/s): {}; chosen {}",
+                    each.collect::<Vec<_>>().join(", "),
+                    self.config()
+                ),
+                format!("limit: {}", self.command()),
+            ];
+        };
+        vec![
+            format!("note: the fio limit row is missing: {}", missing.note()),
+            format!("limit (own, labelled so): {}", self.command()),
+        ]
     }
 
     /// For a report's context: `source` (`fio` or `own`), `label`, the
     /// `command` run and, for fio, the `sweep` (each configuration's
     /// `config` and GiB/s `runs`); for the own limit, the `missing` peer.
     pub(crate) fn context(&self) -> serde_json::Value {
-        match self {
-            Limit::Fio { sweep, .. } => {
-                let sweep: Vec<_> = sweep
-                    .iter()
-                    .map(|(j, r)| json!({"config": j.config(), "runs": r}))
-                    .collect();
-                json!({"source": "fio", "label": self.label(), "command": self.command(), "sweep": sweep})
-            }
-            Limit::Own {
-                job, missing: m, ..
-            } => json!({"source": "own", "label": self.label(),
-                "command": crate::direct::describe(job), "missing": {"program": m.program, "package": m.package}}),
-        }
+        let (label, command) = (self.label(), self.command());
+        let Some(m) = self.missing else {
+            let sweep: Vec<_> = self
+                .sweep
+                .iter()
+                .map(|(j, r)| json!({"config": j.config(), "runs": r}))
+                .collect();
+            return json!({"source": "fio", "label": label, "command": command, "sweep": sweep});
+        };
+        json!({"source": "own", "label": label, "command": command,
+            "missing": {"program": m.program, "package": m.package}})
+    }
+}
+
+/// One pass of `job`: fio pinned to `cpu`, or (not `fio`) the bench's own
+/// O_DIRECT I/O on the calling thread.
+fn pass(job: &Job, fio: bool, cpu: Option<usize>) -> Result<f64> {
+    match fio {
+        true => job.run(cpu),
+        false => crate::direct::run(job),
     }
 }
 
@@ -209,13 +189,14 @@ mod tests {
 
     #[test]
     fn the_limit_is_the_best_median_of_the_sweep() {
-        let l = Limit::Fio {
+        let l = Limit {
             sweep: vec![
                 (job(1 << 20, 4), vec![1.0, 5.0, 1.2]),
                 (job(1 << 20, 16), vec![2.0, 2.1, 1.9]),
                 (job(8 << 20, 4), vec![1.5, 1.6, 1.4]),
             ],
             fixed: None,
+            missing: None,
         };
         // One outlier does not make a configuration the best: the median does.
         assert_eq!(l.chosen().map(|c| &c.0), Some(&job(1 << 20, 16)));
