@@ -3,9 +3,11 @@
 //! JSON for a script.
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use indicatif::ProgressDrawTarget;
 
 static SHOW: AtomicBool = AtomicBool::new(true);
 
@@ -17,11 +19,12 @@ pub(crate) fn show(yes: bool) {
 /// One experiment's progress: steps done out of a total, and what runs now.
 #[derive(Debug)]
 pub(crate) struct ProgressBar {
-    bar: Option<indicatif::ProgressBar>,
+    /// Drawn on a terminal, else hidden (it still counts the steps).
+    bar: indicatif::ProgressBar,
+    /// Plain lines instead of the bar.
     lines: bool,
     label: String,
     total: u64,
-    pos: AtomicU64,
     /// When the last plain line was printed, and its message.
     last: Mutex<(Option<Instant>, String)>,
 }
@@ -30,52 +33,46 @@ impl ProgressBar {
     pub(crate) fn new(label: &str, total: u64) -> ProgressBar {
         let show = SHOW.load(Ordering::Relaxed);
         let terminal = show && std::io::stderr().is_terminal();
-        let bar = terminal.then(|| {
-            let template =
-                format!("{{spinner}} {label} [{{bar:30}}] {{pos}}/{{len}} {{msg}} {{eta}}");
-            let style = indicatif::ProgressStyle::with_template(&template)
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-            let b = indicatif::ProgressBar::new(total);
-            b.set_style(style.progress_chars("=> "));
-            b
-        });
+        let target = match terminal {
+            true => ProgressDrawTarget::stderr(),
+            false => ProgressDrawTarget::hidden(),
+        };
+        let template = format!("{{spinner}} {label} [{{bar:30}}] {{pos}}/{{len}} {{msg}} {{eta}}");
+        let style = indicatif::ProgressStyle::with_template(&template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        let bar = indicatif::ProgressBar::with_draw_target(Some(total), target)
+            .with_style(style.progress_chars("=> "));
         ProgressBar {
             bar,
             lines: show && !terminal,
             label: label.to_string(),
             total,
-            pos: AtomicU64::new(0),
             last: Mutex::new((None, String::new())),
         }
     }
 
     pub(crate) fn set_message(&self, msg: impl Into<String>) {
         let msg = msg.into();
-        if let Some(b) = &self.bar {
-            b.set_message(msg);
-        } else if self.lines {
-            let mut last = iopath_sys::lock(&self.last);
-            if last.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) && last.1 != msg {
-                let pos = self.pos.load(Ordering::Relaxed);
-                eprintln!("{}: {msg} ({pos}/{})", self.label, self.total);
-                *last = (Some(Instant::now()), msg);
-            }
+        if !self.lines {
+            return self.bar.set_message(msg);
+        }
+        let mut last = iopath_sys::lock(&self.last);
+        if last.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) && last.1 != msg {
+            let pos = self.bar.position();
+            eprintln!("{}: {msg} ({pos}/{})", self.label, self.total);
+            *last = (Some(Instant::now()), msg);
         }
     }
 
     pub(crate) fn inc(&self, n: u64) {
-        self.pos.fetch_add(n, Ordering::Relaxed);
-        if let Some(b) = &self.bar {
-            b.inc(n);
-        }
+        self.bar.inc(n);
     }
 
     /// Clears the bar, or prints the last plain line.
     pub(crate) fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        } else if self.lines {
-            let pos = self.pos.load(Ordering::Relaxed);
+        self.bar.finish_and_clear();
+        if self.lines {
+            let pos = self.bar.position();
             eprintln!("{}: done ({pos}/{})", self.label, self.total);
         }
     }
