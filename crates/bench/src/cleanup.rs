@@ -10,17 +10,16 @@
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, PidfdFlags, Signal};
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 
 #[derive(Default)]
 struct Tracked {
-    /// Pidfds of children, and the process group of each child that
-    /// leads one of its own (then the whole group is signalled: the guest
-    /// script's QEMU).
-    children: Vec<(OwnedFd, Option<Pid>)>,
+    /// Pidfds of children.
+    children: Vec<OwnedFd>,
     paths: Vec<PathBuf>,
     /// The signal thread cleaned up: the process is about to exit, so
     /// nothing new may start and a new path goes at once.
@@ -45,19 +44,15 @@ fn exited(pidfd: &OwnedFd) -> bool {
 }
 
 impl Tracked {
-    fn spawn(&mut self, cmd: &mut Command, group: bool) -> std::io::Result<Child> {
+    fn spawn(&mut self, cmd: &mut Command) -> std::io::Result<Child> {
         if self.cleaned {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::Interrupted,
                 "interrupted: the bench is stopping",
             ));
         }
-        if group {
-            use std::os::unix::process::CommandExt;
-            cmd.process_group(0);
-        }
         let child = cmd.spawn()?;
-        self.child(child.id(), group);
+        self.child(child.id());
         Ok(child)
     }
 
@@ -68,40 +63,28 @@ impl Tracked {
         }
     }
 
-    fn child(&mut self, pid: u32, group: bool) {
-        let Some(pid) = Pid::from_raw(pid as i32) else {
-            return;
-        };
-        let Ok(fd) = rustix::process::pidfd_open(pid, PidfdFlags::empty()) else {
-            return;
-        };
+    fn child(&mut self, pid: u32) {
+        let pidfd = Pid::from_raw(pid as i32).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
         // Forget the children that are gone, so a long bench holds few fds.
-        self.children.retain(|(fd, _)| !exited(fd));
-        self.children.push((fd, group.then_some(pid)));
+        self.children.retain(|fd| !exited(fd));
+        self.children.extend(pidfd);
     }
 
     /// Stops the children (SIGTERM, then SIGKILL after `grace`) and
     /// removes the paths. Returns (children stopped, paths removed).
     fn clean_up(&mut self, grace: Duration) -> (usize, usize) {
-        let live: Vec<_> = self
-            .children
-            .drain(..)
-            .filter(|(fd, _)| !exited(fd))
-            .collect();
+        let live: Vec<_> = self.children.drain(..).filter(|fd| !exited(fd)).collect();
         let signal = |s: Signal| {
-            for (fd, group) in &live {
-                let _ = match group {
-                    Some(pgid) => rustix::process::kill_process_group(*pgid, s),
-                    None => rustix::process::pidfd_send_signal(fd, s),
-                };
+            for fd in &live {
+                let _ = pidfd_send_signal(fd, s);
             }
         };
         signal(Signal::TERM);
         let deadline = Instant::now() + grace;
-        while live.iter().any(|(fd, _)| !exited(fd)) && Instant::now() < deadline {
+        while live.iter().any(|fd| !exited(fd)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if live.iter().any(|(fd, _)| !exited(fd)) {
+        if live.iter().any(|fd| !exited(fd)) {
             signal(Signal::KILL);
         }
         let mut removed = 0;
@@ -117,13 +100,12 @@ impl Tracked {
     }
 }
 
-/// Spawns `cmd` and records the child to stop on a signal; `group`: as the
-/// leader of a process group of its own, signalled whole. The record is
+/// Spawns `cmd` and records the child to stop on a signal. The record is
 /// held across the spawn, so a signal's cleanup sees the child or runs
 /// before it: once cleaned up, nothing more starts (the spawn fails with
 /// [`std::io::ErrorKind::Interrupted`]).
-pub(crate) fn spawn(cmd: &mut Command, group: bool) -> std::io::Result<Child> {
-    tracked().spawn(cmd, group)
+pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<Child> {
+    tracked().spawn(cmd)
 }
 
 /// Records a scratch file or directory (a unique temporary name) to remove
@@ -144,19 +126,14 @@ pub(crate) fn temp_dir(prefix: &str, parent: &Path) -> crate::Result<tempfile::T
 }
 
 /// Set by the signal thread before it stops anything.
-static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether SIGINT or SIGTERM arrived (see [`on_signals`]).
-fn interrupted() -> bool {
-    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
-}
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Call before failing: when a signal arrived, the error is likely the
 /// cleanup's doing and the signal thread is about to exit with 128 + the
 /// signal; so wait for it (at most 30 s) rather than exit 1 first.
 pub(crate) fn wait_if_interrupted() {
     let start = Instant::now();
-    while interrupted() && start.elapsed() < Duration::from_secs(30) {
+    while INTERRUPTED.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -165,21 +142,24 @@ pub(crate) fn wait_if_interrupted() {
 /// (status 130 or 143, as a shell reports a process the signal ended).
 pub(crate) fn on_signals() -> crate::Result<()> {
     iopath_sys::signals::on_stop("bench-signals", |sig| {
-        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        INTERRUPTED.store(true, Ordering::SeqCst);
         let (children, paths) = {
             let mut t = tracked();
             t.cleaned = true;
             t.clean_up(Duration::from_secs(3))
         };
         eprintln!(
-            "\ninterrupted by {}: stopped {children} child process{}, removed {paths} scratch path{}",
+            "\ninterrupted by {}: stopped {children} child process{}, \
+             removed {paths} scratch path{}",
             iopath_sys::signals::signal_name(sig),
             if children == 1 { "" } else { "es" },
             if paths == 1 { "" } else { "s" }
         );
         128 + sig
     })
-    .map_err(crate::Error::sys("installing the SIGINT and SIGTERM handlers"))
+    .map_err(crate::Error::sys(
+        "installing the SIGINT and SIGTERM handlers",
+    ))
 }
 
 #[cfg(test)]
@@ -206,9 +186,9 @@ mod tests {
             .spawn()
             .unwrap();
         let mut done = Command::new("true").spawn().unwrap();
-        t.child(polite.id(), false);
-        t.child(stubborn.id(), false);
-        t.child(done.id(), false);
+        t.child(polite.id());
+        t.child(stubborn.id());
+        t.child(done.id());
         assert!(done.wait().unwrap().success());
         // Let the shell install its trap before it is signalled.
         std::thread::sleep(Duration::from_millis(200));
@@ -227,13 +207,13 @@ mod tests {
     fn after_the_cleanup_nothing_starts_and_a_new_path_goes_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let mut t = Tracked::default();
-        let mut before = t.spawn(Command::new("sleep").arg("60"), false).unwrap();
+        let mut before = t.spawn(Command::new("sleep").arg("60")).unwrap();
         t.cleaned = true;
         assert_eq!(t.clean_up(Duration::from_millis(300)), (1, 0));
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(before.wait().unwrap().signal(), Some(15));
         // A spawn that lost the race to the signal does not happen.
-        let e = t.spawn(Command::new("sleep").arg("60"), false).unwrap_err();
+        let e = t.spawn(Command::new("sleep").arg("60")).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::Interrupted);
         assert!(t.children.is_empty());
         // A path recorded after the cleanup is removed as it is recorded.
