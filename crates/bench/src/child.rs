@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
@@ -39,12 +39,11 @@ pub(crate) enum Server {
 }
 
 impl Server {
-    /// The command that runs it as a child of the executable `exe`, its
-    /// standard input closed.
+    /// The command that runs it as a child of the executable `exe`.
     pub(crate) fn command(&self, exe: &Path) -> Command {
         let mut cmd = Command::new(exe);
         let json = serde_json::to_string(self).expect("a server is plain data");
-        cmd.env(ENV, json).stdin(Stdio::null());
+        cmd.env(ENV, json);
         cmd
     }
 

@@ -60,19 +60,16 @@ impl std::str::FromStr for Placement {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Placement, String> {
-        match s {
-            "one" => Ok(Placement::One),
-            "split" => Ok(Placement::Split),
-            "free" => Ok(Placement::Free),
-            _ => Err(format!("{s:?} is none of one, split, free")),
-        }
+        let all = [Placement::One, Placement::Split, Placement::Free];
+        let named = all.into_iter().find(|p| p.name() == s);
+        named.ok_or_else(|| format!("{s:?} is none of one, split, free"))
     }
 }
 
 /// Spawns `cmd` on `cpu` (`None`: on every CPU this process may use),
 /// recorded for [`crate::cleanup`].
 pub(crate) fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> std::io::Result<Child> {
-    iopath_sys::cpus::spawn_on(cpu, || crate::cleanup::spawn(cmd, false))?
+    iopath_sys::cpus::spawn_on(cpu, || crate::cleanup::spawn(cmd))?
 }
 
 /// Runs `f` with the calling thread (and the threads it starts) pinned to
