@@ -58,8 +58,7 @@ fn worker(job: &Job, file: &File, k: u64, blocks: u64) -> Result<()> {
     let mut aligned = iopath_heap::AlignedBuf::new(job.bs as usize, ALIGN)
         .map_err(Error::layer("direct-I/O buffer"))?;
     let buf = aligned.as_mut_slice();
-    let mut b = k;
-    while b < blocks {
+    for b in (k..blocks).step_by(job.iodepth as usize) {
         let off = b * job.bs;
         let len = (job.bytes - off).min(job.bs) as usize;
         // O_DIRECT needs whole blocks: a short tail is rounded up.
@@ -70,7 +69,6 @@ fn worker(job: &Job, file: &File, k: u64, blocks: u64) -> Result<()> {
             read_full(file, &mut buf[..len], off)
         };
         r.map_err(Error::io(&job.path))?;
-        b += u64::from(job.iodepth);
     }
     Ok(())
 }
