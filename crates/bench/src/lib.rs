@@ -138,10 +138,15 @@ fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
     files.check()?;
     if out.estimate {
         let est: Vec<(&str, Duration)> = experiments.iter().map(Experiment::about).collect();
+        let each: Vec<String> = est
+            .iter()
+            .map(|(n, d)| format!("{n} {}", minutes(*d)))
+            .collect();
         let line = format!(
-            "bench --full: 1 GiB file; 8 GiB x 10 runs; 100,000 loops; estimated duration {} ({}; nominal rates of a 2-vCPU VM, a loaded machine takes longer)",
+            "bench --full: 1 GiB file; 8 GiB x 10 runs; 100,000 loops; estimated duration {} \
+             ({}; nominal rates of a 2-vCPU VM, a loaded machine takes longer)",
             minutes(est.iter().map(|e| e.1).sum()),
-            est.iter().map(|(n, d)| format!("{n} {}", minutes(*d))).collect::<Vec<_>>().join(", ")
+            each.join(", ")
         );
         match stdout {
             true => eprintln!("{line}"),

@@ -134,7 +134,8 @@ impl Limit {
                 .map(|(j, r)| format!("{} {:.3}", j.config(), Stats::of(r).median));
             return vec![
                 format!(
-                    "limit: the best median of a fio sweep measured in the same run ({runs} runs of each, GiB/s): {}; chosen {}",
+                    "limit: the best median of a fio sweep measured in the same run \
+                     ({runs} runs of each, GiB/s): {}; chosen {}",
                     each.collect::<Vec<_>>().join(", "),
                     self.config()
                 ),
