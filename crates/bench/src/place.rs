@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub(crate) use iopath_sys::cpus::Cpus;
+use rustix::process::{kill_process, Pid, Signal};
 
 use crate::error::check_failed;
 use crate::{Error, Result};
@@ -99,12 +100,9 @@ pub(crate) struct Spawned {
 impl Drop for Spawned {
     fn drop(&mut self) {
         if self.term {
-            let pid = rustix::process::Pid::from_child(&self.child);
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            if self
-                .wait_until(Instant::now() + Duration::from_secs(3))
-                .is_ok()
-            {
+            let _ = kill_process(Pid::from_child(&self.child), Signal::TERM);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            if self.wait_until(deadline).is_ok() {
                 return;
             }
         }
