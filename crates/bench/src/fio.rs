@@ -52,11 +52,8 @@ impl Job {
 
     /// `bs=1M qd=16`, for tables.
     pub(crate) fn config(&self) -> String {
-        format!(
-            "bs={} qd={}",
-            iopath_sys::format_size(self.bs),
-            self.iodepth
-        )
+        let bs = iopath_sys::format_size(self.bs);
+        format!("bs={bs} qd={}", self.iodepth)
     }
 
     /// Runs the job with fio pinned to `cpu` (`None`: anywhere): GiB/s.
@@ -86,11 +83,8 @@ pub(crate) fn run(cmd: &mut Command, cpu: Option<usize>) -> Result<serde_json::V
         .map_err(Error::spawn(PROGRAM))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(failed(format!(
-            "{}: {}",
-            out.status,
-            err.lines().next().unwrap_or("")
-        )));
+        let first = err.lines().next().unwrap_or("");
+        return Err(failed(format!("{}: {first}", out.status)));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let start = text
