@@ -69,6 +69,19 @@ fn make_half_warm(path: &Path) -> u64 {
     cached
 }
 
+/// Asserts that the page cache holds no more of `file` than the `before`
+/// bytes measured ahead of the reads: a read that pollutes adds pages,
+/// while the memory pressure of tests running beside may only take some
+/// away (a CI run lost 2 pages of 3,072 between the two counts).
+#[track_caller]
+fn assert_not_polluted(file: &IoFile, before: u64, what: &str) {
+    let now = file.cached_bytes().unwrap();
+    assert!(
+        now <= before,
+        "{what} polluted the page cache: {now} bytes cached, {before} before"
+    );
+}
+
 /// Loads the file with `auto` into small buffers, compares every byte and
 /// returns what the load says came from the cache.
 fn load_and_compare(path: &Path, data: &[u8]) -> iopath_heap::LoadStats {
@@ -186,11 +199,7 @@ fn half_warm_load_copies_the_cached_half_and_adds_nothing_to_the_cache() {
     let before = f.cached_bytes().unwrap();
     let s = load_and_compare(&path, &data);
     assert!(s.from_cache > 0 && s.from_cache <= before, "{s:?}");
-    assert_eq!(
-        f.cached_bytes().unwrap(),
-        before,
-        "readahead of a copy polluted"
-    );
+    assert_not_polluted(&f, before, "readahead of a copy");
 }
 
 #[test]
@@ -295,7 +304,8 @@ fn unaligned_requests_across_cached_and_cold_runs() {
         }
     };
     // One by one.
-    let cached = make_half_warm(&path);
+    make_half_warm(&path);
+    let cached = file.cached_bytes().unwrap();
     for (&(file_off, buf_off, len), b) in cases.iter().zip(&bufs) {
         b.fill(0, 4 * CHUNK, common::POISON).unwrap();
         let t = engine.read(&file, file_off, b, buf_off, len).unwrap();
@@ -303,7 +313,7 @@ fn unaligned_requests_across_cached_and_cold_runs() {
         assert!(t.cached <= len as u64);
     }
     check("one by one");
-    assert_eq!(file.cached_bytes().unwrap(), cached, "one by one polluted");
+    assert_not_polluted(&file, cached, "one by one");
     // One batch.
     for b in &bufs {
         b.fill(0, 4 * CHUNK, common::POISON).unwrap();
@@ -337,7 +347,7 @@ fn unaligned_requests_across_cached_and_cold_runs() {
     // two cached ones went each their way.
     assert!(t.cached > 0 && t.cached < t.bytes, "{t:?}");
     check("batch");
-    assert_eq!(file.cached_bytes().unwrap(), cached, "the batch polluted");
+    assert_not_polluted(&file, cached, "the batch");
 }
 
 /// A read past the end of a half-warm file fails as every engine's does,
