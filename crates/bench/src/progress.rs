@@ -24,7 +24,6 @@ pub(crate) struct ProgressBar {
     /// Plain lines instead of the bar.
     lines: bool,
     label: String,
-    total: u64,
     /// When the last plain line was printed, and its message.
     last: Mutex<(Option<Instant>, String)>,
 }
@@ -46,7 +45,6 @@ impl ProgressBar {
             bar,
             lines: show && !terminal,
             label: label.to_string(),
-            total,
             last: Mutex::new((None, String::new())),
         }
     }
@@ -58,8 +56,7 @@ impl ProgressBar {
         }
         let mut last = iopath_sys::lock(&self.last);
         if last.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) && last.1 != msg {
-            let pos = self.bar.position();
-            eprintln!("{}: {msg} ({pos}/{})", self.label, self.total);
+            eprintln!("{}: {msg} ({})", self.label, self.steps());
             *last = (Some(Instant::now()), msg);
         }
     }
@@ -68,12 +65,17 @@ impl ProgressBar {
         self.bar.inc(n);
     }
 
+    /// "done/total", as the plain lines print it.
+    fn steps(&self) -> String {
+        let total = self.bar.length().unwrap_or(0);
+        format!("{}/{total}", self.bar.position())
+    }
+
     /// Clears the bar, or prints the last plain line.
     pub(crate) fn finish(&self) {
         self.bar.finish_and_clear();
         if self.lines {
-            let pos = self.bar.position();
-            eprintln!("{}: done ({pos}/{})", self.label, self.total);
+            eprintln!("{}: done ({})", self.label, self.steps());
         }
     }
 }
