@@ -158,7 +158,7 @@ impl DmaOps for Bounce {
     ) -> Result<Mapping> {
         check_map(buf, offset, len, self.max_mapping_size())?;
         let n = len.div_ceil(self.slot);
-        let (mut st, first) = take_space(
+        let (st, first) = take_space(
             &self.freed,
             lock(&self.state),
             wait,
@@ -167,7 +167,6 @@ impl DmaOps for Bounce {
             |s| s.take(n),
         )?;
         let pinned = Pinned::new(buf, offset);
-        let id = st.maps.next_id();
         drop(st);
         // Copy outside the lock: the slots are ours.
         if let Err(e) = copy(buf, offset, &self.window, self.slot_off(first), len) {
@@ -175,16 +174,15 @@ impl DmaOps for Bounce {
             self.freed.notify_all();
             return Err(e);
         }
-        let m = Mapping::new(id, self.window_gpa + self.slot_off(first) as u64, len, dir);
-        lock(&self.state).maps.insert(
-            m,
+        let addr = self.window_gpa + self.slot_off(first) as u64;
+        Ok(lock(&self.state).maps.insert(
+            |id| Mapping::new(id, addr, len, dir),
             Entry {
                 pinned,
                 first,
                 count: n,
             },
-        );
-        Ok(m)
+        ))
     }
 
     fn unmap(&self, mapping: &Mapping) -> Result<()> {

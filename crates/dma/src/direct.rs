@@ -89,10 +89,10 @@ impl DmaOps for Direct {
         check_map(buf, offset, len, self.max_mapping_size())?;
         let mut st = lock(&self.state);
         let base = st.regions.registered(buf, "direct")?.gpa;
-        let id = st.maps.next_id();
-        let m = Mapping::new(id, base + offset as u64, len, dir);
-        st.maps.insert(m, Pinned::new(buf, offset));
-        Ok(m)
+        Ok(st.maps.insert(
+            |id| Mapping::new(id, base + offset as u64, len, dir),
+            Pinned::new(buf, offset),
+        ))
     }
 
     fn unmap(&self, mapping: &Mapping) -> Result<()> {

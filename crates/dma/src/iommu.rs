@@ -147,16 +147,13 @@ impl DmaOps for Iommu {
             st.iova.free(iova, len as u64);
             return Err(e);
         }
-        let id = st.maps.next_id();
-        let m = Mapping::new(id, iova, len, dir);
-        st.maps.insert(
-            m,
+        Ok(st.maps.insert(
+            |id| Mapping::new(id, iova, len, dir),
             Entry {
                 pinned: Pinned::new(buf, offset),
                 iova,
             },
-        );
-        Ok(m)
+        ))
     }
 
     fn unmap(&self, mapping: &Mapping) -> Result<()> {

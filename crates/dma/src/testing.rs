@@ -315,10 +315,11 @@ impl DmaOps for AlwaysBounce {
         } else {
             self.window.fill(at as usize, len, POISON)?;
         }
-        let id = st.maps.next_id();
-        let m = Mapping::new(id, self.gpa + at, len, dir);
-        st.maps.insert(m, (Pinned::new(buf, offset), at));
-        Ok(m)
+        let gpa = self.gpa + at;
+        Ok(st.maps.insert(
+            |id| Mapping::new(id, gpa, len, dir),
+            (Pinned::new(buf, offset), at),
+        ))
     }
 
     fn unmap(&self, mapping: &Mapping) -> Result<()> {
