@@ -145,9 +145,9 @@ impl Transport for VhostUser {
 
     fn wait_interrupt(&self, index: u16, timeout: Option<Duration>) -> crate::Result<bool> {
         let call = &self.check_queue(index)?.call;
-        if call.read().is_ok() {
-            return Ok(true);
-        }
+        // No read before the poll: a caller sleeps only after finding the
+        // ring empty with interrupts enabled, so the count is almost always
+        // zero here, and a stale one makes the poll return at once.
         // SAFETY: the eventfd is owned by `self.events`, which outlives this
         // borrow (it ends with the function).
         let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
