@@ -104,6 +104,11 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         poll: PollMode,
     ) -> Self {
         let size = vq.size();
+        // A request of one data segment (header, data, status) is chained
+        // in the ring rather than put in an indirect table: the back end
+        // then reads three descriptors instead of one plus a table.
+        let mut vq = vq;
+        vq.chain_up_to(3);
         let mut poller = Poller::new(poll);
         poller.set_peer(transport.peer());
         BlkQueue {

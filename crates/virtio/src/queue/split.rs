@@ -30,11 +30,15 @@ pub struct Completion {
     pub len: u32,
 }
 
+/// The mappings of one request: most have one or two buffer segments
+/// (the rest is coherent memory), kept without a heap allocation.
+type Maps = smallvec::SmallVec<[Mapping; 2]>;
+
 #[derive(Debug)]
 struct InFlight {
     token: u64,
     /// Mappings the queue made for this request (unmapped on completion).
-    maps: Vec<Mapping>,
+    maps: Maps,
     /// Descriptors taken from the main table.
     ndesc: u16,
     /// Total device-writable bytes offered.
@@ -99,6 +103,10 @@ pub struct SplitQueue<O: DmaOps + ?Sized> {
     /// device to write, whatever length the device put (see
     /// [`SplitQueue::ignore_readonly_used_len`]).
     ignore_readonly_len: bool,
+    /// Requests of at most this many segments are chained in the main
+    /// table while it has room, even with indirect descriptors (see
+    /// [`SplitQueue::chain_up_to`]).
+    chain_max: usize,
 }
 
 impl<O: DmaOps + ?Sized> SplitQueue<O> {
@@ -195,6 +203,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             broken: false,
             placed,
             ignore_readonly_len: false,
+            chain_max: 1,
         };
         // Interrupts on from the start: used_event 0 (§2.7.10).
         q.enable_interrupts();
@@ -242,6 +251,19 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// `virtio_rpmsg_bus` ignores it.
     pub fn ignore_readonly_used_len(&mut self, on: bool) {
         self.ignore_readonly_len = on;
+    }
+
+    /// Chains requests of at most `segs` segments in the main descriptor
+    /// table while it has room for them, and puts only longer ones (or
+    /// any, when the table is short of room) in an indirect table. By
+    /// default (1) every request of several segments goes indirect when
+    /// negotiated, as Linux's `virtqueue_use_indirect` does ("FIXME: tune
+    /// this threshold"). An indirect table costs the device one more read
+    /// and translation per request: for a block driver's small requests
+    /// (header, data, status) a chain of three is cheaper, and a ring of
+    /// 256 holds 85 of them.
+    pub fn chain_up_to(&mut self, segs: usize) {
+        self.chain_max = segs.max(1);
     }
 
     /// What the transport tells the device about this queue.

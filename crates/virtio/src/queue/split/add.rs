@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 use iopath_dma::{Coherent, Direction, DmaAddr, DmaOps, MapWait, Mapping};
 use iopath_heap::Buffer;
 
-use super::{InFlight, SplitQueue, INDIRECT_MAX};
+use smallvec::SmallVec;
+
+use super::{InFlight, Maps, SplitQueue, INDIRECT_MAX};
 use crate::queue::event::ring_slot;
 use crate::queue::ring::{DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, DESC_SIZE};
 use crate::{Error, Result};
@@ -73,7 +75,8 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// asks [`SplitQueue::should_notify`] and kicks the transport if so.
     ///
     /// Uses one indirect descriptor when negotiated and the request has more
-    /// than one segment.
+    /// than one segment, unless it is short enough to chain
+    /// ([`SplitQueue::chain_up_to`]) and the table has room.
     ///
     /// # Errors
     /// [`Error::EmptyRequest`], [`Error::SegmentTooLong`],
@@ -108,7 +111,8 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
                 return Err(Error::SegmentTooLong { len: s.len() });
             }
         }
-        let use_indirect = self.indirect.is_some() && total > 1 && total <= INDIRECT_MAX;
+        let chain = total <= self.chain_max && total <= self.num_free as usize;
+        let use_indirect = self.indirect.is_some() && !chain && total > 1 && total <= INDIRECT_MAX;
         let needed = if use_indirect { 1 } else { total };
         if needed > self.num_free as usize {
             return Err(Error::QueueFull {
@@ -118,8 +122,10 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         }
 
         // Map every segment first, so a failure leaves nothing behind.
-        let mut maps = Vec::new();
-        let mut descs: Vec<(DmaAddr, u32, u16)> = Vec::with_capacity(total);
+        // A request of a few segments (a block request's header, data and
+        // status) stays off the heap.
+        let mut maps = Maps::new();
+        let mut descs: SmallVec<[(DmaAddr, u32, u16); 4]> = SmallVec::with_capacity(total);
         let mut writable = 0u64;
         let segs = out
             .iter()
