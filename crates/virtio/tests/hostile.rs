@@ -159,6 +159,51 @@ fn indirect_table_holds_the_segments() {
 }
 
 #[test]
+fn short_requests_chain_in_the_ring_while_it_has_room() {
+    let mut r = rig(false, true);
+    r.q.chain_up_to(3);
+    r.out.write_at(0, b"abcdef").unwrap();
+    let three = |r: &mut Rig, token| {
+        r.q.add(
+            &[Seg::buf(&r.out, 0, 3), Seg::buf(&r.out, 3, 3)],
+            &[Seg::buf(&r.inb, 0, 8)],
+            token,
+        )
+        .unwrap()
+    };
+    // Two chains of three take 6 of the 8 descriptors: no INDIRECT flag,
+    // each segment where it belongs.
+    for token in 0..2 {
+        let head = three(&mut r, token);
+        assert_eq!(r.q.num_free(), SIZE - 3 * (token as u16 + 1));
+        let (a0, l0, f0, n0) = r.desc(r.cfg.desc, head);
+        let (_, l1, f1, n1) = r.desc(r.cfg.desc, n0);
+        let (_, l2, f2, _) = r.desc(r.cfg.desc, n1);
+        assert_eq!(
+            (l0, f0, l1, f1, l2, f2),
+            (3, 1, 3, 1, 8, 2),
+            "NEXT, NEXT, WRITE"
+        );
+        let mut b = [0u8; 3];
+        r.view.read(a0, &mut b).unwrap();
+        assert_eq!(&b, b"abc");
+    }
+    // Two descriptors left: the third request goes in an indirect table.
+    let head = three(&mut r, 2);
+    assert_eq!(r.q.num_free(), 1, "one descriptor for three segments");
+    let (_, len, flags, _) = r.desc(r.cfg.desc, head);
+    assert_eq!((len, flags), (48, 4), "INDIRECT, 3 entries");
+    // A request of four segments is longer than the chain limit.
+    let four = r.q.add(
+        &[Seg::buf(&r.out, 0, 2), Seg::buf(&r.out, 2, 2)],
+        &[Seg::buf(&r.inb, 0, 4), Seg::buf(&r.inb, 4, 4)],
+        3,
+    );
+    assert_eq!(r.desc(r.cfg.desc, four.unwrap()).2, 4, "INDIRECT");
+    assert_eq!(r.q.num_free(), 0);
+}
+
+#[test]
 fn event_idx_suppresses_kicks_until_avail_event_is_passed() {
     let mut r = rig(true, false);
     r.set_avail_event(2);
