@@ -97,7 +97,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     pub(crate) fn new(
         transport: Arc<dyn Transport>,
         config: DeviceConfig,
-        vq: SplitQueue<O>,
+        mut vq: SplitQueue<O>,
         meta: Coherent,
         timeout: Duration,
         indirect: bool,
@@ -107,7 +107,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         // A request of one data segment (header, data, status) is chained
         // in the ring rather than put in an indirect table: the back end
         // then reads three descriptors instead of one plus a table.
-        let mut vq = vq;
         vq.chain_up_to(3);
         let mut poller = Poller::new(poll);
         poller.set_peer(transport.peer());

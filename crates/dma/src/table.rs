@@ -173,8 +173,8 @@ impl RegionTable {
 pub(crate) struct MapTable<E> {
     serial: u32,
     slots: Vec<Option<(Mapping, E)>>,
+    /// The empty slots.
     free: Vec<u32>,
-    live: usize,
 }
 
 impl<E> MapTable<E> {
@@ -183,7 +183,6 @@ impl<E> MapTable<E> {
             serial: 0,
             slots: Vec::new(),
             free: Vec::new(),
-            live: 0,
         }
     }
 
@@ -197,7 +196,6 @@ impl<E> MapTable<E> {
         self.serial = self.serial.wrapping_add(1);
         let m = make(u64::from(self.serial) << 32 | u64::from(slot));
         self.slots[slot as usize] = Some((m, e));
-        self.live += 1;
         m
     }
 
@@ -220,12 +218,11 @@ impl<E> MapTable<E> {
         let slot = self.slot(m)?;
         let (_, e) = self.slots[slot].take().expect("live slot");
         self.free.push(slot as u32);
-        self.live -= 1;
         Ok(e)
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.live
+        self.slots.len() - self.free.len()
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &(Mapping, E)> {
