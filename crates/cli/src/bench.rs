@@ -191,8 +191,7 @@ struct RpmsgArgs {
     #[arg(long)]
     poll: bool,
     /// Also cost as work grows, every process on one CPU: 1, 16 and 256
-    /// endpoints echoing at once, a one-way stream beside a raw one, 10,000
-    /// endpoints created and held.
+    /// endpoints echoing at once, 10,000 endpoints created and held.
     #[arg(long)]
     scale: bool,
     /// MiB each bulk row streams per run (0: no bulk rows): one-way streams

@@ -81,9 +81,9 @@ impl Setup {
         }
     }
 
-    /// What the stream rows use: a remote offering EVENT_IDX, rings of
-    /// `ring` buffers of 64 KiB and a sink on `sink` (`more`: its other
-    /// services), in the temporary directory, all on `cpu`.
+    /// What the bulk and scale rows use: a remote offering EVENT_IDX,
+    /// rings of `ring` buffers of 64 KiB and a sink on `sink` (`more`: its
+    /// other services), in the temporary directory, all on `cpu`.
     pub(super) fn sink(prefix: &'static str, ring: u32, more: &[&str], cpu: Option<usize>) -> Self {
         let args = format!("--event-idx --sink sink --buf-size 64K --ring {ring}");
         let remote_args = args.split(' ').chain(more.iter().copied());

@@ -50,7 +50,7 @@ pub struct RpmsgConfig {
     /// experiment starts, as it does the bench servers.
     pub iopath: PathBuf,
     /// Also the scale experiments: 1, 16 and 256 endpoints echoing at
-    /// once, a one-way stream, 10,000 endpoints created and held.
+    /// once, 10,000 endpoints created and held.
     pub scale: bool,
     /// Bytes each bulk row streams per run (0: no bulk rows).
     pub bulk_bytes: u64,

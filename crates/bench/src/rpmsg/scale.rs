@@ -5,13 +5,12 @@
 //! ```text
 //!  echo     1, 16, 256 endpoints echoing at once, a thread each, for 1 s:
 //!           aggregate round trips/s, each endpoint's p99 and round trips
-//!  stream   one endpoint sending to the remote's sink as fast as it can,
-//!           then "SYNC" for its count, beside the same to a raw sink
 //!  create   10,000 endpoint fds created and held, then closed: time per
 //!           endpoint per thousand, the host's resident memory
 //! ```
 //!
-//! The remote offers `EVENT_IDX` and 64 KiB buffers.
+//! The remote offers `EVENT_IDX` and 64 KiB buffers. One-way streams beside
+//! a raw socket are the bulk rows' (`super::bulk`).
 
 use std::path::Path;
 use std::sync::{Barrier, OnceLock};
@@ -22,20 +21,15 @@ use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::tools::ping::percentile;
 
 use super::children::{bound, echo_once, Servers, Setup};
-use super::raw::sink::Sinks;
 use crate::error::{check, check_failed, invalid};
 use crate::place::{on_cpu, Cpus, Placement};
-use crate::report::plot::{Chart, LIMIT, PRIMARY};
+use crate::report::plot::{Chart, PRIMARY};
 use crate::report::{Cell, Column, Table, Unit};
 use crate::{Error, Report, Result, Stats};
 
 const ENDPOINTS: [usize; 3] = [1, 16, 256];
 const ECHO_TIME: Duration = Duration::from_secs(1);
 const RUNS: usize = 3;
-/// Messages per stream run, at most [`STREAM_BYTES`].
-const STREAM_MSGS: u64 = 100_000;
-const STREAM_BYTES: u64 = 32 << 20;
-const STREAM_SIZES: [usize; 4] = [16, 496, 4096, 65520];
 const CREATE: usize = 10_000;
 
 /// One echo row over every run: aggregate round trips/s; the median
@@ -48,14 +42,6 @@ struct EchoRow {
     p99_median: Vec<f64>,
     worst_share: Vec<f64>,
     fewest_share: Vec<f64>,
-}
-
-/// One stream row: messages/s per run through the endpoint and raw.
-#[derive(Debug, Default)]
-struct StreamRow {
-    size: usize,
-    ept: Vec<f64>,
-    raw: Vec<f64>,
 }
 
 /// Creating many endpoints at once: microseconds per endpoint per thousand
@@ -72,14 +58,13 @@ struct CreateRow {
 /// Runs the scale experiments: their tables and charts.
 ///
 /// # Errors
-/// When the host, remote or raw sink cannot be started or misbehave (an
-/// echo wrong, a message lost), or the fd limit is too low.
+/// When the host or remote cannot be started or misbehave (an echo
+/// wrong), or the fd limit is too low.
 pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
     let (client_cpu, server_cpu) = Placement::One.cpus(cpus);
     let setup = Setup::sink("iopath-bench-scale-", 256, &["--echo", "echo"], server_cpu);
     let srv = Servers::start(iopath, &setup)?;
     let c = srv.connect()?;
-    let mut sinks = Sinks::start(bound(&c, "sink")?, iopath, server_cpu)?;
     on_cpu(client_cpu, cpus, || {
         let mut echo: Vec<EchoRow> = ENDPOINTS
             .map(|endpoints| EchoRow {
@@ -87,33 +72,15 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
                 ..EchoRow::default()
             })
             .into();
-        let mut streams: Vec<StreamRow> = STREAM_SIZES
-            .map(|size| StreamRow {
-                size,
-                ..StreamRow::default()
-            })
-            .into();
         for run in 0..RUNS {
             // Rows take turns, the order rotating per run.
             for i in crate::turns(echo.len(), run) {
                 echo_run(&c, &mut echo[i], ECHO_TIME)?;
             }
-            for i in crate::turns(streams.len(), run) {
-                let row = &mut streams[i];
-                let msgs = STREAM_MSGS.min(STREAM_BYTES / row.size as u64);
-                // The endpoint first in even runs, the raw socket in odd.
-                for raw in [run % 2 == 1, run % 2 == 0] {
-                    let took = sinks.stream(raw, msgs, row.size)?;
-                    let rates = if raw { &mut row.raw } else { &mut row.ept };
-                    rates.push(msgs as f64 / took.as_secs_f64());
-                }
-            }
         }
-        drop(sinks);
         let create = create_many(&srv, &c, CREATE)?;
-        let place =
-            Placement::One.describe(cpus, "client threads", "host, remote and the raw sink");
-        let tables = tables(&place, &echo, &streams, &create);
+        let place = Placement::One.describe(cpus, "client threads", "host and remote");
+        let tables = tables(&place, &echo, &create);
         charts(&tables, &create)
             .into_iter()
             .for_each(|c| r.chart(c));
@@ -246,9 +213,8 @@ fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<CreateRow> {
     })
 }
 
-/// The tables: endpoints echoing at once, the one-way stream beside its
-/// raw limit, creating many endpoints.
-fn tables(place: &str, echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -> Vec<Table> {
+/// The tables: endpoints echoing at once, creating many endpoints.
+fn tables(place: &str, echo: &[EchoRow], c: &CreateRow) -> Vec<Table> {
     let range = |v: &[f64], digits| Cell::runs(v, Unit::Grouped, digits);
     let mut e = Table::new(
         format!(
@@ -276,31 +242,6 @@ fn tables(place: &str, echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -
             range(&r.fewest_share, 2),
         ]);
     }
-    let mut s = Table::new(
-        format!(
-            "one-way stream: {STREAM_MSGS} messages ({} MiB at most), then SYNC; 64 KiB buffers; medians (min-max)",
-            STREAM_BYTES >> 20
-        ),
-        vec![
-            Column::left("payload"),
-            Column::right("endpoint fd msgs/s"),
-            Column::right("MB/s"),
-            Column::right("raw SOCK_SEQPACKET msgs/s (limit)"),
-            Column::right("MB/s"),
-            Column::right("endpoint / limit"),
-        ],
-    );
-    for r in streams {
-        let mb = |v: &[f64]| -> Vec<f64> { v.iter().map(|x| x * r.size as f64 / 1e6).collect() };
-        s.row(vec![
-            Cell::text(format!("{} B", r.size)),
-            range(&r.ept, 0),
-            range(&mb(&r.ept), 1),
-            range(&r.raw, 0),
-            range(&mb(&r.raw), 1),
-            Cell::times(Stats::of(&r.ept).median / Stats::of(&r.raw).median),
-        ]);
-    }
     let title = format!("creating {CREATE} endpoint fds (held, one control connection)");
     let mut t = Table::new(title, vec![Column::left("what"), Column::left("measured")]);
     let each = |secs: f64| format!("{secs:.2} s ({:.1} us each)", secs * 1e6 / CREATE as f64);
@@ -321,15 +262,14 @@ fn tables(place: &str, echo: &[EchoRow], streams: &[StreamRow], c: &CreateRow) -
     ] {
         t.row(vec![what.into(), measured.into()]);
     }
-    vec![e, s, t]
+    vec![e, t]
 }
 
-/// The charts of the echo and stream tables (`t`) and of `c`: aggregate
-/// round trips/s and the median endpoint's p99 by endpoints echoing at
-/// once, the stream's messages/s beside its raw limit by payload, the
-/// time to create each thousand endpoints; medians with min-max whiskers.
+/// The charts of the echo table (`t`) and of `c`: aggregate round trips/s
+/// and the median endpoint's p99 by endpoints echoing at once, the time to
+/// create each thousand endpoints; medians with min-max whiskers.
 fn charts(t: &[Table], c: &CreateRow) -> Vec<Chart> {
-    let (e, s) = (&t[0], &t[1]);
+    let e = &t[0];
     let about = format!("every process on one CPU; median (min-max) of {RUNS} runs");
     let by_endpoints = |name: &str, title: &str, col: &str, unit, axis: &str| {
         let mut ch = Chart::new(name, title, unit).about(about.clone(), axis);
@@ -355,23 +295,6 @@ fn charts(t: &[Table], c: &CreateRow) -> Vec<Chart> {
         "us",
         "p99 us, lower is faster",
     );
-    let title = "rpmsg one-way stream: messages/s of an endpoint fd beside a raw socket";
-    let mut stream = Chart::new("rpmsg-scale-stream", title, "msgs/s")
-        .about(about.clone(), "messages/s, higher is faster")
-        .legend(&[
-            ("endpoint fd", PRIMARY),
-            ("limit: raw SOCK_SEQPACKET", LIMIT),
-        ]);
-    let (ept, raw) = (
-        s.col("endpoint fd msgs/s"),
-        s.col("raw SOCK_SEQPACKET msgs/s (limit)"),
-    );
-    for row in &s.rows {
-        stream
-            .group(format!("payload {}", row[0]))
-            .bar("endpoint fd", &row[ept], PRIMARY)
-            .bar("raw SOCK_SEQPACKET", &row[raw], LIMIT);
-    }
     let title = format!("Creating {CREATE} rpmsg endpoint fds and holding them: us per endpoint");
     let mut create = Chart::new("rpmsg-scale-create", title, "us").about(
         "one control connection, every endpoint held; each thousand in turn",
@@ -384,7 +307,7 @@ fn charts(t: &[Table], c: &CreateRow) -> Vec<Chart> {
             PRIMARY,
         );
     }
-    vec![rate, p99, stream, create]
+    vec![rate, p99, create]
 }
 
 #[cfg(test)]
@@ -403,27 +326,19 @@ mod tests {
                 fewest_share: vec![1.0; 3],
             })
             .collect();
-        let stream = [StreamRow {
-            size: 16,
-            ept: vec![1.0, 2.0, 3.0],
-            raw: vec![4.0, 5.0, 6.0],
-        }];
         let create = CreateRow {
             per_thousand_us: vec![30.0, 31.0],
             create_s: 0.06,
             destroy_s: 0.02,
             rss_kib: [1, 2, 2],
         };
-        let c = charts(&tables("here", &echo, &stream, &create), &create);
+        let c = charts(&tables("here", &echo, &create), &create);
         let t: Vec<_> = c.iter().map(|c| c.bar_titles()).collect();
         assert!(t[0]
             .0
             .contains(&"16 endpoints: 60,000 round trips/s".into()));
         assert_eq!(t[0].1, 3);
         assert!(t[1].0.contains(&"256 endpoints: 11.0 us".into()));
-        assert!(t[2]
-            .0
-            .contains(&"payload 16 B, raw SOCK_SEQPACKET: 5 msgs/s".into()));
-        assert!(t[3].0.contains(&"endpoints 1k-2k: 31.0 us".into()));
+        assert!(t[2].0.contains(&"endpoints 1k-2k: 31.0 us".into()));
     }
 }
