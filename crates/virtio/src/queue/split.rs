@@ -401,6 +401,11 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// that it interrupts again only after 2^16 completions (a poller
     /// re-enables long before).
     pub fn disable_interrupts(&mut self) {
+        if self.avail_flags & AVAIL_F_NO_INTERRUPT != 0 {
+            // Already asked (as Linux's `virtqueue_disable_cb`): a stale
+            // `used_event` stays passed until 2^16 more completions.
+            return;
+        }
         self.avail_flags |= AVAIL_F_NO_INTERRUPT;
         if self.features.event_idx {
             self.ring()
@@ -415,18 +420,34 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// if completions are already pending (take them before sleeping, or an
     /// interrupt may never come; §2.7.10).
     pub fn enable_interrupts(&mut self) -> bool {
+        self.enable_interrupts_after(0)
+    }
+
+    /// Asks the device to interrupt once more than `n` completions are
+    /// pending: with `EVENT_IDX`, `used_event` set `n` entries ahead
+    /// (§2.7.10; Linux's `virtqueue_enable_cb_delayed` does the same), so
+    /// that a driver with many requests in flight wakes to a batch while
+    /// the device still has work; without it, at the next completion
+    /// (`n` is then taken as 0). Returns `false` if more than `n` are
+    /// already pending (take them before sleeping).
+    pub fn enable_interrupts_after(&mut self, n: u16) -> bool {
         self.avail_flags &= !AVAIL_F_NO_INTERRUPT;
-        if self.features.event_idx {
+        let n = if self.features.event_idx {
             self.ring()
-                .write_u16(self.layout.used_event(), self.last_used);
+                .write_u16(self.layout.used_event(), self.last_used.wrapping_add(n));
+            n
         } else {
             self.ring()
                 .write_u16(self.layout.avail_flags(), self.avail_flags);
-        }
+            0
+        };
         // §2.7.10: the suppression write must be visible before re-reading
         // used.idx, or a completion in between would go unsignalled.
         fence(Ordering::SeqCst);
-        !self.has_used()
+        let used = self
+            .ring()
+            .load_idx(self.layout.used_idx(), Ordering::Acquire);
+        used.wrapping_sub(self.last_used) <= n
     }
 
     /// Unmaps the mappings of every request still in flight and forgets the
