@@ -87,6 +87,8 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     /// Between [`BlkQueue::plug`] and [`BlkQueue::unplug`]: submissions
     /// do not notify the device.
     plugged: bool,
+    /// See [`BlkQueue::coalesce`].
+    coalesce: bool,
 }
 
 impl<O: DmaOps + ?Sized> BlkQueue<O> {
@@ -124,6 +126,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             poller,
             submitted: 0,
             plugged: false,
+            coalesce: false,
         }
     }
 
@@ -356,8 +359,24 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         });
     }
 
-    /// Takes every completion the device has published. Returns how many.
+    /// Whether a sleeping wait wakes at the first completion (`false`, the
+    /// default: what a caller waiting on one request needs) or once about
+    /// three quarters of the requests in flight have completed (`true`:
+    /// for a caller that keeps the queue full, which then refills it while
+    /// the device still has work, and both sides wake less; the device
+    /// needs `EVENT_IDX` for it, else the first completion wakes).
+    pub fn coalesce(&mut self, on: bool) {
+        self.coalesce = on;
+    }
+
+    /// Takes the completions the device has published, up to the first
+    /// that finishes a request. Returns how many.
     fn reap(&mut self) -> Result<usize> {
+        if self.coalesce {
+            // No interrupt while taking them (each take would otherwise
+            // ask for one at the next entry); the next sleep asks again.
+            self.vq.disable_interrupts();
+        }
         let mut n = 0;
         while let Some(c) = self.vq.pop_used()? {
             n += 1;
@@ -390,6 +409,9 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             }
             if t.pending == 0 && !t.submitting {
                 self.finish(piece.tag);
+                // One request done is enough: the caller can refill its
+                // slot before the rest are taken.
+                break;
             }
         }
         Ok(n)
@@ -414,10 +436,15 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             if self.reap()? > 0 {
                 return Ok(());
             }
+            let after = match self.coalesce {
+                true => (self.vq.in_flight() * 3 / 4).try_into().unwrap_or(0),
+                false => 0,
+            };
             let mut ring = UsedRing {
                 vq: &mut self.vq,
                 transport: &*self.transport,
                 looks: 0,
+                after,
             };
             if self.poller.wait(&mut ring, Some(self.timeout))? == Waited::TimedOut {
                 return Err(self.timed_out());

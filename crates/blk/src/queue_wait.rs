@@ -25,6 +25,9 @@ pub(crate) struct UsedRing<'a, O: DmaOps + ?Sized> {
     pub(crate) vq: &'a mut SplitQueue<O>,
     pub(crate) transport: &'a dyn Transport,
     pub(crate) looks: u32,
+    /// Completions to let pass before an interrupt (see
+    /// [`SplitQueue::enable_interrupts_after`]).
+    pub(crate) after: u16,
 }
 
 impl<O: DmaOps + ?Sized> Polled for UsedRing<'_, O> {
@@ -50,7 +53,7 @@ impl<O: DmaOps + ?Sized> Polled for UsedRing<'_, O> {
     }
 
     fn rearm(&mut self) -> Result<bool, BlkError> {
-        Ok(!self.vq.enable_interrupts())
+        Ok(!self.vq.enable_interrupts_after(self.after))
     }
 
     fn sleep(&mut self, timeout: Option<Duration>) -> Result<(), BlkError> {

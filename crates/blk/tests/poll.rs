@@ -2,7 +2,8 @@
 //! serve` process over its vhost-user socket: no kick is lost while either
 //! side goes from polling to sleeping and back thousands of times; a
 //! polling back end whose front end dies serves the next one; a polling
-//! driver whose back end stops answering times out naming the request.
+//! driver whose back end stops answering times out naming the request; a
+//! sleeping driver that coalesces its wake-ups loses no completion.
 
 mod common;
 mod frontend;
@@ -229,4 +230,71 @@ fn a_polling_driver_times_out_naming_the_request() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(5),
         "gave up after {took:?}"
     );
+}
+
+/// A sleeping driver that coalesces ([`iopath_blk::BlkQueue::coalesce`]:
+/// woken once about three quarters of its requests in flight are done)
+/// against a sleeping back end: with 1 to 32 reads in flight, each slot
+/// refilled as it drains and the last ones draining to none, every wait
+/// ends within [`STALL`] and every block reads back right. An interrupt
+/// asked for past the last request in flight would leave the driver
+/// asleep until its timeout.
+#[test]
+fn no_completion_is_lost_when_a_sleeping_driver_coalesces() {
+    let srv = Server::start(IMAGE, &["--poll-us", "0"]);
+    const BLOCKS: u64 = 512;
+    let bufs: Vec<_> = (0..32).map(|_| alloc(BS)).collect();
+    let opts = DriverOptions {
+        timeout: Duration::from_secs(5),
+        poll: PollMode::SLEEP,
+        ..DriverOptions::default()
+    };
+    let drv = driver(Mode::Direct, connect(&srv.socket), &bufs, &opts).unwrap();
+    let common::AnyDriver::Dyn(mut drv) = drv else {
+        unreachable!("Mode::Direct is the dynamic build")
+    };
+    for b in 0..BLOCKS {
+        let off = b * BS as u64;
+        bufs[0].write_at(0, &seq(off, BS)).unwrap();
+        drv.write(off, &bufs[0], 0, BS).unwrap();
+    }
+    let q = &mut drv.queues_mut()[0];
+    q.coalesce(true);
+    let mut got = vec![0u8; BS];
+    for depth in [1usize, 2, 3, 4, 7, 13, 32] {
+        let mut next = 0u64;
+        // slot -> block read into it
+        let mut busy: Vec<Option<u64>> = vec![None; depth];
+        let read = |q: &mut iopath_blk::BlkQueue, slot: usize, b: u64| {
+            let cmd = iopath_blk::Command::Read {
+                offset: b * BS as u64,
+                buf: &bufs[slot],
+                buf_offset: 0,
+                len: BS,
+            };
+            q.submit(cmd, slot as u64).unwrap();
+        };
+        for (slot, b) in busy.iter_mut().enumerate() {
+            read(q, slot, next);
+            *b = Some(next);
+            next += 1;
+        }
+        while busy.iter().any(Option::is_some) {
+            let t = Instant::now();
+            let d = q.complete().unwrap();
+            let took = t.elapsed();
+            assert!(took < STALL, "depth {depth}: a wait took {took:?}");
+            let slot = d.tag as usize;
+            d.result.unwrap();
+            let b = busy[slot].take().unwrap();
+            bufs[slot].read_at(0, &mut got).unwrap();
+            assert!(got == seq(b * BS as u64, BS), "depth {depth}: block {b}");
+            if next < BLOCKS {
+                read(q, slot, next);
+                busy[slot] = Some(next);
+                next += 1;
+            }
+        }
+        assert_eq!(next, BLOCKS);
+    }
 }

@@ -200,10 +200,21 @@ fn timed_pass<O: DmaOps + ?Sized>(
     })
 }
 
+/// The slot -> (block of the order, device offset, submitted at) of the
+/// request using it, for one queue's pass.
+type Busy = Vec<Option<(u64, u64, Instant)>>;
+
 /// The blocks of queue `qi` of `nq` (blocks `qi`, `qi + nq`, ... of the
 /// order), with `slots.len()` in flight, each block's latency added to
 /// `latency`. Returns the lowest device offset that did not match the
 /// pattern, when `check`.
+///
+/// The queue is kept full: every slot is filled and the device notified
+/// once; then each completion's slot is refilled as soon as it is taken,
+/// the first refill notifying a device that went to sleep, and a sleeping
+/// wait wakes to about three quarters of the slots done
+/// ([`BlkQueue::coalesce`]), so that the device works on the rest while
+/// the driver refills.
 #[allow(clippy::too_many_arguments)]
 fn queue_pass<O: DmaOps + ?Sized>(
     q: &mut BlkQueue<O>,
@@ -219,65 +230,30 @@ fn queue_pass<O: DmaOps + ?Sized>(
     let mut next = (qi as u64..w.count).step_by(nq);
     let mut scratch = Vec::new();
     let mut bad: Option<u64> = None;
-    // slot -> (block of the order, device offset, submitted at) of the
-    // request using it.
-    let mut busy: Vec<Option<(u64, u64, Instant)>> = vec![None; slots.len()];
-    loop {
-        // Every free slot refilled, then one notification: the device
-        // wakes to the whole batch (as libblkio's do_io does). One clock
-        // read stamps the batch.
-        q.plug();
-        let at = Instant::now();
-        for (slot, b) in busy.iter_mut().enumerate() {
-            if b.is_some() {
-                continue;
-            }
-            let Some(k) = next.next() else { break };
-            let offset = w.offset + order.block(k) * bs as u64;
-            let block = (offset - w.offset) / bs as u64;
-            let (buf, buf_offset) = (&slots[slot].0, slots[slot].1);
-            if op == Op::Write && w.pattern == Pattern::Seq {
-                scratch.resize(bs, 0);
-                fill_seq(&mut scratch, offset);
-                buf.write_at(buf_offset, &scratch)?;
-            }
-            let req = match op {
-                Op::Write => Command::Write {
-                    offset,
-                    buf,
-                    buf_offset,
-                    len: bs,
-                },
-                Op::Read => Command::Read {
-                    offset,
-                    buf,
-                    buf_offset,
-                    len: bs,
-                },
-            };
-            q.submit(req, slot as u64)
-                .map_err(|source| WorkloadError::Submit {
-                    block,
-                    offset,
-                    source,
-                })?;
-            *b = Some((block, offset, at));
-        }
-        q.unplug()?;
-        if busy.iter().all(Option::is_none) {
-            return Ok(bad);
-        }
-        // Wait for one completion, then take every other one already there
-        // before refilling; they completed by `now`.
+    let mut busy: Busy = vec![None; slots.len()];
+    let mut in_flight = 0;
+    q.coalesce(true);
+    q.plug();
+    for slot in 0..slots.len() {
+        let Some(k) = next.next() else { break };
+        submit_block(q, (w, order, slots, op), (slot, k), &mut busy, &mut scratch)?;
+        in_flight += 1;
+    }
+    q.unplug()?;
+    while in_flight > 0 {
+        // Wait for one completion, then take every other one already there;
+        // they completed by `now`.
         let mut next_done = Some(q.complete()?);
         let now = Instant::now();
         let mut done = 0;
         while let Some(d) = next_done {
-            let (block, offset, at) = usize::try_from(d.tag)
-                .ok()
-                .and_then(|s| busy.get_mut(s))
+            let slot =
+                usize::try_from(d.tag).map_err(|_| WorkloadError::UnknownTag { tag: d.tag })?;
+            let (block, offset, at) = busy
+                .get_mut(slot)
                 .and_then(Option::take)
                 .ok_or(WorkloadError::UnknownTag { tag: d.tag })?;
+            in_flight -= 1;
             let took = now.saturating_duration_since(at);
             latency.push(took.as_nanos().try_into().unwrap_or(u32::MAX));
             d.result.map_err(|source| WorkloadError::Block {
@@ -286,7 +262,7 @@ fn queue_pass<O: DmaOps + ?Sized>(
                 source,
             })?;
             if check {
-                let (buf, at) = &slots[d.tag as usize];
+                let (buf, at) = &slots[slot];
                 scratch.resize(bs, 0);
                 buf.read_at(*at, &mut scratch)?;
                 if let Some(at) = check_pattern(&scratch, w.pattern, offset) {
@@ -296,8 +272,57 @@ fn queue_pass<O: DmaOps + ?Sized>(
             } else {
                 done += 1;
             }
+            if let Some(k) = next.next() {
+                submit_block(q, (w, order, slots, op), (slot, k), &mut busy, &mut scratch)?;
+                in_flight += 1;
+            }
             next_done = q.try_complete()?;
         }
         progress.blocks_done(done);
     }
+    q.coalesce(false);
+    Ok(bad)
+}
+
+/// Submits block `k` of the order in `slot` (writing its pattern in first
+/// for a sequential-pattern write) and marks the slot busy from now.
+fn submit_block<O: DmaOps + ?Sized>(
+    q: &mut BlkQueue<O>,
+    (w, order, slots, op): (&Workload, &Order, &[(Buffer, usize)], Op),
+    (slot, k): (usize, u64),
+    busy: &mut Busy,
+    scratch: &mut Vec<u8>,
+) -> Result<(), WorkloadError> {
+    let bs = w.bs;
+    let offset = w.offset + order.block(k) * bs as u64;
+    let block = (offset - w.offset) / bs as u64;
+    let (buf, buf_offset) = (&slots[slot].0, slots[slot].1);
+    if op == Op::Write && w.pattern == Pattern::Seq {
+        scratch.resize(bs, 0);
+        fill_seq(scratch, offset);
+        buf.write_at(buf_offset, scratch)?;
+    }
+    let req = match op {
+        Op::Write => Command::Write {
+            offset,
+            buf,
+            buf_offset,
+            len: bs,
+        },
+        Op::Read => Command::Read {
+            offset,
+            buf,
+            buf_offset,
+            len: bs,
+        },
+    };
+    let at = Instant::now();
+    q.submit(req, slot as u64)
+        .map_err(|source| WorkloadError::Submit {
+            block,
+            offset,
+            source,
+        })?;
+    busy[slot] = Some((block, offset, at));
+    Ok(())
 }
