@@ -42,6 +42,10 @@ const _: () = assert!(META_STATUS < META_SLOT);
 /// Status byte written before submission; a device that completes without
 /// writing a status is caught by it.
 const STATUS_UNSET: u8 = 0xff;
+/// Longest a coalesced wait ([`BlkQueue::coalesce`]) sleeps for its batch
+/// before it takes what has completed: some ten times a batch of 32 4 KiB
+/// requests here, short beside the request timeout.
+const COALESCE_WAIT: Duration = Duration::from_millis(1);
 
 /// A transfer (a [`Command`]) in flight: the virtio requests it was cut into.
 #[derive(Debug)]
@@ -361,10 +365,11 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
 
     /// Whether a sleeping wait wakes at the first completion (`false`, the
     /// default: what a caller waiting on one request needs) or once about
-    /// three quarters of the requests in flight have completed (`true`:
-    /// for a caller that keeps the queue full, which then refills it while
-    /// the device still has work, and both sides wake less; the device
-    /// needs `EVENT_IDX` for it, else the first completion wakes).
+    /// three quarters of the requests in flight have completed, or after
+    /// [`COALESCE_WAIT`] with whatever has (`true`: for a caller that keeps
+    /// the queue full, which then refills it while the device still has
+    /// work, and both sides wake less; the device needs `EVENT_IDX` for
+    /// it, else the first completion wakes).
     pub fn coalesce(&mut self, on: bool) {
         self.coalesce = on;
     }
@@ -440,16 +445,27 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 true => (self.vq.in_flight() * 3 / 4).try_into().unwrap_or(0),
                 false => 0,
             };
-            let mut ring = UsedRing {
-                vq: &mut self.vq,
-                transport: &*self.transport,
-                looks: 0,
-                after,
-            };
-            if self.poller.wait(&mut ring, Some(self.timeout))? == Waited::TimedOut {
+            // A coalesced wait is bounded: a device that holds some requests
+            // back must not keep the completed ones from the caller.
+            if after > 0 && self.wait(after, COALESCE_WAIT.min(self.timeout))? == Waited::Ready {
+                continue;
+            }
+            if self.wait(0, self.timeout)? == Waited::TimedOut {
                 return Err(self.timed_out());
             }
         }
+    }
+
+    /// One wait of the poller for more than `after` completions (only its
+    /// sleep counts them; a look while polling takes any) up to `timeout`.
+    fn wait(&mut self, after: u16, timeout: Duration) -> Result<Waited> {
+        let mut ring = UsedRing {
+            vq: &mut self.vq,
+            transport: &*self.transport,
+            looks: 0,
+            after,
+        };
+        self.poller.wait(&mut ring, Some(timeout))
     }
 
     /// The timeout error, naming the oldest request still unanswered.

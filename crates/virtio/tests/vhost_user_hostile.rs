@@ -230,3 +230,55 @@ fn second_front_end_waits_for_its_turn_then_times_out() {
         features::VIRTIO_F_VERSION_1
     );
 }
+
+/// A driver sleeping on a queue's interrupt polls that eventfd alone: its
+/// timeout (long ones kept by the connection's watcher thread, short ones
+/// by the kernel's timer) and the back end hanging up still end the sleep,
+/// each in time.
+#[test]
+fn a_sleeper_wakes_at_its_timeout_and_when_the_back_end_hangs_up() {
+    use iopath_virtio::transport::Transport;
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idle.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        tx.send(s.try_clone().unwrap()).unwrap();
+        let _ = iopath_virtio::device::serve_connection(s, Arc::new(Idle));
+    });
+    let fe = VhostUser::connect_with(&path, 2, timeouts(Duration::from_secs(5))).unwrap();
+    let fe = Arc::new(fe);
+    let back_end = rx.recv().unwrap();
+    for t in [Duration::from_millis(20), Duration::from_millis(300)] {
+        let f = Arc::clone(&fe);
+        let (r, took) = within(Duration::from_secs(10), move || {
+            let t0 = Instant::now();
+            (f.wait_interrupt(0, Some(t)), t0.elapsed())
+        });
+        assert!(!r.unwrap(), "no interrupt came");
+        assert!(
+            took >= t && took < t + Duration::from_secs(1),
+            "{t:?}: {took:?}"
+        );
+    }
+    assert!(!fe.wait_interrupt(0, Some(Duration::ZERO)).unwrap());
+    let sleeper = {
+        let fe = Arc::clone(&fe);
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            (fe.wait_interrupt(0, None), t0.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    rustix::net::shutdown(&back_end, rustix::net::Shutdown::Both).unwrap();
+    let (r, took) = within(Duration::from_secs(10), move || sleeper.join().unwrap());
+    // Woken by the hang-up (the eventfd may be counted once first).
+    let r = match r {
+        Ok(true) => fe.wait_interrupt(0, None),
+        other => other,
+    };
+    assert!(matches!(r, Err(iopath_virtio::Error::Closed)), "{r:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}

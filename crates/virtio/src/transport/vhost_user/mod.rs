@@ -30,6 +30,7 @@ mod backend_channel;
 mod control;
 mod error;
 mod regions;
+mod sleep;
 mod transport;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -133,9 +134,11 @@ pub struct VhostUser {
     protocol: VhostUserProtocolFeatures,
     queue_max_size: u16,
     events: Vec<QueueEvents>,
-    /// The main socket again, polled (for hang-up only) by waiters, so a
-    /// back end that dies is noticed at once instead of at a timeout.
-    hangup: UnixStream,
+    /// Wakes a waiter on a call eventfd at its deadline or when the back
+    /// end hangs up (so it is noticed at once instead of at a timeout).
+    sleepers: sleep::SleepWatch,
+    /// The main socket again, for the peer's credentials.
+    peer_sock: UnixStream,
     state: Mutex<State>,
     backend_chan: Mutex<Option<BackendChannel>>,
 }
@@ -193,7 +196,7 @@ impl VhostUser {
             op: "dup of the vhost-user socket",
             source,
         })?;
-        let hangup = sock.try_clone().map_err(|source| VhostUserError::Io {
+        let peer_sock = sock.try_clone().map_err(|source| VhostUserError::Io {
             op: "dup of the vhost-user socket",
             source,
         })?;
@@ -241,6 +244,11 @@ impl VhostUser {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let watched = peer_sock
+            .try_clone()
+            .map_err(io("dup of the vhost-user socket"))?;
+        let calls: Vec<&EventFd> = events.iter().map(|e| &e.call).collect();
+        let sleepers = sleep::SleepWatch::spawn(watched, &calls)?;
         let this = VhostUser {
             ctl: Arc::new(Mutex::new(ctl)),
             path,
@@ -249,7 +257,8 @@ impl VhostUser {
             protocol,
             queue_max_size: DEFAULT_QUEUE_MAX_SIZE,
             events,
-            hangup,
+            sleepers,
+            peer_sock,
             state: Mutex::new(State {
                 configs: vec![None; usize::from(queues)],
                 ..State::default()

@@ -145,43 +145,7 @@ impl Transport for VhostUser {
 
     fn wait_interrupt(&self, index: u16, timeout: Option<Duration>) -> crate::Result<bool> {
         let call = &self.check_queue(index)?.call;
-        // No read before the poll: a caller sleeps only after finding the
-        // ring empty with interrupts enabled, so the count is almost always
-        // zero here, and a stale one makes the poll return at once.
-        // SAFETY: the eventfd is owned by `self.events`, which outlives this
-        // borrow (it ends with the function).
-        let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
-        let mut fds = [
-            rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN),
-            // RDHUP only: replies to other threads' requests may make the
-            // socket readable, but only a closed peer hangs it up.
-            rustix::event::PollFd::new(&self.hangup, rustix::event::PollFlags::RDHUP),
-        ];
-        let ts = timeout.map(|t| rustix::event::Timespec {
-            tv_sec: t.as_secs().try_into().unwrap_or(i64::MAX),
-            tv_nsec: t.subsec_nanos().into(),
-        });
-        loop {
-            match rustix::event::poll(&mut fds, ts.as_ref()) {
-                Ok(0) => return Ok(false),
-                Ok(_) => {
-                    if call.read().is_ok() {
-                        return Ok(true);
-                    }
-                    if !fds[1].revents().is_empty() {
-                        return Err(crate::Error::Closed);
-                    }
-                }
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    return Err(VhostUserError::Io {
-                        op: "poll (call eventfd)",
-                        source: e.into(),
-                    }
-                    .into())
-                }
-            }
-        }
+        self.sleepers.sleep(usize::from(index), call, timeout)
     }
 
     fn interrupt_fd(&self, index: u16) -> Option<BorrowedFd<'_>> {
@@ -192,7 +156,7 @@ impl Transport for VhostUser {
     }
 
     fn peer(&self) -> Option<rustix::process::Pid> {
-        rustix::net::sockopt::socket_peercred(&self.hangup)
+        rustix::net::sockopt::socket_peercred(&self.peer_sock)
             .ok()
             .map(|c| c.pid)
     }
