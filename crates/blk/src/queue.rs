@@ -216,6 +216,14 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         self.plugged = true;
     }
 
+    /// Whether this thread and the device's process may both run only on
+    /// one and the same CPU (as the queue's poller last checked): then a
+    /// notification hands the device the CPU, and is best sent once a batch
+    /// is on the ring.
+    pub fn shares_cpu_with_device(&mut self) -> bool {
+        self.poller.shares_cpu_with_peer()
+    }
+
     /// Ends [`BlkQueue::plug`]: notifies the device if what was submitted
     /// since needs it (`VIRTIO_RING_F_EVENT_IDX` says whether it sleeps).
     ///

@@ -211,7 +211,8 @@ type Busy = Vec<Option<(u64, u64, Instant)>>;
 ///
 /// The queue is kept full: every slot is filled and the device notified
 /// once; then each completion's slot is refilled as soon as it is taken,
-/// the first refill notifying a device that went to sleep, and a sleeping
+/// the first refill notifying a device that went to sleep (the last, when
+/// the device runs on this thread's one CPU), and a sleeping
 /// wait wakes to about three quarters of the slots done
 /// ([`BlkQueue::coalesce`]), so that the device works on the rest while
 /// the driver refills.
@@ -240,11 +241,17 @@ fn queue_pass<O: DmaOps + ?Sized>(
         in_flight += 1;
     }
     q.unplug()?;
+    // On the device's own CPU a notification hands it that CPU: refill the
+    // whole batch first.
+    let batch = q.shares_cpu_with_device();
     while in_flight > 0 {
         // Wait for one completion, then take every other one already there;
         // they completed by `now`.
         let mut next_done = Some(q.complete()?);
         let now = Instant::now();
+        if batch {
+            q.plug();
+        }
         let mut done = 0;
         while let Some(d) = next_done {
             let slot =
@@ -277,6 +284,9 @@ fn queue_pass<O: DmaOps + ?Sized>(
                 in_flight += 1;
             }
             next_done = q.try_complete()?;
+        }
+        if batch {
+            q.unplug()?;
         }
         progress.blocks_done(done);
     }
