@@ -149,6 +149,7 @@ impl Buffer {
     }
 
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.inner.map.len()
     }
@@ -226,6 +227,7 @@ impl Buffer {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] otherwise (overflow included).
+    #[inline]
     pub fn check_range(&self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len() => Ok(()),
@@ -241,6 +243,7 @@ impl Buffer {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if the range is not inside the buffer.
+    #[inline]
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.range(offset, dst.len())?.copy_to(dst)
     }
@@ -250,6 +253,7 @@ impl Buffer {
     /// # Errors
     /// [`Error::Busy`] while the buffer is mapped for a device,
     /// [`Error::OutOfRange`] if the range is not inside the buffer.
+    #[inline]
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.range(offset, src.len())?.copy_from(src)
     }
@@ -336,6 +340,7 @@ impl Buffer {
     }
 
     /// Live device mappings of this buffer.
+    #[inline]
     pub fn device_maps(&self) -> usize {
         self.inner.device_maps.load(Ordering::Acquire)
     }
@@ -344,6 +349,7 @@ impl Buffer {
     ///
     /// # Errors
     /// [`Error::Busy`].
+    #[inline]
     pub fn check_not_busy(&self) -> Result<()> {
         match self.device_maps() {
             0 => Ok(()),

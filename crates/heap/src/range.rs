@@ -76,6 +76,7 @@ impl<'a> BufRange<'a> {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] unless the range is inside the buffer.
+    #[inline]
     pub(crate) fn new(buf: &'a Buffer, off: usize, len: usize, device: bool) -> Result<Self> {
         buf.check_range(off, len)?;
         Ok(BufRange {
@@ -118,6 +119,7 @@ impl<'a> BufRange<'a> {
 
     /// The first byte, for a syscall wrapper of this crate to hand to the
     /// kernel together with [`BufRange::len`].
+    #[inline]
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.buf.mapping_ptr().wrapping_add(self.off)
     }
@@ -153,13 +155,15 @@ impl<'a> BufRange<'a> {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if the lengths differ.
+    #[inline]
     pub fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
         self.same_len(dst.len())?;
         // SAFETY: the range is inside the live mapping (invariant; `'a`
         // borrows the buffer that owns it), `dst` is a distinct Rust slice of
         // the same length, and the copy only reads the shared memory, never
         // references it.
-        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr(), dst.as_mut_ptr(), self.len) };
+        // (`dst.len()`, equal: a caller's fixed-size copy stays inline.)
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr(), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
@@ -168,12 +172,13 @@ impl<'a> BufRange<'a> {
     /// # Errors
     /// [`Error::OutOfRange`] if the lengths differ; [`Error::Busy`] for a
     /// CPU range of a buffer mapped for a device.
+    #[inline]
     pub fn copy_from(&self, src: &[u8]) -> Result<()> {
         self.check_writable()?;
         self.same_len(src.len())?;
         // SAFETY: as in `copy_to`, in the other direction; writing plain
         // bytes into shared memory creates no Rust references.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr(), self.len) };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr(), src.len()) };
         Ok(())
     }
 
@@ -295,6 +300,7 @@ impl<'a> BufRange<'a> {
         Ok(())
     }
 
+    #[inline]
     fn check_writable(&self) -> Result<()> {
         if self.device {
             Ok(())
@@ -303,6 +309,7 @@ impl<'a> BufRange<'a> {
         }
     }
 
+    #[inline]
     fn same_len(&self, other: usize) -> Result<()> {
         if other == self.len {
             Ok(())

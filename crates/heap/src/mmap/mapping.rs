@@ -135,10 +135,12 @@ impl Mmap {
         }
     }
 
+    #[inline]
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
