@@ -283,16 +283,17 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// passed; without, whether `VIRTQ_USED_F_NO_NOTIFY` is clear. `false`
     /// when nothing was added since the last call.
     pub fn should_notify(&mut self) -> bool {
+        let old = self.kicked_idx;
+        let new = self.avail_idx;
+        if old == new {
+            // Nothing published since the last decision: nothing to order
+            // (a wait for completions asks this before every sleep).
+            return false;
+        }
+        self.kicked_idx = new;
         // §2.7.13.4: a full barrier between publishing avail.idx and reading
         // the device's suppression fields, or a notification may be missed.
         fence(Ordering::SeqCst);
-        let old = self.kicked_idx;
-        let new = self.avail_idx;
-        self.kicked_idx = new;
-        if old == new {
-            // Nothing published since the last decision.
-            return false;
-        }
         if self.features.event_idx {
             let event = self.ring().read_u16(self.layout.avail_event());
             need_event(event, new, old)
