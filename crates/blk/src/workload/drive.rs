@@ -212,10 +212,9 @@ type Busy = Vec<Option<(u64, u64, Instant)>>;
 /// The queue is kept full: every slot is filled and the device notified
 /// once; then each completion's slot is refilled as soon as it is taken,
 /// the first refill notifying a device that went to sleep (the last, when
-/// the device runs on this thread's one CPU), and a sleeping
-/// wait wakes to about three quarters of the slots done
-/// ([`BlkQueue::coalesce`]), so that the device works on the rest while
-/// the driver refills.
+/// the device runs on this thread's one CPU), and a sleeping wait wakes
+/// to about three quarters of the slots done ([`BlkQueue::coalesce`]), so
+/// that the device works on the rest while the driver refills.
 #[allow(clippy::too_many_arguments)]
 fn queue_pass<O: DmaOps + ?Sized>(
     q: &mut BlkQueue<O>,
