@@ -136,21 +136,10 @@ impl SleepWatch {
                 let _ = s.wake.write(1);
             }
         }
-        // SAFETY: the eventfd is borrowed from the caller for this call.
-        let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
-        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
         let got = loop {
-            match poll(&mut fds, None) {
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    slot.store(NONE, SeqCst);
-                    return Err(VhostUserError::Io {
-                        op: "poll (call eventfd)",
-                        source: e.into(),
-                    }
-                    .into());
-                }
+            if let Err(e) = poll_call(call, None) {
+                slot.store(NONE, SeqCst);
+                return Err(e);
             }
             if call.read().is_ok() {
                 break true;
@@ -174,17 +163,22 @@ impl SleepWatch {
 /// A short sleep on `call` with the kernel's timer: the watcher would be
 /// woken for each one.
 fn sleep_for(call: &EventFd, t: Duration) -> crate::Result<bool> {
-    // SAFETY: the eventfd is borrowed from the caller for this call.
-    let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
-    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
     let ts = Timespec {
         tv_sec: 0,
         tv_nsec: i64::from(t.subsec_nanos()),
     };
+    Ok(poll_call(call, Some(&ts))? && call.read().is_ok())
+}
+
+/// Polls `call` alone until it is readable (`true`) or `timeout` passes
+/// (`false`; `None`: no limit), through interruptions.
+fn poll_call(call: &EventFd, timeout: Option<&Timespec>) -> crate::Result<bool> {
+    // SAFETY: the eventfd is borrowed from the caller for this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(call.as_raw_fd()) };
+    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
     loop {
-        match poll(&mut fds, Some(&ts)) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(call.read().is_ok()),
+        match poll(&mut fds, timeout) {
+            Ok(n) => return Ok(n > 0),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => {
                 return Err(VhostUserError::Io {
