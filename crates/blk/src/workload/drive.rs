@@ -234,9 +234,18 @@ fn queue_pass<O: DmaOps + ?Sized>(
     let mut in_flight = 0;
     q.coalesce(true);
     q.plug();
+    // One clock read stamps each batch of submissions (the first before
+    // any of them, so no latency is understated).
+    let at = Instant::now();
     for slot in 0..slots.len() {
         let Some(k) = next.next() else { break };
-        submit_block(q, (w, order, slots, op), (slot, k), &mut busy, &mut scratch)?;
+        submit_block(
+            q,
+            (w, order, slots, op),
+            (slot, k, at),
+            &mut busy,
+            &mut scratch,
+        )?;
         in_flight += 1;
     }
     q.unplug()?;
@@ -251,6 +260,7 @@ fn queue_pass<O: DmaOps + ?Sized>(
         if batch {
             q.plug();
         }
+        let mut stamp = None;
         let mut done = 0;
         while let Some(d) = next_done {
             let slot =
@@ -279,7 +289,14 @@ fn queue_pass<O: DmaOps + ?Sized>(
                 done += 1;
             }
             if let Some(k) = next.next() {
-                submit_block(q, (w, order, slots, op), (slot, k), &mut busy, &mut scratch)?;
+                let at = *stamp.get_or_insert_with(Instant::now);
+                submit_block(
+                    q,
+                    (w, order, slots, op),
+                    (slot, k, at),
+                    &mut busy,
+                    &mut scratch,
+                )?;
                 in_flight += 1;
             }
             next_done = q.try_complete()?;
@@ -294,11 +311,11 @@ fn queue_pass<O: DmaOps + ?Sized>(
 }
 
 /// Submits block `k` of the order in `slot` (writing its pattern in first
-/// for a sequential-pattern write) and marks the slot busy from now.
+/// for a sequential-pattern write) and marks the slot busy since `at`.
 fn submit_block<O: DmaOps + ?Sized>(
     q: &mut BlkQueue<O>,
     (w, order, slots, op): (&Workload, &Order, &[(Buffer, usize)], Op),
-    (slot, k): (usize, u64),
+    (slot, k, at): (usize, u64, Instant),
     busy: &mut Busy,
     scratch: &mut Vec<u8>,
 ) -> Result<(), WorkloadError> {
@@ -325,7 +342,6 @@ fn submit_block<O: DmaOps + ?Sized>(
             len: bs,
         },
     };
-    let at = Instant::now();
     q.submit(req, slot as u64)
         .map_err(|source| WorkloadError::Submit {
             block,
