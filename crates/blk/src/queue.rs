@@ -93,6 +93,9 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     plugged: bool,
     /// See [`BlkQueue::coalesce`].
     coalesce: bool,
+    /// An interrupt a sleep left for the next one to take (see
+    /// [`crate::queue_wait::UsedRing`]).
+    irq_pending: bool,
 }
 
 impl<O: DmaOps + ?Sized> BlkQueue<O> {
@@ -131,6 +134,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             submitted: 0,
             plugged: false,
             coalesce: false,
+            irq_pending: false,
         }
     }
 
@@ -472,6 +476,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             transport: &*self.transport,
             looks: 0,
             after,
+            pending: &mut self.irq_pending,
         };
         self.poller.wait(&mut ring, Some(timeout))
     }

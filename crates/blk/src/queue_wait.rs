@@ -28,6 +28,10 @@ pub(crate) struct UsedRing<'a, O: DmaOps + ?Sized> {
     /// Completions to let pass before an interrupt (see
     /// [`SplitQueue::enable_interrupts_after`]).
     pub(crate) after: u16,
+    /// A sleep ended with an interrupt left pending: the next re-arm takes
+    /// it (see [`Transport::wait_interrupt_pending`]), after the requests
+    /// that the wake-up lets the caller submit.
+    pub(crate) pending: &'a mut bool,
 }
 
 impl<O: DmaOps + ?Sized> Polled for UsedRing<'_, O> {
@@ -53,11 +57,17 @@ impl<O: DmaOps + ?Sized> Polled for UsedRing<'_, O> {
     }
 
     fn rearm(&mut self) -> Result<bool, BlkError> {
+        if std::mem::take(self.pending) {
+            self.transport.take_interrupt(self.vq.index())?;
+        }
         Ok(!self.vq.enable_interrupts_after(self.after))
     }
 
     fn sleep(&mut self, timeout: Option<Duration>) -> Result<(), BlkError> {
-        self.transport.wait_interrupt(self.vq.index(), timeout)?;
+        // The interrupt stays pending until the next re-arm: the caller
+        // takes the completion and submits what it frees first.
+        let index = self.vq.index();
+        *self.pending |= self.transport.wait_interrupt_pending(index, timeout)?;
         Ok(())
     }
 }

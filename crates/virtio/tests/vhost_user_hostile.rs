@@ -282,3 +282,43 @@ fn a_sleeper_wakes_at_its_timeout_and_when_the_back_end_hangs_up() {
     assert!(matches!(r, Err(iopath_virtio::Error::Closed)), "{r:?}");
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
+
+/// A sleep that leaves its interrupt pending ends as the interrupt comes,
+/// and every later one ends at once until the interrupt is taken; then a
+/// sleep lasts its timeout again (kernel timer and watcher alike).
+#[test]
+fn an_interrupt_left_pending_ends_every_sleep_until_it_is_taken() {
+    use iopath_virtio::transport::Transport;
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idle.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let _ = iopath_virtio::device::serve_connection(s, Arc::new(Idle));
+    });
+    let fe = VhostUser::connect_with(&path, 2, timeouts(Duration::from_secs(5))).unwrap();
+    // What the back end does to interrupt: count one on the call eventfd.
+    let signal = |fe: &VhostUser| {
+        let fd = fe.interrupt_fd(0).unwrap();
+        assert_eq!(rustix::io::write(fd, &1u64.to_ne_bytes()).unwrap(), 8);
+    };
+    for t in [Duration::from_millis(20), Duration::from_millis(300)] {
+        assert!(!fe.take_interrupt(0).unwrap(), "nothing pending yet");
+        signal(&fe);
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            assert!(fe.wait_interrupt_pending(0, Some(t)).unwrap());
+            assert!(t0.elapsed() < t, "{t:?}: woke at once");
+        }
+        assert!(fe.take_interrupt(0).unwrap());
+        assert!(!fe.take_interrupt(0).unwrap(), "taken once");
+        let t0 = Instant::now();
+        assert!(!fe.wait_interrupt_pending(0, Some(t)).unwrap());
+        let took = t0.elapsed();
+        assert!(
+            took >= t && took < t + Duration::from_secs(1),
+            "{t:?}: {took:?}"
+        );
+    }
+}

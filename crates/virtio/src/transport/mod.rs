@@ -111,6 +111,27 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// [`Error::NoSuchQueue`], transport errors, [`Error::Closed`].
     fn wait_interrupt(&self, index: u16, timeout: Option<Duration>) -> Result<bool>;
 
+    /// [`Transport::wait_interrupt`] that leaves the interrupt pending, for
+    /// [`Transport::take_interrupt`] to consume later: a driver that takes
+    /// it just before it sleeps again keeps that step (a system call on an
+    /// eventfd) off the path from a completion to its next request.
+    /// Returns whether one is pending. By default it is consumed at once.
+    ///
+    /// # Errors
+    /// As [`Transport::wait_interrupt`].
+    fn wait_interrupt_pending(&self, index: u16, timeout: Option<Duration>) -> Result<bool> {
+        self.wait_interrupt(index, timeout)
+    }
+
+    /// Consumes a pending interrupt of queue `index` without waiting;
+    /// returns whether there was one.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchQueue`], transport errors.
+    fn take_interrupt(&self, index: u16) -> Result<bool> {
+        self.wait_interrupt(index, Some(Duration::ZERO))
+    }
+
     /// A pollable fd that becomes readable on interrupts of queue `index`
     /// (an eventfd), for event loops; read it (8 bytes) to consume.
     fn interrupt_fd(&self, index: u16) -> Option<BorrowedFd<'_>>;

@@ -101,7 +101,8 @@ impl SleepWatch {
     /// Sleeps on `call` (queue `index`'s call eventfd) until it is
     /// signalled (by the back end, or by the watcher at `timeout` or at a
     /// hang-up). Returns whether an interrupt came before the timeout; it
-    /// is consumed.
+    /// is consumed when `consume` says so, else left for the caller to take
+    /// (a stale signal then ends the sleep at once).
     ///
     /// # Errors
     /// [`crate::Error::Closed`] when the back end hung up and no interrupt
@@ -111,6 +112,7 @@ impl SleepWatch {
         index: usize,
         call: &EventFd,
         timeout: Option<Duration>,
+        consume: bool,
     ) -> crate::Result<bool> {
         let s = &*self.shared;
         if s.closed.load(SeqCst) {
@@ -119,11 +121,12 @@ impl SleepWatch {
         if timeout.is_some_and(|t| t.is_zero()) {
             return Ok(call.read().is_ok());
         }
+        let take = |call: &EventFd| !consume || call.read().is_ok();
         // No read before the poll: a caller sleeps only after finding the
         // ring empty with interrupts enabled, so the count is almost always
         // zero here, and a stale one makes the poll return at once.
         if let Some(t) = timeout.filter(|t| *t < WATCHED_FROM) {
-            return sleep_for(call, t);
+            return Ok(sleep_for(call, t)? && take(call));
         }
         let deadline = timeout.map(|t| {
             let t = u64::try_from(t.as_nanos()).unwrap_or(FOREVER);
@@ -141,7 +144,7 @@ impl SleepWatch {
                 slot.store(NONE, SeqCst);
                 return Err(e);
             }
-            if call.read().is_ok() {
+            if take(call) {
                 break true;
             }
             // Readable, but taken first (a stale wake-up): look again
@@ -160,14 +163,14 @@ impl SleepWatch {
     }
 }
 
-/// A short sleep on `call` with the kernel's timer: the watcher would be
-/// woken for each one.
+/// A short sleep on `call` with the kernel's timer (the watcher would be
+/// woken for each one): whether it was signalled in time.
 fn sleep_for(call: &EventFd, t: Duration) -> crate::Result<bool> {
     let ts = Timespec {
         tv_sec: 0,
         tv_nsec: i64::from(t.subsec_nanos()),
     };
-    Ok(poll_call(call, Some(&ts))? && call.read().is_ok())
+    poll_call(call, Some(&ts))
 }
 
 /// Polls `call` alone until it is readable (`true`) or `timeout` passes

@@ -145,7 +145,19 @@ impl Transport for VhostUser {
 
     fn wait_interrupt(&self, index: u16, timeout: Option<Duration>) -> crate::Result<bool> {
         let call = &self.check_queue(index)?.call;
-        self.sleepers.sleep(usize::from(index), call, timeout)
+        self.sleepers.sleep(usize::from(index), call, timeout, true)
+    }
+
+    fn wait_interrupt_pending(&self, index: u16, timeout: Option<Duration>) -> crate::Result<bool> {
+        let call = &self.check_queue(index)?.call;
+        self.sleepers
+            .sleep(usize::from(index), call, timeout, false)
+    }
+
+    fn take_interrupt(&self, index: u16) -> crate::Result<bool> {
+        // The call eventfd is non-blocking: a read takes the count or fails
+        // with EAGAIN.
+        Ok(self.check_queue(index)?.call.read().is_ok())
     }
 
     fn interrupt_fd(&self, index: u16) -> Option<BorrowedFd<'_>> {
