@@ -66,21 +66,9 @@ fn worker(job: &Job, file: &File, k: u64, blocks: u64) -> Result<()> {
         let r = if job.write {
             file.write_all_at(&buf[..len], off)
         } else {
-            read_full(file, &mut buf[..len], off)
+            file.read_exact_at(&mut buf[..len], off)
         };
         r.map_err(Error::io(&job.path))?;
-    }
-    Ok(())
-}
-
-/// Reads `buf.len()` bytes at `off` (fewer at the end of the file).
-fn read_full(file: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], off + done as u64)? {
-            0 => break,
-            n => done += n,
-        }
     }
     Ok(())
 }

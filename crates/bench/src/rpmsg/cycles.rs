@@ -177,19 +177,14 @@ pub(super) fn chart(placement: Placement, t: &Table) -> Chart {
         ]);
     c.group(format!("placement {}", placement.name()));
     let v = t.col("per cycle us");
-    let labels = [
-        "legacy",
-        "fd",
-        "limit: eventfd passed",
-        "limit-s: socket passed",
-        "limit-w: socket, watched",
+    let bars = [
+        ("legacy", SECONDARY),
+        ("fd", PRIMARY),
+        ("limit: eventfd passed", LIMIT),
+        ("limit-s: socket passed", LIMIT),
+        ("limit-w: socket, watched", LIMIT),
     ];
-    for ((row, label), color) in t
-        .rows
-        .iter()
-        .zip(labels)
-        .zip([SECONDARY, PRIMARY, LIMIT, LIMIT, LIMIT])
-    {
+    for (row, (label, color)) in t.rows.iter().zip(bars) {
         debug_assert!(label.starts_with(&row[0].to_string()));
         c.bar(label, &row[v], color);
     }

@@ -16,11 +16,6 @@ use crate::{Error, Result};
 
 const T: Duration = Duration::from_secs(30);
 
-/// The shared memory for rings of [`RING`] entries and 64 KiB buffers.
-pub(super) fn shm_size() -> u64 {
-    ShmLayout::size_for(RING, BufSizes::both(BUF)).expect("a ring of 64 entries has a layout")
-}
-
 /// Copies `msgs` pieces of `size` bytes, one after the other, into an
 /// area as large as a ring's buffers (wrapping round), on this thread;
 /// returns the time taken.
@@ -48,7 +43,7 @@ pub(super) struct BusPair {
     orders: mpsc::Sender<(u64, usize)>,
     /// What the receiver took: the count, or why it stopped.
     done: mpsc::Receiver<std::result::Result<u64, String>>,
-    receiver: Option<std::thread::JoinHandle<()>>,
+    receiver: std::thread::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
 
@@ -62,7 +57,9 @@ impl BusPair {
     ) -> Result<BusPair> {
         let dir = tempfile::tempdir().map_err(Error::sys("a temporary directory"))?;
         let path = dir.path().join("shm");
-        let layout = ShmLayout::for_size(shm_size(), RING).map_err(Error::layer("bulk layout"))?;
+        let size =
+            ShmLayout::size_for(RING, BufSizes::both(BUF)).expect("a ring of 64 has a layout");
+        let layout = ShmLayout::for_size(size, RING).map_err(Error::layer("bulk layout"))?;
         let mut layout = layout
             .with_buf_sizes(Convention::Linux, BufSizes::both(BUF))
             .map_err(Error::layer("bulk layout"))?;
@@ -120,7 +117,7 @@ impl BusPair {
             tx,
             orders,
             done,
-            receiver: Some(receiver),
+            receiver,
             _dir: dir,
         })
     }
@@ -156,13 +153,11 @@ impl BusPair {
         Ok(took)
     }
 
-    pub(super) fn stop(mut self) {
+    pub(super) fn stop(self) {
         drop(self.orders);
         self.host.shutdown();
         self.remote.shutdown();
-        if let Some(h) = self.receiver.take() {
-            let _ = h.join();
-        }
+        let _ = self.receiver.join();
     }
 }
 

@@ -37,16 +37,6 @@ pub(crate) enum Pass {
     Watched = b'W',
 }
 
-impl Pass {
-    fn of(cue: u8) -> Pass {
-        match cue {
-            b'S' => Pass::Socket,
-            b'W' => Pass::Watched,
-            _ => Pass::Eventfd,
-        }
-    }
-}
-
 /// Watched sockets passed between two looks at their hang-ups: the
 /// endpoint service looks once per drain of 16 requests too.
 const WATCH_DRAIN: usize = 16;
@@ -98,10 +88,7 @@ impl Watched {
     fn look(&mut self) -> rustix::io::Result<()> {
         use rustix::event::epoll;
         let mut space = [MaybeUninit::<epoll::Event>::uninit(); 64];
-        let zero = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
+        let zero = rustix::event::Timespec::default();
         let (events, _) = epoll::wait(&self.epoll, &mut space[..], Some(&zero))?;
         let mut b = [0u8; 512];
         for ev in events.iter() {
@@ -133,7 +120,11 @@ pub(crate) fn serve(sock: &Path) -> Result<()> {
         .0
         > 0
     {
-        let pass = Pass::of(req[0]);
+        let pass = match req[0] {
+            b'S' => Pass::Socket,
+            b'W' => Pass::Watched,
+            _ => Pass::Eventfd,
+        };
         // For a socket: a fresh pair, (the end kept, the end passed).
         let pair = match pass {
             Pass::Eventfd => None,
