@@ -59,4 +59,9 @@ pub struct Done {
     pub tag: u64,
     /// Outcome (the first error, if any of its pieces failed).
     pub result: Result<()>,
+    /// When it was handed to the device, for a request submitted under
+    /// [`BlkQueue::limit_in_flight`](crate::BlkQueue::limit_in_flight),
+    /// which may hold it back (for a request cut into pieces: the piece
+    /// that completed last); `None`: as it was submitted.
+    pub since: Option<std::time::Instant>,
 }

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use iopath_dma::{Coherent, DmaOps, MapWait};
 use iopath_virtio::queue::INDIRECT_MAX;
@@ -66,6 +66,9 @@ struct Piece {
     /// Order of submission on this queue (the oldest is named on a
     /// timeout).
     seq: u64,
+    /// When it was published, if it was submitted under
+    /// [`BlkQueue::limit_in_flight`].
+    since: Option<Instant>,
 }
 
 /// One virtio-blk request queue: submit [`Command`]s with tags, collect
@@ -96,6 +99,10 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     /// An interrupt a sleep left for the next one to take (see
     /// [`crate::queue_wait::UsedRing`]).
     irq_pending: bool,
+    /// See [`BlkQueue::limit_in_flight`].
+    limit: Option<usize>,
+    /// The metadata slots of the requests held, oldest first.
+    held: VecDeque<u16>,
 }
 
 impl<O: DmaOps + ?Sized> BlkQueue<O> {
@@ -135,6 +142,8 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             plugged: false,
             coalesce: false,
             irq_pending: false,
+            limit: None,
+            held: VecDeque::new(),
         }
     }
 
@@ -193,6 +202,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 t.pending += 1;
             }
         }
+        self.release_held();
         if !self.plugged && self.vq.should_notify() {
             if let Err(e) = self.transport.notify(self.vq.index()) {
                 result = result.and(Err(e.into()));
@@ -207,7 +217,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             }
             t.error.get_or_insert(e);
         } else if t.pending == 0 {
-            self.finish(tag);
+            self.finish(tag, None);
         }
         Ok(())
     }
@@ -235,6 +245,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// The transport's notification failed.
     pub fn unplug(&mut self) -> Result<()> {
         self.plugged = false;
+        self.release_held();
         if self.vq.should_notify() {
             self.transport.notify(self.vq.index())?;
         }
@@ -372,7 +383,69 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             kind,
             sector,
             seq: self.submitted,
+            since: None,
         });
+        if self.limit.is_some() {
+            self.held.push_back(slot);
+        }
+    }
+
+    /// Keeps at most `n` requests with the device at once (`None`: no
+    /// limit, the default): requests submitted beyond it are built and put
+    /// on the ring but held back ([`SplitQueue::hold`]), and each
+    /// completion that is seen publishes one, before the completion is
+    /// taken. A caller that submits one request more than `n` thus has the
+    /// next one handed to the device in a single store as the last one
+    /// completes, rather than after its completion was taken and a new
+    /// request built; [`Done::since`] then says when each was handed over.
+    ///
+    /// # Errors
+    /// The transport's notification failed (lifting a limit publishes and
+    /// notifies what was held).
+    pub fn limit_in_flight(&mut self, n: Option<usize>) -> Result<()> {
+        self.limit = n.map(|n| n.max(1));
+        self.vq.hold(self.limit.is_some());
+        if self.limit.is_none() {
+            let now = Instant::now();
+            for slot in std::mem::take(&mut self.held) {
+                if let Some(p) = self.pieces[usize::from(slot)].as_mut() {
+                    p.since = Some(now);
+                }
+            }
+            if !self.plugged && self.vq.should_notify() {
+                self.transport.notify(self.vq.index())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the held requests the limit lets go: one for each request
+    /// the device has completed or no longer has, oldest first.
+    fn release_held(&mut self) {
+        let Some(limit) = self.limit else { return };
+        let held = usize::from(self.vq.held());
+        if held == 0 {
+            return;
+        }
+        // The device still works on what is published and not completed.
+        let working = (self.vq.in_flight() - held).saturating_sub(self.vq.used_pending().into());
+        let n = limit.saturating_sub(working).min(held);
+        if n == 0 {
+            return;
+        }
+        self.vq.publish(n as u16);
+        // After the store: the stamp is not on the device's path.
+        let now = Instant::now();
+        for slot in self.held.drain(..n) {
+            if let Some(p) = self.pieces[usize::from(slot)].as_mut() {
+                p.since = Some(now);
+            }
+        }
+    }
+
+    /// Requests with the device (added, and not held).
+    fn working(&self) -> usize {
+        self.vq.in_flight() - usize::from(self.vq.held())
     }
 
     /// Whether a sleeping wait wakes at the first completion (`false`, the
@@ -389,6 +462,14 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// Takes the completions the device has published, up to the first
     /// that finishes a request. Returns how many.
     fn reap(&mut self) -> Result<usize> {
+        if self.limit.is_some() {
+            // A completion seen frees a turn: the next request goes to the
+            // device before anything else is done.
+            self.release_held();
+            if !self.plugged && self.vq.should_notify() {
+                self.transport.notify(self.vq.index())?;
+            }
+        }
         if self.coalesce {
             // No interrupt while taking them (each take would otherwise
             // ask for one at the next entry); the next sleep asks again.
@@ -425,7 +506,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 t.error.get_or_insert(e);
             }
             if t.pending == 0 && !t.submitting {
-                self.finish(piece.tag);
+                self.finish(piece.tag, piece.since);
                 // One request done is enough: the caller can refill its
                 // slot before the rest are taken.
                 break;
@@ -434,11 +515,12 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         Ok(n)
     }
 
-    fn finish(&mut self, tag: u64) {
+    fn finish(&mut self, tag: u64, since: Option<Instant>) {
         if let Some(t) = self.transfers.remove(&tag) {
             self.done.push_back(Done {
                 tag,
                 result: t.error.map_or(Ok(()), Err),
+                since,
             });
         }
     }
@@ -454,7 +536,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 return Ok(());
             }
             let after = match self.coalesce {
-                true => (self.vq.in_flight() * 3 / 4).try_into().unwrap_or(0),
+                true => (self.working() * 3 / 4).try_into().unwrap_or(0),
                 false => 0,
             };
             // A coalesced wait is bounded: a device that holds some requests

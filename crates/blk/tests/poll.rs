@@ -238,7 +238,9 @@ fn a_polling_driver_times_out_naming_the_request() {
 /// refilled as it drains and the last ones draining to none, every wait
 /// ends within [`STALL`] and every block reads back right. An interrupt
 /// asked for past the last request in flight would leave the driver
-/// asleep until its timeout.
+/// asleep until its timeout. The same with one request of them held back
+/// ([`iopath_blk::BlkQueue::limit_in_flight`]), handed over as a
+/// completion is seen: a held request never published would stall.
 #[test]
 fn no_completion_is_lost_when_a_sleeping_driver_coalesces() {
     let srv = Server::start(IMAGE, &["--poll-us", "0"]);
@@ -261,7 +263,11 @@ fn no_completion_is_lost_when_a_sleeping_driver_coalesces() {
     let q = &mut drv.queues_mut()[0];
     q.coalesce(true);
     let mut got = vec![0u8; BS];
-    for depth in [1usize, 2, 3, 4, 7, 13, 32] {
+    let limits = [1usize, 2, 3, 4, 7, 13, 32].map(|d| (d, None));
+    let held = [2usize, 3, 8, 32].map(|d| (d, Some(d - 1)));
+    for (depth, limit) in limits.into_iter().chain(held) {
+        q.limit_in_flight(limit).unwrap();
+        let mut handed_over = 0;
         let mut next = 0u64;
         // slot -> block read into it
         let mut busy: Vec<Option<u64>> = vec![None; depth];
@@ -286,6 +292,7 @@ fn no_completion_is_lost_when_a_sleeping_driver_coalesces() {
             assert!(took < STALL, "depth {depth}: a wait took {took:?}");
             let slot = d.tag as usize;
             d.result.unwrap();
+            handed_over += usize::from(d.since.is_some());
             let b = busy[slot].take().unwrap();
             bufs[slot].read_at(0, &mut got).unwrap();
             assert!(got == seq(b * BS as u64, BS), "depth {depth}: block {b}");
@@ -296,5 +303,8 @@ fn no_completion_is_lost_when_a_sleeping_driver_coalesces() {
             }
         }
         assert_eq!(next, BLOCKS);
+        // Under a limit, each request says when it was handed over.
+        let want = if limit.is_some() { BLOCKS as usize } else { 0 };
+        assert_eq!(handed_over, want, "depth {depth}, limit {limit:?}");
     }
 }

@@ -482,3 +482,39 @@ mod random_device {
         }
     }
 }
+
+/// Requests added while the queue holds are written but not published:
+/// `avail.idx` moves only with `publish`, oldest first, a notification is
+/// asked for what is published only, and lifting the hold publishes the
+/// rest.
+#[test]
+fn held_requests_reach_the_device_only_when_published() {
+    let mut r = rig(true, false);
+    r.q.hold(true);
+    let heads: Vec<u16> = (0..3).map(|t| r.add_simple(t)).collect();
+    assert_eq!((r.avail_idx(), r.q.held(), r.q.in_flight()), (0, 3, 3));
+    assert!(!r.q.should_notify(), "nothing published yet");
+    // The entries are in place, ahead of the index.
+    for (slot, &head) in heads.iter().enumerate() {
+        assert_eq!(r.avail_head(slot as u16), head);
+    }
+    assert_eq!(r.q.publish(2), 2);
+    assert_eq!((r.avail_idx(), r.q.held()), (2, 1));
+    assert!(r.q.should_notify(), "avail_event 0 passed");
+    // The device completes the first; the queue sees it pending.
+    r.push_used(0, u32::from(heads[0]), 16);
+    r.set_used_idx(1);
+    assert_eq!(r.q.used_pending(), 1);
+    assert_eq!(r.q.pop_used().unwrap().unwrap().token, 0);
+    assert_eq!(r.q.used_pending(), 0);
+    // At most what is held is published; the hold lifted publishes it.
+    assert_eq!(r.q.publish(5), 1);
+    assert_eq!((r.avail_idx(), r.q.held()), (3, 0));
+    let h = r.add_simple(3);
+    assert_eq!((r.avail_idx(), r.q.held()), (3, 1));
+    r.q.hold(false);
+    assert_eq!((r.avail_idx(), r.q.held()), (4, 0));
+    assert_eq!(r.avail_head(3), h);
+    r.add_simple(4);
+    assert_eq!(r.avail_idx(), 5, "published as added again");
+}

@@ -6,7 +6,9 @@ use super::choices::{Op, Pattern};
 use super::error::WorkloadError;
 use super::spec::Workload;
 
-/// The memory of the blocks in flight: one slot per request.
+/// The memory of the blocks in flight: one slot per request, and one more
+/// for the request a single queue builds while the device works (see
+/// [`crate::BlkQueue::limit_in_flight`]).
 ///
 /// When the CPU never writes a block during a pass (zeros, or reads), all
 /// slots are ranges of one buffer, so the device needs one memory region for
@@ -43,21 +45,18 @@ impl Blocks {
             })
         };
         let per_slot = w.op == Op::Write && w.pattern == Pattern::Seq;
+        let n = w.queue_depth + 1;
         if per_slot {
-            let distinct = (0..w.queue_depth)
-                .map(|_| alloc(w.bs))
-                .collect::<Result<Vec<_>, _>>()?;
+            let distinct = (0..n).map(|_| alloc(w.bs)).collect::<Result<Vec<_>, _>>()?;
             let slots = distinct.iter().map(|b| (b.clone(), 0)).collect();
             Ok(Blocks { distinct, slots })
         } else {
-            let len =
-                w.bs.checked_mul(w.queue_depth)
-                    .ok_or(WorkloadError::Overflow {
-                        what: "bs x queue_depth",
-                        limit: usize::MAX as u64,
-                    })?;
+            let len = w.bs.checked_mul(n).ok_or(WorkloadError::Overflow {
+                what: "bs x queue_depth",
+                limit: usize::MAX as u64,
+            })?;
             let b = alloc(len)?;
-            let slots = (0..w.queue_depth).map(|i| (b.clone(), i * w.bs)).collect();
+            let slots = (0..n).map(|i| (b.clone(), i * w.bs)).collect();
             Ok(Blocks {
                 distinct: vec![b],
                 slots,

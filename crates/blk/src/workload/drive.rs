@@ -149,13 +149,16 @@ fn timed_pass<O: DmaOps + ?Sized>(
     let order = Order::new(w);
     let queues = drv.queues_mut();
     let nq = queues.len();
+    // The slots for the requests with the device; a single queue also
+    // builds its next request in the spare one while the device works.
+    let (slots, spare) = blocks.slots.split_at(w.queue_depth);
     if nq == 1 {
         return queue_pass(
             &mut queues[0],
             (0, 1),
             w,
             &order,
-            &blocks.slots,
+            (&blocks.slots, !spare.is_empty()),
             (op, check),
             progress,
             latency,
@@ -167,7 +170,7 @@ fn timed_pass<O: DmaOps + ?Sized>(
             .enumerate()
             .map(|(qi, q)| {
                 // Slots qi, qi + nq, ...: at least one per queue.
-                let mine: Vec<_> = blocks.slots.iter().skip(qi).step_by(nq).cloned().collect();
+                let mine: Vec<_> = slots.iter().skip(qi).step_by(nq).cloned().collect();
                 let order = &order;
                 scope.spawn(move || {
                     let mut lat = Vec::new();
@@ -176,7 +179,7 @@ fn timed_pass<O: DmaOps + ?Sized>(
                         (qi, nq),
                         w,
                         order,
-                        &mine,
+                        (&mine, false),
                         (op, check),
                         progress,
                         &mut lat,
@@ -205,8 +208,10 @@ fn timed_pass<O: DmaOps + ?Sized>(
 type Busy = Vec<Option<(u64, u64, Instant)>>;
 
 /// The blocks of queue `qi` of `nq` (blocks `qi`, `qi + nq`, ... of the
-/// order), with `slots.len()` in flight, each block's latency added to
-/// `latency`. Returns the lowest device offset that did not match the
+/// order), with `slots.len()` in flight, or with a `spare` last slot one
+/// fewer with the device and the next one held, built, in the spare
+/// ([`BlkQueue::limit_in_flight`]: each completion seen hands it over at
+/// once), each block's latency (from its hand-over) added to `latency`. Returns the lowest device offset that did not match the
 /// pattern, when `check`.
 ///
 /// The queue is kept full: every slot is filled and the device notified
@@ -221,12 +226,24 @@ fn queue_pass<O: DmaOps + ?Sized>(
     (qi, nq): (usize, usize),
     w: &Workload,
     order: &Order,
-    slots: &[(Buffer, usize)],
+    (slots, spare): (&[(Buffer, usize)], bool),
     (op, check): (Op, bool),
     progress: &dyn Progress,
     latency: &mut Vec<u32>,
 ) -> Result<Option<u64>, WorkloadError> {
     let bs = w.bs;
+    // On the device's own CPU a notification hands it that CPU: refill the
+    // whole batch first. Nothing is gained there by holding a request
+    // back either (the two never run at once): the spare stays unused.
+    let batch = q.shares_cpu_with_device();
+    let slots = match (spare, batch) {
+        (true, false) => {
+            q.limit_in_flight(Some(slots.len() - 1))?;
+            slots
+        }
+        (true, true) => &slots[..slots.len() - 1],
+        (false, _) => slots,
+    };
     let mut next = (qi as u64..w.count).step_by(nq);
     let mut scratch = Vec::new();
     let mut bad: Option<u64> = None;
@@ -249,9 +266,6 @@ fn queue_pass<O: DmaOps + ?Sized>(
         in_flight += 1;
     }
     q.unplug()?;
-    // On the device's own CPU a notification hands it that CPU: refill the
-    // whole batch first.
-    let batch = q.shares_cpu_with_device();
     while in_flight > 0 {
         // Wait for one completion, then take every other one already there;
         // they completed by `now`.
@@ -270,7 +284,8 @@ fn queue_pass<O: DmaOps + ?Sized>(
                 .and_then(Option::take)
                 .ok_or(WorkloadError::UnknownTag { tag: d.tag })?;
             in_flight -= 1;
-            let took = now.saturating_duration_since(at);
+            // A request held back counts from its hand-over to the device.
+            let took = now.saturating_duration_since(d.since.map_or(at, |s| s.max(at)));
             latency.push(took.as_nanos().try_into().unwrap_or(u32::MAX));
             d.result.map_err(|source| WorkloadError::Block {
                 block,
@@ -307,6 +322,7 @@ fn queue_pass<O: DmaOps + ?Sized>(
         progress.blocks_done(done);
     }
     q.coalesce(false);
+    q.limit_in_flight(None)?;
     Ok(bad)
 }
 

@@ -85,8 +85,13 @@ pub struct SplitQueue<O: DmaOps + ?Sized> {
     next: Vec<u16>,
     free_head: u16,
     num_free: u16,
-    /// Next available index to publish (shadow of `avail.idx`).
+    /// Next available ring entry to write (requests added so far).
     avail_idx: u16,
+    /// `avail.idx` as published: entries from it to `avail_idx` are held
+    /// (see [`SplitQueue::hold`]).
+    published: u16,
+    /// Whether added requests wait for [`SplitQueue::publish`].
+    hold: bool,
     /// `avail.idx` at the last notification decision.
     kicked_idx: u16,
     /// Next used index to consume.
@@ -195,6 +200,8 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             free_head: 0,
             num_free: size,
             avail_idx: 0,
+            published: 0,
+            hold: false,
             kicked_idx: 0,
             last_used: 0,
             avail_flags: 0,
@@ -284,7 +291,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// when nothing was added since the last call.
     pub fn should_notify(&mut self) -> bool {
         let old = self.kicked_idx;
-        let new = self.avail_idx;
+        let new = self.published;
         if old == new {
             // Nothing published since the last decision: nothing to order
             // (a wait for completions asks this before every sleep).
@@ -300,6 +307,45 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         } else {
             self.ring().read_u16(self.layout.used_flags()) & USED_F_NO_NOTIFY == 0
         }
+    }
+
+    /// Holds the requests added from now on back from the device (`true`):
+    /// their descriptors and ring entries are written, but `avail.idx`
+    /// moves only with [`SplitQueue::publish`]. A driver can so build its
+    /// next request while the device works on the last one, and hand it
+    /// over with one store when a completion frees its turn. `false`
+    /// publishes what is held.
+    pub fn hold(&mut self, on: bool) {
+        self.hold = on;
+        if !on {
+            self.publish(u16::MAX);
+        }
+    }
+
+    /// Requests added and not yet published.
+    pub fn held(&self) -> u16 {
+        self.avail_idx.wrapping_sub(self.published)
+    }
+
+    /// Publishes up to `n` held requests, oldest first (§2.7.13.3: a
+    /// Release store of `avail.idx` after their entries). Returns how many.
+    /// The caller then asks [`SplitQueue::should_notify`].
+    pub fn publish(&mut self, n: u16) -> u16 {
+        let n = n.min(self.held());
+        if n > 0 {
+            self.published = self.published.wrapping_add(n);
+            self.ring()
+                .store_idx(self.layout.avail_idx(), self.published, Ordering::Release);
+        }
+        n
+    }
+
+    /// Completions the device has published and the driver not yet taken.
+    pub fn used_pending(&self) -> u16 {
+        let used = self
+            .ring()
+            .load_idx(self.layout.used_idx(), Ordering::Acquire);
+        used.wrapping_sub(self.last_used)
     }
 
     /// Whether the device has published completions not yet taken.

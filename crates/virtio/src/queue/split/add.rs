@@ -207,10 +207,14 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         let slot = ring_slot(self.avail_idx, self.layout.size);
         self.ring().write_u16(self.layout.avail_ring(slot), head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
-        // §2.7.13.3: the descriptors and the ring entry must be visible
-        // before the device sees the new idx; a Release store orders them.
-        self.ring()
-            .store_idx(self.layout.avail_idx(), self.avail_idx, Ordering::Release);
+        if !self.hold {
+            // §2.7.13.3: the descriptors and the ring entry must be visible
+            // before the device sees the new idx; a Release store orders
+            // them.
+            self.published = self.avail_idx;
+            self.ring()
+                .store_idx(self.layout.avail_idx(), self.avail_idx, Ordering::Release);
+        }
         Ok(head)
     }
 
