@@ -59,9 +59,11 @@ pub struct Done {
     pub tag: u64,
     /// Outcome (the first error, if any of its pieces failed).
     pub result: Result<()>,
-    /// When it was handed to the device, for a request submitted under
+    /// For a request submitted under
     /// [`BlkQueue::limit_in_flight`](crate::BlkQueue::limit_in_flight),
-    /// which may hold it back (for a request cut into pieces: the piece
-    /// that completed last); `None`: as it was submitted.
-    pub since: Option<std::time::Instant>,
+    /// which may hold it back: when it was handed to the device, and when
+    /// its completion was seen (for a request cut into pieces: the piece
+    /// that completed last). `None`: it went to the device as it was
+    /// submitted.
+    pub timing: Option<(std::time::Instant, std::time::Instant)>,
 }

@@ -421,17 +421,18 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
 
     /// Publishes the held requests the limit lets go: one for each request
     /// the device has completed or no longer has, oldest first.
-    fn release_held(&mut self) {
-        let Some(limit) = self.limit else { return };
+    /// Returns the time it read after publishing, if it did.
+    fn release_held(&mut self) -> Option<Instant> {
+        let limit = self.limit?;
         let held = usize::from(self.vq.held());
         if held == 0 {
-            return;
+            return None;
         }
         // The device still works on what is published and not completed.
         let working = (self.vq.in_flight() - held).saturating_sub(self.vq.used_pending().into());
         let n = limit.saturating_sub(working).min(held);
         if n == 0 {
-            return;
+            return None;
         }
         self.vq.publish(n as u16);
         // After the store: the stamp is not on the device's path.
@@ -441,6 +442,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 p.since = Some(now);
             }
         }
+        Some(now)
     }
 
     /// Requests with the device (added, and not held).
@@ -462,10 +464,14 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// Takes the completions the device has published, up to the first
     /// that finishes a request. Returns how many.
     fn reap(&mut self) -> Result<usize> {
-        if self.limit.is_some() {
+        // Under a limit, when the completions taken below were seen.
+        let mut seen = None;
+        if self.limit.is_some() && self.vq.used_pending() > 0 {
             // A completion seen frees a turn: the next request goes to the
-            // device before anything else is done.
-            self.release_held();
+            // device before anything else is done, and the time is read
+            // before the notification (a system call) is sent.
+            let now = self.release_held().unwrap_or_else(Instant::now);
+            seen = Some(now);
             if !self.plugged && self.vq.should_notify() {
                 self.transport.notify(self.vq.index())?;
             }
@@ -506,7 +512,11 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 t.error.get_or_insert(e);
             }
             if t.pending == 0 && !t.submitting {
-                self.finish(piece.tag, piece.since);
+                // One that came after the look above is seen now.
+                let timing = piece
+                    .since
+                    .map(|s| (s, *seen.get_or_insert_with(Instant::now)));
+                self.finish(piece.tag, timing);
                 // One request done is enough: the caller can refill its
                 // slot before the rest are taken.
                 break;
@@ -515,12 +525,12 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         Ok(n)
     }
 
-    fn finish(&mut self, tag: u64, since: Option<Instant>) {
+    fn finish(&mut self, tag: u64, timing: Option<(Instant, Instant)>) {
         if let Some(t) = self.transfers.remove(&tag) {
             self.done.push_back(Done {
                 tag,
                 result: t.error.map_or(Ok(()), Err),
-                since,
+                timing,
             });
         }
     }

@@ -292,7 +292,7 @@ fn no_completion_is_lost_when_a_sleeping_driver_coalesces() {
             assert!(took < STALL, "depth {depth}: a wait took {took:?}");
             let slot = d.tag as usize;
             d.result.unwrap();
-            handed_over += usize::from(d.since.is_some());
+            handed_over += usize::from(d.timing.is_some_and(|(s, e)| s <= e));
             let b = busy[slot].take().unwrap();
             bufs[slot].read_at(0, &mut got).unwrap();
             assert!(got == seq(b * BS as u64, BS), "depth {depth}: block {b}");

@@ -284,8 +284,11 @@ fn queue_pass<O: DmaOps + ?Sized>(
                 .and_then(Option::take)
                 .ok_or(WorkloadError::UnknownTag { tag: d.tag })?;
             in_flight -= 1;
-            // A request held back counts from its hand-over to the device.
-            let took = now.saturating_duration_since(d.since.map_or(at, |s| s.max(at)));
+            // A request held back counts from its hand-over to the device
+            // to its completion seen, before the next hand-over's
+            // notification.
+            let (from, to) = d.timing.map_or((at, now), |(s, e)| (s.max(at), e));
+            let took = to.saturating_duration_since(from);
             latency.push(took.as_nanos().try_into().unwrap_or(u32::MAX));
             d.result.map_err(|source| WorkloadError::Block {
                 block,
