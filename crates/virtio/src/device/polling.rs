@@ -28,8 +28,14 @@ impl QueueContext {
     /// Asks the driver not to kick while this thread polls (§2.7.10):
     /// without `EVENT_IDX` the used ring's `NO_NOTIFY` flag; with it an
     /// `avail_event` the driver has already passed, so that it kicks again
-    /// only after 2^16 requests (the poller re-enables long before).
+    /// only after 2^16 requests (the poller re-enables long before). Once
+    /// asked, it is not written again until [`QueueContext::rearm_kicks`]:
+    /// a driver reads that word on every request it publishes, and a write
+    /// on each of this thread's polls made it bounce between the CPUs.
     pub fn suppress_kicks(&mut self, mem: &DeviceMemory) {
+        if std::mem::replace(&mut self.kicks_suppressed, true) {
+            return;
+        }
         let r = if self.queue.event_idx_enabled() {
             let at = self
                 .queue
@@ -59,6 +65,7 @@ impl QueueContext {
     /// `virtio-queue` does) looks at the available ring again: `true` when
     /// entries came meanwhile, and the thread must not sleep.
     pub fn rearm_kicks(&mut self, mem: &DeviceMemory) -> bool {
+        self.kicks_suppressed = false;
         match self.queue.enable_notification(mem) {
             Ok(more) => more,
             Err(e) => {

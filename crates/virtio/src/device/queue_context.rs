@@ -39,6 +39,9 @@ pub struct QueueContext {
     pub(super) force_notify: bool,
     /// The front end's process, if known.
     pub(super) peer: Option<rustix::process::Pid>,
+    /// Kicks are suppressed since the last re-arm (see
+    /// [`QueueContext::suppress_kicks`]).
+    pub(super) kicks_suppressed: bool,
 }
 
 impl QueueContext {

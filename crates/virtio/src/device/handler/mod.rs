@@ -275,6 +275,7 @@ impl<D: VirtioDevice> Handler<D> {
             }),
             resubmit: Vec::new(),
             force_notify: false,
+            kicks_suppressed: false,
             peer: self.peer,
         };
         let device = Arc::clone(&self.device);
