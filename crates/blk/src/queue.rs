@@ -397,7 +397,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// taken. A caller that submits one request more than `n` thus has the
     /// next one handed to the device in a single store as the last one
     /// completes, rather than after its completion was taken and a new
-    /// request built; [`Done::since`] then says when each was handed over.
+    /// request built; [`Done::timing`] then says when each was handed over and seen done.
     ///
     /// # Errors
     /// The transport's notification failed (lifting a limit publishes and
