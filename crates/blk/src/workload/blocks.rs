@@ -6,15 +6,16 @@ use super::choices::{Op, Pattern};
 use super::error::WorkloadError;
 use super::spec::Workload;
 
-/// The memory of the blocks in flight: one slot per request, and one more
-/// for the request a single queue builds while the device works (see
-/// [`crate::BlkQueue::limit_in_flight`]).
+/// The memory of the blocks in flight: one slot per request.
 ///
 /// When the CPU never writes a block during a pass (zeros, or reads), all
 /// slots are ranges of one buffer, so the device needs one memory region for
 /// them (vhost-user back ends may accept as few as 8 regions, and the rings
-/// take some). Writing the `seq` pattern needs a buffer per slot: a buffer
-/// with any range mapped for the device refuses CPU writes.
+/// take some); one more slot there holds the request a single queue builds
+/// while the device works (see [`crate::BlkQueue::limit_in_flight`]).
+/// Writing the `seq` pattern needs a buffer per slot, a region each (a
+/// buffer with any range mapped for the device refuses CPU writes): no
+/// spare slot then.
 #[derive(Debug)]
 pub struct Blocks {
     /// The buffers, each once.
@@ -45,7 +46,7 @@ impl Blocks {
             })
         };
         let per_slot = w.op == Op::Write && w.pattern == Pattern::Seq;
-        let n = w.queue_depth + 1;
+        let n = w.queue_depth + usize::from(!per_slot);
         if per_slot {
             let distinct = (0..n).map(|_| alloc(w.bs)).collect::<Result<Vec<_>, _>>()?;
             let slots = distinct.iter().map(|b| (b.clone(), 0)).collect();
