@@ -428,13 +428,14 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         if held == 0 {
             return None;
         }
-        // The device still works on what is published and not completed.
-        let working = (self.vq.in_flight() - held).saturating_sub(self.vq.used_pending().into());
-        let n = limit.saturating_sub(working).min(held);
+        // The device still works on what is published and not completed
+        // (saturating: a device may complete what it was never given).
+        let working = self.working().saturating_sub(self.vq.used_pending().into());
+        let n = limit.saturating_sub(working).min(held).min(self.held.len());
         if n == 0 {
             return None;
         }
-        self.vq.publish(n as u16);
+        self.vq.publish(u16::try_from(n).unwrap_or(u16::MAX));
         // After the store: the stamp is not on the device's path.
         let now = Instant::now();
         for slot in self.held.drain(..n) {
@@ -447,7 +448,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
 
     /// Requests with the device (added, and not held).
     fn working(&self) -> usize {
-        self.vq.in_flight() - usize::from(self.vq.held())
+        self.vq.in_flight().saturating_sub(self.vq.held().into())
     }
 
     /// Whether a sleeping wait wakes at the first completion (`false`, the
