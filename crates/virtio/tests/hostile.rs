@@ -518,3 +518,24 @@ fn held_requests_reach_the_device_only_when_published() {
     r.add_simple(4);
     assert_eq!(r.avail_idx(), 5, "published as added again");
 }
+
+/// A device that completes a request held back (one it was never given)
+/// breaks the queue with the exact error, as for any head not in flight.
+#[test]
+fn a_held_request_completed_by_the_device_breaks_the_queue() {
+    let mut r = rig(true, false);
+    r.q.hold(true);
+    let first = r.add_simple(0);
+    let held = r.add_simple(1);
+    assert_eq!(r.q.publish(1), 1);
+    assert_eq!((r.avail_idx(), r.q.held()), (1, 1));
+    r.push_used(0, u32::from(held), 0);
+    r.set_used_idx(1);
+    assert_broken(
+        &mut r,
+        DeviceError::UsedIdNotInFlight {
+            id: u32::from(held),
+        },
+    );
+    assert_ne!(first, held);
+}

@@ -43,6 +43,9 @@ struct InFlight {
     ndesc: u16,
     /// Total device-writable bytes offered.
     writable: u64,
+    /// Added while the queue held and not yet published: the device was
+    /// never given it.
+    held: bool,
 }
 
 /// Where a queue's rings go when the platform fixes it rather than the ops
@@ -92,6 +95,9 @@ pub struct SplitQueue<O: DmaOps + ?Sized> {
     published: u16,
     /// Whether added requests wait for [`SplitQueue::publish`].
     hold: bool,
+    /// The heads held, oldest first (a shadow: the ring entries are in
+    /// shared memory).
+    held_heads: std::collections::VecDeque<u16>,
     /// `avail.idx` at the last notification decision.
     kicked_idx: u16,
     /// Next used index to consume.
@@ -202,6 +208,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             avail_idx: 0,
             published: 0,
             hold: false,
+            held_heads: std::collections::VecDeque::new(),
             kicked_idx: 0,
             last_used: 0,
             avail_flags: 0,
@@ -333,6 +340,11 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     pub fn publish(&mut self, n: u16) -> u16 {
         let n = n.min(self.held());
         if n > 0 {
+            for head in self.held_heads.drain(..usize::from(n)) {
+                if let Some(r) = self.inflight[usize::from(head)].as_mut() {
+                    r.held = false;
+                }
+            }
             self.published = self.published.wrapping_add(n);
             self.ring()
                 .store_idx(self.layout.avail_idx(), self.published, Ordering::Release);
@@ -391,7 +403,8 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         if id >= size as u32 {
             return Err(self.break_queue(DeviceError::UsedIdOutOfRange { id, size }));
         }
-        let Some(req) = self.inflight[id as usize].take() else {
+        // A request held back was never given to the device.
+        let Some(req) = self.inflight[id as usize].take_if(|r| !r.held) else {
             return Err(self.break_queue(DeviceError::UsedIdNotInFlight { id }));
         };
         if req.writable == 0 && self.ignore_readonly_len {
@@ -505,6 +518,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     pub fn detach_all(&mut self) -> Result<Vec<u64>> {
         let mut tokens = Vec::new();
         let mut first_err = None;
+        self.held_heads.clear();
         for i in 0..self.inflight.len() {
             if let Some(req) = self.inflight[i].take() {
                 self.in_flight -= 1;

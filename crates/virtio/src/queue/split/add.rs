@@ -201,7 +201,11 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             maps,
             ndesc: needed as u16,
             writable,
+            held: self.hold,
         });
+        if self.hold {
+            self.held_heads.push_back(head);
+        }
 
         // §2.7.13.2: put the head in the next available ring slot.
         let slot = ring_slot(self.avail_idx, self.layout.size);
