@@ -1,8 +1,9 @@
 //! A device that writes anything into the shared ring memory: used
 //! elements, used idx, avail_event and used flags, between driver calls.
-//! The driver must return completions only for requests it made (with a
-//! length within what it offered) or a device error, never panic, and
-//! release every mapping when the queue goes.
+//! The driver must return completions only for requests it made and
+//! published (with a length within what it offered; one held back was
+//! never the device's) or a device error, never panic, and release every
+//! mapping when the queue goes.
 #![no_main]
 
 use std::collections::VecDeque;
@@ -36,6 +37,10 @@ enum Step {
     Interrupts(bool),
     /// Driver: take completions.
     Pop,
+    /// Driver: hold added requests back, or publish them all.
+    Hold(bool),
+    /// Driver: publish up to this many held requests.
+    Publish(u8),
 }
 
 #[derive(Debug, Arbitrary)]
@@ -60,7 +65,9 @@ fuzz_target!(|input: Input| {
     let cfg = q.config();
     let w16 = |addr: u64, v: u16| view.write(addr, &v.to_le_bytes()).unwrap();
 
-    let mut inflight: VecDeque<(u16, u64)> = VecDeque::new();
+    // (head, token, published)
+    let mut inflight: VecDeque<(u16, u64, bool)> = VecDeque::new();
+    let mut holding = false;
     let mut next_token = 0u64;
     let mut used_idx = 0u16;
     for step in input.steps.into_iter().take(200) {
@@ -75,7 +82,7 @@ fuzz_target!(|input: Input| {
                 used_idx = idx;
             }
             Step::Honest { len } => {
-                if let Some(&(head, _)) = inflight.front() {
+                if let Some(&(head, _, _)) = inflight.iter().find(|r| r.2) {
                     let mut b = [0u8; 8];
                     b[..4].copy_from_slice(&u32::from(head).to_le_bytes());
                     b[4..].copy_from_slice(&u32::from(len % 17).to_le_bytes());
@@ -101,7 +108,7 @@ fuzz_target!(|input: Input| {
                             next_token,
                         )
                         .unwrap();
-                    inflight.push_back((head, next_token));
+                    inflight.push_back((head, next_token, !holding));
                     next_token += 1;
                 }
                 let _ = q.should_notify();
@@ -119,9 +126,10 @@ fuzz_target!(|input: Input| {
                         assert!(c.len <= 16, "length beyond the offered buffer");
                         let pos = inflight
                             .iter()
-                            .position(|&(_, t)| t == c.token)
+                            .position(|&(_, t, _)| t == c.token)
                             .expect("completion for a token never issued");
-                        inflight.remove(pos);
+                        let (_, _, published) = inflight.remove(pos).expect("found");
+                        assert!(published, "completion for a request held back");
                     }
                     Ok(None) => break,
                     Err(Error::Device(_)) | Err(Error::Broken) => {
@@ -131,6 +139,19 @@ fuzz_target!(|input: Input| {
                     Err(e) => panic!("unexpected error {e}"),
                 }
             },
+            Step::Hold(on) => {
+                q.hold(on);
+                holding = on;
+                if !on {
+                    inflight.iter_mut().for_each(|r| r.2 = true);
+                }
+            }
+            Step::Publish(n) => {
+                let done = q.publish(u16::from(n));
+                let held = inflight.iter_mut().filter(|r| !r.2);
+                let marked = held.take(usize::from(done)).map(|r| r.2 = true).count();
+                assert_eq!(marked, usize::from(done), "published more than held");
+            }
         }
     }
     assert_eq!(ops.live_mappings(), 2 * q.in_flight());
