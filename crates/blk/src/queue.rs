@@ -101,8 +101,6 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     irq_pending: bool,
     /// See [`BlkQueue::limit_in_flight`].
     limit: Option<usize>,
-    /// The metadata slots of the requests held, oldest first.
-    held: VecDeque<u16>,
 }
 
 impl<O: DmaOps + ?Sized> BlkQueue<O> {
@@ -143,7 +141,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             coalesce: false,
             irq_pending: false,
             limit: None,
-            held: VecDeque::new(),
         }
     }
 
@@ -385,9 +382,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             seq: self.submitted,
             since: None,
         });
-        if self.limit.is_some() {
-            self.held.push_back(slot);
-        }
     }
 
     /// Keeps at most `n` requests with the device at once (`None`: no
@@ -404,18 +398,11 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// notifies what was held).
     pub fn limit_in_flight(&mut self, n: Option<usize>) -> Result<()> {
         self.limit = n.map(|n| n.max(1));
-        self.vq.hold(self.limit.is_some());
-        if self.limit.is_none() {
-            let now = Instant::now();
-            for slot in std::mem::take(&mut self.held) {
-                if let Some(p) = self.pieces[usize::from(slot)].as_mut() {
-                    p.since = Some(now);
-                }
-            }
-            if !self.plugged && self.vq.should_notify() {
-                self.transport.notify(self.vq.index())?;
-            }
+        let lifted = self.limit.is_none() && self.hand_over(u16::MAX).is_some();
+        if lifted && !self.plugged && self.vq.should_notify() {
+            self.transport.notify(self.vq.index())?;
         }
+        self.vq.hold(self.limit.is_some());
         Ok(())
     }
 
@@ -424,26 +411,28 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// Returns the time it read after publishing, if it did.
     fn release_held(&mut self) -> Option<Instant> {
         let limit = self.limit?;
-        let held = usize::from(self.vq.held());
-        if held == 0 {
+        if self.vq.held() == 0 {
             return None;
         }
         // The device still works on what is published and not completed
-        // (saturating: a device may complete what it was never given).
+        // (saturating: used.idx is the device's to write).
         let working = self.working().saturating_sub(self.vq.used_pending().into());
-        let n = limit.saturating_sub(working).min(held).min(self.held.len());
-        if n == 0 {
-            return None;
-        }
-        self.vq.publish(u16::try_from(n).unwrap_or(u16::MAX));
-        // After the store: the stamp is not on the device's path.
-        let now = Instant::now();
-        for slot in self.held.drain(..n) {
-            if let Some(p) = self.pieces[usize::from(slot)].as_mut() {
-                p.since = Some(now);
+        self.hand_over(u16::try_from(limit.saturating_sub(working)).unwrap_or(u16::MAX))
+    }
+
+    /// Publishes up to `n` held requests and stamps them with the time
+    /// read after the store (not on the device's path); that time, if any
+    /// was published.
+    fn hand_over(&mut self, n: u16) -> Option<Instant> {
+        let mut now = None;
+        let pieces = &mut self.pieces;
+        self.vq.publish_each(n, |token| {
+            let t = *now.get_or_insert_with(Instant::now);
+            if let Some(p) = pieces.get_mut(token as usize).and_then(Option::as_mut) {
+                p.since = Some(t);
             }
-        }
-        Some(now)
+        });
+        now
     }
 
     /// Requests with the device (added, and not held).

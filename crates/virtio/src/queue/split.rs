@@ -43,9 +43,6 @@ struct InFlight {
     ndesc: u16,
     /// Total device-writable bytes offered.
     writable: u64,
-    /// Added while the queue held and not yet published: the device was
-    /// never given it.
-    held: bool,
 }
 
 /// Where a queue's rings go when the platform fixes it rather than the ops
@@ -338,16 +335,23 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// Release store of `avail.idx` after their entries). Returns how many.
     /// The caller then asks [`SplitQueue::should_notify`].
     pub fn publish(&mut self, n: u16) -> u16 {
+        self.publish_each(n, |_| {})
+    }
+
+    /// [`SplitQueue::publish`], then `each` with the token of every
+    /// request published, oldest first (after the store: nothing it does
+    /// delays the device).
+    pub fn publish_each(&mut self, n: u16, mut each: impl FnMut(u64)) -> u16 {
         let n = n.min(self.held());
         if n > 0 {
-            for head in self.held_heads.drain(..usize::from(n)) {
-                if let Some(r) = self.inflight[usize::from(head)].as_mut() {
-                    r.held = false;
-                }
-            }
             self.published = self.published.wrapping_add(n);
             self.ring()
                 .store_idx(self.layout.avail_idx(), self.published, Ordering::Release);
+            for head in self.held_heads.drain(..usize::from(n)) {
+                if let Some(r) = &self.inflight[usize::from(head)] {
+                    each(r.token);
+                }
+            }
         }
         n
     }
@@ -403,8 +407,12 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         if id >= size as u32 {
             return Err(self.break_queue(DeviceError::UsedIdOutOfRange { id, size }));
         }
-        // A request held back was never given to the device.
-        let Some(req) = self.inflight[id as usize].take_if(|r| !r.held) else {
+        // A request held back was never given to the device (a scan of
+        // the few held, only while some are).
+        if self.held_heads.contains(&(id as u16)) {
+            return Err(self.break_queue(DeviceError::UsedIdNotInFlight { id }));
+        }
+        let Some(req) = self.inflight[id as usize].take() else {
             return Err(self.break_queue(DeviceError::UsedIdNotInFlight { id }));
         };
         if req.writable == 0 && self.ignore_readonly_len {

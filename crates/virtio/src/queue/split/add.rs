@@ -201,7 +201,6 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             maps,
             ndesc: needed as u16,
             writable,
-            held: self.hold,
         });
         if self.hold {
             self.held_heads.push_back(head);
