@@ -244,15 +244,17 @@ pub(super) fn run(
         })),
     };
     let adaptive = PollMode::default();
+    // iopath's driver and libblkio's on one back end run one after the
+    // other, so that their run-by-run ratio compares like with like.
     let ways = [
         (FIO, fio),
         (SLEEP, dd(&b.sleep, PollMode::SLEEP, 1)),
-        (ADAPTIVE, dd(&b.adaptive, adaptive, 1)),
-        (BUSY, dd(&b.busy, PollMode::Busy, 1)),
-        (QSD, dd(&b.qsd, adaptive, 1)),
-        (TWO_QUEUES, dd(&b.adaptive, adaptive, 2)),
         (LIBBLKIO_SLEEP, blkio(&b.sleep, false)),
+        (BUSY, dd(&b.busy, PollMode::Busy, 1)),
         (LIBBLKIO_POLL, blkio(&b.busy, true)),
+        (ADAPTIVE, dd(&b.adaptive, adaptive, 1)),
+        (TWO_QUEUES, dd(&b.adaptive, adaptive, 2)),
+        (QSD, dd(&b.qsd, adaptive, 1)),
         (LIBBLKIO_QSD, blkio(&b.qsd, false)),
     ];
     // Two queues only at the deepest depth.
@@ -277,7 +279,12 @@ pub(super) fn run(
         }
     }
     for run in 0..small.runs {
-        for c in crate::turns(rows.len(), run) {
+        // Every other run backwards: neither of two neighbours always leads.
+        let mut order: Vec<usize> = crate::turns(rows.len(), run).collect();
+        if run % 2 == 1 {
+            order.reverse();
+        }
+        for c in order {
             let (row, (name, m)) = (&mut rows[c], &ways[way[c]]);
             if let (None, Ok(m)) = (&row.skipped, m) {
                 let (op, qd) = (row.op, row.queue_depth);
@@ -295,11 +302,30 @@ pub(super) fn run(
 }
 
 impl Measured {
+    /// Row `name` at `op` and `qd`, if it ran.
+    fn ran(&self, name: &str, op: Op, qd: usize) -> Option<&Row> {
+        let is = |r: &&Row| r.name == name && r.op == op && r.queue_depth == qd;
+        self.rows.iter().find(is).filter(|r| r.skipped.is_none())
+    }
+
     /// The median of figure `i` of row `name` at `op` and `qd`, if it ran.
     fn median(&self, name: &str, op: Op, qd: usize, i: usize) -> Option<f64> {
-        let is = |r: &&Row| r.name == name && r.op == op && r.queue_depth == qd;
-        let r = self.rows.iter().find(is).filter(|r| r.skipped.is_none())?;
-        Some(Stats::of(&r.each(i)).median)
+        Some(Stats::of(&self.ran(name, op, qd)?.each(i)).median)
+    }
+
+    /// Figure `i` of row `a` over row `b` at `op` and `qd`, run by run
+    /// (each run measures both rows in one pass, so the machine's slow
+    /// and fast spells weigh on both alike): their median and range.
+    fn paired(&self, (a, b): (&str, &str), op: Op, qd: usize, i: usize) -> Cell {
+        let (Some(a), Some(b)) = (self.ran(a, op, qd), self.ran(b, op, qd)) else {
+            return Cell::NotAvailable;
+        };
+        let pairs = a.runs.iter().zip(&b.runs).filter(|(_, y)| y[i] > 0.0);
+        let q: Vec<f64> = pairs.map(|(x, y)| x[i] / y[i]).collect();
+        match q.is_empty() {
+            true => Cell::NotAvailable,
+            false => Cell::runs(&q, Unit::Times, 2),
+        }
     }
 
     fn depths(&self) -> Vec<usize> {
@@ -348,7 +374,6 @@ impl Measured {
             ]);
         }
         let deep = self.depths().into_iter().max().unwrap_or(1);
-        let div = |a, b| Cell::or_na(ratio(a, b).map(Cell::times));
         // (depth, ratio, row over row, of figure: 0 IOPS, 1 p50 latency)
         let ratios = [
             (1, "--poll / qemu-storage-daemon", BUSY, QSD, 0),
@@ -366,11 +391,10 @@ impl Measured {
             ),
         ];
         for op in [Op::Read, Op::Write] {
-            let iops = |name, qd| self.median(name, op, qd, 0);
             for (qd, what, a, b, i) in ratios {
-                let m = |name| self.median(name, op, qd, i);
                 let of = ["IOPS", "p50 latency"][i];
-                t.figure(format!("{op} qd {qd}: {what}, {of}"), div(m(a), m(b)));
+                let q = self.paired((a, b), op, qd, i);
+                t.figure(format!("{op} qd {qd}: {what}, {of}"), q);
             }
             // iopath's driver against libblkio's on the same back end.
             for qd in [1, deep] {
@@ -391,10 +415,8 @@ impl Measured {
                         LIBBLKIO_QSD,
                     ),
                 ] {
-                    t.figure(
-                        format!("{op} qd {qd}: {what}, IOPS"),
-                        div(iops(ours, qd), iops(theirs, qd)),
-                    );
+                    let q = self.paired((ours, theirs), op, qd, 0);
+                    t.figure(format!("{op} qd {qd}: {what}, IOPS"), q);
                 }
             }
         }
