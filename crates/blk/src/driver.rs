@@ -191,14 +191,13 @@ impl<O: DmaOps + ?Sized> BlkDriver<O> {
             let size = opts.queue_size.min(transport.queue_max_size(i)?).max(2);
             // Largest power of two not above the wish.
             let size = 1u16 << (15 - size.leading_zeros().min(15));
-            let vq = SplitQueue::new(Arc::clone(&ops), i, size, qf)?;
-            let meta = ops.alloc_coherent(usize::from(size) * crate::queue::META_SLOT)?;
+            let meta = crate::queue::META_SLOT;
+            let vq = SplitQueue::with_area(Arc::clone(&ops), i, size, qf, meta)?;
             transport.setup_queue(i, &vq.config())?;
             queues.push(BlkQueue::new(
                 Arc::clone(&transport),
                 config,
                 vq,
-                meta,
                 opts.timeout,
                 qf.indirect,
                 opts.poll,

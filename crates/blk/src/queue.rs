@@ -1,13 +1,14 @@
 //! [`BlkQueue`]: one virtio-blk request queue of the driver. Requests are
 //! cut by [`crate::plan`], their header, range segment and status live in
-//! a coherent metadata slot per request in flight, and only the data goes
-//! through the DMA ops' `map`/`unmap`.
+//! a metadata slot per request in flight in the queue's driver area
+//! (coherent, beside the rings), and only the data goes through the DMA
+//! ops' `map`/`unmap`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iopath_dma::{Coherent, DmaOps, MapWait};
+use iopath_dma::{DmaOps, MapWait};
 use iopath_virtio::queue::INDIRECT_MAX;
 use iopath_virtio::{PollMode, Poller, Seg, SplitQueue, Transport, Waited};
 
@@ -31,7 +32,7 @@ mod req_type {
     };
 }
 
-/// Per-request metadata slot in coherent memory: header (16), range
+/// Per-request metadata slot in the queue's driver area: header (16), range
 /// segment (16), `GET_ID` answer (20), status (1) at an 8-byte boundary,
 /// padded to 64.
 pub(crate) const META_SLOT: usize = 64;
@@ -78,7 +79,6 @@ struct Piece {
 pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
     // The ring goes before the transport (drop order, as in `BlkDriver`).
     vq: SplitQueue<O>,
-    meta: Option<Coherent>,
     transport: Arc<dyn Transport>,
     config: DeviceConfig,
     free_slots: Vec<u16>,
@@ -104,15 +104,14 @@ pub struct BlkQueue<O: DmaOps + ?Sized = dyn DmaOps> {
 }
 
 impl<O: DmaOps + ?Sized> BlkQueue<O> {
-    /// A queue on the ring `vq` (already given to the device), with `meta`
-    /// (coherent, [`META_SLOT`] bytes per ring entry) for the requests'
-    /// headers and statuses; `indirect` when indirect descriptors were
-    /// negotiated; waits for completions as `poll` says.
+    /// A queue on the ring `vq` (already given to the device), whose
+    /// driver area has [`META_SLOT`] bytes per ring entry for the
+    /// requests' headers and statuses; `indirect` when indirect
+    /// descriptors were negotiated; waits for completions as `poll` says.
     pub(crate) fn new(
         transport: Arc<dyn Transport>,
         config: DeviceConfig,
         mut vq: SplitQueue<O>,
-        meta: Coherent,
         timeout: Duration,
         indirect: bool,
         poll: PollMode,
@@ -128,7 +127,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             transport,
             config,
             vq,
-            meta: Some(meta),
             free_slots: (0..size).rev().collect(),
             pieces: vec![None; usize::from(size)],
             transfers: foldhash::HashMap::default(),
@@ -142,10 +140,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             irq_pending: false,
             limit: None,
         }
-    }
-
-    fn meta(&self) -> &Coherent {
-        self.meta.as_ref().expect("meta lives until drop")
     }
 
     /// Queue index.
@@ -284,7 +278,6 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     fn try_add(&mut self, req: &Command<'_>, p: &PieceSpec, tag: u64, wait: MapWait) -> Result<()> {
         let slot = *self.free_slots.last().expect("checked by caller");
         let base = usize::from(slot) * META_SLOT;
-        let meta = self.meta.as_ref().expect("meta lives until drop");
         let (kind, sector) = match *p {
             PieceSpec::Data { sector, .. } => (
                 if matches!(req, Command::Write { .. }) {
@@ -301,7 +294,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
                 sectors,
                 unmap,
             } => {
-                meta.buffer().write_at(
+                self.vq.area_write(
                     base + META_RANGE,
                     RangeSegment::new(sector, sectors, unmap).as_slice(),
                 )?;
@@ -309,12 +302,11 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             }
             PieceSpec::GetId => (req_type::GET_ID, 0),
         };
-        meta.buffer()
-            .write_at(base, OutHeader::new(kind, sector).as_slice())?;
-        meta.buffer()
-            .write_at(base + META_STATUS, &[STATUS_UNSET])?;
-        let hdr = Seg::coherent(meta, base, HEADER_LEN);
-        let status = Seg::coherent(meta, base + META_STATUS, 1);
+        self.vq
+            .area_write(base, OutHeader::new(kind, sector).as_slice())?;
+        self.vq.area_write(base + META_STATUS, &[STATUS_UNSET])?;
+        let hdr = Seg::area(base, HEADER_LEN);
+        let status = Seg::area(base + META_STATUS, 1);
         let buf = match req {
             Command::Read { buf, .. } | Command::Write { buf, .. } => Some(*buf),
             _ => None,
@@ -357,13 +349,10 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             (req_type::OUT, _) => (std::iter::once(hdr).chain(data).collect(), vec![status]),
             (req_type::IN, _) => (vec![hdr], data.into_iter().chain([status]).collect()),
             (_, PieceSpec::Range { .. }) => (
-                vec![hdr, Seg::coherent(meta, base + META_RANGE, RANGE_LEN)],
+                vec![hdr, Seg::area(base + META_RANGE, RANGE_LEN)],
                 vec![status],
             ),
-            (_, PieceSpec::GetId) => (
-                vec![hdr],
-                vec![Seg::coherent(meta, base + META_ID, ID_LEN), status],
-            ),
+            (_, PieceSpec::GetId) => (vec![hdr], vec![Seg::area(base + META_ID, ID_LEN), status]),
             _ => (vec![hdr], vec![status]),
         };
         self.vq.add_wait(&out, &inp, u64::from(slot), wait)?;
@@ -480,9 +469,7 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
             };
             self.free_slots.push(slot as u16);
             let mut st = [0u8; 1];
-            self.meta()
-                .buffer()
-                .read_at(slot * META_SLOT + META_STATUS, &mut st)?;
+            self.vq.area_read(slot * META_SLOT + META_STATUS, &mut st)?;
             let outcome = match st[0] {
                 S_OK => Ok(()),
                 S_IOERR => Err(BlkError::IoError {
@@ -661,20 +648,8 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
         }
         self.wait_tag(tag)?;
         let mut id = [0u8; ID_LEN];
-        self.meta()
-            .buffer()
-            .read_at(slot * META_SLOT + META_ID, &mut id)?;
+        self.vq.area_read(slot * META_SLOT + META_ID, &mut id)?;
         let end = id.iter().position(|&b| b == 0).unwrap_or(ID_LEN);
         Ok(id[..end].to_vec())
-    }
-}
-
-impl<O: DmaOps + ?Sized> Drop for BlkQueue<O> {
-    fn drop(&mut self) {
-        if let Some(meta) = self.meta.take() {
-            if let Err(e) = self.vq.ops().free_coherent(meta) {
-                tracing::warn!(error = %e, "virtio-blk: freeing request metadata failed");
-            }
-        }
     }
 }

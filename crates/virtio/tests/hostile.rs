@@ -159,6 +159,59 @@ fn indirect_table_holds_the_segments() {
 }
 
 #[test]
+fn the_driver_area_shares_the_rings_region_and_is_bounded() {
+    let ops = Arc::new(Direct::new());
+    let features = QueueFeatures {
+        event_idx: false,
+        indirect: true,
+    };
+    let mut q = SplitQueue::with_area(ops.clone(), 0, SIZE, features, 64).unwrap();
+    assert_eq!(ops.regions().len(), 1, "rings, tables and area: one region");
+    let view = DeviceView::connect(&*ops).unwrap();
+    let cfg = q.config();
+    let last = 64 * (usize::from(SIZE) - 1);
+    q.area_write(last, b"head").unwrap();
+    let mut back = [0u8; 4];
+    q.area_read(last, &mut back).unwrap();
+    assert_eq!(&back, b"head");
+    let head = q
+        .add(&[Seg::area(last, 4)], &[Seg::area(last + 8, 1)], 5)
+        .unwrap();
+    // Through the indirect table (in the same region), the device finds
+    // the bytes at the first descriptor's address.
+    let desc = |at: u64| {
+        let mut d = [0u8; 16];
+        view.read(at, &mut d).unwrap();
+        u64::from_le_bytes(d[..8].try_into().unwrap())
+    };
+    let addr = desc(desc(cfg.desc + 16 * u64::from(head)));
+    let mut seen = [0u8; 4];
+    view.read(addr, &mut seen).unwrap();
+    assert_eq!(&seen, b"head");
+    view.write(addr + 8, &[0x5a]).unwrap();
+    let mut status = [0u8; 1];
+    q.area_read(last + 8, &mut status).unwrap();
+    assert_eq!(status, [0x5a]);
+    // Past the area's end: refused, and nothing is added.
+    let out_of_range = |e: Error| {
+        matches!(
+            e,
+            Error::Dma(iopath_dma::Error::Heap(iopath_heap::Error::OutOfRange {
+                len: 2,
+                buf_len: 512,
+                ..
+            }))
+        )
+    };
+    assert!(out_of_range(q.area_write(511, b"xy").unwrap_err()));
+    assert!(out_of_range(q.area_read(511, &mut [0u8; 2]).unwrap_err()));
+    let free = q.num_free();
+    let e = q.add(&[Seg::area(511, 2)], &[], 6).unwrap_err();
+    assert!(out_of_range(e));
+    assert_eq!(q.num_free(), free);
+}
+
+#[test]
 fn short_requests_chain_in_the_ring_while_it_has_room() {
     let mut r = rig(false, true);
     r.q.chain_up_to(3);
@@ -391,8 +444,8 @@ fn dropping_the_queue_releases_mappings_and_ring_memory() {
     assert_eq!(ops.live_mappings(), 0);
     assert_eq!(
         ops.regions().len(),
-        regions_before - 2,
-        "ring and indirect tables freed"
+        regions_before - 1,
+        "the ring memory, indirect tables included, freed"
     );
     out.write_at(0, b"x").unwrap();
 }

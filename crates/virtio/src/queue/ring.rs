@@ -70,6 +70,16 @@ impl RingMem {
         )
     }
 
+    /// Copies `src` in at `off` (the driver's area of the queue's memory).
+    pub(crate) fn write(&self, off: usize, src: &[u8]) -> iopath_heap::Result<()> {
+        self.range().sub(off, src.len())?.copy_from(src)
+    }
+
+    /// Copies `dst.len()` bytes out from `off`.
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> iopath_heap::Result<()> {
+        self.range().sub(off, dst.len())?.copy_to(dst)
+    }
+
     /// Zeroes the whole ring (a window is not fresh from `alloc_coherent`).
     pub(crate) fn zero(&self) {
         ring_access(self.range().fill(0), self, 0);

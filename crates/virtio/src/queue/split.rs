@@ -62,6 +62,15 @@ pub struct RingPlacement {
     pub align: usize,
 }
 
+/// Where a queue's indirect tables are.
+#[derive(Debug)]
+enum Tables {
+    /// After the rings, at this offset of the ring memory.
+    InRing(usize),
+    /// In coherent memory of their own (rings the platform placed).
+    Own(RingMem),
+}
+
 /// Driver side of one split virtqueue over DMA ops `O`.
 ///
 /// `O` may be a concrete ops type (static dispatch) or `dyn DmaOps`
@@ -79,7 +88,10 @@ pub struct SplitQueue<O: DmaOps + ?Sized> {
     layout: Layout,
     ring: Option<RingMem>,
     /// Indirect tables: one of `INDIRECT_MAX` entries per descriptor head.
-    indirect: Option<RingMem>,
+    indirect: Option<Tables>,
+    /// The driver's area ([`SplitQueue::with_area`]): its offset in the
+    /// ring memory and its length.
+    area: (usize, usize),
     features: QueueFeatures,
     /// Shadow of each descriptor's `next` (never read back from shared memory).
     next: Vec<u16>,
@@ -124,12 +136,46 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// # Errors
     /// [`Error::BadQueueSize`], [`Error::Dma`] if the ops cannot allocate.
     pub fn new(ops: Arc<O>, index: u16, size: u16, features: QueueFeatures) -> Result<Self> {
+        Self::with_area(ops, index, size, features, 0)
+    }
+
+    /// [`SplitQueue::new`] with `per_entry` bytes of coherent memory per
+    /// ring entry for the driver's own use (a block request's header and
+    /// status): see [`Seg::area`], [`SplitQueue::area_write`] and
+    /// [`SplitQueue::area_read`].
+    ///
+    /// The rings, the indirect tables and the area are one allocation, so
+    /// the device sees one region for the queue: a vhost-user back end
+    /// looks every address up among the regions it was given, and each
+    /// region more lengthens that search.
+    ///
+    /// # Errors
+    /// As [`SplitQueue::new`].
+    pub fn with_area(
+        ops: Arc<O>,
+        index: u16,
+        size: u16,
+        features: QueueFeatures,
+        per_entry: usize,
+    ) -> Result<Self> {
         if size == 0 || !size.is_power_of_two() || size > 32768 {
             return Err(Error::BadQueueSize { size, max: 32768 });
         }
         let layout = Layout::new(size);
-        let ring = RingMem::new(ops.alloc_coherent(layout.total)?);
-        Self::build(ops, index, layout, ring, features, false)
+        // Each part starts on a cache line of its own.
+        let tables = layout.total.next_multiple_of(64);
+        let tables_len = match features.indirect {
+            true => usize::from(size) * INDIRECT_MAX * DESC_SIZE,
+            false => 0,
+        };
+        let area = (tables + tables_len).next_multiple_of(64);
+        let area_len = per_entry.saturating_mul(usize::from(size));
+        let ring = RingMem::new(ops.alloc_coherent(area.saturating_add(area_len))?);
+        let indirect = features.indirect.then_some(Tables::InRing(tables));
+        let area = (area, area_len);
+        Ok(Self::build(
+            ops, index, layout, ring, features, indirect, area, false,
+        ))
     }
 
     /// Queue `index` with `size` entries whose rings sit where `place` says
@@ -166,31 +212,36 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             region,
         })?;
         ring.zero();
-        Self::build(ops, index, layout, ring, features, true)
+        let indirect = match features.indirect {
+            true => Some(Tables::Own(RingMem::new(
+                ops.alloc_coherent(usize::from(size) * INDIRECT_MAX * DESC_SIZE)?,
+            ))),
+            false => None,
+        };
+        Ok(Self::build(
+            ops,
+            index,
+            layout,
+            ring,
+            features,
+            indirect,
+            (0, 0),
+            true,
+        ))
     }
 
+    #[allow(clippy::too_many_arguments)] // one private constructor's parts
     fn build(
         ops: Arc<O>,
         index: u16,
         layout: Layout,
         ring: RingMem,
         features: QueueFeatures,
+        indirect: Option<Tables>,
+        area: (usize, usize),
         placed: bool,
-    ) -> Result<Self> {
+    ) -> Self {
         let size = layout.size;
-        let indirect = if features.indirect {
-            match ops.alloc_coherent(size as usize * INDIRECT_MAX * DESC_SIZE) {
-                Ok(mem) => Some(RingMem::new(mem)),
-                Err(e) => {
-                    if !placed {
-                        let _ = ops.free_coherent(ring.into_inner());
-                    }
-                    return Err(e.into());
-                }
-            }
-        } else {
-            None
-        };
         let next = (0..size).map(|i| i.wrapping_add(1)).collect();
         let mut q = SplitQueue {
             ops,
@@ -198,6 +249,7 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
             layout,
             ring: Some(ring),
             indirect,
+            area,
             features,
             next,
             free_head: 0,
@@ -218,11 +270,55 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
         };
         // Interrupts on from the start: used_event 0 (§2.7.10).
         q.enable_interrupts();
-        Ok(q)
+        q
     }
 
     fn ring(&self) -> &RingMem {
         self.ring.as_ref().expect("ring lives until drop")
+    }
+
+    /// The indirect tables' memory and where they start in it.
+    fn tables(&self) -> Option<(&RingMem, usize)> {
+        match self.indirect.as_ref()? {
+            Tables::InRing(at) => Some((self.ring(), *at)),
+            Tables::Own(mem) => Some((mem, 0)),
+        }
+    }
+
+    /// Where `len` bytes at `offset` of the driver's area are in the ring
+    /// memory.
+    fn area_at(&self, offset: usize, len: usize) -> Result<usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.area.1 => Ok(self.area.0 + offset),
+            _ => Err(iopath_dma::Error::from(iopath_heap::Error::OutOfRange {
+                offset,
+                len,
+                buf_len: self.area.1,
+            })
+            .into()),
+        }
+    }
+
+    /// Writes `src` at `offset` of the driver's area.
+    ///
+    /// # Errors
+    /// [`Error::Dma`] if it does not fit the area.
+    pub fn area_write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        let at = self.area_at(offset, src.len())?;
+        self.ring()
+            .write(at, src)
+            .map_err(|e| iopath_dma::Error::from(e).into())
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of the driver's area.
+    ///
+    /// # Errors
+    /// [`Error::Dma`] if it does not fit the area.
+    pub fn area_read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let at = self.area_at(offset, dst.len())?;
+        self.ring()
+            .read(at, dst)
+            .map_err(|e| iopath_dma::Error::from(e).into())
     }
 
     /// Queue index.
@@ -552,7 +648,11 @@ impl<O: DmaOps + ?Sized> Drop for SplitQueue<O> {
             tracing::warn!(queue = self.index, error = %e, "unmap on queue drop failed");
         }
         let ring = self.ring.take().filter(|_| !self.placed);
-        for mem in [ring, self.indirect.take()].into_iter().flatten() {
+        let tables = match self.indirect.take() {
+            Some(Tables::Own(mem)) => Some(mem),
+            _ => None,
+        };
+        for mem in [ring, tables].into_iter().flatten() {
             if let Err(e) = self.ops.free_coherent(mem.into_inner()) {
                 tracing::warn!(queue = self.index, error = %e, "free_coherent on queue drop failed");
             }

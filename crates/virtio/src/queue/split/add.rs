@@ -39,6 +39,14 @@ pub enum Seg<'a> {
     },
     /// A mapping the caller made and keeps (the queue does not unmap it).
     Mapped(&'a Mapping),
+    /// A range of the queue's own driver area
+    /// ([`SplitQueue::with_area`]; coherent, no mapping).
+    Area {
+        /// Start in the area.
+        offset: usize,
+        /// Length in bytes.
+        len: usize,
+    },
 }
 
 impl<'a> Seg<'a> {
@@ -61,9 +69,14 @@ impl<'a> Seg<'a> {
         Seg::Coherent { mem, offset, len }
     }
 
+    /// `len` bytes at `offset` of the queue's driver area.
+    pub fn area(offset: usize, len: usize) -> Self {
+        Seg::Area { offset, len }
+    }
+
     fn len(&self) -> usize {
         match self {
-            Seg::Buf { len, .. } | Seg::Coherent { len, .. } => *len,
+            Seg::Buf { len, .. } | Seg::Coherent { len, .. } | Seg::Area { len, .. } => *len,
             Seg::Mapped(m) => m.len(),
         }
     }
@@ -155,8 +168,8 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
 
         let head = self.free_head;
         if use_indirect {
-            let table = self.indirect.as_ref().expect("indirect checked");
-            let base = head as usize * INDIRECT_MAX * DESC_SIZE;
+            let (table, at) = self.tables().expect("indirect checked");
+            let base = at + head as usize * INDIRECT_MAX * DESC_SIZE;
             let n = descs.len();
             for (i, &(addr, len, flags)) in descs.iter().enumerate() {
                 let (flags, next) = if i + 1 < n {
@@ -239,6 +252,10 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
                 (mem.addr() + offset as u64, None)
             }
             Seg::Mapped(m) => (m.addr(), None),
+            Seg::Area { offset, len } => {
+                let at = self.area_at(offset, len)?;
+                (self.ring().addr() + at as u64, None)
+            }
         })
     }
 }
