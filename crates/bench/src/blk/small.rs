@@ -315,17 +315,13 @@ impl Measured {
 
     /// Figure `i` of row `a` over row `b` at `op` and `qd`, run by run
     /// (each run measures both rows in one pass, so the machine's slow
-    /// and fast spells weigh on both alike): their median and range.
+    /// and fast spells weigh on both alike): their median and range; n/a
+    /// when either did not run.
     fn paired(&self, (a, b): (&str, &str), op: Op, qd: usize, i: usize) -> Cell {
-        let (Some(a), Some(b)) = (self.ran(a, op, qd), self.ran(b, op, qd)) else {
-            return Cell::NotAvailable;
-        };
-        let pairs = a.runs.iter().zip(&b.runs).filter(|(_, y)| y[i] > 0.0);
+        let rows = self.ran(a, op, qd).zip(self.ran(b, op, qd));
+        let pairs = rows.iter().flat_map(|(a, b)| a.runs.iter().zip(&b.runs));
         let q: Vec<f64> = pairs.map(|(x, y)| x[i] / y[i]).collect();
-        match q.is_empty() {
-            true => Cell::NotAvailable,
-            false => Cell::runs(&q, Unit::Times, 2),
-        }
+        Cell::runs(&q, Unit::Times, 2)
     }
 
     fn depths(&self) -> Vec<usize> {
@@ -467,6 +463,33 @@ impl Measured {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratios_are_taken_run_by_run() {
+        let row = |name, iops: [f64; 3], skipped: Option<String>| Row {
+            name,
+            op: Op::Read,
+            queue_depth: 1,
+            runs: iops.iter().map(|&x| [x, 0.0, 0.0, 0.0]).collect(),
+            skipped,
+        };
+        let rows = vec![
+            row(BUSY, [100.0, 300.0, 200.0], None),
+            row(LIBBLKIO_POLL, [200.0, 200.0, 100.0], None),
+            row(QSD, [1.0, 1.0, 1.0], Some("no qemu-storage-daemon".into())),
+        ];
+        let m = Measured {
+            count: 1,
+            runs: 3,
+            rows,
+        };
+        // The medians' ratio would be 200 / 200; run by run: 0.5, 1.5, 2.
+        let q = m.paired((BUSY, LIBBLKIO_POLL), Op::Read, 1, 0);
+        assert_eq!(q, Cell::runs(&[0.5, 1.5, 2.0], Unit::Times, 2));
+        assert_eq!(q.value(), Some(1.5));
+        let skipped = m.paired((BUSY, QSD), Op::Read, 1, 0);
+        assert_eq!(skipped, Cell::NotAvailable);
+    }
 
     #[test]
     fn parses_fio_latency_and_cpu() {
