@@ -76,7 +76,10 @@ in the same buffers with no I/O (`alloc only`).")]
 The limit is the best of a fio sweep of O_DIRECT writes of the same image
 (block sizes 1M, 8M and --bs; queue depths 4, 16, 64), measured in the same
 run; without fio, the bench's own O_DIRECT write of the image (labelled so).
-Without qemu-storage-daemon its row is a note and its ratio n/a.")]
+Without qemu-storage-daemon its row is a note and its ratio n/a. In the 4 KiB
+table iopath's driver and libblkio's on one back end run next to each other,
+every other run in reverse; each ratio below the table is the median of the
+run-by-run ratios, with their range.")]
     Blk(BlkArgs),
     /// rpmsg endpoints as fds: create+destroy an endpoint L times the legacy
     /// way (a node to open) and the fd way, beside a raw SOCK_SEQPACKET
