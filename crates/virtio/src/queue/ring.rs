@@ -23,9 +23,11 @@ pub(crate) const DESC_SIZE: usize = 16;
 /// time, so it is reached only through the heap's bounds-checked range
 /// ([`BufRange`]): volatile copies and atomics, never a Rust reference.
 ///
-/// The ring may be a window (`base..base + len`) of a larger coherent
-/// region, when the platform fixes where rings go (a remoteproc resource
-/// table's vrings inside the shared memory).
+/// A queue's own allocation also holds its indirect tables and the
+/// driver's area after the rings. The ring may instead be a window
+/// (`base..base + len`) of a larger coherent region, when the platform
+/// fixes where rings go (a remoteproc resource table's vrings inside the
+/// shared memory).
 #[derive(Debug)]
 pub(crate) struct RingMem {
     mem: Coherent,

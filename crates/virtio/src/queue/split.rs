@@ -77,8 +77,9 @@ enum Tables {
 /// (dynamic dispatch, chosen at run time): `SplitQueue<Direct>` and
 /// `SplitQueue<dyn DmaOps>` are the same code.
 ///
-/// The ring memory (and a table of indirect descriptors, when negotiated) is
-/// coherent memory from the ops; the transport must share the ops' regions
+/// The ring memory (with the indirect tables, when negotiated, and the
+/// driver's area of [`SplitQueue::with_area`]) is coherent memory from
+/// the ops; the transport must share the ops' regions
 /// with the device before the device uses the queue. Drop the queue only
 /// after the device has been reset or has stopped using it.
 #[derive(Debug)]
@@ -147,7 +148,9 @@ impl<O: DmaOps + ?Sized> SplitQueue<O> {
     /// The rings, the indirect tables and the area are one allocation, so
     /// the device sees one region for the queue: a vhost-user back end
     /// looks every address up among the regions it was given, and each
-    /// region more lengthens that search.
+    /// region more lengthens that search. The allocation is about
+    /// `size × (512 + per_entry)` bytes with indirect tables (their 32
+    /// entries per head), plus the rings.
     ///
     /// # Errors
     /// As [`SplitQueue::new`].
