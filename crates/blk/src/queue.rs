@@ -432,10 +432,10 @@ impl<O: DmaOps + ?Sized> BlkQueue<O> {
     /// Whether a sleeping wait wakes at the first completion (`false`, the
     /// default: what a caller waiting on one request needs) or once about
     /// three quarters of the requests in flight have completed, or after
-    /// [`COALESCE_WAIT`] with whatever has (`true`: for a caller that keeps
-    /// the queue full, which then refills it while the device still has
-    /// work, and both sides wake less; the device needs `EVENT_IDX` for
-    /// it, else the first completion wakes).
+    /// 1 ms with whatever has (`true`: for a caller that keeps the queue
+    /// full, which then refills it while the device still has work, and
+    /// both sides wake less; the device needs `EVENT_IDX` for it, else the
+    /// first completion wakes).
     pub fn coalesce(&mut self, on: bool) {
         self.coalesce = on;
     }

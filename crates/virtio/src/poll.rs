@@ -362,8 +362,8 @@ impl Poller {
     }
 
     /// Whether this thread and its peer may both run only on one and
-    /// the same CPU (as last checked; rechecked every
-    /// [`PeerCpu::RECHECK`]). `false` without a peer.
+    /// the same CPU (as last checked; rechecked every 100 ms). `false`
+    /// without a peer.
     pub fn shares_cpu_with_peer(&mut self) -> bool {
         let now = Instant::now();
         self.peer.as_mut().is_some_and(|p| p.shares_one_cpu(now))
