@@ -7,15 +7,18 @@
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use iopath_dma::{Coherent, DmaOps, Mapping};
+use iopath_dma::{DmaOps, Mapping};
 
 use super::event::{need_event, ring_slot, used_pending};
-use super::ring::{Layout, RingMem, AVAIL_F_NO_INTERRUPT, DESC_SIZE, USED_F_NO_NOTIFY};
+use super::ring::{Layout, RingMem, AVAIL_F_NO_INTERRUPT, USED_F_NO_NOTIFY};
 use crate::{DeviceError, Error, QueueConfig, QueueFeatures, Result};
 
 mod add;
+mod memory;
 
 pub use add::Seg;
+pub use memory::RingPlacement;
+use memory::Tables;
 
 /// Most entries in one indirect table (per request).
 pub const INDIRECT_MAX: usize = 32;
@@ -43,32 +46,6 @@ struct InFlight {
     ndesc: u16,
     /// Total device-writable bytes offered.
     writable: u64,
-}
-
-/// Where a queue's rings go when the platform fixes it rather than the ops
-/// allocating them: a window of coherent memory the device already sees
-/// (e.g. a remoteproc resource table's vring `{da, align, num}` inside the
-/// shared memory: `mem` is the whole region, `offset` is `da` minus its
-/// device base). The legacy layout is used: the used ring starts at the
-/// next multiple of `align`. The queue zeroes the window and never frees
-/// `mem`.
-#[derive(Debug)]
-pub struct RingPlacement {
-    /// The region holding the rings.
-    pub mem: Coherent,
-    /// Start of the descriptor table in `mem` (16-byte aligned).
-    pub offset: usize,
-    /// Used-ring alignment (a power of two, at least 4).
-    pub align: usize,
-}
-
-/// Where a queue's indirect tables are.
-#[derive(Debug)]
-enum Tables {
-    /// After the rings, at this offset of the ring memory.
-    InRing(usize),
-    /// In coherent memory of their own (rings the platform placed).
-    Own(RingMem),
 }
 
 /// Driver side of one split virtqueue over DMA ops `O`.
@@ -131,199 +108,6 @@ pub struct SplitQueue<O: DmaOps + ?Sized> {
 }
 
 impl<O: DmaOps + ?Sized> SplitQueue<O> {
-    /// Allocates queue `index` with `size` entries (a power of two up to
-    /// 32768) in coherent memory from `ops`, using the negotiated `features`.
-    ///
-    /// # Errors
-    /// [`Error::BadQueueSize`], [`Error::Dma`] if the ops cannot allocate.
-    pub fn new(ops: Arc<O>, index: u16, size: u16, features: QueueFeatures) -> Result<Self> {
-        Self::with_area(ops, index, size, features, 0)
-    }
-
-    /// [`SplitQueue::new`] with `per_entry` bytes of coherent memory per
-    /// ring entry for the driver's own use (a block request's header and
-    /// status): see [`Seg::area`], [`SplitQueue::area_write`] and
-    /// [`SplitQueue::area_read`].
-    ///
-    /// The rings, the indirect tables and the area are one allocation, so
-    /// the device sees one region for the queue: a vhost-user back end
-    /// looks every address up among the regions it was given, and each
-    /// region more lengthens that search. The allocation is about
-    /// `size × (512 + per_entry)` bytes with indirect tables (their 32
-    /// entries per head), plus the rings.
-    ///
-    /// # Errors
-    /// As [`SplitQueue::new`].
-    pub fn with_area(
-        ops: Arc<O>,
-        index: u16,
-        size: u16,
-        features: QueueFeatures,
-        per_entry: usize,
-    ) -> Result<Self> {
-        if size == 0 || !size.is_power_of_two() || size > 32768 {
-            return Err(Error::BadQueueSize { size, max: 32768 });
-        }
-        let layout = Layout::new(size);
-        // Each part starts on a cache line of its own.
-        let tables = layout.total.next_multiple_of(64);
-        let tables_len = match features.indirect {
-            true => usize::from(size) * INDIRECT_MAX * DESC_SIZE,
-            false => 0,
-        };
-        let area = (tables + tables_len).next_multiple_of(64);
-        let area_len = per_entry.saturating_mul(usize::from(size));
-        let ring = RingMem::new(ops.alloc_coherent(area.saturating_add(area_len))?);
-        let indirect = features.indirect.then_some(Tables::InRing(tables));
-        let area = (area, area_len);
-        Ok(Self::build(
-            ops, index, layout, ring, features, indirect, area, false,
-        ))
-    }
-
-    /// Queue `index` with `size` entries whose rings sit where `place` says
-    /// (legacy layout, see [`RingPlacement`]) instead of in memory from the
-    /// ops. Indirect tables, if negotiated, still come from the ops.
-    ///
-    /// # Errors
-    /// [`Error::BadQueueSize`]; [`Error::BadPlacement`] if the alignment is
-    /// not a power of two of at least 4, or the rings do not fit `mem` at a
-    /// 16-byte aligned `offset`; [`Error::Dma`].
-    pub fn with_placement(
-        ops: Arc<O>,
-        index: u16,
-        size: u16,
-        features: QueueFeatures,
-        place: RingPlacement,
-    ) -> Result<Self> {
-        if size == 0 || !size.is_power_of_two() || size > 32768 {
-            return Err(Error::BadQueueSize { size, max: 32768 });
-        }
-        let RingPlacement { mem, offset, align } = place;
-        if align < 4 || !align.is_power_of_two() {
-            return Err(Error::BadPlacement {
-                offset,
-                align,
-                region: mem.len(),
-            });
-        }
-        let layout = Layout::with_align(size, align);
-        let region = mem.len();
-        let ring = RingMem::window(mem, offset, layout.total).ok_or(Error::BadPlacement {
-            offset,
-            align,
-            region,
-        })?;
-        ring.zero();
-        let indirect = match features.indirect {
-            true => Some(Tables::Own(RingMem::new(
-                ops.alloc_coherent(usize::from(size) * INDIRECT_MAX * DESC_SIZE)?,
-            ))),
-            false => None,
-        };
-        Ok(Self::build(
-            ops,
-            index,
-            layout,
-            ring,
-            features,
-            indirect,
-            (0, 0),
-            true,
-        ))
-    }
-
-    #[allow(clippy::too_many_arguments)] // one private constructor's parts
-    fn build(
-        ops: Arc<O>,
-        index: u16,
-        layout: Layout,
-        ring: RingMem,
-        features: QueueFeatures,
-        indirect: Option<Tables>,
-        area: (usize, usize),
-        placed: bool,
-    ) -> Self {
-        let size = layout.size;
-        let next = (0..size).map(|i| i.wrapping_add(1)).collect();
-        let mut q = SplitQueue {
-            ops,
-            index,
-            layout,
-            ring: Some(ring),
-            indirect,
-            area,
-            features,
-            next,
-            free_head: 0,
-            num_free: size,
-            avail_idx: 0,
-            published: 0,
-            hold: false,
-            held_heads: std::collections::VecDeque::new(),
-            kicked_idx: 0,
-            last_used: 0,
-            avail_flags: 0,
-            inflight: (0..size).map(|_| None).collect(),
-            in_flight: 0,
-            broken: false,
-            placed,
-            ignore_readonly_len: false,
-            chain_max: 1,
-        };
-        // Interrupts on from the start: used_event 0 (§2.7.10).
-        q.enable_interrupts();
-        q
-    }
-
-    fn ring(&self) -> &RingMem {
-        self.ring.as_ref().expect("ring lives until drop")
-    }
-
-    /// The indirect tables' memory and where they start in it.
-    fn tables(&self) -> Option<(&RingMem, usize)> {
-        match self.indirect.as_ref()? {
-            Tables::InRing(at) => Some((self.ring(), *at)),
-            Tables::Own(mem) => Some((mem, 0)),
-        }
-    }
-
-    /// Where `len` bytes at `offset` of the driver's area are in the ring
-    /// memory.
-    fn area_at(&self, offset: usize, len: usize) -> Result<usize> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.area.1 => Ok(self.area.0 + offset),
-            _ => Err(iopath_dma::Error::from(iopath_heap::Error::OutOfRange {
-                offset,
-                len,
-                buf_len: self.area.1,
-            })
-            .into()),
-        }
-    }
-
-    /// Writes `src` at `offset` of the driver's area.
-    ///
-    /// # Errors
-    /// [`Error::Dma`] if it does not fit the area.
-    pub fn area_write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        let at = self.area_at(offset, src.len())?;
-        self.ring()
-            .write(at, src)
-            .map_err(|e| iopath_dma::Error::from(e).into())
-    }
-
-    /// Reads `dst.len()` bytes at `offset` of the driver's area.
-    ///
-    /// # Errors
-    /// [`Error::Dma`] if it does not fit the area.
-    pub fn area_read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let at = self.area_at(offset, dst.len())?;
-        self.ring()
-            .read(at, dst)
-            .map_err(|e| iopath_dma::Error::from(e).into())
-    }
-
     /// Queue index.
     pub fn index(&self) -> u16 {
         self.index
@@ -650,15 +434,6 @@ impl<O: DmaOps + ?Sized> Drop for SplitQueue<O> {
         if let Err(e) = self.detach_all() {
             tracing::warn!(queue = self.index, error = %e, "unmap on queue drop failed");
         }
-        let ring = self.ring.take().filter(|_| !self.placed);
-        let tables = match self.indirect.take() {
-            Some(Tables::Own(mem)) => Some(mem),
-            _ => None,
-        };
-        for mem in [ring, tables].into_iter().flatten() {
-            if let Err(e) = self.ops.free_coherent(mem.into_inner()) {
-                tracing::warn!(queue = self.index, error = %e, "free_coherent on queue drop failed");
-            }
-        }
+        self.free_memory();
     }
 }
