@@ -133,20 +133,16 @@ pub fn run(experiments: &[Experiment], out: &Outputs) -> Result<()> {
 fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
     let stdout = out.json.as_deref() == Some(Path::new("-"));
     progress::show(!stdout);
-    let json = out.json.clone().filter(|_| !stdout);
-    let mut files = report::Files::new(out.plot.clone(), out.markdown.clone(), json);
+    let mut files = report::Files::new(out);
     files.check()?;
     if out.estimate {
-        let est: Vec<(&str, Duration)> = experiments.iter().map(Experiment::about).collect();
-        let each: Vec<String> = est
-            .iter()
-            .map(|(n, d)| format!("{n} {}", minutes(*d)))
-            .collect();
+        let est = experiments.iter().map(Experiment::about);
+        let each = est.clone().map(|(n, d)| format!("{n} {}", minutes(d)));
         let line = format!(
             "bench --full: 1 GiB file; 8 GiB x 10 runs; 100,000 loops; estimated duration {} \
              ({}; nominal rates of a 2-vCPU VM, a loaded machine takes longer)",
-            minutes(est.iter().map(|e| e.1).sum()),
-            each.join(", ")
+            minutes(est.map(|e| e.1).sum()),
+            each.collect::<Vec<_>>().join(", ")
         );
         match stdout {
             true => eprintln!("{line}"),

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::Report;
-use crate::{Error, Result};
+use crate::{Error, Outputs, Result};
 
 /// What to write, and the reports written so far.
 #[derive(Debug, Default)]
@@ -18,18 +18,13 @@ pub(crate) struct Files {
 }
 
 impl Files {
-    /// Charts into the directory `plot`, the Markdown document to
-    /// `markdown`, the JSON object to `json` (each `None`: not written).
-    pub(crate) fn new(
-        plot: Option<PathBuf>,
-        markdown: Option<PathBuf>,
-        json: Option<PathBuf>,
-    ) -> Files {
+    /// The files `out` asks for; JSON on stdout (`--json -`) is none.
+    pub(crate) fn new(out: &Outputs) -> Files {
         Files {
-            plot,
-            markdown,
-            json,
-            ..Files::default()
+            plot: out.plot.clone(),
+            markdown: out.markdown.clone(),
+            json: out.json.clone().filter(|j| j != Path::new("-")),
+            done: Vec::new(),
         }
     }
 
