@@ -57,11 +57,8 @@ impl Measured {
         let percent = |a, b| Cell::or_na(ratio(a, b).map(|q| Cell::percent(q * 100.0, 1)));
         // The median of the measured row `name`.
         let m = |name: &str| {
-            let r = self
-                .rows
-                .iter()
-                .find(|r| r.name == name && r.failed.is_none());
-            Some(Stats::of(&r?.runs).median)
+            let ran = |r: &&Series| r.name == name && r.failed.is_none();
+            Some(Stats::of(&self.rows.iter().find(ran)?.runs).median)
         };
         let lim = m(FIO_LIMIT).or(m(OWN_LIMIT));
         for r in &self.rows {

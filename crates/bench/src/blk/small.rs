@@ -8,6 +8,7 @@
 //! qemu-storage-daemon, with the same placement. IOPS, p50/p99 latency
 //! and CPU time per request, medians; rows alternate.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use iopath_blk::dd::DdConfig;
@@ -324,11 +325,9 @@ impl Measured {
         Cell::runs(&q, Unit::Times, 2)
     }
 
-    fn depths(&self) -> Vec<usize> {
-        let mut d: Vec<usize> = self.rows.iter().map(|r| r.queue_depth).collect();
-        d.sort_unstable();
-        d.dedup();
-        d
+    /// The queue depths measured, smallest first.
+    fn depths(&self) -> BTreeSet<usize> {
+        self.rows.iter().map(|r| r.queue_depth).collect()
     }
 
     /// The table: IOPS (min-max), p50, p99, CPU per request, share of
@@ -369,7 +368,7 @@ impl Measured {
                 Cell::or_na(of_fio.map(|q| Cell::percent(q * 100.0, 1))),
             ]);
         }
-        let deep = self.depths().into_iter().max().unwrap_or(1);
+        let deep = self.depths().last().copied().unwrap_or(1);
         // (depth, ratio, row over row, of figure: 0 IOPS, 1 p50 latency)
         let ratios = [
             (1, "--poll / qemu-storage-daemon", BUSY, QSD, 0),
