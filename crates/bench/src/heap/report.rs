@@ -183,13 +183,12 @@ impl Measured {
             }
             let [alloc, read, total] = &r.ms;
             let (a, tot) = (median(alloc), median(total));
-            let vs_first = if r.label.ends_with("1st load") {
+            if r.label.ends_with("1st load") {
                 first_alloc = Some(a);
-                Cell::Empty
-            } else if r.label.ends_with("2nd load") {
-                Cell::or_na(first_alloc.map(|f| Cell::percent(a / f * 100.0, 2)))
-            } else {
-                Cell::Empty
+            }
+            let vs_first = match r.label.ends_with("2nd load") {
+                true => Cell::or_na(first_alloc.map(|f| Cell::percent(a / f * 100.0, 2))),
+                false => Cell::Empty,
             };
             t.row(vec![
                 r.label.clone().into(),
