@@ -210,7 +210,7 @@ fn scratch_dir() -> Result<PathBuf> {
 }
 
 /// A peer program a row needs and this machine lacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Missing {
     /// The program.
     pub program: &'static str,

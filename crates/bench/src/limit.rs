@@ -12,6 +12,9 @@ use crate::{Missing, ProgressBar, Result, Stats};
 /// otherwise spend most of its time sweeping).
 pub(crate) const SWEEP_RUNS: usize = 3;
 
+/// A configuration of a sweep with its GiB/s per run.
+type Swept = (Job, Vec<f64>);
+
 /// A limit row: the best of a fio sweep, or, without fio, the bench's own
 /// O_DIRECT I/O (a sweep of one job, measured the same way).
 #[derive(Debug, Clone)]
@@ -19,7 +22,7 @@ pub(crate) struct Limit {
     /// Every configuration of the sweep with its GiB/s per run; the limit
     /// is the one with the best median over the first [`SWEEP_RUNS`] runs
     /// (`fixed` once they are done), measured alone after them.
-    sweep: Vec<(Job, Vec<f64>)>,
+    sweep: Vec<Swept>,
     fixed: Option<usize>,
     /// fio, when it is missing: the one job runs as plain O_DIRECT I/O.
     missing: Option<Missing>,
@@ -84,7 +87,7 @@ impl Limit {
     }
 
     /// The configuration with the best median.
-    fn chosen(&self) -> Option<&(Job, Vec<f64>)> {
+    fn chosen(&self) -> Option<&Swept> {
         self.sweep.get(self.fixed.or_else(|| best(&self.sweep))?)
     }
 
@@ -128,15 +131,13 @@ impl Limit {
     pub(crate) fn notes(&self) -> Vec<String> {
         let Some(missing) = self.missing else {
             let runs = self.sweep.iter().map(|(_, r)| r.len()).min().unwrap_or(0);
-            let each = self
-                .sweep
-                .iter()
-                .map(|(j, r)| format!("{} {:.3}", j.config(), Stats::of(r).median));
+            let median = |(j, r): &Swept| format!("{} {:.3}", j.config(), Stats::of(r).median);
+            let each: Vec<_> = self.sweep.iter().map(median).collect();
             return vec![
                 format!(
                     "limit: the best median of a fio sweep measured in the same run \
                      ({runs} runs of each, GiB/s): {}; chosen {}",
-                    each.collect::<Vec<_>>().join(", "),
+                    each.join(", "),
                     self.config()
                 ),
                 format!("limit: {}", self.command()),
@@ -153,16 +154,12 @@ impl Limit {
     /// `config` and GiB/s `runs`); for the own limit, the `missing` peer.
     pub(crate) fn context(&self) -> serde_json::Value {
         let (label, command) = (self.label(), self.command());
-        let Some(m) = self.missing else {
-            let sweep: Vec<_> = self
-                .sweep
-                .iter()
-                .map(|(j, r)| json!({"config": j.config(), "runs": r}))
-                .collect();
+        let Some(missing) = self.missing else {
+            let config = |(j, r): &Swept| json!({"config": j.config(), "runs": r});
+            let sweep: Vec<_> = self.sweep.iter().map(config).collect();
             return json!({"source": "fio", "label": label, "command": command, "sweep": sweep});
         };
-        json!({"source": "own", "label": label, "command": command,
-            "missing": {"program": m.program, "package": m.package}})
+        json!({"source": "own", "label": label, "command": command, "missing": missing})
     }
 }
 
@@ -175,7 +172,7 @@ fn pass(job: &Job, fio: bool, cpu: Option<usize>) -> Result<f64> {
     }
 }
 
-fn best(sweep: &[(Job, Vec<f64>)]) -> Option<usize> {
+fn best(sweep: &[Swept]) -> Option<usize> {
     let median = |i: &usize| Stats::of(&sweep[*i].1).median;
     (0..sweep.len()).max_by(|a, b| median(a).total_cmp(&median(b)))
 }
