@@ -9,7 +9,7 @@
 //! `target/release/iopath`), else `blkio-dd` on the `PATH`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use iopath_blk::workload::Op;
 
@@ -52,12 +52,7 @@ pub(super) fn run(
     if poll {
         cmd.arg("--poll");
     }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let out = crate::place::spawn_on(cpu, &mut cmd)
-        .and_then(std::process::Child::wait_with_output)
-        .map_err(Error::spawn(PROGRAM))?;
+    let out = crate::fio::output(PROGRAM, &mut cmd, cpu)?;
     let failed = |reason: String| Error::Peer {
         program: PROGRAM.into(),
         reason,
