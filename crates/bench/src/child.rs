@@ -62,22 +62,16 @@ mod tests {
 
     #[test]
     fn every_server_parses_back_from_its_command() {
+        let (sock, shm) = (PathBuf::from("/tmp/s"), PathBuf::from("/dev/shm/p"));
         let servers = [
-            Server::Fd {
-                sock: "/tmp/s".into(),
-            },
+            Server::Fd { sock: sock.clone() },
             Server::PollForward {
-                sock: "/tmp/s".into(),
-                shm: "/dev/shm/p".into(),
+                sock: sock.clone(),
+                shm: shm.clone(),
                 count: 3,
             },
-            Server::PollEcho {
-                shm: "/dev/shm/p".into(),
-                count: 3,
-            },
-            Server::Sink {
-                sock: "/tmp/s".into(),
-            },
+            Server::PollEcho { shm, count: 3 },
+            Server::Sink { sock },
         ];
         for s in servers {
             let cmd = s.command(Path::new("iopath"));
