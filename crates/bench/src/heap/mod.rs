@@ -319,15 +319,14 @@ struct Plan<'a> {
 impl Plan<'_> {
     /// Loads the buffers from the file into `heap` with `method`.
     fn load(&self, heap: &dyn Heap, method: Method) -> iopath_heap::Result<Loaded> {
-        let engine = EngineOptions {
-            queue_depth: self.queue_depth,
-            ..EngineOptions::default()
-        };
         let opts = LoadOptions {
             buffer_size: self.buffer_size,
             buffers: Some(self.buffers),
             method,
-            engine,
+            engine: EngineOptions {
+                queue_depth: self.queue_depth,
+                ..EngineOptions::default()
+            },
             ..LoadOptions::default()
         };
         load(self.path, heap, &opts, &mut |_| {})
