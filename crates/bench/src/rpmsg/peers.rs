@@ -11,9 +11,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::CtrlClient;
-use iopath_rpmsg::{Bus, Endpoint, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
+use iopath_rpmsg::{Bus, EndpointOptions, NotifySpec, SharedMem, HOST_FEATURES};
 
-use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, SERVICE, SHM as OPENAMP_SHM};
+use iopath_rpmsg::tools::openamp::{EVENT as OPENAMP_EVENT, NOTIFY, SERVICE, SHM as OPENAMP_SHM};
 use iopath_rpmsg::tools::ping::{wait_announced, Latency};
 
 use super::children::{self, bound, echo_once};
@@ -102,13 +102,8 @@ fn start_remote(
     let (name, mut cmd) = match remote {
         Remote::OpenAmp => ("rpmsg-echo", Command::new(openamp(cfg).join("rpmsg-echo"))),
         Remote::Iopath => {
-            let notify = format!("unix:{OPENAMP_EVENT}");
-            let mut cmd = children::remote(
-                &cfg.iopath,
-                Path::new(OPENAMP_SHM),
-                &notify,
-                children::SHM_SIZE,
-            );
+            let shm = Path::new(OPENAMP_SHM);
+            let mut cmd = children::remote(&cfg.iopath, shm, NOTIFY, children::SHM_SIZE);
             cmd.args(["--echo", SERVICE, "--once"]);
             ("iopath rpmsg remote", cmd)
         }
@@ -190,8 +185,7 @@ fn ept_fd_driver(
     cpus: &Cpus,
 ) -> Result<Latency> {
     let ctrl = dir.join("ctrl");
-    let notify = format!("unix:{OPENAMP_EVENT}");
-    let mut cmd = children::host(&cfg.iopath, Path::new(OPENAMP_SHM), &notify, &ctrl);
+    let mut cmd = children::host(&cfg.iopath, Path::new(OPENAMP_SHM), NOTIFY, &ctrl);
     cmd.args(["--once", "--timeout", "20"]);
     let name = "iopath rpmsg host";
     let mut host = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
@@ -209,10 +203,11 @@ fn ept_fd_driver(
 fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Latency> {
     on_cpu(cpu, cpus, || {
         let wait = Duration::from_secs(20);
-        let notifier = NotifySpec::Unix(OPENAMP_EVENT.into()).connect(wait);
-        let notifier = notifier.map_err(Error::layer(format!(
-            "connecting to the remote on unix:{OPENAMP_EVENT}"
-        )))?;
+        let notifier = NotifySpec::Unix(OPENAMP_EVENT.into())
+            .connect(wait)
+            .map_err(Error::layer(format!(
+                "connecting to the remote on {NOTIFY}"
+            )))?;
         let shm = SharedMem::open(Path::new(OPENAMP_SHM))
             .map_err(Error::layer(format!("opening {OPENAMP_SHM}")))?;
         let bus = Bus::host(shm, notifier, HOST_FEATURES)
@@ -220,26 +215,24 @@ fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Late
         let ep = bus
             .create(EndpointOptions::new(SERVICE))
             .map_err(Error::layer(format!("creating the endpoint {SERVICE:?}")));
-        let r = ep.and_then(|ep| bus_echo(cfg, &bus, &ep, wait));
+        let r = ep.and_then(|ep| {
+            wait_announced(&bus, &ep, SERVICE, wait)
+                .map_err(Error::layer("waiting for the remote"))?;
+            timed(cfg.count, cfg.peer_budget, |seq| {
+                let msg = message(seq);
+                ep.send(&msg).map_err(Error::layer("sending an echo"))?;
+                let m = ep
+                    .recv(Some(Duration::from_secs(10)))
+                    .map_err(Error::layer("receiving an echo"))?;
+                check!(m.data == msg, "echo {seq} came back wrong");
+                Ok(())
+            })
+        });
         // Down before the endpoint goes: a name-service DESTROY would end
         // OpenAMP's echo, and the bus would log the link going down.
         bus.shutdown();
         r
     })
-}
-
-fn bus_echo(cfg: &RpmsgConfig, bus: &Bus, ep: &Endpoint, wait: Duration) -> Result<Latency> {
-    wait_announced(bus, ep, SERVICE, wait).map_err(Error::layer("waiting for the remote"))?;
-    let rt = |seq: u64| -> Result<()> {
-        let msg = message(seq);
-        ep.send(&msg).map_err(Error::layer("sending an echo"))?;
-        let m = ep
-            .recv(Some(Duration::from_secs(10)))
-            .map_err(Error::layer("receiving an echo"))?;
-        check!(m.data == msg, "echo {seq} came back wrong");
-        Ok(())
-    };
-    timed(cfg.count, cfg.peer_budget, rt)
 }
 
 fn one(
@@ -309,7 +302,7 @@ fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow])
         format!(
             "rpmsg peers, placement {} ({place}): {} runs, up to {} strict {SIZE}-byte round trips per row \
              (at most {} s) after {PEER_WARM} unmeasured, the pairs taking turns; OpenAMP's demo platform \
-             ({OPENAMP_SHM}, a byte per kick on unix:{OPENAMP_EVENT}); OpenAMP from {}",
+             ({OPENAMP_SHM}, a byte per kick on {NOTIFY}); OpenAMP from {}",
             placement.name(),
             cfg.runs,
             cfg.count,
@@ -407,7 +400,7 @@ pub(super) fn context(cfg: &RpmsgConfig) -> serde_json::Value {
         "warm": PEER_WARM,
         "count": cfg.count,
         "budget_s": cfg.peer_budget.as_secs(),
-        "notify": format!("unix:{OPENAMP_EVENT}"),
+        "notify": NOTIFY,
         "shm": OPENAMP_SHM,
     })
 }
