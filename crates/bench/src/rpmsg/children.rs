@@ -23,12 +23,8 @@ pub(super) const SHM_SIZE: u64 = 0x80000;
 /// services (`--echo NAME`, `--sink NAME`) and options.
 pub(super) fn remote(exe: &Path, shm: &Path, notify: &str, size: u64) -> Command {
     let mut cmd = Command::new(exe);
-    cmd.args(["rpmsg", "remote", "--shm"]).arg(shm).args([
-        "--create",
-        &format!("{size:#x}"),
-        "--notify",
-        notify,
-    ]);
+    cmd.args(["rpmsg", "remote", "--shm"]).arg(shm);
+    cmd.args(["--create", &format!("{size:#x}"), "--notify", notify]);
     cmd
 }
 
@@ -145,13 +141,6 @@ impl Servers {
 
     pub(super) fn connect(&self) -> Result<CtrlClient> {
         CtrlClient::connect(&self.ctrl).map_err(Error::layer("connecting to the endpoint service"))
-    }
-
-    /// A connection and an endpoint fd bound to the remote's `name`.
-    pub(super) fn client(&self, name: &str) -> Result<(CtrlClient, EptFd)> {
-        let c = self.connect()?;
-        let ep = bound(&c, name)?;
-        Ok((c, ep))
     }
 
     pub(super) fn host_pid(&self) -> u32 {

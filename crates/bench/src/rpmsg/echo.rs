@@ -8,7 +8,7 @@ use std::time::Duration;
 use iopath_rpmsg::ctrl::EptFd;
 use iopath_rpmsg::tools::ping::{ping, Latency, Payloads, PingEndpoint, PingOptions, RawPingPong};
 
-use super::children::{Servers, Setup};
+use super::children::{bound, Servers, Setup};
 use super::raw::poll::RawPollPath;
 use super::RpmsgConfig;
 use crate::place::{on_cpu, Cpus};
@@ -112,8 +112,8 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Resu
     let floor = RawPollPath::start(&a.iopath, ECHO_WARM + a.count, Some(cb), Some(ca))?;
     let raw = raw_pingpong(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
     let [echo, floor, eventfd] = on_cpu(Some(ca), cpus, || {
-        let (_c, ep) = servers.client("echo")?;
-        let ep = PingEndpoint::from(ep);
+        let c = servers.connect()?;
+        let ep = PingEndpoint::from(bound(&c, "echo")?);
         let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, true, lat);
         let mut f = |n, lat: &mut Vec<f64>| floor.round_trips(n, lat);
         let mut r = raw_way(&raw);
