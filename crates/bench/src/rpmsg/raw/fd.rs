@@ -115,32 +115,23 @@ pub(crate) fn serve(sock: &Path) -> Result<()> {
     let mut watched = Watched::new().map_err(io)?;
     let answer = [0u8; 12 + 48];
     let mut req = [0u8; 128];
-    while rustix::net::recv(&c, &mut req, RecvFlags::empty())
-        .map_err(io)?
-        .0
-        > 0
-    {
+    loop {
+        let (n, _) = rustix::net::recv(&c, &mut req, RecvFlags::empty()).map_err(io)?;
+        if n == 0 {
+            return Ok(());
+        }
         let pass = match req[0] {
             b'S' => Pass::Socket,
             b'W' => Pass::Watched,
             _ => Pass::Eventfd,
         };
         // For a socket: a fresh pair, (the end kept, the end passed).
-        let pair = match pass {
-            Pass::Eventfd => None,
-            Pass::Socket | Pass::Watched => Some(
-                rustix::net::socketpair(
-                    AddressFamily::UNIX,
-                    SocketType::SEQPACKET,
-                    SocketFlags::CLOEXEC,
-                    None,
-                )
-                .map_err(io)?,
-            ),
-        };
-        let passed = [pair
-            .as_ref()
-            .map_or(ev.as_fd(), |(_, theirs)| theirs.as_fd())];
+        let (unix, seqpacket) = (AddressFamily::UNIX, SocketType::SEQPACKET);
+        let pair = (pass != Pass::Eventfd)
+            .then(|| rustix::net::socketpair(unix, seqpacket, SocketFlags::CLOEXEC, None))
+            .transpose()
+            .map_err(io)?;
+        let passed = [pair.as_ref().map_or(ev.as_fd(), |p| p.1.as_fd())];
         if pass == Pass::Watched {
             rustix::net::sockopt::set_socket_send_buffer_size(passed[0], 0).map_err(io)?;
         }
@@ -154,7 +145,6 @@ pub(crate) fn serve(sock: &Path) -> Result<()> {
             watched.add(ours).map_err(io)?;
         }
     }
-    Ok(())
 }
 
 /// A raw fd server child (on `cpu`) and the connection to it.

@@ -144,29 +144,19 @@ impl RawPollPath {
     ) -> Result<RawPollPath> {
         let parent = crate::rpmsg::shm_dir();
         let c = Connected::start("iopath-bench-pollfloor-", &parent, |dir, sock| {
-            let page = dir.join("page");
-            let f = std::fs::File::create(&page).map_err(Error::io(&page))?;
+            let shm = dir.join("page");
+            let f = std::fs::File::create(&shm).map_err(Error::io(&shm))?;
             f.set_len(rustix::param::page_size() as u64)
-                .map_err(Error::io(&page))?;
+                .map_err(Error::io(&shm))?;
             let child = |name, cpu, server: Server| {
                 Spawned::new(name, cpu, server.command(iopath).stdout(Stdio::null()))
             };
-            let shm = page.clone();
+            let page = shm.clone();
+            let echo = Server::PollEcho { shm: page, count };
+            let forward = Server::PollForward { sock, shm, count };
             Ok(vec![
-                child(
-                    "the poll floor's echo",
-                    echo_cpu,
-                    Server::PollEcho { shm, count },
-                )?,
-                child(
-                    "the poll floor's forwarder",
-                    forward_cpu,
-                    Server::PollForward {
-                        sock,
-                        shm: page,
-                        count,
-                    },
-                )?,
+                child("the poll floor's echo", echo_cpu, echo)?,
+                child("the poll floor's forwarder", forward_cpu, forward)?,
             ])
         })?;
         Ok(RawPollPath(c))
