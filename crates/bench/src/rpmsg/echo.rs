@@ -25,11 +25,10 @@ const ECHO_WARM: u64 = 200;
 /// `count` echo round trips of 16-byte messages through `ep`, each
 /// checked; latencies appended to `lat`; returns the time taken.
 fn echo(ep: &PingEndpoint, count: u64, busy: bool, lat: &mut Vec<f64>) -> Result<Duration> {
-    let (payloads, timeout) = (Payloads::Fixed(16), Duration::from_secs(10));
     let opts = PingOptions {
         count,
-        payloads,
-        timeout,
+        payloads: Payloads::Fixed(16),
+        timeout: Duration::from_secs(10),
         busy,
     };
     let r = ping(ep, &opts, || {}).map_err(Error::layer("echo round trips"))?;
@@ -185,11 +184,7 @@ pub(super) fn chart(name: &str, title: &str, heading: String, t: &Table) -> Char
         let i = t.col(col);
         for row in &t.rows {
             let name = row[0].to_string();
-            let short = name
-                .split([',', ':', '('])
-                .next()
-                .unwrap_or_default()
-                .trim();
+            let short = name.split([',', ':', '(']).next().map_or("", str::trim);
             let color = match short {
                 "endpoint fd" => PRIMARY,
                 "limit" => LIMIT,

@@ -212,14 +212,10 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
         pb.set_message("poll echo");
         echo::measure_poll(a, &cpus, &mut r)?;
     }
-    let peers: Vec<_> = match &a.openamp {
-        Some(_) => a
-            .peer_placement
-            .iter()
-            .map(|&p| peers::measure(a, p, &cpus, &pb))
-            .collect(),
-        None => Vec::new(),
-    };
+    let peer_placement = a.peer_placement.iter().filter(|_| a.openamp.is_some());
+    let peers: Vec<_> = peer_placement
+        .map(|&p| peers::measure(a, p, &cpus, &pb))
+        .collect();
     pb.finish();
     let load_after = crate::loadavg();
     if a.scale {

@@ -93,9 +93,7 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
 /// `time`; adds the run's figures to `row`.
 fn echo_run(c: &CtrlClient, row: &mut EchoRow, time: Duration) -> Result<()> {
     let n = row.endpoints;
-    let eps = (0..n)
-        .map(|_| bound(c, "echo"))
-        .collect::<Result<Vec<_>>>()?;
+    let eps: Vec<_> = (0..n).map(|_| bound(c, "echo")).collect::<Result<_>>()?;
     let (go, end) = (Barrier::new(n + 1), OnceLock::new());
     // Each endpoint's round trips and p99.
     let per = std::thread::scope(|s| -> Result<Vec<(f64, f64)>> {
@@ -107,10 +105,8 @@ fn echo_run(c: &CtrlClient, row: &mut EchoRow, time: Duration) -> Result<()> {
                 echo_until(ep, i, *end.get().expect("set before the start"))
             };
             let h = std::thread::Builder::new().stack_size(256 << 10);
-            handles.push(
-                h.spawn_scoped(s, echo)
-                    .map_err(Error::sys("spawning an echo thread"))?,
-            );
+            let spawned = h.spawn_scoped(s, echo);
+            handles.push(spawned.map_err(Error::sys("spawning an echo thread"))?);
         }
         // Every thread made and parked before the clock starts.
         end.get_or_init(|| Instant::now() + Duration::from_millis(20) + time);
@@ -279,18 +275,16 @@ fn charts(t: &[Table], c: &CreateRow) -> Vec<Chart> {
         }
         ch
     };
-    let title = "rpmsg endpoints echoing at once: aggregate round trips/s";
     let rate = by_endpoints(
         "rpmsg-scale-echo-throughput",
-        title,
+        "rpmsg endpoints echoing at once: aggregate round trips/s",
         "round trips/s (aggregate)",
         "round trips/s",
         "round trips/s, higher is faster",
     );
-    let title = "rpmsg endpoints echoing at once: the median endpoint's p99 latency";
     let p99 = by_endpoints(
         "rpmsg-scale-echo-p99",
-        title,
+        "rpmsg endpoints echoing at once: the median endpoint's p99 latency",
         "per-endpoint p99 us, median endpoint",
         "us",
         "p99 us, lower is faster",
