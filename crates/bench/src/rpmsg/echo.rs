@@ -37,19 +37,19 @@ fn echo(ep: &PingEndpoint, count: u64, busy: bool, lat: &mut Vec<f64>) -> Result
 }
 
 /// The raw ping-pong, its partner a child of `exe` on `cpu`, good for
-/// `kicks` round trips.
-fn raw_pingpong(exe: &Path, kicks: u64, cpu: Option<usize>) -> Result<RawPingPong> {
+/// `kicks` round trips: its round trips as a way of [`alternate`].
+fn raw_way(
+    exe: &Path,
+    kicks: u64,
+    cpu: Option<usize>,
+) -> Result<impl FnMut(u64, &mut Vec<f64>) -> Result<Duration>> {
     let dir = crate::cleanup::temp_dir("iopath-bench-rawpp-", &std::env::temp_dir())?;
-    RawPingPong::start(exe, dir.path(), kicks, |c| crate::place::spawn_on(cpu, c))
-        .map_err(Error::layer("starting the raw ping-pong"))
-}
-
-/// `raw`'s round trips as a way of [`alternate`].
-fn raw_way(raw: &RawPingPong) -> impl FnMut(u64, &mut Vec<f64>) -> Result<Duration> + '_ {
-    |n, lat| {
+    let raw = RawPingPong::start(exe, dir.path(), kicks, |c| crate::place::spawn_on(cpu, c))
+        .map_err(Error::layer("starting the raw ping-pong"))?;
+    Ok(move |n, lat: &mut Vec<f64>| {
         raw.round_trips(n, lat)
             .map_err(Error::layer("raw ping-pong"))
-    }
+    })
 }
 
 /// A way of doing round trips: `n` of them, latencies appended to the
@@ -87,10 +87,9 @@ pub(super) fn echo_vs_limit(
     count: u64,
     raw_cpu: Option<usize>,
 ) -> Result<(Latency, Latency)> {
-    let raw = raw_pingpong(exe, ECHO_WARM + count, raw_cpu)?;
+    let mut r = raw_way(exe, ECHO_WARM + count, raw_cpu)?;
     let ep = PingEndpoint::from(ep);
     let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, false, lat);
-    let mut r = raw_way(&raw);
     let [e, r] = alternate(count, [&mut e, &mut r])?;
     Ok((e, r))
 }
@@ -109,14 +108,13 @@ pub(super) fn measure_poll(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Resu
     };
     let servers = Servers::start(&a.iopath, &setup)?;
     let floor = RawPollPath::start(&a.iopath, ECHO_WARM + a.count, Some(cb), Some(ca))?;
-    let raw = raw_pingpong(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
+    let mut raw = raw_way(&a.iopath, ECHO_WARM + a.count, Some(ca))?;
     let [echo, floor, eventfd] = on_cpu(Some(ca), cpus, || {
         let c = servers.connect()?;
         let ep = PingEndpoint::from(bound(&c, "echo")?);
         let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, true, lat);
         let mut f = |n, lat: &mut Vec<f64>| floor.round_trips(n, lat);
-        let mut r = raw_way(&raw);
-        alternate(a.count, [&mut e, &mut f, &mut r])
+        alternate(a.count, [&mut e, &mut f, &mut raw])
     })?;
     let place = format!(
         "host and the floor's forwarder on CPU {cb}; remote, the floor's echo and the \
