@@ -126,10 +126,8 @@ pub(super) fn rows(
 /// semantics).
 pub(super) fn table(placement: Placement, place: &str, rows: &[Row], runs: usize) -> Table {
     let mut columns = vec![Column::left("way")];
-    columns.extend(
-        rows.iter()
-            .map(|r| Column::right(format!("{} loops, total us", r.loops))),
-    );
+    let totals = rows.iter().map(|r| format!("{} loops, total us", r.loops));
+    columns.extend(totals.map(Column::right));
     columns.extend([Column::right("per cycle us"), Column::right("fd / way")]);
     let mut t = Table::new(
         format!(
@@ -138,18 +136,13 @@ pub(super) fn table(placement: Placement, place: &str, rows: &[Row], runs: usize
         ),
         columns,
     );
-    let per_cycle: [Vec<f64>; WAYS] = std::array::from_fn(|w| {
-        rows.iter()
-            .flat_map(|r| r.chunks[w].iter().copied())
-            .collect()
-    });
+    let per_cycle: [Vec<f64>; WAYS] =
+        std::array::from_fn(|w| rows.iter().flat_map(|r| r.chunks[w].clone()).collect());
     let fd = Stats::of(&per_cycle[FD]).median;
     for (w, pc) in per_cycle.iter().enumerate() {
+        let totals = rows.iter().map(|r| &r.totals[w]);
         let mut cells = vec![Cell::text(NAMES[w])];
-        cells.extend(
-            rows.iter()
-                .map(|r| Cell::runs(&r.totals[w], Unit::Grouped, 0)),
-        );
+        cells.extend(totals.map(|v| Cell::runs(v, Unit::Grouped, 0)));
         cells.push(Cell::runs(pc, Unit::Plain, 1));
         cells.push(Cell::times(fd / Stats::of(pc).median));
         t.row(cells);

@@ -242,19 +242,15 @@ fn tables(place: &str, echo: &[EchoRow], c: &CreateRow) -> Vec<Table> {
     let mut t = Table::new(title, vec![Column::left("what"), Column::left("measured")]);
     let each = |secs: f64| format!("{secs:.2} s ({:.1} us each)", secs * 1e6 / CREATE as f64);
     let curve = c.per_thousand_us.iter().map(|v| format!("{v:.1}"));
+    let curve = curve.collect::<Vec<_>>().join(", ");
     let [before, full, after] = c.rss_kib;
     let per = full.saturating_sub(before) as f64 / CREATE as f64;
+    let rss = format!("{before} / {full} / {after} KiB ({per:.2} KiB per endpoint)");
     for (what, measured) in [
         ("created in", each(c.create_s)),
-        (
-            "us per endpoint, each thousand in turn",
-            curve.collect::<Vec<_>>().join(", "),
-        ),
+        ("us per endpoint, each thousand in turn", curve),
         ("closed and freed in", each(c.destroy_s)),
-        (
-            "host resident memory: before, all held, after",
-            format!("{before} / {full} / {after} KiB ({per:.2} KiB per endpoint)"),
-        ),
+        ("host resident memory: before, all held, after", rss),
     ] {
         t.row(vec![what.into(), measured.into()]);
     }
@@ -295,11 +291,8 @@ fn charts(t: &[Table], c: &CreateRow) -> Vec<Chart> {
         "us per endpoint, lower is faster",
     );
     for (k, &us) in c.per_thousand_us.iter().enumerate() {
-        create.bar(
-            format!("endpoints {}k-{}k", k, k + 1),
-            &Cell::num(us, 1),
-            PRIMARY,
-        );
+        let label = format!("endpoints {k}k-{}k", k + 1);
+        create.bar(label, &Cell::num(us, 1), PRIMARY);
     }
     vec![rate, p99, create]
 }
