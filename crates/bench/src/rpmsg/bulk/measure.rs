@@ -41,8 +41,8 @@ pub(super) struct BusPair {
     tx: Endpoint,
     /// Orders to the receiver: how many messages of what size to take.
     orders: mpsc::Sender<(u64, usize)>,
-    /// What the receiver took: the count, or why it stopped.
-    done: mpsc::Receiver<std::result::Result<u64, String>>,
+    /// Whether the receiver took them all, or why it stopped.
+    done: mpsc::Receiver<std::result::Result<(), String>>,
     receiver: std::thread::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
@@ -140,17 +140,11 @@ impl BusPair {
                 .and_then(|()| b.send(size))
                 .map_err(|e| Error::Check(format!("bulk: sending message {seq}: {e}")))?;
         }
-        let got = self
-            .done
+        self.done
             .recv_timeout(T)
             .map_err(|_| Error::Check("the bulk receiver did not finish in 30 s".into()))?
             .map_err(Error::Check)?;
-        let took = t0.elapsed();
-        check!(
-            got == msgs,
-            "the bulk receiver took {got} messages, not {msgs}"
-        );
-        Ok(took)
+        Ok(t0.elapsed())
     }
 
     pub(super) fn stop(self) {
@@ -171,8 +165,8 @@ fn stamp(m: &mut [u8], seq: u64) {
 }
 
 /// Takes `msgs` messages of `size` bytes on `rx`, each read out of its
-/// shared buffer once and its stamps checked; the count.
-fn take(rx: &ZeroCopyEndpoint, msgs: u64, size: usize) -> std::result::Result<u64, String> {
+/// shared buffer once and its stamps checked.
+fn take(rx: &ZeroCopyEndpoint, msgs: u64, size: usize) -> std::result::Result<(), String> {
     let mut out = vec![0u8; size];
     let mut want = vec![0u8; size.min(8)];
     for seq in 0..msgs {
@@ -191,5 +185,5 @@ fn take(rx: &ZeroCopyEndpoint, msgs: u64, size: usize) -> std::result::Result<u6
             return Err(format!("message {seq} came out of order or garbled"));
         }
     }
-    Ok(msgs)
+    Ok(())
 }
