@@ -197,11 +197,8 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
     a.check()?;
     let cpus = Cpus::get().map_err(crate::Error::sys("reading the CPU affinity"))?;
     let load_before = crate::loadavg();
-    let loops: u64 = a.loops.iter().sum();
-    let pb = ProgressBar::new(
-        "bench rpmsg",
-        loops * (cycles::WAYS * a.runs * a.placement.len()) as u64,
-    );
+    let total = a.loops.iter().sum::<u64>() * (cycles::WAYS * a.runs * a.placement.len()) as u64;
+    let pb = ProgressBar::new("bench rpmsg", total);
     let mut r = Report::new("rpmsg", "");
     let mut places = Vec::new();
     for &p in &a.placement {

@@ -145,12 +145,10 @@ fn openamp(cfg: &RpmsgConfig) -> &Path {
 /// The OpenAMP driver: runs `rpmsg-ping-timed` and reads its JSON line.
 fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
     let secs = cfg.peer_budget.as_secs().max(1);
-    let args = [cfg.count, PEER_WARM, SIZE as u64, secs].map(|n| n.to_string());
     let name = "rpmsg-ping-timed";
     let mut cmd = Command::new(openamp(cfg).join(name));
-    cmd.args([
-        "-n", &args[0], "-w", &args[1], "-s", &args[2], "-t", &args[3],
-    ]);
+    let args = format!("-n {} -w {PEER_WARM} -s {SIZE} -t {secs}", cfg.count);
+    cmd.args(args.split(' '));
     let mut kid = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
     let out = std::fs::read_to_string(kid.log()).map_err(Error::io(kid.log()))?;

@@ -131,11 +131,9 @@ fn table(place: &str, bytes: u64, runs: usize, rows: &[BulkRow]) -> Table {
 /// The chart of `t`: MB/s by message size, each way beside its limit.
 fn chart(place: &str, t: &Table) -> Chart {
     let title = "rpmsg bulk one-way streams: MB/s by message size, each way beside its limit";
+    let about = format!("64 KiB buffers, {place}; median (min-max) over runs");
     let mut c = Chart::new("rpmsg-bulk-throughput", title, "MB/s")
-        .about(
-            format!("64 KiB buffers, {place}; median (min-max) over runs"),
-            "MB/s, higher is faster",
-        )
+        .about(about, "MB/s, higher is faster")
         .legend(&[
             ("endpoint fd", PRIMARY),
             ("limit: raw SOCK_SEQPACKET", LIMIT),
