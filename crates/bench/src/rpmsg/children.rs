@@ -149,21 +149,15 @@ impl Servers {
 }
 
 /// One strict round trip through `ep`: sends `msg` (number `seq`), takes
-/// its echo into `back` (10 s at most) and checks it byte for byte; errors
+/// its echo into `buf` (10 s at most) and checks it byte for byte; errors
 /// start with `who` (`endpoint 3: `, or nothing).
-pub(super) fn echo_once(
-    ep: &EptFd,
-    msg: &[u8],
-    back: &mut [u8],
-    who: &str,
-    seq: u64,
-) -> Result<()> {
+pub(super) fn echo_once(ep: &EptFd, msg: &[u8], buf: &mut [u8], who: &str, seq: u64) -> Result<()> {
     ep.send(msg).map_err(Error::layer("sending an echo"))?;
-    let got = ep.recv_timeout(back, Duration::from_secs(10));
+    let got = ep.recv_timeout(buf, Duration::from_secs(10));
     let got = got.map_err(Error::layer("receiving an echo"))?;
     let n = got.ok_or_else(|| Error::Check(format!("{who}no echo {seq} in 10 s")))?;
     check!(
-        n == msg.len() && back[..n] == *msg,
+        n == msg.len() && buf[..n] == *msg,
         "{who}echo {seq} came back wrong"
     );
     Ok(())

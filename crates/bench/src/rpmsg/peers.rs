@@ -91,7 +91,7 @@ impl PeerRow {
 
 /// Starts `remote` on `cpu` and waits until it listens.
 fn start_remote(
-    cfg: &RpmsgConfig,
+    a: &RpmsgConfig,
     dir: &Path,
     remote: Remote,
     cpu: Option<usize>,
@@ -100,10 +100,10 @@ fn start_remote(
     // earlier pair left would let a driver connect to nothing.
     clear_platform();
     let (name, mut cmd) = match remote {
-        Remote::OpenAmp => ("rpmsg-echo", Command::new(openamp(cfg).join("rpmsg-echo"))),
+        Remote::OpenAmp => ("rpmsg-echo", Command::new(openamp(a).join("rpmsg-echo"))),
         Remote::Iopath => {
             let shm = Path::new(OPENAMP_SHM);
-            let mut cmd = children::remote(&cfg.iopath, shm, NOTIFY, children::SHM_SIZE);
+            let mut cmd = children::remote(&a.iopath, shm, NOTIFY, children::SHM_SIZE);
             cmd.args(["--echo", SERVICE, "--once"]);
             ("iopath rpmsg remote", cmd)
         }
@@ -138,16 +138,16 @@ fn message(seq: u64) -> [u8; SIZE] {
 }
 
 /// OpenAMP's demo programs (the config is checked before any row runs).
-fn openamp(cfg: &RpmsgConfig) -> &Path {
-    cfg.openamp.as_deref().expect("peer rows need --openamp")
+fn openamp(a: &RpmsgConfig) -> &Path {
+    a.openamp.as_deref().expect("peer rows need --openamp")
 }
 
 /// The OpenAMP driver: runs `rpmsg-ping-timed` and reads its JSON line.
-fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
-    let secs = cfg.peer_budget.as_secs().max(1);
+fn openamp_driver(a: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Latency> {
+    let secs = a.peer_budget.as_secs().max(1);
     let name = "rpmsg-ping-timed";
-    let mut cmd = Command::new(openamp(cfg).join(name));
-    let args = format!("-n {} -w {PEER_WARM} -s {SIZE} -t {secs}", cfg.count);
+    let mut cmd = Command::new(openamp(a).join(name));
+    let args = format!("-n {} -w {PEER_WARM} -s {SIZE} -t {secs}", a.count);
     cmd.args(args.split(' '));
     let mut kid = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
@@ -176,14 +176,9 @@ fn openamp_driver(cfg: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<L
 
 /// The endpoint-fd driver: `iopath rpmsg host` on `cpu`, this thread (on
 /// `cpu` too) its client.
-fn ept_fd_driver(
-    cfg: &RpmsgConfig,
-    dir: &Path,
-    cpu: Option<usize>,
-    cpus: &Cpus,
-) -> Result<Latency> {
+fn ept_fd_driver(a: &RpmsgConfig, dir: &Path, cpu: Option<usize>, cpus: &Cpus) -> Result<Latency> {
     let ctrl = dir.join("ctrl");
-    let mut cmd = children::host(&cfg.iopath, Path::new(OPENAMP_SHM), NOTIFY, &ctrl);
+    let mut cmd = children::host(&a.iopath, Path::new(OPENAMP_SHM), NOTIFY, &ctrl);
     cmd.args(["--once", "--timeout", "20"]);
     let name = "iopath rpmsg host";
     let mut host = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
@@ -193,12 +188,12 @@ fn ept_fd_driver(
         let ep = bound(&c, SERVICE)?;
         let mut back = [0u8; 512];
         let rt = |seq| echo_once(&ep, &message(seq), &mut back, "", seq);
-        timed(cfg.count, cfg.peer_budget, rt)
+        timed(a.count, a.peer_budget, rt)
     })
 }
 
 /// The `Bus` driver: this thread (on `cpu`) the host.
-fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Latency> {
+fn bus_driver(a: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Latency> {
     on_cpu(cpu, cpus, || {
         let wait = Duration::from_secs(20);
         let notifier = NotifySpec::Unix(OPENAMP_EVENT.into())
@@ -216,7 +211,7 @@ fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Late
         let r = ep.and_then(|ep| {
             wait_announced(&bus, &ep, SERVICE, wait)
                 .map_err(Error::layer("waiting for the remote"))?;
-            timed(cfg.count, cfg.peer_budget, |seq| {
+            timed(a.count, a.peer_budget, |seq| {
                 let msg = message(seq);
                 ep.send(&msg).map_err(Error::layer("sending an echo"))?;
                 let m = ep
@@ -234,17 +229,17 @@ fn bus_driver(cfg: &RpmsgConfig, cpu: Option<usize>, cpus: &Cpus) -> Result<Late
 }
 
 fn one(
-    cfg: &RpmsgConfig,
+    a: &RpmsgConfig,
     (driver, remote): (Driver, Remote),
     (driver_cpu, remote_cpu): (Option<usize>, Option<usize>),
     cpus: &Cpus,
 ) -> Result<Latency> {
     let dir = crate::cleanup::temp_dir("iopath-bench-peer-", &std::env::temp_dir())?;
-    let mut remote_kid = start_remote(cfg, dir.path(), remote, remote_cpu)?;
+    let mut remote_kid = start_remote(a, dir.path(), remote, remote_cpu)?;
     let r = match driver {
-        Driver::OpenAmp => openamp_driver(cfg, dir.path(), driver_cpu),
-        Driver::EptFd => ept_fd_driver(cfg, dir.path(), driver_cpu, cpus),
-        Driver::Bus => bus_driver(cfg, driver_cpu, cpus),
+        Driver::OpenAmp => openamp_driver(a, dir.path(), driver_cpu),
+        Driver::EptFd => ept_fd_driver(a, dir.path(), driver_cpu, cpus),
+        Driver::Bus => bus_driver(a, driver_cpu, cpus),
     };
     let r = r.map_err(|e| match remote_kid.exited() {
         Some(st) => Error::Check(format!(
@@ -264,12 +259,12 @@ fn clear_platform() {
     let _ = std::fs::remove_file(OPENAMP_SHM);
 }
 
-/// Every pair in `placement`, `cfg.runs` times, the pairs taking turns
+/// Every pair in `placement`, `a.runs` times, the pairs taking turns
 /// (the first pair rotating from run to run): its table, and where it
 /// ran.
 /// A run that fails is noted in its row; the others go on.
 pub(super) fn measure(
-    cfg: &RpmsgConfig,
+    a: &RpmsgConfig,
     placement: Placement,
     cpus: &Cpus,
     pb: &ProgressBar,
@@ -279,33 +274,33 @@ pub(super) fn measure(
     crate::cleanup::path(Path::new(OPENAMP_SHM));
     crate::cleanup::path(Path::new(OPENAMP_EVENT));
     let mut rows: Vec<PeerRow> = PAIRS.map(|_| PeerRow::default()).into();
-    for run in 0..cfg.runs {
+    for run in 0..a.runs {
         for i in crate::turns(PAIRS.len(), run) {
             let (d, r) = (DRIVERS[PAIRS[i].0 as usize], REMOTES[PAIRS[i].1 as usize]);
             pb.set_message(format!("peers {}: {} <-> {}", placement.name(), d.1, r.1));
-            match one(cfg, PAIRS[i], place, cpus) {
+            match one(a, PAIRS[i], place, cpus) {
                 Ok(l) => rows[i].runs.push(l),
                 Err(e) => rows[i].failures.push(e.chain()),
             }
         }
     }
     let place = placement.describe(cpus, "driver side", "remote");
-    (table(cfg, placement, &place, &rows), placement)
+    (table(a, placement, &place, &rows), placement)
 }
 
 /// One placement's table: round trips/s per pair, p50, p99, and each pair
 /// over OpenAMP's own (by round trips/s and by p50).
-fn table(cfg: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow]) -> Table {
+fn table(a: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow]) -> Table {
     let mut t = Table::new(
         format!(
             "rpmsg peers, placement {} ({place}): {} runs, up to {} strict {SIZE}-byte round trips per row \
              (at most {} s) after {PEER_WARM} unmeasured, the pairs taking turns; OpenAMP's demo platform \
              ({OPENAMP_SHM}, a byte per kick on {NOTIFY}); OpenAMP from {}",
             placement.name(),
-            cfg.runs,
-            cfg.count,
-            cfg.peer_budget.as_secs(),
-            cfg.openamp.as_deref().map_or_else(|| "-".into(), |d| d.display().to_string())
+            a.runs,
+            a.count,
+            a.peer_budget.as_secs(),
+            a.openamp.as_deref().map_or_else(|| "-".into(), |d| d.display().to_string())
         ),
         vec![
             Column::left("driver side"),
@@ -391,13 +386,13 @@ fd and Bus API, each against OpenAMP's rpmsg-echo and iopath's remote) are missi
 DIR (build DIR with `scripts/openamp-demo build SRC DIR`)";
 
 /// The peer rows' settings, for a report's context.
-pub(super) fn context(cfg: &RpmsgConfig) -> serde_json::Value {
+pub(super) fn context(a: &RpmsgConfig) -> serde_json::Value {
     serde_json::json!({
-        "openamp": cfg.openamp,
+        "openamp": a.openamp,
         "size": SIZE,
         "warm": PEER_WARM,
-        "count": cfg.count,
-        "budget_s": cfg.peer_budget.as_secs(),
+        "count": a.count,
+        "budget_s": a.peer_budget.as_secs(),
         "notify": NOTIFY,
         "shm": OPENAMP_SHM,
     })

@@ -71,17 +71,12 @@ fn set_flag(shm: &SharedMem, v: u16) -> Result<()> {
 }
 
 /// Polls `c` with `spin` for a packet into `buf`: its length, `None`
-/// after [`PATIENCE`]; `what` names the receiver in errors.
-fn poll_recv(
-    spin: &mut PollSpin,
-    c: &OwnedFd,
-    buf: &mut [u8],
-    what: &str,
-) -> Result<Option<usize>> {
+/// after [`PATIENCE`]; `who` names the receiver in errors.
+fn poll_recv(spin: &mut PollSpin, c: &OwnedFd, buf: &mut [u8], who: &str) -> Result<Option<usize>> {
     let mut n = None;
     poll_until(spin, || {
         n = match rustix::net::recv(c, &mut *buf, RecvFlags::DONTWAIT) {
-            Ok((0, _)) => check_failed!("{what}: the other end hung up"),
+            Ok((0, _)) => check_failed!("{who}: the other end hung up"),
             Ok((got, _)) => Some(got),
             Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => None,
             Err(e) => return Err(Error::sys("recv on the poll floor's socket")(e)),
