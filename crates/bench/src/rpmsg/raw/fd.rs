@@ -190,20 +190,14 @@ fn ask(c: &OwnedFd, req: &[u8], b: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
         .map_err(Error::sys("sending to the raw fd server"))?;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let got = rustix::net::recvmsg(
-        c,
-        &mut [IoSliceMut::new(b)],
-        &mut anc,
-        RecvFlags::CMSG_CLOEXEC,
-    )
-    .map_err(Error::sys("receiving from the raw fd server"))?;
-    let mut fds = Vec::new();
-    for m in anc.drain() {
-        if let RecvAncillaryMessage::ScmRights(r) = m {
-            fds.extend(r);
-        }
-    }
-    Ok((got.bytes, fds))
+    let iov = &mut [IoSliceMut::new(b)];
+    let got = rustix::net::recvmsg(c, iov, &mut anc, RecvFlags::CMSG_CLOEXEC)
+        .map_err(Error::sys("receiving from the raw fd server"))?;
+    let rights = anc.drain().filter_map(|m| match m {
+        RecvAncillaryMessage::ScmRights(r) => Some(r),
+        _ => None,
+    });
+    Ok((got.bytes, rights.flatten().collect()))
 }
 
 #[cfg(test)]
