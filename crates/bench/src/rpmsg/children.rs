@@ -100,7 +100,7 @@ impl Setup {
 #[derive(Debug)]
 pub(super) struct Servers {
     _remote: Spawned,
-    host: Spawned,
+    pub(super) host: Spawned,
     ctrl: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -141,10 +141,6 @@ impl Servers {
 
     pub(super) fn connect(&self) -> Result<CtrlClient> {
         CtrlClient::connect(&self.ctrl).map_err(Error::layer("connecting to the endpoint service"))
-    }
-
-    pub(super) fn host_pid(&self) -> u32 {
-        self.host.id()
     }
 }
 

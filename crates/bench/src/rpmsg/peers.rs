@@ -320,11 +320,8 @@ fn table(a: &RpmsgConfig, placement: Placement, place: &str, rows: &[PeerRow]) -
             t.note(format!("note: a run of {d} <-> {m} failed: {f}"));
         }
         if r.runs.is_empty() {
-            t.not_run(
-                format!("{d} <-> {m}"),
-                "every run failed",
-                &r.failures.join("; "),
-            );
+            let why = r.failures.join("; ");
+            t.not_run(format!("{d} <-> {m}"), "every run failed", &why);
             continue;
         }
         let rates = r.each(|l| l.msgs_per_s);

@@ -172,7 +172,7 @@ fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<CreateRow> {
     }
     let stats = || c.stats().map_err(Error::layer("STATS"));
     let base = stats()?.endpoints();
-    let before = rss_kib(srv.host_pid())?;
+    let before = rss_kib(srv.host.id())?;
     let info = EptInfo::new("bench");
     let mut held = Vec::with_capacity(n);
     let mut per_thousand_us = Vec::new();
@@ -191,7 +191,7 @@ fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<CreateRow> {
         held_now == want,
         "the service holds {held_now} endpoints, not {want}"
     );
-    let full = rss_kib(srv.host_pid())?;
+    let full = rss_kib(srv.host.id())?;
     let t1 = Instant::now();
     drop(held);
     while stats()?.endpoints() > base {
@@ -205,7 +205,7 @@ fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<CreateRow> {
         per_thousand_us,
         create_s,
         destroy_s: t1.elapsed().as_secs_f64(),
-        rss_kib: [before, full, rss_kib(srv.host_pid())?],
+        rss_kib: [before, full, rss_kib(srv.host.id())?],
     })
 }
 
