@@ -11,6 +11,7 @@ use std::path::Path;
 
 use iopath_rpmsg::ctrl::proto::{Request, O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::EptInfo;
+use rustix::event::epoll;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
@@ -49,16 +50,14 @@ struct Watched {
     epoll: OwnedFd,
     ends: HashMap<u64, OwnedFd>,
     next_key: u64,
-    since_look: usize,
 }
 
 impl Watched {
     fn new() -> rustix::io::Result<Watched> {
         Ok(Watched {
-            epoll: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?,
+            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
             ends: HashMap::new(),
             next_key: 0,
-            since_look: 0,
         })
     }
 
@@ -66,7 +65,6 @@ impl Watched {
     /// endpoint's socket; every [`WATCH_DRAIN`] of them, closes the ends
     /// whose peer went.
     fn add(&mut self, end: OwnedFd) -> rustix::io::Result<()> {
-        use rustix::event::epoll;
         let key = self.next_key;
         self.next_key += 1;
         epoll::add(
@@ -76,9 +74,7 @@ impl Watched {
             epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
         )?;
         self.ends.insert(key, end);
-        self.since_look += 1;
-        if self.since_look >= WATCH_DRAIN {
-            self.since_look = 0;
+        if self.next_key % WATCH_DRAIN as u64 == 0 {
             self.look()?;
         }
         Ok(())
@@ -86,7 +82,6 @@ impl Watched {
 
     /// Closes every end whose peer closed (without waiting).
     fn look(&mut self) -> rustix::io::Result<()> {
-        use rustix::event::epoll;
         let mut space = [MaybeUninit::<epoll::Event>::uninit(); 64];
         let zero = rustix::event::Timespec::default();
         let (events, _) = epoll::wait(&self.epoll, &mut space[..], Some(&zero))?;
