@@ -107,9 +107,7 @@ pub(super) fn rows(
                 done += n;
                 turn += 1;
             }
-            for (totals, t) in row.totals.iter_mut().zip(tot) {
-                totals.push(t);
-            }
+            row.totals.iter_mut().zip(tot).for_each(|(v, t)| v.push(t));
         }
     }
     let st = c.stats().map_err(Error::layer("STATS"))?;

@@ -118,9 +118,7 @@ fn start_remote(
 /// [`PEER_WARM`] unmeasured round trips, then up to `count` strict round
 /// trips within `budget`, each one `rt(seq)`; their latencies.
 fn timed(count: u64, budget: Duration, mut rt: impl FnMut(u64) -> Result<()>) -> Result<Latency> {
-    for seq in 0..PEER_WARM {
-        rt(seq)?;
-    }
+    (0..PEER_WARM).try_for_each(&mut rt)?;
     let mut lat = Vec::with_capacity(count as usize);
     let t0 = Instant::now();
     let mut seq = PEER_WARM;
