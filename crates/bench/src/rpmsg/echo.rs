@@ -86,12 +86,11 @@ pub(super) fn echo_vs_limit(
     ep: EptFd,
     count: u64,
     raw_cpu: Option<usize>,
-) -> Result<(Latency, Latency)> {
+) -> Result<[Latency; 2]> {
     let mut r = raw_way(exe, ECHO_WARM + count, raw_cpu)?;
     let ep = PingEndpoint::from(ep);
     let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, false, lat);
-    let [e, r] = alternate(count, [&mut e, &mut r])?;
-    Ok((e, r))
+    alternate(count, [&mut e, &mut r])
 }
 
 /// Echo with host and remote polling the rings and the client busy-polling

@@ -166,13 +166,13 @@ fn measure(
     let (client_cpu, server_cpu) = p.cpus(cpus);
     let servers = Servers::start(&a.iopath, &Setup::echo(server_cpu, server_cpu))?;
     let raw = raw::fd::RawFdServer::start(&a.iopath, server_cpu)?;
-    let (rows, echo, limit) = on_cpu(client_cpu, cpus, || {
+    let (rows, [echo, limit]) = on_cpu(client_cpu, cpus, || {
         let c = servers.connect()?;
         let echo_ep = children::bound(&c, "echo")?;
         let rows = cycles::rows(&c, &raw, &a.loops, a.runs, p, pb)?;
         pb.set_message(format!("{} echo", p.name()));
-        let (echo, limit) = echo::echo_vs_limit(&a.iopath, echo_ep, a.count, server_cpu)?;
-        Ok((rows, echo, limit))
+        let echo = echo::echo_vs_limit(&a.iopath, echo_ep, a.count, server_cpu)?;
+        Ok((rows, echo))
     })?;
     let place = p.describe(cpus, "client", "host, remote and the limit's server");
     let t = cycles::table(p, &place, &rows, a.runs);

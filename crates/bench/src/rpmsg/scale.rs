@@ -80,11 +80,9 @@ pub(super) fn run(iopath: &Path, cpus: &Cpus, r: &mut Report) -> Result<()> {
         }
         let create = create_many(&srv, &c, CREATE)?;
         let place = Placement::One.describe(cpus, "client threads", "host and remote");
-        let tables = tables(&place, &echo, &create);
-        charts(&tables, &create)
-            .into_iter()
-            .for_each(|c| r.chart(c));
-        tables.into_iter().for_each(|t| r.table(t));
+        let t = tables(&place, &echo, &create);
+        charts(&t, &create).into_iter().for_each(|c| r.chart(c));
+        t.into_iter().for_each(|t| r.table(t));
         Ok(())
     })
 }

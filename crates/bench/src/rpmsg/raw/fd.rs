@@ -53,14 +53,6 @@ struct Watched {
 }
 
 impl Watched {
-    fn new() -> rustix::io::Result<Watched> {
-        Ok(Watched {
-            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
-            ends: HashMap::new(),
-            next_key: 0,
-        })
-    }
-
     /// Watches `end` (its peer was just passed) as the service watches an
     /// endpoint's socket; every [`WATCH_DRAIN`] of them, closes the ends
     /// whose peer went.
@@ -107,7 +99,11 @@ impl Watched {
 pub(crate) fn serve(sock: &Path) -> Result<()> {
     let (c, io) = accept_one(sock)?;
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(io)?;
-    let mut watched = Watched::new().map_err(io)?;
+    let mut watched = Watched {
+        epoll: epoll::create(epoll::CreateFlags::CLOEXEC).map_err(io)?,
+        ends: HashMap::new(),
+        next_key: 0,
+    };
     let answer = [0u8; 12 + 48];
     let mut req = [0u8; 128];
     loop {
