@@ -79,18 +79,13 @@ fn alternate<const N: usize>(count: u64, mut ways: [Way<'_>; N]) -> Result<[Late
     }))
 }
 
-/// Echo through `ep` and the raw ping-pong (its child of `exe` on
-/// `raw_cpu`), `count` round trips each, in alternating turns.
-pub(super) fn echo_vs_limit(
-    exe: &Path,
-    ep: EptFd,
-    count: u64,
-    raw_cpu: Option<usize>,
-) -> Result<[Latency; 2]> {
-    let mut r = raw_way(exe, ECHO_WARM + count, raw_cpu)?;
+/// The echo rows: through `ep` and the raw ping-pong (its child of
+/// `a.iopath` on `cpu`), `a.count` round trips each, in alternating turns.
+pub(super) fn rows(a: &RpmsgConfig, ep: EptFd, cpu: Option<usize>) -> Result<[Latency; 2]> {
+    let mut r = raw_way(&a.iopath, ECHO_WARM + a.count, cpu)?;
     let ep = PingEndpoint::from(ep);
     let mut e = |n, lat: &mut Vec<f64>| echo(&ep, n, false, lat);
-    alternate(count, [&mut e, &mut r])
+    alternate(a.count, [&mut e, &mut r])
 }
 
 /// Echo with host and remote polling the rings and the client busy-polling

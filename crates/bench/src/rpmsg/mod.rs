@@ -171,7 +171,7 @@ fn measure(
         let echo_ep = children::bound(&c, "echo")?;
         let rows = cycles::rows(&c, &raw, &a.loops, a.runs, p, pb)?;
         pb.set_message(format!("{} echo", p.name()));
-        let echo = echo::echo_vs_limit(&a.iopath, echo_ep, a.count, server_cpu)?;
+        let echo = echo::rows(a, echo_ep, server_cpu)?;
         Ok((rows, echo))
     })?;
     let place = p.describe(cpus, "client", "host, remote and the limit's server");
@@ -211,7 +211,7 @@ pub fn run(a: &RpmsgConfig) -> Result<Report> {
     }
     let peer_placement = a.peer_placement.iter().filter(|_| a.openamp.is_some());
     let peers: Vec<_> = peer_placement
-        .map(|&p| peers::measure(a, p, &cpus, &pb))
+        .map(|&p| (peers::measure(a, p, &cpus, &pb), p))
         .collect();
     pb.finish();
     let load_after = crate::loadavg();

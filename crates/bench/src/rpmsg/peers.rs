@@ -89,17 +89,12 @@ impl PeerRow {
     }
 }
 
-/// Starts `remote` on `cpu` and waits until it listens.
-fn start_remote(
-    a: &RpmsgConfig,
-    dir: &Path,
-    remote: Remote,
-    cpu: Option<usize>,
-) -> Result<Spawned> {
+/// Starts the remote `kind` on `cpu` and waits until it listens.
+fn start_remote(a: &RpmsgConfig, dir: &Path, kind: Remote, cpu: Option<usize>) -> Result<Spawned> {
     // Each remote binds the socket and writes the table afresh; what an
     // earlier pair left would let a driver connect to nothing.
     clear_platform();
-    let (name, mut cmd) = match remote {
+    let (name, mut cmd) = match kind {
         Remote::OpenAmp => ("rpmsg-echo", Command::new(openamp(a).join("rpmsg-echo"))),
         Remote::Iopath => {
             let shm = Path::new(OPENAMP_SHM);
@@ -257,17 +252,11 @@ fn clear_platform() {
     let _ = std::fs::remove_file(OPENAMP_SHM);
 }
 
-/// Every pair in `placement`, `a.runs` times, the pairs taking turns
-/// (the first pair rotating from run to run): its table, and where it
-/// ran.
+/// Every pair in placement `p`, `a.runs` times, the pairs taking turns
+/// (the first pair rotating from run to run): its table.
 /// A run that fails is noted in its row; the others go on.
-pub(super) fn measure(
-    a: &RpmsgConfig,
-    placement: Placement,
-    cpus: &Cpus,
-    pb: &ProgressBar,
-) -> (Table, Placement) {
-    let place = placement.cpus(cpus);
+pub(super) fn measure(a: &RpmsgConfig, p: Placement, cpus: &Cpus, pb: &ProgressBar) -> Table {
+    let place = p.cpus(cpus);
     // The demo platform's fixed files go too if a signal ends the run.
     crate::cleanup::path(Path::new(OPENAMP_SHM));
     crate::cleanup::path(Path::new(OPENAMP_EVENT));
@@ -275,15 +264,15 @@ pub(super) fn measure(
     for run in 0..a.runs {
         for i in crate::turns(PAIRS.len(), run) {
             let (d, r) = (DRIVERS[PAIRS[i].0 as usize], REMOTES[PAIRS[i].1 as usize]);
-            pb.set_message(format!("peers {}: {} <-> {}", placement.name(), d.1, r.1));
+            pb.set_message(format!("peers {}: {} <-> {}", p.name(), d.1, r.1));
             match one(a, PAIRS[i], place, cpus) {
                 Ok(l) => rows[i].runs.push(l),
                 Err(e) => rows[i].failures.push(e.chain()),
             }
         }
     }
-    let place = placement.describe(cpus, "driver side", "remote");
-    (table(a, placement, &place, &rows), placement)
+    let place = p.describe(cpus, "driver side", "remote");
+    table(a, p, &place, &rows)
 }
 
 /// One placement's table: round trips/s per pair, p50, p99, and each pair
