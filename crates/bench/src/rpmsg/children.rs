@@ -35,12 +35,10 @@ pub(super) fn remote(exe: &Path, shm: &Path, notify: &str, size: u64) -> Command
 /// bounds are lifted (the service's fd reserve still holds).
 pub(super) fn host(exe: &Path, shm: &Path, notify: &str, ctrl: &Path) -> Command {
     let mut cmd = Command::new(exe);
-    cmd.args(["rpmsg", "host", "--shm"])
-        .arg(shm)
-        .args(["--notify", notify, "--ctrl"])
-        .arg(ctrl)
-        .args(["--max-endpoints-per-client", "4294967295"])
-        .args(["--max-endpoints-per-uid", "4294967295"]);
+    cmd.args(["rpmsg", "host", "--shm"]).arg(shm);
+    cmd.args(["--notify", notify, "--ctrl"]).arg(ctrl);
+    cmd.args(["--max-endpoints-per-client", "4294967295"]);
+    cmd.args(["--max-endpoints-per-uid", "4294967295"]);
     cmd
 }
 

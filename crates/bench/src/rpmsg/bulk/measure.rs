@@ -88,11 +88,10 @@ impl BusPair {
             (remote.join().unwrap_or_else(|_| panicked()), host)
         });
         let ((remote, rx), host) = (remote?, host?);
+        let (got, want) = (host.max_payload(), BUF as usize - 16);
         check!(
-            host.max_payload() == BUF as usize - 16,
-            "the bulk host negotiated {} bytes of payload, not {}",
-            host.max_payload(),
-            BUF - 16
+            got == want,
+            "the bulk host negotiated {got} bytes of payload, not {want}"
         );
         let tx = host
             .create(EndpointOptions::new("bulk").dst(rx.addr()).announce(false))

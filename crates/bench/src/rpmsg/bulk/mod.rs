@@ -57,11 +57,8 @@ pub(super) fn run(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
     let c = srv.connect()?;
     let mut sinks = Sinks::start(bound(&c, "sink")?, &a.iopath, server_cpu)?;
     let pair = measure::BusPair::start(cpus, client_cpu, server_cpu)?;
-    let place = Placement::Split.describe(
-        cpus,
-        "senders",
-        "host, remote, raw sink and the Bus API's receiver",
-    );
+    let servers = "host, remote, raw sink and the Bus API's receiver";
+    let place = Placement::Split.describe(cpus, "senders", servers);
     on_cpu(client_cpu, cpus, || {
         let mut rows: Vec<BulkRow> = sizes
             .iter()
@@ -99,11 +96,10 @@ pub(super) fn run(a: &RpmsgConfig, cpus: &Cpus, r: &mut Report) -> Result<()> {
 fn table(place: &str, bytes: u64, runs: usize, rows: &[BulkRow]) -> Table {
     let range = |v: &[f64]| Cell::runs(v, Unit::Grouped, 0);
     let ratio = |a: &[f64], b: &[f64]| Cell::times(Stats::of(a).median / Stats::of(b).median);
+    let mib = bytes >> 20;
+    let title = format!("bulk, {place}: one-way streams of {mib} MiB per row over 64 KiB buffers, MB/s, medians (min-max) over {runs} runs");
     let mut t = Table::new(
-        format!(
-            "bulk, {place}: one-way streams of {} MiB per row over 64 KiB buffers, MB/s, medians (min-max) over {runs} runs",
-            bytes >> 20,
-        ),
+        title,
         vec![
             Column::left("message"),
             Column::right("endpoint fd"),
