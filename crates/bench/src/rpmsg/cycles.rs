@@ -127,13 +127,9 @@ pub(super) fn table(placement: Placement, place: &str, rows: &[Row], runs: usize
     let totals = rows.iter().map(|r| format!("{} loops, total us", r.loops));
     columns.extend(totals.map(Column::right));
     columns.extend([Column::right("per cycle us"), Column::right("fd / way")]);
-    let mut t = Table::new(
-        format!(
-            "endpoint create+destroy, placement {} ({place}): {runs} runs; totals median (min-max); per cycle: median (min-max) over {CHUNK}-cycle chunks",
-            placement.name(),
-        ),
-        columns,
-    );
+    let name = placement.name();
+    let title = format!("endpoint create+destroy, placement {name} ({place}): {runs} runs; totals median (min-max); per cycle: median (min-max) over {CHUNK}-cycle chunks");
+    let mut t = Table::new(title, columns);
     let per_cycle: [Vec<f64>; WAYS] =
         std::array::from_fn(|w| rows.iter().flat_map(|r| r.chunks[w].clone()).collect());
     let fd = Stats::of(&per_cycle[FD]).median;

@@ -210,11 +210,10 @@ fn create_many(srv: &Servers, c: &CtrlClient, n: usize) -> Result<CreateRow> {
 /// The tables: endpoints echoing at once, creating many endpoints.
 fn tables(place: &str, echo: &[EchoRow], c: &CreateRow) -> Vec<Table> {
     let range = |v: &[f64], digits| Cell::runs(v, Unit::Grouped, digits);
+    let secs = ECHO_TIME.as_secs_f64();
+    let title = format!("scale, {place}: endpoints echoing at once ({secs:.1} s, 16 B), medians (min-max) over {RUNS} runs; the remote offers EVENT_IDX");
     let mut e = Table::new(
-        format!(
-            "scale, {place}: endpoints echoing at once ({:.1} s, 16 B), medians (min-max) over {RUNS} runs; the remote offers EVENT_IDX",
-            ECHO_TIME.as_secs_f64(),
-        ),
+        title,
         vec![
             Column::right("endpoints"),
             Column::right("round trips/s (aggregate)"),

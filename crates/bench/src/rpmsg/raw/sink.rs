@@ -92,8 +92,7 @@ impl Sinks {
         let name = if raw { "raw" } else { "remote" };
         check!(
             count == *sent,
-            "the {name} sink counted {count} messages, not {}: messages were lost",
-            *sent
+            "the {name} sink counted {count} messages, not {sent}: messages were lost"
         );
         Ok(took)
     }
