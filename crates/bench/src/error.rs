@@ -68,6 +68,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A child process did not start, or not as its owner waited for.
+    #[error(transparent)]
+    Child(#[from] iopath_sys::process::ChildError),
     /// A lower layer failed: the heap, the virtio-blk driver, the endpoint
     /// service, the rpmsg bus, a notifier.
     #[error("{context}")]

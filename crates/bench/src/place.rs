@@ -6,14 +6,11 @@
 //! measurement, the limit's included, the same way: the client (the bench
 //! itself, the driver) on one CPU, the servers on the same or another one.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::{Child, Command};
 
 pub(crate) use iopath_sys::cpus::Cpus;
-use rustix::process::{kill_process, Pid, Signal};
 
-use crate::error::check_failed;
 use crate::{Error, Result};
 
 /// Where the processes of one measurement run.
@@ -84,135 +81,16 @@ pub(crate) fn on_cpu<T>(
         .map_err(Error::sys("setting the CPU affinity"))?
 }
 
-/// A child process (a server the bench runs beside a measurement), its
-/// output in a log file if it has one; stopped and reaped when dropped:
-/// killed, or with [`Spawned::term_first`] sent SIGTERM and given 3 s to
-/// exit (`iopath blk serve` then removes its socket). Declare it before
-/// any scratch directory it uses, so that it is gone first.
-#[derive(Debug)]
-pub(crate) struct Spawned {
-    child: Child,
-    name: &'static str,
-    log: PathBuf,
-    term: bool,
-}
+/// A server the bench runs beside a measurement.
+pub(crate) use iopath_sys::process::Supervised as Spawned;
 
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        if self.term {
-            let _ = kill_process(Pid::from_child(&self.child), Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(3);
-            if self.wait_until(deadline).is_ok() {
-                return;
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Spawned {
-    /// Spawns `cmd` (called `name` in messages) on `cpu`, its standard
-    /// input closed.
-    pub(crate) fn new(
-        name: &'static str,
-        cpu: Option<usize>,
-        cmd: &mut Command,
-    ) -> Result<Spawned> {
-        let child = spawn_on(cpu, cmd.stdin(Stdio::null()));
-        let child = child.map_err(Error::spawn(cmd.get_program().to_string_lossy()))?;
-        let (log, term) = (PathBuf::new(), false);
-        Ok(Spawned {
-            child,
-            name,
-            log,
-            term,
-        })
-    }
-
-    /// The same with its output into `log`.
-    pub(crate) fn logged(
-        log: PathBuf,
-        name: &'static str,
-        cpu: Option<usize>,
-        cmd: &mut Command,
-    ) -> Result<Spawned> {
-        let f = std::fs::File::create(&log).map_err(Error::io(&log))?;
-        let f2 = f.try_clone().map_err(Error::io(&log))?;
-        let mut s = Spawned::new(name, cpu, cmd.stdout(f).stderr(f2))?;
-        s.log = log;
-        Ok(s)
-    }
-
-    /// Stops it with SIGTERM first when dropped.
-    pub(crate) fn term_first(mut self) -> Spawned {
-        self.term = true;
-        self
-    }
-
-    pub(crate) fn id(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub(crate) fn log(&self) -> &Path {
-        &self.log
-    }
-
-    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-
-    /// Its name and last lines of output, for an error message.
-    pub(crate) fn last_words(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
-        format!("{}: {}", self.name, tail.trim())
-    }
-
-    /// Waits for it to exit, at most until `deadline`.
-    pub(crate) fn wait_until(&mut self, deadline: Instant) -> Result<ExitStatus> {
-        loop {
-            if let Some(st) = self
-                .child
-                .try_wait()
-                .map_err(Error::sys("waiting for a child"))?
-            {
-                return Ok(st);
-            }
-            if Instant::now() > deadline {
-                check_failed!(
-                    "{} did not finish in time ({})",
-                    self.name,
-                    self.last_words()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Waits until `ready` says yes while it lives, at most `limit`; `what`
-    /// names what it waits for.
-    pub(crate) fn wait_for(
-        &mut self,
-        what: &str,
-        limit: Duration,
-        mut ready: impl FnMut() -> bool,
-    ) -> Result<()> {
-        let start = Instant::now();
-        while !ready() {
-            if let Some(st) = self.exited() {
-                check_failed!(
-                    "{} exited ({st}) before {what} ({})",
-                    self.name,
-                    self.last_words()
-                );
-            }
-            if start.elapsed() >= limit {
-                check_failed!("no {what} in {} s ({})", limit.as_secs(), self.last_words());
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        Ok(())
-    }
+/// Spawns `cmd` (called `name` in messages) on `cpu`, recorded for
+/// [`crate::cleanup`], its output into `log` when there is one.
+pub(crate) fn spawn(
+    name: &str,
+    log: Option<PathBuf>,
+    cpu: Option<usize>,
+    cmd: &mut Command,
+) -> Result<Spawned> {
+    Ok(Spawned::spawn_with(name, log, cmd, |c| spawn_on(cpu, c))?)
 }

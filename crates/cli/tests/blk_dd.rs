@@ -4,23 +4,18 @@
 //! `--dma iommu` fails with a one-line error (the peer has no IOTLB).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use iopath_sys::process::Supervised;
 
 /// A vhost-user-blk peer (qemu-storage-daemon or `iopath blk serve`) on a
 /// fresh image; killed on drop.
 struct Peer {
-    child: Child,
+    _child: Supervised,
     socket: PathBuf,
     image: PathBuf,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Creates a `len`-byte image `disk.img` in a fresh directory, starts the
@@ -31,19 +26,13 @@ fn start_peer(what: &str, len: u64, peer: impl FnOnce(&Path, &Path) -> Command) 
     let image = dir.path().join("disk.img");
     std::fs::File::create(&image).unwrap().set_len(len).unwrap();
     let socket = dir.path().join("blk.sock");
-    let mut child = peer(&image, &socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
+    let mut child = Supervised::spawn(what, peer(&image, &socket).stdout(Stdio::null())).unwrap();
+    let limit = Duration::from_secs(20);
+    child
+        .wait_for("its socket", limit, || socket.exists())
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "{what} died");
-        assert!(Instant::now() < deadline, "{what} never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
     Peer {
-        child,
+        _child: child,
         socket,
         image,
         _dir: dir,

@@ -21,10 +21,11 @@ mod lab;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use iopath_sys::process::Supervised;
 use lab::Lab;
 
 const MIB: u64 = 1 << 20;
@@ -65,33 +66,28 @@ fn lab() -> Option<(
 
 /// `iopath blk serve` with one export of `image`, killed on drop.
 struct Serve {
-    child: Child,
+    child: Supervised,
     socket: PathBuf,
-    log: PathBuf,
 }
 
 impl Serve {
     fn start(dir: &Path, image: &Path, extra: &str) -> Serve {
         let socket = dir.join("vu.sock");
         let log = dir.join("serve.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_iopath"))
-            .args(["blk", "serve", "--export"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_iopath"));
+        cmd.args(["blk", "serve", "--export"])
             .arg(format!(
                 "image={},socket={},no-access-platform{extra}",
                 image.display(),
                 socket.display()
             ))
-            .env("IOPATH_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
+            .env("IOPATH_LOG", "info");
+        let mut child = Supervised::logged("iopath blk serve", log, &mut cmd).unwrap();
+        let limit = Duration::from_secs(20);
+        child
+            .wait_for("its socket", limit, || socket.exists())
             .unwrap();
-        iopath_testkit::wait_until("blk serve listens", Duration::from_secs(20), || {
-            socket.exists()
-        });
-        Serve { child, socket, log }
+        Serve { child, socket }
     }
 
     /// Boots the lab kernel on this export and runs `script ARGS`.
@@ -100,20 +96,13 @@ impl Serve {
         std::fs::write(&path, script).unwrap();
         let g = lab.run(&[format!("{}:2", self.socket.display())], 120, &path, args);
         if g.status != Some(0) {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let log = self.child.output();
             panic!(
                 "guest script failed ({:?})\n--- output\n{}\n--- linux-lab\n{}\n--- back end\n{log}",
                 g.status, g.out, g.err
             );
         }
         g
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -287,7 +287,7 @@ fn guest_dd_fails_when_the_back_end_loses_writes() {
             "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on",
             sock.display()
         ));
-    let mut backend = Backend::spawn(
+    let mut backend = guest::spawn(
         "qemu-storage-daemon (null-co)",
         cmd,
         dir.path().join("b.log"),

@@ -21,10 +21,11 @@
 mod lab;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use iopath_sys::process::Supervised;
 use iopath_testkit::have_peer;
 use lab::Lab;
 
@@ -64,47 +65,15 @@ fn guest_lock() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// A back end process, killed on drop.
-struct Backend {
-    child: Child,
-    name: String,
-    log: PathBuf,
-}
+type Backend = Supervised;
 
-impl Backend {
-    fn spawn(name: &str, mut cmd: Command, log: PathBuf, sock: &Path) -> Backend {
-        let out = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        let mut b = Backend {
-            child,
-            name: name.to_owned(),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !sock.exists() {
-            if let Some(st) = b.child.try_wait().unwrap() {
-                panic!("{name} exited before listening ({st}):\n{}", b.log_text());
-            }
-            assert!(Instant::now() < deadline, "{name} never created {sock:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        b
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts the back end `cmd`, its output into `log`, and waits for it to
+/// listen on `sock`.
+fn listening(name: &str, mut cmd: Command, log: PathBuf, sock: &Path) -> Backend {
+    let mut b = Supervised::logged(name, log, &mut cmd).unwrap();
+    let limit = Duration::from_secs(20);
+    b.wait_for("its socket", limit, || sock.exists()).unwrap();
+    b
 }
 
 fn start_iopath(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend {
@@ -114,7 +83,7 @@ fn start_iopath(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend
         .arg("--socket")
         .arg(sock)
         .args(["--queues", &queues.to_string()]);
-    Backend::spawn("iopath blk serve", cmd, log, sock)
+    listening("iopath blk serve", cmd, log, sock)
 }
 
 fn start_qsd(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend {
@@ -130,7 +99,7 @@ fn start_qsd(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend {
              writable=on,num-queues={queues}",
             sock.display()
         ));
-    Backend::spawn("qemu-storage-daemon", cmd, log, sock)
+    listening("qemu-storage-daemon", cmd, log, sock)
 }
 
 type Start = fn(&Path, &Path, u32, PathBuf) -> Backend;
@@ -164,7 +133,7 @@ fn run(start: Start, kernel: &Path, virtio_blk_ko: Option<&Path>, queues: u32, b
     std::fs::write(&script, GUEST).unwrap();
     let what = format!(
         "{} with {queues} queue(s), UML {}",
-        backend.name,
+        backend.name(),
         kernel.display()
     );
     let mut pat = Vec::new();
@@ -248,7 +217,7 @@ fn boot_once(
         "{what}: the guest failed ({}):\n{stdout}\n{}\nback end:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr),
-        backend.log_text()
+        backend.output()
     );
     let line = stdout
         .lines()
@@ -358,7 +327,7 @@ fn debian_uml_6_1_on_access_platform_is_explained_by_the_back_end() {
         .arg("--socket")
         .arg(&sock)
         .env_remove("IOPATH_LOG");
-    let backend = Backend::spawn(
+    let backend = listening(
         "iopath blk serve",
         cmd,
         dir.path().join("backend.log"),
@@ -393,9 +362,9 @@ fn debian_uml_6_1_on_access_platform_is_explained_by_the_back_end() {
     iopath_testkit::wait_until(
         "the back end explains the front end that left",
         Duration::from_secs(10),
-        || backend.log_text().contains("--no-access-platform"),
+        || backend.output().contains("--no-access-platform"),
     );
-    let log = backend.log_text();
+    let log = backend.output();
     assert!(
         log.contains("having acknowledged VIRTIO_F_ACCESS_PLATFORM") && log.contains("virtio_uml"),
         "{log}"

@@ -8,7 +8,8 @@
 //!   iopath-sys: unix_socket (claim, bind, peer) · signals (stop) ·
 //!               limits (fd limit) · sync (lock and wait past poison) ·
 //!               size (one size grammar) · error (an error and its chain) ·
-//!               cpus (pin a thread and the processes it starts)
+//!               cpus (pin a thread and the processes it starts) ·
+//!               process (a child stopped and reaped when dropped)
 //! ```
 //!
 //! ```
@@ -26,6 +27,7 @@
 pub mod cpus;
 mod error;
 pub mod limits;
+pub mod process;
 pub mod signals;
 pub mod size;
 mod sync;

@@ -2,25 +2,19 @@
 //! exporting a raw image as vhost-user-blk.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use iopath_sys::process::Supervised;
 use iopath_virtio::features::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
 use iopath_virtio::transport::vhost_user::VhostUser;
 use iopath_virtio::Transport;
 
 /// qemu-storage-daemon serving `image` on `socket`; killed on drop.
 struct Qsd {
-    child: Child,
+    _child: Supervised,
     _dir: tempfile::TempDir,
     socket: PathBuf,
-}
-
-impl Drop for Qsd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn qsd(image_len: u64) -> Option<Qsd> {
@@ -34,8 +28,8 @@ fn qsd(image_len: u64) -> Option<Qsd> {
         .set_len(image_len)
         .unwrap();
     let socket = dir.path().join("vhost.sock");
-    let child = Command::new("qemu-storage-daemon")
-        .arg("--blockdev")
+    let mut cmd = Command::new("qemu-storage-daemon");
+    cmd.arg("--blockdev")
         .arg(format!(
             "driver=file,node-name=disk,filename={}",
             image.display()
@@ -44,12 +38,10 @@ fn qsd(image_len: u64) -> Option<Qsd> {
         .arg(format!(
             "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on,num-queues=2",
             socket.display()
-        ))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+        ));
+    let child = Supervised::spawn("qemu-storage-daemon", &mut cmd);
     Some(Qsd {
-        child,
+        _child: child.unwrap(),
         _dir: dir,
         socket,
     })

@@ -330,7 +330,8 @@ fn back_end(
     cmd: &mut Command,
 ) -> Result<Spawned> {
     let _ = std::fs::remove_file(socket);
-    let mut c = Spawned::logged(socket.with_extension("log"), name, cpu, cmd)?.term_first();
+    let mut c =
+        crate::place::spawn(name, Some(socket.with_extension("log")), cpu, cmd)?.term_first();
     c.wait_for("its socket", Duration::from_secs(20), || socket.exists())?;
     Ok(c)
 }

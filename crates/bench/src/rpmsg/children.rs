@@ -117,7 +117,8 @@ impl Servers {
         let ctrl = dir.path().join("ctrl");
         let mut cmd = remote(exe, &shm, &notify, s.shm_size);
         let log = dir.path().join("remote.log");
-        let mut remote = Spawned::logged(log, "remote", s.remote_cpu, cmd.args(&s.remote_args))?;
+        let mut remote =
+            crate::place::spawn("remote", Some(log), s.remote_cpu, cmd.args(&s.remote_args))?;
         if s.poll {
             // With no notifier to connect through, the host must find the
             // table already written.
@@ -127,7 +128,7 @@ impl Servers {
         }
         let mut cmd = host(exe, &shm, &notify, &ctrl);
         let log = dir.path().join("host.log");
-        let mut host = Spawned::logged(log, "host", s.host_cpu, &mut cmd)?;
+        let mut host = crate::place::spawn("host", Some(log), s.host_cpu, &mut cmd)?;
         host.wait_for("control socket", Duration::from_secs(30), || ctrl.exists())?;
         Ok(Servers {
             _remote: remote,

@@ -103,11 +103,16 @@ fn start_remote(a: &RpmsgConfig, dir: &Path, kind: Remote, cpu: Option<usize>) -
             ("iopath rpmsg remote", cmd)
         }
     };
-    let mut kid = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
+    let mut kid = logged(dir, name, cpu, &mut cmd)?;
     kid.wait_for("notification socket", Duration::from_secs(20), || {
         Path::new(OPENAMP_EVENT).exists()
     })?;
     Ok(kid)
+}
+
+/// `cmd`, called `name`, on `cpu`, its output in `dir/NAME.log`.
+fn logged(dir: &Path, name: &str, cpu: Option<usize>, cmd: &mut Command) -> Result<Spawned> {
+    crate::place::spawn(name, Some(dir.join(format!("{name}.log"))), cpu, cmd)
 }
 
 /// [`PEER_WARM`] unmeasured round trips, then up to `count` strict round
@@ -142,7 +147,7 @@ fn openamp_driver(a: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Lat
     let mut cmd = Command::new(openamp(a).join(name));
     let args = format!("-n {} -w {PEER_WARM} -s {SIZE} -t {secs}", a.count);
     cmd.args(args.split(' '));
-    let mut kid = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
+    let mut kid = logged(dir, name, cpu, &mut cmd)?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
     let out = std::fs::read_to_string(kid.log()).map_err(Error::io(kid.log()))?;
     let last = out.lines().rev().find(|l| l.starts_with('{'));
@@ -174,7 +179,7 @@ fn ept_fd_driver(a: &RpmsgConfig, dir: &Path, cpu: Option<usize>, cpus: &Cpus) -
     let mut cmd = children::host(&a.iopath, Path::new(OPENAMP_SHM), NOTIFY, &ctrl);
     cmd.args(["--once", "--timeout", "20"]);
     let name = "iopath rpmsg host";
-    let mut host = Spawned::logged(dir.join(format!("{name}.log")), name, cpu, &mut cmd)?;
+    let mut host = logged(dir, name, cpu, &mut cmd)?;
     host.wait_for("control socket", Duration::from_secs(20), || ctrl.exists())?;
     on_cpu(cpu, cpus, || {
         let c = CtrlClient::connect(&ctrl).map_err(Error::layer("connecting to the host"))?;

@@ -4,60 +4,49 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{self, Child, Stdio};
+use std::process::{self, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iopath_blk::{BlkDriver, Command, DriverOptions};
 use iopath_dma::{Direct, DmaOps};
 use iopath_heap::{Buffer, Heap, HugePages, MemfdHeap};
+use iopath_sys::process::Supervised;
 use iopath_virtio::transport::vhost_user::VhostUser;
 use iopath_virtio::{Choice, Platform, Policy, Transport};
 
 /// A back-end process serving an image on a socket; killed on drop.
 pub struct Peer {
-    child: Child,
+    child: Supervised,
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub image: PathBuf,
 }
 
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Peer {
     /// Waits until the socket exists (or the process died).
     fn wait_ready(mut self) -> Self {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.socket.exists() {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("back end exited before listening: {st}");
-            }
-            assert!(Instant::now() < deadline, "back end never listened");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let socket = self.socket.clone();
+        let limit = Duration::from_secs(20);
+        self.child
+            .wait_for("its socket", limit, || socket.exists())
+            .unwrap();
         self
     }
 
     /// Sends `sig` to the back end.
     pub fn signal(&self, sig: rustix::process::Signal) {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        rustix::process::kill_process(pid, sig).unwrap();
+        self.child.signal(sig).unwrap();
     }
 
     /// Stops the back end ([`stop`]).
     pub fn stop(&self) {
-        stop(rustix::process::Pid::from_child(&self.child));
+        stop(rustix::process::Pid::from_raw(self.child.id() as i32).unwrap());
     }
 
     /// SIGKILL the back end and reap it.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
     /// The image's bytes as the host sees them.
@@ -82,7 +71,8 @@ pub fn qsd(len: u64, queues: u16) -> Option<Peer> {
     let dir = tempfile::tempdir().unwrap();
     let image = image(dir.path(), len);
     let socket = dir.path().join("vhost.sock");
-    let child = process::Command::new("qemu-storage-daemon")
+    let mut cmd = process::Command::new("qemu-storage-daemon");
+    cmd
         .arg("--blockdev")
         .arg(format!(
             "driver=file,node-name=disk,filename={},cache.direct=on",
@@ -93,13 +83,11 @@ pub fn qsd(len: u64, queues: u16) -> Option<Peer> {
             "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path={},writable=on,num-queues={queues}",
             socket.display()
         ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::null());
+    let child = Supervised::spawn("qemu-storage-daemon", &mut cmd);
     Some(
         Peer {
-            child,
+            child: child.unwrap(),
             dir,
             socket,
             image,

@@ -3,12 +3,13 @@
 //! shared-memory file, waiting for a socket to appear.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use iopath_rpmsg::ctrl::proto::{O_CLOEXEC, O_RDWR};
 use iopath_rpmsg::ctrl::{CtrlClient, EptFd, EptInfo};
 use iopath_rpmsg::wire::ADDR_ANY;
+use iopath_sys::process::Supervised;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 
@@ -16,7 +17,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_iopath");
 /// killed on drop.
 pub struct Proc {
     pub name: String,
-    child: Child,
+    child: Supervised,
     err: PathBuf,
 }
 
@@ -28,15 +29,13 @@ impl Proc {
     pub fn spawn_program(dir: &Path, name: &str, program: &Path, args: &[&str]) -> Proc {
         let err = dir.join(format!("{name}.err"));
         let out = dir.join(format!("{name}.out"));
-        let child = Command::new(program)
-            .args(args)
+        let mut cmd = Command::new(program);
+        cmd.args(args)
             .current_dir(dir)
             .env("IOPATH_LOG", "info")
-            .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
-            .stderr(std::fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&err).unwrap());
+        let child = Supervised::spawn(name, &mut cmd).unwrap();
         Proc {
             name: name.to_owned(),
             child,
@@ -59,26 +58,16 @@ impl Proc {
 
     /// Waits for the process to exit on its own.
     pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                start.elapsed() < timeout,
-                "{} did not exit within {timeout:?}; stderr:\n{}",
-                self.name,
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        match self.child.wait_until(Instant::now() + timeout) {
+            Ok(st) => st,
+            Err(e) => panic!("{e}; stderr:\n{}", self.stderr()),
         }
     }
 
     /// Sends `sig` to the process (e.g. SIGSTOP / SIGCONT to freeze it).
     #[allow(dead_code)] // not every test binary freezes a process
     pub fn signal(&self, sig: rustix::process::Signal) {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, sig).unwrap();
+        self.child.signal(sig).unwrap();
     }
 
     /// The process id.
@@ -89,14 +78,7 @@ impl Proc {
 
     /// Kills the process and reaps it.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
+        self.child.kill();
     }
 }
 

@@ -9,6 +9,8 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use iopath_sys::process::Supervised;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -52,39 +54,19 @@ pub fn prepare() {
 }
 
 /// A back end process, killed when dropped; its stdout and stderr go to
-/// `log`, which failure messages quote.
-pub struct Backend {
-    child: Child,
-    name: &'static str,
-    log: PathBuf,
+/// its log, which failure messages quote ([`log_tail`]).
+pub type Backend = Supervised;
+
+/// Starts the back end `cmd`, its output into `log`.
+pub fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Backend {
+    Supervised::logged(name, log, &mut cmd).unwrap()
 }
 
-impl Backend {
-    pub fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Backend {
-        let out = File::create(&log).expect("create back-end log");
-        let err = out.try_clone().expect("dup back-end log");
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        Backend { child, name, log }
-    }
-
-    /// The last lines the back end printed.
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The last lines `backend` printed.
+fn log_tail(backend: &Backend) -> String {
+    let text = backend.output();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 pub fn start_qsd(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend {
@@ -100,7 +82,7 @@ pub fn start_qsd(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backen
              writable=on,num-queues={queues}",
             sock.display()
         ));
-    Backend::spawn("qemu-storage-daemon", cmd, log)
+    spawn("qemu-storage-daemon", cmd, log)
 }
 
 pub fn start_iopath(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Backend {
@@ -110,25 +92,13 @@ pub fn start_iopath(image: &Path, sock: &Path, queues: u32, log: PathBuf) -> Bac
         .arg("--socket")
         .arg(sock)
         .args(["--queues", &queues.to_string()]);
-    Backend::spawn("iopath blk serve", cmd, log)
+    spawn("iopath blk serve", cmd, log)
 }
 
 pub fn wait_for_socket(backend: &mut Backend, sock: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !sock.exists() {
-        if let Some(status) = backend.child.try_wait().expect("poll back end") {
-            panic!(
-                "{} exited before listening: {status}\n{}",
-                backend.name,
-                backend.log_tail()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never created {sock:?}",
-            backend.name
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    let limit = Duration::from_secs(20);
+    if let Err(e) = backend.wait_for("its socket", limit, || sock.exists()) {
+        panic!("{e}\n{}", log_tail(backend));
     }
 }
 
@@ -314,7 +284,7 @@ pub fn run_guest_dd(
             break status;
         }
         if backend_exit.is_none() {
-            if let Some(st) = backend.child.try_wait().expect("poll back end") {
+            if let Some(st) = backend.exited() {
                 backend_exit = Some((st, Instant::now()));
             }
         }
@@ -335,13 +305,13 @@ pub fn run_guest_dd(
     eprintln!("{stderr}");
     if !status.success() {
         let died = match backend_exit {
-            Some((st, _)) => format!("{} exited during the run: {st}", backend.name),
-            None => format!("{} still running", backend.name),
+            Some((st, _)) => format!("{} exited during the run: {st}", backend.name()),
+            None => format!("{} still running", backend.name()),
         };
         panic!(
             "guest-dd failed ({status}), {what}; {died}\n--- guest-dd:\n{stderr}\n--- {} log:\n{}",
-            backend.name,
-            backend.log_tail()
+            backend.name(),
+            log_tail(backend)
         );
     }
     let stdout = std::fs::read(&out_path).expect("read guest-dd.out");
@@ -390,7 +360,7 @@ pub fn guest_dd_against(start: fn(&Path, &Path, u32, PathBuf) -> Backend) {
         let mut backend = start(&image, &sock, queues, log);
         wait_for_socket(&mut backend, &sock);
         let json = run_guest(&mut backend, &sock, dir.path(), queues, seed, Dma::Direct);
-        let name = backend.name;
+        let name = backend.name().to_string();
         drop(backend);
         if let Err(e) = check_image(&image, &RUN, seed) {
             panic!("{name}, {queues} queue(s): the image disagrees with the guest: {e}");

@@ -110,7 +110,7 @@ pub fn kill_and_restart(
     generation: u32,
 ) -> Kill {
     use rustix::process::Signal;
-    let pid = backend.child.id();
+    let pid = backend.id();
     let mut inflight = None;
     for _ in 0..300 {
         signal(pid, Signal::STOP);
@@ -141,21 +141,21 @@ pub fn kill_and_restart(
     let killed = Instant::now();
     // Reaped before the restart: a dying listener still accepts, and the
     // new back end would find the socket "in use".
-    let _ = backend.child.wait();
+    let _ = backend.wait_until(Instant::now() + Duration::from_secs(10));
     *backend = restart(generation);
-    let new = backend.child.id();
+    let new = backend.id();
     let back = wait_until(guest, Duration::from_secs(30), || maps_guest_memory(new));
     assert!(
         back,
         "{during}: QEMU did not reconnect to the restarted {} within 30 s\n{}",
-        backend.name,
-        backend.log_tail()
+        backend.name(),
+        super::log_tail(backend)
     );
     Kill {
         during,
         inflight,
         reconnect: killed.elapsed(),
-        log: backend.log.clone(),
+        log: backend.log().to_path_buf(),
     }
 }
 
@@ -168,7 +168,7 @@ pub struct RestartRun {
     /// The host's byte-for-byte check of the image.
     pub image: Result<(), String>,
     /// Name of the back end.
-    pub name: &'static str,
+    pub name: String,
 }
 
 /// Runs the guest's dd and pattern against back ends made by `start`
@@ -267,7 +267,7 @@ pub fn guest_through_restarts(
             j.map_or_else(|| "no JSON".into(), |j| j["reason"].to_string())
         )),
     };
-    let name = backend.name;
+    let name = backend.name().to_string();
     drop(backend);
     let image_check = check_image(&image, &RESTART, seed);
     std::fs::remove_file(&image).expect("remove image");

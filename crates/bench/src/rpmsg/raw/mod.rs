@@ -104,7 +104,12 @@ impl Connected {
     ) -> Result<Connected> {
         Connected::start(prefix, &std::env::temp_dir(), |_, sock| {
             let mut cmd = server(sock).command(exe);
-            Ok(vec![Spawned::new("a raw server", cpu, &mut cmd)?])
+            Ok(vec![crate::place::spawn(
+                "a raw server",
+                None,
+                cpu,
+                &mut cmd,
+            )?])
         })
     }
 }

@@ -21,7 +21,6 @@ use rustix::net::{RecvFlags, SendFlags};
 use super::{accept_one, Connected};
 use crate::child::Server;
 use crate::error::{check, check_failed};
-use crate::place::Spawned;
 use crate::{Error, Result};
 
 /// The flag word's states: the forwarder asks, the echo answers.
@@ -144,7 +143,12 @@ impl RawPollPath {
             f.set_len(rustix::param::page_size() as u64)
                 .map_err(Error::io(&shm))?;
             let child = |name, cpu, server: Server| {
-                Spawned::new(name, cpu, server.command(iopath).stdout(Stdio::null()))
+                crate::place::spawn(
+                    name,
+                    None,
+                    cpu,
+                    server.command(iopath).stdout(Stdio::null()),
+                )
             };
             let page = shm.clone();
             let echo = Server::PollEcho { shm: page, count };

@@ -4,7 +4,9 @@
 //! ([`Latency`]).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
+
+use iopath_sys::process::Supervised;
 use std::time::{Duration, Instant};
 
 use super::PingError;
@@ -71,14 +73,7 @@ fn notify(what: &'static str) -> impl FnOnce(NotifyError) -> PingError {
 #[derive(Debug)]
 pub struct RawPingPong {
     n: Box<dyn Notifier>,
-    partner: Child,
-}
-
-impl Drop for RawPingPong {
-    fn drop(&mut self) {
-        let _ = self.partner.kill();
-        let _ = self.partner.wait();
-    }
+    _partner: Supervised,
 }
 
 impl RawPingPong {
@@ -100,15 +95,19 @@ impl RawPingPong {
         let spec = NotifySpec::Eventfd(sock.clone());
         let listener = spec.bind().map_err(notify("binding its socket"))?;
         let mut cmd = Command::new(exe);
-        cmd.env(PARTNER, format!("{kicks} {spec}"))
-            .stdin(Stdio::null());
-        let partner = spawn(&mut cmd).map_err(PingError::Partner)?;
+        cmd.env(PARTNER, format!("{kicks} {spec}"));
+        let name = "the raw ping-pong's partner";
+        let partner = Supervised::spawn_with(name, None, &mut cmd, spawn);
+        let partner = partner.map_err(PingError::Partner)?;
         let given = Duration::from_secs(10);
         let n = listener.accept_until(Instant::now() + given, given);
         let _ = std::fs::remove_file(&sock);
         let n = n.map_err(notify("waiting for the partner"));
         // Kills the partner when it did not connect.
-        let raw = |n| RawPingPong { n, partner };
+        let raw = |n| RawPingPong {
+            n,
+            _partner: partner,
+        };
         n.map(raw)
     }
 
@@ -188,7 +187,7 @@ mod tests {
         let partner = "tools::ping::limit::tests::raw_pingpong_partner";
         let raw = RawPingPong::start(&exe, dir.path(), 50, |c| {
             c.args(["--exact", partner, "--ignored"])
-                .stdout(Stdio::null())
+                .stdout(std::process::Stdio::null())
                 .spawn()
         })
         .unwrap();

@@ -140,7 +140,7 @@ pub enum PingError {
     },
     /// The raw ping-pong's partner could not be started.
     #[error("Cannot start the raw ping-pong's partner")]
-    Partner(#[source] std::io::Error),
+    Partner(#[source] iopath_sys::process::ChildError),
     /// The raw ping-pong's notifier failed.
     #[error("Raw ping-pong: {what}")]
     Notify {
