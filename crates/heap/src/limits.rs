@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use iopath_sys::limits::meminfo;
+
 /// Memory that may be allocated now, and where the figure comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Available {
@@ -11,21 +13,6 @@ pub(crate) struct Available {
     pub bytes: u64,
     /// What limits it (for the error message).
     pub what: &'static str,
-}
-
-/// One `Key: N kB` field of `/proc/meminfo`, in bytes (or the bare count for
-/// fields without a unit, such as `HugePages_Free`).
-fn meminfo(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(key)?.strip_prefix(':')?.trim();
-        let mut it = rest.split_whitespace();
-        let n: u64 = it.next()?.parse().ok()?;
-        Some(match it.next() {
-            Some("kB") => n.saturating_mul(1024),
-            _ => n,
-        })
-    })
 }
 
 /// Room left under this process's memory cgroup (v2) and its ancestors:

@@ -1,5 +1,6 @@
 //! The open-file limit (`RLIMIT_NOFILE`), raised where one process holds an
-//! fd per buffer, endpoint or connection. See getrlimit(2).
+//! fd per buffer, endpoint or connection (see getrlimit(2)), and the
+//! machine's memory as `/proc/meminfo` tells it.
 
 use rustix::process::{getrlimit, setrlimit, Resource};
 
@@ -31,6 +32,21 @@ pub fn fd_limit() -> u64 {
 /// The files this process has open now (its entries in `/proc/self/fd`).
 pub fn open_fds() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
+}
+
+/// One `Key: N kB` field of `/proc/meminfo`, in bytes (or the bare count for
+/// fields without a unit, such as `HugePages_Free`).
+pub fn meminfo(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(':')?.trim();
+        let mut it = rest.split_whitespace();
+        let n: u64 = it.next()?.parse().ok()?;
+        Some(match it.next() {
+            Some("kB") => n.saturating_mul(1024),
+            _ => n,
+        })
+    })
 }
 
 #[cfg(test)]
@@ -73,5 +89,14 @@ mod tests {
         assert_eq!(fd_limit(), want);
         assert_eq!(raise_fd_limit(None), hard);
         assert!(open_fds() >= 3);
+    }
+
+    #[test]
+    fn meminfo_reads_bytes_and_bare_counts() {
+        let total = meminfo("MemTotal").unwrap();
+        assert!(total >= 1 << 20 && total % 1024 == 0, "{total}");
+        // A field without a unit is a count, not KiB.
+        assert!(meminfo("HugePages_Total").unwrap() < total / 1024);
+        assert_eq!(meminfo("MemTot"), None);
     }
 }

@@ -248,6 +248,22 @@ impl Supervised {
     }
 }
 
+/// CPU time (user and system) of process `pid` so far, its threads that
+/// have exited included: `/proc/PID/stat`'s utime and stime (per-thread
+/// counters would miss the threads that ended). `None` when it cannot be
+/// read.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // utime and stime: the 12th and 13th fields after the command (which
+    // may hold spaces) and its `)`.
+    let after = stat.rsplit_once(')')?.1;
+    let mut fields = after.split_whitespace().skip(11);
+    let mut next = || fields.next()?.parse::<u64>().ok();
+    let ticks = next()? + next()?;
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +311,22 @@ mod tests {
         assert!(
             matches!(e, Err(ChildError::Spawn { ref program, .. }) if program == "/nonexistent")
         );
+    }
+
+    #[test]
+    fn cpu_time_counts_a_spinning_child() {
+        let mut spin = Supervised::spawn("spin", &mut sh("while :; do :; done")).unwrap();
+        let start = Instant::now();
+        let busy = || cpu_time(spin.id()).unwrap() >= Duration::from_millis(100);
+        while !busy() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no CPU time counted"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        spin.kill();
+        assert_eq!(cpu_time(u32::MAX), None);
     }
 
     #[test]

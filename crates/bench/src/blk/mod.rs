@@ -310,14 +310,10 @@ fn ram_dir(size: u64) -> Option<PathBuf> {
     let dir = PathBuf::from("/dev/shm");
     let st = rustix::fs::statfs(&dir).ok()?;
     let free = st.f_bavail as u64 * st.f_bsize as u64;
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let avail = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
-    let avail_kib: u64 = avail.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let avail = iopath_sys::limits::meminfo("MemAvailable")?;
     let need = size + (2 << 30);
     let tmpfs = st.f_type as i64 == crate::TMPFS_MAGIC;
-    (tmpfs && free >= need && avail_kib * 1024 >= need).then_some(dir)
+    (tmpfs && free >= need && avail >= need).then_some(dir)
 }
 
 /// Starts `cmd` (`name` in messages) on `cpu`, its log beside `socket`,

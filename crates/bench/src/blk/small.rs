@@ -111,18 +111,9 @@ pub(super) struct Backends {
     pub qsd: Option<(PathBuf, u32)>,
 }
 
-/// CPU time (user and system) of process `pid`, threads that have exited
-/// included, nanoseconds: `/proc/PID/stat`'s utime and stime (queue
-/// threads end before the figure is read, so per-thread counters would
-/// miss them).
+/// CPU time of process `pid` ([`iopath_sys::process::cpu_time`]), ns.
 fn cpu_ns_of(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // utime and stime: the 12th and 13th fields after the command (which
-    // may hold spaces) and its `)`.
-    let after = stat.rsplit_once(')').map_or("", |r| r.1);
-    let fields = after.split_whitespace().skip(11).take(2);
-    let ticks: u64 = fields.filter_map(|f| f.parse::<u64>().ok()).sum();
-    ticks * 1_000_000_000 / rustix::param::clock_ticks_per_second().max(1)
+    iopath_sys::process::cpu_time(pid).map_or(0, |t| t.as_nanos() as u64)
 }
 
 /// CPU time of this process, threads that have exited included, ns.

@@ -416,20 +416,6 @@ mod tests {
             .expect("the drop returned");
     }
 
-    /// CPU time (user and system) of process `pid` so far.
-    fn cpu_of(pid: u32) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<u64> = after
-            .split(' ')
-            .skip(11)
-            .take(2)
-            .map(|x| x.parse().unwrap())
-            .collect();
-        let tick = rustix::param::clock_ticks_per_second();
-        Duration::from_secs_f64((f[0] + f[1]) as f64 / tick as f64)
-    }
-
     /// This test's binary in `role`, its stdin and stdout piped.
     fn spawn_role(role: &str, socket: &str) -> std::process::Child {
         std::process::Command::new(std::env::current_exe().unwrap())
@@ -512,9 +498,9 @@ mod tests {
         let mut second = spawn_role("holder", &socket);
         said(&mut second, "HELD ");
         std::thread::sleep(Duration::from_millis(300));
-        let cpu = cpu_of(sharer.id());
+        let cpu = iopath_sys::process::cpu_time(sharer.id()).unwrap();
         std::thread::sleep(Duration::from_secs(2));
-        let spent = cpu_of(sharer.id()) - cpu;
+        let spent = iopath_sys::process::cpu_time(sharer.id()).unwrap() - cpu;
         assert!(
             spent < Duration::from_millis(400),
             "the sharer spun: {spent:?} of CPU in 2 s"
