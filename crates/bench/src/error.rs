@@ -18,15 +18,6 @@ pub enum Error {
     /// A program the experiment needs is not installed.
     #[error("{}", .0.note())]
     MissingPeer(crate::Missing),
-    /// A program could not be started.
-    #[error("Cannot start {program}")]
-    Spawn {
-        /// The program.
-        program: String,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
     /// A program ran and failed, or said something the bench cannot read.
     #[error("{program} failed: {reason}")]
     Peer {
@@ -68,7 +59,8 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A child process did not start, or not as its owner waited for.
+    /// A program could not be started, or did not do what the bench
+    /// waited for.
     #[error(transparent)]
     Child(#[from] iopath_sys::process::ChildError),
     /// A lower layer failed: the heap, the virtio-blk driver, the endpoint
@@ -123,7 +115,7 @@ impl Error {
 
     pub(crate) fn spawn(program: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
         let program = program.into();
-        move |source| Error::Spawn { program, source }
+        move |source| Error::Child(iopath_sys::process::ChildError::Spawn { program, source })
     }
 
     pub(crate) fn layer<E: std::error::Error + Send + Sync + 'static>(
