@@ -8,10 +8,14 @@
 //! socket made under `umask 000` would be 0777).
 
 use std::fmt;
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 /// The default mode of a socket iopath listens on: its user only.
@@ -202,6 +206,30 @@ pub fn listen(
     })
 }
 
+/// Connects a socket of type `ty` to `path`, retrying until `deadline`
+/// while nobody listens there yet (the path missing, or the connect
+/// refused): a server that is starting. Backs off from 1 ms to 50 ms.
+///
+/// # Errors
+/// The last connect error once `deadline` has passed; any other error at
+/// once.
+pub fn connect_until(path: &Path, ty: SocketType, deadline: Instant) -> io::Result<OwnedFd> {
+    let addr = SocketAddrUnix::new(path)?;
+    let mut delay = Duration::from_millis(1);
+    loop {
+        let fd = rustix::net::socket_with(AddressFamily::UNIX, ty, SocketFlags::CLOEXEC, None)?;
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => return Ok(fd),
+            Err(Errno::NOENT | Errno::CONNREFUSED) if Instant::now() < deadline => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(delay.min(left));
+                delay = (delay * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Who is at the other end of a connected unix socket (`SO_PEERCRED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
@@ -296,6 +324,39 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
             .collect();
         assert!(left.is_empty());
+    }
+
+    #[test]
+    fn connects_once_the_server_listens_and_gives_up_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("late.sock");
+        let late = p.clone();
+        let server = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            bind_listener(&late, SocketType::SEQPACKET, PRIVATE_MODE, 1).unwrap()
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let c = connect_until(&p, SocketType::SEQPACKET, deadline).unwrap();
+        let l = server.join().unwrap();
+        let a = rustix::net::accept(&l).unwrap();
+        assert_eq!(
+            rustix::net::send(&c, b"hi", rustix::net::SendFlags::empty()),
+            Ok(2)
+        );
+        let mut b = [0u8; 8];
+        let got = rustix::net::recv(&a, &mut b, rustix::net::RecvFlags::empty()).unwrap();
+        assert_eq!(&b[..got.0], b"hi");
+        // Nobody there: NotFound once the deadline passed, not before.
+        let start = Instant::now();
+        let none = dir.path().join("none.sock");
+        let deadline = start + Duration::from_millis(100);
+        let e = connect_until(&none, SocketType::STREAM, deadline).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        // A socket of the other type is refused at once.
+        let start = Instant::now();
+        let e = connect_until(&p, SocketType::STREAM, start + Duration::from_secs(10));
+        assert!(e.is_err() && start.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

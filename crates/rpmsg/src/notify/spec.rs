@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use iopath_sys::unix_socket;
+use rustix::net::SocketType;
+
 use super::{io, EventfdNotifier, Notifier, NotifyError, PollNotifier, UnixByteNotifier};
 
 /// How host and remote notify each other, as given on the command line.
@@ -239,28 +242,20 @@ fn connect_retry(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<UnixStream, NotifyError> {
-    let mut delay = Duration::from_millis(1);
-    loop {
-        match UnixStream::connect(path) {
-            Ok(s) => return Ok(s),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                ) =>
-            {
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(NotifyError::Timeout {
-                        path: path.to_owned(),
-                        secs: timeout.as_secs_f64(),
-                    });
-                }
-                std::thread::sleep(delay.min(deadline - now));
-                delay = (delay * 2).min(Duration::from_millis(50));
-            }
-            Err(e) => return Err(io("connect")(e)),
+    match unix_socket::connect_until(path, SocketType::STREAM, deadline) {
+        Ok(fd) => Ok(UnixStream::from(fd)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            Err(NotifyError::Timeout {
+                path: path.to_owned(),
+                secs: timeout.as_secs_f64(),
+            })
         }
+        Err(e) => Err(io("connect")(e)),
     }
 }
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use iopath_sys::unix_socket;
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::{SocketFlags, SocketType};
 
 use crate::child::Server;
 use crate::place::Spawned;
@@ -46,25 +46,8 @@ fn accept_one(sock: &Path) -> Result<(OwnedFd, impl Fn(rustix::io::Errno) -> Err
 /// A `SOCK_SEQPACKET` connection to `sock`, retrying for 10 s while its
 /// server starts.
 fn connect_retry(sock: &Path) -> Result<OwnedFd> {
-    let io = Error::io(sock);
-    let addr = SocketAddrUnix::new(sock).map_err(io)?;
-    let start = Instant::now();
-    loop {
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(Error::sys("creating a socket"))?;
-        match rustix::net::connect(&fd, &addr) {
-            Ok(()) => return Ok(fd),
-            Err(_) if start.elapsed() < Duration::from_secs(10) => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            Err(e) => return Err(io(e)),
-        }
-    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    unix_socket::connect_until(sock, SocketType::SEQPACKET, deadline).map_err(Error::io(sock))
 }
 
 /// Raw server children and the client's connection to the one listening

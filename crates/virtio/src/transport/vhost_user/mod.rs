@@ -41,7 +41,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iopath_dma::{IotlbSink, SharedRegion};
-use iopath_sys::lock;
+use iopath_sys::{lock, unix_socket};
+use rustix::net::SocketType;
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend as _, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VringConfigData};
@@ -177,20 +178,9 @@ impl VhostUser {
     ) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let deadline = Instant::now() + timeouts.connect;
-        let sock = loop {
-            match UnixStream::connect(&path) {
-                Ok(s) => break s,
-                Err(e)
-                    if Instant::now() < deadline
-                        && matches!(
-                            e.kind(),
-                            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                        ) =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(source) => return Err(VhostUserError::Connect { path, source }),
-            }
+        let sock = match unix_socket::connect_until(&path, SocketType::STREAM, deadline) {
+            Ok(fd) => UnixStream::from(fd),
+            Err(source) => return Err(VhostUserError::Connect { path, source }),
         };
         let raw = sock.try_clone().map_err(|source| VhostUserError::Io {
             op: "dup of the vhost-user socket",
