@@ -38,7 +38,6 @@ pub mod report;
 pub mod rpmsg;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 pub use error::{Error, Result};
 pub use iopath_blk::workload::Stats;
@@ -89,12 +88,12 @@ impl Experiment {
         }
     }
 
-    /// Its name, and a rough duration from nominal rates on a 2-vCPU VM.
-    fn about(&self) -> (&'static str, Duration) {
+    /// Its name, as the CLI's subcommand.
+    fn name(&self) -> &'static str {
         match self {
-            Experiment::Heap(c) => ("heap", c.estimate()),
-            Experiment::Blk(c) => ("blk", c.estimate()),
-            Experiment::Rpmsg(c) => ("rpmsg", c.estimate()),
+            Experiment::Heap(_) => "heap",
+            Experiment::Blk(_) => "blk",
+            Experiment::Rpmsg(_) => "rpmsg",
         }
     }
 }
@@ -109,8 +108,6 @@ pub struct Outputs {
     pub plot: Option<PathBuf>,
     /// The tables as Markdown into this file.
     pub markdown: Option<PathBuf>,
-    /// Print an estimate of the duration first (the full sizes).
-    pub estimate: bool,
 }
 
 /// Runs `experiments` one after the other and prints their reports (the
@@ -135,24 +132,10 @@ fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
     progress::show(!stdout);
     let mut files = report::Files::new(out);
     files.check()?;
-    if out.estimate {
-        let est = experiments.iter().map(Experiment::about);
-        let each = est.clone().map(|(n, d)| format!("{n} {}", minutes(d)));
-        let line = format!(
-            "bench --full: 1 GiB file; 8 GiB x 10 runs; 100,000 loops; estimated duration {} \
-             ({}; nominal rates of a 2-vCPU VM, a loaded machine takes longer)",
-            minutes(est.map(|e| e.1).sum()),
-            each.collect::<Vec<_>>().join(", ")
-        );
-        match stdout {
-            true => eprintln!("{line}"),
-            false => println!("{line}"),
-        }
-    }
     let several = experiments.len() > 1;
     for e in experiments {
         if several && !stdout {
-            println!("== {}", e.about().0);
+            println!("== {}", e.name());
         }
         let r = files.add(e.run()?)?;
         if !stdout {
@@ -174,13 +157,6 @@ fn run_all(experiments: &[Experiment], out: &Outputs) -> Result<()> {
 /// first.
 fn turns(n: usize, first: usize) -> impl Iterator<Item = usize> {
     (0..n).map(move |k| (k + first) % n)
-}
-
-fn minutes(d: Duration) -> String {
-    match d.as_secs() {
-        s if s >= 60 => format!("{} min {:02} s", s / 60, s % 60),
-        s => format!("{s} s"),
-    }
 }
 
 /// `TMPFS_MAGIC` of statfs(2).

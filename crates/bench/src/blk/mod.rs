@@ -82,23 +82,6 @@ impl BlkBenchConfig {
         }
     }
 
-    /// A rough duration, from nominal rates on a 2-vCPU VM (2 GiB/s per
-    /// dd or fio pass and for the image's first touch).
-    pub(crate) fn estimate(&self) -> Duration {
-        let gib = self.size as f64 / f64::from(1u32 << 30);
-        let modes = self.modes().len();
-        // Every run: the modes and the peer; the limit's sweep (6 fio passes
-        // at the default bs) in the first runs, its best alone after; a
-        // warm-up round.
-        let swept = self.runs.min(crate::limit::SWEEP_RUNS);
-        let passes = (self.runs + 1) * (modes + 1) + swept * 6 + (self.runs - swept) + 1;
-        // The small-block table: some 10k requests per second at worst.
-        let small = self.small.as_ref().map_or(0.0, |s| {
-            s.steps() as f64 * (s.count as f64 / 10_000.0 + 0.1)
-        });
-        Duration::from_secs_f64(passes as f64 * gib / 2.0 + gib / 2.0 + 3.0 + small)
-    }
-
     /// The DMA modes to measure: those asked for, or every one.
     fn modes(&self) -> Vec<DmaMode> {
         match self.modes.is_empty() {

@@ -8,7 +8,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use iopath_heap::{
     load, open_heap, EngineOptions, Heap, IoFile, LoadOptions, LoadStats, Loaded, Method,
@@ -72,21 +72,6 @@ impl HeapConfig {
             buffers: Some(32),
             ..HeapConfig::quick()
         }
-    }
-
-    /// A rough duration, from nominal rates on a 2-vCPU VM: 0.7 GiB/s per
-    /// load, 10 heap x method rows, the limit's sweep (6 fio passes a run)
-    /// and the scratch file.
-    pub(crate) fn estimate(&self) -> Duration {
-        let gib =
-            self.buffers.unwrap_or(8) as f64 * self.buffer_size as f64 / f64::from(1u32 << 30);
-        let rows = match self.methods.len() {
-            0 => 10,
-            n => 2 * n,
-        };
-        let swept = self.runs.min(crate::limit::SWEEP_RUNS);
-        let passes = self.runs * (rows + 1) + swept * 6 + (self.runs - swept);
-        Duration::from_secs_f64(passes as f64 * gib / 0.7 + gib / 0.5 + 1.0)
     }
 }
 

@@ -88,27 +88,6 @@ impl RpmsgConfig {
         }
     }
 
-    /// A rough duration, from nominal rates on a 2-vCPU VM: 260 us for a
-    /// cycle of the five ways, 100 us per echo round trip and its limit's.
-    pub(crate) fn estimate(&self) -> Duration {
-        let cycles = self.loops.iter().sum::<u64>() as f64 * self.runs as f64;
-        let per_place = cycles * 260e-6 + self.count as f64 * 100e-6 + 1.0;
-        let poll = if self.poll {
-            self.count as f64 * 50e-6 + 1.0
-        } else {
-            0.0
-        };
-        // Per peer row (6 pairs) and run: start-up, warm-up, and the round trips at
-        // about 15,000/s or the budget.
-        let peers = if self.openamp.is_some() {
-            let row = 1.0 + (self.count as f64 / 15_000.0).min(self.peer_budget.as_secs_f64());
-            row * (6 * self.runs * self.peer_placement.len()) as f64
-        } else {
-            0.0
-        };
-        Duration::from_secs_f64(per_place * self.placement.len() as f64 + poll + peers)
-    }
-
     fn check(&self) -> Result<()> {
         if self.runs == 0 {
             invalid!("--runs", "give at least 1");
