@@ -5,11 +5,12 @@
 //!   iopath-heap, -dma, -virtio, -blk, -rpmsg, the CLI, the bench
 //!        │ call
 //!        ▼
-//!   iopath-sys: unix_socket (claim, bind, peer) · signals (stop) ·
-//!               limits (fd limit) · sync (lock and wait past poison) ·
-//!               size (one size grammar) · error (an error and its chain) ·
-//!               cpus (pin a thread and the processes it starts) ·
-//!               process (a child stopped and reaped when dropped)
+//!   iopath-sys: unix_socket (claim, bind, connect, peer) · signals (stop) ·
+//!               limits (fd limit, meminfo) · sync (lock and wait past
+//!               poison) · size (one size grammar) · error (an error and
+//!               its chain) · cpus (pin a thread and the processes it
+//!               starts) · process (a child stopped and reaped when
+//!               dropped; its CPU time)
 //! ```
 //!
 //! ```
