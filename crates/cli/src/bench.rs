@@ -25,7 +25,7 @@ minutes); a peer that is missing (fio, qemu-storage-daemon) drops its row,
 with a note, and the bench measures a limit of its own in fio's place:
   iopath bench
   iopath bench --plot charts --markdown bench.md --json bench.json
-  iopath bench --full --plot docs/bench      # 1 GiB file; 8 GiB x 10 runs; 100,000 loops; each bar shows the time left
+  iopath bench --full --plot docs/bench      # 1 GiB file; 8 GiB x 10 runs; 100,000 loops; progress on stderr
   iopath bench heap --size 1G --runs 3
 
 Exit status: 0 when every experiment ran (missing peers included), 1 on an

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use rustix::process::{kill_process, Pid, Signal};
 
 /// Why a [`Supervised`] child could not start or did not do what its
-/// owner waited for. Each message ends with the child's last words.
+/// owner waited for. The messages of what it did not do end with its
+/// last words.
 #[derive(Debug, thiserror::Error)]
 pub enum ChildError {
     /// The program could not be started (or its log not created).
@@ -23,6 +24,15 @@ pub enum ChildError {
     Spawn {
         /// The program.
         program: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Its log file could not be created.
+    #[error("Cannot create the log {}", path.display())]
+    Log {
+        /// The log file.
+        path: PathBuf,
         /// The OS error.
         #[source]
         source: io::Error,
@@ -94,24 +104,24 @@ impl Supervised {
     /// `log` when there is one.
     ///
     /// # Errors
-    /// [`ChildError::Spawn`] when the log cannot be created or the program
-    /// cannot be started.
+    /// [`ChildError::Log`] when the log cannot be created,
+    /// [`ChildError::Spawn`] when the program cannot be started.
     pub fn spawn_with(
         name: impl Into<String>,
         log: Option<PathBuf>,
         cmd: &mut Command,
         spawn: impl FnOnce(&mut Command) -> io::Result<Child>,
     ) -> Result<Supervised, ChildError> {
-        let program = cmd.get_program().to_string_lossy().into_owned();
-        let failed = |source| ChildError::Spawn { program, source };
         if let Some(log) = &log {
-            let f = File::create(log);
-            let (out, err) = match f.and_then(|f| Ok((f.try_clone()?, f))) {
-                Ok(files) => files,
-                Err(e) => return Err(failed(e)),
-            };
+            let f = File::create(log).and_then(|f| Ok((f.try_clone()?, f)));
+            let (out, err) = f.map_err(|source| ChildError::Log {
+                path: log.clone(),
+                source,
+            })?;
             cmd.stdout(out).stderr(err);
         }
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let failed = |source| ChildError::Spawn { program, source };
         let child = spawn(cmd.stdin(Stdio::null())).map_err(failed)?;
         Ok(Supervised {
             child,
@@ -228,19 +238,22 @@ impl Supervised {
     ) -> Result<(), ChildError> {
         let start = Instant::now();
         while !ready() {
-            let (what, words) = (what.to_string(), self.last_words());
+            // Its last words are read once it has exited: they then hold
+            // what it said on its way out.
             if let Some(status) = self.exited() {
-                let name = self.name.clone();
                 return Err(ChildError::Exited {
-                    name,
+                    name: self.name.clone(),
                     status,
-                    what,
-                    words,
+                    what: what.into(),
+                    words: self.last_words(),
                 });
             }
             if start.elapsed() >= limit {
-                let secs = limit.as_secs();
-                return Err(ChildError::NotReady { what, secs, words });
+                return Err(ChildError::NotReady {
+                    what: what.into(),
+                    secs: limit.as_secs(),
+                    words: self.last_words(),
+                });
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -311,6 +324,10 @@ mod tests {
         assert!(
             matches!(e, Err(ChildError::Spawn { ref program, .. }) if program == "/nonexistent")
         );
+        let nowhere = dir.path().join("no-such-dir/x.log");
+        let e = Supervised::logged("x", &nowhere, &mut sh("true")).unwrap_err();
+        let want = format!("Cannot create the log {}", nowhere.display());
+        assert_eq!(e.to_string(), want);
     }
 
     #[test]
