@@ -183,14 +183,15 @@ impl Supervised {
         let _ = self.child.wait();
     }
 
-    /// Its log file (empty when it has none).
-    pub fn log(&self) -> &Path {
-        self.log.as_deref().unwrap_or(Path::new(""))
+    /// Its log file, if it has one.
+    pub fn log(&self) -> Option<&Path> {
+        self.log.as_deref()
     }
 
-    /// What it wrote to its log so far.
+    /// What it wrote to its log so far (nothing without a log).
     pub fn output(&self) -> String {
-        std::fs::read_to_string(self.log()).unwrap_or_default()
+        let read = |log| std::fs::read_to_string(log).ok();
+        self.log().and_then(read).unwrap_or_default()
     }
 
     /// How it ended, if it has.

@@ -149,7 +149,7 @@ fn openamp_driver(a: &RpmsgConfig, dir: &Path, cpu: Option<usize>) -> Result<Lat
     cmd.args(args.split(' '));
     let mut kid = logged(dir, name, cpu, &mut cmd)?;
     let st = kid.wait_until(Instant::now() + Duration::from_secs(secs + 90))?;
-    let out = std::fs::read_to_string(kid.log()).map_err(Error::io(kid.log()))?;
+    let out = kid.output();
     let last = out.lines().rev().find(|l| l.starts_with('{'));
     let parsed = last.and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
     let Some(v) = parsed.filter(|_| st.success()) else {

@@ -155,7 +155,7 @@ pub fn kill_and_restart(
         during,
         inflight,
         reconnect: killed.elapsed(),
-        log: backend.log().to_path_buf(),
+        log: backend.log().expect("a logged back end").to_path_buf(),
     }
 }
 
