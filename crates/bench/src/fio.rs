@@ -2,7 +2,7 @@
 //! the figures read out of it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 use crate::{Error, Result};
 
@@ -74,7 +74,7 @@ fn gib_per_s(v: &serde_json::Value, dir: &str) -> Result<f64> {
 /// Runs the fio command `cmd` pinned to `cpu` and returns its JSON (fio
 /// may print notes before the object).
 pub(crate) fn run(cmd: &mut Command, cpu: Option<usize>) -> Result<serde_json::Value> {
-    let out = output(PROGRAM, cmd, cpu)?;
+    let out = crate::place::output(PROGRAM, cmd, cpu)?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let first = err.lines().next().unwrap_or("");
@@ -86,15 +86,6 @@ pub(crate) fn run(cmd: &mut Command, cpu: Option<usize>) -> Result<serde_json::V
         .ok_or_else(|| failed("no JSON in its output".into()))?;
     serde_json::from_str(&text[start..])
         .map_err(|e| failed(format!("its JSON does not parse: {e}")))
-}
-
-/// Runs `cmd`, the peer `program`, pinned to `cpu`: its status and
-/// output, stdout and stderr piped.
-pub(crate) fn output(program: &str, cmd: &mut Command, cpu: Option<usize>) -> Result<Output> {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    let child = crate::place::spawn_on(cpu, cmd.stderr(Stdio::piped()));
-    let out = child.and_then(std::process::Child::wait_with_output);
-    out.map_err(Error::spawn(program))
 }
 
 /// The sweep of a limit: every block size of `bss` (once each) at queue

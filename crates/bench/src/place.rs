@@ -7,7 +7,7 @@
 //! itself, the driver) on one CPU, the servers on the same or another one.
 
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Output, Stdio};
 
 pub(crate) use iopath_sys::cpus::Cpus;
 
@@ -68,6 +68,15 @@ impl std::str::FromStr for Placement {
 /// recorded for [`crate::cleanup`].
 pub(crate) fn spawn_on(cpu: Option<usize>, cmd: &mut Command) -> std::io::Result<Child> {
     iopath_sys::cpus::spawn_on(cpu, || crate::cleanup::spawn(cmd))?
+}
+
+/// Runs `cmd`, the peer `program` (fio, blkio-dd), on `cpu` to its end:
+/// its status and output, stdout and stderr piped.
+pub(crate) fn output(program: &str, cmd: &mut Command, cpu: Option<usize>) -> Result<Output> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    let child = spawn_on(cpu, cmd.stderr(Stdio::piped()));
+    let out = child.and_then(Child::wait_with_output);
+    out.map_err(Error::spawn(program))
 }
 
 /// Runs `f` with the calling thread (and the threads it starts) pinned to

@@ -52,7 +52,7 @@ pub(super) fn run(
     if poll {
         cmd.arg("--poll");
     }
-    let out = crate::fio::output(PROGRAM, &mut cmd, cpu)?;
+    let out = crate::place::output(PROGRAM, &mut cmd, cpu)?;
     let failed = |reason: String| Error::Peer {
         program: PROGRAM.into(),
         reason,

@@ -186,8 +186,10 @@ pub fn run(cfg: &BlkBenchConfig) -> Result<Report> {
             cfg.queue_depth
         );
     }
-    let dir = cfg.dir.clone().or_else(|| ram_dir(cfg.size as u64));
-    let dir = dir.map_or_else(crate::scratch_dir, Ok)?;
+    let dir = match cfg.dir.clone().or_else(|| ram_dir(cfg.size as u64)) {
+        Some(d) => d,
+        None => crate::scratch_dir()?,
+    };
     let work = crate::cleanup::temp_dir("iopath-bench-blk.", &dir)?;
     let image = work.path().join("disk.img");
     // A new file in a new directory.
